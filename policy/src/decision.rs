@@ -1,0 +1,157 @@
+//! Decisions: allow or deny, with a machine-readable reason (design section 4.3).
+
+use std::fmt;
+
+/// Allow or deny.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The connection may proceed.
+    Allow,
+    /// The connection is refused.
+    Deny,
+}
+
+impl Verdict {
+    /// The log and metric label value: `"allow"` or `"deny"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+/// Why a decision was taken. The string forms are metric label values and part of the
+/// interface contract (design section 4.3); extend only with care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The grant allows the host and port, and every check passed.
+    Allowed,
+    /// No allow entry of the grant matches the host.
+    NotInAllowlist,
+    /// A deny entry (of the grant or the global deny list) matches.
+    DeniedByRule,
+    /// The destination address belongs to some host or organisation (loopback, RFC 1918,
+    /// RFC 6598 shared space, link-local, unique-local).
+    PrivateAddress,
+    /// Any other non-global address: unspecified, documentation, benchmarking, reserved,
+    /// multicast, broadcast, IPv4/IPv6 embeddings, the mediator's own listeners.
+    SpecialAddress,
+    /// The request target could not be parsed or canonicalised.
+    MalformedTarget,
+    /// The host matches an allow entry, but not on this port.
+    PortNotAllowed,
+    /// A credential names an authority that does not exist.
+    UnknownAuthority,
+    /// A credential is missing or wrong.
+    BadCredential,
+    /// The host could not be resolved.
+    DnsFailure,
+    /// The upstream connection failed (refused, reset, timed out).
+    UpstreamFailure,
+    /// The TLS ClientHello's SNI does not match the CONNECT host.
+    SniMismatch,
+    /// The watchdog hook denied (or did not answer in time).
+    WatchdogDenied,
+    /// A rate limit was hit.
+    RateLimited,
+}
+
+impl Reason {
+    /// Every reason, in contract order.
+    pub const ALL: [Self; 14] = [
+        Self::Allowed,
+        Self::NotInAllowlist,
+        Self::DeniedByRule,
+        Self::PrivateAddress,
+        Self::SpecialAddress,
+        Self::MalformedTarget,
+        Self::PortNotAllowed,
+        Self::UnknownAuthority,
+        Self::BadCredential,
+        Self::DnsFailure,
+        Self::UpstreamFailure,
+        Self::SniMismatch,
+        Self::WatchdogDenied,
+        Self::RateLimited,
+    ];
+
+    /// The contract string: `allowed`, `not_in_allowlist`, ... (design section 4.3).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::NotInAllowlist => "not_in_allowlist",
+            Self::DeniedByRule => "denied_by_rule",
+            Self::PrivateAddress => "private_address",
+            Self::SpecialAddress => "special_address",
+            Self::MalformedTarget => "malformed_target",
+            Self::PortNotAllowed => "port_not_allowed",
+            Self::UnknownAuthority => "unknown_authority",
+            Self::BadCredential => "bad_credential",
+            Self::DnsFailure => "dns_failure",
+            Self::UpstreamFailure => "upstream_failure",
+            Self::SniMismatch => "sni_mismatch",
+            Self::WatchdogDenied => "watchdog_denied",
+            Self::RateLimited => "rate_limited",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A decision: verdict, reason, the grant entry that decided it (if any), a human detail
+/// and a hint telling an agent what would make the request work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Allow or deny.
+    pub verdict: Verdict,
+    /// Machine-readable reason (design section 4.3).
+    pub reason: Reason,
+    /// The rule that matched, as written in the grant (`"*.example.com:443"`), or `None`.
+    pub rule: Option<String>,
+    /// What happened, for a human (`"93.184.216.34 is not in the allow list"`).
+    pub detail: String,
+    /// What would make it work (`"add \"example.com:443\" to the authority's allow list"`).
+    pub hint: String,
+}
+
+impl Decision {
+    /// An allow decision by `rule`.
+    pub fn allow(rule: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Allow,
+            reason: Reason::Allowed,
+            rule: Some(rule.into()),
+            detail: String::new(),
+            hint: String::new(),
+        }
+    }
+
+    /// A deny decision with `reason`, `detail` and `hint`, matched by no rule.
+    pub fn deny(reason: Reason, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Deny,
+            reason,
+            rule: None,
+            detail: detail.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// The same decision, naming `rule` as the one that decided it.
+    #[must_use]
+    pub fn with_rule(mut self, rule: impl Into<String>) -> Self {
+        self.rule = Some(rule.into());
+        self
+    }
+
+    /// `true` when the verdict is [`Verdict::Allow`].
+    pub fn is_allow(&self) -> bool {
+        self.verdict == Verdict::Allow
+    }
+}
