@@ -1,0 +1,45 @@
+//! The mediator crate's one error type.
+
+use std::io;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Everything that can stop the mediator from starting or serving.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The configuration is invalid (every problem is listed).
+    #[error("{0}")]
+    Config(#[from] policy::PolicyError),
+    /// A listener could not be set up.
+    #[error("cannot listen on {what}: {source}")]
+    Listen {
+        /// Which listener (`"tcp 127.0.0.1:3128"`, `"unix /run/x/a.sock"`).
+        what: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The resolver could not be configured.
+    #[error("cannot configure the resolver: {0}")]
+    Resolver(String),
+    /// The decision log could not be opened.
+    #[error("cannot open decision log {path}: {source}")]
+    DecisionLog {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// Any other I/O error.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}

@@ -1,0 +1,500 @@
+//! The HTTP front-end (design section 6): CONNECT (authority-form only) and absolute-form
+//! forwarding of plain `http://` requests, served with hyper.
+//!
+//! Forwarded requests are rebuilt from canonical values only: the request line carries the
+//! origin-form path, `Host` is rebuilt from the URI (RFC 9112 section 3.2.2), hop-by-hop
+//! headers (RFC 9110 section 7.6.1) and `Proxy-Authorization` are removed, and an upstream
+//! `X-Mediator-Decision` header is stripped so an origin cannot forge a decision.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use policy::config::Authority;
+use policy::{Reason, Target, canonicalize_host, parse_authority_form};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::counting::Counting;
+use crate::listener::wait_true;
+use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw};
+use crate::relay::{RelayOutcome, relay};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The header that carries a decision to the client (design section 6).
+pub const DECISION_HEADER: &str = "x-mediator-decision";
+
+/// hyper refuses buffers smaller than this.
+const MIN_BUF: usize = 8192;
+
+/// Serves HTTP/1.1 on one client connection until it closes.
+pub async fn serve<S>(io: S, shared: Arc<Shared>, ctx: Ctx)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let ctx = Arc::new(ctx);
+    let pool: Arc<Mutex<Option<Pooled>>> = Arc::new(Mutex::new(None));
+    let svc = {
+        let shared = Arc::clone(&shared);
+        service_fn(move |req| {
+            let shared = Arc::clone(&shared);
+            let ctx = Arc::clone(&ctx);
+            let pool = Arc::clone(&pool);
+            async move { Ok::<_, Infallible>(handle(req, shared, ctx, pool).await) }
+        })
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.timeouts.request_head)
+        .max_buf_size(shared.limits.request_head_bytes.max(MIN_BUF))
+        .keep_alive(true);
+    let conn = builder
+        .serve_connection(TokioIo::new(io), svc)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut draining = shared.draining.clone();
+    tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
+                tracing::debug!("client connection ended: {e}");
+            }
+        }
+        () = wait_true(&mut draining) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// A kept-alive upstream connection of one client connection. Never shared across client
+/// connections, so never across authorities: an address vetted under one grant's
+/// `allow_private` exceptions can never serve another authority.
+struct Pooled {
+    target: Target,
+    authority: String,
+    sender: hyper::client::conn::http1::SendRequest<Incoming>,
+    pin: std::net::SocketAddr,
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    ctx: Arc<Ctx>,
+    pool: Arc<Mutex<Option<Pooled>>>,
+) -> Response<Body> {
+    let protocol = if req.method() == Method::CONNECT {
+        "connect"
+    } else {
+        "http"
+    };
+    let label = raw_label(req.uri());
+    let authority = match identify(&shared, &ctx, req.headers()) {
+        Ok(a) => a,
+        Err(denial) => {
+            let denial = shared.deny_early(&ctx, None, protocol, &label, denial);
+            return deny_response(None, &label, &denial);
+        }
+    };
+    let ctx = Ctx {
+        authority: Some(Arc::clone(&authority)),
+        ..(*ctx).clone()
+    };
+    if req.method() == Method::CONNECT {
+        connect(req, shared, ctx, authority).await
+    } else {
+        forward(req, shared, ctx, authority, pool).await
+    }
+}
+
+/// The authority bound to the channel, or named by `Proxy-Authorization: Basic` on the
+/// shared TCP listener (RFC 9110 section 11.7.2, RFC 7617).
+fn identify(shared: &Shared, ctx: &Ctx, headers: &HeaderMap) -> Result<Arc<Authority>, Denial> {
+    if let Some(a) = &ctx.authority {
+        return Ok(Arc::clone(a));
+    }
+    let missing = || {
+        Denial::new(
+            Reason::BadCredential,
+            "this listener needs Proxy-Authorization: Basic base64(authority:token)",
+            "send the authority name as proxy user and its token as password (curl --proxy-user NAME:TOKEN)",
+        )
+    };
+    let mut values = headers.get_all(header::PROXY_AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(missing());
+    };
+    let value = value.as_bytes();
+    let Some(encoded) = value
+        .get(..6)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"basic "))
+        .and_then(|_| value.get(6..))
+    else {
+        return Err(missing());
+    };
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim_ascii()) else {
+        return Err(missing());
+    };
+    let Some(colon) = decoded.iter().position(|&b| b == b':') else {
+        return Err(missing());
+    };
+    let Ok(name) = std::str::from_utf8(&decoded[..colon]) else {
+        return Err(missing());
+    };
+    shared.authenticate(name, &decoded[colon + 1..])
+}
+
+async fn connect(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    authority: Arc<Authority>,
+) -> Response<Body> {
+    let name = authority.grant.name();
+    let uri = req.uri();
+    let target = match uri.authority() {
+        Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
+            parse_authority_form(a.as_str())
+        }
+        _ => {
+            let denial = Denial::new(
+                Reason::MalformedTarget,
+                "CONNECT needs an authority-form target (host:port)",
+                "send CONNECT host:port HTTP/1.1",
+            );
+            let label = raw_label(uri);
+            let denial = shared.deny_early(&ctx, Some(name), "connect", &label, denial);
+            return deny_response(Some(name), &label, &denial);
+        }
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => return malformed(&shared, &ctx, name, "connect", raw_label(uri), &e),
+    };
+    let label = TargetLabel::from(&target);
+    let connected = match shared
+        .establish(&ctx, &authority.grant, "connect", &target)
+        .await
+    {
+        Ok(c) => c,
+        Err(denial) => return deny_response(Some(name), &label, &denial),
+    };
+    let on_upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let outcome = match on_upgrade.await {
+            Ok(upgraded) => {
+                relay(
+                    TokioIo::new(upgraded),
+                    connected.stream,
+                    shared.timeouts.idle_tunnel,
+                    shared.closing.clone(),
+                )
+                .await
+            }
+            Err(e) => {
+                tracing::debug!("CONNECT upgrade failed: {e}");
+                RelayOutcome {
+                    up: 0,
+                    down: 0,
+                    close_reason: "error",
+                }
+            }
+        };
+        shared.log_close(&ctx, "connect", &label, connected.opened, outcome);
+    });
+    Response::new(empty())
+}
+
+async fn forward(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    authority: Arc<Authority>,
+    pool: Arc<Mutex<Option<Pooled>>>,
+) -> Response<Body> {
+    let name = authority.grant.name();
+    let uri = req.uri().clone();
+    let bad = |detail: &str, hint: &str| {
+        let label = raw_label(&uri);
+        let denial = Denial::new(Reason::MalformedTarget, detail, hint);
+        let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
+        deny_response(Some(name), &label, &denial)
+    };
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => {
+            return bad(
+                "only http:// URIs are forwarded in absolute-form",
+                "use CONNECT host:443 (HTTPS_PROXY) for https",
+            );
+        }
+        None => {
+            return bad(
+                "origin-form request sent to a proxy",
+                "send absolute-form (GET http://host/path HTTP/1.1) or CONNECT",
+            );
+        }
+    }
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return bad("more than one Host header", "send exactly one Host header");
+    }
+    let Some(auth) = uri.authority() else {
+        return bad(
+            "absolute-form URI without a host",
+            "send GET http://host/path",
+        );
+    };
+    let target = if auth.as_str().contains('@') {
+        Err(policy::PolicyError::Host {
+            input: auth.as_str().to_owned(),
+            why: "userinfo is not allowed in a proxy target".into(),
+        })
+    } else {
+        match auth.port_u16() {
+            Some(_) => parse_authority_form(auth.as_str()),
+            None if auth.as_str().ends_with(':') => parse_authority_form(auth.as_str()),
+            None => canonicalize_host(auth.host()).map(|host| Target { host, port: 80 }),
+        }
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => return malformed(&shared, &ctx, name, "http", raw_label(&uri), &e),
+    };
+    let label = TargetLabel::from(&target);
+
+    // Reuse this client connection's upstream connection when it goes to the same target.
+    let pooled = pool
+        .lock()
+        .ok()
+        .and_then(|mut p| p.take())
+        .filter(|p| p.target == target && p.authority == name);
+    let pooled = match pooled {
+        Some(mut p) => p.sender.ready().await.is_ok().then_some(p),
+        None => None,
+    };
+    let (mut sender, pin) = match pooled {
+        Some(p) => {
+            let decision = authority.grant.decide(&target);
+            if !decision.is_allow() {
+                // Grants are immutable, so this cannot happen; fail closed anyway.
+                let denial = Denial::new(decision.reason, decision.detail, decision.hint);
+                let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
+                return deny_response(Some(name), &label, &denial);
+            }
+            shared.log_reuse(&ctx, "http", &label, decision.rule.as_deref(), p.pin);
+            (p.sender, p.pin)
+        }
+        None => {
+            let connected = match shared
+                .establish(&ctx, &authority.grant, "http", &target)
+                .await
+            {
+                Ok(c) => c,
+                Err(denial) => return deny_response(Some(name), &label, &denial),
+            };
+            let counting = Counting::new(connected.stream);
+            let counters = counting.counters();
+            let handshake =
+                hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(counting)).await;
+            let (sender, conn) = match handshake {
+                Ok(pair) => pair,
+                Err(e) => {
+                    let denial = Denial::new(
+                        Reason::UpstreamFailure,
+                        format!("{target}: HTTP handshake failed: {e}"),
+                        "the destination did not speak HTTP/1.1",
+                    );
+                    return deny_response(Some(name), &label, &denial);
+                }
+            };
+            let (shared2, ctx2, label2) = (Arc::clone(&shared), ctx.clone(), label.clone());
+            let opened = connected.opened;
+            tokio::spawn(async move {
+                let reason = match conn.await {
+                    Ok(()) => "upstream_closed",
+                    Err(_) => "error",
+                };
+                let (up, down) = counters.get();
+                let outcome = RelayOutcome {
+                    up,
+                    down,
+                    close_reason: reason,
+                };
+                shared2.log_close(&ctx2, "http", &label2, opened, outcome);
+            });
+            (sender, opened.pin)
+        }
+    };
+
+    let upstream_req = match rebuild_request(req, &target) {
+        Ok(r) => r,
+        Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
+    };
+    match sender.send_request(upstream_req).await {
+        Ok(resp) => {
+            if let Ok(mut p) = pool.lock() {
+                *p = Some(Pooled {
+                    target,
+                    authority: name.to_owned(),
+                    sender,
+                    pin,
+                });
+            }
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(DECISION_HEADER);
+            Response::from_parts(parts, body.boxed())
+        }
+        Err(e) => {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!("{target}: upstream request failed: {e}"),
+                "the destination closed the connection or sent an invalid response",
+            );
+            deny_response(Some(name), &label, &denial)
+        }
+    }
+}
+
+/// Builds the upstream request from canonical values: origin-form target, `Host` from the
+/// canonical target, hop-by-hop headers and `Proxy-Authorization` removed.
+fn rebuild_request(req: Request<Incoming>, target: &Target) -> Result<Request<Incoming>, String> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    parts.uri = path
+        .parse::<Uri>()
+        .map_err(|e| format!("bad request path: {e}"))?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    let host = if target.port == 80 {
+        target.host.to_uri_host()
+    } else {
+        format!("{}:{}", target.host.to_uri_host(), target.port)
+    };
+    let host = HeaderValue::from_str(&host).map_err(|e| format!("bad host: {e}"))?;
+    parts.headers.insert(header::HOST, host);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// Removes hop-by-hop headers (RFC 9110 section 7.6.1): those named in `Connection`, and
+/// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
+/// `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn malformed(
+    shared: &Shared,
+    ctx: &Ctx,
+    name: &str,
+    protocol: &'static str,
+    label: TargetLabel,
+    err: &policy::PolicyError,
+) -> Response<Body> {
+    let denial = Denial::new(
+        Reason::MalformedTarget,
+        err.to_string(),
+        "use a canonical host: a DNS name or dotted-quad IPv4 / bracketed IPv6, with a port",
+    );
+    let denial = shared.deny_early(ctx, Some(name), protocol, &label, denial);
+    deny_response(Some(name), &label, &denial)
+}
+
+/// The raw target of a request for logs, escaped.
+fn raw_label(uri: &Uri) -> TargetLabel {
+    match uri.authority() {
+        Some(a) => TargetLabel {
+            host: Some(escape_raw(a.host().as_bytes())),
+            port: a.port_u16(),
+        },
+        None => TargetLabel {
+            host: Some(escape_raw(uri.to_string().as_bytes())),
+            port: None,
+        },
+    }
+}
+
+/// The JSON denial of design section 6.
+pub fn deny_response(
+    authority: Option<&str>,
+    label: &TargetLabel,
+    denial: &Denial,
+) -> Response<Body> {
+    let body = serde_json::json!({
+        "error": "egress_denied",
+        "authority": authority,
+        "host": label.host,
+        "port": label.port,
+        "reason": denial.reason.as_str(),
+        "detail": denial.detail,
+        "hint": denial.hint,
+    })
+    .to_string();
+    let status = StatusCode::from_u16(denial.status).unwrap_or(StatusCode::FORBIDDEN);
+    let mut resp = Response::new(full(body.clone()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if let Ok(v) = HeaderValue::from_str(&format!("deny; reason={}", denial.reason.as_str())) {
+        h.insert(DECISION_HEADER, v);
+    }
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        h.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"mediator\""),
+        );
+    }
+    resp
+}
+
+fn full(s: String) -> Body {
+    Full::new(Bytes::from(s))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+fn empty() -> Body {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}

@@ -1,0 +1,213 @@
+//! Channels (design section 5): one Unix socket per authority, and the optional shared TCP
+//! listener where a credential names the authority. Each accepted connection is
+//! identified, then handed to the SOCKS5 front-end if its first byte is 0x05, else to
+//! the HTTP front-end.
+//!
+//! Socket files are created safely: bound inside a fresh private (0700) directory,
+//! given their mode and owner there, then renamed into place, so no client can reach a
+//! socket before its permissions are final. A stale socket file (nobody listening) is
+//! replaced; a live one, or any file that is not a socket, is an error, never deleted.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use policy::config::Authority;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::decision_log::Peer;
+use crate::error::Error;
+use crate::pipeline::{Ctx, Shared};
+
+/// Creates `<dir>/<name>.sock` for one authority with `mode` and optional owner.
+///
+/// # Errors
+/// [`Error::Listen`] when the directory cannot be used, a live socket or a non-socket file
+/// is in the way, or bind/chmod/chown/rename fails.
+pub fn bind_unix(dir: &Path, auth: &Authority) -> Result<(UnixListener, PathBuf), Error> {
+    let name = auth.grant.name();
+    let path = dir.join(format!("{name}.sock"));
+    let what = || format!("unix {}", path.display());
+    let err = |source: io::Error| Error::Listen {
+        what: what(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                return Err(err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another process is listening on this socket",
+                )));
+            }
+            // Stale: replaced atomically by the rename below.
+        }
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way; remove it by hand",
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(dir)
+        .map_err(err)?;
+    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o700))
+        .map_err(err)?;
+    let tmp = staging.path().join("s");
+    let listener = UnixListener::bind(&tmp).map_err(err)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(auth.socket_mode))
+        .map_err(err)?;
+    if auth.socket_uid.is_some() || auth.socket_gid.is_some() {
+        std::os::unix::fs::chown(&tmp, auth.socket_uid, auth.socket_gid).map_err(err)?;
+    }
+    std::fs::rename(&tmp, &path).map_err(err)?;
+    Ok((listener, path))
+}
+
+/// Accepts on an authority's Unix socket until `draining` turns true.
+pub async fn accept_unix(listener: UnixListener, auth: Arc<Authority>, shared: Arc<Shared>) {
+    let mut draining = shared.draining.clone();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = wait_true(&mut draining) => return,
+        };
+        let (stream, _) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!("accept on {} failed: {e}", auth.grant.name());
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let peer = match stream.peer_cred() {
+            Ok(cred) => Peer::Unix {
+                pid: cred.pid(),
+                uid: cred.uid(),
+                gid: cred.gid(),
+            },
+            Err(e) => {
+                tracing::warn!("SO_PEERCRED failed: {e}; closing");
+                continue;
+            }
+        };
+        let ctx = Ctx {
+            conn: shared.next_id(),
+            peer,
+            authority: Some(Arc::clone(&auth)),
+        };
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let _guard = shared.enter();
+            dispatch(stream, shared, ctx).await;
+        });
+    }
+}
+
+/// Accepts on the shared TCP listener until `draining` turns true.
+pub async fn accept_tcp(listener: TcpListener, shared: Arc<Shared>) {
+    let mut draining = shared.draining.clone();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = wait_true(&mut draining) => return,
+        };
+        let (stream, addr) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!("TCP accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = Ctx {
+            conn: shared.next_id(),
+            peer: Peer::Tcp(addr),
+            authority: None,
+        };
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let _guard = shared.enter();
+            dispatch(stream, shared, ctx).await;
+        });
+    }
+}
+
+/// Resolves once the watch value is true (or its sender is gone).
+pub async fn wait_true(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|d| *d).await.map(|_| ());
+}
+
+/// Reads the first byte (under the request-head timeout) and hands the connection to
+/// SOCKS5 (0x05) or HTTP.
+pub async fn dispatch<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(shared.timeouts.request_head, io.read(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    let io = Prefixed {
+        first: Some(first[0]),
+        inner: io,
+    };
+    if first[0] == 0x05 {
+        crate::socks::serve(io, shared, ctx).await;
+    } else {
+        crate::http::serve(io, shared, ctx).await;
+    }
+}
+
+/// A stream with one already-read byte put back in front.
+#[derive(Debug)]
+pub struct Prefixed<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(b) = self.first {
+            if buf.remaining() > 0 {
+                buf.put_slice(&[b]);
+                self.first = None;
+                return Poll::Ready(Ok(()));
+            }
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,131 @@
+//! Byte relay between a client and an upstream connection.
+//!
+//! Both directions run concurrently in one task with one fixed buffer each (no per-chunk
+//! allocation); each direction ends on its own (EOF is passed on as a write shutdown, so
+//! half-closed connections work); a tunnel with no bytes in either direction for the idle
+//! timeout is closed; a shutdown signal closes it at once. Byte counts survive errors, so
+//! the close record is always accurate.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Buffer size per direction.
+const BUF: usize = 16 * 1024;
+
+/// How a relay ended, and what crossed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayOutcome {
+    /// Bytes client -> upstream.
+    pub up: u64,
+    /// Bytes upstream -> client.
+    pub down: u64,
+    /// `client_closed`, `upstream_closed`, `idle_timeout`, `error` or `shutdown`.
+    pub close_reason: &'static str,
+}
+
+/// Relays until both directions have ended, the idle timeout passes, or `closing` turns
+/// true.
+pub async fn relay<C, U>(
+    client: C,
+    upstream: U,
+    idle: Duration,
+    mut closing: watch::Receiver<bool>,
+) -> RelayOutcome
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut ur, mut uw) = tokio::io::split(upstream);
+    // Atomics only because the future must be `Send`; both directions run in this task.
+    let origin = Instant::now();
+    let last = AtomicU64::new(0); // milliseconds since `origin` of the last byte moved
+    let up = AtomicU64::new(0);
+    let down = AtomicU64::new(0);
+    let first_end: OnceLock<&'static str> = OnceLock::new();
+
+    let up_dir = pump(
+        &mut cr,
+        &mut uw,
+        &up,
+        (origin, &last),
+        &first_end,
+        "client_closed",
+    );
+    let down_dir = pump(
+        &mut ur,
+        &mut cw,
+        &down,
+        (origin, &last),
+        &first_end,
+        "upstream_closed",
+    );
+    let both = async { tokio::join!(up_dir, down_dir) };
+    let idle_watch = async {
+        loop {
+            let deadline = origin + Duration::from_millis(last.load(Ordering::Relaxed)) + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    };
+    let shutdown = async {
+        if *closing.borrow() {
+            return;
+        }
+        while closing.changed().await.is_ok() {
+            if *closing.borrow() {
+                return;
+            }
+        }
+        // Sender dropped: never resolve.
+        std::future::pending::<()>().await;
+    };
+    let reason = tokio::select! {
+        (a, b) = both => match (a, b) {
+            (Ok(()), Ok(())) => first_end.get().copied().unwrap_or("client_closed"),
+            _ => "error",
+        },
+        () = idle_watch => "idle_timeout",
+        () = shutdown => "shutdown",
+    };
+    RelayOutcome {
+        up: up.load(Ordering::Relaxed),
+        down: down.load(Ordering::Relaxed),
+        close_reason: reason,
+    }
+}
+
+async fn pump<R, W>(
+    r: &mut R,
+    w: &mut W,
+    count: &AtomicU64,
+    (origin, last): (Instant, &AtomicU64),
+    first_end: &OnceLock<&'static str>,
+    end_name: &'static str,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            let _ = first_end.set(end_name);
+            // Pass the half-close on; the other direction keeps going.
+            let _ = w.shutdown().await;
+            return Ok(());
+        }
+        w.write_all(&buf[..n]).await?;
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        let since = u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        last.store(since, Ordering::Relaxed);
+    }
+}
