@@ -116,9 +116,16 @@ async fn serve(config: policy::config::Config) -> anyhow::Result<()> {
     );
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                // Never die on SIGHUP; live reload comes with the admin API.
+                eprintln!("mediator: SIGHUP: reload is not supported by this build; configuration unchanged");
+            }
+        }
     }
     eprintln!("mediator: shutting down");
     running.shutdown().await;
