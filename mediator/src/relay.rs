@@ -129,3 +129,56 @@ where
         last.store(since, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::duplex;
+
+    #[tokio::test]
+    async fn half_close_each_direction_ends_on_its_own() {
+        let (client, mut client_peer) = duplex(64);
+        let (upstream, mut upstream_peer) = duplex(64);
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+
+        client_peer.write_all(b"request").await.unwrap();
+        client_peer.shutdown().await.unwrap(); // client half-closes
+        let mut got = Vec::new();
+        upstream_peer.read_to_end(&mut got).await.unwrap(); // EOF passed on
+        assert_eq!(got, b"request");
+        // The other direction still works after the client's half-close.
+        upstream_peer.write_all(b"response!").await.unwrap();
+        upstream_peer.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client_peer.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"response!");
+
+        let out = task.await.unwrap();
+        assert_eq!(
+            (out.up, out.down, out.close_reason),
+            (7, 9, "client_closed")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_tunnel_is_closed_after_the_idle_timeout() {
+        let (client, mut client_peer) = duplex(64);
+        let (upstream, _upstream_peer) = duplex(64);
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(30), rx));
+        client_peer.write_all(b"x").await.unwrap();
+        let out = task.await.unwrap();
+        assert_eq!((out.up, out.close_reason), (1, "idle_timeout"));
+    }
+
+    #[tokio::test]
+    async fn shutdown_signal_closes_a_live_tunnel() {
+        let (client, _c) = duplex(64);
+        let (upstream, _u) = duplex(64);
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(300), rx));
+        tx.send(true).unwrap();
+        assert_eq!(task.await.unwrap().close_reason, "shutdown");
+    }
+}
