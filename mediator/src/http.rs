@@ -26,7 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::counting::Counting;
 use crate::listener::wait_true;
 use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw};
-use crate::relay::{RelayOutcome, relay};
+use crate::relay::RelayOutcome;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -190,26 +190,28 @@ async fn connect(
     };
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
-        let outcome = match on_upgrade.await {
+        match on_upgrade.await {
             Ok(upgraded) => {
-                relay(
+                crate::tunnel::run(
                     TokioIo::new(upgraded),
-                    connected.stream,
-                    shared.timeouts.idle_tunnel,
-                    shared.closing.clone(),
+                    connected,
+                    &target,
+                    shared,
+                    &ctx,
+                    "connect",
                 )
-                .await
+                .await;
             }
             Err(e) => {
                 tracing::debug!("CONNECT upgrade failed: {e}");
-                RelayOutcome {
+                let outcome = RelayOutcome {
                     up: 0,
                     down: 0,
                     close_reason: "error",
-                }
+                };
+                shared.log_close(&ctx, "connect", &label, connected.opened, outcome);
             }
-        };
-        shared.log_close(&ctx, "connect", &label, connected.opened, outcome);
+        }
     });
     Response::new(empty())
 }

@@ -22,7 +22,9 @@ pub mod pipeline;
 pub mod relay;
 pub mod resolve;
 pub mod route;
+pub mod sni;
 pub mod socks;
+pub mod tunnel;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -106,6 +106,11 @@ async fn serve(config: policy::config::Config) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let socket_dir = config.listen.socket_dir.clone();
     let admin = config.listen.admin;
+    // Handlers first: a signal that arrives right after the ready line must not kill
+    // the process with its default action (leaving socket files behind).
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let running = mediator::start(config, None).await?;
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     eprintln!(
@@ -114,9 +119,6 @@ async fn serve(config: policy::config::Config) -> anyhow::Result<()> {
         show(admin.map(|a| a.to_string())),
         show(socket_dir.map(|d| d.display().to_string())),
     );
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = term.recv() => break,

@@ -14,7 +14,6 @@ use policy::{Reason, Target, canonicalize_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw};
-use crate::relay::relay;
 
 /// RFC 1928 section 3: protocol version.
 const VER: u8 = 0x05;
@@ -68,7 +67,7 @@ where
         handshake(&mut io, &shared, &mut ctx),
     )
     .await;
-    let (target, label) = match head {
+    let (target, _label) = match head {
         Err(_) => return, // request-head timeout: close silently, nothing was asked.
         Ok(Err(e)) => {
             tracing::debug!("SOCKS5 handshake failed: {e}");
@@ -94,14 +93,7 @@ where
     if reply(&mut io, REP_SUCCEEDED, bound).await.is_err() {
         return;
     }
-    let outcome = relay(
-        io,
-        connected.stream,
-        shared.timeouts.idle_tunnel,
-        shared.closing.clone(),
-    )
-    .await;
-    shared.log_close(&ctx, "socks5", &label, connected.opened, outcome);
+    crate::tunnel::run(io, connected, &target, shared, &ctx, "socks5").await;
 }
 
 /// Runs method negotiation, authentication and the request. Returns the canonical target,

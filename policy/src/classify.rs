@@ -3,7 +3,9 @@
 //! is [`AddrClass::Global`] only when it is positively globally reachable unicast;
 //! everything else is private or special.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// The class of one address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +27,7 @@ pub enum AddrClass {
         /// Which embedding (`"NAT64 (64:ff9b::/96, RFC 6052)"`).
         kind: &'static str,
         /// The embedded IPv4 address.
-        embedded: std::net::Ipv4Addr,
+        embedded: Ipv4Addr,
         /// Whether the embedded address itself is global.
         inner_global: bool,
         /// Whether the embedded address itself is private (vs special) when not global.
@@ -35,6 +37,597 @@ pub enum AddrClass {
 
 /// Classifies one address. IPv4-mapped IPv6 (`::ffff:a.b.c.d`) is reported as
 /// [`AddrClass::Embedded`].
+///
+/// The tables follow the IANA IPv4 and IPv6 Special-Purpose Address Registries (RFC 6890,
+/// RFC 8190 and the RFCs named per block), plus IPv4 multicast (`224.0.0.0/4`) and, for
+/// IPv6, the allow-only rule that only `2000::/3` (global unicast) can be global. Where the
+/// registry marks a block inside a larger non-global one as globally reachable (AS112,
+/// AMT, PCP and TURN anycast, ORCHIDv2, Drone Remote ID), the inner block wins.
+///
+/// For `64:ff9b:1::/48` (RFC 8215) the embedded address is read from the last 32 bits
+/// (the RFC 6052 `/96` layout); other layouts are possible inside that block, but the
+/// embedding is denied either way, so only the reported inner class could differ.
 pub fn classify(ip: IpAddr) -> AddrClass {
-    todo!("{ip}")
+    match ip {
+        IpAddr::V4(v4) => classify_v4(v4),
+        IpAddr::V6(v6) => classify_v6(v6),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum V4Kind {
+    Global,
+    Private,
+    Special,
+}
+
+#[derive(Clone, Copy)]
+enum V6Kind {
+    Global,
+    Private,
+    Special,
+    Embedded(Embedding),
+}
+
+/// Where an IPv6 embedding keeps its IPv4 address.
+#[derive(Clone, Copy)]
+enum Embedding {
+    /// The last 32 bits (IPv4-mapped, IPv4-compatible, NAT64 `/96`).
+    Low32,
+    /// Bits 16..48 (6to4, RFC 3056).
+    SixToFour,
+    /// The bitwise NOT of the last 32 bits (Teredo client address, RFC 4380).
+    Teredo,
+}
+
+const fn v4(a: u8, b: u8, c: u8, d: u8, len: u8) -> Ipv4Net {
+    Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), len)
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn v6(s: [u16; 8], len: u8) -> Ipv6Net {
+    Ipv6Net::new_assert(
+        Ipv6Addr::new(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
+        len,
+    )
+}
+
+/// IPv4 blocks, most specific first: the first match wins. Addresses matching none are
+/// global unicast.
+const V4_TABLE: &[(Ipv4Net, V4Kind, &str)] = &[
+    (
+        v4(0, 0, 0, 0, 8),
+        V4Kind::Special,
+        "\"this network\" (0.0.0.0/8, RFC 791)",
+    ),
+    (
+        v4(10, 0, 0, 0, 8),
+        V4Kind::Private,
+        "private-use (10.0.0.0/8, RFC 1918)",
+    ),
+    (
+        v4(100, 64, 0, 0, 10),
+        V4Kind::Private,
+        "shared address space (100.64.0.0/10, RFC 6598)",
+    ),
+    (
+        v4(127, 0, 0, 0, 8),
+        V4Kind::Private,
+        "loopback (127.0.0.0/8, RFC 1122)",
+    ),
+    (
+        v4(169, 254, 0, 0, 16),
+        V4Kind::Private,
+        "link-local (169.254.0.0/16, RFC 3927)",
+    ),
+    (
+        v4(172, 16, 0, 0, 12),
+        V4Kind::Private,
+        "private-use (172.16.0.0/12, RFC 1918)",
+    ),
+    (
+        v4(192, 0, 0, 9, 32),
+        V4Kind::Global,
+        "PCP anycast (192.0.0.9/32, RFC 7723)",
+    ),
+    (
+        v4(192, 0, 0, 10, 32),
+        V4Kind::Global,
+        "TURN anycast (192.0.0.10/32, RFC 8155)",
+    ),
+    (
+        v4(192, 0, 0, 0, 24),
+        V4Kind::Special,
+        "IETF protocol assignments (192.0.0.0/24, RFC 6890)",
+    ),
+    (
+        v4(192, 0, 2, 0, 24),
+        V4Kind::Special,
+        "documentation TEST-NET-1 (192.0.2.0/24, RFC 5737)",
+    ),
+    (
+        v4(192, 31, 196, 0, 24),
+        V4Kind::Global,
+        "AS112-v4 (192.31.196.0/24, RFC 7535)",
+    ),
+    (
+        v4(192, 52, 193, 0, 24),
+        V4Kind::Global,
+        "AMT (192.52.193.0/24, RFC 7450)",
+    ),
+    (
+        v4(192, 88, 99, 0, 24),
+        V4Kind::Special,
+        "deprecated 6to4 relay anycast (192.88.99.0/24, RFC 7526)",
+    ),
+    (
+        v4(192, 168, 0, 0, 16),
+        V4Kind::Private,
+        "private-use (192.168.0.0/16, RFC 1918)",
+    ),
+    (
+        v4(192, 175, 48, 0, 24),
+        V4Kind::Global,
+        "AS112 direct delegation (192.175.48.0/24, RFC 7534)",
+    ),
+    (
+        v4(198, 18, 0, 0, 15),
+        V4Kind::Special,
+        "benchmarking (198.18.0.0/15, RFC 2544)",
+    ),
+    (
+        v4(198, 51, 100, 0, 24),
+        V4Kind::Special,
+        "documentation TEST-NET-2 (198.51.100.0/24, RFC 5737)",
+    ),
+    (
+        v4(203, 0, 113, 0, 24),
+        V4Kind::Special,
+        "documentation TEST-NET-3 (203.0.113.0/24, RFC 5737)",
+    ),
+    (
+        v4(224, 0, 0, 0, 4),
+        V4Kind::Special,
+        "multicast (224.0.0.0/4, RFC 5771)",
+    ),
+    (
+        v4(255, 255, 255, 255, 32),
+        V4Kind::Special,
+        "limited broadcast (255.255.255.255/32, RFC 919)",
+    ),
+    (
+        v4(240, 0, 0, 0, 4),
+        V4Kind::Special,
+        "reserved (240.0.0.0/4, RFC 1112)",
+    ),
+];
+
+/// IPv6 blocks, most specific first: the first match wins. Addresses matching none are
+/// special (allow-only: outside `2000::/3` nothing is global unicast).
+const V6_TABLE: &[(Ipv6Net, V6Kind, &str)] = &[
+    (
+        v6([0, 0, 0, 0, 0, 0, 0, 0], 128),
+        V6Kind::Special,
+        "unspecified (::/128, RFC 4291)",
+    ),
+    (
+        v6([0, 0, 0, 0, 0, 0, 0, 1], 128),
+        V6Kind::Private,
+        "loopback (::1/128, RFC 4291)",
+    ),
+    (
+        v6([0, 0, 0, 0, 0, 0xffff, 0, 0], 96),
+        V6Kind::Embedded(Embedding::Low32),
+        "IPv4-mapped (::ffff:0:0/96, RFC 4291)",
+    ),
+    (
+        v6([0, 0, 0, 0, 0, 0, 0, 0], 96),
+        V6Kind::Embedded(Embedding::Low32),
+        "IPv4-compatible, deprecated (::/96, RFC 4291)",
+    ),
+    (
+        v6([0x64, 0xff9b, 0, 0, 0, 0, 0, 0], 96),
+        V6Kind::Embedded(Embedding::Low32),
+        "NAT64 (64:ff9b::/96, RFC 6052)",
+    ),
+    (
+        v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+        V6Kind::Embedded(Embedding::Low32),
+        "local-use NAT64 (64:ff9b:1::/48, RFC 8215)",
+    ),
+    (
+        v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64),
+        V6Kind::Special,
+        "discard-only (100::/64, RFC 6666)",
+    ),
+    (
+        v6([0x100, 0, 0, 1, 0, 0, 0, 0], 64),
+        V6Kind::Special,
+        "dummy prefix (100:0:0:1::/64, RFC 9780)",
+    ),
+    (
+        v6([0x2001, 1, 0, 0, 0, 0, 0, 1], 128),
+        V6Kind::Global,
+        "PCP anycast (2001:1::1/128, RFC 7723)",
+    ),
+    (
+        v6([0x2001, 1, 0, 0, 0, 0, 0, 2], 128),
+        V6Kind::Global,
+        "TURN anycast (2001:1::2/128, RFC 8155)",
+    ),
+    (
+        v6([0x2001, 1, 0, 0, 0, 0, 0, 3], 128),
+        V6Kind::Global,
+        "DNS-SD SRP anycast (2001:1::3/128, RFC 9665)",
+    ),
+    (
+        v6([0x2001, 3, 0, 0, 0, 0, 0, 0], 32),
+        V6Kind::Global,
+        "AMT (2001:3::/32, RFC 7450)",
+    ),
+    (
+        v6([0x2001, 4, 0x112, 0, 0, 0, 0, 0], 48),
+        V6Kind::Global,
+        "AS112-v6 (2001:4:112::/48, RFC 7535)",
+    ),
+    (
+        v6([0x2001, 0x20, 0, 0, 0, 0, 0, 0], 28),
+        V6Kind::Global,
+        "ORCHIDv2 (2001:20::/28, RFC 7343)",
+    ),
+    (
+        v6([0x2001, 0x30, 0, 0, 0, 0, 0, 0], 28),
+        V6Kind::Global,
+        "Drone Remote ID (2001:30::/28, RFC 9374)",
+    ),
+    (
+        v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 32),
+        V6Kind::Embedded(Embedding::Teredo),
+        "Teredo (2001::/32, RFC 4380)",
+    ),
+    (
+        v6([0x2001, 2, 0, 0, 0, 0, 0, 0], 48),
+        V6Kind::Special,
+        "benchmarking (2001:2::/48, RFC 5180)",
+    ),
+    (
+        v6([0x2001, 0x10, 0, 0, 0, 0, 0, 0], 28),
+        V6Kind::Special,
+        "deprecated ORCHID (2001:10::/28, RFC 4843)",
+    ),
+    (
+        v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23),
+        V6Kind::Special,
+        "IETF protocol assignments (2001::/23, RFC 2928)",
+    ),
+    (
+        v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32),
+        V6Kind::Special,
+        "documentation (2001:db8::/32, RFC 3849)",
+    ),
+    (
+        v6([0x2002, 0, 0, 0, 0, 0, 0, 0], 16),
+        V6Kind::Embedded(Embedding::SixToFour),
+        "6to4 (2002::/16, RFC 3056)",
+    ),
+    (
+        v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20),
+        V6Kind::Special,
+        "documentation (3fff::/20, RFC 9637)",
+    ),
+    (
+        v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16),
+        V6Kind::Special,
+        "SRv6 SIDs (5f00::/16, RFC 9602)",
+    ),
+    (
+        v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7),
+        V6Kind::Private,
+        "unique-local (fc00::/7, RFC 4193)",
+    ),
+    (
+        v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10),
+        V6Kind::Private,
+        "link-local (fe80::/10, RFC 4291)",
+    ),
+    (
+        v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10),
+        V6Kind::Special,
+        "deprecated site-local (fec0::/10, RFC 3879)",
+    ),
+    (
+        v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8),
+        V6Kind::Special,
+        "multicast (ff00::/8, RFC 4291)",
+    ),
+    (
+        v6([0x2000, 0, 0, 0, 0, 0, 0, 0], 3),
+        V6Kind::Global,
+        "global unicast (2000::/3, RFC 4291)",
+    ),
+];
+
+fn classify_v4(ip: Ipv4Addr) -> AddrClass {
+    for (net, kind, name) in V4_TABLE {
+        if net.contains(&ip) {
+            return match kind {
+                V4Kind::Global => AddrClass::Global,
+                V4Kind::Private => AddrClass::Private(name),
+                V4Kind::Special => AddrClass::Special(name),
+            };
+        }
+    }
+    AddrClass::Global
+}
+
+fn classify_v6(ip: Ipv6Addr) -> AddrClass {
+    for (net, kind, name) in V6_TABLE {
+        if net.contains(&ip) {
+            return match kind {
+                V6Kind::Global => AddrClass::Global,
+                V6Kind::Private => AddrClass::Private(name),
+                V6Kind::Special => AddrClass::Special(name),
+                V6Kind::Embedded(how) => {
+                    let embedded = extract(ip, *how);
+                    let inner = classify_v4(embedded);
+                    AddrClass::Embedded {
+                        kind: name,
+                        embedded,
+                        inner_global: inner == AddrClass::Global,
+                        inner_private: matches!(inner, AddrClass::Private(_)),
+                    }
+                }
+            };
+        }
+    }
+    AddrClass::Special("not global unicast (outside 2000::/3: unallocated or reserved, RFC 4291)")
+}
+
+fn extract(ip: Ipv6Addr, how: Embedding) -> Ipv4Addr {
+    let bits = u128::from(ip);
+    // Truncating casts pick the 32 bits wanted.
+    match how {
+        Embedding::Low32 => Ipv4Addr::from(bits as u32),
+        Embedding::SixToFour => Ipv4Addr::from((bits >> 80) as u32),
+        Embedding::Teredo => Ipv4Addr::from(!(bits as u32)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// Expected class; the string is a fragment of the block name.
+    #[derive(Debug)]
+    enum Want {
+        G,
+        P(&'static str),
+        S(&'static str),
+        /// Embedding kind fragment, embedded address, inner class ('g', 'p' or 's').
+        E(&'static str, &'static str, char),
+    }
+    use Want::{E, G, P, S};
+
+    /// Rows from the IANA IPv4/IPv6 Special-Purpose Address Registries and the RFCs named.
+    const ROWS: &[(&str, Want)] = &[
+        // IPv4, RFC 6890 and updates.
+        ("0.0.0.0", S("0.0.0.0/8")),
+        ("0.1.2.3", S("0.0.0.0/8")),
+        ("0.255.255.255", S("0.0.0.0/8")),
+        ("1.0.0.0", G),
+        ("1.1.1.1", G),
+        ("8.8.8.8", G),
+        ("9.255.255.255", G),
+        ("10.0.0.0", P("RFC 1918")),
+        ("10.255.255.255", P("10.0.0.0/8")),
+        ("11.0.0.0", G),
+        ("100.63.255.255", G),
+        ("100.64.0.0", P("RFC 6598")),
+        ("100.127.255.255", P("100.64.0.0/10")),
+        ("100.128.0.0", G),
+        ("126.255.255.255", G),
+        ("127.0.0.1", P("loopback")),
+        ("127.255.255.254", P("127.0.0.0/8")),
+        ("128.0.0.0", G),
+        ("169.253.255.255", G),
+        ("169.254.0.1", P("link-local")),
+        ("169.254.169.254", P("169.254.0.0/16")),
+        ("169.255.0.0", G),
+        ("172.15.255.255", G),
+        ("172.16.0.0", P("172.16.0.0/12")),
+        ("172.31.255.255", P("172.16.0.0/12")),
+        ("172.32.0.0", G),
+        ("191.255.255.255", G),
+        ("192.0.0.0", S("192.0.0.0/24")),
+        ("192.0.0.8", S("192.0.0.0/24")),
+        ("192.0.0.9", G),
+        ("192.0.0.10", G),
+        ("192.0.0.11", S("192.0.0.0/24")),
+        ("192.0.0.170", S("192.0.0.0/24")),
+        ("192.0.0.171", S("192.0.0.0/24")),
+        ("192.0.0.255", S("IETF protocol assignments")),
+        ("192.0.1.0", G),
+        ("192.0.2.0", S("TEST-NET-1")),
+        ("192.0.2.255", S("RFC 5737")),
+        ("192.0.3.0", G),
+        ("192.31.196.1", G),
+        ("192.52.193.1", G),
+        ("192.88.98.255", G),
+        ("192.88.99.1", S("6to4 relay")),
+        ("192.88.100.0", G),
+        ("192.167.255.255", G),
+        ("192.168.0.1", P("192.168.0.0/16")),
+        ("192.168.255.255", P("RFC 1918")),
+        ("192.169.0.0", G),
+        ("192.175.48.1", G),
+        ("198.17.255.255", G),
+        ("198.18.0.0", S("benchmarking")),
+        ("198.19.255.255", S("RFC 2544")),
+        ("198.20.0.0", G),
+        ("198.51.100.7", S("TEST-NET-2")),
+        ("203.0.113.7", S("TEST-NET-3")),
+        ("203.0.114.0", G),
+        ("223.255.255.255", G),
+        ("224.0.0.1", S("multicast")),
+        ("239.255.255.255", S("multicast")),
+        ("240.0.0.1", S("reserved")),
+        ("254.255.255.255", S("240.0.0.0/4")),
+        ("255.255.255.254", S("240.0.0.0/4")),
+        ("255.255.255.255", S("broadcast")),
+        // IPv6, RFC 6890, 4291 and updates.
+        ("::", S("unspecified")),
+        ("::1", P("loopback")),
+        ("::2", E("IPv4-compatible", "0.0.0.2", 's')),
+        ("::8.8.8.8", E("IPv4-compatible", "8.8.8.8", 'g')),
+        ("::ffff:8.8.8.8", E("IPv4-mapped", "8.8.8.8", 'g')),
+        ("::ffff:127.0.0.1", E("IPv4-mapped", "127.0.0.1", 'p')),
+        ("::ffff:192.0.2.1", E("IPv4-mapped", "192.0.2.1", 's')),
+        ("::ffff:0:0", E("IPv4-mapped", "0.0.0.0", 's')),
+        ("::fffe:0:0", S("outside 2000::/3")),
+        ("::1:0:0:0", S("outside 2000::/3")),
+        ("64:ff9b::8.8.8.8", E("RFC 6052", "8.8.8.8", 'g')),
+        ("64:ff9b::10.0.0.1", E("NAT64", "10.0.0.1", 'p')),
+        ("64:ff9b::192.0.2.33", E("64:ff9b::/96", "192.0.2.33", 's')),
+        ("64:ff9b:0:0:0:1::", S("outside 2000::/3")),
+        ("64:ff9b:1::8.8.8.8", E("RFC 8215", "8.8.8.8", 'g')),
+        (
+            "64:ff9b:1:ffff::127.0.0.1",
+            E("64:ff9b:1::/48", "127.0.0.1", 'p'),
+        ),
+        ("64:ff9b:2::1", S("outside 2000::/3")),
+        ("100::", S("discard")),
+        ("100::ffff:ffff:ffff:ffff", S("RFC 6666")),
+        ("100:0:0:1::1", S("dummy")),
+        ("100:0:0:2::1", S("outside 2000::/3")),
+        (
+            "1fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            S("outside 2000::/3"),
+        ),
+        ("2000::1", G),
+        ("2001::", E("Teredo", "255.255.255.255", 's')),
+        (
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            E("RFC 4380", "192.0.2.45", 's'),
+        ),
+        (
+            "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
+            E("Teredo", "8.8.8.8", 'g'),
+        ),
+        (
+            "2001:0:4136:e378:8000:63bf:80ff:fffe",
+            E("Teredo", "127.0.0.1", 'p'),
+        ),
+        (
+            "2001:0:ffff:ffff:ffff:ffff:ffff:ffff",
+            E("2001::/32", "0.0.0.0", 's'),
+        ),
+        ("2001:1::", S("IETF protocol assignments")),
+        ("2001:1::1", G),
+        ("2001:1::2", G),
+        ("2001:1::3", G),
+        ("2001:1::4", S("2001::/23")),
+        ("2001:2::1", S("benchmarking")),
+        ("2001:2:0:ffff::1", S("RFC 5180")),
+        ("2001:2:1::1", S("2001::/23")),
+        ("2001:3::1", G),
+        ("2001:3:ffff::1", G),
+        ("2001:4:112::1", G),
+        ("2001:4:113::1", S("2001::/23")),
+        ("2001:10::1", S("ORCHID")),
+        ("2001:1f::1", S("ORCHID")),
+        ("2001:20::1", G),
+        ("2001:2f:ffff::1", G),
+        ("2001:30::1", G),
+        ("2001:3f::1", G),
+        ("2001:40::1", S("2001::/23")),
+        ("2001:1ff:ffff::1", S("IETF protocol assignments")),
+        ("2001:200::1", G),
+        ("2001:4860:4860::8888", G),
+        ("2001:db7:ffff::1", G),
+        ("2001:db8::1", S("RFC 3849")),
+        ("2001:db8:ffff::1", S("documentation")),
+        ("2001:db9::1", G),
+        ("2002::", E("6to4", "0.0.0.0", 's')),
+        ("2002:0808:0808::1", E("RFC 3056", "8.8.8.8", 'g')),
+        ("2002:c000:0221::1", E("2002::/16", "192.0.2.33", 's')),
+        ("2002:0a00:0001:ffff::1", E("6to4", "10.0.0.1", 'p')),
+        ("2002:a9fe:a9fe::", E("6to4", "169.254.169.254", 'p')),
+        ("2003::1", G),
+        ("2606:4700:4700::1111", G),
+        ("2620:4f:8000::1", G),
+        ("3ffe::1", G),
+        ("3fff::1", S("RFC 9637")),
+        ("3fff:fff::1", S("3fff::/20")),
+        ("3fff:1000::1", G),
+        ("4000::1", S("outside 2000::/3")),
+        ("5f00::1", S("SRv6")),
+        ("8000::1", S("outside 2000::/3")),
+        ("fbff::1", S("outside 2000::/3")),
+        ("fc00::1", P("unique-local")),
+        ("fd12:3456:789a::1", P("fc00::/7")),
+        ("fe00::1", S("outside 2000::/3")),
+        ("fe80::1", P("link-local")),
+        ("febf:ffff::1", P("fe80::/10")),
+        ("fec0::1", S("site-local")),
+        ("ff02::1", S("multicast")),
+        ("ff0e::1", S("ff00::/8")),
+    ];
+
+    #[test]
+    fn classification_table() {
+        let mut failures = Vec::new();
+        for (text, want) in ROWS {
+            let ip: IpAddr = text.parse().unwrap();
+            let got = classify(ip);
+            let ok = match (want, got) {
+                (G, AddrClass::Global) => true,
+                (P(frag), AddrClass::Private(name)) | (S(frag), AddrClass::Special(name)) => {
+                    name.contains(frag)
+                }
+                (
+                    E(frag, addr, inner),
+                    AddrClass::Embedded {
+                        kind,
+                        embedded,
+                        inner_global,
+                        inner_private,
+                    },
+                ) => {
+                    let got_inner = match (inner_global, inner_private) {
+                        (true, false) => 'g',
+                        (false, true) => 'p',
+                        (false, false) => 's',
+                        (true, true) => '?',
+                    };
+                    kind.contains(frag) && embedded.to_string() == *addr && got_inner == *inner
+                }
+                _ => false,
+            };
+            if !ok {
+                failures.push(format!("{text}: want {want:?}, got {got:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn tables_are_ordered_most_specific_first() {
+        // An entry shadowed by an earlier, wider one would never match: check none is.
+        for (i, (net, _, name)) in V4_TABLE.iter().enumerate() {
+            for (wider, _, wname) in &V4_TABLE[..i] {
+                assert!(!wider.contains(net), "{name} is shadowed by {wname}");
+            }
+        }
+        for (i, (net, _, name)) in V6_TABLE.iter().enumerate() {
+            for (wider, _, wname) in &V6_TABLE[..i] {
+                assert!(!wider.contains(net), "{name} is shadowed by {wname}");
+            }
+        }
+    }
 }

@@ -3,14 +3,16 @@
 //! caller resolved for it ([`Grant::vet`]), producing the [`Pin`]: the only addresses a
 //! connection may be made to.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
-use crate::decision::Decision;
+use crate::classify::{AddrClass, classify};
+use crate::decision::{Decision, Reason};
 use crate::error::PolicyError;
-use crate::host::Target;
-use crate::pattern::HostPattern;
+use crate::host::{CanonicalHost, Target};
+use crate::pattern::{HostPattern, PatternKind, PatternUse};
 
 /// The unvalidated description of a grant, as written in configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,9 +39,22 @@ pub struct OwnAddrs(pub Vec<SocketAddr>);
 impl OwnAddrs {
     /// Whether a connection to `addr` would reach one of the mediator's own listeners. A
     /// listener bound to an unspecified address (`0.0.0.0`, `::`) is reached on its port at
-    /// every loopback address and at the unspecified address itself.
+    /// every loopback address and at the unspecified address itself (of either family, as a
+    /// dual-stack `::` listener accepts IPv4 too). IPv4-mapped IPv6 addresses are compared
+    /// as the IPv4 address they map.
+    ///
+    /// A listener on an unspecified address is also reachable at each of the host's
+    /// interface addresses, which this pure crate cannot know: a caller binding to `0.0.0.0`
+    /// or `::` should list those addresses here too.
     pub fn contains(&self, addr: SocketAddr) -> bool {
-        todo!("{addr}")
+        let ip = addr.ip().to_canonical();
+        self.0.iter().any(|own| {
+            if own.port() != addr.port() {
+                return false;
+            }
+            let own_ip = own.ip().to_canonical();
+            own_ip == ip || (own_ip.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()))
+        })
     }
 }
 
@@ -64,6 +79,170 @@ pub struct Grant {
     allow_private: Vec<IpNet>,
     sni_check: bool,
     tls_terminate: Vec<HostPattern>,
+    /// Index into `deny` of the first global deny entry.
+    global_deny_from: usize,
+    allow_index: RuleIndex,
+    deny_index: RuleIndex,
+}
+
+/// One problem found while building a grant: which field, which entry of it (0 for
+/// `name`), and the full message (`invalid allow entry "*.com": ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryError {
+    pub(crate) field: &'static str,
+    pub(crate) index: usize,
+    pub(crate) message: String,
+}
+
+/// A fast, unkeyed hasher (the FxHash mix) for the rule index. Hash flooding is not a
+/// concern: the tables are filled only from configuration, and a lookup with a hostile key
+/// costs at most one probe sequence over those fixed entries.
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+
+/// Lookup structure over a list of patterns, so that a decision does not scan every rule:
+/// exact hosts and wildcard suffixes are hashed; only CIDRs and `*` are scanned.
+#[derive(Debug, Default)]
+struct RuleIndex {
+    exact: FastMap<CanonicalHost, Vec<usize>>,
+    suffix: FastMap<String, Vec<usize>>,
+    scanned: Vec<usize>,
+}
+
+/// The result of looking a target up in a [`RuleIndex`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Lookup {
+    /// The first pattern (in written order) matching host and port.
+    full: Option<usize>,
+    /// The first pattern matching the host, whatever its port.
+    host_only: Option<usize>,
+}
+
+impl RuleIndex {
+    fn build(patterns: &[HostPattern]) -> Self {
+        let mut index = Self::default();
+        for (i, p) in patterns.iter().enumerate() {
+            match &p.kind {
+                PatternKind::Exact(h) => index.exact.entry(h.clone()).or_default().push(i),
+                PatternKind::Suffix(s) => index.suffix.entry(s.clone()).or_default().push(i),
+                PatternKind::Net(_) | PatternKind::Any => index.scanned.push(i),
+            }
+        }
+        index
+    }
+
+    /// Calls `f` with the index of every pattern whose host part matches `host`, in no
+    /// particular order.
+    fn for_each_match(
+        &self,
+        patterns: &[HostPattern],
+        host: &CanonicalHost,
+        mut f: impl FnMut(usize),
+    ) {
+        if let Some(list) = self.exact.get(host) {
+            list.iter().for_each(|&i| f(i));
+        }
+        if let Some(name) = host.name() {
+            // Every proper suffix after a dot: "a.b.c" -> "b.c", "c".
+            for (dot, _) in name.match_indices('.') {
+                if let Some(list) = self.suffix.get(&name[dot + 1..]) {
+                    list.iter().for_each(|&i| f(i));
+                }
+            }
+        }
+        for &i in &self.scanned {
+            if patterns[i].matches_host(host) {
+                f(i);
+            }
+        }
+    }
+
+    /// The lowest-index patterns matching `target`, on its port and on any port.
+    fn lookup(&self, patterns: &[HostPattern], target: &Target) -> Lookup {
+        let mut found = Lookup::default();
+        self.for_each_match(patterns, &target.host, |i| {
+            if found.host_only.is_none_or(|b| i < b) {
+                found.host_only = Some(i);
+            }
+            if patterns[i].port.is_none_or(|p| p == target.port) && found.full.is_none_or(|b| i < b)
+            {
+                found.full = Some(i);
+            }
+        });
+        found
+    }
+}
+
+/// Checks an authority name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
+pub(crate) fn check_authority_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("authority name is empty".into());
+    }
+    if name.len() > 64 {
+        return Err(format!("authority name {name:?} is longer than 64 bytes"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        return Err(format!(
+            "authority name {name:?} contains {c:?}; use only ASCII letters, digits, '-' and '_'"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
+pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
+    let err = |why: String| PolicyError::Pattern {
+        field: "allow_private",
+        entry: entry.to_owned(),
+        why,
+    };
+    let net = if entry.contains('/') {
+        let net: IpNet = entry
+            .parse()
+            .map_err(|_| err("not a CIDR; write e.g. \"10.1.0.0/16\" or \"fd00::/8\"".into()))?;
+        if net.trunc() != net {
+            return Err(err(format!(
+                "CIDR has host bits set; write \"{}\"",
+                net.trunc()
+            )));
+        }
+        net
+    } else {
+        let ip: IpAddr = entry.parse().map_err(|_| {
+            err("not an IP address or CIDR; write e.g. \"127.0.0.1\" or \"10.1.0.0/16\"".into())
+        })?;
+        IpNet::from(ip)
+    };
+    if net.prefix_len() == 0 {
+        return Err(err(
+            "a /0 exception would switch the address check off; list the ranges needed".into(),
+        ));
+    }
+    Ok(net)
 }
 
 impl Grant {
@@ -74,7 +253,66 @@ impl Grant {
     /// [`PolicyError::Config`] listing every bad entry (not just the first), each naming
     /// the field and the entry.
     pub fn new(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, PolicyError> {
-        todo!("{spec:?} {global_deny:?}")
+        Self::build(spec, global_deny)
+            .map_err(|errors| PolicyError::Config(errors.into_iter().map(|e| e.message).collect()))
+    }
+
+    /// [`Grant::new`] with each problem tied to its field and entry index, so that the
+    /// config loader can give file locations. Global deny entries are reported with the
+    /// field `"global deny"` and their index in `global_deny`.
+    pub(crate) fn build(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, Vec<EntryError>> {
+        let mut errors = Vec::new();
+        if let Err(message) = check_authority_name(&spec.name) {
+            errors.push(EntryError {
+                field: "name",
+                index: 0,
+                message,
+            });
+        }
+        let mut patterns = |field: &'static str, entries: &[String], usage: PatternUse| {
+            let mut out = Vec::with_capacity(entries.len());
+            for (index, entry) in entries.iter().enumerate() {
+                match HostPattern::parse(field, entry, usage) {
+                    Ok(p) => out.push(p),
+                    Err(e) => errors.push(EntryError {
+                        field,
+                        index,
+                        message: e.to_string(),
+                    }),
+                }
+            }
+            out
+        };
+        let allow = patterns("allow", &spec.allow, PatternUse::Allow);
+        let mut deny = patterns("deny", &spec.deny, PatternUse::Deny);
+        let global_deny_from = deny.len();
+        deny.extend(patterns("global deny", global_deny, PatternUse::Deny));
+        let tls_terminate = patterns("tls_terminate", &spec.tls_terminate, PatternUse::Allow);
+        let mut allow_private = Vec::with_capacity(spec.allow_private.len());
+        for (index, entry) in spec.allow_private.iter().enumerate() {
+            match parse_allow_private(entry) {
+                Ok(net) => allow_private.push(net),
+                Err(e) => errors.push(EntryError {
+                    field: "allow_private",
+                    index,
+                    message: e.to_string(),
+                }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Self {
+            name: spec.name.clone(),
+            allow_index: RuleIndex::build(&allow),
+            deny_index: RuleIndex::build(&deny),
+            allow,
+            deny,
+            allow_private,
+            sni_check: spec.sni_check,
+            tls_terminate,
+            global_deny_from,
+        })
     }
 
     /// The authority's name.
@@ -91,8 +329,77 @@ impl Grant {
     /// rules (`allowed`, or `port_not_allowed` when a host matches only on another port, or
     /// `not_in_allowlist`). For an IP-literal target the literal is also classified as by
     /// [`Grant::vet`]. The returned decision names the rule and carries a `hint`.
+    ///
+    /// When several entries match, the first one written wins (grant deny entries before
+    /// global ones). Lookups are hashed, so the cost does not grow with the number of exact
+    /// and wildcard entries.
     pub fn decide(&self, target: &Target) -> Decision {
-        todo!("{target}")
+        let name = &self.name;
+        // Quoting with plain `"` rather than `{:?}` is safe here: canonical hosts, validated
+        // authority names and parsed rule sources hold no quotes or control characters.
+        if let Some(i) = self.deny_index.lookup(&self.deny, target).full {
+            let rule = &self.deny[i].source;
+            let (detail, hint) = if i >= self.global_deny_from {
+                (
+                    format!("{target} matches entry \"{rule}\" of the global deny list"),
+                    "the global deny list applies to every authority; no grant can allow this destination"
+                        .to_owned(),
+                )
+            } else {
+                (
+                    format!("{target} matches deny entry \"{rule}\" of authority \"{name}\""),
+                    format!(
+                        "the grant of authority \"{name}\" denies this destination; an operator would have to replace the authority without deny entry \"{rule}\""
+                    ),
+                )
+            };
+            return Decision::deny(Reason::DeniedByRule, detail, hint).with_rule(rule.clone());
+        }
+
+        let found = self.allow_index.lookup(&self.allow, target);
+        let Some(i) = found.full else {
+            let hint = format!(
+                "add \"{}:{}\" to the allow list of authority \"{name}\"",
+                target.host.to_uri_host(),
+                target.port
+            );
+            let Some(first) = found.host_only else {
+                return Decision::deny(
+                    Reason::NotInAllowlist,
+                    format!(
+                        "{} is not in the allow list of authority \"{name}\"",
+                        target.host
+                    ),
+                    hint,
+                );
+            };
+            let mut on_other_ports: Vec<usize> = Vec::new();
+            self.allow_index
+                .for_each_match(&self.allow, &target.host, |i| on_other_ports.push(i));
+            on_other_ports.sort_unstable();
+            let rules: Vec<String> = on_other_ports
+                .iter()
+                .map(|&i| format!("\"{}\"", self.allow[i].source))
+                .collect();
+            return Decision::deny(
+                Reason::PortNotAllowed,
+                format!(
+                    "{} matches allow entries {} of authority \"{name}\", but not on port {}",
+                    target.host,
+                    rules.join(", "),
+                    target.port
+                ),
+                hint,
+            )
+            .with_rule(self.allow[first].source.clone());
+        };
+
+        if let Some(ip) = target.host.ip() {
+            if let Err(denied) = self.vet(target, &[ip], &OwnAddrs::default()) {
+                return denied;
+            }
+        }
+        Decision::allow(self.allow[i].source.clone())
     }
 
     /// Vets the addresses resolved for an allowed `target`. Every address must be
@@ -103,8 +410,74 @@ impl Grant {
     ///
     /// # Errors
     /// A deny [`Decision`]; `dns_failure` when `addrs` is empty.
+    ///
+    /// An embedding (IPv4-mapped, NAT64, 6to4, Teredo, ...) is denied unless `allow_private`
+    /// covers the IPv6 address itself, always as `special_address` (design section 4.3);
+    /// the detail names the embedded IPv4 address and its own class.
     pub fn vet(&self, target: &Target, addrs: &[IpAddr], own: &OwnAddrs) -> Result<Pin, Decision> {
-        todo!("{target} {addrs:?} {own:?}")
+        if addrs.is_empty() {
+            return Err(Decision::deny(
+                Reason::DnsFailure,
+                format!("{} resolved to no addresses", target.host),
+                "check that the name exists and has A or AAAA records",
+            ));
+        }
+        for &ip in addrs {
+            if own.contains(SocketAddr::new(ip, target.port)) {
+                return Err(Decision::deny(
+                    Reason::SpecialAddress,
+                    format!(
+                        "{} is one of the mediator's own listeners",
+                        SocketAddr::new(ip, target.port)
+                    ),
+                    "the mediator does not connect to itself; address the destination directly",
+                ));
+            }
+            if self.allow_private.iter().any(|net| net.contains(&ip)) {
+                continue;
+            }
+            let (reason, detail) = match classify(ip) {
+                AddrClass::Global => continue,
+                AddrClass::Private(block) => (
+                    Reason::PrivateAddress,
+                    format!("{ip} is a private address: {block}"),
+                ),
+                AddrClass::Special(block) => (
+                    Reason::SpecialAddress,
+                    format!("{ip} is a special-purpose address: {block}"),
+                ),
+                // Design sections 4.2/4.3: an embedding is denied as such
+                // (special_address), whatever the embedded address; the detail says
+                // what is inside and how that address alone would be judged.
+                AddrClass::Embedded {
+                    kind,
+                    embedded,
+                    inner_global,
+                    inner_private,
+                } => (
+                    Reason::SpecialAddress,
+                    format!(
+                        "{ip} embeds the IPv4 address {embedded} ({}): {kind}",
+                        match (inner_global, inner_private) {
+                            (true, _) => "global",
+                            (false, true) => "private",
+                            (false, false) => "special",
+                        }
+                    ),
+                ),
+            };
+            let detail = match target.host.ip() {
+                Some(_) => detail,
+                None => format!("{} resolved to {ip}; {detail}", target.host),
+            };
+            let hint = format!(
+                "only globally reachable addresses are connected to; if this destination is intended, an operator can add \"{}\" to allow_private of authority {:?}",
+                IpNet::from(ip),
+                self.name
+            );
+            return Err(Decision::deny(reason, detail, hint));
+        }
+        Ok(Pin(addrs.to_vec()))
     }
 
     /// Whether `target` matches a `tls_terminate` pattern.
@@ -125,5 +498,570 @@ impl Grant {
     /// The `allow_private` CIDRs.
     pub fn allow_private(&self) -> &[IpNet] {
         &self.allow_private
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::host::parse_authority_form;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn grant(allow: &[&str], deny: &[&str], allow_private: &[&str], global: &[&str]) -> Grant {
+        let spec = GrantSpec {
+            name: "agent-a".into(),
+            allow: strings(allow),
+            deny: strings(deny),
+            allow_private: strings(allow_private),
+            sni_check: true,
+            tls_terminate: Vec::new(),
+        };
+        Grant::new(&spec, &strings(global)).unwrap()
+    }
+
+    fn target(s: &str) -> Target {
+        parse_authority_form(s).unwrap()
+    }
+
+    /// Target, expected reason, expected rule.
+    const DECIDE: &[(&str, Reason, Option<&str>)] = &[
+        (
+            "api.github.com:443",
+            Reason::Allowed,
+            Some("api.github.com"),
+        ),
+        (
+            "API.GitHub.com.:8080",
+            Reason::Allowed,
+            Some("api.github.com"),
+        ),
+        ("github.com:443", Reason::NotInAllowlist, None),
+        (
+            "raw.example.net:443",
+            Reason::Allowed,
+            Some("*.example.net"),
+        ),
+        ("a.b.example.net:1", Reason::Allowed, Some("*.example.net")),
+        ("example.net:443", Reason::NotInAllowlist, None),
+        (
+            "registry.npmjs.org:443",
+            Reason::Allowed,
+            Some("registry.npmjs.org:443"),
+        ),
+        (
+            "registry.npmjs.org:80",
+            Reason::PortNotAllowed,
+            Some("registry.npmjs.org:443"),
+        ),
+        (
+            "secret.example.net:443",
+            Reason::DeniedByRule,
+            Some("secret.example.net"),
+        ),
+        (
+            "x.internal.example.net:443",
+            Reason::DeniedByRule,
+            Some("*.internal.example.net"),
+        ),
+        (
+            "internal.example.net:443",
+            Reason::Allowed,
+            Some("*.example.net"),
+        ),
+        ("smtp.example.net:25", Reason::DeniedByRule, Some("*:25")),
+        (
+            "smtp.example.net:587",
+            Reason::Allowed,
+            Some("*.example.net"),
+        ),
+        (
+            "evil.example:443",
+            Reason::DeniedByRule,
+            Some("evil.example"),
+        ),
+        (
+            "multi.example.org:22",
+            Reason::PortNotAllowed,
+            Some("multi.example.org:443"),
+        ),
+        (
+            "multi.example.org:8443",
+            Reason::Allowed,
+            Some("multi.example.org:8443"),
+        ),
+        ("8.8.8.8:53", Reason::Allowed, Some("8.8.8.0/24")),
+        ("8.8.4.4:53", Reason::NotInAllowlist, None),
+        (
+            "[2606:4700:4700::1111]:443",
+            Reason::Allowed,
+            Some("2606:4700::/32"),
+        ),
+        ("[::ffff:8.8.8.8]:53", Reason::Allowed, Some("8.8.8.0/24")),
+        ("127.0.0.1:8080", Reason::PrivateAddress, None),
+        ("10.1.2.3:443", Reason::Allowed, Some("10.0.0.0/8")),
+        ("10.2.0.1:443", Reason::PrivateAddress, None),
+        ("192.0.2.1:443", Reason::SpecialAddress, None),
+        ("[2001:db8::1]:443", Reason::SpecialAddress, None),
+        ("[64:ff9b::a01:203]:443", Reason::SpecialAddress, None),
+        ("[64:ff9b::808:808]:443", Reason::SpecialAddress, None),
+        (
+            "198.51.100.7:443",
+            Reason::DeniedByRule,
+            Some("198.51.100.0/24"),
+        ),
+        (
+            "blocked.example.com:443",
+            Reason::DeniedByRule,
+            Some("blocked.example.com"),
+        ),
+    ];
+
+    fn decide_grant() -> Grant {
+        grant(
+            &[
+                "api.github.com",
+                "*.example.net",
+                "registry.npmjs.org:443",
+                "multi.example.org:443",
+                "multi.example.org:8443",
+                "evil.example",
+                "8.8.8.0/24",
+                "2606:4700::/32",
+                "127.0.0.1",
+                "10.0.0.0/8",
+                "192.0.2.1",
+                "2001:db8::/32",
+                "64:ff9b::/96",
+                "198.51.100.0/24",
+                "blocked.example.com",
+            ],
+            &[
+                "secret.example.net",
+                "*.internal.example.net",
+                "*:25",
+                "evil.example",
+                "198.51.100.0/24",
+            ],
+            &["10.1.0.0/16"],
+            &["blocked.example.com"],
+        )
+    }
+
+    #[test]
+    fn decide_table() {
+        let g = decide_grant();
+        let mut failures = Vec::new();
+        for (t, reason, rule) in DECIDE {
+            let d = g.decide(&target(t));
+            if d.reason != *reason
+                || d.rule.as_deref() != *rule
+                || d.is_allow() != (*reason == Reason::Allowed)
+            {
+                failures.push(format!("{t}: want {reason} {rule:?}, got {d:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn decide_details_and_hints() {
+        let g = decide_grant();
+        let d = g.decide(&target("github.com:443"));
+        assert_eq!(
+            d.detail,
+            "github.com is not in the allow list of authority \"agent-a\""
+        );
+        assert_eq!(
+            d.hint,
+            "add \"github.com:443\" to the allow list of authority \"agent-a\""
+        );
+        let d = g.decide(&target("[2001:db8::5]:8443"));
+        assert_eq!(d.reason, Reason::SpecialAddress);
+        assert_eq!(
+            d.detail,
+            "2001:db8::5 is a special-purpose address: documentation (2001:db8::/32, RFC 3849)"
+        );
+        let d = g.decide(&target("[2a00::1]:443"));
+        assert_eq!(
+            d.hint,
+            "add \"[2a00::1]:443\" to the allow list of authority \"agent-a\""
+        );
+        let d = g.decide(&target("multi.example.org:22"));
+        assert_eq!(
+            d.detail,
+            "multi.example.org matches allow entries \"multi.example.org:443\", \"multi.example.org:8443\" of authority \"agent-a\", but not on port 22"
+        );
+        assert_eq!(
+            d.hint,
+            "add \"multi.example.org:22\" to the allow list of authority \"agent-a\""
+        );
+        let d = g.decide(&target("blocked.example.com:443"));
+        assert_eq!(
+            d.detail,
+            "blocked.example.com:443 matches entry \"blocked.example.com\" of the global deny list"
+        );
+        let d = g.decide(&target("secret.example.net:443"));
+        assert_eq!(
+            d.detail,
+            "secret.example.net:443 matches deny entry \"secret.example.net\" of authority \"agent-a\""
+        );
+        let d = g.decide(&target("api.github.com:443"));
+        assert_eq!(d, Decision::allow("api.github.com"));
+    }
+
+    #[test]
+    fn first_written_rule_wins() {
+        let g = grant(
+            &["*.example.com:443", "a.example.com", "*.a.example.com"],
+            &[],
+            &[],
+            &[],
+        );
+        assert_eq!(
+            g.decide(&target("a.example.com:443")).rule.as_deref(),
+            Some("*.example.com:443")
+        );
+        assert_eq!(
+            g.decide(&target("a.example.com:80")).rule.as_deref(),
+            Some("a.example.com")
+        );
+        assert_eq!(
+            g.decide(&target("b.a.example.com:80")).rule.as_deref(),
+            Some("*.a.example.com")
+        );
+        // A port-specific deny does not deny other ports.
+        let g = grant(&["example.com"], &["example.com:22"], &[], &[]);
+        assert_eq!(
+            g.decide(&target("example.com:22")).reason,
+            Reason::DeniedByRule
+        );
+        assert_eq!(g.decide(&target("example.com:443")).reason, Reason::Allowed);
+        // A global deny of everything beats every allow.
+        let g = grant(&["example.com"], &[], &[], &["*"]);
+        let d = g.decide(&target("example.com:443"));
+        assert_eq!(
+            (d.reason, d.rule.as_deref()),
+            (Reason::DeniedByRule, Some("*"))
+        );
+    }
+
+    #[test]
+    fn decide_with_ten_thousand_rules_uses_the_index() {
+        let allow: Vec<String> = (0..5000)
+            .flat_map(|i| {
+                [
+                    format!("host{i}.example.com:443"),
+                    format!("*.zone{i}.example.org"),
+                ]
+            })
+            .collect();
+        let deny: Vec<String> = (0..100)
+            .map(|i| format!("bad{i}.zone7.example.org"))
+            .collect();
+        let spec = GrantSpec {
+            name: "bulk".into(),
+            allow,
+            deny,
+            ..GrantSpec::default()
+        };
+        let g = Grant::new(&spec, &[]).unwrap();
+        assert_eq!(g.allow_index.scanned.len(), 0);
+        assert_eq!(
+            g.decide(&target("host4999.example.com:443")).reason,
+            Reason::Allowed
+        );
+        assert_eq!(
+            g.decide(&target("host4999.example.com:80")).reason,
+            Reason::PortNotAllowed
+        );
+        assert_eq!(
+            g.decide(&target("a.b.zone4321.example.org:9"))
+                .rule
+                .as_deref(),
+            Some("*.zone4321.example.org")
+        );
+        assert_eq!(
+            g.decide(&target("bad5.zone7.example.org:443")).reason,
+            Reason::DeniedByRule
+        );
+        assert_eq!(
+            g.decide(&target("zone7.example.org:443")).reason,
+            Reason::NotInAllowlist
+        );
+        assert_eq!(
+            g.decide(&target("host5000.example.com:443")).reason,
+            Reason::NotInAllowlist
+        );
+    }
+
+    #[test]
+    fn new_reports_every_bad_entry() {
+        let spec = GrantSpec {
+            name: "bad name".into(),
+            allow: strings(&["ok.example.com", "*.com", "*", "a.*.com"]),
+            deny: strings(&["*", "user@x.com"]),
+            allow_private: strings(&["10.0.0.1/8", "localhost", "0.0.0.0/0", "127.0.0.1"]),
+            sni_check: false,
+            tls_terminate: strings(&["*.co.uk"]),
+        };
+        let Err(PolicyError::Config(errors)) = Grant::new(&spec, &strings(&["*.", "*:25"])) else {
+            panic!("expected a config error");
+        };
+        assert_eq!(
+            errors,
+            vec![
+                "authority name \"bad name\" contains ' '; use only ASCII letters, digits, '-' and '_'",
+                "invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
+                "invalid allow entry \"*\": '*' would allow every host; list the hosts (or \"*.example.com\" for one domain)",
+                "invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
+                "invalid deny entry \"user@x.com\": userinfo ('@') is not allowed; write only the host",
+                "invalid global deny entry \"*.\": a wildcard needs a domain after \"*.\", like \"*.example.com\"",
+                "invalid tls_terminate entry \"*.co.uk\": wildcard over public suffix \"co.uk\"; write \"*.example.co.uk\" for one domain",
+                "invalid allow_private entry \"10.0.0.1/8\": CIDR has host bits set; write \"10.0.0.0/8\"",
+                "invalid allow_private entry \"localhost\": not an IP address or CIDR; write e.g. \"127.0.0.1\" or \"10.1.0.0/16\"",
+                "invalid allow_private entry \"0.0.0.0/0\": a /0 exception would switch the address check off; list the ranges needed",
+            ]
+        );
+    }
+
+    #[test]
+    fn authority_names() {
+        for ok in ["a", "agent-a", "Agent_B-2", &"x".repeat(64)] {
+            assert_eq!(check_authority_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "a b", "a/b", "a.b", "ä", "a\n", &"x".repeat(65)] {
+            assert!(check_authority_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn ips(v: &[&str]) -> Vec<IpAddr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    /// Resolved addresses, allow_private, expected result (`Ok` or the deny reason).
+    type VetRow = (
+        &'static [&'static str],
+        &'static [&'static str],
+        Result<(), Reason>,
+    );
+
+    const VET: &[VetRow] = &[
+        (&["93.184.216.34"], &[], Ok(())),
+        (&["93.184.216.34", "2606:2800:220:1::1"], &[], Ok(())),
+        (&[], &[], Err(Reason::DnsFailure)),
+        (&["127.0.0.1"], &[], Err(Reason::PrivateAddress)),
+        (
+            &["93.184.216.34", "127.0.0.1"],
+            &[],
+            Err(Reason::PrivateAddress),
+        ),
+        (
+            &["127.0.0.1", "93.184.216.34"],
+            &[],
+            Err(Reason::PrivateAddress),
+        ),
+        (&["127.0.0.1"], &["127.0.0.0/8"], Ok(())),
+        (&["127.0.0.1"], &["127.0.0.1"], Ok(())),
+        (&["127.0.0.2"], &["127.0.0.1"], Err(Reason::PrivateAddress)),
+        (&["10.0.0.1"], &[], Err(Reason::PrivateAddress)),
+        (&["100.64.0.1"], &[], Err(Reason::PrivateAddress)),
+        (&["169.254.169.254"], &[], Err(Reason::PrivateAddress)),
+        (
+            &["169.254.169.254"],
+            &["10.0.0.0/8"],
+            Err(Reason::PrivateAddress),
+        ),
+        (&["0.0.0.0"], &[], Err(Reason::SpecialAddress)),
+        (&["192.0.2.1"], &[], Err(Reason::SpecialAddress)),
+        (&["192.0.2.1"], &["192.0.2.0/24"], Ok(())),
+        (&["224.0.0.251"], &[], Err(Reason::SpecialAddress)),
+        (&["255.255.255.255"], &[], Err(Reason::SpecialAddress)),
+        (&["::1"], &[], Err(Reason::PrivateAddress)),
+        (&["::1"], &["::1"], Ok(())),
+        (&["::"], &[], Err(Reason::SpecialAddress)),
+        (&["fd00::1"], &[], Err(Reason::PrivateAddress)),
+        (&["fe80::1"], &[], Err(Reason::PrivateAddress)),
+        (&["::ffff:127.0.0.1"], &[], Err(Reason::SpecialAddress)),
+        (
+            &["::ffff:127.0.0.1"],
+            &["127.0.0.0/8"],
+            Err(Reason::SpecialAddress),
+        ),
+        (&["::ffff:127.0.0.1"], &["::ffff:127.0.0.0/104"], Ok(())),
+        (&["::ffff:8.8.8.8"], &[], Err(Reason::SpecialAddress)),
+        (&["64:ff9b::808:808"], &[], Err(Reason::SpecialAddress)),
+        (&["64:ff9b::a00:1"], &[], Err(Reason::SpecialAddress)),
+        (&["64:ff9b::808:808"], &["64:ff9b::/96"], Ok(())),
+        (&["2002:a00:1::1"], &[], Err(Reason::SpecialAddress)),
+        (
+            &["2001:0:4136:e378:8000:63bf:f7f7:f7f7"],
+            &[],
+            Err(Reason::SpecialAddress),
+        ),
+        (&["2001:db8::1"], &[], Err(Reason::SpecialAddress)),
+        (&["4000::1"], &[], Err(Reason::SpecialAddress)),
+    ];
+
+    #[test]
+    fn vet_table() {
+        let t = target("origin.example:443");
+        let mut failures = Vec::new();
+        for (addrs, private, want) in VET {
+            let g = grant(&["origin.example"], &[], private, &[]);
+            let addrs = ips(addrs);
+            let got = g.vet(&t, &addrs, &OwnAddrs::default());
+            let ok = match (&got, want) {
+                (Ok(pin), Ok(())) => pin.addrs() == addrs.as_slice(),
+                (Err(d), Err(reason)) => d.reason == *reason && !d.is_allow(),
+                _ => false,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{addrs:?} with {private:?}: want {want:?}, got {got:?}"
+                ));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn vet_details() {
+        let g = grant(&["origin.example"], &[], &[], &[]);
+        let d = g
+            .vet(
+                &target("origin.example:443"),
+                &ips(&["93.184.216.34", "10.0.0.7"]),
+                &OwnAddrs::default(),
+            )
+            .unwrap_err();
+        assert_eq!(
+            d.detail,
+            "origin.example resolved to 10.0.0.7; 10.0.0.7 is a private address: private-use (10.0.0.0/8, RFC 1918)"
+        );
+        assert_eq!(
+            d.hint,
+            "only globally reachable addresses are connected to; if this destination is intended, an operator can add \"10.0.0.7/32\" to allow_private of authority \"agent-a\""
+        );
+        let d = g
+            .vet(
+                &target("origin.example:443"),
+                &ips(&["64:ff9b::808:808"]),
+                &OwnAddrs::default(),
+            )
+            .unwrap_err();
+        assert_eq!(
+            d.detail,
+            "origin.example resolved to 64:ff9b::808:808; 64:ff9b::808:808 embeds the IPv4 address 8.8.8.8 (global): NAT64 (64:ff9b::/96, RFC 6052)"
+        );
+    }
+
+    #[test]
+    fn own_listeners_are_always_denied() {
+        let own = OwnAddrs(vec![
+            "127.0.0.1:3128".parse().unwrap(),
+            "[::]:9901".parse().unwrap(),
+        ]);
+        let g = grant(&["origin.example"], &[], &["127.0.0.0/8", "::1"], &[]);
+        let t = target("origin.example:3128");
+        let d = g.vet(&t, &ips(&["127.0.0.1"]), &own).unwrap_err();
+        assert_eq!(d.reason, Reason::SpecialAddress);
+        assert_eq!(
+            d.detail,
+            "127.0.0.1:3128 is one of the mediator's own listeners"
+        );
+        assert_eq!(
+            g.vet(&t, &ips(&["::ffff:127.0.0.1"]), &own)
+                .unwrap_err()
+                .reason,
+            Reason::SpecialAddress
+        );
+        // Another loopback address on the same port is not that listener.
+        assert!(g.vet(&t, &ips(&["127.0.0.2"]), &own).is_ok());
+        // Another port is fine (allow_private covers loopback here).
+        assert!(
+            g.vet(&target("origin.example:8080"), &ips(&["127.0.0.1"]), &own)
+                .is_ok()
+        );
+        // The unspecified listener is reached at every loopback address on its port.
+        let t = target("origin.example:9901");
+        for a in ["127.0.0.1", "127.9.9.9", "::1", "0.0.0.0", "::"] {
+            assert_eq!(
+                g.vet(&t, &ips(&[a]), &own).unwrap_err().reason,
+                Reason::SpecialAddress,
+                "{a}"
+            );
+        }
+    }
+
+    #[test]
+    fn own_addrs_contains() {
+        let own = OwnAddrs(vec![
+            "0.0.0.0:3128".parse().unwrap(),
+            "[2001:db8::5]:443".parse().unwrap(),
+        ]);
+        let yes = [
+            "127.0.0.1:3128",
+            "127.1.2.3:3128",
+            "[::1]:3128",
+            "0.0.0.0:3128",
+            "[::ffff:127.0.0.1]:3128",
+            "[2001:db8::5]:443",
+        ];
+        let no = [
+            "127.0.0.1:3129",
+            "8.8.8.8:3128",
+            "[2001:db8::6]:443",
+            "[2001:db8::5]:444",
+        ];
+        for a in yes {
+            assert!(own.contains(a.parse().unwrap()), "{a}");
+        }
+        for a in no {
+            assert!(!own.contains(a.parse().unwrap()), "{a}");
+        }
+        assert!(!OwnAddrs::default().contains("127.0.0.1:1".parse().unwrap()));
+    }
+
+    #[test]
+    fn accessors_and_tls_terminate() {
+        let spec = GrantSpec {
+            name: "agent-b".into(),
+            allow: strings(&["*.example.com", "example.com"]),
+            deny: strings(&["bad.example.com"]),
+            allow_private: strings(&["127.0.0.1"]),
+            sni_check: true,
+            tls_terminate: strings(&["*.example.com"]),
+        };
+        let g = Grant::new(&spec, &strings(&["*:25"])).unwrap();
+        assert_eq!(g.name(), "agent-b");
+        assert!(g.sni_check());
+        assert_eq!(
+            g.allow_entries().collect::<Vec<_>>(),
+            ["*.example.com", "example.com"]
+        );
+        assert_eq!(
+            g.deny_entries().collect::<Vec<_>>(),
+            ["bad.example.com", "*:25"]
+        );
+        assert_eq!(
+            g.allow_private(),
+            &["127.0.0.1/32".parse::<IpNet>().unwrap()]
+        );
+        assert!(g.terminates_tls(&target("a.example.com:443")));
+        assert!(!g.terminates_tls(&target("example.com:443")));
     }
 }

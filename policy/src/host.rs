@@ -86,6 +86,11 @@ impl fmt::Display for Target {
     }
 }
 
+/// The longest host input looked at; anything longer cannot be a valid host (a name is at
+/// most 253 bytes, but IDN input may be longer before mapping) and is rejected before any
+/// IDNA work is spent on it.
+const MAX_INPUT_BYTES: usize = 1024;
+
 /// Canonicalises one host string (no port, no brackets except around an IPv6 literal).
 ///
 /// Applies, in order: rejection of empty input, NUL/CR/LF/space/`%`/`@`/`/` and other
@@ -94,21 +99,554 @@ impl fmt::Display for Target {
 /// `2130706433`, `0177.0.0.1`, `01.2.3.4`); IPv6 compressed with IPv4-mapped unwrapped;
 /// zone IDs rejected; names mapped by UTS-46 (IDNA) to A-labels, each label 1..=63 bytes of
 /// letters, digits, hyphen and underscore, the whole name at most 253 bytes. A name that
-/// looks numeric in its last label (`1.2.3`, `example.123`) is rejected (WHATWG URL rules
-/// would treat it as an IPv4 number).
+/// looks numeric in its last label (`1.2.3`, `example.123`, `example.0x1f`) is rejected
+/// (WHATWG URL rules would treat it as an IPv4 number).
+///
+/// Further decisions, each keeping one spelling per host:
+/// - an IPv4 literal with a trailing dot (`1.2.3.4.`) is rejected;
+/// - two trailing dots (`example.com..`) are rejected (only one is stripped);
+/// - a bare IPv6 literal (`2001:db8::1`) and a bracketed one (`[2001:db8::1]`) are both
+///   accepted and give the same host; brackets around anything else are rejected;
+/// - an IPv4 literal spelled with non-ASCII digits (full-width `１２７.０.０.１`) is
+///   rejected rather than mapped.
 ///
 /// # Errors
 /// [`PolicyError::Host`] naming the input and what is wrong with it.
 pub fn canonicalize_host(input: &str) -> Result<CanonicalHost, PolicyError> {
-    todo!("{input}")
+    canonicalize_inner(input).map_err(|why| PolicyError::Host {
+        input: input.to_owned(),
+        why,
+    })
+}
+
+fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
+    if input.is_empty() {
+        return Err("empty host".into());
+    }
+    if input.len() > MAX_INPUT_BYTES {
+        return Err(format!("longer than {MAX_INPUT_BYTES} bytes"));
+    }
+    if let Some(rest) = input.strip_prefix('[') {
+        let Some(inner) = rest.strip_suffix(']') else {
+            return Err("'[' without a closing ']'".into());
+        };
+        screen_chars(inner)?;
+        if !inner.contains(':') {
+            return Err("brackets are only allowed around an IPv6 literal".into());
+        }
+        return parse_ipv6(inner);
+    }
+    screen_chars(input)?;
+    if input.contains(':') {
+        return parse_ipv6(input).map_err(|why| {
+            if input.matches(':').count() == 1 {
+                "':' is not part of a host (a port is not allowed here)".to_owned()
+            } else {
+                why
+            }
+        });
+    }
+
+    let lower = input.to_ascii_lowercase();
+    let (body, trailing_dot) = match lower.strip_suffix('.') {
+        Some(b) => (b, true),
+        None => (lower.as_str(), false),
+    };
+    if body.is_empty() {
+        return Err("empty host".into());
+    }
+    if body.ends_with('.') {
+        return Err("more than one trailing dot".into());
+    }
+
+    if body.is_ascii() && last_label_is_numeric(body) {
+        if trailing_dot {
+            return Err("an IPv4 literal must not end with a dot".into());
+        }
+        return parse_dotted_quad(body).map(|v4| CanonicalHost::from_ip(IpAddr::V4(v4)));
+    }
+
+    let mapped = if body.is_ascii() && body.bytes().all(is_host_byte) {
+        // Fast path: already lowercase LDH+underscore ASCII; UTS-46 would only validate
+        // `xn--` labels, which we still send through it below.
+        if body.split('.').any(|l| l.starts_with("xn--")) {
+            idna_to_ascii(body)?
+        } else {
+            body.to_owned()
+        }
+    } else {
+        idna_to_ascii(body)?
+    };
+
+    check_name(&mapped)?;
+    if last_label_is_numeric(&mapped) {
+        return Err(format!(
+            "maps to {mapped:?}, whose last label is numeric (an IPv4 literal must be written \
+             as an ASCII dotted quad)"
+        ));
+    }
+    Ok(CanonicalHost::from_name_unchecked(mapped))
+}
+
+/// Bytes allowed in a canonical name (after lowercasing and mapping).
+fn is_host_byte(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+}
+
+/// Rejects ASCII characters that can never be part of a host, with a message saying what
+/// they usually mean. Non-ASCII characters pass to UTS-46 mapping and the checks after it.
+fn screen_chars(s: &str) -> Result<(), String> {
+    for c in s.chars() {
+        if !c.is_ascii() || c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+            continue;
+        }
+        return Err(match c {
+            '@' => "userinfo ('@') is not allowed".into(),
+            '/' | '\\' | '?' | '#' => format!(
+                "{c:?} is not allowed (paths, queries and fragments are not part of a host)"
+            ),
+            '%' => "'%' is not allowed (no percent-encoding, no IPv6 zone IDs)".into(),
+            '[' | ']' => "brackets are only allowed around a whole IPv6 literal".into(),
+            c if c.is_ascii_control() || c == ' ' => {
+                format!("contains the control or space character {c:?}")
+            }
+            c => format!("contains {c:?}, which is not allowed in a host"),
+        });
+    }
+    Ok(())
+}
+
+fn parse_ipv6(s: &str) -> Result<CanonicalHost, String> {
+    if s.contains('%') {
+        return Err("IPv6 zone IDs are not allowed".into());
+    }
+    let v6: std::net::Ipv6Addr = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a valid IPv6 address"))?;
+    Ok(CanonicalHost::from_ip(match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }))
+}
+
+/// The WHATWG URL "ends in a number" check: the last label is all ASCII digits, or `0x`
+/// followed by zero or more hex digits. Such names would be parsed as IPv4 by browsers and
+/// many libraries, so they are either a canonical dotted quad or rejected.
+fn last_label_is_numeric(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    if !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    match last.strip_prefix("0x").or_else(|| last.strip_prefix("0X")) {
+        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => false,
+    }
+}
+
+/// Parses exactly four decimal octets 0..=255 without leading zeros (`0` alone is fine).
+fn parse_dotted_quad(s: &str) -> Result<std::net::Ipv4Addr, String> {
+    let numeric = |l: &str| {
+        !l.is_empty()
+            && (l.bytes().all(|b| b.is_ascii_digit())
+                || l.strip_prefix("0x")
+                    .or_else(|| l.strip_prefix("0X"))
+                    .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
+    };
+    if !s.split('.').all(numeric) {
+        return Err(format!(
+            "the last label of {s:?} is numeric, so URL parsers would read it as an IPv4 \
+             address; names must not end in a numeric label"
+        ));
+    }
+    let bad = |what: &str| {
+        Err(format!(
+            "{s:?} looks numeric but is not a canonical dotted-quad IPv4 address ({what}); \
+             write four decimal octets like 192.0.2.1"
+        ))
+    };
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() != 4 {
+        return bad("it must have exactly four parts");
+    }
+    let mut octets = [0u8; 4];
+    for (slot, part) in octets.iter_mut().zip(&parts) {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return bad("each part must be decimal digits");
+        }
+        if part.len() > 1 && part.starts_with('0') {
+            return bad("leading zeros are not allowed");
+        }
+        match part.parse::<u8>() {
+            Ok(v) => *slot = v,
+            Err(_) => return bad("each part must be at most 255"),
+        }
+    }
+    Ok(std::net::Ipv4Addr::from(octets))
+}
+
+fn idna_to_ascii(s: &str) -> Result<String, String> {
+    // UseSTD3ASCIIRules=false (AsciiDenyList::EMPTY) so that `_dmarc.example.com` passes;
+    // the characters of the result are checked by `check_name` instead.
+    idna::uts46::Uts46::new()
+        .to_ascii(
+            s.as_bytes(),
+            idna::uts46::AsciiDenyList::EMPTY,
+            idna::uts46::Hyphens::Allow,
+            idna::uts46::DnsLength::Ignore,
+        )
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|_| "not a valid internationalised name (UTS-46 processing failed)".to_owned())
+}
+
+/// Checks a mapped name: only `[a-z0-9_-]` labels of 1..=63 bytes, at most 253 bytes.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.len() > 253 {
+        return Err(format!(
+            "name is {} bytes long; at most 253 are allowed",
+            name.len()
+        ));
+    }
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err("empty label".into());
+        }
+        if label.len() > 63 {
+            return Err(format!(
+                "label of {} bytes; at most 63 are allowed",
+                label.len()
+            ));
+        }
+        if let Some(c) = label
+            .chars()
+            .find(|&c| !c.is_ascii() || !is_host_byte(c as u8))
+        {
+            return Err(format!(
+                "contains {c:?} after IDNA mapping; only letters, digits, '-' and '_' are allowed"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parses an RFC 9110 section 3.2 / RFC 9112 section 3.2.3 authority-form target
 /// (`host:port`, `[v6]:port`) as used by CONNECT. The port is required, decimal, 1..=65535,
-/// without sign or leading `+`. Userinfo (`user@host:port`) is rejected.
+/// without sign or leading `+`, and without leading zeros (`example.com:0443` is rejected
+/// so that each port has one spelling). Userinfo (`user@host:port`) is rejected, and so
+/// is an IPv6 literal without brackets. The host is canonicalised by [`canonicalize_host`].
 ///
 /// # Errors
 /// [`PolicyError::Host`] naming the input and what is wrong with it.
 pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
-    todo!("{input}")
+    let err = |why: String| PolicyError::Host {
+        input: input.to_owned(),
+        why,
+    };
+    if input.contains('@') {
+        return Err(err("userinfo ('@') is not allowed".into()));
+    }
+    let (host, port) = split_host_port(input).map_err(err)?;
+    let Some(port) = port else {
+        return Err(err("a port is required (host:port)".into()));
+    };
+    let port = parse_port(port).map_err(err)?;
+    let host = canonicalize_host(host).map_err(|e| match e {
+        PolicyError::Host { why, .. } => err(why),
+        other => other,
+    })?;
+    Ok(Target { host, port })
+}
+
+/// Splits `host[:port]` or `[v6][:port]`. More than one `:` outside brackets means a bare
+/// IPv6 literal, which cannot carry a port unambiguously: an error here (callers that
+/// accept a bare IPv6 without a port check for it first).
+pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), String> {
+    if input.starts_with('[') {
+        let Some(close) = input.find(']') else {
+            return Err("'[' without a closing ']'".into());
+        };
+        let (host, rest) = input.split_at(close + 1);
+        return match rest {
+            "" => Ok((host, None)),
+            _ => match rest.strip_prefix(':') {
+                Some(port) => Ok((host, Some(port))),
+                None => Err(format!("unexpected {rest:?} after ']'")),
+            },
+        };
+    }
+    match input.matches(':').count() {
+        0 => Ok((input, None)),
+        1 => {
+            let (h, p) = input.split_once(':').unwrap_or((input, ""));
+            Ok((h, Some(p)))
+        }
+        _ => Err("an IPv6 literal with a port must be bracketed: [2001:db8::1]:443".into()),
+    }
+}
+
+/// Parses a decimal port 1..=65535 with no sign and no leading zeros.
+pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
+    if s.is_empty() {
+        return Err("empty port".into());
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("port {s:?} is not a decimal number"));
+    }
+    if s.len() > 1 && s.starts_with('0') {
+        return Err(format!("port {s:?} has leading zeros"));
+    }
+    match s.parse::<u16>() {
+        Ok(0) => Err("port 0 is not allowed".into()),
+        Ok(p) => Ok(p),
+        Err(_) => Err(format!("port {s} is out of range 1..=65535")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// `Ok(canonical text)` or `Err(fragment of the reason)`.
+    type Row = (&'static str, Result<&'static str, &'static str>);
+
+    const HOSTS: &[Row] = &[
+        // Names: lowercase, one trailing dot stripped.
+        ("example.com", Ok("example.com")),
+        ("EXAMPLE.com.", Ok("example.com")),
+        ("Example.COM", Ok("example.com")),
+        ("a.b.c.example.com", Ok("a.b.c.example.com")),
+        ("localhost", Ok("localhost")),
+        ("_dmarc.example.com", Ok("_dmarc.example.com")),
+        ("_srv._tcp.example.com", Ok("_srv._tcp.example.com")),
+        ("a-b.example.com", Ok("a-b.example.com")),
+        ("123.example.com", Ok("123.example.com")),
+        ("1.2.3.example", Ok("1.2.3.example")),
+        ("a.0xg", Ok("a.0xg")),
+        ("x1", Ok("x1")),
+        ("example.com..", Err("more than one trailing dot")),
+        (".", Err("empty host")),
+        ("", Err("empty host")),
+        (".example.com", Err("empty label")),
+        ("a..b", Err("empty label")),
+        // IDNA (UTS-46) to A-labels.
+        ("bücher.example", Ok("xn--bcher-kva.example")),
+        ("BÜCHER.example", Ok("xn--bcher-kva.example")),
+        ("xn--bcher-kva.example", Ok("xn--bcher-kva.example")),
+        ("münchen.de.", Ok("xn--mnchen-3ya.de")),
+        ("例え.テスト", Ok("xn--r8jz45g.xn--zckzah")),
+        ("faß.de", Ok("xn--fa-hia.de")),
+        ("example。com", Ok("example.com")),
+        ("ｅｘａｍｐｌｅ.com", Ok("example.com")),
+        ("xn--zz-zz.example", Err("UTS-46")),
+        ("exa\u{a0}mple.com", Err("after IDNA mapping")),
+        ("a\u{200b}b.com", Ok("ab.com")),
+        ("a\u{80}b.com", Err("UTS-46")),
+        ("ex\u{ff0f}ample.com", Err("after IDNA mapping")),
+        ("１２７.０.０.１", Err("last label is numeric")),
+        ("example.１２３", Err("last label is numeric")),
+        // IPv4: canonical dotted quad only.
+        ("127.0.0.1", Ok("127.0.0.1")),
+        ("0.0.0.0", Ok("0.0.0.0")),
+        ("255.255.255.255", Ok("255.255.255.255")),
+        ("192.0.2.10", Ok("192.0.2.10")),
+        ("127.1", Err("exactly four parts")),
+        ("127.0.1", Err("exactly four parts")),
+        ("1.2.3", Err("exactly four parts")),
+        ("1.2.3.4.5", Err("exactly four parts")),
+        ("0x7f.1", Err("exactly four parts")),
+        ("0x7f.0.0.1", Err("decimal digits")),
+        ("0X7F.0.0.1", Err("decimal digits")),
+        ("2130706433", Err("exactly four parts")),
+        ("0x7f000001", Err("exactly four parts")),
+        ("0177.0.0.1", Err("leading zeros")),
+        ("01.2.3.4", Err("leading zeros")),
+        ("127.0.0.01", Err("leading zeros")),
+        ("127.000.000.001", Err("leading zeros")),
+        ("256.0.0.1", Err("at most 255")),
+        ("1.2.3.256", Err("at most 255")),
+        ("1.2.3.4.", Err("must not end with a dot")),
+        ("example.123", Err("names must not end in a numeric label")),
+        ("example.0x1f", Err("names must not end in a numeric label")),
+        ("example.0x", Err("names must not end in a numeric label")),
+        ("a.b.c.1", Err("names must not end in a numeric label")),
+        ("1.2.3.0x4", Err("decimal digits")),
+        // IPv6: compressed, IPv4-mapped unwrapped, zone IDs rejected.
+        ("::1", Ok("::1")),
+        ("[::1]", Ok("::1")),
+        ("2001:db8::1", Ok("2001:db8::1")),
+        ("[2001:DB8:0:0:0:0:0:1]", Ok("2001:db8::1")),
+        ("2001:0db8:0000::0001", Ok("2001:db8::1")),
+        ("[::ffff:192.0.2.1]", Ok("192.0.2.1")),
+        ("::ffff:7f00:1", Ok("127.0.0.1")),
+        ("::127.0.0.1", Ok("::7f00:1")),
+        ("64:ff9b::192.0.2.1", Ok("64:ff9b::c000:201")),
+        ("fe80::1%eth0", Err("zone IDs")),
+        ("[fe80::1%25eth0]", Err("zone IDs")),
+        ("[fe80::1", Err("without a closing")),
+        ("[::1]:443", Err("without a closing")),
+        ("2001:db8::g", Err("not a valid IPv6")),
+        ("1:2:3:4:5:6:7:8:9", Err("not a valid IPv6")),
+        ("[example.com]", Err("only allowed around an IPv6")),
+        ("[127.0.0.1]", Err("only allowed around an IPv6")),
+        // Things that are not hosts.
+        ("example.com:443", Err("port is not allowed")),
+        ("user@example.com", Err("userinfo")),
+        ("user:pw@example.com", Err("userinfo")),
+        ("example.com/path", Err("paths")),
+        ("example.com\\evil", Err("paths")),
+        ("example.com?q", Err("paths")),
+        ("example.com#f", Err("paths")),
+        ("exa%6dple.com", Err("percent")),
+        ("example.com\0", Err("control")),
+        ("example.com\r\nX-Injected: 1", Err("control")),
+        ("exa mple.com", Err("control or space")),
+        ("example.com\t", Err("control or space")),
+        ("exa*mple.com", Err("not allowed in a host")),
+        ("*.example.com", Err("not allowed in a host")),
+        ("exa\"mple.com", Err("not allowed in a host")),
+        ("a]b", Err("brackets")),
+        // Lengths.
+        (
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example",
+            Ok("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example"),
+        ),
+        (
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example",
+            Err("label of 64 bytes"),
+        ),
+    ];
+
+    #[test]
+    fn canonicalize_host_table() {
+        let mut failures = Vec::new();
+        for (input, want) in HOSTS {
+            let got = canonicalize_host(input);
+            let ok = match (&got, want) {
+                (Ok(h), Ok(text)) => h.as_text() == *text,
+                (Err(PolicyError::Host { input: i, why }), Err(frag)) => {
+                    i == input && why.contains(frag)
+                }
+                _ => false,
+            };
+            if !ok {
+                failures.push(format!("{input:?}: want {want:?}, got {got:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn name_lengths() {
+        let label63 = "a".repeat(63);
+        // 4 * 63 + 3 dots = 255 bytes: too long; trim to exactly 253.
+        let long = [label63.as_str(); 4].join(".");
+        assert_eq!(long.len(), 255);
+        let e = canonicalize_host(&long).unwrap_err().to_string();
+        assert!(e.contains("255 bytes long; at most 253"), "{e}");
+        let ok = &long[2..];
+        assert_eq!(ok.len(), 253);
+        assert_eq!(canonicalize_host(ok).unwrap().as_text(), ok);
+        // With its one trailing dot, 254 bytes are fine.
+        assert_eq!(canonicalize_host(&format!("{ok}.")).unwrap().as_text(), ok);
+        let huge = "a.".repeat(600);
+        assert!(
+            canonicalize_host(&huge)
+                .unwrap_err()
+                .to_string()
+                .contains("longer than 1024")
+        );
+    }
+
+    #[test]
+    fn kinds_and_uri_form() {
+        let v6 = canonicalize_host("[2001:db8::1]").unwrap();
+        assert_eq!(v6.ip(), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(v6.name(), None);
+        assert_eq!(v6.to_uri_host(), "[2001:db8::1]");
+        let v4 = canonicalize_host("::ffff:1.2.3.4").unwrap();
+        assert_eq!(v4.ip(), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(v4.to_uri_host(), "1.2.3.4");
+        let n = canonicalize_host("Example.COM.").unwrap();
+        assert_eq!(n.name(), Some("example.com"));
+        assert_eq!(n, canonicalize_host("example.com").unwrap());
+    }
+
+    /// `Ok((canonical host, port))` or `Err(fragment of the reason)`.
+    type AuthRow = (&'static str, Result<(&'static str, u16), &'static str>);
+
+    const AUTHORITY_FORMS: &[AuthRow] = &[
+        ("example.com:443", Ok(("example.com", 443))),
+        ("EXAMPLE.com.:80", Ok(("example.com", 80))),
+        ("bücher.example:8443", Ok(("xn--bcher-kva.example", 8443))),
+        ("192.0.2.1:1", Ok(("192.0.2.1", 1))),
+        ("[2001:db8::1]:443", Ok(("2001:db8::1", 443))),
+        ("[::ffff:192.0.2.1]:443", Ok(("192.0.2.1", 443))),
+        ("example.com:65535", Ok(("example.com", 65535))),
+        ("example.com", Err("port is required")),
+        ("example.com:", Err("empty port")),
+        ("example.com:0", Err("port 0")),
+        ("example.com:65536", Err("out of range")),
+        ("example.com:0443", Err("leading zeros")),
+        ("example.com:+443", Err("not a decimal")),
+        ("example.com:-1", Err("not a decimal")),
+        ("example.com:44 3", Err("not a decimal")),
+        ("example.com:https", Err("not a decimal")),
+        ("2001:db8::1:443", Err("must be bracketed")),
+        ("[2001:db8::1]", Err("port is required")),
+        ("[2001:db8::1]443", Err("after ']'")),
+        ("[example.com]:443", Err("only allowed around an IPv6")),
+        ("[fe80::1%25eth0]:443", Err("zone IDs")),
+        ("user@example.com:443", Err("userinfo")),
+        ("user:pw@example.com:443", Err("userinfo")),
+        ("127.1:80", Err("exactly four parts")),
+        ("0x7f.0.0.1:80", Err("decimal digits")),
+        ("2130706433:80", Err("exactly four parts")),
+        ("1.2.3.4.:80", Err("must not end with a dot")),
+        ("example.com/x:443", Err("paths")),
+        (":443", Err("empty host")),
+        ("example.com:443\r\n", Err("not a decimal")),
+    ];
+
+    #[test]
+    fn parse_authority_form_table() {
+        let mut failures = Vec::new();
+        for (input, want) in AUTHORITY_FORMS {
+            let got = parse_authority_form(input);
+            let ok = match (&got, want) {
+                (Ok(t), Ok((host, port))) => t.host.as_text() == *host && t.port == *port,
+                (Err(PolicyError::Host { input: i, why }), Err(frag)) => {
+                    i == input && why.contains(frag)
+                }
+                _ => false,
+            };
+            if !ok {
+                failures.push(format!("{input:?}: want {want:?}, got {got:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    #[test]
+    fn target_display_brackets_ipv6() {
+        assert_eq!(
+            parse_authority_form("[2001:db8::1]:443")
+                .unwrap()
+                .to_string(),
+            "[2001:db8::1]:443"
+        );
+        assert_eq!(
+            parse_authority_form("Example.com:80").unwrap().to_string(),
+            "example.com:80"
+        );
+    }
 }

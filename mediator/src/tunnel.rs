@@ -1,0 +1,158 @@
+//! A tunnel after its `200` / SOCKS5 success reply: the SNI gate (design section 6), then
+//! the relay, then the close record. Shared by CONNECT and SOCKS5 so both tunnel kinds
+//! enforce the same rules.
+//!
+//! The SNI gate runs for tunnels to port 443 when the grant's `sni_check` is on: it reads
+//! the client's first bytes (bounded by [`sni::MAX_HELLO`] and the request-head timeout),
+//! and requires the TLS ClientHello's SNI, canonicalised, to equal the tunnel host. This
+//! refuses domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not
+//! TLS at all pass as an opaque tunnel. The bytes read are forwarded unchanged.
+
+use std::sync::Arc;
+
+use policy::{Reason, Target, canonicalize_host};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel};
+use crate::relay::{RelayOutcome, relay};
+use crate::sni::{self, Hello};
+
+/// The port whose tunnels carry TLS by convention (RFC 9110 section 4.2.2).
+const HTTPS_PORT: u16 = 443;
+
+/// Runs one allowed tunnel to completion and writes its close record.
+pub async fn run<C>(
+    mut client: C,
+    connected: Connected,
+    target: &Target,
+    shared: Arc<Shared>,
+    ctx: &Ctx,
+    protocol: &'static str,
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let label = TargetLabel::from(target);
+    let sni_check = ctx.authority.as_ref().is_some_and(|a| a.grant.sni_check());
+    let mut upstream = connected.stream;
+    let mut prefix_len = 0u64;
+    if sni_check && target.port == HTTPS_PORT {
+        match sni_gate(&mut client, target, &shared).await {
+            Gate::Pass(prefix) => {
+                if upstream.write_all(&prefix).await.is_err() {
+                    let outcome = RelayOutcome {
+                        up: 0,
+                        down: 0,
+                        close_reason: "error",
+                    };
+                    shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+                    return;
+                }
+                prefix_len = prefix.len() as u64;
+            }
+            Gate::Closed => {
+                let outcome = RelayOutcome {
+                    up: 0,
+                    down: 0,
+                    close_reason: "client_closed",
+                };
+                shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+                return;
+            }
+            Gate::Deny(denial) => {
+                let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
+                shared.deny_early(ctx, name.as_deref(), protocol, &label, denial);
+                let outcome = RelayOutcome {
+                    up: 0,
+                    down: 0,
+                    close_reason: "sni_mismatch",
+                };
+                shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+                return;
+            }
+        }
+    }
+    let mut outcome = relay(
+        client,
+        upstream,
+        shared.timeouts.idle_tunnel,
+        shared.closing.clone(),
+    )
+    .await;
+    outcome.up += prefix_len;
+    shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+}
+
+enum Gate {
+    /// Forward these bytes, then relay.
+    Pass(Vec<u8>),
+    /// The client closed before sending anything.
+    Closed,
+    /// Refuse: `sni_mismatch`.
+    Deny(Denial),
+}
+
+async fn sni_gate<C: AsyncRead + Unpin>(client: &mut C, target: &Target, shared: &Shared) -> Gate {
+    let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
+    let mut buf = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    let deny = |detail: String| {
+        Gate::Deny(Denial::new(
+            Reason::SniMismatch,
+            detail,
+            format!(
+                "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
+                target.host
+            ),
+        ))
+    };
+    loop {
+        match sni::inspect(&buf) {
+            Hello::NeedMore => {}
+            Hello::NotTls => return Gate::Pass(buf),
+            Hello::Malformed(why) => return deny(format!("unreadable TLS ClientHello: {why}")),
+            Hello::ClientHello { server_names, ech } => {
+                return match check_names(&server_names, target) {
+                    Ok(()) => Gate::Pass(buf),
+                    Err(why) if ech => deny(format!("{why} (ECH outer name)")),
+                    Err(why) => deny(why),
+                };
+            }
+        }
+        let want = chunk
+            .len()
+            .min(sni::MAX_HELLO.saturating_sub(buf.len()).max(1));
+        match tokio::time::timeout_at(deadline, client.read(&mut chunk[..want])).await {
+            Err(_) => {
+                return deny("no complete TLS ClientHello before the request-head timeout".into());
+            }
+            Ok(Ok(0)) if buf.is_empty() => return Gate::Closed,
+            Ok(Ok(0)) => return deny("the client closed in the middle of its ClientHello".into()),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(_)) => return Gate::Closed,
+        }
+    }
+}
+
+/// The SNI rule: exactly one name equal (canonically) to a name target; none, or none but
+/// the same literal, for an IP-literal target.
+fn check_names(names: &[String], target: &Target) -> Result<(), String> {
+    match names {
+        [] if target.host.ip().is_some() => Ok(()),
+        [] => Err(format!(
+            "the ClientHello has no SNI; the tunnel is to {}",
+            target.host
+        )),
+        [one] => match canonicalize_host(one) {
+            Ok(h) if h == target.host => Ok(()),
+            Ok(h) => Err(format!(
+                "SNI {h} does not match the tunnel host {}",
+                target.host
+            )),
+            Err(e) => Err(format!("SNI is not a valid host: {e}")),
+        },
+        _ => Err(format!(
+            "the ClientHello names {} servers; one is allowed",
+            names.len()
+        )),
+    }
+}

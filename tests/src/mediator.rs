@@ -1,0 +1,685 @@
+//! Runs the real `mediator` binary with a generated configuration in a temporary
+//! directory, waits for its `ready` line, and reads its decision log.
+//!
+//! The binary is looked up as `target/<profile>/mediator` next to the directory holding
+//! the test executable (`target/<profile>/deps/`), or at `$MEDIATOR_BIN`. `cargo test
+//! --workspace` builds it; `cargo test -p e2e` alone does not, hence the explicit error.
+//!
+//! Start-up contract: once every listener is bound, the mediator prints one stderr line
+//! `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|->`. Nothing here sleeps and
+//! hopes: every wait is for a condition, bounded by a deadline.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+/// How long the mediator gets to print its `ready` line.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the mediator gets to exit after SIGTERM before it is killed.
+pub const EXIT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The default deadline for [`Mediator::wait_for_log`] in tests.
+pub const LOG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Path of the `mediator` binary under test.
+///
+/// # Errors
+/// When neither `$MEDIATOR_BIN` nor `target/<profile>/mediator` exists; the message says
+/// how to build it.
+pub fn mediator_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("MEDIATOR_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the test executable")?;
+    // target/debug/deps/<test>-<hash> -> target/debug/mediator
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("test executable {} has no grandparent", exe.display()))?;
+    let bin = profile_dir.join("mediator");
+    if !bin.is_file() {
+        bail!(
+            "the mediator binary is missing at {}: build it first (`cargo build -p mediator`, \
+             or run `cargo test --workspace`), or point $MEDIATOR_BIN at it",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Lowercase hex SHA-256 of `token`, the form `token_sha256` takes in the config.
+pub fn sha256_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A TOML basic string holding `s` (JSON string escapes are valid TOML escapes).
+pub fn toml_str(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+/// A TOML array of basic strings.
+pub fn toml_list<S: AsRef<str>>(items: &[S]) -> String {
+    let inner: Vec<String> = items.iter().map(|s| toml_str(s.as_ref())).collect();
+    format!("[{}]", inner.join(", "))
+}
+
+/// One `[[authority]]` table of the generated configuration.
+#[derive(Debug, Clone, Default)]
+pub struct AuthoritySpec {
+    /// `name`.
+    pub name: String,
+    /// `allow` host patterns.
+    pub allow: Vec<String>,
+    /// `deny` host patterns.
+    pub deny: Vec<String>,
+    /// `allow_private` CIDRs.
+    pub allow_private: Vec<String>,
+    /// The plain token; the config gets its SHA-256 as `token_sha256`.
+    pub token: Option<String>,
+    /// Extra raw `key = value` lines for this table.
+    pub raw: Vec<String>,
+}
+
+impl AuthoritySpec {
+    /// An authority named `name` with an empty grant.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// Adds `allow` entries.
+    #[must_use]
+    pub fn allow<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
+        self.allow
+            .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `deny` entries.
+    #[must_use]
+    pub fn deny<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
+        self.deny
+            .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds `allow_private` CIDRs.
+    #[must_use]
+    pub fn allow_private<S: AsRef<str>>(mut self, cidrs: &[S]) -> Self {
+        self.allow_private
+            .extend(cidrs.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Sets the token (stored hashed) that names this authority on the TCP listener.
+    #[must_use]
+    pub fn token(mut self, token: &str) -> Self {
+        self.token = Some(token.to_owned());
+        self
+    }
+
+    /// Adds a raw TOML line (e.g. `sni_check = false`) to this table.
+    #[must_use]
+    pub fn raw(mut self, line: &str) -> Self {
+        self.raw.push(line.to_owned());
+        self
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(out, "\n[[authority]]");
+        let _ = writeln!(out, "name = {}", toml_str(&self.name));
+        let _ = writeln!(out, "allow = {}", toml_list(&self.allow));
+        let _ = writeln!(out, "deny = {}", toml_list(&self.deny));
+        let _ = writeln!(out, "allow_private = {}", toml_list(&self.allow_private));
+        if let Some(t) = &self.token {
+            let _ = writeln!(out, "token_sha256 = {}", toml_str(&sha256_hex(t)));
+        }
+        for line in &self.raw {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+/// Builds a configuration and starts a [`Mediator`] with it.
+#[derive(Debug, Clone)]
+pub struct MediatorBuilder {
+    authorities: Vec<AuthoritySpec>,
+    tcp: bool,
+    unix: bool,
+    nameservers: Vec<SocketAddr>,
+    global_deny: Vec<String>,
+    request_head_bytes: Option<usize>,
+    connect_timeout_secs: Option<u64>,
+    extra: String,
+}
+
+impl Default for MediatorBuilder {
+    fn default() -> Self {
+        Self {
+            authorities: Vec::new(),
+            tcp: true,
+            unix: true,
+            nameservers: Vec::new(),
+            global_deny: Vec::new(),
+            request_head_bytes: None,
+            connect_timeout_secs: None,
+            extra: String::new(),
+        }
+    }
+}
+
+impl MediatorBuilder {
+    /// A builder with the shared TCP listener and per-authority Unix sockets enabled and
+    /// no authorities.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an authority.
+    #[must_use]
+    pub fn authority(mut self, a: AuthoritySpec) -> Self {
+        self.authorities.push(a);
+        self
+    }
+
+    /// Points `[resolver] nameservers` at `addr` (our loopback [`crate::DnsServer`]).
+    #[must_use]
+    pub fn nameserver(mut self, addr: SocketAddr) -> Self {
+        self.nameservers.push(addr);
+        self
+    }
+
+    /// Whether to configure `[listen] tcp = "127.0.0.1:0"` (default on).
+    #[must_use]
+    pub fn tcp(mut self, on: bool) -> Self {
+        self.tcp = on;
+        self
+    }
+
+    /// Whether to configure `[listen] socket_dir` inside the temp dir (default on).
+    #[must_use]
+    pub fn unix(mut self, on: bool) -> Self {
+        self.unix = on;
+        self
+    }
+
+    /// Adds `[global] deny` entries applied to every authority.
+    #[must_use]
+    pub fn global_deny<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
+        self.global_deny
+            .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Sets `[limits] request_head_bytes`.
+    #[must_use]
+    pub fn request_head_bytes(mut self, n: usize) -> Self {
+        self.request_head_bytes = Some(n);
+        self
+    }
+
+    /// Sets `[timeouts] connect` (seconds).
+    #[must_use]
+    pub fn connect_timeout_secs(mut self, secs: u64) -> Self {
+        self.connect_timeout_secs = Some(secs);
+        self
+    }
+
+    /// Appends raw TOML after the generated tables (before the authorities).
+    #[must_use]
+    pub fn extra_toml(mut self, toml: &str) -> Self {
+        self.extra.push_str(toml);
+        self.extra.push('\n');
+        self
+    }
+
+    /// The configuration text this builder would write, for a temp dir `dir`.
+    pub fn render(&self, dir: &Path) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "[listen]");
+        if self.unix {
+            let sockets = dir.join("sockets");
+            let _ = writeln!(out, "socket_dir = {}", toml_str(&sockets.to_string_lossy()));
+        }
+        if self.tcp {
+            let _ = writeln!(out, "tcp = \"127.0.0.1:0\"");
+        }
+        let _ = writeln!(out, "\n[resolver]");
+        let ns: Vec<String> = self.nameservers.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "nameservers = {}", toml_list(&ns));
+        let _ = writeln!(out, "\n[upstream]\nmode = \"direct\"");
+        let _ = writeln!(
+            out,
+            "\n[timeouts]\nrequest_head = 10\ndns = 5\nshutdown_grace = 2"
+        );
+        if let Some(c) = self.connect_timeout_secs {
+            let _ = writeln!(out, "connect = {c}");
+        } else {
+            let _ = writeln!(out, "connect = 10");
+        }
+        if let Some(n) = self.request_head_bytes {
+            let _ = writeln!(out, "\n[limits]\nrequest_head_bytes = {n}");
+        }
+        if !self.global_deny.is_empty() {
+            let _ = writeln!(out, "\n[global]\ndeny = {}", toml_list(&self.global_deny));
+        }
+        let log = dir.join("decisions.jsonl");
+        let _ = writeln!(
+            out,
+            "\n[log]\ndecisions = {}",
+            toml_str(&log.to_string_lossy())
+        );
+        out.push_str(&self.extra);
+        for a in &self.authorities {
+            a.render(&mut out);
+        }
+        out
+    }
+
+    /// Writes the configuration into a fresh temp dir and starts the mediator on it.
+    ///
+    /// # Errors
+    /// See [`Mediator::start_with_config`].
+    pub async fn start(&self) -> Result<Mediator> {
+        let dir = tempfile::Builder::new()
+            .prefix("e2e-mediator-")
+            .tempdir()
+            .context("creating the mediator's temp dir")?;
+        let text = self.render(dir.path());
+        Mediator::start_with_config(dir, &text).await
+    }
+}
+
+/// What the mediator printed on its `ready` line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ready {
+    /// Bound shared TCP listener, if any.
+    pub tcp: Option<SocketAddr>,
+    /// Bound admin listener, if any.
+    pub admin: Option<SocketAddr>,
+    /// Directory of the per-authority sockets, if any.
+    pub socket_dir: Option<PathBuf>,
+}
+
+/// Parses `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|->`.
+///
+/// # Errors
+/// When the line does not have that shape or an address does not parse.
+pub fn parse_ready(line: &str) -> Result<Ready> {
+    let rest = line
+        .trim()
+        .strip_prefix("ready ")
+        .ok_or_else(|| anyhow!("not a ready line: {line:?}"))?;
+    let mut ready = Ready::default();
+    for field in rest.split_whitespace() {
+        let (k, v) = field
+            .split_once('=')
+            .ok_or_else(|| anyhow!("bad field {field:?} in ready line {line:?}"))?;
+        let v = (v != "-").then_some(v);
+        match k {
+            "tcp" => ready.tcp = v.map(str::parse).transpose().context("ready tcp=")?,
+            "admin" => ready.admin = v.map(str::parse).transpose().context("ready admin=")?,
+            "socket_dir" => ready.socket_dir = v.map(PathBuf::from),
+            _ => {}
+        }
+    }
+    Ok(ready)
+}
+
+/// A running `mediator` process. Dropping it sends SIGTERM, waits (bounded), then kills.
+#[derive(Debug)]
+pub struct Mediator {
+    child: Option<Child>,
+    dir: TempDir,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    ready: Ready,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Mediator {
+    /// Writes `config` to `<dir>/mediator.toml`, spawns `mediator --config` on it and waits
+    /// for the `ready` line. The decision log is expected at `<dir>/decisions.jsonl` (where
+    /// [`MediatorBuilder`] puts it).
+    ///
+    /// # Errors
+    /// Missing binary, spawn failure, the process exiting before `ready` (its stderr is
+    /// included), or no `ready` line within [`READY_TIMEOUT`].
+    pub async fn start_with_config(dir: TempDir, config: &str) -> Result<Self> {
+        let bin = mediator_bin()?;
+        let config_path = dir.path().join("mediator.toml");
+        std::fs::write(&config_path, config).context("writing mediator.toml")?;
+        let log_path = dir.path().join("decisions.jsonl");
+        let mut child = Command::new(&bin)
+            .arg("--config")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .env("RUST_BACKTRACE", "1")
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let stderr_pipe = child
+            .stderr
+            .take()
+            .ok_or_else(|| anyhow!("no stderr pipe"))?;
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+        {
+            let stderr = Arc::clone(&stderr);
+            // A plain thread: it must keep draining stderr for the process's whole life so
+            // the mediator never blocks on a full pipe.
+            std::thread::spawn(move || {
+                let mut tx = Some(tx);
+                for line in BufReader::new(stderr_pipe).lines() {
+                    let Ok(line) = line else { break };
+                    if line.starts_with("ready ") {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(line.clone());
+                        }
+                    }
+                    stderr
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(line);
+                }
+            });
+        }
+        let mut me = Self {
+            child: Some(child),
+            dir,
+            config_path,
+            log_path,
+            ready: Ready::default(),
+            stderr,
+        };
+        let line = match tokio::time::timeout(READY_TIMEOUT, rx).await {
+            Ok(Ok(line)) => line,
+            Ok(Err(_closed)) => {
+                let status = me.wait_exit(EXIT_TIMEOUT).await.ok();
+                bail!(
+                    "mediator exited before printing its ready line (status {status:?}); \
+                     config:\n{config}\nstderr:\n{}",
+                    me.stderr_text()
+                );
+            }
+            Err(_) => bail!(
+                "mediator printed no ready line within {READY_TIMEOUT:?}; stderr:\n{}",
+                me.stderr_text()
+            ),
+        };
+        me.ready = parse_ready(&line)?;
+        Ok(me)
+    }
+
+    /// The parsed `ready` line.
+    pub fn ready(&self) -> &Ready {
+        &self.ready
+    }
+
+    /// The shared TCP listener's address.
+    ///
+    /// # Panics
+    /// When the mediator reported no TCP listener (the test configured one, so that is a
+    /// contract violation worth a loud failure).
+    #[allow(clippy::expect_used)]
+    pub fn tcp_addr(&self) -> SocketAddr {
+        self.ready
+            .tcp
+            .expect("the mediator's ready line names no tcp listener")
+    }
+
+    /// `<socket_dir>/<authority>.sock`, using the directory from the `ready` line, or the
+    /// configured one if the line said `-`.
+    pub fn socket_path(&self, authority: &str) -> PathBuf {
+        let dir = self
+            .ready
+            .socket_dir
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("sockets"));
+        dir.join(format!("{authority}.sock"))
+    }
+
+    /// The temp dir holding config, sockets and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The config file the mediator was started with.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The decision log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The mediator's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything the mediator wrote to stderr so far, one entry per line.
+    pub fn stderr_text(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .join("\n")
+    }
+
+    /// Every complete line of the decision log, parsed as JSON. A missing file is an
+    /// empty log; a trailing line without its newline is still being written and is
+    /// skipped.
+    ///
+    /// # Errors
+    /// A complete line that is not JSON (the log must be JSON lines only).
+    pub fn decision_lines(&self) -> Result<Vec<Value>> {
+        let text = match std::fs::read_to_string(&self.log_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).context("reading the decision log"),
+        };
+        let complete = match text.rfind('\n') {
+            Some(i) => &text[..i],
+            None => return Ok(Vec::new()),
+        };
+        complete
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l)
+                    .with_context(|| format!("decision log line is not JSON: {l:?}"))
+            })
+            .collect()
+    }
+
+    /// The `event: "decision"` lines only.
+    ///
+    /// # Errors
+    /// As [`Self::decision_lines`].
+    pub fn decisions(&self) -> Result<Vec<Value>> {
+        Ok(self
+            .decision_lines()?
+            .into_iter()
+            .filter(|v| v["event"] == "decision")
+            .collect())
+    }
+
+    /// Waits until a log line satisfies `pred` and returns it (the first such line).
+    ///
+    /// # Errors
+    /// No such line within `timeout` (the error shows the whole log and stderr), or a
+    /// malformed log line.
+    pub async fn wait_for_log(
+        &self,
+        pred: impl Fn(&Value) -> bool,
+        timeout: Duration,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.decision_lines()?;
+            if let Some(v) = lines.iter().find(|v| pred(v)) {
+                return Ok(v.clone());
+            }
+            if Instant::now() >= deadline {
+                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
+                bail!(
+                    "no matching decision log line within {timeout:?}; log:\n{}\nstderr:\n{}",
+                    dump.join("\n"),
+                    self.stderr_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until at least `n` log lines satisfy `pred`, and returns all that do.
+    ///
+    /// # Errors
+    /// Fewer than `n` such lines within `timeout` (the error shows the log), or a
+    /// malformed log line.
+    pub async fn wait_for_count(
+        &self,
+        pred: impl Fn(&Value) -> bool,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Value>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.decision_lines()?;
+            let matching: Vec<Value> = lines.iter().filter(|v| pred(v)).cloned().collect();
+            if matching.len() >= n {
+                return Ok(matching);
+            }
+            if Instant::now() >= deadline {
+                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
+                bail!(
+                    "only {} of {n} expected log lines within {timeout:?}; log:\n{}",
+                    matching.len(),
+                    dump.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for the `event: "decision"` line with this `reason` (and `host`, if given).
+    ///
+    /// # Errors
+    /// As [`Self::wait_for_log`].
+    pub async fn wait_for_decision(&self, reason: &str, host: Option<&str>) -> Result<Value> {
+        self.wait_for_log(
+            |v| {
+                v["event"] == "decision"
+                    && v["reason"] == reason
+                    && host.is_none_or(|h| v["host"] == h)
+            },
+            LOG_TIMEOUT,
+        )
+        .await
+    }
+
+    /// Waits for the `event: "close"` line of the connection whose decision line had `id`.
+    ///
+    /// # Errors
+    /// As [`Self::wait_for_log`].
+    pub async fn wait_for_close(&self, id: &Value) -> Result<Value> {
+        self.wait_for_log(|v| v["event"] == "close" && &v["id"] == id, LOG_TIMEOUT)
+            .await
+    }
+
+    /// Sends SIGTERM and waits (up to [`EXIT_TIMEOUT`]) for the process to exit.
+    ///
+    /// # Errors
+    /// The signal cannot be sent, or the process outlives the deadline (it is then killed).
+    pub async fn terminate(&mut self) -> Result<ExitStatus> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow!("mediator already reaped"))?;
+        kill(Pid::from_raw(pid as i32), Signal::SIGTERM).context("sending SIGTERM")?;
+        self.wait_exit(EXIT_TIMEOUT).await
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(child) = self.child.as_mut() else {
+                bail!("mediator already reaped");
+            };
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.child = None;
+                bail!("mediator did not exit within {timeout:?}; killed it");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Mediator {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            eprintln!(
+                "--- mediator stderr ---\n{}\n--- decision log ---\n{}",
+                self.stderr_text(),
+                std::fs::read_to_string(&self.log_path).unwrap_or_default()
+            );
+        }
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Runs `mediator check --config <path>` and returns its exit status and stderr.
+///
+/// # Errors
+/// Missing binary or spawn failure.
+pub async fn run_check(config_path: &Path) -> Result<(ExitStatus, String)> {
+    let bin = mediator_bin()?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(bin)
+            .arg("check")
+            .arg("--config")
+            .arg(config_path)
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .context("`mediator check` did not finish within 30 s")??;
+    Ok((
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}

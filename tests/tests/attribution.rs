@@ -1,0 +1,157 @@
+//! Attribution (design sections 1, 5, 10): one mediator, two authorities with different
+//! grants; the same destination gets opposite verdicts depending on who asks, and each
+//! decision line names the authority that asked, on both channels.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use anyhow::Result;
+use e2e::{
+    AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST,
+    TOKEN_A, TOKEN_B, agent_a_spec, check_deny, check_line,
+};
+use serde_json::{Value, json};
+
+async fn fixture() -> Result<Fixture> {
+    let fx = Fixture::start(|b| {
+        b.authority(agent_a_spec()).authority(
+            AuthoritySpec::new(AGENT_B)
+                .allow(&["other.test"])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_B),
+        )
+    })
+    .await?;
+    fx.dns.set("other.test", [LOOPBACK]);
+    Ok(fx)
+}
+
+/// The decision lines for `host`, as `(authority, decision, reason)`.
+fn verdicts(fx: &Fixture, host: &str) -> Result<Vec<(Value, Value, Value)>> {
+    Ok(fx
+        .mediator
+        .decisions()?
+        .into_iter()
+        .filter(|v| v["host"] == host)
+        .map(|v| {
+            (
+                v["authority"].clone(),
+                v["decision"].clone(),
+                v["reason"].clone(),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()> {
+    let fx = fixture().await?;
+    let port = fx.origin.port();
+    for (host, allowed_by, denied_by) in [
+        (ORIGIN_HOST, (AGENT_A, TOKEN_A), (AGENT_B, TOKEN_B)),
+        ("other.test", (AGENT_B, TOKEN_B), (AGENT_A, TOKEN_A)),
+    ] {
+        let target = format!("{host}:{port}");
+        let ok = fx
+            .tcp_conn()
+            .await?
+            .connect(&target, Some(allowed_by))
+            .await?;
+        assert_eq!(ok.status, 200, "{} -> {host}: {ok:?}", allowed_by.0);
+        let no = fx
+            .tcp_conn()
+            .await?
+            .connect(&target, Some(denied_by))
+            .await?;
+        let body = check_deny(&no, 403, "not_in_allowlist")?;
+        assert_eq!(body["authority"], denied_by.0);
+    }
+    fx.mediator
+        .wait_for_count(|v| v["event"] == "decision", 4, LOG_TIMEOUT)
+        .await?;
+    let mut origin = verdicts(&fx, ORIGIN_HOST)?;
+    origin.sort_by_key(|v| v.0.to_string());
+    assert_eq!(
+        origin,
+        vec![
+            (json!(AGENT_A), json!("allow"), json!("allowed")),
+            (json!(AGENT_B), json!("deny"), json!("not_in_allowlist")),
+        ]
+    );
+    let mut other = verdicts(&fx, "other.test")?;
+    other.sort_by_key(|v| v.0.to_string());
+    assert_eq!(
+        other,
+        vec![
+            (json!(AGENT_A), json!("deny"), json!("not_in_allowlist")),
+            (json!(AGENT_B), json!("allow"), json!("allowed")),
+        ]
+    );
+    for line in fx.mediator.decisions()? {
+        check_line(
+            &line,
+            &[("channel", json!("tcp")), ("protocol", json!("connect"))],
+        )?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
+    let fx = fixture().await?;
+    let target = fx.origin_target();
+    let ok = HttpConn::unix(&fx.mediator.socket_path(AGENT_A))
+        .await?
+        .connect(&target, None)
+        .await?;
+    assert_eq!(ok.status, 200, "{ok:?}");
+    let no = HttpConn::unix(&fx.mediator.socket_path(AGENT_B))
+        .await?
+        .connect(&target, None)
+        .await?;
+    let body = check_deny(&no, 403, "not_in_allowlist")?;
+    assert_eq!(body["authority"], AGENT_B);
+    fx.mediator
+        .wait_for_count(|v| v["event"] == "decision", 2, LOG_TIMEOUT)
+        .await?;
+    let mut got = verdicts(&fx, ORIGIN_HOST)?;
+    got.sort_by_key(|v| v.0.to_string());
+    assert_eq!(
+        got,
+        vec![
+            (json!(AGENT_A), json!("allow"), json!("allowed")),
+            (json!(AGENT_B), json!("deny"), json!("not_in_allowlist")),
+        ]
+    );
+    for line in fx.mediator.decisions()? {
+        check_line(&line, &[("channel", json!("unix"))])?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_on_a_unix_socket_cannot_borrow_another_authority() -> Result<()> {
+    let fx = fixture().await?;
+    // agent-a's socket, presenting agent-b's valid credential for agent-b's host.
+    let resp = HttpConn::unix(&fx.mediator.socket_path(AGENT_A))
+        .await?
+        .connect(
+            &format!("other.test:{}", fx.origin.port()),
+            Some((AGENT_B, TOKEN_B)),
+        )
+        .await?;
+    let body = check_deny(&resp, 403, "not_in_allowlist")?;
+    assert_eq!(
+        body["authority"], AGENT_A,
+        "the socket decides the authority"
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("not_in_allowlist", Some("other.test"))
+        .await?;
+    check_line(
+        &line,
+        &[("authority", json!(AGENT_A)), ("channel", json!("unix"))],
+    )?;
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! Absolute-form HTTP forwarding (design section 6): what the origin receives (Host
+//! rebuilt from the URI, hop-by-hop headers and `Proxy-Authorization` removed), what the
+//! client receives (a forged `X-Mediator-Decision` stripped), and the requests that must
+//! be refused with 400 or 431 before anything is resolved or connected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use anyhow::Result;
+use e2e::{
+    AGENT_A, FORGED_DECISION, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth, check_deny,
+    check_line, check_tcp_peer,
+};
+use serde_json::{Value, json};
+
+fn auth_header() -> String {
+    format!("Proxy-Authorization: {}\r\n", basic_auth(AGENT_A, TOKEN_A))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let target = fx.origin_target();
+    let req = format!(
+        "GET http://{target}/echo?q=1 HTTP/1.1\r\n\
+         Host: attacker.example\r\n\
+         {auth}\
+         Connection: x-foo, keep-alive\r\n\
+         X-Foo: must-not-pass\r\n\
+         Keep-Alive: timeout=5\r\n\
+         TE: trailers\r\n\
+         Proxy-Connection: keep-alive\r\n\
+         Upgrade: websocket\r\n\
+         X-Kept: yes\r\n\
+         User-Agent: e2e\r\n\
+         \r\n",
+        auth = auth_header()
+    );
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn.request(req.as_bytes()).await?;
+    assert_eq!(resp.status, 200, "{resp:?}\n{}", resp.text());
+    for v in resp.header_all("x-mediator-decision") {
+        assert!(
+            !v.contains("forged-by-origin"),
+            "origin's forged header reached the client"
+        );
+        assert_ne!(v, FORGED_DECISION);
+    }
+    let echo = resp.json()?;
+    assert_eq!(echo["method"], "GET");
+    assert_eq!(
+        echo["target"], "/echo?q=1",
+        "origin must receive origin-form: {echo}"
+    );
+    let headers = &echo["headers"];
+    assert_eq!(
+        headers["host"],
+        json!([target]),
+        "Host must be rebuilt from the URI: {echo}"
+    );
+    for gone in [
+        "proxy-authorization",
+        "x-foo",
+        "keep-alive",
+        "te",
+        "proxy-connection",
+        "upgrade",
+    ] {
+        assert!(
+            headers.get(gone).is_none(),
+            "`{gone}` was forwarded: {echo}"
+        );
+    }
+    if let Some(conn_values) = headers.get("connection") {
+        let s = conn_values.to_string().to_ascii_lowercase();
+        assert!(
+            !s.contains("x-foo"),
+            "client's Connection tokens forwarded: {echo}"
+        );
+    }
+    assert_eq!(headers["x-kept"], json!(["yes"]), "{echo}");
+    assert_eq!(headers["user-agent"], json!(["e2e"]), "{echo}");
+
+    let line = fx
+        .mediator
+        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("authority", json!(AGENT_A)),
+            ("channel", json!("tcp")),
+            ("protocol", json!("http")),
+            ("port", json!(fx.origin.port())),
+            ("decision", json!("allow")),
+            ("pin", json!("127.0.0.1")),
+            ("route", json!("direct")),
+        ],
+    )?;
+    check_tcp_peer(&line)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_post_forwards_the_body() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let req = format!(
+        "POST http://{}/submit HTTP/1.1\r\nHost: {}\r\n{}Content-Type: text/plain\r\nContent-Length: 9\r\n\r\npayload!!",
+        fx.origin_target(),
+        fx.origin_target(),
+        auth_header()
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    let echo = resp.json()?;
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["body"], "payload!!");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_without_credential_is_407() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let req = format!(
+        "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n\r\n",
+        t = fx.origin_target()
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    check_deny(&resp, 407, "bad_credential")?;
+    assert_eq!(
+        resp.header("proxy-authenticate"),
+        Some("Basic realm=\"mediator\"")
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("bad_credential", None)
+        .await?;
+    check_line(
+        &line,
+        &[("authority", Value::Null), ("decision", json!("deny"))],
+    )?;
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    fx.dns.set("other.test", [e2e::LOOPBACK]);
+    let req = format!(
+        "GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n{}\r\n",
+        auth_header(),
+        p = fx.origin.port()
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let body = check_deny(&resp, 403, "not_in_allowlist")?;
+    assert_eq!(body["host"], "other.test");
+    assert_eq!(body["authority"], AGENT_A);
+    let line = fx
+        .mediator
+        .wait_for_decision("not_in_allowlist", Some("other.test"))
+        .await?;
+    check_line(
+        &line,
+        &[("protocol", json!("http")), ("decision", json!("deny"))],
+    )?;
+    assert_eq!(fx.origin.connections(), 0);
+    assert_eq!(
+        fx.dns.queries("other.test"),
+        0,
+        "a name outside the grant was resolved"
+    );
+    Ok(())
+}
+
+/// Sends `req` and checks the 400 `malformed_target` answer, that the decision was
+/// logged, and that the origin was never contacted.
+async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    check_deny(&resp, 400, "malformed_target")?;
+    let line = fx
+        .mediator
+        .wait_for_decision("malformed_target", None)
+        .await?;
+    check_line(
+        &line,
+        &[("decision", json!("deny")), ("channel", json!("tcp"))],
+    )?;
+    assert_eq!(
+        fx.origin.connections(),
+        0,
+        "a malformed request reached the origin"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_host_headers_are_400() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let t = fx.origin_target();
+    let req = format!(
+        "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\nHost: other.test\r\n{}\r\n",
+        auth_header()
+    );
+    expect_400(&fx, &req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let t = fx.origin_target();
+    let req = format!(
+        "GET /index.html HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
+        auth_header()
+    );
+    expect_400(&fx, &req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let t = fx.origin_target();
+    let req = format!(
+        "GET https://{t}/ HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
+        auth_header()
+    );
+    expect_400(&fx, &req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let t = fx.origin_target();
+    let req = format!(
+        "GET ftp://{t}/file HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
+        auth_header()
+    );
+    expect_400(&fx, &req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let p = fx.origin.port();
+    let req = format!(
+        "GET http://127.1:{p}/ HTTP/1.1\r\nHost: 127.1:{p}\r\n{}\r\n",
+        auth_header()
+    );
+    expect_400(&fx, &req).await
+}
+
+/// Sends a head of about `head_len` bytes (absolute-form, then CONNECT) to a mediator
+/// whose `request_head_bytes` is `limit`, and expects 431 both times.
+async fn expect_431(limit: usize, head_len: usize) -> Result<()> {
+    let fx = Fixture::start(|b| b.authority(agent_a_spec()).request_head_bytes(limit)).await?;
+    let t = fx.origin_target();
+    let filler = "a".repeat(head_len);
+    let req = format!(
+        "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n{}X-Filler: {filler}\r\n\r\n",
+        auth_header()
+    );
+    let mut conn = fx.tcp_conn().await?;
+    // The mediator may answer and close before reading everything; a failed write is
+    // fine as long as the 431 arrives.
+    let _ = conn.send(req.as_bytes()).await;
+    let resp = conn.read_response(false).await?;
+    assert_eq!(
+        resp.status, 431,
+        "absolute-form, limit {limit}: {} {:?}",
+        resp.status, resp.headers
+    );
+    assert_eq!(fx.origin.connections(), 0);
+
+    let mut conn = fx.tcp_conn().await?;
+    let req = format!(
+        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\n{}X-Filler: {filler}\r\n\r\n",
+        auth_header()
+    );
+    let _ = conn.send(req.as_bytes()).await;
+    let resp = conn.read_response(true).await?;
+    assert_eq!(
+        resp.status, 431,
+        "CONNECT, limit {limit}: {} {:?}",
+        resp.status, resp.headers
+    );
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_head_over_a_large_configured_limit_is_431() -> Result<()> {
+    expect_431(16 * 1024, 20 * 1024).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_head_limit_at_the_minimum_is_enforced() -> Result<()> {
+    // 8192 is the smallest limit the HTTP/1 server can enforce exactly.
+    expect_431(8192, 9000).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()> {
+    // A limit the server could not enforce is a config error, never a silent larger limit.
+    let dir = tempfile::tempdir()?;
+    let text = e2e::mediator::MediatorBuilder::new()
+        .authority(agent_a_spec())
+        .request_head_bytes(2048)
+        .render(dir.path());
+    let path = dir.path().join("mediator.toml");
+    std::fs::write(&path, &text)?;
+    let (status, stderr) = e2e::mediator::run_check(&path).await?;
+    anyhow::ensure!(
+        !status.success(),
+        "check accepted request_head_bytes = 2048"
+    );
+    anyhow::ensure!(
+        stderr.contains("request_head_bytes = 2048 is out of range 8192..=1048576"),
+        "stderr: {stderr}"
+    );
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The SNI check on tunnels to port 443 (design section 6): the TLS ClientHello's SNI must
+//! equal the CONNECT host. Domain fronting (CONNECT to an allowed host with the SNI of
+//! another) is refused with `sni_mismatch` before a single byte reaches the origin;
+//! a matching SNI and non-TLS bytes pass.
+//!
+//! The "origin" is a plain TCP listener on 127.66.0.N:443 (the whole of 127.0.0.0/8 is
+//! loopback) that records what each connection sent; it does not speak TLS, so curl's
+//! handshake fails after the mediator's verdict, which is all these tests need.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use e2e::mediator::AuthoritySpec;
+use e2e::{AGENT_A, Fixture, TOKEN_A, curl};
+use tokio::io::AsyncReadExt;
+
+const FRONT: &str = "front.test";
+
+/// Each test has an origin address of its own, so tests running in parallel never
+/// compete for port 443.
+fn origin_ip(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 66, 0, n))
+}
+
+/// Listens on `ip`:443 and records the bytes of each connection (until EOF or 3 s).
+async fn recording_origin(ip: IpAddr) -> Result<Arc<Mutex<Vec<Vec<u8>>>>> {
+    let listener = tokio::net::TcpListener::bind((ip, 443))
+        .await
+        .with_context(|| format!("binding {ip}:443 (the SNI tests need to run as root)"))?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let rec = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let rec = Arc::clone(&rec);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+                while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if got.len() > 16 * 1024 {
+                        break;
+                    }
+                }
+                rec.lock().unwrap().push(got);
+            });
+        }
+    });
+    Ok(seen)
+}
+
+async fn fixture(ip: IpAddr) -> Result<Fixture> {
+    let fx = Fixture::start(|b| {
+        b.authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&["front.test:443"])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns.set(FRONT, [ip]);
+    Ok(fx)
+}
+
+fn proxy_args(fx: &Fixture) -> (String, String) {
+    (
+        format!("http://{}", fx.mediator.tcp_addr()),
+        format!("{AGENT_A}:{TOKEN_A}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_byte() -> Result<()> {
+    let ip = origin_ip(1);
+    let seen = recording_origin(ip).await?;
+    let fx = fixture(ip).await?;
+    let (proxy, user) = proxy_args(&fx);
+    // CONNECT front.test:443 (allowed), then a ClientHello naming evil.test.
+    let out = curl(&[
+        "--proxy",
+        &proxy,
+        "--proxy-user",
+        &user,
+        "--insecure",
+        "--max-time",
+        "5",
+        "--connect-to",
+        "evil.test:443:front.test:443",
+        "https://evil.test/",
+    ])
+    .await?;
+    ensure!(out.exit_code != 0, "curl must fail: {out:?}");
+    ensure!(
+        out.http_connect == 200,
+        "the CONNECT itself is allowed: {out:?}"
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    assert_eq!(line["decision"], "deny");
+    assert_eq!(line["authority"], AGENT_A);
+    assert_eq!(line["protocol"], "connect");
+    assert_eq!(line["port"], 443);
+    let detail = line["detail"].as_str().unwrap_or_default();
+    ensure!(
+        detail.contains("evil.test"),
+        "detail names the SNI: {detail}"
+    );
+    let close = fx
+        .mediator
+        .wait_for_log(
+            |v| v["event"] == "close" && v["close_reason"] == "sni_mismatch",
+            Duration::from_secs(5),
+        )
+        .await?;
+    assert_eq!(close["bytes_up"], 0);
+    // The origin got a connection (the mediator connects before answering 200) but
+    // not one byte of the fronted ClientHello.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(first) = seen.lock().unwrap().first() {
+            assert!(first.is_empty(), "origin received {} bytes", first.len());
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "origin never saw the connection end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Result<()> {
+    let ip = origin_ip(2);
+    let seen = recording_origin(ip).await?;
+    let fx = fixture(ip).await?;
+    let (proxy, user) = proxy_args(&fx);
+    let out = curl(&[
+        "--proxy",
+        &proxy,
+        "--proxy-user",
+        &user,
+        "--insecure",
+        "--max-time",
+        "5",
+        "https://front.test/",
+    ])
+    .await?;
+    ensure!(out.http_connect == 200, "{out:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    let hello = loop {
+        if let Some(first) = seen.lock().unwrap().first().cloned() {
+            break first;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "origin saw nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ensure!(
+        hello.first() == Some(&0x16),
+        "a TLS handshake record arrived: {hello:02x?}"
+    );
+    ensure!(
+        hello.windows(FRONT.len()).any(|w| w == FRONT.as_bytes()),
+        "the ClientHello names front.test"
+    );
+    let decisions = fx.mediator.decisions()?;
+    ensure!(
+        !decisions.iter().any(|d| d["reason"] == "sni_mismatch"),
+        "no sni_mismatch: {decisions:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_tls_bytes_in_a_443_tunnel_pass_as_an_opaque_tunnel() -> Result<()> {
+    let ip = origin_ip(3);
+    let seen = recording_origin(ip).await?;
+    let fx = fixture(ip).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect("front.test:443", Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(resp.status, 200);
+    conn.send(b"plain bytes, not TLS\n").await?;
+    conn.shutdown_write().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let got = loop {
+        if let Some(first) = seen.lock().unwrap().first().cloned() {
+            break first;
+        }
+        ensure!(tokio::time::Instant::now() < deadline, "origin saw nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(got, b"plain bytes, not TLS\n");
+    Ok(())
+}

@@ -1,0 +1,326 @@
+//! HTTP CONNECT on the shared TCP listener (design sections 5, 6, 10): an allowed tunnel
+//! driven by real curl, the close record's byte counts, credential failures, and the
+//! upstream failures (refused -> 502, connect timeout -> 504, NXDOMAIN -> 502).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use e2e::{
+    AGENT_A, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny, check_line, check_tcp_peer,
+    curl,
+};
+use serde_json::{Value, json};
+
+/// A loopback port with no listener: bind an ephemeral port, then release it.
+async fn closed_loopback_port() -> Result<u16> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = l.local_addr()?.port();
+    drop(l);
+    Ok(port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let proxy = format!("http://{}", fx.mediator.tcp_addr());
+    let user = format!("{AGENT_A}:{TOKEN_A}");
+    let url = format!("http://{}/hello?x=1", fx.origin_target());
+    let out = curl(&[
+        "--proxy",
+        &proxy,
+        "--proxy-user",
+        &user,
+        "--proxytunnel",
+        &url,
+    ])
+    .await?;
+    ensure!(out.exit_code == 0, "curl failed: {out:?}");
+    assert_eq!(out.http_connect, 200, "{out:?}");
+    assert_eq!(out.http_code, 200, "{out:?}");
+    let echo: Value = serde_json::from_str(&out.body)?;
+    assert_eq!(echo["method"], "GET");
+    assert_eq!(echo["target"], "/hello?x=1");
+    assert_eq!(echo["headers"]["host"], json!([fx.origin_target()]));
+    assert_eq!(fx.origin.connections(), 1);
+
+    let line = fx
+        .mediator
+        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("event", json!("decision")),
+            ("authority", json!(AGENT_A)),
+            ("channel", json!("tcp")),
+            ("protocol", json!("connect")),
+            ("host", json!(ORIGIN_HOST)),
+            ("port", json!(fx.origin.port())),
+            ("decision", json!("allow")),
+            ("reason", json!("allowed")),
+            ("pin", json!("127.0.0.1")),
+            ("route", json!("direct")),
+        ],
+    )?;
+    check_tcp_peer(&line)?;
+    assert!(line["dns_ms"].is_number(), "dns_ms: {line}");
+    assert!(line["connect_ms"].is_number(), "connect_ms: {line}");
+    assert!(
+        line["rule"]
+            .as_str()
+            .is_some_and(|r| r.contains(ORIGIN_HOST)),
+        "rule should name the allow entry: {line}"
+    );
+    // No secret in the log: neither the token nor its Basic encoding.
+    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
+    assert!(!raw.contains(TOKEN_A), "token leaked into the decision log");
+    assert!(
+        !raw.contains(&e2e::basic_auth(AGENT_A, TOKEN_A)[6..]),
+        "credential leaked"
+    );
+
+    let close = fx.mediator.wait_for_close(&line["id"]).await?;
+    for key in e2e::CLOSE_FIELDS {
+        assert!(close.get(*key).is_some(), "close line lacks {key}: {close}");
+    }
+    assert_eq!(close["authority"], AGENT_A, "{close}");
+    assert!(close["bytes_up"].as_u64().is_some_and(|b| b > 0), "{close}");
+    assert!(
+        close["bytes_down"].as_u64().is_some_and(|b| b > 0),
+        "{close}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        answer
+            .header("x-mediator-decision")
+            .is_none_or(|v| v.starts_with("allow")),
+        "{answer:?}"
+    );
+    let request = format!(
+        "POST /count HTTP/1.1\r\nHost: {}\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world",
+        fx.origin_target()
+    );
+    conn.send(request.as_bytes()).await?;
+    let response = conn.read_to_end().await?;
+    ensure!(
+        response.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
+    drop(conn);
+
+    let line = fx
+        .mediator
+        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .await?;
+    let close = fx.mediator.wait_for_close(&line["id"]).await?;
+    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
+    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
+    assert!(close["duration_ms"].is_number(), "{close}");
+    assert!(close["close_reason"].is_string(), "{close}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn.connect(&fx.origin_target(), None).await?;
+    let body = check_deny(&resp, 407, "bad_credential")?;
+    assert_eq!(
+        resp.header("proxy-authenticate"),
+        Some("Basic realm=\"mediator\""),
+        "{resp:?}"
+    );
+    assert_eq!(body["authority"], Value::Null, "{body}");
+    let line = fx
+        .mediator
+        .wait_for_decision("bad_credential", None)
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("authority", Value::Null),
+            ("channel", json!("tcp")),
+            ("decision", json!("deny")),
+            ("pin", Value::Null),
+        ],
+    )?;
+    assert_eq!(fx.origin.connections(), 0);
+    assert_eq!(
+        fx.dns.queries(ORIGIN_HOST),
+        0,
+        "a request without identity must not resolve"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(&fx.origin_target(), Some((AGENT_A, "not-the-token")))
+        .await?;
+    check_deny(&resp, 407, "bad_credential")?;
+    assert_eq!(
+        resp.header("proxy-authenticate"),
+        Some("Basic realm=\"mediator\"")
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("bad_credential", None)
+        .await?;
+    check_line(
+        &line,
+        &[("decision", json!("deny")), ("channel", json!("tcp"))],
+    )?;
+    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
+    assert!(
+        !raw.contains("not-the-token"),
+        "a presented token leaked into the log"
+    );
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(&fx.origin_target(), Some(("nobody", TOKEN_A)))
+        .await?;
+    let body = check_deny(&resp, 407, "unknown_authority")?;
+    assert_eq!(
+        resp.header("proxy-authenticate"),
+        Some("Basic realm=\"mediator\"")
+    );
+    assert_eq!(body["authority"], Value::Null, "{body}");
+    let line = fx
+        .mediator
+        .wait_for_decision("unknown_authority", None)
+        .await?;
+    check_line(
+        &line,
+        &[("authority", Value::Null), ("decision", json!("deny"))],
+    )?;
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let port = closed_loopback_port().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(&format!("{ORIGIN_HOST}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let body = check_deny(&resp, 502, "upstream_failure")?;
+    assert_eq!(body["host"], ORIGIN_HOST);
+    assert_eq!(body["port"], json!(port));
+    let line = fx
+        .mediator
+        .wait_for_decision("upstream_failure", None)
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("authority", json!(AGENT_A)),
+            ("host", json!(ORIGIN_HOST)),
+            ("port", json!(port)),
+            ("decision", json!("deny")),
+        ],
+    )?;
+    // The connection was never made: no pin, or the vetted address it tried.
+    assert!(
+        line["pin"].is_null() || line["pin"] == "127.0.0.1",
+        "pin should be null or the vetted loopback address: {line}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() -> Result<()> {
+    // A listener with backlog 1 that never accepts: once its accept queue is full the
+    // kernel drops further SYNs, so the mediator's connect hangs until its timeout.
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.1:0".parse()?)?;
+    let listener = socket.listen(1)?;
+    let addr = listener.local_addr()?;
+    let mut held = Vec::new();
+    let mut full = false;
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => {
+                full = true;
+                break;
+            }
+        }
+    }
+    ensure!(full, "could not fill the accept queue of {addr}");
+
+    let fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(1)).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(
+            &format!("{ORIGIN_HOST}:{}", addr.port()),
+            Some((AGENT_A, TOKEN_A)),
+        )
+        .await?;
+    check_deny(&resp, 504, "upstream_failure")?;
+    fx.mediator
+        .wait_for_decision("upstream_failure", None)
+        .await?;
+    drop(listener);
+    drop(held);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
+    let fx = Fixture::start(|b| b.authority(agent_a_spec().allow(&["nx.test"]))).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn.connect("nx.test:80", Some((AGENT_A, TOKEN_A))).await?;
+    let body = check_deny(&resp, 502, "dns_failure")?;
+    assert_eq!(body["host"], "nx.test");
+    assert_eq!(body["authority"], AGENT_A);
+    let line = fx
+        .mediator
+        .wait_for_decision("dns_failure", Some("nx.test"))
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("authority", json!(AGENT_A)),
+            ("decision", json!("deny")),
+            ("pin", Value::Null),
+            ("port", json!(80)),
+        ],
+    )?;
+    assert!(
+        fx.dns.queries("nx.test") >= 1,
+        "the mediator never asked our DNS server"
+    );
+    Ok(())
+}
