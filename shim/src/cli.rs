@@ -1,0 +1,482 @@
+//! Command-line flags and the TOML profile, in two stages (as ripgrep does): the raw
+//! flags ([`Cli`]) and profile ([`Profile`]) as typed, then one validated [`Settings`]
+//! that the rest of the shim trusts.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, ValueEnum};
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// `shim`: confine one command (and everything it starts) and bind it to its authority's
+/// mediator channel.
+#[derive(Debug, Parser)]
+#[command(name = "shim", version, about, long_about = None)]
+pub struct Cli {
+    /// The authority's Unix socket (`<socket_dir>/<authority>.sock` of a running mediator).
+    #[arg(long, value_name = "PATH")]
+    pub mediator_socket: Option<PathBuf>,
+
+    /// A mediator config file; with --authority, the socket is `<listen.socket_dir>/<NAME>.sock`.
+    #[arg(long, value_name = "FILE", requires = "authority")]
+    pub config: Option<PathBuf>,
+
+    /// The authority whose socket to use, with --config.
+    #[arg(long, value_name = "NAME", requires = "config")]
+    pub authority: Option<String>,
+
+    /// A directory tree the command may write (repeatable). Everything else is read-only.
+    #[arg(long = "allow-write", value_name = "P")]
+    pub allow_write: Vec<PathBuf>,
+
+    /// A file or directory the command may not read (repeatable). A missing path is ignored.
+    #[arg(long = "deny-read", value_name = "P")]
+    pub deny_read: Vec<PathBuf>,
+
+    /// Re-open for reading a path beneath a --deny-read path (repeatable).
+    #[arg(long = "allow-read", value_name = "P")]
+    pub allow_read: Vec<PathBuf>,
+
+    /// Let the command create new AF_UNIX sockets (denied by default; socketpair always works).
+    #[arg(long)]
+    pub allow_unix_sockets: bool,
+
+    /// At exit, print a JSON summary of this run's denials to stderr.
+    #[arg(long)]
+    pub report: bool,
+
+    /// Write the --report JSON to this file instead of stderr (implies --report).
+    #[arg(long, value_name = "FILE")]
+    pub report_file: Option<PathBuf>,
+
+    /// A TOML profile with the same fields (snake_case); flags add to it.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+
+    /// Embedded mode: a host pattern the command may reach (repeatable).
+    #[arg(long, value_name = "HOST_PATTERN")]
+    pub allow: Vec<String>,
+
+    /// Embedded mode: a host pattern the command may not reach (repeatable).
+    #[arg(long, value_name = "HOST_PATTERN")]
+    pub deny: Vec<String>,
+
+    /// Embedded mode: a non-public CIDR the command may reach anyway (repeatable).
+    #[arg(long, value_name = "CIDR")]
+    pub allow_private: Vec<String>,
+
+    /// Embedded mode: append the mediator's decision log (JSON lines) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub decision_log: Option<PathBuf>,
+
+    /// Run without a protection the kernel lacks, naming it (repeatable). Never implied.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub allow_degraded: Vec<Degradation>,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// A protection that the user may explicitly give up when the kernel lacks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Degradation {
+    /// Run without Landlock (the second write layer). The mount layer still makes every
+    /// regular file, directory and symlink outside the writable roots read-only, but
+    /// named pipes (FIFOs) outside them stay writable to the sandbox's uid.
+    Landlock,
+}
+
+/// The `--profile` TOML file: the same fields as the flags, snake_case.
+///
+/// Relative paths are resolved against the profile file's directory.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// As `--mediator-socket`.
+    pub mediator_socket: Option<PathBuf>,
+    /// As `--config`.
+    pub config: Option<PathBuf>,
+    /// As `--authority`.
+    pub authority: Option<String>,
+    /// As `--allow-write`.
+    #[serde(default)]
+    pub allow_write: Vec<PathBuf>,
+    /// As `--deny-read`.
+    #[serde(default)]
+    pub deny_read: Vec<PathBuf>,
+    /// As `--allow-read`.
+    #[serde(default)]
+    pub allow_read: Vec<PathBuf>,
+    /// As `--allow-unix-sockets`.
+    #[serde(default)]
+    pub allow_unix_sockets: bool,
+    /// As `--report`.
+    #[serde(default)]
+    pub report: bool,
+    /// As `--report-file`.
+    pub report_file: Option<PathBuf>,
+    /// As `--allow`.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// As `--deny`.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// As `--allow-private`.
+    #[serde(default)]
+    pub allow_private: Vec<String>,
+    /// As `--decision-log`.
+    pub decision_log: Option<PathBuf>,
+    /// As `--allow-degraded`.
+    #[serde(default)]
+    pub allow_degraded: Vec<Degradation>,
+}
+
+impl Profile {
+    /// Read and parse a profile file, resolving its relative paths against its directory.
+    ///
+    /// # Errors
+    /// [`Error::ProfileRead`] if it cannot be read, [`Error::ProfileParse`] (with line and
+    /// column, and the unknown key if any) if it does not match the schema.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ProfileRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut profile: Self = toml::from_str(&text).map_err(|source| Error::ProfileParse {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        for p in profile
+            .allow_write
+            .iter_mut()
+            .chain(profile.deny_read.iter_mut())
+            .chain(profile.allow_read.iter_mut())
+            .chain(profile.mediator_socket.iter_mut())
+            .chain(profile.config.iter_mut())
+            .chain(profile.report_file.iter_mut())
+            .chain(profile.decision_log.iter_mut())
+        {
+            fix(p);
+        }
+        Ok(profile)
+    }
+}
+
+/// Where the command's proxy traffic goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelSpec {
+    /// A running mediator's per-authority Unix socket.
+    Socket(PathBuf),
+    /// An in-process mediator with a one-authority grant built from flags.
+    Embedded {
+        /// Allowed host patterns.
+        allow: Vec<String>,
+        /// Denied host patterns.
+        deny: Vec<String>,
+        /// Private-range exceptions.
+        allow_private: Vec<String>,
+        /// Where the decision log goes (`None`: kept in memory for `--report`).
+        decision_log: Option<PathBuf>,
+    },
+}
+
+/// Validated settings: everything the launcher needs, with no contradiction left.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where proxy traffic goes.
+    pub channel: ChannelSpec,
+    /// Writable roots, as given (canonicalised later by the filesystem planner).
+    pub allow_write: Vec<PathBuf>,
+    /// Read-denied paths, as given.
+    pub deny_read: Vec<PathBuf>,
+    /// Read re-opened paths, as given.
+    pub allow_read: Vec<PathBuf>,
+    /// Whether new AF_UNIX sockets are allowed.
+    pub allow_unix_sockets: bool,
+    /// `None`: no report; `Some(None)`: report to stderr; `Some(Some(f))`: to file `f`.
+    pub report: Option<Option<PathBuf>>,
+    /// Protections the user gave up explicitly.
+    pub allow_degraded: Vec<Degradation>,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+impl Settings {
+    /// Merge the flags over the profile (lists are concatenated, flags win for single
+    /// values) and validate the result.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for contradictions (a socket and embedded-mode rules at once, no
+    /// channel at all, `--config` without a readable `listen.socket_dir`), and the errors
+    /// of [`Profile::load`].
+    pub fn from_cli(cli: Cli) -> Result<Self> {
+        let profile = match &cli.profile {
+            Some(p) => Profile::load(p)?,
+            None => Profile::default(),
+        };
+        let cat = |a: Vec<PathBuf>, b: Vec<PathBuf>| a.into_iter().chain(b).collect::<Vec<_>>();
+        let allow: Vec<String> = profile.allow.into_iter().chain(cli.allow).collect();
+        let deny: Vec<String> = profile.deny.into_iter().chain(cli.deny).collect();
+        let allow_private: Vec<String> = profile
+            .allow_private
+            .into_iter()
+            .chain(cli.allow_private)
+            .collect();
+        let socket = cli.mediator_socket.or(profile.mediator_socket);
+        let config = cli.config.or(profile.config);
+        let authority = cli.authority.or(profile.authority);
+        let socket = match (socket, config, authority) {
+            (Some(s), None, _) => Some(s),
+            (None, Some(c), Some(a)) => Some(socket_from_config(&c, &a)?),
+            (None, None, None) => None,
+            (Some(_), Some(_), _) => {
+                return Err(Error::Usage(
+                    "give either --mediator-socket or --config/--authority, not both".into(),
+                ));
+            }
+            (None, Some(_), None) | (None, None, Some(_)) => {
+                return Err(Error::Usage("--config and --authority go together".into()));
+            }
+        };
+        let embedded_rules = !(allow.is_empty() && deny.is_empty() && allow_private.is_empty());
+        let decision_log = cli.decision_log.or(profile.decision_log);
+        if socket.is_some() && decision_log.is_some() {
+            return Err(Error::Usage(
+                "--decision-log is for embedded mode; a standalone mediator writes its own log"
+                    .into(),
+            ));
+        }
+        let channel = match socket {
+            Some(_) if embedded_rules => {
+                return Err(Error::Usage(
+                    "--allow/--deny/--allow-private build an embedded mediator's grant; with --mediator-socket the grant lives in that mediator's config".into(),
+                ));
+            }
+            Some(s) => ChannelSpec::Socket(s),
+            None if embedded_rules => ChannelSpec::Embedded {
+                allow,
+                deny,
+                allow_private,
+                decision_log,
+            },
+            None => {
+                return Err(Error::Usage(
+                    "no channel: pass --mediator-socket PATH (a running mediator) or --allow HOST_PATTERN (embedded mode)".into(),
+                ));
+            }
+        };
+        let report_file = cli.report_file.or(profile.report_file);
+        let report = if cli.report || profile.report || report_file.is_some() {
+            Some(report_file)
+        } else {
+            None
+        };
+        let mut allow_degraded = profile.allow_degraded;
+        allow_degraded.extend(cli.allow_degraded);
+        Ok(Self {
+            channel,
+            allow_write: cat(profile.allow_write, cli.allow_write),
+            deny_read: cat(profile.deny_read, cli.deny_read),
+            allow_read: cat(profile.allow_read, cli.allow_read),
+            allow_unix_sockets: cli.allow_unix_sockets || profile.allow_unix_sockets,
+            report,
+            allow_degraded,
+            command: cli.command,
+        })
+    }
+
+    /// Whether the user gave up `what` explicitly.
+    pub fn degraded(&self, what: Degradation) -> bool {
+        self.allow_degraded.contains(&what)
+    }
+}
+
+/// `<listen.socket_dir>/<authority>.sock` from a mediator config (only that key is read;
+/// the mediator validates the rest).
+fn socket_from_config(config: &Path, authority: &str) -> Result<PathBuf> {
+    if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
+        return Err(Error::Usage(format!(
+            "--authority {authority:?} is not a valid authority name"
+        )));
+    }
+    let text = std::fs::read_to_string(config).map_err(|source| Error::ProfileRead {
+        path: config.to_owned(),
+        source,
+    })?;
+    let value: toml::Table = toml::from_str(&text).map_err(|source| Error::ProfileParse {
+        path: config.to_owned(),
+        source,
+    })?;
+    let dir = value
+        .get("listen")
+        .and_then(|l| l.get("socket_dir"))
+        .and_then(|d| d.as_str())
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: no listen.socket_dir, so no per-authority socket",
+                config.display()
+            ))
+        })?;
+    Ok(Path::new(dir).join(format!("{authority}.sock")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings> {
+        Settings::from_cli(Cli::try_parse_from(args).unwrap())
+    }
+
+    #[test]
+    fn command_must_follow_double_dash() {
+        assert!(Cli::try_parse_from(["shim", "--mediator-socket", "/s", "true"]).is_err());
+        assert!(Cli::try_parse_from(["shim", "--mediator-socket", "/s"]).is_err());
+    }
+
+    #[test]
+    fn socket_mode_parses_repeated_flags() {
+        let s = parse(&[
+            "shim",
+            "--mediator-socket",
+            "/s",
+            "--allow-write",
+            "/a",
+            "--allow-write",
+            "/b",
+            "--report",
+            "--",
+            "ls",
+            "-l",
+        ])
+        .unwrap();
+        assert_eq!(s.channel, ChannelSpec::Socket("/s".into()));
+        assert_eq!(
+            s.allow_write,
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        assert_eq!(s.report, Some(None));
+        assert_eq!(s.command, vec![OsString::from("ls"), OsString::from("-l")]);
+        assert!(!s.allow_unix_sockets);
+    }
+
+    #[test]
+    fn no_channel_is_an_error() {
+        assert!(matches!(
+            parse(&["shim", "--", "true"]),
+            Err(Error::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn socket_and_embedded_rules_conflict() {
+        assert!(matches!(
+            parse(&[
+                "shim",
+                "--mediator-socket",
+                "/s",
+                "--allow",
+                "a.example",
+                "--",
+                "true"
+            ]),
+            Err(Error::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn embedded_mode_from_allow_flags() {
+        let s = parse(&[
+            "shim",
+            "--allow",
+            "example.com",
+            "--allow-private",
+            "127.0.0.1/32",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert!(matches!(s.channel, ChannelSpec::Embedded { .. }));
+    }
+
+    #[test]
+    fn profile_rejects_unknown_keys_and_merges() {
+        let dir = std::env::temp_dir().join(format!("shim-profile-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "allow_writes = [\"/x\"]\n").unwrap();
+        let err = Profile::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("allow_writes"), "{err}");
+        let good = dir.join("good.toml");
+        std::fs::write(
+            &good,
+            "mediator_socket = \"/s\"\nallow_write = [\"work\"]\nallow_degraded = [\"landlock\"]\n",
+        )
+        .unwrap();
+        let s = parse(&[
+            "shim",
+            "--profile",
+            good.to_str().unwrap(),
+            "--allow-write",
+            "/b",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(s.allow_write, vec![dir.join("work"), PathBuf::from("/b")]);
+        assert!(s.degraded(Degradation::Landlock));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn example_profile_parses() {
+        let p: Profile = toml::from_str(include_str!("../examples/profile.toml")).unwrap();
+        assert!(p.mediator_socket.is_some() && p.report && !p.allow_unix_sockets);
+    }
+
+    #[test]
+    fn config_and_authority_give_the_socket() {
+        let dir = std::env::temp_dir().join(format!("shim-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("mediator.toml");
+        std::fs::write(&cfg, "[listen]\nsocket_dir = \"/run/egress\"\n").unwrap();
+        let s = parse(&[
+            "shim",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--authority",
+            "agent-a",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.channel,
+            ChannelSpec::Socket("/run/egress/agent-a.sock".into())
+        );
+        assert!(
+            parse(&[
+                "shim",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--authority",
+                "../x",
+                "--",
+                "true"
+            ])
+            .is_err()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

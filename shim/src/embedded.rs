@@ -1,0 +1,214 @@
+//! Embedded mode: an in-process mediator (the `mediator` crate's library API) with a
+//! one-authority grant built from `--allow`, `--deny` and `--allow-private`, validated by
+//! the same `policy` code as `mediator.toml`. Connections from the sandbox's loopback
+//! listener are handed to it directly: no socket file exists at all.
+
+use std::io::{BufRead, Seek};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::relay::Denial;
+
+/// The authority name of the embedded grant (what the decision log shows).
+pub const AUTHORITY: &str = "shim";
+
+/// Build and validate the one-authority mediator configuration.
+///
+/// # Errors
+/// [`Error::Usage`] listing every entry the policy rejects (e.g. `--allow '*.com'`).
+pub fn config(
+    allow: &[String],
+    deny: &[String],
+    allow_private: &[String],
+) -> Result<policy::config::Config> {
+    let mut authority = toml::Table::new();
+    authority.insert("name".into(), AUTHORITY.into());
+    let list = |v: &[String]| {
+        toml::Value::Array(v.iter().map(|s| toml::Value::String(s.clone())).collect())
+    };
+    authority.insert("allow".into(), list(allow));
+    authority.insert("deny".into(), list(deny));
+    authority.insert("allow_private".into(), list(allow_private));
+    let mut doc = toml::Table::new();
+    doc.insert(
+        "authority".into(),
+        toml::Value::Array(vec![toml::Value::Table(authority)]),
+    );
+    let text = toml::to_string(&doc).map_err(|e| Error::Usage(format!("embedded grant: {e}")))?;
+    policy::config::parse(&text, "embedded grant (--allow/--deny/--allow-private)")
+        .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// A running embedded mediator serving the sandbox's listener.
+pub struct Embedded {
+    runtime: tokio::runtime::Runtime,
+    running: Arc<mediator::Running>,
+    accept: tokio::task::JoinHandle<()>,
+    memory: Arc<Mutex<Vec<String>>>,
+    log_file: Option<(PathBuf, u64)>,
+    /// Connections accepted from the sandbox.
+    pub connections: Arc<AtomicU64>,
+}
+
+impl Embedded {
+    /// Start the mediator and serve `listener`. Must be called after the sandbox is
+    /// cloned (it starts threads).
+    ///
+    /// `decision_log`: append the decision log to this file (else it is kept in memory
+    /// for `--report`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if the mediator
+    /// refuses to start (resolver configuration, log file).
+    pub fn start(
+        config: policy::config::Config,
+        listener: std::net::TcpListener,
+        decision_log: Option<&Path>,
+    ) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("mediator")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the embedded mediator's runtime", e))?;
+        let memory = Arc::new(Mutex::new(Vec::new()));
+        let (sink, log_file) = match decision_log {
+            Some(p) => {
+                let start = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+                (
+                    mediator::Sink::File(p.to_owned()),
+                    Some((p.to_owned(), start)),
+                )
+            }
+            None => (mediator::Sink::Memory(Arc::clone(&memory)), None),
+        };
+        let running = runtime
+            .block_on(mediator::start(config, Some(sink)))
+            .map_err(|e| Error::Channel {
+                path: PathBuf::from("<embedded>"),
+                detail: e.to_string(),
+            })?;
+        let running = Arc::new(running);
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("listener non-blocking", e))?;
+        let connections = Arc::new(AtomicU64::new(0));
+        let accept = {
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| Error::io("listener into the runtime", e))?;
+            let running = Arc::clone(&running);
+            let connections = Arc::clone(&connections);
+            runtime.spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    connections.fetch_add(1, Ordering::Relaxed);
+                    running.serve_embedded(stream, AUTHORITY);
+                }
+            })
+        };
+        Ok(Self {
+            runtime,
+            running,
+            accept,
+            memory,
+            log_file,
+            connections,
+        })
+    }
+
+    /// Stop (the sandbox is gone, so connections are closing), flush the decision log and
+    /// return the denials it recorded during the run.
+    pub fn finish(self) -> Vec<Denial> {
+        self.accept.abort();
+        let log = self.running.log().clone();
+        let _ = self.runtime.block_on(self.accept);
+        if let Ok(running) = Arc::try_unwrap(self.running) {
+            self.runtime.block_on(async {
+                let _ = tokio::time::timeout(Duration::from_secs(2), running.shutdown()).await;
+            });
+        }
+        log.flush();
+        let lines: Vec<String> = match &self.log_file {
+            None => self.memory.lock().map(|l| l.clone()).unwrap_or_default(),
+            Some((path, offset)) => read_from(path, *offset),
+        };
+        self.runtime.shutdown_timeout(Duration::from_millis(200));
+        lines
+            .iter()
+            .filter_map(|l| denial_from_log_line(l))
+            .collect()
+    }
+}
+
+fn read_from(path: &Path, offset: u64) -> Vec<String> {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    if f.seek(std::io::SeekFrom::Start(offset)).is_err() {
+        return Vec::new();
+    }
+    std::io::BufReader::new(f)
+        .lines()
+        .map_while(std::result::Result::ok)
+        .collect()
+}
+
+/// A denial from one decision-log line (design section 10), `None` for other lines.
+pub fn denial_from_log_line(line: &str) -> Option<Denial> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    if v.get("event")?.as_str()? != "decision" || v.get("decision")?.as_str()? != "deny" {
+        return None;
+    }
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let protocol = match v.get("protocol").and_then(|p| p.as_str()) {
+        Some("socks5") => "socks5",
+        _ => "http",
+    };
+    Some(Denial {
+        protocol,
+        status: 0,
+        reason: s("reason"),
+        host: s("host"),
+        port: v
+            .get("port")
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok()),
+        detail: s("detail"),
+        hint: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn flags_build_a_valid_one_authority_grant() {
+        let c = config(
+            &["example.com".into(), "*.example.org:443".into()],
+            &[],
+            &["127.0.0.1/32".into()],
+        )
+        .unwrap();
+        assert_eq!(c.authorities.len(), 1);
+    }
+
+    #[test]
+    fn bad_patterns_are_rejected_with_the_entry() {
+        let e = config(&["*.com".into()], &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("*.com"), "{e}");
+    }
+
+    #[test]
+    fn denial_lines_are_recognised() {
+        let line = r#"{"event":"decision","ts":"t","id":1,"conn":1,"authority":"shim","channel":"embedded","peer":{},"protocol":"connect","host":"evil.example","port":443,"decision":"deny","reason":"not_in_allowlist","detail":"d"}"#;
+        let d = denial_from_log_line(line).unwrap();
+        assert_eq!(d.reason.as_deref(), Some("not_in_allowlist"));
+        assert_eq!(d.port, Some(443));
+        assert!(denial_from_log_line(&line.replace("\"deny\"", "\"allow\"")).is_none());
+    }
+}

@@ -1,0 +1,109 @@
+//! The shim's one error type. Every message names what failed and, where the user can do
+//! something about it, what would fix it.
+
+use std::path::PathBuf;
+
+/// Everything that can stop the shim from confining and running a command.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The flags or the profile ask for something inconsistent or unsupported.
+    #[error("invalid settings: {0}")]
+    Usage(String),
+
+    /// A `--profile` file could not be read.
+    #[error("cannot read profile {path}: {source}")]
+    ProfileRead {
+        /// The profile file.
+        path: PathBuf,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
+
+    /// A `--profile` file is not valid TOML for the profile schema.
+    #[error("invalid profile {path}: {source}")]
+    ProfileParse {
+        /// The profile file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        source: toml::de::Error,
+    },
+
+    /// A path given in the settings could not be resolved.
+    #[error("{what} {path}: {source}")]
+    Path {
+        /// Which setting the path came from (e.g. `--allow-write`).
+        what: &'static str,
+        /// The path as given.
+        path: PathBuf,
+        /// Why it could not be resolved.
+        source: std::io::Error,
+    },
+
+    /// The kernel lacks something the sandbox needs; the shim refuses to run weaker.
+    #[error("missing kernel feature: {feature} ({detail}); {hint}")]
+    MissingFeature {
+        /// The feature, e.g. `Landlock` or `unprivileged user namespaces`.
+        feature: &'static str,
+        /// What the kernel answered.
+        detail: String,
+        /// What the user can do about it.
+        hint: &'static str,
+    },
+
+    /// A system call made while building the sandbox failed.
+    #[error("{op}: {source}")]
+    Sys {
+        /// The step that failed, e.g. `mount proc on /proc`.
+        op: String,
+        /// The errno.
+        source: nix::errno::Errno,
+    },
+
+    /// An I/O operation made while building the sandbox or relaying failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// The step that failed.
+        op: String,
+        /// The error.
+        source: std::io::Error,
+    },
+
+    /// Landlock could not be configured.
+    #[error("Landlock: {0}")]
+    Landlock(String),
+
+    /// The seccomp filter could not be built or installed.
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+
+    /// The mediator channel (its Unix socket) is unusable.
+    #[error("mediator channel {path}: {detail}")]
+    Channel {
+        /// The socket path.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::Sys`].
+    pub(crate) fn sys(op: impl Into<String>, source: nix::errno::Errno) -> Self {
+        Self::Sys {
+            op: op.into(),
+            source,
+        }
+    }
+
+    /// Shorthand for [`Error::Io`].
+    pub(crate) fn io(op: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            op: op.into(),
+            source,
+        }
+    }
+}
+
+/// The shim's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

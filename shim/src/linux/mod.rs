@@ -1,0 +1,539 @@
+//! The Linux backend: namespaces, filesystem view, Landlock, seccomp, capabilities, and
+//! the two processes that make a run.
+//!
+//! ```text
+//! shim (host namespaces)              relay threads: sandbox loopback listener -> Unix socket
+//!  `- init  (PID 1 of new user, mount, PID, IPC, network namespaces; no capabilities
+//!      |     after setup; reaps, forwards signals; its death kills the namespace)
+//!      `- COMMAND (new session, caps dropped, no_new_privs, Landlock, seccomp)
+//! ```
+//!
+//! The outer shim never enters the sandbox; the sandbox never sees the Unix socket.
+
+mod fs;
+mod landlock;
+mod seccomp;
+mod sys;
+
+use std::ffi::{CString, OsString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
+use nix::sys::wait::{WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+pub use fs::Placeholder;
+
+use crate::cli::{ChannelSpec, Degradation, Settings};
+use crate::error::{Error, Result};
+use crate::relay::{self, RelayStats, Report};
+
+/// Exit status of the shim when it fails itself (as `docker run` and `env` do).
+pub const EXIT_SHIM_FAILURE: i32 = 125;
+/// Exit status when the command exists but cannot be executed.
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit status when the command is not found.
+pub const EXIT_NOT_FOUND: i32 = 127;
+
+/// Signals the shim and the inner init forward to the command.
+const FORWARDED: &[Signal] = &[
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+];
+
+fn forwarded_and_chld() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(*s);
+    }
+    set.add(Signal::SIGCHLD);
+    set
+}
+
+/// Everything the inner stage needs, prepared by the outer shim before `clone`.
+struct InnerPlan {
+    fs: fs::FsPlan,
+    filters: seccomp::Filters,
+    landlock: bool,
+    uid: u32,
+    gid: u32,
+    cwd: PathBuf,
+    program: CString,
+    args: Vec<CString>,
+    env: Vec<(OsString, OsString)>,
+    handoff: OwnedFd,
+}
+
+/// Confine and run `settings.command`; returns its exit status (128+N for signal N).
+///
+/// Placeholders created for missing protected paths are removed before returning, and by
+/// a janitor process if the shim itself is killed.
+///
+/// # Errors
+/// Any [`Error`] that stops the sandbox from being built exactly as asked. Errors that
+/// happen inside the sandbox after `clone` are printed there and yield
+/// [`EXIT_SHIM_FAILURE`].
+pub fn run(settings: &Settings) -> Result<i32> {
+    let channel = match &settings.channel {
+        ChannelSpec::Socket(p) => {
+            check_socket(p)?;
+            Channel::Socket(p.clone())
+        }
+        ChannelSpec::Embedded {
+            allow,
+            deny,
+            allow_private,
+            decision_log,
+        } => Channel::Embedded(
+            Box::new(crate::embedded::config(allow, deny, allow_private)?),
+            decision_log.clone(),
+        ),
+    };
+    let mut plan = fs::FsPlan::default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .and_then(|h| std::fs::canonicalize(h).ok());
+    let planned = fs::plan(
+        &settings.allow_write,
+        &settings.deny_read,
+        &settings.allow_read,
+        home.as_deref(),
+        &mut plan,
+    );
+    let placeholders = plan.placeholders.clone();
+    let janitor = match &planned {
+        Ok(()) if !placeholders.is_empty() => match spawn_janitor(&placeholders) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                placeholders.iter().rev().for_each(Placeholder::remove);
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
+    let result = planned.and_then(|()| run_planned(settings, plan, channel));
+    placeholders.iter().rev().for_each(Placeholder::remove);
+    if let Some(w) = janitor {
+        // Tell the janitor the placeholders are handled: a later run may already have
+        // created new ones at the same paths (and inode numbers get reused).
+        let _ = nix::unistd::write(&w, b"d");
+    }
+    result
+}
+
+fn check_socket(socket: &Path) -> Result<()> {
+    let meta = std::fs::metadata(socket).map_err(|e| Error::Channel {
+        path: socket.to_owned(),
+        detail: e.to_string(),
+    })?;
+    if !meta.file_type().is_socket() {
+        return Err(Error::Channel {
+            path: socket.to_owned(),
+            detail: "not a Unix socket".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Where the sandbox's proxy connections go.
+enum Channel {
+    /// Relayed to a running mediator's per-authority Unix socket.
+    Socket(PathBuf),
+    /// Served by an in-process mediator (validated config, decision-log file).
+    Embedded(Box<policy::config::Config>, Option<PathBuf>),
+}
+
+/// What serves the listener once the sandbox handed it out.
+enum Serving {
+    Relay(PathBuf, Arc<RelayStats>),
+    Embedded(crate::embedded::Embedded),
+    Nothing,
+}
+
+fn run_planned(settings: &Settings, fs_plan: fs::FsPlan, channel: Channel) -> Result<i32> {
+    let filters = seccomp::build(settings.allow_unix_sockets)?;
+    let (program, args) = command_cstrings(&settings.command)?;
+    let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    let (outer, inner) = nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::sys("socketpair for the listener hand-off", e))?;
+
+    // Signals are blocked from here on, in this process and (inherited) in init; both
+    // take them with sigwait. Blocking before clone leaves no window in which a signal
+    // would kill the shim with its setup half done.
+    let mask = forwarded_and_chld();
+    mask.thread_block()
+        .map_err(|e| Error::sys("block signals", e))?;
+
+    let mut inner_plan = Some(InnerPlan {
+        fs: fs_plan,
+        filters,
+        landlock: !settings.degraded(Degradation::Landlock),
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+        cwd,
+        program,
+        args,
+        env: std::env::vars_os().collect(),
+        handoff: inner,
+    });
+    let keep_fd = inner_plan.as_ref().map(|p| p.handoff.as_raw_fd());
+    let flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWNET;
+    let init = sys::clone_into_namespaces(
+        flags,
+        Box::new(|| {
+            // Only the first call matters: the callback runs once, in the child.
+            let code = match inner_plan.take() {
+                Some(p) => {
+                    let _ = sys::close_fds_except(&keep_fd.into_iter().collect::<Vec<_>>());
+                    inner_main(p)
+                }
+                None => EXIT_SHIM_FAILURE,
+            };
+            sys::exit_now(code)
+        }),
+    );
+    let init = match init {
+        Ok(pid) => pid,
+        Err(e @ (Errno::EPERM | Errno::ENOSPC | Errno::EINVAL | Errno::EUSERS)) => {
+            return Err(Error::MissingFeature {
+                feature: "user namespaces (with mount, PID, IPC and network namespaces)",
+                detail: format!("clone failed: {e}"),
+                hint: "allow unprivileged user namespaces (kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0, no AppArmor userns restriction) or run as root",
+            });
+        }
+        Err(e) => return Err(Error::sys("clone into new namespaces", e)),
+    };
+    drop(inner_plan);
+
+    // The listener, bound inside the sandbox's network namespace, arrives first.
+    let mut port_bytes = [0u8; 2];
+    let received = sys::recv_fd(outer.as_fd(), &mut port_bytes);
+    drop(outer);
+    let serving = match (received, channel) {
+        (Ok(Some((fd, 2))), Channel::Socket(socket)) => {
+            let listener = std::net::TcpListener::from(fd);
+            let stats = Arc::new(RelayStats::default());
+            let (sock, st) = (socket.clone(), Arc::clone(&stats));
+            std::thread::Builder::new()
+                .name("relay-accept".into())
+                .spawn(move || relay::serve(listener, sock, st))
+                .map_err(|e| Error::io("start the relay", e))?;
+            Serving::Relay(socket, stats)
+        }
+        (Ok(Some((fd, 2))), Channel::Embedded(config, log)) => {
+            let listener = std::net::TcpListener::from(fd);
+            match crate::embedded::Embedded::start(*config, listener, log.as_deref()) {
+                Ok(e) => Serving::Embedded(e),
+                Err(e) => {
+                    // The command may already run: stop the whole sandbox.
+                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+                    let _ = nix::sys::wait::waitpid(init, None);
+                    return Err(e);
+                }
+            }
+        }
+        // Init failed before handing the listener over; it printed why. Its status says
+        // how it ended.
+        _ => Serving::Nothing,
+    };
+
+    let code = supervise(init, &mask);
+    let (channel, connections, channel_errors, denials, source) = match serving {
+        Serving::Relay(socket, stats) => (
+            socket.display().to_string(),
+            stats.connections.load(Ordering::Relaxed),
+            stats.channel_errors.load(Ordering::Relaxed),
+            stats.denials.lock().map(|d| d.clone()).unwrap_or_default(),
+            "relay: denials seen in the mediator's replies on this run's channel",
+        ),
+        Serving::Embedded(e) => {
+            let connections = e.connections.load(Ordering::Relaxed);
+            (
+                "embedded".to_owned(),
+                connections,
+                0,
+                e.finish(),
+                "decision log of the embedded mediator",
+            )
+        }
+        Serving::Nothing => (
+            String::new(),
+            0,
+            0,
+            Vec::new(),
+            "none: the sandbox did not start",
+        ),
+    };
+    if let Some(dest) = &settings.report {
+        let report = Report {
+            report: "shim",
+            channel,
+            exit_status: code,
+            connections,
+            channel_errors,
+            denials: &denials,
+            source,
+        };
+        let text = serde_json::to_string(&report)
+            .map_err(|e| Error::io("serialise the report", e.into()))?;
+        match dest {
+            None => eprintln!("{text}"),
+            Some(path) => std::fs::write(path, format!("{text}\n"))
+                .map_err(|e| Error::io(format!("write report {}", path.display()), e))?,
+        }
+    }
+    Ok(code)
+}
+
+fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
+    let to_c = |s: &OsString| {
+        CString::new(s.as_bytes())
+            .map_err(|_| Error::Usage("the command contains a NUL byte".into()))
+    };
+    let args = command.iter().map(to_c).collect::<Result<Vec<_>>>()?;
+    let program = args
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::Usage("no command".into()))?;
+    Ok((program, args))
+}
+
+/// Forward signals to init until it exits; return its status the shell way.
+fn supervise(init: Pid, mask: &SigSet) -> i32 {
+    loop {
+        match nix::sys::wait::waitpid(init, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => return EXIT_SHIM_FAILURE,
+        }
+        match mask.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(sig) => {
+                let _ = nix::sys::signal::kill(init, sig);
+            }
+        }
+    }
+}
+
+/// A process outside the sandbox that removes the placeholders if the shim dies without
+/// doing it (SIGKILL). It waits for EOF on a pipe whose only writer is the shim.
+fn spawn_janitor(placeholders: &[Placeholder]) -> Result<OwnedFd> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| Error::sys("janitor pipe", e))?;
+    match sys::fork_process().map_err(|e| Error::sys("fork the janitor", e))? {
+        Some(_) => {
+            drop(r);
+            Ok(w)
+        }
+        None => {
+            drop(w);
+            let _ = nix::unistd::setsid();
+            for s in FORWARDED {
+                sys::ignore_signal(*s);
+            }
+            let _ = SigSet::all().thread_unblock();
+            let _ = sys::close_fds_except(&[r.as_raw_fd()]);
+            // Hold none of the caller's stdio: a reader waiting for EOF on the shim's
+            // output must not wait for the janitor.
+            if let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+            {
+                for fd in 0..3 {
+                    let _ = sys::dup_onto(null.as_fd(), fd);
+                }
+            }
+            let mut b = [0u8; 1];
+            loop {
+                match nix::unistd::read(&r, &mut b) {
+                    Err(Errno::EINTR) => {}
+                    Ok(0) => break, // the shim died: clean up for it
+                    Ok(_) | Err(_) => sys::exit_now(0), // the shim cleaned up itself
+                }
+            }
+            // The shim is gone (or done); the sandbox dies with it (PR_SET_PDEATHSIG), and
+            // removing a path that is a mount point in another namespace only detaches it.
+            for p in placeholders.iter().rev() {
+                p.remove();
+            }
+            sys::exit_now(0)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Inside: PID 1 of the new namespaces.
+
+fn inner_main(plan: InnerPlan) -> i32 {
+    match inner_setup_and_run(plan) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("shim: {e}");
+            EXIT_SHIM_FAILURE
+        }
+    }
+}
+
+fn write_file(path: &str, content: &str) -> Result<()> {
+    std::fs::write(path, content).map_err(|e| Error::io(format!("write {path}"), e))
+}
+
+fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
+    // If the shim dies, so does init, and with it every process in the PID namespace.
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| Error::sys("PR_SET_PDEATHSIG", e))?;
+    nix::unistd::setsid().map_err(|e| Error::sys("setsid", e))?;
+
+    // Map our own uid/gid only (what an unprivileged process may do; the same as root).
+    write_file("/proc/self/setgroups", "deny")?;
+    write_file("/proc/self/uid_map", &format!("{0} {0} 1\n", plan.uid))?;
+    write_file("/proc/self/gid_map", &format!("{0} {0} 1\n", plan.gid))?;
+
+    // Loopback up, the proxy listener bound on it and handed to the outer shim.
+    let probe = nix::sys::socket::socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::sys("socket for loopback setup", e))?;
+    sys::loopback_up(probe.as_fd()).map_err(|e| Error::sys("bring up lo", e))?;
+    drop(probe);
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| Error::io("bind 127.0.0.1:0 in the sandbox", e))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Error::io("listener address", e))?
+        .port();
+    sys::send_fd(plan.handoff.as_fd(), listener.as_fd(), &port.to_be_bytes())
+        .map_err(|e| Error::sys("hand the listener to the shim", e))?;
+    drop(listener);
+    drop(plan.handoff);
+
+    fs::apply(&plan.fs)?;
+
+    let env = crate::env::command_env(plan.env, port);
+    let env: Vec<CString> = env
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).ok()
+        })
+        .collect();
+
+    // The command.
+    let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
+        let Err(e) = exec_command(
+            &plan.cwd,
+            &plan.fs.writable_roots,
+            plan.landlock,
+            &plan.filters,
+            &plan.program,
+            &plan.args,
+            &env,
+        );
+        eprintln!("shim: {e}");
+        let code = match &e {
+            Error::Sys {
+                op,
+                source: Errno::ENOENT,
+            } if op.starts_with("execute") => EXIT_NOT_FOUND,
+            Error::Sys { op, .. } if op.starts_with("execute") => EXIT_CANNOT_EXECUTE,
+            _ => EXIT_SHIM_FAILURE,
+        };
+        sys::exit_now(code)
+    };
+
+    // Init keeps no privilege it does not need to reap and forward signals.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
+    sys::drop_all_capabilities().map_err(|e| Error::sys("drop init's capabilities", e))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
+
+    let mask = forwarded_and_chld();
+    loop {
+        loop {
+            match nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok(code),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
+                    return Ok(128 + sig as i32);
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(e) => return Err(Error::sys("waitpid", e)),
+            }
+        }
+        match mask.wait() {
+            Ok(Signal::SIGCHLD) | Err(_) => {}
+            Ok(sig) => {
+                let _ = nix::sys::signal::kill(child, sig);
+            }
+        }
+    }
+}
+
+/// In the command's process: the last layers, then `execve`. Returns only on failure.
+fn exec_command(
+    cwd: &Path,
+    roots: &[PathBuf],
+    use_landlock: bool,
+    filters: &seccomp::Filters,
+    program: &CString,
+    args: &[CString],
+    env: &[CString],
+) -> Result<std::convert::Infallible> {
+    SigSet::empty()
+        .thread_set_mask()
+        .map_err(|e| Error::sys("unblock signals", e))?;
+    sys::reset_signal_dispositions();
+    // Re-resolve the working directory through the new mounts (the inherited one still
+    // points into the tree as it was before the writable copies were attached).
+    nix::unistd::chdir(cwd).map_err(|e| {
+        Error::sys(
+            format!(
+                "working directory {} is not visible in the sandbox",
+                cwd.display()
+            ),
+            e,
+        )
+    })?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
+    if use_landlock {
+        landlock::restrict_writes(roots)?;
+    }
+    sys::drop_all_capabilities().map_err(|e| Error::sys("drop capabilities", e))?;
+    filters.install()?;
+    let e = nix::unistd::execvpe(program, args, env)
+        .err()
+        .unwrap_or(Errno::EINVAL);
+    Err(Error::sys(
+        format!("execute {}", program.to_string_lossy()),
+        e,
+    ))
+}

@@ -1,0 +1,435 @@
+//! Every `unsafe` block of the shim lives here: thin wrappers over the Linux system calls
+//! that `nix` does not cover (the new mount API, `capset`, the capability `prctl`s,
+//! `close_range`, `SIOCSIFFLAGS`) and over `clone`/`fork`.
+//!
+//! Each wrapper turns the raw return value into a `Result` and never keeps a pointer
+//! beyond the call. Nothing here decides policy: callers in the sibling modules do.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::unistd::Pid;
+
+/// `open_tree(2)` flag: make a detached copy of the tree instead of an `O_PATH` handle.
+pub(crate) const OPEN_TREE_CLONE: u32 = 1;
+/// `open_tree(2)` / `mount_setattr(2)` flag: include every mount below the path.
+pub(crate) const AT_RECURSIVE: u32 = 0x8000;
+/// Operate on the fd itself (empty path).
+const AT_EMPTY_PATH: u32 = 0x1000;
+/// `move_mount(2)`: the source is the fd itself.
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+/// `mount_setattr(2)` attribute bits (`MOUNT_ATTR_*`).
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// No set-user-ID / set-group-ID execution.
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// No device special files.
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// No execution.
+pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const FSOPEN_CLOEXEC: u32 = 1;
+const FSMOUNT_CLOEXEC: u32 = 1;
+const FSCONFIG_SET_FLAG: u32 = 0;
+const FSCONFIG_SET_STRING: u32 = 1;
+const FSCONFIG_CMD_CREATE: u32 = 6;
+
+/// `struct mount_attr` (`MOUNT_ATTR_SIZE_VER0`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cstr(s: &str) -> Result<CString, Errno> {
+    CString::new(s).map_err(|_| Errno::EINVAL)
+}
+
+fn fd_result(rc: libc::c_long) -> Result<OwnedFd, Errno> {
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    let fd = RawFd::try_from(rc).map_err(|_| Errno::EBADF)?;
+    // SAFETY: the kernel just returned `fd` as a new descriptor owned by this process and
+    // nothing else holds it yet, so `OwnedFd` becomes its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn unit_result(rc: libc::c_long) -> Result<(), Errno> {
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+fn dirfd_raw(dirfd: Option<BorrowedFd<'_>>) -> libc::c_long {
+    libc::c_long::from(dirfd.map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd()))
+}
+
+/// `open_tree(2)`: with [`OPEN_TREE_CLONE`] a detached copy of the mount at `path`
+/// (relative to `dirfd`, or the cwd), which later calls may reshape and attach.
+pub(crate) fn open_tree(
+    dirfd: Option<BorrowedFd<'_>>,
+    path: &CStr,
+    flags: u32,
+) -> Result<OwnedFd, Errno> {
+    let flags = flags | libc::O_CLOEXEC as u32;
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call; the kernel
+    // only reads it. The return value is checked by `fd_result`.
+    let rc = unsafe { libc::syscall(libc::SYS_open_tree, dirfd_raw(dirfd), path.as_ptr(), flags) };
+    fd_result(rc)
+}
+
+/// `move_mount(2)`: attach the detached (or attached) mount `from` at `to_path`.
+/// `to_flags` may hold `MOVE_MOUNT_T_*` bits; 0 follows no trailing symlink on the target.
+pub(crate) fn move_mount(
+    from: BorrowedFd<'_>,
+    to_dirfd: Option<BorrowedFd<'_>>,
+    to_path: &CStr,
+    to_flags: u32,
+) -> Result<(), Errno> {
+    let empty = c"";
+    // SAFETY: both strings are valid and NUL-terminated for the duration of the call, the
+    // descriptors are borrowed (open) for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            from.as_raw_fd(),
+            empty.as_ptr(),
+            dirfd_raw(to_dirfd),
+            to_path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | to_flags,
+        )
+    };
+    unit_result(rc)
+}
+
+/// `mount_setattr(2)` on the mount that `fd` refers to (`recursive`: and everything below).
+pub(crate) fn mount_setattr_fd(
+    fd: BorrowedFd<'_>,
+    recursive: bool,
+    set: u64,
+    clear: u64,
+) -> Result<(), Errno> {
+    mount_setattr_at(
+        Some(fd),
+        c"",
+        AT_EMPTY_PATH | if recursive { AT_RECURSIVE } else { 0 },
+        set,
+        clear,
+    )
+}
+
+/// `mount_setattr(2)` on the mount at `path`.
+pub(crate) fn mount_setattr_path(
+    path: &CStr,
+    recursive: bool,
+    set: u64,
+    clear: u64,
+) -> Result<(), Errno> {
+    mount_setattr_at(
+        None,
+        path,
+        if recursive { AT_RECURSIVE } else { 0 },
+        set,
+        clear,
+    )
+}
+
+fn mount_setattr_at(
+    dirfd: Option<BorrowedFd<'_>>,
+    path: &CStr,
+    flags: u32,
+    set: u64,
+    clear: u64,
+) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` living on our stack for the
+    // whole call and its exact size is passed; `path` is a valid C string.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd_raw(dirfd),
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    };
+    unit_result(rc)
+}
+
+/// Create a detached mount of a new `fstype` instance configured with `options`
+/// (`("key", Some("value"))` for strings, `("key", None)` for flags), mounted with the
+/// `MOUNT_ATTR_*` bits in `attrs`.
+pub(crate) fn new_fs_mount(
+    fstype: &str,
+    options: &[(&str, Option<&str>)],
+    attrs: u64,
+) -> Result<OwnedFd, Errno> {
+    let fstype = cstr(fstype)?;
+    // SAFETY: `fstype` is a valid C string; the result is checked.
+    let fsfd =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) })?;
+    for (key, value) in options {
+        let key = cstr(key)?;
+        let value = value.map(cstr).transpose()?;
+        let (cmd, vptr) = match &value {
+            Some(v) => (FSCONFIG_SET_STRING, v.as_ptr()),
+            None => (FSCONFIG_SET_FLAG, std::ptr::null()),
+        };
+        // SAFETY: `fsfd` is open; `key` and `value` are valid C strings (or NULL for a flag,
+        // as fsconfig(2) requires) that outlive the call.
+        unit_result(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fsfd.as_raw_fd(),
+                cmd,
+                key.as_ptr(),
+                vptr,
+                0,
+            )
+        })?;
+    }
+    // SAFETY: FSCONFIG_CMD_CREATE takes no key or value pointers.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fsfd.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })?;
+    // SAFETY: `fsfd` is an open filesystem context; the result is checked.
+    fd_result(unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) })
+}
+
+/// Spawn `cb` as a child process in new namespaces (`flags`), like `fork` but with the
+/// namespaces created atomically. Returns the child's pid; `SIGCHLD` is its exit signal.
+///
+/// The caller must be single-threaded: the child starts as a copy of this process.
+pub(crate) fn clone_into_namespaces(
+    flags: CloneFlags,
+    cb: Box<dyn FnMut() -> isize + '_>,
+) -> Result<Pid, Errno> {
+    // The child runs on its own copy of this buffer (no CLONE_VM), so dropping our copy
+    // once `clone` returns cannot affect it. 1 MiB is plenty for the setup code, and
+    // pages that are never touched cost nothing.
+    let mut stack = vec![0u8; 1 << 20];
+    // SAFETY: no CLONE_VM, so the child gets a private copy of the address space, just as
+    // after `fork`; the caller guarantees no other thread exists (documented contract, and
+    // `launch` clones before it starts any thread), so no lock can be held in the copy.
+    unsafe { nix::sched::clone(cb, &mut stack, flags, Some(libc::SIGCHLD)) }
+}
+
+/// Plain `fork`, returning `None` in the child.
+///
+/// The caller must be single-threaded (inner init, janitor spawn), see the SAFETY note.
+pub(crate) fn fork_process() -> Result<Option<Pid>, Errno> {
+    // SAFETY: every caller runs in a single-threaded process (the inner init, or the outer
+    // shim before it starts its relay threads), so the child cannot inherit a held lock.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Some(child)),
+        nix::unistd::ForkResult::Child => Ok(None),
+    }
+}
+
+/// `_exit(2)`: leave immediately, without running destructors or flushing stdio buffers
+/// (a forked child must not flush its parent's buffers twice).
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` has no preconditions and does not return.
+    unsafe { libc::_exit(code) }
+}
+
+fn prctl(op: libc::c_int, a: libc::c_ulong, b: libc::c_ulong) -> Result<(), Errno> {
+    // SAFETY: the prctl operations used here take integer arguments only.
+    let rc = unsafe { libc::prctl(op, a, b, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
+/// Drop every capability from the bounding set, clear the ambient set, lock the
+/// securebits so that uid 0 never regains capabilities on `execve`, and zero the
+/// effective, permitted and inheritable sets. Needs `CAP_SETPCAP` for the first steps, so
+/// it must run while the caller still holds its user-namespace capabilities.
+pub(crate) fn drop_all_capabilities() -> Result<(), Errno> {
+    for cap in 0..=63u64 {
+        match prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0) {
+            Ok(()) => {}
+            Err(Errno::EINVAL) => break, // past the kernel's last capability
+            Err(e) => return Err(e),
+        }
+    }
+    prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+    )?;
+    // SECBIT_NOROOT | _LOCKED, NO_SETUID_FIXUP | _LOCKED, KEEP_CAPS_LOCKED,
+    // NO_CAP_AMBIENT_RAISE | _LOCKED.
+    prctl(libc::PR_SET_SECUREBITS, 0xEF, 0)?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    }; // _LINUX_CAPABILITY_VERSION_3
+    let data = [
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and the two-element data array are the v3 layout capset(2) expects
+    // and live on our stack for the whole call.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
+    unit_result(rc)
+}
+
+/// Close every descriptor from `first` up, except those the kernel refuses.
+pub(crate) fn close_fds_from(first: RawFd) -> Result<(), Errno> {
+    let first = u32::try_from(first).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: close_range only closes descriptors; callers pass a floor above every fd
+    // they still use (Rust objects owning fds below `first` stay valid).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+    unit_result(rc)
+}
+
+/// Bring the loopback interface up in the current network namespace (`ip link set lo up`).
+pub(crate) fn loopback_up(sock: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: `ifreq` is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads `ifr_name` and writes `ifr_ifru.ifru_flags` in our `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the union member `ifru_flags` was just written by the kernel.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    req.ifr_ifru.ifru_flags = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads our fully initialised `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Send `fd` and a small payload over a connected Unix socket (SCM_RIGHTS).
+pub(crate) fn send_fd(
+    sock: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    payload: &[u8],
+) -> Result<(), Errno> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
+    let fds = [fd.as_raw_fd()];
+    let iov = [std::io::IoSlice::new(payload)];
+    sendmsg::<UnixAddr>(
+        sock.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map(drop)
+}
+
+/// Receive one descriptor and its payload sent by [`send_fd`]. `Ok(None)` on EOF (the
+/// peer exited without sending).
+pub(crate) fn recv_fd(
+    sock: BorrowedFd<'_>,
+    payload: &mut [u8],
+) -> Result<Option<(OwnedFd, usize)>, Errno> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(payload)];
+    let msg = recvmsg::<UnixAddr>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
+    let n = msg.bytes;
+    let mut received = None;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for fd in fds {
+                // SAFETY: SCM_RIGHTS just installed `fd` in our table; nobody else owns it.
+                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                if received.is_none() {
+                    received = Some(owned);
+                }
+            }
+        }
+    }
+    match received {
+        Some(fd) => Ok(Some((fd, n))),
+        None if n == 0 => Ok(None),
+        None => Err(Errno::EPROTO),
+    }
+}
+
+/// Close every descriptor from 3 up except `keep`.
+pub(crate) fn close_fds_except(keep: &[RawFd]) -> Result<(), Errno> {
+    let mut keep: Vec<RawFd> = keep.iter().copied().filter(|fd| *fd >= 3).collect();
+    keep.sort_unstable();
+    let mut from: RawFd = 3;
+    for k in keep {
+        if k > from {
+            // SAFETY: closes only descriptors in [from, k-1], none of which the caller keeps.
+            unit_result(unsafe {
+                libc::syscall(libc::SYS_close_range, from as u32, (k - 1) as u32, 0)
+            })?;
+        }
+        from = k + 1;
+    }
+    close_fds_from(from)
+}
+
+/// Reset every catchable signal to its default disposition (Rust ignores SIGPIPE; an
+/// ignored signal would survive `execve` into the command).
+pub(crate) fn reset_signal_dispositions() {
+    use nix::sys::signal::{SigHandler, Signal};
+    for sig in Signal::iterator() {
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL runs no code of ours in signal context.
+        let _ = unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) };
+    }
+}
+
+/// Ignore `sig` (for the janitor, which must outlive terminal signals).
+pub(crate) fn ignore_signal(sig: nix::sys::signal::Signal) {
+    // SAFETY: installing SIG_IGN runs no code of ours in signal context.
+    let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
+}
+
+/// `dup2(fd, target)`: make descriptor number `target` refer to `fd`'s file.
+pub(crate) fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> Result<(), Errno> {
+    // SAFETY: dup2 only changes the descriptor table; `target` is one of the standard
+    // descriptors, which no Rust object in the janitor owns.
+    let rc = unsafe { libc::dup2(fd.as_raw_fd(), target) };
+    if rc < 0 { Err(Errno::last()) } else { Ok(()) }
+}

@@ -1,0 +1,21 @@
+//! `shim` binary: parse flags, confine, run, and leave with the command's status.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use shim::cli::{Cli, Settings};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX)),
+        Err(e) => {
+            eprintln!("shim: {e:#}");
+            ExitCode::from(shim::linux::EXIT_SHIM_FAILURE as u8)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<i32> {
+    let settings = Settings::from_cli(Cli::parse())?;
+    Ok(shim::run(&settings)?)
+}

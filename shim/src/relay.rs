@@ -1,0 +1,309 @@
+//! The channel binding, host side: accept on the sandbox's loopback listener (whose fd the
+//! inner stage handed out) and carry each connection to the authority's Unix socket.
+//!
+//! The relay never interprets what it carries, except to notice the mediator's denial
+//! replies in the first response of each connection for `--report` (an HTTP response with
+//! `X-Mediator-Decision: deny; ...` and its JSON body, or a SOCKS5 reply code 0x02).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+/// One denial the relay saw in a mediator reply.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Denial {
+    /// `http` (HTTP CONNECT or absolute-form) or `socks5`.
+    pub protocol: &'static str,
+    /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
+    pub status: u16,
+    /// The decision reason (`not_in_allowlist`, ...); `None` when the reply carries none
+    /// (SOCKS5).
+    pub reason: Option<String>,
+    /// Destination host, from the mediator's JSON body.
+    pub host: Option<String>,
+    /// Destination port, from the mediator's JSON body.
+    pub port: Option<u16>,
+    /// The mediator's `detail`.
+    pub detail: Option<String>,
+    /// The mediator's `hint`.
+    pub hint: Option<String>,
+}
+
+/// What the relay counted during the run.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Connections accepted from the sandbox.
+    pub connections: AtomicU64,
+    /// Connections that could not reach the mediator socket.
+    pub channel_errors: AtomicU64,
+    /// Denials seen in mediator replies.
+    pub denials: Mutex<Vec<Denial>>,
+}
+
+/// Accept forever, one pair of threads per connection.
+pub(crate) fn serve(listener: TcpListener, socket: PathBuf, stats: Arc<RelayStats>) {
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        stats.connections.fetch_add(1, Ordering::Relaxed);
+        let socket = socket.clone();
+        let stats = Arc::clone(&stats);
+        let _ = std::thread::Builder::new()
+            .name("relay".into())
+            .spawn(move || relay_one(conn, &socket, &stats));
+    }
+}
+
+fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
+    let Ok(upstream) = UnixStream::connect(socket) else {
+        stats.channel_errors.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let (Ok(mut c_read), Ok(mut u_write)) = (client.try_clone(), upstream.try_clone()) else {
+        return;
+    };
+    let up = std::thread::Builder::new()
+        .name("relay-up".into())
+        .spawn(move || {
+            let _ = std::io::copy(&mut c_read, &mut u_write);
+            let _ = u_write.shutdown(Shutdown::Write);
+        });
+    let mut u_read = upstream;
+    let mut c_write = client;
+    // Down: sniff the first reply, then plain copy.
+    let mut sniff = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut sniffing = true;
+    loop {
+        let n = match u_read.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if c_write.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if sniffing {
+            sniff.extend_from_slice(&buf[..n]);
+            match inspect_reply(&sniff) {
+                Sniff::NeedMore if sniff.len() < 16 * 1024 => {}
+                Sniff::Denied(d) => {
+                    if let Ok(mut v) = stats.denials.lock() {
+                        v.push(d);
+                    }
+                    sniffing = false;
+                }
+                _ => sniffing = false,
+            }
+            if !sniffing {
+                sniff = Vec::new();
+            }
+        }
+    }
+    if sniffing {
+        if let Sniff::Denied(d) = inspect_reply_final(&sniff) {
+            if let Ok(mut v) = stats.denials.lock() {
+                v.push(d);
+            }
+        }
+    }
+    let _ = c_write.shutdown(Shutdown::Write);
+    if let Ok(h) = up {
+        let _ = h.join();
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Sniff {
+    NeedMore,
+    NotDenied,
+    Denied(Denial),
+}
+
+/// Look at the first bytes the mediator sent on a connection.
+fn inspect_reply(b: &[u8]) -> Sniff {
+    if b.first() == Some(&0x05) {
+        // SOCKS5: method selection (2 bytes), then the reply: VER REP RSV ATYP ...
+        if b.len() < 4 {
+            return Sniff::NeedMore;
+        }
+        return match b[3] {
+            0x00 => Sniff::NotDenied,
+            0x02 => Sniff::Denied(Denial {
+                protocol: "socks5",
+                status: 2,
+                reason: None,
+                host: None,
+                port: None,
+                detail: None,
+                hint: None,
+            }),
+            _ => Sniff::NotDenied,
+        };
+    }
+    if !b.starts_with(b"HTTP/1.") {
+        return if b.len() < 7 && b"HTTP/1.".starts_with(b) {
+            Sniff::NeedMore
+        } else {
+            Sniff::NotDenied
+        };
+    }
+    let Some(head_end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Sniff::NeedMore;
+    };
+    let head = String::from_utf8_lossy(&b[..head_end]);
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse::<u16>().ok())
+        .unwrap_or(0);
+    let mut decision = None;
+    let mut length = None;
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("x-mediator-decision") {
+                decision = Some(v.trim().to_owned());
+            } else if k.trim().eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse::<usize>().ok();
+            }
+        }
+    }
+    let Some(decision) = decision else {
+        return Sniff::NotDenied;
+    };
+    if !decision.starts_with("deny") {
+        return Sniff::NotDenied;
+    }
+    let body = &b[head_end + 4..];
+    if let Some(len) = length {
+        if body.len() < len {
+            return Sniff::NeedMore;
+        }
+    }
+    let reason = decision
+        .split(';')
+        .filter_map(|p| p.trim().strip_prefix("reason="))
+        .next()
+        .map(str::to_owned);
+    let json: serde_json::Value =
+        serde_json::from_slice(&body[..length.unwrap_or(body.len()).min(body.len())])
+            .unwrap_or_default();
+    let s = |k: &str| json.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    Sniff::Denied(Denial {
+        protocol: "http",
+        status,
+        reason: reason.or_else(|| s("reason")),
+        host: s("host"),
+        port: json
+            .get("port")
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok()),
+        detail: s("detail"),
+        hint: s("hint"),
+    })
+}
+
+/// At EOF, a reply whose body was shorter than announced still counts.
+fn inspect_reply_final(b: &[u8]) -> Sniff {
+    match inspect_reply(b) {
+        Sniff::NeedMore => {
+            let mut padded = b.to_vec();
+            if !padded.windows(4).any(|w| w == b"\r\n\r\n") {
+                padded.extend_from_slice(b"\r\n\r\n");
+            }
+            match inspect_reply(&strip_length(&padded)) {
+                Sniff::Denied(d) => Sniff::Denied(d),
+                _ => Sniff::NotDenied,
+            }
+        }
+        other => other,
+    }
+}
+
+fn strip_length(b: &[u8]) -> Vec<u8> {
+    let Some(end) = b.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return b.to_vec();
+    };
+    let head = String::from_utf8_lossy(&b[..end]);
+    let kept: Vec<&str> = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+        .collect();
+    let mut out = kept.join("\r\n").into_bytes();
+    out.extend_from_slice(&b[end..]);
+    out
+}
+
+/// The `--report` document.
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    /// Always `"shim"`.
+    pub report: &'static str,
+    /// The channel (socket path) of the run.
+    pub channel: String,
+    /// The command's exit status as the shim returns it.
+    pub exit_status: i32,
+    /// Connections the sandbox opened to its proxy listener.
+    pub connections: u64,
+    /// Connections that could not reach the mediator socket.
+    pub channel_errors: u64,
+    /// Denials, in the order the relay saw them.
+    pub denials: &'a [Denial],
+    /// Where the denials come from.
+    pub source: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn http_denial_is_parsed_from_header_and_body() {
+        let body = r#"{"error":"egress_denied","authority":"a","host":"evil.example","port":443,"reason":"not_in_allowlist","detail":"no rule","hint":"add evil.example:443"}"#;
+        let reply = format!(
+            "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nX-Mediator-Decision: deny; reason=not_in_allowlist\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let Sniff::Denied(d) = inspect_reply(reply.as_bytes()) else {
+            panic!()
+        };
+        assert_eq!(d.status, 403);
+        assert_eq!(d.reason.as_deref(), Some("not_in_allowlist"));
+        assert_eq!(d.host.as_deref(), Some("evil.example"));
+        assert_eq!(d.port, Some(443));
+        assert_eq!(d.hint.as_deref(), Some("add evil.example:443"));
+        // Split across reads: needs more until the body is complete.
+        assert_eq!(
+            inspect_reply(&reply.as_bytes()[..reply.len() - 5]),
+            Sniff::NeedMore
+        );
+    }
+
+    #[test]
+    fn allowed_connect_and_origin_headers_are_not_denials() {
+        assert_eq!(
+            inspect_reply(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Sniff::NotDenied
+        );
+        assert_eq!(
+            inspect_reply(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"),
+            Sniff::NotDenied
+        );
+        assert_eq!(inspect_reply(b"\x16\x03\x01"), Sniff::NotDenied);
+    }
+
+    #[test]
+    fn socks5_not_allowed_reply_is_a_denial() {
+        assert!(matches!(
+            inspect_reply(&[5, 0, 5, 2, 0, 1, 0, 0, 0, 0, 0, 0]),
+            Sniff::Denied(_)
+        ));
+        assert_eq!(inspect_reply(&[5, 0, 5, 0, 0, 1]), Sniff::NotDenied);
+        assert_eq!(inspect_reply(&[5, 0]), Sniff::NeedMore);
+    }
+}
