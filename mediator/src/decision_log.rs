@@ -82,7 +82,7 @@ pub struct Record {
     pub channel: &'static str,
     /// Peer credentials (unix) or address (tcp).
     pub peer: Peer,
-    /// `"connect"`, `"http"` or `"socks5"`.
+    /// `"connect"`, `"http"`, `"socks5"` or `"tls"` (a request inside a terminated tunnel).
     pub protocol: &'static str,
     /// Canonical host, or the raw target (escaped) when it could not be canonicalised.
     pub host: Option<String>,
@@ -116,6 +116,13 @@ pub struct Record {
     /// Close lines: `client_closed`, `upstream_closed`, `idle_timeout`, `error`, `shutdown`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<&'static str>,
+    /// Requests inside a TLS-terminated tunnel (`protocol: "tls"`): the method.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Requests inside a TLS-terminated tunnel: the path, its query replaced by
+    /// `?<redacted>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// Where the log goes.

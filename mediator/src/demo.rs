@@ -60,7 +60,7 @@ pub async fn run() -> Result<(), Error> {
     let Some(tcp) = running.tcp_addr() else {
         return Err(Error::Io(std::io::Error::other("demo has no TCP listener")));
     };
-    let sock = |name: &str| running.socket_path(name).map(std::path::Path::to_path_buf);
+    let sock = |name: &str| running.socket_path(name);
     let port = origin_addr.port();
     let auth = format!(
         "Proxy-Authorization: Basic {}\r\n",

@@ -39,7 +39,21 @@ pub enum Error {
         /// The I/O error.
         source: io::Error,
     },
+    /// Routing cannot be set up (`[upstream]`): no usable PAC at start, an unusable proxy
+    /// environment variable, an unreadable parent credentials file.
+    #[error("upstream: {0}")]
+    Upstream(String),
     /// Any other I/O error.
     #[error(transparent)]
     Io(#[from] io::Error),
+    /// The metrics could not be registered.
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// TLS termination cannot be set up: the CA in `[tls] ca_dir` cannot be created or
+    /// loaded, or an `[tls] extra_ca_files` entry is unusable (the message names the file).
+    #[error("tls: {0}")]
+    Tls(String),
+    /// A control-plane operation (adding an authority at start) failed.
+    #[error("{0}")]
+    Control(String),
 }

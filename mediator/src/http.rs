@@ -70,8 +70,13 @@ where
             }
         }
         () = wait_true(&mut draining) => {
+            // Finish the request in flight (up to the shutdown grace), then close.
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            let mut closing = shared.closing.clone();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = wait_true(&mut closing) => {}
+            }
         }
     }
 }
@@ -84,6 +89,9 @@ struct Pooled {
     authority: String,
     sender: hyper::client::conn::http1::SendRequest<Incoming>,
     pin: std::net::SocketAddr,
+    route: crate::route::Route,
+    /// `Some` when the connection goes to an HTTP parent (absolute-form requests).
+    forward: Option<crate::route::ForwardProxy>,
 }
 
 async fn handle(
@@ -189,7 +197,11 @@ async fn connect(
         Err(denial) => return deny_response(Some(name), &label, &denial),
     };
     let on_upgrade = hyper::upgrade::on(req);
+    // The tunnel outlives the HTTP connection task: it counts as live on its own, so a
+    // graceful shutdown drains it and it still writes its close record.
+    let guard = shared.enter();
     tokio::spawn(async move {
+        let _guard = guard;
         match on_upgrade.await {
             Ok(upgraded) => {
                 crate::tunnel::run(
@@ -261,10 +273,13 @@ async fn forward(
             why: "userinfo is not allowed in a proxy target".into(),
         })
     } else {
-        match auth.port_u16() {
-            Some(_) => parse_authority_form(auth.as_str()),
-            None if auth.as_str().ends_with(':') => parse_authority_form(auth.as_str()),
-            None => canonicalize_host(auth.host()).map(|host| Target { host, port: 80 }),
+        // Only an authority that is exactly its host has no port (default 80); anything
+        // after the host (`:`, `:65536`, `:80a`) must parse as a port or the target is
+        // malformed, never silently port 80.
+        if auth.as_str() == auth.host() {
+            canonicalize_host(auth.host()).map(|host| Target { host, port: 80 })
+        } else {
+            parse_authority_form(auth.as_str())
         }
     };
     let target = match target {
@@ -283,7 +298,7 @@ async fn forward(
         Some(mut p) => p.sender.ready().await.is_ok().then_some(p),
         None => None,
     };
-    let (mut sender, pin) = match pooled {
+    let (mut sender, pin, route, forward) = match pooled {
         Some(p) => {
             let decision = authority.grant.decide(&target);
             if !decision.is_allow() {
@@ -292,8 +307,14 @@ async fn forward(
                 let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
                 return deny_response(Some(name), &label, &denial);
             }
-            shared.log_reuse(&ctx, "http", &label, decision.rule.as_deref(), p.pin);
-            (p.sender, p.pin)
+            shared.log_reuse(
+                &ctx,
+                "http",
+                &label,
+                decision.rule.as_deref(),
+                (p.pin, p.route),
+            );
+            (p.sender, p.pin, p.route, p.forward)
         }
         None => {
             let connected = match shared
@@ -303,6 +324,7 @@ async fn forward(
                 Ok(c) => c,
                 Err(denial) => return deny_response(Some(name), &label, &denial),
             };
+            let forward = connected.forward_proxy.clone();
             let counting = Counting::new(connected.stream);
             let counters = counting.counters();
             let handshake =
@@ -315,15 +337,25 @@ async fn forward(
                         format!("{target}: HTTP handshake failed: {e}"),
                         "the destination did not speak HTTP/1.1",
                     );
+                    let outcome = RelayOutcome {
+                        up: 0,
+                        down: 0,
+                        close_reason: "error",
+                    };
+                    shared.log_close(&ctx, "http", &label, connected.opened, outcome);
                     return deny_response(Some(name), &label, &denial);
                 }
             };
             let (shared2, ctx2, label2) = (Arc::clone(&shared), ctx.clone(), label.clone());
             let opened = connected.opened;
+            // Closes on revocation (after the grace) and on shutdown, like a tunnel.
+            let mut closing = connected.closing.clone();
+            let guard = shared.enter();
             tokio::spawn(async move {
-                let reason = match conn.await {
-                    Ok(()) => "upstream_closed",
-                    Err(_) => "error",
+                let _guard = guard;
+                let reason = tokio::select! {
+                    r = conn => if r.is_ok() { "upstream_closed" } else { "error" },
+                    () = wait_true(&mut closing) => "shutdown",
                 };
                 let (up, down) = counters.get();
                 let outcome = RelayOutcome {
@@ -333,11 +365,11 @@ async fn forward(
                 };
                 shared2.log_close(&ctx2, "http", &label2, opened, outcome);
             });
-            (sender, opened.pin)
+            (sender, opened.pin, opened.route, forward)
         }
     };
 
-    let upstream_req = match rebuild_request(req, &target) {
+    let upstream_req = match rebuild_request(req, &target, forward.as_ref()) {
         Ok(r) => r,
         Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
     };
@@ -349,6 +381,8 @@ async fn forward(
                     authority: name.to_owned(),
                     sender,
                     pin,
+                    route,
+                    forward,
                 });
             }
             let (mut parts, body) = resp.into_parts();
@@ -367,35 +401,50 @@ async fn forward(
     }
 }
 
-/// Builds the upstream request from canonical values: origin-form target, `Host` from the
-/// canonical target, hop-by-hop headers and `Proxy-Authorization` removed.
-fn rebuild_request(req: Request<Incoming>, target: &Target) -> Result<Request<Incoming>, String> {
+/// Builds the upstream request from canonical values: origin-form target (absolute-form
+/// `http://<canonical host[:port]><path>` when `forward` says the connection goes to an
+/// HTTP parent), `Host` from the canonical target, hop-by-hop headers and the client's
+/// `Proxy-Authorization` removed (a parent's comes from configuration only).
+fn rebuild_request(
+    req: Request<Incoming>,
+    target: &Target,
+    forward: Option<&crate::route::ForwardProxy>,
+) -> Result<Request<Incoming>, String> {
     let (mut parts, body) = req.into_parts();
     let path = parts
         .uri
         .path_and_query()
         .map_or("/", |pq| pq.as_str())
         .to_owned();
-    parts.uri = path
-        .parse::<Uri>()
-        .map_err(|e| format!("bad request path: {e}"))?;
-    parts.version = Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(header::HOST);
     let host = if target.port == 80 {
         target.host.to_uri_host()
     } else {
         format!("{}:{}", target.host.to_uri_host(), target.port)
     };
+    let request_target = match forward {
+        Some(_) => format!("http://{host}{path}"),
+        None => path,
+    };
+    parts.uri = request_target
+        .parse::<Uri>()
+        .map_err(|e| format!("bad request path: {e}"))?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
     let host = HeaderValue::from_str(&host).map_err(|e| format!("bad host: {e}"))?;
     parts.headers.insert(header::HOST, host);
+    if let Some(auth) = forward.and_then(|f| f.authorization.as_deref()) {
+        let value =
+            HeaderValue::from_str(auth).map_err(|e| format!("bad parent credentials: {e}"))?;
+        parts.headers.insert(header::PROXY_AUTHORIZATION, value);
+    }
     Ok(Request::from_parts(parts, body))
 }
 
 /// Removes hop-by-hop headers (RFC 9110 section 7.6.1): those named in `Connection`, and
 /// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
 /// `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -19,6 +19,7 @@ use policy::config::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, UnixListener};
 
+use crate::authorities::Live;
 use crate::decision_log::Peer;
 use crate::error::Error;
 use crate::pipeline::{Ctx, Shared};
@@ -31,15 +32,37 @@ use crate::pipeline::{Ctx, Shared};
 pub fn bind_unix(dir: &Path, auth: &Authority) -> Result<(UnixListener, PathBuf), Error> {
     let name = auth.grant.name();
     let path = dir.join(format!("{name}.sock"));
+    let listener = bind_socket_file(&path, auth.socket_mode, auth.socket_uid, auth.socket_gid)?;
+    Ok((listener, path))
+}
+
+/// Creates the Unix socket `path` with `mode` and optional owner, safely (see the module
+/// documentation); the parent directory is created if needed.
+///
+/// # Errors
+/// As [`bind_unix`].
+pub fn bind_socket_file(
+    path: &Path,
+    mode: u32,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> Result<UnixListener, Error> {
     let what = || format!("unix {}", path.display());
+    let dir = path.parent().ok_or_else(|| Error::Listen {
+        what: what(),
+        source: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a socket path needs a directory",
+        ),
+    })?;
     let err = |source: io::Error| Error::Listen {
         what: what(),
         source,
     };
     std::fs::create_dir_all(dir).map_err(err)?;
-    match std::fs::symlink_metadata(&path) {
+    match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     "another process is listening on this socket",
@@ -64,22 +87,25 @@ pub fn bind_unix(dir: &Path, auth: &Authority) -> Result<(UnixListener, PathBuf)
         .map_err(err)?;
     let tmp = staging.path().join("s");
     let listener = UnixListener::bind(&tmp).map_err(err)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(auth.socket_mode))
-        .map_err(err)?;
-    if auth.socket_uid.is_some() || auth.socket_gid.is_some() {
-        std::os::unix::fs::chown(&tmp, auth.socket_uid, auth.socket_gid).map_err(err)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    if uid.is_some() || gid.is_some() {
+        std::os::unix::fs::chown(&tmp, uid, gid).map_err(err)?;
     }
-    std::fs::rename(&tmp, &path).map_err(err)?;
-    Ok((listener, path))
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(listener)
 }
 
-/// Accepts on an authority's Unix socket until `draining` turns true.
-pub async fn accept_unix(listener: UnixListener, auth: Arc<Authority>, shared: Arc<Shared>) {
+/// Accepts on an authority's Unix socket until `draining` turns true or the authority is
+/// revoked (its stop signal); the listener is dropped, so closed, when this returns.
+pub async fn accept_unix(listener: UnixListener, live: Arc<Live>, shared: Arc<Shared>) {
     let mut draining = shared.draining.clone();
+    let mut stop = live.stop_signal();
+    let auth = Arc::clone(&live.authority);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             () = wait_true(&mut draining) => return,
+            () = wait_true(&mut stop) => return,
         };
         let (stream, _) = match accepted {
             Ok(pair) => pair,

@@ -1,4 +1,5 @@
-//! The `mediator` binary: run, check a config, run the demo, hash a token.
+//! The `mediator` binary: run (SIGHUP reloads the authorities), check a config, explain a
+//! decision, run the demo, hash a token.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -29,14 +30,34 @@ enum Command {
     Demo,
     /// Read a token on standard input and print its SHA-256 in hex (for `token_sha256`).
     HashToken,
+    /// Print the CA certificate (PEM) that TLS termination issues leaves from, creating
+    /// the CA in `[tls] ca_dir` if it is absent: for the trust stores of children.
+    CaCert,
+    /// Explain the decision for one authority and target with the same code as live
+    /// traffic. Exit status 0 when allowed, 1 when denied, 2 on error.
+    Explain {
+        /// The authority whose grant decides.
+        #[arg(long)]
+        authority: String,
+        /// HOST[:PORT] (IPv6 in brackets); the port defaults to 443.
+        target: String,
+        /// Also resolve the name with the configured resolver and vet every address.
+        #[arg(long)]
+        resolve: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MEDIATOR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("MEDIATOR_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,mediator::control=info")
+            }),
         )
         .init();
     let cli = Cli::parse();
@@ -58,12 +79,61 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if token.last() == Some(&b'\n') {
                 token.pop();
             }
+            if token.is_empty() {
+                anyhow::bail!("the token is empty; an empty token would accept an empty password");
+            }
             println!("{}", hex::encode(Sha256::digest(&token)));
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Demo) => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(mediator::demo::run())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Explain {
+            authority,
+            target,
+            resolve,
+            json,
+        }) => {
+            let path = cli.config.context("--config FILE is required")?;
+            let config = match mediator::config::load(&path) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            let e = rt.block_on(mediator::explain::explain(
+                &config, &authority, &target, resolve,
+            ))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+            } else {
+                print!("{}", mediator::explain::render_text(&e));
+            }
+            Ok(if e.decision == "allow" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Some(Command::CaCert) => {
+            let path = cli.config.context("--config FILE is required")?;
+            let config = match mediator::config::load(&path) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            let dir = config
+                .tls
+                .ca_dir
+                .with_context(|| format!("{}: no [tls] ca_dir is configured", path.display()))?;
+            let ca = mediator::tls::load_ca(&dir)?;
+            print!("{}", ca.cert_pem());
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Check) => {
@@ -87,7 +157,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let path = cli
                 .config
                 .context("--config FILE is required (or try `mediator demo`)")?;
-            let config = match mediator::config::load(&path) {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read config {}", path.display()))?;
+            let config = match policy::config::parse(&text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{e}");
@@ -96,40 +168,84 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(serve(config))?;
+            rt.block_on(serve(config, text, path))?;
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-async fn serve(config: policy::config::Config) -> anyhow::Result<()> {
+async fn serve(config: policy::config::Config, text: String, path: PathBuf) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let socket_dir = config.listen.socket_dir.clone();
-    let admin = config.listen.admin;
     // Handlers first: a signal that arrives right after the ready line must not kill
     // the process with its default action (leaving socket files behind).
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let running = mediator::start(config, None).await?;
+    running.control().set_baseline(&text);
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     eprintln!(
         "ready tcp={} admin={} socket_dir={}",
         show(running.tcp_addr().map(|a| a.to_string())),
-        show(admin.map(|a| a.to_string())),
+        show(running.admin_addr().map(|a| a.to_string())),
         show(socket_dir.map(|d| d.display().to_string())),
     );
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => {
-                // Never die on SIGHUP; live reload comes with the admin API.
-                eprintln!("mediator: SIGHUP: reload is not supported by this build; configuration unchanged");
-            }
+            _ = hup.recv() => reload(&running, &path),
         }
     }
     eprintln!("mediator: shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole.
+fn reload(running: &mediator::Running, path: &std::path::Path) {
+    let parsed = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config {}: {e}", path.display()))
+        .and_then(|text| {
+            policy::config::parse(&text, &path.display().to_string())
+                .map(|c| (c, text))
+                .map_err(|e| e.to_string())
+        });
+    match parsed {
+        Err(why) => {
+            eprintln!("mediator: reload failed; the running authorities are unchanged:\n{why}");
+        }
+        Ok((config, text)) => {
+            let r = running.reload(config, &text);
+            let names = |v: Vec<String>| {
+                if v.is_empty() {
+                    "-".to_owned()
+                } else {
+                    v.join(",")
+                }
+            };
+            eprintln!(
+                "mediator: reload applied: added={} removed={} changed={} unchanged={} failed={}{}",
+                names(r.added.iter().map(|(n, g)| format!("{n}@{g}")).collect()),
+                names(r.removed.iter().map(|(n, g)| format!("{n}@{g}")).collect()),
+                names(
+                    r.changed
+                        .iter()
+                        .map(|(n, a, b)| format!("{n}@{a}->{b}"))
+                        .collect()
+                ),
+                names(r.unchanged),
+                names(r.failed.iter().map(|(n, _)| n.clone()).collect()),
+                if r.ignored_sections.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (changes to [{}] need a restart and were not applied)",
+                        r.ignored_sections.join("], [")
+                    )
+                }
+            );
+        }
+    }
 }

@@ -3,22 +3,24 @@
 //! close record. Each step is a small function; the front-ends (`http`, `socks`) only
 //! translate their wire format to and from these steps.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use policy::config::{Authority, Limits, Timeouts};
-use policy::{Grant, OwnAddrs, Reason, Target};
+use policy::{Decision, Grant, OwnAddrs, Pin, Reason, Target};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
 
+use crate::authorities::{DenialEntry, Registry};
 use crate::decision_log::{DecisionLog, Peer, Record, now_rfc3339};
+use crate::metrics::{Metrics, UpstreamErrorKind};
 use crate::resolve::{ResolveFailure, Resolver};
 use crate::route::{self, ConnectFailure};
+use crate::watchdog;
 
 /// One denial, ready to be written in any protocol's wire format (design section 6).
 #[derive(Debug, Clone)]
@@ -59,7 +61,7 @@ impl Denial {
         }
     }
 
-    fn from_decision(d: policy::Decision) -> Self {
+    fn from_decision(d: Decision) -> Self {
         let mut denial = Self::new(d.reason, d.detail, d.hint);
         denial.rule = d.rule;
         denial
@@ -103,6 +105,69 @@ pub struct Connected {
     pub stream: TcpStream,
     /// What its close record needs.
     pub opened: Opened,
+    /// Turns true when this connection must close: its authority was revoked and the
+    /// revoke grace is over, or the shutdown grace is over. Relays watch this one, not
+    /// [`Shared::closing`].
+    pub closing: watch::Receiver<bool>,
+    /// `Some` when `stream` goes to an HTTP parent that takes absolute-form requests
+    /// (plain HTTP routed through a parent): send them there, with this authorization.
+    pub forward_proxy: Option<route::ForwardProxy>,
+}
+
+/// What the shared decision steps found for one target (see [`decide_and_vet`]).
+#[derive(Debug)]
+pub struct Vetting {
+    /// The grant's name-level decision.
+    pub decision: Decision,
+    /// The resolution and its duration, when the name decision allowed.
+    pub resolved: Option<(Result<Vec<IpAddr>, ResolveFailure>, Duration)>,
+    /// The pin and the deciding rule, or the denial.
+    pub outcome: Result<(Pin, Option<String>), Denial>,
+}
+
+/// The decision steps that live traffic and `mediator explain` share: the grant's name
+/// decision (deny rules, allow rules, port), one resolution, then vetting of every address
+/// (global or excepted, never the mediator's own listeners). Nothing is connected to.
+pub async fn decide_and_vet(
+    resolver: &Resolver,
+    own: &OwnAddrs,
+    grant: &Grant,
+    target: &Target,
+) -> Vetting {
+    let decision = grant.decide(target);
+    if !decision.is_allow() {
+        let denial = Denial::from_decision(decision.clone());
+        return Vetting {
+            decision,
+            resolved: None,
+            outcome: Err(denial),
+        };
+    }
+    let rule = decision.rule.clone();
+    let (resolved, dns_time) = resolver.resolve(&target.host).await;
+    let outcome = match &resolved {
+        Err(failure) => {
+            let mut denial = Denial::new(
+                Reason::DnsFailure,
+                format!("cannot resolve {}: {failure}", target.host),
+                "check the host name; the mediator's resolver found no address for it",
+            );
+            if *failure == ResolveFailure::Timeout {
+                denial.status = 504;
+            }
+            denial.rule = rule;
+            Err(denial)
+        }
+        Ok(addrs) => match grant.vet(target, addrs, own) {
+            Ok(pin) => Ok((pin, rule)),
+            Err(d) => Err(Denial::from_decision(d)),
+        },
+    };
+    Vetting {
+        decision,
+        resolved: Some((resolved, dns_time)),
+        outcome,
+    }
 }
 
 /// The facts of an allowed connection that its close record repeats.
@@ -110,10 +175,12 @@ pub struct Connected {
 pub struct Opened {
     /// The decision id.
     pub id: u64,
-    /// The address actually connected to.
+    /// The address actually connected to (or named to a parent).
     pub pin: SocketAddr,
     /// When the decision was taken.
     pub started: Instant,
+    /// The route taken (`direct` or a parent), for the close record.
+    pub route: route::Route,
 }
 
 /// The shutdown signals every connection watches.
@@ -128,8 +195,10 @@ pub struct Signals {
 /// State shared by every connection of one mediator.
 #[derive(Debug)]
 pub struct Shared {
-    /// Authorities by name.
-    pub authorities: HashMap<String, Arc<Authority>>,
+    /// The live authorities.
+    pub authorities: Registry,
+    /// The Prometheus metrics.
+    pub metrics: Metrics,
     /// The resolver.
     pub resolver: Resolver,
     /// The decision log.
@@ -144,6 +213,12 @@ pub struct Shared {
     pub closing: watch::Receiver<bool>,
     /// Turns true when listeners stop and idle keep-alive connections should end.
     pub draining: watch::Receiver<bool>,
+    /// TLS termination state (CA, leaf cache, upstream trust), set once by `start` before
+    /// any listener accepts; empty when no `[tls] ca_dir` is configured.
+    pub tls: std::sync::OnceLock<Arc<crate::tls::TlsState>>,
+    /// The router (`[upstream]`), set once by `start` before any listener accepts. A
+    /// `Shared` built without `start` (unit tests) has none and connects directly.
+    pub router: std::sync::OnceLock<Arc<route::Router>>,
     next_id: AtomicU64,
     active: AtomicUsize,
     idle: Notify,
@@ -164,7 +239,7 @@ impl Drop for ActiveGuard {
 impl Shared {
     /// Builds the shared state.
     pub fn new(
-        authorities: HashMap<String, Arc<Authority>>,
+        (authorities, metrics): (Registry, Metrics),
         resolver: Resolver,
         log: DecisionLog,
         own: OwnAddrs,
@@ -173,6 +248,7 @@ impl Shared {
     ) -> Self {
         Self {
             authorities,
+            metrics,
             resolver,
             log,
             own,
@@ -180,6 +256,8 @@ impl Shared {
             limits,
             closing: signals.closing,
             draining: signals.draining,
+            tls: std::sync::OnceLock::new(),
+            router: std::sync::OnceLock::new(),
             next_id: AtomicU64::new(1),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -224,7 +302,7 @@ impl Shared {
     /// `bad_credential` when the token does not match.
     pub fn authenticate(&self, name: &str, token: &[u8]) -> Result<Arc<Authority>, Denial> {
         let digest: [u8; 32] = Sha256::digest(token).into();
-        let Some(auth) = self.authorities.get(name) else {
+        let Some(auth) = self.authorities.get(name).map(|l| Arc::clone(&l.authority)) else {
             // Hash anyway so that timing does not reveal which names exist.
             let _ = digest.ct_eq(&[0u8; 32]);
             return Err(Denial::new(
@@ -244,7 +322,7 @@ impl Shared {
             ));
         };
         if bool::from(digest.ct_eq(&stored)) {
-            Ok(Arc::clone(auth))
+            Ok(auth)
         } else {
             Err(Denial::new(
                 Reason::BadCredential,
@@ -254,7 +332,10 @@ impl Shared {
         }
     }
 
-    /// Decides, resolves, vets and connects. Logs the decision line (allow or deny).
+    /// Decides, resolves, vets, asks the authority's watchdog (only when everything else
+    /// allowed) and connects. Logs the decision line (allow or deny) and counts it. A
+    /// connection whose authority was revoked (or replaced) since it was attributed gets
+    /// `unknown_authority`: no new decision is ever taken under a revoked grant.
     pub async fn establish(
         &self,
         ctx: &Ctx,
@@ -265,69 +346,92 @@ impl Shared {
         let id = self.next_id();
         let started = Instant::now();
         let label = TargetLabel::from(target);
-        let decision = grant.decide(target);
-        if !decision.is_allow() {
-            let denial = Denial::from_decision(decision);
+        // The grant decided with must be the live authority's own (never another's).
+        let live = ctx
+            .authority
+            .as_ref()
+            .and_then(|a| self.authorities.live_of(a))
+            .filter(|l| std::ptr::eq(&l.authority.grant, grant));
+        let Some(live) = live else {
+            let denial = Denial::new(
+                Reason::UnknownAuthority,
+                format!(
+                    "authority \"{}\" was revoked or replaced after this connection was opened",
+                    grant.name()
+                ),
+                "open a new connection; if the authority was revoked, ask an operator",
+            );
             self.log_decision(ctx, id, protocol, &label, Err(&denial), None, None);
             return Err(denial);
-        }
-        let rule = decision.rule;
-        let (resolved, dns_time) = self.resolver.resolve(&target.host).await;
-        let addrs = match resolved {
-            Ok(addrs) => addrs,
-            Err(failure) => {
+        };
+        let vetting = decide_and_vet(&self.resolver, &self.own, grant, target).await;
+        let dns_time = vetting.resolved.as_ref().map(|(r, took)| {
+            if target.host.name().is_some() {
+                self.metrics.observe_dns(*took);
+            }
+            if let Err(failure) = r {
+                self.metrics.upstream_error(match failure {
+                    ResolveFailure::NoRecords => UpstreamErrorKind::DnsNoRecords,
+                    ResolveFailure::Timeout => UpstreamErrorKind::DnsTimeout,
+                    ResolveFailure::Other(_) => UpstreamErrorKind::DnsError,
+                });
+            }
+            *took
+        });
+        let (pin, rule) = match vetting.outcome {
+            Ok(pair) => pair,
+            Err(denial) => {
+                self.log_decision(ctx, id, protocol, &label, Err(&denial), dns_time, None);
+                return Err(denial);
+            }
+        };
+        let watchdog = &live.authority.watchdog;
+        if !watchdog.is_empty() {
+            let host = target.host.as_text();
+            let question = watchdog::Question {
+                authority: grant.name(),
+                host: &host,
+                port: target.port,
+                protocol,
+            };
+            if let watchdog::Verdict::Deny(detail) =
+                watchdog::ask(watchdog, &question, self.timeouts.watchdog).await
+            {
                 let mut denial = Denial::new(
-                    Reason::DnsFailure,
-                    format!("cannot resolve {}: {failure}", target.host),
-                    "check the host name; the mediator's resolver found no address for it",
+                    Reason::WatchdogDenied,
+                    detail,
+                    "the grant allows this destination but the authority's watchdog refused it; ask its operator",
                 );
-                if failure == ResolveFailure::Timeout {
-                    denial.status = 504;
-                }
                 denial.rule = rule;
-                self.log_decision(
-                    ctx,
-                    id,
-                    protocol,
-                    &label,
-                    Err(&denial),
-                    Some(dns_time),
-                    None,
-                );
+                self.log_decision(ctx, id, protocol, &label, Err(&denial), dns_time, None);
                 return Err(denial);
             }
-        };
-        let pin = match grant.vet(target, &addrs, &self.own) {
-            Ok(pin) => pin,
-            Err(d) => {
-                let denial = Denial::from_decision(d);
-                self.log_decision(
-                    ctx,
-                    id,
-                    protocol,
-                    &label,
-                    Err(&denial),
-                    Some(dns_time),
-                    None,
-                );
-                return Err(denial);
-            }
-        };
-        let (connected, connect_time) =
-            route::connect_pinned(&pin, target.port, self.timeouts.connect).await;
+        }
+        // Routing, after the decision and the vetting: the route only chooses how to
+        // reach the vetted addresses, never which ones.
+        let (connected, connect_time) = self.route(protocol, target, &pin).await;
+        self.metrics.observe_connect(connect_time);
         match connected {
-            Ok((stream, addr)) => {
+            Ok(route::Established {
+                stream,
+                pin: addr,
+                route,
+                forward,
+            }) => {
                 let allow = AllowInfo {
                     rule: rule.as_deref(),
                     pin: addr,
+                    route: self.route_label(route),
                 };
+                self.metrics.opened(grant.name());
+                self.metrics.routed(grant.name(), route.kind());
                 self.log_decision(
                     ctx,
                     id,
                     protocol,
                     &label,
                     Ok(allow),
-                    Some(dns_time),
+                    dns_time,
                     Some(connect_time),
                 );
                 Ok(Connected {
@@ -336,23 +440,36 @@ impl Shared {
                         id,
                         pin: addr,
                         started,
+                        route,
                     },
+                    closing: live.closing_signal(),
+                    forward_proxy: forward,
                 })
             }
             Err(failure) => {
                 let mut denial = Denial::new(
                     Reason::UpstreamFailure,
-                    format!("{}: {failure}", target),
-                    "the destination did not accept the connection; check the host and port",
+                    failure.detail,
+                    "the destination (or the parent proxy on its route) did not accept the connection; check the host and port, and the [upstream] parents",
                 );
-                match failure {
-                    ConnectFailure::Refused(_) => denial.socks_rep = 0x05,
-                    ConnectFailure::Timeout => {
+                let kind = match failure.connect {
+                    // The parent answered (407, 403, SOCKS5 REP) or the PAC gave no route.
+                    None => UpstreamErrorKind::ConnectError,
+                    Some(ConnectFailure::Refused(_)) => {
+                        denial.socks_rep = 0x05;
+                        UpstreamErrorKind::ConnectRefused
+                    }
+                    Some(ConnectFailure::Timeout) => {
                         denial.status = 504;
                         denial.socks_rep = 0x04;
+                        UpstreamErrorKind::ConnectTimeout
                     }
-                    ConnectFailure::Other(_) => denial.socks_rep = 0x04,
-                }
+                    Some(ConnectFailure::Other(_)) => {
+                        denial.socks_rep = 0x04;
+                        UpstreamErrorKind::ConnectError
+                    }
+                };
+                self.metrics.upstream_error(kind);
                 denial.rule = rule;
                 self.log_decision(
                     ctx,
@@ -360,7 +477,7 @@ impl Shared {
                     protocol,
                     &label,
                     Err(&denial),
-                    Some(dns_time),
+                    dns_time,
                     Some(connect_time),
                 );
                 Err(denial)
@@ -376,13 +493,17 @@ impl Shared {
         authority: Option<&str>,
         protocol: &'static str,
         label: &TargetLabel,
-        denial: Denial,
+        mut denial: Denial,
     ) -> Denial {
+        // Early denials quote the raw input in their detail; it may hold userinfo.
+        if denial.detail.contains('@') {
+            denial.detail = redact_userinfo(&denial.detail);
+        }
         let id = self.next_id();
         let mut rec = self.base_record(ctx, id, protocol, label);
         rec.authority = authority.map(str::to_owned);
         fill_deny(&mut rec, &denial);
-        self.log.write(&rec);
+        self.emit(ctx, &rec);
         denial
     }
 
@@ -395,17 +516,26 @@ impl Shared {
         opened: Opened,
         outcome: crate::relay::RelayOutcome,
     ) {
-        let Opened { id, pin, started } = opened;
+        let Opened {
+            id,
+            pin,
+            started,
+            route,
+        } = opened;
         let mut rec = self.base_record(ctx, id, protocol, label);
         rec.event = "close";
         rec.decision = "allow";
         rec.reason = Reason::Allowed.as_str();
         rec.pin = Some(pin.ip().to_string());
-        rec.route = Some(route::DIRECT.to_owned());
+        rec.route = Some(self.route_label(route).to_owned());
         rec.bytes_up = Some(outcome.up);
         rec.bytes_down = Some(outcome.down);
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.close_reason = Some(outcome.close_reason);
+        if let Some(a) = &ctx.authority {
+            self.metrics
+                .closed(a.grant.name(), outcome.up, outcome.down);
+        }
         self.log.write(&rec);
     }
 
@@ -417,10 +547,14 @@ impl Shared {
         protocol: &'static str,
         label: &TargetLabel,
         rule: Option<&str>,
-        pin: SocketAddr,
+        (pin, route): (SocketAddr, route::Route),
     ) {
         let id = self.next_id();
-        let allow = AllowInfo { rule, pin };
+        let allow = AllowInfo {
+            rule,
+            pin,
+            route: self.route_label(route),
+        };
         self.log_decision(
             ctx,
             id,
@@ -452,11 +586,81 @@ impl Shared {
                 rec.reason = Reason::Allowed.as_str();
                 rec.rule = allow.rule.map(str::to_owned);
                 rec.pin = Some(allow.pin.ip().to_string());
-                rec.route = Some(route::DIRECT.to_owned());
+                rec.route = Some(allow.route.to_owned());
             }
             Err(denial) => fill_deny(&mut rec, denial),
         }
-        self.log.write(&rec);
+        self.emit(ctx, &rec);
+    }
+
+    /// Establishes the connection for an allowed, vetted target through the router:
+    /// `protocol` `"http"` is absolute-form forwarding, everything else a tunnel.
+    async fn route(
+        &self,
+        protocol: &'static str,
+        target: &Target,
+        pin: &Pin,
+    ) -> (Result<route::Established, route::RouteFailure>, Duration) {
+        let via = if protocol == "http" {
+            route::Via::Forward
+        } else {
+            route::Via::Tunnel
+        };
+        if let Some(router) = self.router.get() {
+            return router
+                .connect(via, target, pin, self.timeouts.connect)
+                .await;
+        }
+        let (r, took) = route::connect_pinned(pin, target.port, self.timeouts.connect).await;
+        let r = r
+            .map(|(stream, addr)| route::Established {
+                stream,
+                pin: addr,
+                route: route::Route::Direct,
+                forward: None,
+            })
+            .map_err(|failure| route::RouteFailure {
+                detail: format!("{target}: {failure}"),
+                connect: Some(failure),
+            });
+        (r, took)
+    }
+
+    /// The `route` log value of `route`.
+    pub fn route_label(&self, route: route::Route) -> &str {
+        self.router.get().map_or(route::DIRECT, |r| r.label(route))
+    }
+
+    /// Writes a decision line, counts it in `mediator_decisions_total` (first, so that a
+    /// visible line is always counted), and keeps a denial in the ring of the
+    /// connection's (still live) authority.
+    fn emit(&self, ctx: &Ctx, rec: &Record) {
+        self.metrics.decision(
+            rec.authority.as_deref(),
+            rec.protocol,
+            rec.decision,
+            rec.reason,
+        );
+        if rec.decision == "deny" {
+            let live = ctx
+                .authority
+                .as_ref()
+                .filter(|a| rec.authority.as_deref() == Some(a.grant.name()))
+                .and_then(|a| self.authorities.live_of(a));
+            if let Some(live) = live {
+                live.record_denial(DenialEntry {
+                    id: rec.id,
+                    ts: rec.ts.clone(),
+                    protocol: rec.protocol,
+                    host: rec.host.clone(),
+                    port: rec.port,
+                    reason: rec.reason,
+                    rule: rec.rule.clone(),
+                    detail: rec.detail.clone(),
+                });
+            }
+        }
+        self.log.write(rec);
     }
 
     fn base_record(
@@ -489,13 +693,45 @@ impl Shared {
             bytes_down: None,
             duration_ms: None,
             close_reason: None,
+            method: None,
+            path: None,
         }
+    }
+
+    /// Logs one request inside a TLS-terminated tunnel (`protocol: "tls"`, design sections
+    /// 9 and 10) and counts it: its method and path (the caller redacts the query; no
+    /// header values), the pin of the tunnel, and the allow (with the request rule that
+    /// allowed it, if any) or the denial.
+    pub fn log_tls_request(
+        &self,
+        ctx: &Ctx,
+        label: &TargetLabel,
+        pin: SocketAddr,
+        (method, path): (&str, &str),
+        result: Result<Option<&str>, &Denial>,
+    ) {
+        let id = self.next_id();
+        let mut rec = self.base_record(ctx, id, "tls", label);
+        rec.method = Some(method.to_owned());
+        rec.path = Some(path.to_owned());
+        rec.pin = Some(pin.ip().to_string());
+        match result {
+            Ok(rule) => {
+                rec.decision = "allow";
+                rec.reason = Reason::Allowed.as_str();
+                rec.rule = rule.map(str::to_owned);
+                rec.route = Some(route::DIRECT.to_owned());
+            }
+            Err(denial) => fill_deny(&mut rec, denial),
+        }
+        self.emit(ctx, &rec);
     }
 }
 
 struct AllowInfo<'a> {
     rule: Option<&'a str>,
     pin: SocketAddr,
+    route: &'a str,
 }
 
 fn fill_deny(rec: &mut Record, denial: &Denial) {
@@ -509,10 +745,35 @@ fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
 }
 
-/// Escapes a raw, untrusted target for logs and JSON bodies: printable ASCII kept,
-/// everything else as `\xNN`, at most 256 bytes.
+/// Replaces each userinfo-like run (the characters before an `@` back to a quote, space or
+/// `/`) with `<userinfo redacted>`.
+pub fn redact_userinfo(text: &str) -> String {
+    let mut result = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('@') {
+        let (before, after) = rest.split_at(at);
+        let start = before.rfind(['"', ' ', '/', '\'']).map_or(0, |p| p + 1);
+        result.push_str(&before[..start]);
+        result.push_str("<userinfo redacted>@");
+        rest = &after[1..];
+    }
+    result.push_str(rest);
+    result
+}
+
+/// Escapes a raw, untrusted target for logs and JSON bodies: userinfo (everything up to
+/// the last `@`) replaced by `<userinfo redacted>@`, printable ASCII kept, everything else
+/// as `\xNN`, at most 256 bytes.
 pub fn escape_raw(raw: &[u8]) -> String {
+    // Userinfo (`user:token@host`) may carry a secret: never log or echo it.
+    let (redacted, raw) = match raw.iter().rposition(|&b| b == b'@') {
+        Some(at) => (true, &raw[at + 1..]),
+        None => (false, raw),
+    };
     let mut out = String::new();
+    if redacted {
+        out.push_str("<userinfo redacted>@");
+    }
     for &b in raw.iter().take(256) {
         if (0x20..0x7f).contains(&b) && b != b'\\' {
             out.push(char::from(b));
@@ -521,4 +782,20 @@ pub fn escape_raw(raw: &[u8]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::*;
+
+    #[test]
+    fn userinfo_never_survives_in_details_or_labels() {
+        assert_eq!(
+            redact_userinfo(r#"invalid host "alpha:tok@origin.test:443": userinfo"#),
+            r#"invalid host "<userinfo redacted>@origin.test:443": userinfo"#
+        );
+        assert_eq!(redact_userinfo("no at sign"), "no at sign");
+        assert_eq!(escape_raw(b"u:secret@h.test"), "<userinfo redacted>@h.test");
+        assert_eq!(escape_raw(b"a@b@c.test"), "<userinfo redacted>@c.test");
+    }
 }

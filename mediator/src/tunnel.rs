@@ -6,7 +6,9 @@
 //! the client's first bytes (bounded by [`sni::MAX_HELLO`] and the request-head timeout),
 //! and requires the TLS ClientHello's SNI, canonicalised, to equal the tunnel host. This
 //! refuses domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not
-//! TLS at all pass as an opaque tunnel. The bytes read are forwarded unchanged.
+//! TLS at all pass as an opaque tunnel. The bytes read are forwarded unchanged, or, when
+//! the grant terminates TLS for the target, replayed into the terminating acceptor
+//! (`crate::tls`), which then serves the requests inside instead of relaying bytes.
 
 use std::sync::Arc;
 
@@ -20,7 +22,9 @@ use crate::sni::{self, Hello};
 /// The port whose tunnels carry TLS by convention (RFC 9110 section 4.2.2).
 const HTTPS_PORT: u16 = 443;
 
-/// Runs one allowed tunnel to completion and writes its close record.
+/// Runs one allowed tunnel to completion and writes its close record. After the SNI gate,
+/// a target matching the grant's `tls_terminate` is handed to [`crate::tls::terminate`]
+/// (with the ClientHello bytes the gate read); any other tunnel is relayed.
 pub async fn run<C>(
     mut client: C,
     connected: Connected,
@@ -29,26 +33,18 @@ pub async fn run<C>(
     ctx: &Ctx,
     protocol: &'static str,
 ) where
-    C: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let label = TargetLabel::from(target);
     let sni_check = ctx.authority.as_ref().is_some_and(|a| a.grant.sni_check());
-    let mut upstream = connected.stream;
-    let mut prefix_len = 0u64;
+    let terminate = ctx
+        .authority
+        .as_ref()
+        .is_some_and(|a| a.grant.terminates_tls(target));
+    let mut prefix = Vec::new();
     if sni_check && target.port == HTTPS_PORT {
         match sni_gate(&mut client, target, &shared).await {
-            Gate::Pass(prefix) => {
-                if upstream.write_all(&prefix).await.is_err() {
-                    let outcome = RelayOutcome {
-                        up: 0,
-                        down: 0,
-                        close_reason: "error",
-                    };
-                    shared.log_close(ctx, protocol, &label, connected.opened, outcome);
-                    return;
-                }
-                prefix_len = prefix.len() as u64;
-            }
+            Gate::Pass(read) => prefix = read,
             Gate::Closed => {
                 let outcome = RelayOutcome {
                     up: 0,
@@ -71,14 +67,29 @@ pub async fn run<C>(
             }
         }
     }
+    if terminate {
+        crate::tls::terminate(client, prefix, connected, target, shared, ctx, protocol).await;
+        return;
+    }
+    let mut upstream = connected.stream;
+    if !prefix.is_empty() && upstream.write_all(&prefix).await.is_err() {
+        let outcome = RelayOutcome {
+            up: 0,
+            down: 0,
+            close_reason: "error",
+        };
+        shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+        return;
+    }
     let mut outcome = relay(
         client,
         upstream,
         shared.timeouts.idle_tunnel,
-        shared.closing.clone(),
+        // Per authority: closes on revocation (after the grace) and on shutdown.
+        connected.closing.clone(),
     )
     .await;
-    outcome.up += prefix_len;
+    outcome.up += prefix.len() as u64;
     shared.log_close(ctx, protocol, &label, connected.opened, outcome);
 }
 

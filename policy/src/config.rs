@@ -15,9 +15,12 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use crate::error::PolicyError;
-use crate::grant::{Grant, GrantSpec};
-use crate::host::canonicalize_host;
+use crate::grant::{Grant, GrantSpec, RequestRuleSpec};
+use crate::host::{Target, canonicalize_host, parse_authority_form};
 use crate::pattern::{HostPattern, PatternUse};
+use crate::upstream::{
+    PacOnError, PacSource, ParentSyntax, ParentUrl, parse_pac_source, parse_parent_url,
+};
 
 /// A validated configuration.
 #[derive(Debug)]
@@ -26,7 +29,7 @@ pub struct Config {
     pub listen: Listen,
     /// `[resolver]`.
     pub resolver: Resolver,
-    /// `[upstream]`; only `mode = "direct"` is accepted by this build.
+    /// `[upstream]`: routing after the decision (design section 8).
     pub upstream: Upstream,
     /// `[timeouts]`.
     pub timeouts: Timeouts,
@@ -38,6 +41,9 @@ pub struct Config {
     pub tls: Tls,
     /// `[[authority]]`, in file order, names unique.
     pub authorities: Vec<Authority>,
+    /// `[global] deny`, the valid entries (already folded into every grant; kept so that
+    /// authorities created later, e.g. by the admin API, get the same list).
+    pub global_deny: Vec<String>,
 }
 
 /// `[listen]`.
@@ -49,6 +55,11 @@ pub struct Listen {
     pub tcp: Option<SocketAddr>,
     /// Optional admin listener (loopback only).
     pub admin: Option<SocketAddr>,
+    /// Optional Unix socket of the admin API (its own path, never a channel socket; mode
+    /// 0600).
+    pub admin_socket: Option<PathBuf>,
+    /// SHA-256 of the admin API's bearer token; `None` means no token is required.
+    pub admin_token_sha256: Option<[u8; 32]>,
 }
 
 /// `[resolver]`.
@@ -60,13 +71,61 @@ pub struct Resolver {
     pub hosts: BTreeMap<String, Vec<IpAddr>>,
 }
 
-/// `[upstream]`.
+/// `[upstream]` (design section 8): how allowed connections are routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
-    /// Only `"direct"` in this build.
+    /// `"direct"`, `"parent"`, `"env"` or `"pac"`.
     pub mode: String,
-    /// Whether CONNECTs to a parent name the pinned IP.
+    /// Whether CONNECTs to a parent name the pinned IP (default) or the canonical host.
     pub pin_through_parent: bool,
+    /// `mode = "parent"`: the parents, tried left to right on connection-level failure.
+    pub parents: Vec<ParentUrl>,
+    /// `mode = "pac"`: where the PAC script comes from.
+    pub pac: Option<PacSource>,
+    /// `mode = "pac"`: the parents (`host:port`, canonical) a PAC may name.
+    pub allowed_parents: Vec<Target>,
+    /// `parent_retry_secs` (default 30): a parent that failed at the connection level is
+    /// skipped for this long.
+    pub parent_retry: Duration,
+    /// `parent_credentials_file`: lines `host:port user:password` giving credentials for
+    /// parents named without userinfo (PAC answers, `allowed_parents`, environment).
+    pub parent_credentials_file: Option<PathBuf>,
+    /// `pac_cache_secs` (default 300, 0 = no cache): PAC answers are cached per
+    /// (scheme, host, port) for this long.
+    pub pac_cache: Duration,
+    /// `pac_refresh_secs` (default 300, 0 = never): the PAC is fetched again this often;
+    /// the last good copy is kept when a fetch fails.
+    pub pac_refresh: Duration,
+    /// `pac_budget_ms` (default 200): CPU-time budget of one PAC evaluation.
+    pub pac_budget: Duration,
+    /// `pac_memory_mb` (default 16): memory limit of the PAC engine, in bytes.
+    pub pac_memory: usize,
+    /// `pac_on_error` (default `"deny"`): what a failed PAC evaluation means.
+    pub pac_on_error: PacOnError,
+    /// `pac_fetch_via`: a parent through which an `http(s)://` PAC is fetched (never the
+    /// PAC's own answer).
+    pub pac_fetch_via: Option<ParentUrl>,
+}
+
+impl Default for Upstream {
+    /// `mode = "direct"` with the documented defaults.
+    fn default() -> Self {
+        Self {
+            mode: "direct".into(),
+            pin_through_parent: true,
+            parents: Vec::new(),
+            pac: None,
+            allowed_parents: Vec::new(),
+            parent_retry: Duration::from_secs(30),
+            parent_credentials_file: None,
+            pac_cache: Duration::from_secs(300),
+            pac_refresh: Duration::from_secs(300),
+            pac_budget: Duration::from_millis(200),
+            pac_memory: 16 << 20,
+            pac_on_error: PacOnError::Deny,
+            pac_fetch_via: None,
+        }
+    }
 }
 
 /// `[timeouts]`, all given in seconds in the file.
@@ -139,8 +198,12 @@ pub struct Authority {
 /// are rejected because they would let every local user act as the authority),
 /// `socket_uid` and `socket_gid`; and `[global] deny = [...]`, applied to every authority.
 /// Timeouts are whole seconds at most 86400; `shutdown_grace` and `revoke_grace` may be 0,
-/// the others must be at least 1. `[upstream] mode` must be `"direct"` in this build, and
-/// `parents`, `pac` and `allowed_parents` must then be empty. `[listen] admin` must be a
+/// the others must be at least 1. `[upstream] mode` is `"direct"`, `"parent"` (needs
+/// `parents`, each `http://` or `socks5://[user:pass@]host:port`), `"env"` or `"pac"`
+/// (needs `pac`, an absolute path or an `http(s)://` URL; `allowed_parents` are
+/// `host:port`); `parents` is refused outside `parent` mode and `pac`, `allowed_parents`
+/// and `pac_fetch_via` outside `pac` mode; the tuning keys are listed on [`Upstream`].
+/// `[listen] admin` must be a
 /// loopback address. `token_sha256` is 64 hex digits (either case). `watchdog` is empty,
 /// `unix:/absolute/path` or an `http://` URL.
 ///
@@ -232,6 +295,8 @@ struct RawListen {
     socket_dir: Option<Spanned<String>>,
     tcp: Option<Spanned<String>>,
     admin: Option<Spanned<String>>,
+    admin_socket: Option<Spanned<String>>,
+    admin_token_sha256: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -245,10 +310,18 @@ struct RawResolver {
 #[serde(deny_unknown_fields)]
 struct RawUpstream {
     mode: Option<Spanned<String>>,
-    parents: Option<Spanned<Vec<String>>>,
+    parents: Option<Spanned<Vec<Spanned<String>>>>,
     pac: Option<Spanned<String>>,
-    allowed_parents: Option<Spanned<Vec<String>>>,
+    allowed_parents: Option<Spanned<Vec<Spanned<String>>>>,
     pin_through_parent: Option<bool>,
+    parent_retry_secs: Option<Spanned<u64>>,
+    parent_credentials_file: Option<Spanned<String>>,
+    pac_cache_secs: Option<Spanned<u64>>,
+    pac_refresh_secs: Option<Spanned<u64>>,
+    pac_budget_ms: Option<Spanned<u64>>,
+    pac_memory_mb: Option<Spanned<u64>>,
+    pac_on_error: Option<Spanned<String>>,
+    pac_fetch_via: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -302,6 +375,16 @@ struct RawAuthority {
     socket_mode: Option<Spanned<String>>,
     socket_uid: Option<u32>,
     socket_gid: Option<u32>,
+    request_rule: Option<Vec<Spanned<RawRequestRule>>>,
+}
+
+/// `[[authority.request_rule]]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequestRule {
+    host: Option<String>,
+    methods: Option<Vec<String>>,
+    path_prefixes: Option<Vec<String>>,
 }
 
 fn strings(list: Option<&Vec<Spanned<String>>>) -> Vec<String> {
@@ -387,6 +470,8 @@ impl Validator<'_> {
                 socket_dir: None,
                 tcp: None,
                 admin: None,
+                admin_socket: None,
+                admin_token_sha256: None,
             }),
         };
         let resolver = match section("resolver") {
@@ -399,10 +484,7 @@ impl Validator<'_> {
             Some(v) => self
                 .table::<RawUpstream>("[upstream]", v)
                 .map(|r| self.upstream(r)),
-            None => Some(Upstream {
-                mode: "direct".into(),
-                pin_through_parent: true,
-            }),
+            None => Some(Upstream::default()),
         };
         let tls = match section("tls") {
             Some(v) => self.table::<RawTls>("[tls]", v).map(|r| self.tls(r)),
@@ -445,6 +527,11 @@ impl Validator<'_> {
             Some(v) => self.authorities(v, &global_deny),
             None => Vec::new(),
         };
+        if tls.as_ref().is_some_and(|t| t.ca_dir.is_none()) {
+            if let Some(v) = section("authority") {
+                self.terminate_needs_ca(v);
+            }
+        }
         Some(Config {
             listen: listen?,
             resolver: resolver?,
@@ -454,7 +541,36 @@ impl Validator<'_> {
             log: log?,
             tls: tls?,
             authorities,
+            global_deny,
         })
+    }
+
+    /// TLS termination issues leaves from the CA in `[tls] ca_dir`: without one, every
+    /// non-empty `tls_terminate` is an error at its location.
+    fn terminate_needs_ca(&mut self, authorities: &Spanned<DeValue<'_>>) {
+        let DeValue::Array(items) = authorities.get_ref() else {
+            return;
+        };
+        for item in items {
+            let Some(list) = item.get_ref().get("tls_terminate") else {
+                continue;
+            };
+            if matches!(list.get_ref(), DeValue::Array(a) if !a.is_empty()) {
+                let what = match item
+                    .get_ref()
+                    .get("name")
+                    .and_then(|n| n.get_ref().as_str())
+                {
+                    Some(name) => format!("authority {name:?}"),
+                    None => "authority".to_owned(),
+                };
+                self.error(
+                    Some(list.span()),
+                    &what,
+                    "tls_terminate needs the CA that issues the leaf certificates: set [tls] ca_dir (created on first start)",
+                );
+            }
+        }
     }
 
     fn listen(&mut self, raw: RawListen) -> Option<Listen> {
@@ -495,11 +611,55 @@ impl Validator<'_> {
         };
         let tcp = addr(raw.tcp, "tcp", false);
         let admin = addr(raw.admin, "admin", true);
+        let admin_socket = raw
+            .admin_socket
+            .and_then(|p| self.admin_socket(p, socket_dir.as_deref()));
+        let admin_token_sha256 = raw.admin_token_sha256.and_then(|t| match parse_sha256(t.get_ref()) {
+            Some(bytes) => Some(bytes),
+            None => {
+                self.error(
+                    Some(t.span()),
+                    what,
+                    "admin_token_sha256 must be 64 hex digits (the SHA-256 of a non-empty admin token); omit it for no token",
+                );
+                None
+            }
+        });
         Some(Listen {
             socket_dir,
             tcp,
             admin,
+            admin_socket,
+            admin_token_sha256,
         })
+    }
+
+    /// `[listen] admin_socket`: an absolute path that is not inside `socket_dir`, so it
+    /// can never be taken for (or replaced by) an authority's channel socket.
+    fn admin_socket(
+        &mut self,
+        p: Spanned<String>,
+        socket_dir: Option<&std::path::Path>,
+    ) -> Option<PathBuf> {
+        let what = "[listen]";
+        let path = PathBuf::from(p.get_ref());
+        if !path.is_absolute() {
+            self.error(
+                Some(p.span()),
+                what,
+                format!("admin_socket {:?} must be an absolute path", p.get_ref()),
+            );
+            return None;
+        }
+        if socket_dir.is_some_and(|d| path.starts_with(d)) {
+            self.error(
+                Some(p.span()),
+                what,
+                format!("admin_socket {:?} is inside socket_dir; the admin API needs a socket of its own, never a channel's", p.get_ref()),
+            );
+            return None;
+        }
+        Some(path)
     }
 
     fn resolver(&mut self, raw: RawResolver) -> Resolver {
@@ -592,53 +752,184 @@ impl Validator<'_> {
             .map_or("direct", |m| m.get_ref().as_str())
             .to_owned();
         if let Some(m) = &raw.mode {
-            match m.get_ref().as_str() {
-                "direct" => {}
-                "parent" | "env" | "pac" => self.error(
+            if !["direct", "parent", "env", "pac"].contains(&m.get_ref().as_str()) {
+                self.error(
                     Some(m.span()),
                     what,
-                    format!("mode {:?} is not supported by this build yet; use \"direct\"", m.get_ref()),
-                ),
-                other => self.error(
-                    Some(m.span()),
-                    what,
-                    format!("unknown mode {other:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\""),
-                ),
-            }
-        }
-        if mode != "parent" {
-            if let Some(p) = raw.parents.as_ref().filter(|p| !p.get_ref().is_empty()) {
-                self.error(
-                    Some(p.span()),
-                    what,
-                    format!("parents is only used with mode = \"parent\", not {mode:?}"),
+                    format!(
+                        "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\"",
+                        m.get_ref()
+                    ),
                 );
             }
         }
-        if mode != "pac" {
-            if let Some(p) = raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
-                self.error(
-                    Some(p.span()),
-                    what,
-                    format!("pac is only used with mode = \"pac\", not {mode:?}"),
-                );
-            }
-            if let Some(p) = raw
-                .allowed_parents
-                .as_ref()
-                .filter(|p| !p.get_ref().is_empty())
-            {
-                self.error(
-                    Some(p.span()),
-                    what,
-                    format!("allowed_parents is only used with mode = \"pac\", not {mode:?}"),
-                );
-            }
-        }
-        Upstream {
-            mode,
+        let mut out = Upstream {
+            mode: mode.clone(),
             pin_through_parent: raw.pin_through_parent.unwrap_or(true),
+            ..Upstream::default()
+        };
+        let nonempty_list = |l: &Option<Spanned<Vec<Spanned<String>>>>| {
+            l.as_ref()
+                .filter(|p| !p.get_ref().is_empty())
+                .map(Spanned::span)
+        };
+        let nonempty_str = |v: &Option<Spanned<String>>| {
+            v.as_ref()
+                .filter(|p| !p.get_ref().is_empty())
+                .map(Spanned::span)
+        };
+
+        // parents: mode = "parent" only, and then required.
+        if mode == "parent" {
+            let list = raw.parents.as_ref().map(|p| p.get_ref().as_slice());
+            if list.is_none_or(<[_]>::is_empty) {
+                self.error(
+                    raw.mode.as_ref().map(Spanned::span),
+                    what,
+                    "mode = \"parent\" needs parents = [\"http://host:port\", ...]",
+                );
+            }
+            for p in list.unwrap_or_default() {
+                match parse_parent_url(p.get_ref(), ParentSyntax::Config) {
+                    Ok(url) => out.parents.push(url),
+                    Err(why) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("parent {}: {why}", redact(p.get_ref())),
+                    ),
+                }
+            }
+        } else if let Some(span) = nonempty_list(&raw.parents) {
+            self.error(
+                Some(span),
+                what,
+                format!("parents is only used with mode = \"parent\", not {mode:?}"),
+            );
         }
+
+        // pac, allowed_parents, pac_fetch_via: mode = "pac" only.
+        if mode == "pac" {
+            match raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
+                None => self.error(
+                    raw.mode.as_ref().map(Spanned::span),
+                    what,
+                    "mode = \"pac\" needs pac = \"/path/proxy.pac\" or \"https://host/proxy.pac\"",
+                ),
+                Some(p) => match parse_pac_source(p.get_ref()) {
+                    Ok(src) => out.pac = Some(src),
+                    Err(why) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("pac {:?}: {why}", p.get_ref()),
+                    ),
+                },
+            }
+            let list = raw.allowed_parents.as_ref().map(|p| p.get_ref().as_slice());
+            for p in list.unwrap_or_default() {
+                match parse_authority_form(p.get_ref()) {
+                    Ok(t) => out.allowed_parents.push(t),
+                    Err(e) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("allowed_parents entry: {e}; write \"host:port\""),
+                    ),
+                }
+            }
+            if let Some(v) = &raw.pac_fetch_via {
+                match parse_parent_url(v.get_ref(), ParentSyntax::Config) {
+                    Ok(url) if matches!(out.pac, Some(PacSource::Url(_))) => {
+                        out.pac_fetch_via = Some(url);
+                    }
+                    Ok(_) => self.error(
+                        Some(v.span()),
+                        what,
+                        "pac_fetch_via is only used when pac is an http(s):// URL",
+                    ),
+                    Err(why) => self.error(
+                        Some(v.span()),
+                        what,
+                        format!("pac_fetch_via {}: {why}", redact(v.get_ref())),
+                    ),
+                }
+            }
+        } else {
+            for (key, span) in [
+                ("pac", nonempty_str(&raw.pac)),
+                ("allowed_parents", nonempty_list(&raw.allowed_parents)),
+                ("pac_fetch_via", nonempty_str(&raw.pac_fetch_via)),
+            ] {
+                if let Some(span) = span {
+                    self.error(
+                        Some(span),
+                        what,
+                        format!("{key} is only used with mode = \"pac\", not {mode:?}"),
+                    );
+                }
+            }
+        }
+
+        let mut range = |v: &Option<Spanned<u64>>, key: &str, min: u64, max: u64| {
+            let v = v.as_ref()?;
+            let n = *v.get_ref();
+            if n < min || n > max {
+                self.error(
+                    Some(v.span()),
+                    what,
+                    format!("{key} = {n} is out of range {min}..={max}"),
+                );
+                return None;
+            }
+            Some(n)
+        };
+        if let Some(n) = range(
+            &raw.parent_retry_secs,
+            "parent_retry_secs",
+            0,
+            MAX_TIMEOUT_SECS,
+        ) {
+            out.parent_retry = Duration::from_secs(n);
+        }
+        if let Some(n) = range(&raw.pac_cache_secs, "pac_cache_secs", 0, MAX_TIMEOUT_SECS) {
+            out.pac_cache = Duration::from_secs(n);
+        }
+        if let Some(n) = range(
+            &raw.pac_refresh_secs,
+            "pac_refresh_secs",
+            0,
+            MAX_TIMEOUT_SECS,
+        ) {
+            out.pac_refresh = Duration::from_secs(n);
+        }
+        if let Some(n) = range(&raw.pac_budget_ms, "pac_budget_ms", 1, 10_000) {
+            out.pac_budget = Duration::from_millis(n);
+        }
+        if let Some(n) = range(&raw.pac_memory_mb, "pac_memory_mb", 1, 1024) {
+            // At most 1 GiB: fits every usize of 32 bits or more.
+            out.pac_memory = usize::try_from(n << 20).unwrap_or(16 << 20);
+        }
+        if let Some(v) = &raw.pac_on_error {
+            match v.get_ref().as_str() {
+                "deny" => out.pac_on_error = PacOnError::Deny,
+                "direct" => out.pac_on_error = PacOnError::Direct,
+                other => self.error(
+                    Some(v.span()),
+                    what,
+                    format!("pac_on_error {other:?}: write \"deny\" or \"direct\""),
+                ),
+            }
+        }
+        if let Some(f) = &raw.parent_credentials_file {
+            if f.get_ref().starts_with('/') {
+                out.parent_credentials_file = Some(PathBuf::from(f.get_ref()));
+            } else {
+                self.error(
+                    Some(f.span()),
+                    what,
+                    "parent_credentials_file must be an absolute path",
+                );
+            }
+        }
+        out
     }
 
     fn tls(&mut self, raw: RawTls) -> Tls {
@@ -812,6 +1103,19 @@ impl Validator<'_> {
             allow_private: strings(raw.allow_private.as_ref()),
             sni_check: raw.sni_check.unwrap_or(true),
             tls_terminate: strings(raw.tls_terminate.as_ref()),
+            request_rules: raw
+                .request_rule
+                .iter()
+                .flatten()
+                .map(|r| {
+                    let r = r.get_ref();
+                    RequestRuleSpec {
+                        host: r.host.clone().unwrap_or_default(),
+                        methods: r.methods.clone().unwrap_or_default(),
+                        path_prefixes: r.path_prefixes.clone().unwrap_or_default(),
+                    }
+                })
+                .collect(),
         };
         let grant = match Grant::build(&spec, global_deny) {
             Ok(g) => Some(g),
@@ -826,6 +1130,11 @@ impl Validator<'_> {
                     };
                     let at = match (e.field, list) {
                         ("name", _) => raw.name.as_ref().map(Spanned::span),
+                        ("request_rule", _) => raw
+                            .request_rule
+                            .as_ref()
+                            .and_then(|rules| rules.get(e.index))
+                            .map(Spanned::span),
                         (_, Some(list)) => list.get(e.index).map(Spanned::span),
                         _ => None,
                     };
@@ -841,7 +1150,7 @@ impl Validator<'_> {
                 self.error(
                     Some(t.span()),
                     label,
-                    "token_sha256 must be 64 hex digits (the SHA-256 of the token); omit the key if the authority does not use the TCP listener",
+                    "token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
                 );
                 None
             }
@@ -894,14 +1203,118 @@ impl Validator<'_> {
     }
 }
 
+/// One problem with an authority table given on its own (see [`parse_authority`]): the key
+/// it concerns and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The key of the `[[authority]]` table (`"allow"`, `"token_sha256"`, an unknown key as
+    /// written, ...), or `""` when the problem concerns the table as a whole.
+    pub field: String,
+    /// What is wrong, naming the entry where there is one.
+    pub message: String,
+}
+
+/// Builds one authority from `text`, a TOML document whose top-level keys are the keys of
+/// one `[[authority]]` table (the admin API turns its flat JSON body into this). It is
+/// validated by the same code as an `[[authority]]` of a configuration file, and
+/// `global_deny` (see [`Config::global_deny`]) is folded into its grant.
+///
+/// # Errors
+/// Every problem found, each tied to the key it concerns ([`FieldError::field`]).
+pub fn parse_authority(text: &str, global_deny: &[String]) -> Result<Authority, Vec<FieldError>> {
+    const ORIGIN: &str = "authority";
+    // A leading newline keeps offset 0 (where whole-table problems are reported) outside
+    // every key, so they are never pinned on the first key.
+    let text = format!("\n{text}");
+    let (root, syntax) = DeTable::parse_recoverable(&text);
+    if !syntax.is_empty() {
+        return Err(syntax
+            .iter()
+            .map(|e| FieldError {
+                field: String::new(),
+                message: e.message().to_owned(),
+            })
+            .collect());
+    }
+    let table = root.get_ref();
+    let label = match table.get("name").and_then(|n| n.get_ref().as_str()) {
+        Some(name) => format!("authority {name:?}"),
+        None => "authority".to_owned(),
+    };
+    let mut v = Validator {
+        ctx: Ctx::new(&text, ORIGIN),
+        errors: Vec::new(),
+    };
+    let value = Spanned::new(0..text.len(), DeValue::Table(table.clone()));
+    let authority = v
+        .table::<RawAuthority>(&label, &value)
+        .and_then(|raw| match &raw.name {
+            Some(_) => v.authority(&raw, &label, 0..1, global_deny),
+            None => {
+                v.error(Some(0..1), &label, "missing key \"name\"");
+                None
+            }
+        });
+    // Table order, as in `parse`.
+    v.errors.sort_by_key(|(at, _)| *at);
+    match authority {
+        Some(a) if v.errors.is_empty() => Ok(a),
+        _ => Err(v
+            .errors
+            .iter()
+            .map(|(offset, message)| {
+                let field = table
+                    .iter()
+                    .find(|(k, val)| {
+                        let at = *offset..offset.saturating_add(1);
+                        covers(&k.span(), &at) || covers(&val.span(), &at)
+                    })
+                    .map(|(k, _)| k.get_ref().to_string())
+                    .unwrap_or_default();
+                FieldError {
+                    field,
+                    message: strip_location(message, ORIGIN, &label),
+                }
+            })
+            .collect()),
+    }
+}
+
+/// Removes the `ORIGIN[:LINE:COL]: ` and `LABEL: ` prefixes the validator puts on messages.
+fn strip_location(message: &str, origin: &str, label: &str) -> String {
+    let rest = message.strip_prefix(origin).unwrap_or(message);
+    let rest = rest.trim_start_matches(|c: char| c == ':' || c.is_ascii_digit());
+    let rest = rest.strip_prefix(' ').unwrap_or(rest);
+    rest.strip_prefix(label)
+        .and_then(|r| r.strip_prefix(": "))
+        .unwrap_or(rest)
+        .to_owned()
+}
+
+/// A parent URL for an error message: the password (if any) replaced by `***`.
+fn redact(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
+    let shown = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    };
+    format!("{shown:?}")
+}
+
 fn covers(outer: &Range<usize>, inner: &Range<usize>) -> bool {
     outer.start <= inner.start && inner.start < outer.end.max(outer.start + 1)
 }
 
 /// Parses 64 hex digits (either case) into 32 bytes.
+/// SHA-256 of the empty string: a token hash equal to it would let an empty password in.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
 fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     let bytes = s.as_bytes();
-    if bytes.len() != 64 {
+    if bytes.len() != 64 || s.eq_ignore_ascii_case(EMPTY_SHA256) {
         return None;
     }
     let mut out = [0u8; 32];
@@ -1031,8 +1444,8 @@ socket_gid = 1001
         assert_eq!(
             c.upstream,
             Upstream {
-                mode: "direct".into(),
-                pin_through_parent: false
+                pin_through_parent: false,
+                ..Upstream::default()
             }
         );
         assert_eq!(
@@ -1090,13 +1503,7 @@ socket_gid = 1001
             (None, None, None)
         );
         assert!(c.resolver.nameservers.is_empty() && c.resolver.hosts.is_empty());
-        assert_eq!(
-            c.upstream,
-            Upstream {
-                mode: "direct".into(),
-                pin_through_parent: true
-            }
-        );
+        assert_eq!(c.upstream, Upstream::default());
         assert_eq!(
             c.timeouts,
             Timeouts {
@@ -1174,14 +1581,14 @@ x = 1
         assert_eq!(
             errors(text),
             vec![
-                "m.toml:3:1: [listen]: unknown field `bogus`, expected one of `socket_dir`, `tcp`, `admin`",
+                "m.toml:3:1: [listen]: unknown field `bogus`, expected one of `socket_dir`, `tcp`, `admin`, `admin_socket`, `admin_token_sha256`",
                 "m.toml:4:7: [listen]: tcp \"localhost:3128\" is not an ip:port address (write \"127.0.0.1:3128\" or \"[::1]:3128\")",
                 "m.toml:5:9: [listen]: admin \"0.0.0.0:9901\" is not a loopback address; the admin API must not be reachable from other hosts",
                 "m.toml:8:7: [timeouts]: invalid type: string \"five\", expected u64",
                 "m.toml:9:11: [timeouts]: connect = 0 is out of range; give whole seconds 1..=86400",
                 "m.toml:10:15: [timeouts]: idle_tunnel = 100000 is out of range; give whole seconds 1..=86400",
                 "m.toml:13:22: [limits]: request_head_bytes = 10 is out of range 8192..=1048576",
-                "m.toml:16:8: [upstream]: mode \"pac\" is not supported by this build yet; use \"direct\"",
+                "m.toml:16:8: [upstream]: mode = \"pac\" needs pac = \"/path/proxy.pac\" or \"https://host/proxy.pac\"",
                 "m.toml:17:11: [upstream]: parents is only used with mode = \"parent\", not \"pac\"",
                 "m.toml:20:16: [resolver]: nameserver \"127.0.0.1\" is not an ip:port address (write \"127.0.0.1:53\")",
                 "m.toml:21:11: [resolver]: hosts key \"127.0.0.1\" is an IP address; keys must be names",
@@ -1192,9 +1599,9 @@ x = 1
                 "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
                 "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
                 "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-                "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`",
+                "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`",
                 "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
-                "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of the token); omit the key if the authority does not use the TCP listener",
+                "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
                 "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
                 "m.toml:33:12: authority \"agent-a\": watchdog \"ftp://x\" must be \"unix:/absolute/path\" or \"http://host:port/...\"",
                 "m.toml:35:1: authority[2]: missing key \"name\"",
@@ -1235,15 +1642,17 @@ x = 1
 
     #[test]
     fn upstream_modes() {
-        for (mode, ok) in [
-            ("direct", true),
-            ("parent", false),
-            ("env", false),
-            ("pac", false),
-            ("socks", false),
+        for (text, ok) in [
+            ("mode = \"direct\"", true),
+            ("mode = \"parent\"", false),
+            ("mode = \"parent\"\nparents = [\"http://p:3128\"]", true),
+            ("mode = \"env\"", true),
+            ("mode = \"pac\"", false),
+            ("mode = \"pac\"\npac = \"/etc/p.pac\"", true),
+            ("mode = \"socks\"", false),
         ] {
-            let r = parse(&format!("[upstream]\nmode = \"{mode}\"\n"), "m.toml");
-            assert_eq!(r.is_ok(), ok, "{mode}");
+            let r = parse(&format!("[upstream]\n{text}\n"), "m.toml");
+            assert_eq!(r.is_ok(), ok, "{text}: {r:?}");
         }
         assert_eq!(
             errors("[upstream]\nmode = \"socks\"\n"),
@@ -1256,6 +1665,84 @@ x = 1
             vec![
                 "m.toml:2:7: [upstream]: pac is only used with mode = \"pac\", not \"direct\"",
                 "m.toml:3:19: [upstream]: allowed_parents is only used with mode = \"pac\", not \"direct\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn upstream_parent_and_pac_keys() {
+        let c = parse(
+            r#"[upstream]
+mode = "pac"
+pac = "https://pac.corp.example/proxy.pac"
+allowed_parents = ["Proxy.Corp.Example:8080", "[::1]:1080"]
+pac_fetch_via = "http://u:pw@127.0.0.1:3128"
+pin_through_parent = false
+parent_retry_secs = 5
+pac_cache_secs = 0
+pac_refresh_secs = 60
+pac_budget_ms = 50
+pac_memory_mb = 4
+pac_on_error = "direct"
+parent_credentials_file = "/etc/egress/parents.cred"
+"#,
+            "m.toml",
+        )
+        .unwrap();
+        let u = c.upstream;
+        assert_eq!(u.mode, "pac");
+        assert_eq!(
+            u.pac,
+            Some(PacSource::Url("https://pac.corp.example/proxy.pac".into()))
+        );
+        let allowed: Vec<String> = u.allowed_parents.iter().map(ToString::to_string).collect();
+        assert_eq!(allowed, ["proxy.corp.example:8080", "[::1]:1080"]);
+        assert_eq!(
+            u.pac_fetch_via.as_ref().map(ToString::to_string).as_deref(),
+            Some("http://127.0.0.1:3128")
+        );
+        assert!(!u.pin_through_parent);
+        assert_eq!(u.parent_retry, Duration::from_secs(5));
+        assert_eq!(u.pac_cache, Duration::ZERO);
+        assert_eq!(u.pac_refresh, Duration::from_secs(60));
+        assert_eq!(u.pac_budget, Duration::from_millis(50));
+        assert_eq!(u.pac_memory, 4 << 20);
+        assert_eq!(u.pac_on_error, PacOnError::Direct);
+
+        let c = parse(
+            "[upstream]\nmode = \"parent\"\nparents = [\"http://a:b@p.corp:3128\", \"socks5://127.0.0.1:1080\"]\n",
+            "m.toml",
+        )
+        .unwrap();
+        let shown: Vec<String> = c.upstream.parents.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["http://p.corp:3128", "socks5://127.0.0.1:1080"]);
+
+        assert_eq!(
+            errors(
+                r#"[upstream]
+mode = "parent"
+parents = ["http://user:s3cret@p:80/x", "https://p:443", "p:3128"]
+pac_budget_ms = 0
+pac_on_error = "maybe"
+parent_credentials_file = "rel"
+"#
+            ),
+            vec![
+                "m.toml:3:12: [upstream]: parent \"http://user:***@p:80/x\": a parent URL has no path, query or fragment: write scheme://host:port",
+                "m.toml:3:41: [upstream]: parent \"https://p:443\": TLS to a parent proxy (https://) is not supported; use http:// or socks5://",
+                "m.toml:3:58: [upstream]: parent \"p:3128\": write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\"",
+                "m.toml:4:17: [upstream]: pac_budget_ms = 0 is out of range 1..=10000",
+                "m.toml:5:16: [upstream]: pac_on_error \"maybe\": write \"deny\" or \"direct\"",
+                "m.toml:6:27: [upstream]: parent_credentials_file must be an absolute path",
+            ]
+        );
+        assert_eq!(
+            errors(
+                "[upstream]\nmode = \"pac\"\npac = \"/p.pac\"\nallowed_parents = [\"p\"]\npac_fetch_via = \"http://p:1\"\n"
+            ),
+            vec![
+                "m.toml:4:20: [upstream]: allowed_parents entry: invalid host \"p\": a port is required (host:port); write \"host:port\"",
+                "m.toml:5:17: [upstream]: pac_fetch_via is only used when pac is an http(s):// URL",
             ]
         );
     }
@@ -1300,6 +1787,73 @@ x = 1
     }
 
     #[test]
+    fn one_authority_from_a_flat_table() {
+        let global = vec!["*:25".to_owned()];
+        let a = parse_authority(
+            "name = \"api-made\"\nallow = [\"origin.test\"]\nallow_private = [\"127.0.0.0/8\"]\n",
+            &global,
+        )
+        .unwrap();
+        assert_eq!(a.grant.name(), "api-made");
+        assert_eq!(a.grant.deny_entries().collect::<Vec<_>>(), ["*:25"]);
+        assert_eq!(a.socket_mode, 0o600);
+
+        let e = parse_authority(
+            "name = \"x\"\nallow = [\"ok.test\", \"*.com\"]\nnope = 1\ntoken_sha256 = \"abc\"\n",
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["allow", "nope", "token_sha256"], "{e:?}");
+        assert!(
+            e[0].message.starts_with("invalid allow entry \"*.com\""),
+            "{e:?}"
+        );
+        assert!(e[1].message.contains("unknown field `nope`"), "{e:?}");
+
+        let e = parse_authority("allow = [\"ok.test\"]\n", &[]).unwrap_err();
+        assert_eq!(
+            e,
+            vec![FieldError {
+                field: String::new(),
+                message: "missing key \"name\"".into()
+            }]
+        );
+        let e = parse_authority("name = \"bad name\"\n", &[]).unwrap_err();
+        assert_eq!(e[0].field, "name", "{e:?}");
+        let e = parse_authority("name = \"x\"\nsni_check = \"yes\"\n", &[]).unwrap_err();
+        assert_eq!(e[0].field, "sni_check", "{e:?}");
+    }
+
+    #[test]
+    fn admin_listen_keys() {
+        let c = parse(
+            "[listen]\nsocket_dir = \"/run/m\"\nadmin_socket = \"/run/admin.sock\"\nadmin_token_sha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\n[global]\ndeny = [\"*:25\"]\n",
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            c.listen.admin_socket,
+            Some(PathBuf::from("/run/admin.sock"))
+        );
+        assert_eq!(c.listen.admin_token_sha256.unwrap()[0], 0x9f);
+        assert_eq!(c.global_deny, ["*:25"]);
+        assert_eq!(
+            errors(
+                "[listen]\nsocket_dir = \"/run/m\"\nadmin_socket = \"/run/m/admin.sock\"\nadmin_token_sha256 = \"x\"\n"
+            ),
+            vec![
+                "m.toml:3:16: [listen]: admin_socket \"/run/m/admin.sock\" is inside socket_dir; the admin API needs a socket of its own, never a channel's",
+                "m.toml:4:22: [listen]: admin_token_sha256 must be 64 hex digits (the SHA-256 of a non-empty admin token); omit it for no token",
+            ]
+        );
+        assert_eq!(
+            errors("[listen]\nadmin_socket = \"rel.sock\"\n"),
+            vec!["m.toml:2:16: [listen]: admin_socket \"rel.sock\" must be an absolute path"]
+        );
+    }
+
+    #[test]
     fn location_columns_count_characters() {
         let e = errors("# ünïcödé\n[log]\ndecisions = \"\" \n");
         assert_eq!(
@@ -1314,5 +1868,94 @@ x = 1
         assert_eq!(c.at(Some(100..101)), "f:3:2");
         assert_eq!(c.at(Some(8..9)), "f:3:1");
         assert_eq!(c.at(None), "f");
+    }
+}
+
+#[cfg(test)]
+mod request_rule_config_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn request_rules_load_and_errors_are_located() {
+        let good = r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+tls_terminate = ["origin.test"]
+
+[[authority.request_rule]]
+host = "origin.test"
+methods = ["GET"]
+path_prefixes = ["/public/"]
+"#;
+        let c = parse(good, "m.toml").unwrap();
+        let rules = c.authorities[0].grant.request_rules();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].methods, ["GET"]);
+        assert_eq!(rules[0].path_prefixes, ["/public/"]);
+
+        let bad = r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+tls_terminate = ["origin.test"]
+
+[[authority.request_rule]]
+host = "origin.test"
+methods = ["GET"]
+
+[[authority.request_rule]]
+host = "other.test"
+methods = ["post"]
+path_prefixes = ["public"]
+"#;
+        let Err(PolicyError::Config(errors)) = parse(bad, "m.toml") else {
+            panic!("expected errors");
+        };
+        let joined = errors.join("\n");
+        assert!(
+            joined.contains("m.toml:14:1: authority \"agent-a\": request_rule[2]: host \"other.test\" is not covered by tls_terminate"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("request_rule[2]: method \"post\""),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("request_rule[2]: path prefix \"public\" must start with /"),
+            "{joined}"
+        );
+
+        let no_ca = good.replace("ca_dir = \"/tmp/ca\"", "");
+        let Err(PolicyError::Config(errors)) = parse(&no_ca, "m.toml") else {
+            panic!("expected errors");
+        };
+        assert_eq!(
+            errors,
+            [
+                "m.toml:8:17: authority \"agent-a\": tls_terminate needs the CA that issues the leaf certificates: set [tls] ca_dir (created on first start)"
+            ]
+        );
+
+        let unknown = format!(
+            "{}\n[[authority.request_rule]]\nhost = \"origin.test\"\nnope = 1\n",
+            &good[..good.find("[[authority.request_rule]]").unwrap()]
+        );
+        let Err(PolicyError::Config(errors)) = parse(&unknown, "m.toml") else {
+            panic!("expected errors");
+        };
+        assert!(
+            errors[0].contains(
+                "unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`"
+            ),
+            "{errors:?}"
+        );
     }
 }

@@ -29,6 +29,153 @@ pub struct GrantSpec {
     pub sni_check: bool,
     /// Host patterns whose TLS is terminated (design section 9).
     pub tls_terminate: Vec<String>,
+    /// Per-request rules inside terminated tunnels (`[[authority.request_rule]]`).
+    pub request_rules: Vec<RequestRuleSpec>,
+}
+
+/// One per-request rule as written (`[[authority.request_rule]]`): requests to hosts
+/// matching `host` are allowed only if some rule for that host allows their method and
+/// path. Hosts no rule names are not narrowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestRuleSpec {
+    /// A host pattern (as in `allow`; ports allowed) that `tls_terminate` must cover.
+    pub host: String,
+    /// Allowed methods, exactly as sent (`"GET"`); empty allows every method.
+    pub methods: Vec<String>,
+    /// Allowed path prefixes (`"/api/"`, `"/v1/repos"`); empty allows every path. A
+    /// prefix not ending in `/` matches only at a segment boundary: `/api` matches `/api`
+    /// and `/api/x`, not `/apix`.
+    pub path_prefixes: Vec<String>,
+}
+
+/// One validated per-request rule of a [`Grant`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRule {
+    /// Which hosts it narrows.
+    pub host: HostPattern,
+    /// Allowed methods; empty: every method.
+    pub methods: Vec<String>,
+    /// Allowed path prefixes; empty: every path.
+    pub path_prefixes: Vec<String>,
+    /// 1-based position in the grant, for `rule` fields (`request_rule[2] api.example.com`).
+    pub position: usize,
+}
+
+impl RequestRule {
+    fn label(&self) -> String {
+        format!("request_rule[{}] {}", self.position, self.host.source)
+    }
+
+    fn allows(&self, method: &str, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+            && (self.path_prefixes.is_empty()
+                || self.path_prefixes.iter().any(|p| path_has_prefix(path, p)))
+    }
+
+    fn describe(&self) -> String {
+        let methods = if self.methods.is_empty() {
+            "any method".to_owned()
+        } else {
+            self.methods.join("|")
+        };
+        let paths = if self.path_prefixes.is_empty() {
+            "any path".to_owned()
+        } else {
+            self.path_prefixes.join(" ")
+        };
+        format!("{methods} {paths}")
+    }
+}
+
+/// Whether `path` is under `prefix`: equal, or continuing it at a `/`.
+fn path_has_prefix(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
+}
+
+/// Why a request path cannot be judged by prefix: dot segments, backslashes, and
+/// percent-encoded dots, slashes and backslashes would let `/public/../admin` or
+/// `/public%2F..%2Fadmin` pass a `/public/` rule while the origin serves `/admin`.
+fn ambiguous_path(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("the path does not start with /");
+    }
+    if path.contains('\\') {
+        return Some("the path contains a backslash");
+    }
+    let lower = path.to_ascii_lowercase();
+    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) {
+        return Some("the path percent-encodes a dot, slash or backslash");
+    }
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Some("the path has a dot segment (. or ..)");
+    }
+    None
+}
+
+/// Validates one method: an RFC 9110 token, with no lowercase letters (methods are
+/// case-sensitive; `get` is not `GET`).
+fn check_method(m: &str) -> Result<(), String> {
+    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
+    if m.is_empty() || m.len() > 32 {
+        return Err(format!("method {m:?} must be 1..=32 characters"));
+    }
+    if m.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(format!(
+            "method {m:?} has lowercase letters; methods are case-sensitive: write {:?}",
+            m.to_ascii_uppercase()
+        ));
+    }
+    if !m
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
+    {
+        return Err(format!("method {m:?} is not an HTTP token"));
+    }
+    Ok(())
+}
+
+/// Validates one path prefix: starts with `/`, no query, fragment, whitespace or control
+/// characters, no `%` (write the decoded path), no `*` (prefixes are literal), no dot
+/// segments.
+fn check_path_prefix(p: &str) -> Result<(), String> {
+    if !p.starts_with('/') {
+        return Err(format!("path prefix {p:?} must start with /"));
+    }
+    if let Some(c) = p
+        .chars()
+        .find(|c| matches!(c, '?' | '#' | '%' | '*' | '\\') || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "path prefix {p:?} contains {c:?}; write a literal path (no query, fragment, percent-encoding or wildcard)"
+        ));
+    }
+    if ambiguous_path(p).is_some() {
+        return Err(format!("path prefix {p:?} has a dot segment"));
+    }
+    Ok(())
+}
+
+/// Whether `outer` (a `tls_terminate` pattern) matches every target `inner` can match.
+fn pattern_covers(outer: &HostPattern, inner: &HostPattern) -> bool {
+    let port_ok = match (outer.port, inner.port) {
+        (None, _) => true,
+        (Some(o), Some(i)) => o == i,
+        (Some(_), None) => false,
+    };
+    let host_ok = match (&outer.kind, &inner.kind) {
+        (_, PatternKind::Exact(h)) => outer.matches_host(h),
+        (PatternKind::Suffix(o), PatternKind::Suffix(i)) => {
+            i == o
+                || (i.len() > o.len() + 1
+                    && i.ends_with(o.as_str())
+                    && i.as_bytes()[i.len() - o.len() - 1] == b'.')
+        }
+        (PatternKind::Net(o), PatternKind::Net(i)) => o.contains(i),
+        (PatternKind::Any, _) => true,
+        _ => false,
+    };
+    port_ok && host_ok
 }
 
 /// The mediator's own listening addresses; connecting to any of them is always denied
@@ -79,6 +226,7 @@ pub struct Grant {
     allow_private: Vec<IpNet>,
     sni_check: bool,
     tls_terminate: Vec<HostPattern>,
+    request_rules: Vec<RequestRule>,
     /// Index into `deny` of the first global deny entry.
     global_deny_from: usize,
     allow_index: RuleIndex,
@@ -288,6 +436,7 @@ impl Grant {
         let global_deny_from = deny.len();
         deny.extend(patterns("global deny", global_deny, PatternUse::Deny));
         let tls_terminate = patterns("tls_terminate", &spec.tls_terminate, PatternUse::Allow);
+        let request_rules = build_request_rules(&spec.request_rules, &tls_terminate, &mut errors);
         let mut allow_private = Vec::with_capacity(spec.allow_private.len());
         for (index, entry) in spec.allow_private.iter().enumerate() {
             match parse_allow_private(entry) {
@@ -311,6 +460,7 @@ impl Grant {
             allow_private,
             sni_check: spec.sni_check,
             tls_terminate,
+            request_rules,
             global_deny_from,
         })
     }
@@ -485,6 +635,59 @@ impl Grant {
         self.tls_terminate.iter().any(|p| p.matches(target))
     }
 
+    /// The per-request rules, in grant order.
+    pub fn request_rules(&self) -> &[RequestRule] {
+        &self.request_rules
+    }
+
+    /// The decision for one request inside a terminated tunnel to `target` (already
+    /// allowed by [`Grant::decide`]): when no request rule names the host, `allowed` with no
+    /// rule; else `allowed` by the first rule for the host that allows `method` and `path`
+    /// (the path without its query), or `denied_by_rule`. A path that a prefix cannot judge
+    /// safely (dot segments, backslashes, percent-encoded `.`, `/` or `\\`) is
+    /// `malformed_target` when rules apply.
+    pub fn decide_request(&self, target: &Target, method: &str, path: &str) -> Decision {
+        let name = &self.name;
+        let rules: Vec<&RequestRule> = self
+            .request_rules
+            .iter()
+            .filter(|r| r.host.matches(target))
+            .collect();
+        if rules.is_empty() {
+            return Decision {
+                verdict: crate::decision::Verdict::Allow,
+                reason: Reason::Allowed,
+                rule: None,
+                detail: String::new(),
+                hint: String::new(),
+            };
+        }
+        if let Some(why) = ambiguous_path(path) {
+            return Decision::deny(
+                Reason::MalformedTarget,
+                format!("{method} request to {target}: {why}"),
+                "send the normalised path: no dot segments and no percent-encoded dots, slashes or backslashes",
+            );
+        }
+        if let Some(rule) = rules.iter().find(|r| r.allows(method, path)) {
+            return Decision::allow(rule.label());
+        }
+        let allowed: Vec<String> = rules.iter().map(|r| r.describe()).collect();
+        Decision::deny(
+            Reason::DeniedByRule,
+            format!(
+                "{method} {path} on {} is not allowed by the request rules of authority \"{name}\"",
+                target.host
+            ),
+            format!(
+                "the request rules for {} allow only: {}; ask for a [[authority.request_rule]] covering {method} {path}",
+                target.host,
+                allowed.join("; ")
+            ),
+        )
+        .with_rule(rules.iter().map(|r| r.label()).collect::<Vec<_>>().join(", "))
+    }
+
     /// Field accessors for diagnostics and the admin API.
     pub fn allow_entries(&self) -> impl Iterator<Item = &str> {
         self.allow.iter().map(|p| p.source.as_str())
@@ -499,6 +702,60 @@ impl Grant {
     pub fn allow_private(&self) -> &[IpNet] {
         &self.allow_private
     }
+}
+
+fn build_request_rules(
+    specs: &[RequestRuleSpec],
+    tls_terminate: &[HostPattern],
+    errors: &mut Vec<EntryError>,
+) -> Vec<RequestRule> {
+    let mut out = Vec::with_capacity(specs.len());
+    for (index, spec) in specs.iter().enumerate() {
+        let position = index + 1;
+        let mut fail = |message: String| {
+            errors.push(EntryError {
+                field: "request_rule",
+                index,
+                message: format!("request_rule[{position}]: {message}"),
+            });
+        };
+        let host = match HostPattern::parse("request_rule host", &spec.host, PatternUse::Allow) {
+            Ok(h) => h,
+            Err(e) => {
+                fail(e.to_string());
+                continue;
+            }
+        };
+        let mut ok = true;
+        if !tls_terminate.iter().any(|t| pattern_covers(t, &host)) {
+            fail(format!(
+                "host {:?} is not covered by tls_terminate, so the rule could not be enforced inside its TLS tunnels; add {:?} to tls_terminate",
+                spec.host, spec.host
+            ));
+            ok = false;
+        }
+        for m in &spec.methods {
+            if let Err(e) = check_method(m) {
+                fail(e);
+                ok = false;
+            }
+        }
+        for p in &spec.path_prefixes {
+            if let Err(e) = check_path_prefix(p) {
+                fail(e);
+                ok = false;
+            }
+        }
+        if ok {
+            out.push(RequestRule {
+                host,
+                methods: spec.methods.clone(),
+                path_prefixes: spec.path_prefixes.clone(),
+                position,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -519,6 +776,7 @@ mod tests {
             allow_private: strings(allow_private),
             sni_check: true,
             tls_terminate: Vec::new(),
+            request_rules: Vec::new(),
         };
         Grant::new(&spec, &strings(global)).unwrap()
     }
@@ -812,6 +1070,7 @@ mod tests {
             allow_private: strings(&["10.0.0.1/8", "localhost", "0.0.0.0/0", "127.0.0.1"]),
             sni_check: false,
             tls_terminate: strings(&["*.co.uk"]),
+            request_rules: Vec::new(),
         };
         let Err(PolicyError::Config(errors)) = Grant::new(&spec, &strings(&["*.", "*:25"])) else {
             panic!("expected a config error");
@@ -1045,6 +1304,7 @@ mod tests {
             allow_private: strings(&["127.0.0.1"]),
             sni_check: true,
             tls_terminate: strings(&["*.example.com"]),
+            request_rules: Vec::new(),
         };
         let g = Grant::new(&spec, &strings(&["*:25"])).unwrap();
         assert_eq!(g.name(), "agent-b");
@@ -1063,5 +1323,241 @@ mod tests {
         );
         assert!(g.terminates_tls(&target("a.example.com:443")));
         assert!(!g.terminates_tls(&target("example.com:443")));
+    }
+}
+
+#[cfg(test)]
+mod request_rule_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::host::parse_authority_form;
+
+    fn rule(host: &str, methods: &[&str], paths: &[&str]) -> RequestRuleSpec {
+        RequestRuleSpec {
+            host: host.into(),
+            methods: methods.iter().map(|s| (*s).to_owned()).collect(),
+            path_prefixes: paths.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn grant(terminate: &[&str], rules: Vec<RequestRuleSpec>) -> Result<Grant, PolicyError> {
+        let spec = GrantSpec {
+            name: "agent-a".into(),
+            allow: vec!["*.example.com".into(), "api.example.com".into()],
+            tls_terminate: terminate.iter().map(|s| (*s).to_owned()).collect(),
+            request_rules: rules,
+            sni_check: true,
+            ..GrantSpec::default()
+        };
+        Grant::new(&spec, &[])
+    }
+
+    #[test]
+    fn request_rules_narrow_by_method_and_path_prefix() {
+        let g = grant(
+            &["api.example.com", "*.example.com"],
+            vec![
+                rule(
+                    "api.example.com",
+                    &["GET", "HEAD"],
+                    &["/public/", "/v1/repos"],
+                ),
+                rule("api.example.com:443", &["POST"], &["/v1/repos/x/issues"]),
+            ],
+        )
+        .unwrap();
+        let api = parse_authority_form("api.example.com:443").unwrap();
+        let other = parse_authority_form("www.example.com:443").unwrap();
+        // (target, method, path, reason, rule)
+        let rows: &[(&Target, &str, &str, &str, Option<&str>)] = &[
+            (
+                &api,
+                "GET",
+                "/public/",
+                "allowed",
+                Some("request_rule[1] api.example.com"),
+            ),
+            (
+                &api,
+                "GET",
+                "/public/a/b",
+                "allowed",
+                Some("request_rule[1] api.example.com"),
+            ),
+            (
+                &api,
+                "HEAD",
+                "/v1/repos",
+                "allowed",
+                Some("request_rule[1] api.example.com"),
+            ),
+            (
+                &api,
+                "GET",
+                "/v1/repos/x",
+                "allowed",
+                Some("request_rule[1] api.example.com"),
+            ),
+            (&api, "GET", "/v1/reposx", "denied_by_rule", None),
+            (&api, "GET", "/public", "denied_by_rule", None),
+            (&api, "POST", "/public/upload", "denied_by_rule", None),
+            (&api, "get", "/public/", "denied_by_rule", None),
+            (
+                &api,
+                "POST",
+                "/v1/repos/x/issues",
+                "allowed",
+                Some("request_rule[2] api.example.com:443"),
+            ),
+            (&api, "GET", "/admin", "denied_by_rule", None),
+            (&api, "GET", "/public/../admin", "malformed_target", None),
+            (
+                &api,
+                "GET",
+                "/public/%2e%2e/admin",
+                "malformed_target",
+                None,
+            ),
+            (&api, "GET", "/public%2Fadmin", "malformed_target", None),
+            (&api, "GET", "/public/..\\admin", "malformed_target", None),
+            (&api, "OPTIONS", "*", "malformed_target", None),
+            // No rule names www.example.com: not narrowed.
+            (&other, "POST", "/anything/../x", "allowed", None),
+        ];
+        for (target, method, path, reason, rule) in rows {
+            let d = g.decide_request(target, method, path);
+            assert_eq!(
+                d.reason.as_str(),
+                *reason,
+                "{method} {path} on {target}: {d:?}"
+            );
+            if let Some(rule) = rule {
+                assert_eq!(d.rule.as_deref(), Some(*rule), "{method} {path}");
+            }
+            if !d.is_allow() {
+                assert!(!d.hint.is_empty());
+                assert!(
+                    d.detail.contains(path) || *reason == "malformed_target",
+                    "{d:?}"
+                );
+            }
+        }
+        // The port of a rule counts: on :8443 only rule 1 applies.
+        let api8443 = parse_authority_form("api.example.com:8443").unwrap();
+        assert!(
+            !g.decide_request(&api8443, "POST", "/v1/repos/x/issues")
+                .is_allow()
+        );
+        assert!(g.decide_request(&api8443, "GET", "/public/").is_allow());
+    }
+
+    #[test]
+    fn empty_methods_or_prefixes_mean_any() {
+        let g = grant(
+            &["api.example.com"],
+            vec![rule("api.example.com", &[], &["/x/"])],
+        )
+        .unwrap();
+        let api = parse_authority_form("api.example.com:443").unwrap();
+        assert!(g.decide_request(&api, "DELETE", "/x/1").is_allow());
+        assert!(!g.decide_request(&api, "GET", "/y").is_allow());
+        let g = grant(
+            &["api.example.com"],
+            vec![rule("api.example.com", &["GET"], &[])],
+        )
+        .unwrap();
+        assert!(g.decide_request(&api, "GET", "/anything").is_allow());
+        assert!(!g.decide_request(&api, "PUT", "/anything").is_allow());
+    }
+
+    #[test]
+    fn bad_request_rules_are_rejected_naming_the_rule() {
+        let rows: &[(&[&str], RequestRuleSpec, &str)] = &[
+            (
+                &["api.example.com"],
+                rule("*.com", &[], &[]),
+                "request_rule[1]: invalid request_rule host entry \"*.com\"",
+            ),
+            (
+                &["api.example.com"],
+                rule("", &[], &[]),
+                "request_rule[1]: invalid request_rule host entry \"\"",
+            ),
+            (
+                &["api.example.com"],
+                rule("www.example.com", &[], &[]),
+                "request_rule[1]: host \"www.example.com\" is not covered by tls_terminate",
+            ),
+            (
+                &["api.example.com:443"],
+                rule("api.example.com", &[], &[]),
+                "is not covered by tls_terminate",
+            ),
+            (
+                &["*.a.example.com"],
+                rule("*.example.com", &[], &[]),
+                "is not covered by tls_terminate",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &["get"], &[]),
+                "methods are case-sensitive: write \"GET\"",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &["G T"], &[]),
+                "is not an HTTP token",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[""], &[]),
+                "must be 1..=32 characters",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[], &["api/"]),
+                "must start with /",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[], &["/a?b"]),
+                "contains '?'",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[], &["/a/*"]),
+                "contains '*'",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[], &["/a%2f"]),
+                "contains '%'",
+            ),
+            (
+                &["api.example.com"],
+                rule("api.example.com", &[], &["/a/../b"]),
+                "has a dot segment",
+            ),
+        ];
+        for (terminate, spec, want) in rows {
+            let Err(PolicyError::Config(errors)) = grant(terminate, vec![spec.clone()]) else {
+                panic!("{spec:?} must be rejected");
+            };
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "{spec:?}: expected {want:?} in {errors:?}"
+            );
+        }
+        // Covered by a wider wildcard or an exact match: accepted.
+        grant(
+            &["*.example.com"],
+            vec![rule("*.a.example.com", &["GET"], &["/"])],
+        )
+        .unwrap();
+        grant(
+            &["*.example.com"],
+            vec![rule("api.example.com:443", &["GET"], &["/"])],
+        )
+        .unwrap();
     }
 }

@@ -14,10 +14,11 @@ pub mod error;
 pub mod grant;
 pub mod host;
 pub mod pattern;
+pub mod upstream;
 
 pub use classify::{AddrClass, classify};
 pub use decision::{Decision, Reason, Verdict};
 pub use error::PolicyError;
-pub use grant::{Grant, GrantSpec, OwnAddrs, Pin};
+pub use grant::{Grant, GrantSpec, OwnAddrs, Pin, RequestRule, RequestRuleSpec};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use pattern::{HostPattern, PatternUse};

@@ -6,18 +6,22 @@
 //! must resolve "privately" are answered by [`DnsServer`]; the mediator must refuse those
 //! answers, and nothing in the tests ever connects to them itself.
 
+pub mod admin;
 pub mod curl;
 pub mod dns;
 pub mod http;
 pub mod mediator;
 pub mod origin;
+pub mod parent;
 pub mod socks;
+pub mod tls;
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{Result, ensure};
 use serde_json::Value;
 
+pub use crate::admin::{PromText, Watchdog, WatchdogMode};
 pub use crate::curl::{CurlOutput, curl};
 pub use crate::dns::{DnsServer, QueryKind};
 pub use crate::http::{HttpConn, HttpResponse, basic_auth};

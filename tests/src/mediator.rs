@@ -33,11 +33,13 @@ pub const EXIT_TIMEOUT: Duration = Duration::from_secs(15);
 /// The default deadline for [`Mediator::wait_for_log`] in tests.
 pub const LOG_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Path of the `mediator` binary under test.
+/// Path of the `mediator` binary under test: `$MEDIATOR_BIN`, or `target/<profile>/mediator`
+/// freshly built. `cargo test --workspace` does not build other packages' binaries, so the
+/// first call in each test process runs `cargo build -p mediator --bin mediator` (a no-op
+/// when it is up to date); tests therefore never run a stale or missing binary.
 ///
 /// # Errors
-/// When neither `$MEDIATOR_BIN` nor `target/<profile>/mediator` exists; the message says
-/// how to build it.
+/// When the build fails or the binary is still missing afterwards.
 pub fn mediator_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MEDIATOR_BIN") {
         return Ok(PathBuf::from(p));
@@ -49,10 +51,46 @@ pub fn mediator_bin() -> Result<PathBuf> {
         .and_then(Path::parent)
         .ok_or_else(|| anyhow!("test executable {} has no grandparent", exe.display()))?;
     let bin = profile_dir.join("mediator");
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--quiet", "-p", "mediator", "--bin", "mediator"]);
+        // `cargo test` gives this process per-package variables (CARGO_MANIFEST_DIR, ...);
+        // some build scripts (ring) rerun when those change, so the nested build would
+        // rebuild them every time and the next outer build again. Build with the
+        // environment a shell would have.
+        for (key, _) in std::env::vars_os() {
+            let Some(key) = key.to_str() else { continue };
+            if [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+            ]
+            .iter()
+            .any(|p| key.starts_with(p))
+                || key == "CARGO_PRIMARY_PACKAGE"
+                || key == "CARGO_TARGET_TMPDIR"
+            {
+                cmd.env_remove(key);
+            }
+        }
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        match cmd.status() {
+            Ok(st) if st.success() => Ok(()),
+            Ok(st) => Err(format!("cargo build -p mediator failed: {st}")),
+            Err(e) => Err(format!("cannot run cargo to build the mediator: {e}")),
+        }
+    });
+    if let Err(e) = built {
+        bail!("{e}; build it by hand (`cargo build -p mediator`) or set $MEDIATOR_BIN");
+    }
     if !bin.is_file() {
         bail!(
-            "the mediator binary is missing at {}: build it first (`cargo build -p mediator`, \
-             or run `cargo test --workspace`), or point $MEDIATOR_BIN at it",
+            "the mediator binary is missing at {} after building it; set $MEDIATOR_BIN",
             bin.display()
         );
     }
@@ -165,6 +203,11 @@ pub struct MediatorBuilder {
     request_head_bytes: Option<usize>,
     connect_timeout_secs: Option<u64>,
     extra: String,
+    admin: bool,
+    listen_extra: Vec<String>,
+    timeouts_extra: Vec<String>,
+    upstream: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Default for MediatorBuilder {
@@ -178,6 +221,11 @@ impl Default for MediatorBuilder {
             request_head_bytes: None,
             connect_timeout_secs: None,
             extra: String::new(),
+            admin: false,
+            listen_extra: Vec::new(),
+            timeouts_extra: Vec::new(),
+            upstream: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -239,6 +287,42 @@ impl MediatorBuilder {
         self
     }
 
+    /// Whether to configure `[listen] admin = "127.0.0.1:0"` (default off).
+    #[must_use]
+    pub fn admin(mut self, on: bool) -> Self {
+        self.admin = on;
+        self
+    }
+
+    /// Adds a raw `key = value` line to `[listen]` (e.g. `admin_socket = "..."`).
+    #[must_use]
+    pub fn listen_line(mut self, line: &str) -> Self {
+        self.listen_extra.push(line.to_owned());
+        self
+    }
+
+    /// Sets `[timeouts] <key> = <secs>` (e.g. `revoke_grace`, `watchdog`).
+    #[must_use]
+    pub fn timeout(mut self, key: &str, secs: u64) -> Self {
+        self.timeouts_extra.push(format!("{key} = {secs}"));
+        self
+    }
+
+    /// Adds a raw `key = value` line to `[upstream]`; with none, `mode = "direct"`.
+    #[must_use]
+    pub fn upstream_line(mut self, line: &str) -> Self {
+        self.upstream.push(line.to_owned());
+        self
+    }
+
+    /// Sets an environment variable of the mediator process. Proxy variables of the test
+    /// process itself never reach the mediator; only these do.
+    #[must_use]
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
     /// Appends raw TOML after the generated tables (before the authorities).
     #[must_use]
     pub fn extra_toml(mut self, toml: &str) -> Self {
@@ -258,10 +342,20 @@ impl MediatorBuilder {
         if self.tcp {
             let _ = writeln!(out, "tcp = \"127.0.0.1:0\"");
         }
+        if self.admin {
+            let _ = writeln!(out, "admin = \"127.0.0.1:0\"");
+        }
+        for line in &self.listen_extra {
+            let _ = writeln!(out, "{line}");
+        }
         let _ = writeln!(out, "\n[resolver]");
         let ns: Vec<String> = self.nameservers.iter().map(ToString::to_string).collect();
         let _ = writeln!(out, "nameservers = {}", toml_list(&ns));
-        let _ = writeln!(out, "\n[upstream]\nmode = \"direct\"");
+        if self.upstream.is_empty() {
+            let _ = writeln!(out, "\n[upstream]\nmode = \"direct\"");
+        } else {
+            let _ = writeln!(out, "\n[upstream]\n{}", self.upstream.join("\n"));
+        }
         let _ = writeln!(
             out,
             "\n[timeouts]\nrequest_head = 10\ndns = 5\nshutdown_grace = 2"
@@ -270,6 +364,9 @@ impl MediatorBuilder {
             let _ = writeln!(out, "connect = {c}");
         } else {
             let _ = writeln!(out, "connect = 10");
+        }
+        for line in &self.timeouts_extra {
+            let _ = writeln!(out, "{line}");
         }
         if let Some(n) = self.request_head_bytes {
             let _ = writeln!(out, "\n[limits]\nrequest_head_bytes = {n}");
@@ -300,7 +397,7 @@ impl MediatorBuilder {
             .tempdir()
             .context("creating the mediator's temp dir")?;
         let text = self.render(dir.path());
-        Mediator::start_with_config(dir, &text).await
+        Mediator::start_with_env(dir, &text, &self.env).await
     }
 }
 
@@ -360,6 +457,19 @@ impl Mediator {
     /// Missing binary, spawn failure, the process exiting before `ready` (its stderr is
     /// included), or no `ready` line within [`READY_TIMEOUT`].
     pub async fn start_with_config(dir: TempDir, config: &str) -> Result<Self> {
+        Self::start_with_env(dir, config, &[]).await
+    }
+
+    /// [`Self::start_with_config`] with extra environment variables for the process. The
+    /// test process's own proxy variables are removed first.
+    ///
+    /// # Errors
+    /// As [`Self::start_with_config`].
+    pub async fn start_with_env(
+        dir: TempDir,
+        config: &str,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let bin = mediator_bin()?;
         let config_path = dir.path().join("mediator.toml");
         std::fs::write(&config_path, config).context("writing mediator.toml")?;
@@ -371,6 +481,15 @@ impl Mediator {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .env("RUST_BACKTRACE", "1")
+            .env_remove("http_proxy")
+            .env_remove("HTTP_PROXY")
+            .env_remove("https_proxy")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("all_proxy")
+            .env_remove("ALL_PROXY")
+            .env_remove("no_proxy")
+            .env_remove("NO_PROXY")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         let stderr_pipe = child

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::time::Duration;
+
 use anyhow::Result;
 use e2e::{
     AGENT_A, FORGED_DECISION, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth, check_deny,
@@ -246,6 +248,58 @@ async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
         auth_header()
     );
     expect_400(&fx, &req).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<()> {
+    for port in ["65536", "83617", "80a", "99999999999999999999"] {
+        let fx = Fixture::agent_a().await?;
+        let req = format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
+            auth_header()
+        );
+        let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+        // Either our JSON 400 or hyper's own 400 for a URI it cannot parse; never a
+        // decision on port 80.
+        assert_eq!(resp.status, 400, "port {port}: {}", resp.text());
+        let lines = fx.mediator.decision_lines()?;
+        assert!(
+            !lines.iter().any(|l| l["port"] == 80),
+            "port {port} became 80: {lines:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let p = fx.origin.port();
+    let secret = "s3cr3t-pa55";
+    let req = format!(
+        "CONNECT alice:{secret}@origin.test:{p} HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
+        auth_header()
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    assert_eq!(resp.status, 400);
+    assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
+    let req = format!(
+        "GET http://alice:{secret}@origin.test:{p}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
+        auth_header()
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    assert_eq!(resp.status, 400);
+    assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
+    fx.mediator
+        .wait_for_count(
+            |v| v["reason"] == "malformed_target",
+            2,
+            Duration::from_secs(5),
+        )
+        .await?;
+    let log = std::fs::read_to_string(fx.mediator.log_path())?;
+    assert!(!log.contains(secret), "secret in the decision log: {log}");
+    Ok(())
 }
 
 /// Sends a head of about `head_len` bytes (absolute-form, then CONNECT) to a mediator

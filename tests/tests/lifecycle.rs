@@ -157,13 +157,60 @@ async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
     let mut fx = Fixture::agent_a().await?;
-    let mut conn = e2e::HttpConn::unix(&fx.mediator.socket_path(AGENT_A)).await?;
+    let sock = fx.mediator.socket_path(AGENT_A);
+    let mut conn = e2e::HttpConn::unix(&sock).await?;
     let resp = conn.connect(&fx.origin_target(), None).await?;
     assert_eq!(resp.status, 200);
-    // Shut down while the tunnel is open; it is either drained or cut at the grace
-    // (2 s in the generated config), and the process must exit either way.
+    let pid = fx.mediator.pid().expect("mediator pid");
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    ensure!(st.success());
+    // It stops accepting at once: the socket file goes away...
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while sock.exists() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "socket file still there"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...while the live tunnel keeps working during the grace (2 s in this config).
+    conn.send(b"GET /drain HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n")
+        .await?;
+    let inner = conn.read_response(false).await?;
+    assert_eq!(inner.status, 200, "the tunnel was cut instead of drained");
+    drop(conn);
     let status = fx.mediator.terminate().await?;
     ensure!(status.success(), "exit status {status}");
+    // Nothing lost: the drained tunnel has its close record, closed by the client.
+    let lines = fx.mediator.decision_lines()?;
+    let close = lines
+        .iter()
+        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
+        .ok_or_else(|| anyhow::anyhow!("no close record: {lines:?}"))?;
+    ensure!(close["close_reason"] != "shutdown", "{close}");
+    ensure!(close["bytes_up"].as_u64().unwrap_or(0) > 0, "{close}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close() -> Result<()> {
+    let mut fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(&fx.origin_target(), Some((AGENT_A, e2e::TOKEN_A)))
+        .await?;
+    assert_eq!(resp.status, 200);
+    // The client never closes: the grace (2 s) runs out and the tunnel is cut.
+    let status = fx.mediator.terminate().await?;
+    ensure!(status.success(), "exit status {status}");
+    let lines = fx.mediator.decision_lines()?;
+    let close = lines
+        .iter()
+        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
+        .ok_or_else(|| anyhow::anyhow!("no close record: {lines:?}"))?;
+    assert_eq!(close["close_reason"], "shutdown");
     drop(conn);
     Ok(())
 }

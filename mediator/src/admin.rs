@@ -1,0 +1,405 @@
+//! The admin API (design section 10), served with hyper on `[listen] admin` (a loopback
+//! TCP address) and/or `[listen] admin_socket` (a Unix socket of its own, mode 0600, never
+//! a channel socket).
+//!
+//! | method and path | answer |
+//! |---|---|
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /healthz` | 200 while the process serves |
+//! | `GET /readyz` | 200 when listening, 503 while shutting down |
+//! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, live connections |
+//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`); 201, 400 naming each bad field, 409 duplicate |
+//! | `DELETE /v1/authorities/<name>` | revoke; 200, 404 |
+//! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
+//!
+//! With `[listen] admin_token_sha256`, every path but `/healthz` and `/readyz` needs
+//! `Authorization: Bearer <token>` (compared by SHA-256 in constant time); else 401.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use crate::authorities::{Live, Since};
+use crate::control::{Control, CreateError};
+use crate::listener::wait_true;
+
+/// Largest request body accepted, in bytes.
+const MAX_BODY: usize = 64 * 1024;
+
+/// Time allowed to read a request head.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+type Body = Full<Bytes>;
+
+/// The admin API's state.
+#[derive(Debug)]
+pub struct Admin {
+    control: Arc<Control>,
+    token_sha256: Option<[u8; 32]>,
+}
+
+impl Admin {
+    /// An admin API over `control`, requiring a bearer token whose SHA-256 is
+    /// `token_sha256` when given.
+    pub fn new(control: Arc<Control>, token_sha256: Option<[u8; 32]>) -> Self {
+        Self {
+            control,
+            token_sha256,
+        }
+    }
+}
+
+/// Serves the admin API on a TCP listener until `stop` turns true.
+pub async fn serve_tcp(listener: TcpListener, admin: Arc<Admin>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = wait_true(&mut stop) => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_conn(stream, Arc::clone(&admin), stop.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Serves the admin API on its Unix socket until `stop` turns true.
+pub async fn serve_unix(
+    listener: UnixListener,
+    admin: Arc<Admin>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = wait_true(&mut stop) => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(serve_conn(stream, Arc::clone(&admin), stop.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("admin accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_conn<S>(io: S, admin: Arc<Admin>, mut stop: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let admin = Arc::clone(&admin);
+        async move { Ok::<_, Infallible>(handle(req, &admin).await) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
+                tracing::debug!("admin connection ended: {e}");
+            }
+        }
+        () = wait_true(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    if !matches!(path.as_str(), "/healthz" | "/readyz") && !authorized(admin, &req) {
+        let mut resp = error(
+            StatusCode::UNAUTHORIZED,
+            "this admin API needs Authorization: Bearer <token>",
+        );
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"mediator-admin\""),
+        );
+        return resp;
+    }
+    let shared = admin.control.shared();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["metrics"]) => {
+            let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            );
+            resp
+        }
+        (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, ["readyz"]) => {
+            if *shared.draining.borrow() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+            } else {
+                text(StatusCode::OK, "ready\n")
+            }
+        }
+        (&Method::GET, ["v1", "authorities"]) => {
+            let list: Vec<Value> = shared
+                .authorities
+                .list()
+                .iter()
+                .map(|l| describe(admin, l))
+                .collect();
+            json_response(StatusCode::OK, &json!({ "authorities": list }))
+        }
+        (&Method::POST, ["v1", "authorities"]) => create(req, admin).await,
+        (&Method::DELETE, ["v1", "authorities", name]) => match admin.control.revoke(name) {
+            Some(live) => json_response(
+                StatusCode::OK,
+                &json!({
+                    "revoked": live.name(),
+                    "generation": live.generation,
+                    "socket_removed": live.socket,
+                    "live_connections": shared.metrics.active_of(live.name()),
+                    "connections_close_in_seconds": admin.control.revoke_grace().as_secs(),
+                }),
+            ),
+            None => not_found(name),
+        },
+        (&Method::GET, ["v1", "authorities", name]) => match shared.authorities.get(name) {
+            Some(live) => json_response(StatusCode::OK, &describe(admin, &live)),
+            None => not_found(name),
+        },
+        (&Method::GET, ["v1", "authorities", name, "denials"]) => {
+            let Some(live) = shared.authorities.get(name) else {
+                return not_found(name);
+            };
+            let since = match parse_since(req.uri().query()) {
+                Ok(s) => s,
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+            };
+            let (denials, dropped) = live.denials(&since);
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "authority": live.name(),
+                    "generation": live.generation,
+                    "denials": denials,
+                    "dropped": dropped,
+                    "ring_size": crate::authorities::DENIAL_RING,
+                }),
+            )
+        }
+        (_, ["metrics" | "healthz" | "readyz"])
+        | (_, ["v1", "authorities"])
+        | (_, ["v1", "authorities", _])
+        | (_, ["v1", "authorities", _, "denials"]) => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
+        }
+        _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+fn authorized(admin: &Admin, req: &Request<Incoming>) -> bool {
+    let Some(stored) = admin.token_sha256 else {
+        return true;
+    };
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    let Some(token) = value
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
+        .and_then(|_| value.get(7..))
+    else {
+        return false;
+    };
+    let digest: [u8; 32] = Sha256::digest(token.trim_ascii()).into();
+    bool::from(digest.ct_eq(&stored))
+}
+
+fn describe(admin: &Admin, live: &Live) -> Value {
+    let a = &live.authority;
+    json!({
+        "name": live.name(),
+        "generation": live.generation,
+        "origin": live.origin,
+        "created": live.created,
+        "channel": {
+            "socket": live.socket,
+            "tcp": a.token_sha256.and(admin.control.tcp_addr()).map(|s| s.to_string()),
+        },
+        "grant_digest": live.digest,
+        "grant": {
+            "allow": a.grant.allow_entries().collect::<Vec<_>>(),
+            "deny": a.grant.deny_entries().collect::<Vec<_>>(),
+            "allow_private": a.grant.allow_private().iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "sni_check": a.grant.sni_check(),
+            "watchdog": a.watchdog,
+        },
+        "live_connections": admin.control.shared().metrics.active_of(live.name()),
+    })
+}
+
+async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the body (at most {MAX_BODY} bytes): {e}"),
+            );
+        }
+    };
+    let value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is not JSON: {e}"),
+            );
+        }
+    };
+    match admin.control.create_from_json(&value) {
+        Ok(created) => {
+            let mut out = describe(admin, &created.live);
+            if let (Some(token), Value::Object(map)) = (created.token, &mut out) {
+                map.insert("token".into(), Value::String(token));
+                map.insert(
+                    "token_note".into(),
+                    Value::String("shown once: the mediator keeps only its SHA-256".into()),
+                );
+            }
+            json_response(StatusCode::CREATED, &out)
+        }
+        Err(CreateError::Invalid(errors)) => {
+            let first = errors.first().map(|e| e.field.clone()).unwrap_or_default();
+            let list: Vec<Value> = errors
+                .iter()
+                .map(|e| json!({ "field": e.field, "message": e.message }))
+                .collect();
+            json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({
+                    "error": "invalid_authority",
+                    "field": first,
+                    "message": errors.first().map(|e| e.message.clone()).unwrap_or_default(),
+                    "errors": list,
+                }),
+            )
+        }
+        Err(CreateError::Duplicate(name)) => json_response(
+            StatusCode::CONFLICT,
+            &json!({
+                "error": "duplicate_authority",
+                "field": "name",
+                "message": format!("authority {name:?} exists; grants are immutable: DELETE it first to replace it"),
+            }),
+        ),
+        Err(CreateError::Listen(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// `since=` is a decision id (denials after it) or an RFC 3339 instant (at or after it).
+fn parse_since(query: Option<&str>) -> Result<Since, String> {
+    let Some(query) = query else {
+        return Ok(Since::All);
+    };
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != "since" {
+            continue;
+        }
+        if v.is_empty() {
+            return Ok(Since::All);
+        }
+        if let Ok(id) = v.parse::<u64>() {
+            return Ok(Since::Id(id));
+        }
+        let v = v.replace("%3A", ":").replace("%3a", ":");
+        return humantime::parse_rfc3339(&v)
+            .map(Since::Time)
+            .map_err(|e| format!("since={v:?}: give a decision id or an RFC 3339 UTC time ({e})"));
+    }
+    Ok(Since::All)
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut body = v.to_string();
+    body.push('\n');
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn text(status: StatusCode, s: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(s.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Body> {
+    json_response(
+        status,
+        &json!({ "error": status.canonical_reason(), "message": message }),
+    )
+}
+
+fn not_found(name: &str) -> Response<Body> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({ "error": "unknown_authority", "message": format!("no live authority named {name:?}") }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn since_forms() {
+        assert_eq!(parse_since(None), Ok(Since::All));
+        assert_eq!(parse_since(Some("since=17")), Ok(Since::Id(17)));
+        assert_eq!(parse_since(Some("x=1&since=")), Ok(Since::All));
+        assert!(matches!(
+            parse_since(Some("since=2026-01-02T03:04:05Z")),
+            Ok(Since::Time(_))
+        ));
+        assert!(matches!(
+            parse_since(Some("since=2026-01-02T03%3A04%3A05Z")),
+            Ok(Since::Time(_))
+        ));
+        assert!(parse_since(Some("since=yesterday")).is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! The live set of authorities. Grants are immutable: an authority is only ever added
+//! whole or revoked whole (changing one is revoke + add, with a new *generation*). Each
+//! live authority carries the signals that end its channel (its listener, at once) and its
+//! connections (after the revoke grace), and a bounded ring of its recent denials.
+//!
+//! A connection keeps the `Arc<Authority>` it was attributed to; [`Registry::is_live`]
+//! compares that exact grant (by identity, not by name) with the live one, so a connection
+//! of a revoked or replaced authority can never be served by the new grant, nor keep
+//! getting new decisions from the old one.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use policy::config::Authority;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+/// Denials kept per authority for `GET /v1/authorities/<name>/denials`.
+pub const DENIAL_RING: usize = 256;
+
+/// Where an authority came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// The configuration file (at start or by a reload).
+    Config,
+    /// `POST /v1/authorities`.
+    Api,
+}
+
+/// One recent denial of an authority.
+#[derive(Debug, Clone, Serialize)]
+pub struct DenialEntry {
+    /// The decision id (as in the decision log).
+    pub id: u64,
+    /// RFC 3339 timestamp.
+    pub ts: String,
+    /// `connect`, `http`, `socks5` or `tls`.
+    pub protocol: &'static str,
+    /// Canonical (or escaped raw) host.
+    pub host: Option<String>,
+    /// Port.
+    pub port: Option<u16>,
+    /// Reason (design section 4.3).
+    pub reason: &'static str,
+    /// The rule that decided, if any.
+    pub rule: Option<String>,
+    /// Human detail.
+    pub detail: String,
+}
+
+/// A bounded ring of denials; the oldest are dropped (and counted) when full.
+#[derive(Debug, Default)]
+pub struct DenialRing {
+    entries: VecDeque<DenialEntry>,
+    dropped: u64,
+}
+
+impl DenialRing {
+    fn push(&mut self, e: DenialEntry) {
+        if self.entries.len() == DENIAL_RING {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        self.entries.push_back(e);
+    }
+}
+
+/// Which denials to return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Since {
+    /// Every denial kept.
+    All,
+    /// Denials with a decision id greater than this.
+    Id(u64),
+    /// Denials at or after this RFC 3339 instant.
+    Time(std::time::SystemTime),
+}
+
+/// A live authority.
+#[derive(Debug)]
+pub struct Live {
+    /// The frozen authority (grant, token hash, socket settings, watchdog).
+    pub authority: Arc<Authority>,
+    /// Generation number, unique within this process; a re-created authority gets a new one.
+    pub generation: u64,
+    /// Where it came from.
+    pub origin: Origin,
+    /// SHA-256 (hex) of the grant as held (see [`grant_digest`]).
+    pub digest: String,
+    /// When it was added (RFC 3339).
+    pub created: String,
+    /// Its Unix socket, if it has one.
+    pub socket: Option<PathBuf>,
+    stop: watch::Sender<bool>,
+    closing: watch::Sender<bool>,
+    denials: Mutex<DenialRing>,
+}
+
+impl Live {
+    /// A live authority with fresh signals.
+    pub fn new(
+        authority: Arc<Authority>,
+        generation: u64,
+        origin: Origin,
+        socket: Option<PathBuf>,
+    ) -> Self {
+        let digest = grant_digest(&authority);
+        Self {
+            authority,
+            generation,
+            origin,
+            digest,
+            created: crate::decision_log::now_rfc3339(),
+            socket,
+            stop: watch::channel(false).0,
+            closing: watch::channel(false).0,
+            denials: Mutex::new(DenialRing::default()),
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        self.authority.grant.name()
+    }
+
+    /// Turns true when the authority's listener must stop (revocation).
+    pub fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Turns true when the authority's live connections must close (revoke grace over, or
+    /// shutdown grace over).
+    pub fn closing_signal(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// Stops the listener.
+    pub fn stop_listener(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Closes every live connection.
+    pub fn close_connections(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Records a denial.
+    pub fn record_denial(&self, e: DenialEntry) {
+        self.denials
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(e);
+    }
+
+    /// The denials kept that match `since`, oldest first, and how many were dropped from
+    /// the ring since the authority was added.
+    pub fn denials(&self, since: &Since) -> (Vec<DenialEntry>, u64) {
+        let ring = self.denials.lock().unwrap_or_else(PoisonError::into_inner);
+        let keep = |e: &&DenialEntry| match since {
+            Since::All => true,
+            Since::Id(id) => e.id > *id,
+            Since::Time(t) => humantime::parse_rfc3339(&e.ts).is_ok_and(|ts| ts >= *t),
+        };
+        (
+            ring.entries.iter().filter(keep).cloned().collect(),
+            ring.dropped,
+        )
+    }
+}
+
+/// A stable digest of what an authority's grant lets it do, as the mediator holds it:
+/// allow and deny entries (global ones included), `allow_private`, `sni_check`, the token
+/// hash, the watchdog and the socket settings. SHA-256, hex.
+pub fn grant_digest(a: &Authority) -> String {
+    let description = serde_json::json!({
+        "name": a.grant.name(),
+        "allow": a.grant.allow_entries().collect::<Vec<_>>(),
+        "deny": a.grant.deny_entries().collect::<Vec<_>>(),
+        "allow_private": a.grant.allow_private().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "sni_check": a.grant.sni_check(),
+        "token_sha256": a.token_sha256.map(hex::encode),
+        "watchdog": a.watchdog,
+        "socket_mode": a.socket_mode,
+        "socket_uid": a.socket_uid,
+        "socket_gid": a.socket_gid,
+    });
+    hex::encode(Sha256::digest(description.to_string().as_bytes()))
+}
+
+/// The live authorities by name.
+#[derive(Debug, Default)]
+pub struct Registry {
+    map: RwLock<HashMap<String, Arc<Live>>>,
+    generations: AtomicU64,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The next generation number (1, 2, ...).
+    pub fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The live authority named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Live>> {
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// The live entry of exactly this authority (same grant object), if it is still live.
+    pub fn live_of(&self, authority: &Authority) -> Option<Arc<Live>> {
+        self.get(authority.grant.name())
+            .filter(|l| std::ptr::eq(Arc::as_ptr(&l.authority), authority))
+    }
+
+    /// Whether exactly this authority (not merely one of the same name) is live.
+    pub fn is_live(&self, authority: &Authority) -> bool {
+        self.live_of(authority).is_some()
+    }
+
+    /// Every live authority, by name.
+    pub fn list(&self) -> Vec<Arc<Live>> {
+        let mut all: Vec<Arc<Live>> = self
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
+    /// Number of live authorities.
+    pub fn len(&self) -> usize {
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no authority is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds `live`; gives it back when the name is taken.
+    ///
+    /// # Errors
+    /// The entry itself, when an authority of that name is live.
+    pub fn insert(&self, live: Arc<Live>) -> Result<(), Arc<Live>> {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if map.contains_key(live.name()) {
+            return Err(live);
+        }
+        map.insert(live.name().to_owned(), live);
+        Ok(())
+    }
+
+    /// Removes and returns the authority named `name`.
+    pub fn remove(&self, name: &str) -> Option<Arc<Live>> {
+        self.map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name)
+    }
+}

@@ -1,0 +1,514 @@
+//! The control plane: adding and revoking authorities at run time (admin API and config
+//! reload). There is no way to edit a grant: an authority is added whole or revoked whole,
+//! and a changed one is revoked and added again under a new generation.
+//!
+//! Revoking removes the authority from the live set (no new decision is taken under its
+//! grant, even on connections already open), stops its listener and removes its socket
+//! file at once, and closes its live connections after `timeouts.revoke_grace`.
+//!
+//! Control-plane events are logged with the tracing target `mediator::control` (shown by
+//! the binary at level `info`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use policy::config::{Authority, Config, FieldError};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::authorities::{Live, Origin};
+use crate::error::Error;
+use crate::listener;
+use crate::pipeline::Shared;
+
+/// Log target of control-plane events.
+pub const TARGET: &str = "mediator::control";
+
+/// Keys of one `[[authority]]` table that `POST /v1/authorities` accepts, plus
+/// `generate_token`.
+const GENERATE_TOKEN: &str = "generate_token";
+
+/// Why an authority could not be created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// The body is not an acceptable authority (HTTP 400); every problem, each naming
+    /// its field.
+    Invalid(Vec<FieldError>),
+    /// An authority of that name is live (HTTP 409).
+    Duplicate(String),
+    /// Its socket could not be created (HTTP 500).
+    Listen(Error),
+}
+
+/// A created authority, as `POST /v1/authorities` reports it.
+#[derive(Debug)]
+pub struct Created {
+    /// The live entry.
+    pub live: Arc<Live>,
+    /// The freshly generated token, when one was asked for (shown once, never stored).
+    pub token: Option<String>,
+}
+
+/// What a reload did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Added: `(name, generation)`.
+    pub added: Vec<(String, u64)>,
+    /// Revoked: `(name, generation)`.
+    pub removed: Vec<(String, u64)>,
+    /// Revoked and re-created: `(name, old generation, new generation)`.
+    pub changed: Vec<(String, u64, u64)>,
+    /// Left as they were.
+    pub unchanged: Vec<String>,
+    /// Sections whose changes need a restart (ignored by the reload).
+    pub ignored_sections: Vec<String>,
+    /// Authorities that could not be (re-)created (each is absent, so fails closed).
+    pub failed: Vec<(String, String)>,
+}
+
+/// The control plane of one running mediator.
+#[derive(Debug)]
+pub struct Control {
+    shared: Arc<Shared>,
+    socket_dir: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    revoke_grace: Duration,
+    global_deny: Mutex<Vec<String>>,
+    /// Raw fingerprints of the authorities that came from the configuration file, and of
+    /// its other sections, as last applied (the baseline a reload diffs against).
+    baseline: Mutex<Option<Baseline>>,
+    /// Serialises control operations.
+    op: Mutex<()>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Baseline {
+    authorities: BTreeMap<String, String>,
+    sections: BTreeMap<String, String>,
+}
+
+impl Control {
+    /// A control plane for `shared`.
+    pub fn new(
+        shared: Arc<Shared>,
+        socket_dir: Option<PathBuf>,
+        tcp: Option<SocketAddr>,
+        revoke_grace: Duration,
+        global_deny: Vec<String>,
+    ) -> Self {
+        Self {
+            shared,
+            socket_dir,
+            tcp,
+            revoke_grace,
+            global_deny: Mutex::new(global_deny),
+            baseline: Mutex::new(None),
+            op: Mutex::new(()),
+        }
+    }
+
+    /// The shared state.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The shared TCP listener's address, if any.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The revoke grace.
+    pub fn revoke_grace(&self) -> Duration {
+        self.revoke_grace
+    }
+
+    /// Adds `authority`: binds its socket (when a `socket_dir` is configured), makes it
+    /// live and starts accepting. Must run inside the tokio runtime.
+    ///
+    /// # Errors
+    /// [`CreateError::Duplicate`] when the name is live, [`CreateError::Listen`] when the
+    /// socket cannot be created (nothing is left behind).
+    pub fn add(&self, authority: Authority, origin: Origin) -> Result<Arc<Live>, CreateError> {
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        self.add_locked(authority, origin)
+    }
+
+    fn add_locked(&self, authority: Authority, origin: Origin) -> Result<Arc<Live>, CreateError> {
+        let name = authority.grant.name().to_owned();
+        if self.shared.authorities.get(&name).is_some() {
+            return Err(CreateError::Duplicate(name));
+        }
+        let (listener, socket) = match &self.socket_dir {
+            Some(dir) => {
+                let (l, p) = listener::bind_unix(dir, &authority).map_err(CreateError::Listen)?;
+                (Some(l), Some(p))
+            }
+            None => (None, None),
+        };
+        let generation = self.shared.authorities.next_generation();
+        let live = Arc::new(Live::new(
+            Arc::new(authority),
+            generation,
+            origin,
+            socket.clone(),
+        ));
+        if let Err(live) = self.shared.authorities.insert(Arc::clone(&live)) {
+            // Unreachable while `op` is held, but never leave a socket behind.
+            remove_socket(live.socket.as_ref());
+            return Err(CreateError::Duplicate(name));
+        }
+        self.shared.metrics.prime(&name);
+        self.shared
+            .metrics
+            .set_authorities(self.shared.authorities.len());
+        watch_shutdown(&self.shared, &live);
+        if let Some(l) = listener {
+            tokio::spawn(listener::accept_unix(
+                l,
+                Arc::clone(&live),
+                Arc::clone(&self.shared),
+            ));
+        }
+        tracing::info!(
+            target: TARGET,
+            "authority {name:?} added (generation {generation}, from {}, grant digest {}, socket {})",
+            match origin { Origin::Config => "config", Origin::Api => "admin API" },
+            live.digest,
+            socket.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string())
+        );
+        Ok(live)
+    }
+
+    /// Revokes the authority named `name`: out of the live set, listener stopped and socket
+    /// file removed at once, live connections closed after the revoke grace. Returns the
+    /// revoked entry, or `None` when no such authority is live.
+    pub fn revoke(&self, name: &str) -> Option<Arc<Live>> {
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        self.revoke_locked(name, "revoked")
+    }
+
+    fn revoke_locked(&self, name: &str, why: &str) -> Option<Arc<Live>> {
+        let live = self.shared.authorities.remove(name)?;
+        live.stop_listener();
+        remove_socket(live.socket.as_ref());
+        self.shared
+            .metrics
+            .set_authorities(self.shared.authorities.len());
+        let grace = self.revoke_grace;
+        let closing = Arc::clone(&live);
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            closing.close_connections();
+        });
+        tracing::info!(
+            target: TARGET,
+            "authority {name:?} {why} (generation {}); listener closed, live connections close in {} s",
+            live.generation,
+            grace.as_secs()
+        );
+        Some(live)
+    }
+
+    /// Creates an authority from the flat JSON of one `[[authority]]` table
+    /// (`POST /v1/authorities`), validated by the same code as the configuration file, with
+    /// the global deny list applied. `"generate_token": true` makes the mediator generate a
+    /// token, store only its SHA-256 and return it once.
+    ///
+    /// # Errors
+    /// As [`Self::add`], and [`CreateError::Invalid`] naming each bad field.
+    pub fn create_from_json(&self, body: &Value) -> Result<Created, CreateError> {
+        let invalid = |field: &str, message: String| {
+            CreateError::Invalid(vec![FieldError {
+                field: field.to_owned(),
+                message,
+            }])
+        };
+        let Value::Object(map) = body else {
+            return Err(invalid(
+                "",
+                "the body must be a JSON object: the keys of one [[authority]] table".into(),
+            ));
+        };
+        let mut map: Map<String, Value> = map.clone();
+        let generate = match map.remove(GENERATE_TOKEN) {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(_) => return Err(invalid(GENERATE_TOKEN, "must be true or false".into())),
+        };
+        if generate && map.contains_key("token_sha256") {
+            return Err(invalid(
+                GENERATE_TOKEN,
+                "give either token_sha256 or generate_token, not both".into(),
+            ));
+        }
+        if let Some((k, _)) = map.iter().find(|(_, v)| v.is_null()) {
+            return Err(invalid(
+                k,
+                "null is not a value; omit the key instead".into(),
+            ));
+        }
+        if let Some((k, _)) = map.iter().find(|(_, v)| v.is_object()) {
+            return Err(invalid(
+                k,
+                "nested objects are not part of an [[authority]] table".into(),
+            ));
+        }
+        let token = if generate {
+            let token = random_token().map_err(|e| {
+                CreateError::Listen(Error::Io(std::io::Error::other(format!(
+                    "cannot generate a token: {e}"
+                ))))
+            })?;
+            map.insert(
+                "token_sha256".into(),
+                Value::String(hex::encode(Sha256::digest(token.as_bytes()))),
+            );
+            Some(token)
+        } else {
+            None
+        };
+        let text = toml::to_string(&Value::Object(map)).map_err(|e| {
+            invalid(
+                "",
+                format!("cannot read the body as an authority table: {e}"),
+            )
+        })?;
+        let global = self
+            .global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let authority =
+            policy::config::parse_authority(&text, &global).map_err(CreateError::Invalid)?;
+        let live = self.add(authority, Origin::Api)?;
+        Ok(Created { live, token })
+    }
+
+    /// Records the configuration text the running set was built from, so that a later
+    /// [`Self::reload`] can tell which authorities changed. Called once after start.
+    pub fn set_baseline(&self, text: &str) {
+        let baseline = fingerprints(text);
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(baseline);
+    }
+
+    /// Applies a new configuration (already parsed and validated from `text`): authorities
+    /// of the file that are new are added, those no longer in the file are revoked, those
+    /// whose table (or the global deny list) changed are revoked and re-created with a new
+    /// generation. Authorities created through the admin API are left alone unless the
+    /// file now defines the same name (the file's then replaces it). Changes to other
+    /// sections need a restart and are reported, not applied.
+    ///
+    /// The caller validates first: a file that does not parse or validate never gets here,
+    /// so it changes nothing.
+    pub fn reload(&self, config: Config, text: &str) -> ReloadReport {
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let new = fingerprints(text);
+        let old = self
+            .baseline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default();
+        let mut report = ReloadReport::default();
+        for (section, fp) in &new.sections {
+            if old.sections.get(section) != Some(fp) {
+                report.ignored_sections.push(section.clone());
+            }
+        }
+        for section in old.sections.keys() {
+            if !new.sections.contains_key(section) {
+                report.ignored_sections.push(section.clone());
+            }
+        }
+        report.ignored_sections.sort();
+        report.ignored_sections.dedup();
+        *self
+            .global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = config.global_deny.clone();
+
+        // Removed from the file: revoke (only those that came from the file).
+        for name in old.authorities.keys() {
+            if new.authorities.contains_key(name) {
+                continue;
+            }
+            if let Some(live) = self.shared.authorities.get(name) {
+                if live.origin == Origin::Config {
+                    if let Some(l) =
+                        self.revoke_locked(name, "revoked by reload (removed from the file)")
+                    {
+                        report.removed.push((name.clone(), l.generation));
+                    }
+                }
+            }
+        }
+        let mut by_name: HashMap<String, Authority> = config
+            .authorities
+            .into_iter()
+            .map(|a| (a.grant.name().to_owned(), a))
+            .collect();
+        for (name, fp) in &new.authorities {
+            let Some(authority) = by_name.remove(name) else {
+                continue;
+            };
+            let current = self.shared.authorities.get(name);
+            let same = current.as_ref().is_some_and(|l| l.origin == Origin::Config)
+                && old.authorities.get(name) == Some(fp);
+            if same {
+                report.unchanged.push(name.clone());
+                continue;
+            }
+            let old_generation = current.and_then(|_| {
+                self.revoke_locked(name, "revoked by reload (its table changed)")
+                    .map(|l| l.generation)
+            });
+            match self.add_locked(authority, Origin::Config) {
+                Ok(live) => match old_generation {
+                    Some(g) => report.changed.push((name.clone(), g, live.generation)),
+                    None => report.added.push((name.clone(), live.generation)),
+                },
+                Err(e) => {
+                    let why = match e {
+                        CreateError::Listen(e) => e.to_string(),
+                        CreateError::Duplicate(n) => format!("{n} is live"),
+                        CreateError::Invalid(v) => format!("{v:?}"),
+                    };
+                    tracing::error!(target: TARGET, "reload: cannot add authority {name:?}: {why}; it stays absent");
+                    report.failed.push((name.clone(), why));
+                }
+            }
+        }
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(new);
+        tracing::info!(
+            target: TARGET,
+            "reload applied: added {:?}, removed {:?}, changed {:?}, unchanged {:?}",
+            report.added,
+            report.removed,
+            report.changed,
+            report.unchanged
+        );
+        if !report.ignored_sections.is_empty() {
+            tracing::warn!(
+                target: TARGET,
+                "reload: changes to {} need a restart and were not applied",
+                report.ignored_sections.join(", ")
+            );
+        }
+        report
+    }
+}
+
+/// When the shutdown grace is over, close the authority's connections too (tunnels
+/// watch their authority's signal, see [`crate::pipeline::Connected::closing`]).
+fn watch_shutdown(shared: &Shared, live: &Arc<Live>) {
+    let mut global = shared.closing.clone();
+    let mut own = live.closing_signal();
+    let live = Arc::clone(live);
+    tokio::spawn(async move {
+        tokio::select! {
+            () = listener::wait_true(&mut global) => live.close_connections(),
+            () = listener::wait_true(&mut own) => {}
+        }
+    });
+}
+
+fn remove_socket(path: Option<&PathBuf>) {
+    if let Some(path) = path {
+        if let Err(e) = std::fs::remove_file(path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("cannot remove {}: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// 32 random bytes from the kernel, as 64 hex digits.
+fn random_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(hex::encode(bytes))
+}
+
+/// Per-authority and per-section fingerprints of a configuration text. An authority's
+/// fingerprint covers its own table and the `[global]` table (whose deny list is part of
+/// every grant). Text that does not parse gives empty maps (callers validate first).
+fn fingerprints(text: &str) -> Baseline {
+    let mut out = Baseline::default();
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return out;
+    };
+    let global = table.get("global").map(canonical).unwrap_or_default();
+    for (key, value) in &table {
+        if key == "authority" {
+            for a in value.as_array().into_iter().flatten() {
+                if let Some(name) = a.get("name").and_then(toml::Value::as_str) {
+                    let fp = hex::encode(Sha256::digest(
+                        format!("{}\n{global}", canonical(a)).as_bytes(),
+                    ));
+                    out.authorities.insert(name.to_owned(), fp);
+                }
+            }
+        } else if key != "global" {
+            out.sections.insert(key.clone(), canonical(value));
+        }
+    }
+    out
+}
+
+/// A canonical JSON rendering (object keys sorted) of a TOML value.
+fn canonical(v: &toml::Value) -> String {
+    fn sort(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let sorted: BTreeMap<String, Value> =
+                    m.into_iter().map(|(k, v)| (k, sort(v))).collect();
+                Value::Object(sorted.into_iter().collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sort).collect()),
+            other => other,
+        }
+    }
+    serde_json::to_value(v)
+        .map(sort)
+        .map(|v| v.to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn fingerprints_see_table_and_global_changes_only() {
+        let a = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n[[authority]]\nname = \"a\"\nallow = [\"x.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        let same = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n\n[[authority]]\nallow = [ \"x.test\" ]\nname = \"a\"\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_eq!(a.authorities, same.authorities);
+        assert_eq!(a.sections, same.sections);
+        let changed = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:2\"\n[[authority]]\nname = \"a\"\nallow = [\"y.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_ne!(a.authorities["a"], changed.authorities["a"]);
+        assert_eq!(a.authorities["b"], changed.authorities["b"]);
+        assert_ne!(a.sections["listen"], changed.sections["listen"]);
+        let global = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n[global]\ndeny = [\"*:25\"]\n[[authority]]\nname = \"a\"\nallow = [\"x.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_ne!(a.authorities["b"], global.authorities["b"]);
+    }
+
+    #[test]
+    fn tokens_are_fresh() {
+        let a = random_token().unwrap();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, random_token().unwrap());
+    }
+}

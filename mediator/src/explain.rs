@@ -1,0 +1,254 @@
+//! `mediator explain`: what the mediator would decide for one authority and one target,
+//! computed by the same steps as live traffic ([`crate::pipeline::decide_and_vet`]: the
+//! grant's name decision, then, with `--resolve`, one resolution with the configured
+//! resolver and vetting of every address). It never connects to the destination, and the
+//! watchdog (which can only narrow an allow) is not asked.
+
+use std::net::IpAddr;
+
+use policy::config::Config;
+use policy::{AddrClass, OwnAddrs, Target, canonicalize_host, classify, parse_authority_form};
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::pipeline::decide_and_vet;
+use crate::resolve::Resolver;
+
+/// The port assumed when the target names none (HTTPS, the common CONNECT case).
+pub const DEFAULT_PORT: u16 = 443;
+
+/// One resolved address and how it was judged.
+#[derive(Debug, Clone, Serialize)]
+pub struct AddressInfo {
+    /// The address.
+    pub ip: String,
+    /// `global`, `private`, `special` or `embedded`.
+    pub class: &'static str,
+    /// The registry block (or the embedding) it falls in; empty for global addresses.
+    pub block: String,
+    /// Whether an `allow_private` entry of the grant exempts it.
+    pub excepted: bool,
+}
+
+/// The explanation of one decision.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    /// The authority.
+    pub authority: String,
+    /// The target as given.
+    pub input: String,
+    /// The canonical host (absent when the target is malformed).
+    pub host: Option<String>,
+    /// The port.
+    pub port: Option<u16>,
+    /// `allow` or `deny`.
+    pub decision: &'static str,
+    /// Reason (design section 4.3).
+    pub reason: &'static str,
+    /// The grant entry that decided, if any.
+    pub rule: Option<String>,
+    /// Human detail.
+    pub detail: String,
+    /// What would make it work (denials).
+    pub hint: String,
+    /// Whether addresses were resolved (`--resolve`).
+    pub resolved: bool,
+    /// Each resolved address, with its class.
+    pub addresses: Vec<AddressInfo>,
+    /// The vetted addresses a connection would be made to (in order), when allowed.
+    pub pin: Vec<String>,
+    /// The authority's watchdog, which live traffic would also ask (explain does not).
+    pub watchdog: Option<String>,
+}
+
+/// Explains the decision for `authority` and `target` (`host[:port]`, IPv6 bracketed)
+/// under `config`; with `resolve`, resolves the name as live traffic would.
+///
+/// # Errors
+/// [`Error::Control`] when the authority does not exist; [`Error::Resolver`] when the
+/// resolver cannot be configured.
+pub async fn explain(
+    config: &Config,
+    authority: &str,
+    target: &str,
+    resolve: bool,
+) -> Result<Explanation, Error> {
+    let Some(auth) = config
+        .authorities
+        .iter()
+        .find(|a| a.grant.name() == authority)
+    else {
+        let names: Vec<&str> = config.authorities.iter().map(|a| a.grant.name()).collect();
+        return Err(Error::Control(format!(
+            "no authority {authority:?} in the configuration (it has: {})",
+            names.join(", ")
+        )));
+    };
+    let grant = &auth.grant;
+    let mut out = Explanation {
+        authority: authority.to_owned(),
+        input: target.to_owned(),
+        host: None,
+        port: None,
+        decision: "deny",
+        reason: policy::Reason::MalformedTarget.as_str(),
+        rule: None,
+        detail: String::new(),
+        hint: String::new(),
+        resolved: false,
+        addresses: Vec::new(),
+        pin: Vec::new(),
+        watchdog: (!auth.watchdog.is_empty()).then(|| auth.watchdog.clone()),
+    };
+    let parsed = parse_target(target);
+    let target = match parsed {
+        Ok(t) => t,
+        Err(e) => {
+            out.detail = e.to_string();
+            out.hint = "use a canonical host: a DNS name or dotted-quad IPv4 / bracketed IPv6, optionally with :port".into();
+            return Ok(out);
+        }
+    };
+    out.host = Some(target.host.as_text());
+    out.port = Some(target.port);
+    let own = OwnAddrs(
+        config
+            .listen
+            .tcp
+            .iter()
+            .chain(config.listen.admin.iter())
+            .copied()
+            .collect(),
+    );
+    if resolve {
+        let resolver = Resolver::new(
+            &config.resolver.nameservers,
+            config.resolver.hosts.clone(),
+            config.timeouts.dns,
+        )?;
+        let vetting = decide_and_vet(&resolver, &own, grant, &target).await;
+        if let Some((resolved, _)) = &vetting.resolved {
+            out.resolved = true;
+            if let Ok(addrs) = resolved {
+                out.addresses = addrs.iter().map(|ip| address_info(grant, *ip)).collect();
+            }
+        }
+        match vetting.outcome {
+            Ok((pin, rule)) => {
+                out.decision = "allow";
+                out.reason = policy::Reason::Allowed.as_str();
+                out.rule = rule;
+                out.pin = pin.addrs().iter().map(ToString::to_string).collect();
+            }
+            Err(denial) => {
+                out.reason = denial.reason.as_str();
+                out.rule = denial.rule;
+                out.detail = denial.detail;
+                out.hint = denial.hint;
+            }
+        }
+    } else {
+        // The first step of the same pipeline: the grant's name decision (which also
+        // classifies an IP-literal target).
+        let decision = grant.decide(&target);
+        out.decision = decision.verdict.as_str();
+        out.reason = decision.reason.as_str();
+        out.rule = decision.rule;
+        out.detail = decision.detail;
+        out.hint = decision.hint;
+        if decision.verdict == policy::Verdict::Allow && target.host.ip().is_none() {
+            out.detail =
+                "the name is allowed; the addresses it resolves to were not checked (add --resolve)"
+                    .into();
+        }
+    }
+    if out.reason == policy::Reason::Allowed.as_str() && target.host.ip().is_some() {
+        let ip = target.host.ip().into_iter();
+        out.addresses = ip.map(|ip| address_info(grant, ip)).collect();
+    }
+    Ok(out)
+}
+
+/// `host:port`, or a bare host (IPv6 bracketed or not) with [`DEFAULT_PORT`].
+fn parse_target(s: &str) -> Result<Target, policy::PolicyError> {
+    match parse_authority_form(s) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let bare = s
+                .strip_prefix('[')
+                .and_then(|r| r.strip_suffix(']'))
+                .unwrap_or(s);
+            let looks_bare = !s.contains(':') || s.parse::<IpAddr>().is_ok() || bare != s;
+            if looks_bare {
+                canonicalize_host(bare).map(|host| Target {
+                    host,
+                    port: DEFAULT_PORT,
+                })
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+fn address_info(grant: &policy::Grant, ip: IpAddr) -> AddressInfo {
+    let excepted = grant.allow_private().iter().any(|n| n.contains(&ip));
+    let (class, block) = match classify(ip) {
+        AddrClass::Global => ("global", String::new()),
+        AddrClass::Private(b) => ("private", b.to_owned()),
+        AddrClass::Special(b) => ("special", b.to_owned()),
+        AddrClass::Embedded { kind, embedded, .. } => {
+            ("embedded", format!("{kind}, embeds {embedded}"))
+        }
+    };
+    AddressInfo {
+        ip: ip.to_string(),
+        class,
+        block,
+        excepted,
+    }
+}
+
+/// The explanation as text, one `key: value` per line.
+pub fn render_text(e: &Explanation) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let dash = |v: Option<&str>| v.map_or_else(|| "-".to_owned(), str::to_owned);
+    let _ = writeln!(s, "authority: {}", e.authority);
+    let _ = writeln!(
+        s,
+        "target:    {} (canonical host {}, port {})",
+        e.input,
+        dash(e.host.as_deref()),
+        e.port.map_or_else(|| "-".into(), |p| p.to_string())
+    );
+    let _ = writeln!(s, "decision:  {}", e.decision);
+    let _ = writeln!(s, "reason:    {}", e.reason);
+    let _ = writeln!(s, "rule:      {}", dash(e.rule.as_deref()));
+    if !e.detail.is_empty() {
+        let _ = writeln!(s, "detail:    {}", e.detail);
+    }
+    if !e.hint.is_empty() {
+        let _ = writeln!(s, "hint:      {}", e.hint);
+    }
+    for a in &e.addresses {
+        let mut line = format!("address:   {} {}", a.ip, a.class);
+        if !a.block.is_empty() {
+            let _ = write!(line, " ({})", a.block);
+        }
+        if a.excepted {
+            line.push_str(", excepted by allow_private");
+        }
+        let _ = writeln!(s, "{line}");
+    }
+    if !e.pin.is_empty() {
+        let _ = writeln!(s, "pin:       {}", e.pin.join(", "));
+    }
+    if let Some(w) = &e.watchdog {
+        let _ = writeln!(
+            s,
+            "watchdog:  {w} (asked by live traffic for allowed decisions; not by explain)"
+        );
+    }
+    s
+}

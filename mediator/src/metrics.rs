@@ -1,0 +1,298 @@
+//! Prometheus metrics (design section 10), served as text on the admin API's `/metrics`.
+//!
+//! Every label value comes from a configured authority name or a fixed enum (protocol,
+//! decision, reason, direction, error kind): never a host, a port or an address, so a
+//! flood of distinct destinations cannot grow the number of series. A decision taken
+//! before any authority is known (a missing or wrong credential) is counted under the
+//! authority label [`NO_AUTHORITY`] (`"-"`).
+//!
+//! | family | type | labels |
+//! |---|---|---|
+//! | `mediator_decisions_total` | counter | `authority`, `protocol`, `decision`, `reason` |
+//! | `mediator_active_connections` | gauge | `authority` |
+//! | `mediator_bytes_total` | counter | `authority`, `direction` (`up`, `down`) |
+//! | `mediator_connect_duration_seconds` | histogram | |
+//! | `mediator_dns_duration_seconds` | histogram | |
+//! | `mediator_upstream_errors_total` | counter | `kind` ([`UpstreamErrorKind`]) |
+//! | `mediator_authorities` | gauge | |
+//! | `process_*` | (process collector) | |
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The `authority` label value of decisions that no authority could be attributed to.
+pub const NO_AUTHORITY: &str = "-";
+
+/// Histogram buckets for connect and DNS latency, in seconds (1 ms .. 10 s).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The `kind` label of `mediator_upstream_errors_total`: a fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamErrorKind {
+    /// NXDOMAIN or no A/AAAA records.
+    DnsNoRecords,
+    /// No DNS answer in time.
+    DnsTimeout,
+    /// Any other resolver failure.
+    DnsError,
+    /// Every vetted address refused the connection.
+    ConnectRefused,
+    /// The connect deadline passed.
+    ConnectTimeout,
+    /// Unreachable network or host, or another connect error.
+    ConnectError,
+}
+
+impl UpstreamErrorKind {
+    /// Every kind (series are created up front so that dashboards see zeros).
+    pub const ALL: [Self; 6] = [
+        Self::DnsNoRecords,
+        Self::DnsTimeout,
+        Self::DnsError,
+        Self::ConnectRefused,
+        Self::ConnectTimeout,
+        Self::ConnectError,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DnsNoRecords => "dns_no_records",
+            Self::DnsTimeout => "dns_timeout",
+            Self::DnsError => "dns_error",
+            Self::ConnectRefused => "connect_refused",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::ConnectError => "connect_error",
+        }
+    }
+}
+
+/// The mediator's metric families, registered in a registry of their own. Cheap to clone
+/// (every family is reference-counted).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    active: IntGaugeVec,
+    bytes: IntCounterVec,
+    connect: Histogram,
+    dns: Histogram,
+    upstream_errors: IntCounterVec,
+    authorities: IntGauge,
+    routed: IntCounterVec,
+}
+
+impl Metrics {
+    /// Creates and registers every family, plus the process collector (CPU, memory, file
+    /// descriptors, start time of this process).
+    ///
+    /// # Errors
+    /// [`prometheus::Error`] if a family cannot be registered (only possible through a
+    /// programming error: the names are fixed and distinct).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "mediator_decisions_total",
+                "Decisions taken, by authority (\"-\" when none was established), protocol, decision and reason.",
+            ),
+            &["authority", "protocol", "decision", "reason"],
+        )?;
+        let active = IntGaugeVec::new(
+            Opts::new(
+                "mediator_active_connections",
+                "Allowed upstream connections (tunnels and forwarding connections) currently open, by authority.",
+            ),
+            &["authority"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "mediator_bytes_total",
+                "Bytes relayed by closed connections, by authority and direction (up: client to upstream, down: upstream to client).",
+            ),
+            &["authority", "direction"],
+        )?;
+        let connect = Histogram::with_opts(
+            HistogramOpts::new(
+                "mediator_connect_duration_seconds",
+                "Time to connect to a pinned upstream address (successful or not).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
+        let dns = Histogram::with_opts(
+            HistogramOpts::new(
+                "mediator_dns_duration_seconds",
+                "Time to resolve a destination name (hosts map or DNS; IP literals are not counted).",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )?;
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "mediator_upstream_errors_total",
+                "Failures after an allowed name decision: DNS and upstream connect, by kind.",
+            ),
+            &["kind"],
+        )?;
+        let authorities = IntGauge::new(
+            "mediator_authorities",
+            "Authorities currently configured (live, not revoked).",
+        )?;
+        let routed = IntCounterVec::new(
+            Opts::new(
+                "mediator_routed_connections_total",
+                "Allowed upstream connections opened, by authority and route (direct or parent: [upstream]).",
+            ),
+            &["authority", "route"],
+        )?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(connect.clone()))?;
+        registry.register(Box::new(dns.clone()))?;
+        registry.register(Box::new(upstream_errors.clone()))?;
+        registry.register(Box::new(authorities.clone()))?;
+        registry.register(Box::new(routed.clone()))?;
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        for kind in UpstreamErrorKind::ALL {
+            upstream_errors.with_label_values(&[kind.as_str()]);
+        }
+        Ok(Self {
+            registry,
+            decisions,
+            active,
+            bytes,
+            connect,
+            dns,
+            upstream_errors,
+            authorities,
+            routed,
+        })
+    }
+
+    /// Creates the per-authority series with value 0 (so that a new authority shows up on
+    /// dashboards before its first connection).
+    pub fn prime(&self, authority: &str) {
+        self.active.with_label_values(&[authority]);
+        for direction in ["up", "down"] {
+            self.bytes.with_label_values(&[authority, direction]);
+        }
+    }
+
+    /// Counts one decision. `authority` must be a configured name or `None`.
+    pub fn decision(
+        &self,
+        authority: Option<&str>,
+        protocol: &'static str,
+        decision: &'static str,
+        reason: &'static str,
+    ) {
+        let authority = authority.unwrap_or(NO_AUTHORITY);
+        self.decisions
+            .with_label_values(&[authority, protocol, decision, reason])
+            .inc();
+    }
+
+    /// An allowed upstream connection of `authority` was routed `route` (`"direct"` or
+    /// `"parent"`, [`crate::route::Route::kind`]).
+    pub fn routed(&self, authority: &str, route: &'static str) {
+        self.routed.with_label_values(&[authority, route]).inc();
+    }
+
+    /// An allowed upstream connection was opened for `authority`.
+    pub fn opened(&self, authority: &str) {
+        self.active.with_label_values(&[authority]).inc();
+    }
+
+    /// An allowed upstream connection of `authority` closed after relaying `up` and
+    /// `down` bytes.
+    pub fn closed(&self, authority: &str, up: u64, down: u64) {
+        self.active.with_label_values(&[authority]).dec();
+        self.bytes.with_label_values(&[authority, "up"]).inc_by(up);
+        self.bytes
+            .with_label_values(&[authority, "down"])
+            .inc_by(down);
+    }
+
+    /// Observes one upstream connect attempt.
+    pub fn observe_connect(&self, took: Duration) {
+        self.connect.observe(took.as_secs_f64());
+    }
+
+    /// Observes one name resolution.
+    pub fn observe_dns(&self, took: Duration) {
+        self.dns.observe(took.as_secs_f64());
+    }
+
+    /// Counts one upstream failure.
+    pub fn upstream_error(&self, kind: UpstreamErrorKind) {
+        self.upstream_errors
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+
+    /// Sets the number of live authorities.
+    pub fn set_authorities(&self, n: usize) {
+        self.authorities.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The live connections of `authority` (the gauge's value).
+    pub fn active_of(&self, authority: &str) -> i64 {
+        self.active.with_label_values(&[authority]).get()
+    }
+
+    /// Every family in the Prometheus text exposition format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!("cannot encode metrics: {e}");
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn families_and_labels() {
+        let m = Metrics::new().unwrap();
+        m.prime("agent-a");
+        m.decision(Some("agent-a"), "connect", "allow", "allowed");
+        m.decision(None, "http", "deny", "bad_credential");
+        m.opened("agent-a");
+        m.closed("agent-a", 10, 20);
+        m.observe_connect(Duration::from_millis(3));
+        m.observe_dns(Duration::from_millis(1));
+        m.upstream_error(UpstreamErrorKind::ConnectRefused);
+        m.set_authorities(1);
+        let text = m.render();
+        for line in [
+            "mediator_decisions_total{authority=\"agent-a\",decision=\"allow\",protocol=\"connect\",reason=\"allowed\"} 1",
+            "mediator_decisions_total{authority=\"-\",decision=\"deny\",protocol=\"http\",reason=\"bad_credential\"} 1",
+            "mediator_active_connections{authority=\"agent-a\"} 0",
+            "mediator_bytes_total{authority=\"agent-a\",direction=\"up\"} 10",
+            "mediator_bytes_total{authority=\"agent-a\",direction=\"down\"} 20",
+            "mediator_connect_duration_seconds_count 1",
+            "mediator_dns_duration_seconds_count 1",
+            "mediator_upstream_errors_total{kind=\"connect_refused\"} 1",
+            "mediator_upstream_errors_total{kind=\"dns_timeout\"} 0",
+            "mediator_authorities 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+        assert!(text.contains("process_start_time_seconds"), "{text}");
+    }
+}

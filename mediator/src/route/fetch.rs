@@ -1,0 +1,262 @@
+//! Fetching the PAC script (design section 8): from a file, or from an `http://` /
+//! `https://` URL, directly or through `pac_fetch_via` — never through a route the PAC
+//! itself chose, and never by WPAD. https is verified against the system trust store plus
+//! `[tls] extra_ca_files`. The script is at most [`MAX_PAC`] bytes; anything but a `200`
+//! is a failed fetch (the caller keeps the last good copy).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use policy::upstream::{PacSource, ParentScheme, ParentUrl};
+use policy::{Target, canonicalize_host};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use super::parent::{self, Dest};
+use crate::error::Error;
+use crate::resolve::Resolver;
+
+/// Largest PAC script accepted, in bytes.
+pub const MAX_PAC: usize = 1 << 20;
+
+/// Everything one fetch of the PAC needs.
+pub struct Fetcher {
+    source: PacSource,
+    via: Option<ParentUrl>,
+    tls: Arc<rustls::ClientConfig>,
+    resolver: Arc<Resolver>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fetcher {
+    /// Prepares fetching from `source` (through `via` when given). The TLS trust (system
+    /// store plus `extra_ca_files`) is loaded here, once.
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] when an extra CA file cannot be read, or no trust anchor at all
+    /// is available for an https source.
+    pub fn new(
+        source: PacSource,
+        via: Option<ParentUrl>,
+        extra_ca_files: &[PathBuf],
+        resolver: Arc<Resolver>,
+        connect_timeout: Duration,
+    ) -> Result<Self, Error> {
+        let mut roots = rustls::RootCertStore::empty();
+        let https =
+            matches!(&source, PacSource::Url(u) if u.to_ascii_lowercase().starts_with("https://"));
+        if https {
+            let native = rustls_native_certs::load_native_certs();
+            for cert in native.certs {
+                let _ = roots.add(cert);
+            }
+            for path in extra_ca_files {
+                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                    .and_then(Iterator::collect)
+                    .map_err(|e| {
+                        Error::Upstream(format!("cannot read CA file {}: {e}", path.display()))
+                    })?;
+                for cert in certs {
+                    roots.add(cert).map_err(|e| {
+                        Error::Upstream(format!("bad CA certificate in {}: {e}", path.display()))
+                    })?;
+                }
+            }
+            if roots.is_empty() {
+                return Err(Error::Upstream(
+                    "no trust anchors to verify the https PAC URL (system store empty, no [tls] extra_ca_files)".into(),
+                ));
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Upstream(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Self {
+            source,
+            via,
+            tls: Arc::new(tls),
+            resolver,
+            timeout: connect_timeout,
+        })
+    }
+
+    /// Where the PAC comes from, for messages.
+    pub fn source(&self) -> String {
+        match &self.source {
+            PacSource::File(p) => p.display().to_string(),
+            PacSource::Url(u) => u.clone(),
+        }
+    }
+
+    /// Fetches the script once.
+    ///
+    /// # Errors
+    /// A message saying what failed (read, connect, TLS, status, size).
+    pub async fn fetch(&self) -> Result<String, String> {
+        let bytes = match &self.source {
+            PacSource::File(path) => {
+                let bytes = tokio::fs::read(path)
+                    .await
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                if bytes.len() > MAX_PAC {
+                    return Err(format!("{} is larger than {MAX_PAC} bytes", path.display()));
+                }
+                bytes
+            }
+            PacSource::Url(url) => {
+                // Connect, TLS and the whole transfer under one bound.
+                let limit = self.timeout + Duration::from_secs(20);
+                tokio::time::timeout(limit, self.fetch_url(url))
+                    .await
+                    .map_err(|_| format!("fetching {url} took longer than {limit:?}"))??
+            }
+        };
+        String::from_utf8(bytes).map_err(|_| "the PAC script is not UTF-8".to_owned())
+    }
+
+    async fn fetch_url(&self, url: &str) -> Result<Vec<u8>, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("bad PAC URL {url}: {e}"))?;
+        let https = uri.scheme_str() == Some("https");
+        let authority = uri.authority().ok_or("PAC URL without a host")?;
+        let host = canonicalize_host(authority.host()).map_err(|e| e.to_string())?;
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let target = Target { host, port };
+        let path = uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+
+        let (stream, forward_auth) = match &self.via {
+            None => {
+                let (resolved, _) = self.resolver.resolve(&target.host).await;
+                let addrs: Vec<SocketAddr> = resolved
+                    .map_err(|e| format!("cannot resolve {}: {e}", target.host))?
+                    .into_iter()
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect();
+                let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
+                (r.map_err(|e| format!("{target}: {e}"))?.0, None)
+            }
+            Some(via) => self.through(via, &target, https).await?,
+        };
+        let host_header = if (https && port == 443) || (!https && port == 80) {
+            target.host.to_uri_host()
+        } else {
+            target.to_string()
+        };
+        // Absolute-form only when an HTTP parent forwards plain http.
+        let request_target = match &forward_auth {
+            Some(_) => format!("http://{target}{path}"),
+            None => path,
+        };
+        let mut req = Request::get(request_target)
+            .header(header::HOST, host_header)
+            .header(header::USER_AGENT, "egress-mediator")
+            .header(header::ACCEPT, "application/x-ns-proxy-autoconfig, */*");
+        if let Some(Some(auth)) = &forward_auth {
+            req = req.header(header::PROXY_AUTHORIZATION, auth);
+        }
+        let req = req
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("building the request: {e}"))?;
+        if https {
+            let name = ServerName::try_from(target.host.as_text())
+                .map_err(|e| format!("bad TLS server name: {e}"))?;
+            let tls = tokio_rustls::TlsConnector::from(Arc::clone(&self.tls))
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS with {target}: {e}"))?;
+            get(tls, req, url).await
+        } else {
+            get(stream, req, url).await
+        }
+    }
+
+    /// Opens a stream to `target` through the `pac_fetch_via` parent. For plain http
+    /// through an HTTP parent the stream goes to the parent itself and the second value
+    /// is `Some(Proxy-Authorization)`; otherwise it is a tunnel to `target`.
+    async fn through(
+        &self,
+        via: &ParentUrl,
+        target: &Target,
+        https: bool,
+    ) -> Result<(TcpStream, Option<Option<String>>), String> {
+        let (resolved, _) = self.resolver.resolve(&via.addr.host).await;
+        let addrs: Vec<SocketAddr> = resolved
+            .map_err(|e| format!("cannot resolve pac_fetch_via {via}: {e}"))?
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, via.addr.port))
+            .collect();
+        let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
+        let (mut stream, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
+        let shown = via.to_string();
+        let creds = via.credentials.as_ref();
+        let dest = Dest::Host(&target.host);
+        match via.scheme {
+            ParentScheme::Http if !https => Ok((stream, Some(creds.map(parent::basic)))),
+            ParentScheme::Http => {
+                parent::http_connect(&mut stream, dest, target.port, creds, &shown)
+                    .await
+                    .map_err(handshake_text)?;
+                Ok((stream, None))
+            }
+            ParentScheme::Socks5 => {
+                parent::socks5_connect(&mut stream, dest, target.port, creds, &shown)
+                    .await
+                    .map_err(handshake_text)?;
+                Ok((stream, None))
+            }
+        }
+    }
+}
+
+fn handshake_text(e: parent::HandshakeError) -> String {
+    match e {
+        parent::HandshakeError::Broken(d) | parent::HandshakeError::Refused { detail: d, .. } => d,
+    }
+}
+
+/// One HTTP/1.1 GET over `io`; the body of a `200`, at most [`MAX_PAC`] bytes.
+async fn get<S>(io: S, req: Request<Empty<Bytes>>, url: &str) -> Result<Vec<u8>, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("HTTP handshake with {url}: {e}"))?;
+    let driver = tokio::spawn(conn);
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if resp.status() != StatusCode::OK {
+        driver.abort();
+        return Err(format!("GET {url}: status {}", resp.status()));
+    }
+    let body = Limited::new(resp.into_body(), MAX_PAC)
+        .collect()
+        .await
+        .map_err(|e| format!("GET {url}: body: {e}"))?
+        .to_bytes();
+    driver.abort();
+    Ok(body.to_vec())
+}

@@ -1,0 +1,429 @@
+//! Handshakes with a parent proxy over an open TCP stream: HTTP/1.1 `CONNECT` (RFC 9110
+//! section 9.3.6) and SOCKS5 `CONNECT` (RFC 1928, username/password per RFC 1929).
+//!
+//! Everything written to a parent is built here from canonical values only: the target is
+//! a vetted [`IpAddr`] or a [`CanonicalHost`] (which cannot hold CR, LF, NUL or space), the
+//! port a `u16`, and the credentials come from the configuration, validated at load. A
+//! final check refuses to send a request line or header holding a control character, so
+//! no client-supplied byte can ever split a line. Nothing here resolves a name.
+
+use std::net::IpAddr;
+
+use base64::Engine as _;
+use policy::CanonicalHost;
+use policy::upstream::Credentials;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest parent response head read (status line and headers).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// What a CONNECT names: the vetted address (pinning through the parent) or the canonical
+/// host (the parent resolves it).
+#[derive(Debug, Clone, Copy)]
+pub enum Dest<'a> {
+    /// A vetted address.
+    Ip(IpAddr),
+    /// The canonical host name (or IP literal).
+    Host(&'a CanonicalHost),
+}
+
+impl Dest<'_> {
+    /// Authority-form `host:port` (IPv6 bracketed).
+    pub fn authority(&self, port: u16) -> String {
+        match self {
+            Self::Ip(IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
+            Self::Ip(ip) => format!("{ip}:{port}"),
+            Self::Host(h) => format!("{}:{port}", h.to_uri_host()),
+        }
+    }
+}
+
+/// How a handshake with a parent failed.
+#[derive(Debug)]
+pub enum HandshakeError {
+    /// The connection broke, or the parent sent something that is not its protocol,
+    /// before it answered: a connection-level failure (the next route may be tried).
+    Broken(String),
+    /// The parent answered and refused. `next_addr` is true when the refusal is about
+    /// reaching the destination (HTTP 502/503/504, SOCKS5 REP 3..=6), so another vetted
+    /// address may be named; `auth` when it asked for (other) credentials.
+    Refused {
+        /// Human detail, with the parent's status.
+        detail: String,
+        /// Another vetted address may succeed.
+        next_addr: bool,
+        /// The parent demanded proxy authentication (HTTP 407, SOCKS5 auth failure).
+        auth: bool,
+    },
+}
+
+/// The `Proxy-Authorization` value for `creds` (RFC 7617).
+pub fn basic(creds: &Credentials) -> String {
+    let raw = format!("{}:{}", creds.user(), creds.password());
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    )
+}
+
+/// True when `s` can be written into a request line or header value: printable ASCII and
+/// spaces only (our inputs are canonical; this is the last line of defence).
+fn line_safe(s: &str) -> bool {
+    s.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// Sends `CONNECT dest HTTP/1.1` and reads the parent's answer head. On a 2xx the stream
+/// is a tunnel to the destination; nothing past the head has been read.
+///
+/// # Errors
+/// [`HandshakeError`]: `Broken` when the connection fails before a complete answer,
+/// `Refused` for a non-2xx answer (407 sets `auth`).
+pub async fn http_connect(
+    stream: &mut TcpStream,
+    dest: Dest<'_>,
+    port: u16,
+    creds: Option<&Credentials>,
+    parent: &str,
+) -> Result<(), HandshakeError> {
+    let authority = dest.authority(port);
+    let mut req = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(c) = creds {
+        req.push_str(&format!("Proxy-Authorization: {}\r\n", basic(c)));
+    }
+    req.push_str("\r\n");
+    if !req.trim_end_matches("\r\n").split("\r\n").all(line_safe) {
+        return Err(HandshakeError::Broken(
+            "refusing to send a CONNECT line with control characters".into(),
+        ));
+    }
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| HandshakeError::Broken(format!("{parent}: write failed: {e}")))?;
+    let head = read_head(stream)
+        .await
+        .map_err(|e| HandshakeError::Broken(format!("{parent}: {e}")))?;
+    let status = parse_status(&head).ok_or_else(|| {
+        HandshakeError::Broken(format!("{parent}: not an HTTP answer to CONNECT"))
+    })?;
+    if (200..300).contains(&status) {
+        return Ok(());
+    }
+    let reason = status_reason(&head);
+    let (detail, auth) = if status == 407 {
+        (
+            format!(
+                "parent {parent} answered 407 Proxy Authentication Required{}: {}",
+                if creds.is_some() {
+                    " (the configured credentials were refused)"
+                } else {
+                    ""
+                },
+                "configure the parent's credentials (userinfo or parent_credentials_file)"
+            ),
+            true,
+        )
+    } else {
+        (
+            format!("parent {parent} answered {status} {reason} to CONNECT {authority}"),
+            false,
+        )
+    };
+    Err(HandshakeError::Refused {
+        detail,
+        next_addr: matches!(status, 502..=504),
+        auth,
+    })
+}
+
+/// Reads bytes up to and including the blank line ending a response head, never past it
+/// (so tunnelled bytes stay in the socket): peeks, then consumes exactly what is needed.
+async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
+    let mut head: Vec<u8> = Vec::with_capacity(256);
+    let mut buf = [0u8; 2048];
+    loop {
+        let n = stream
+            .peek(&mut buf)
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
+        if n == 0 {
+            return Err("connection closed before the answer".into());
+        }
+        // Where would the terminator end, counting the bytes already consumed?
+        let old = head.len();
+        let mut joined = head.clone();
+        joined.extend_from_slice(&buf[..n]);
+        let end = joined
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|i| i + 4);
+        let take = match end {
+            Some(end) => end - old,
+            None => n,
+        };
+        let mut chunk = vec![0u8; take];
+        stream
+            .read_exact(&mut chunk)
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
+        head.extend_from_slice(&chunk);
+        if end.is_some() {
+            return Ok(head);
+        }
+        if head.len() > MAX_HEAD {
+            return Err(format!("answer head larger than {MAX_HEAD} bytes"));
+        }
+    }
+}
+
+/// The status code of an `HTTP/1.x NNN ...` head.
+fn parse_status(head: &[u8]) -> Option<u16> {
+    let line = head.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end();
+    let mut parts = line.splitn(3, ' ');
+    let version = parts.next()?;
+    if !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    let code = parts.next()?;
+    if code.len() != 3 {
+        return None;
+    }
+    code.parse().ok()
+}
+
+/// The reason phrase of a head, printable ASCII only, at most 64 bytes (it goes into logs).
+fn status_reason(head: &[u8]) -> String {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let text = String::from_utf8_lossy(line);
+    text.splitn(3, ' ')
+        .nth(2)
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(64)
+        .collect()
+}
+
+/// RFC 1928 constants.
+const VER: u8 = 0x05;
+const METHOD_NONE: u8 = 0x00;
+const METHOD_USERPASS: u8 = 0x02;
+const METHOD_NO_ACCEPTABLE: u8 = 0xFF;
+const ATYP_IPV4: u8 = 0x01;
+const ATYP_DOMAIN: u8 = 0x03;
+const ATYP_IPV6: u8 = 0x04;
+
+/// SOCKS5 `CONNECT` through a parent (RFC 1928), with RFC 1929 username/password when
+/// credentials are configured. On success the stream is a tunnel to the destination.
+///
+/// # Errors
+/// [`HandshakeError`]: `Broken` when the connection fails or the parent does not speak
+/// SOCKS5; `Refused` for an authentication failure or a non-zero `REP`.
+pub async fn socks5_connect(
+    stream: &mut TcpStream,
+    dest: Dest<'_>,
+    port: u16,
+    creds: Option<&Credentials>,
+    parent: &str,
+) -> Result<(), HandshakeError> {
+    let broken = |e: std::io::Error| HandshakeError::Broken(format!("{parent}: {e}"));
+    let greeting: &[u8] = if creds.is_some() {
+        &[VER, 2, METHOD_NONE, METHOD_USERPASS]
+    } else {
+        &[VER, 1, METHOD_NONE]
+    };
+    stream.write_all(greeting).await.map_err(broken)?;
+    let mut choice = [0u8; 2];
+    stream.read_exact(&mut choice).await.map_err(broken)?;
+    if choice[0] != VER {
+        return Err(HandshakeError::Broken(format!(
+            "{parent}: not a SOCKS5 server"
+        )));
+    }
+    match (choice[1], creds) {
+        (METHOD_NONE, _) => {}
+        (METHOD_USERPASS, Some(c)) => {
+            let (user, pass) = (c.user().as_bytes(), c.password().as_bytes());
+            // Lengths are 1..=255 / 0..=255, checked when the credentials were built.
+            let (Ok(ulen), Ok(plen)) = (u8::try_from(user.len()), u8::try_from(pass.len())) else {
+                return Err(HandshakeError::Broken(
+                    "credentials too long for SOCKS5".into(),
+                ));
+            };
+            let mut msg = vec![0x01, ulen];
+            msg.extend_from_slice(user);
+            msg.push(plen);
+            msg.extend_from_slice(pass);
+            stream.write_all(&msg).await.map_err(broken)?;
+            let mut status = [0u8; 2];
+            stream.read_exact(&mut status).await.map_err(broken)?;
+            if status[1] != 0 {
+                return Err(HandshakeError::Refused {
+                    detail: format!(
+                        "parent {parent} rejected the configured SOCKS5 credentials (RFC 1929 status {})",
+                        status[1]
+                    ),
+                    next_addr: false,
+                    auth: true,
+                });
+            }
+        }
+        (METHOD_USERPASS | METHOD_NO_ACCEPTABLE, None) => {
+            return Err(HandshakeError::Refused {
+                detail: format!(
+                    "parent {parent} requires SOCKS5 authentication: configure the parent's credentials"
+                ),
+                next_addr: false,
+                auth: true,
+            });
+        }
+        (m, _) => {
+            return Err(HandshakeError::Refused {
+                detail: format!("parent {parent} chose no acceptable SOCKS5 method ({m:#04x})"),
+                next_addr: false,
+                auth: m == METHOD_NO_ACCEPTABLE,
+            });
+        }
+    }
+    let mut req = vec![VER, 0x01, 0x00];
+    match dest {
+        Dest::Ip(IpAddr::V4(v4)) => {
+            req.push(ATYP_IPV4);
+            req.extend_from_slice(&v4.octets());
+        }
+        Dest::Ip(IpAddr::V6(v6)) => {
+            req.push(ATYP_IPV6);
+            req.extend_from_slice(&v6.octets());
+        }
+        Dest::Host(h) => match (h.ip(), h.name()) {
+            (Some(IpAddr::V4(v4)), _) => {
+                req.push(ATYP_IPV4);
+                req.extend_from_slice(&v4.octets());
+            }
+            (Some(IpAddr::V6(v6)), _) => {
+                req.push(ATYP_IPV6);
+                req.extend_from_slice(&v6.octets());
+            }
+            (None, Some(name)) => {
+                // A canonical name is at most 253 bytes.
+                let Ok(len) = u8::try_from(name.len()) else {
+                    return Err(HandshakeError::Broken("name too long for SOCKS5".into()));
+                };
+                req.push(ATYP_DOMAIN);
+                req.push(len);
+                req.extend_from_slice(name.as_bytes());
+            }
+            (None, None) => return Err(HandshakeError::Broken("empty host".into())),
+        },
+    }
+    req.extend_from_slice(&port.to_be_bytes());
+    stream.write_all(&req).await.map_err(broken)?;
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).await.map_err(broken)?;
+    if head[0] != VER {
+        return Err(HandshakeError::Broken(format!(
+            "{parent}: not a SOCKS5 reply"
+        )));
+    }
+    let rest = match head[3] {
+        ATYP_IPV4 => 4 + 2,
+        ATYP_IPV6 => 16 + 2,
+        ATYP_DOMAIN => {
+            let mut len = [0u8; 1];
+            stream.read_exact(&mut len).await.map_err(broken)?;
+            usize::from(len[0]) + 2
+        }
+        _ => {
+            return Err(HandshakeError::Broken(format!(
+                "{parent}: bad SOCKS5 reply address type"
+            )));
+        }
+    };
+    let mut bound = vec![0u8; rest];
+    stream.read_exact(&mut bound).await.map_err(broken)?;
+    if head[1] != 0 {
+        let what = match head[1] {
+            0x01 => "general failure",
+            0x02 => "not allowed by ruleset",
+            0x03 => "network unreachable",
+            0x04 => "host unreachable",
+            0x05 => "connection refused",
+            0x06 => "TTL expired",
+            0x07 => "command not supported",
+            0x08 => "address type not supported",
+            _ => "unknown error",
+        };
+        return Err(HandshakeError::Refused {
+            detail: format!(
+                "parent {parent} answered SOCKS5 REP {:#04x} ({what}) for {}",
+                head[1],
+                dest.authority(port)
+            ),
+            next_addr: matches!(head[1], 0x03..=0x06),
+            auth: false,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn status_lines() {
+        assert_eq!(
+            parse_status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Some(200)
+        );
+        assert_eq!(parse_status(b"HTTP/1.0 407 Auth\r\n\r\n"), Some(407));
+        assert_eq!(parse_status(b"SSH-2.0-x\r\n"), None);
+        assert_eq!(parse_status(b"HTTP/1.1 20 x\r\n"), None);
+        assert_eq!(status_reason(b"HTTP/1.1 403 Go\x1b away\r\n"), "Go away");
+    }
+
+    #[test]
+    fn authorities_are_canonical() {
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(Dest::Ip(v6).authority(443), "[2001:db8::1]:443");
+        let h = policy::canonicalize_host("Example.COM.").unwrap();
+        assert_eq!(Dest::Host(&h).authority(80), "example.com:80");
+        assert!(!line_safe("a\r\nb"));
+        assert!(!line_safe("a\0"));
+        assert!(line_safe("CONNECT example.com:443 HTTP/1.1"));
+    }
+
+    #[tokio::test]
+    async fn connect_head_is_read_exactly() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+            // Head and first tunnel bytes in one segment.
+            s.write_all(b"HTTP/1.1 200 OK\r\nX: y\r\n\r\nhello")
+                .await
+                .unwrap();
+            req
+        });
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let creds = Credentials::new("u".into(), "p".into()).unwrap();
+        http_connect(&mut c, Dest::Ip(ip), 443, Some(&creds), "http://p:1")
+            .await
+            .unwrap();
+        let mut rest = [0u8; 5];
+        c.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"hello");
+        let req = server.await.unwrap();
+        assert_eq!(
+            req,
+            "CONNECT 192.0.2.7:443 HTTP/1.1\r\nHost: 192.0.2.7:443\r\nProxy-Authorization: Basic dTpw\r\n\r\n"
+        );
+    }
+}

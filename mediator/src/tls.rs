@@ -1,0 +1,120 @@
+//! TLS termination (design section 9): for tunnels whose target matches the grant's
+//! `tls_terminate`, the mediator accepts the client's TLS itself with a leaf for exactly
+//! the tunnel host (issued by its CA, see the `certs` crate), serves the requests inside
+//! with hyper (HTTP/1.1 and HTTP/2, ALPN `h2` and `http/1.1`), judges each one, and
+//! forwards the allowed ones over a new TLS connection to the pinned upstream, verified
+//! against the system trust store plus `[tls] extra_ca_files`.
+//!
+//! What it must never do: present a certificate for any name but the tunnel host, forward a
+//! request whose `Host` / `:authority` names another host (domain fronting through the
+//! terminated leg gets `421`), skip upstream certificate verification, or connect anywhere
+//! but the tunnel's pinned upstream stream (so the route is the tunnel's route).
+//!
+//! [`TlsState`] is built once at start; [`terminate`] runs one tunnel.
+
+mod serve;
+
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::sync::Arc;
+
+use certs::{Ca, CaOptions, LeafCache};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
+
+use crate::error::Error;
+
+pub use serve::terminate;
+
+/// How many leaves the cache keeps (one per terminated host; issuing one takes about a
+/// millisecond, so this only bounds memory).
+pub const LEAF_CACHE: usize = 1024;
+
+/// ALPN protocols offered on both legs, preferred first (RFC 7301; RFC 9113 section 3.2).
+const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// The CA, its leaf cache, and the upstream client configuration.
+#[derive(Debug)]
+pub struct TlsState {
+    leaves: LeafCache,
+    upstream: Arc<rustls::ClientConfig>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl TlsState {
+    /// Loads (or creates, on first start) the CA in `[tls] ca_dir` and builds the upstream
+    /// trust store: the system store plus every certificate of `extra_ca_files`. Returns
+    /// `None` when no `ca_dir` is configured (no authority may then terminate; the config
+    /// validator enforces that).
+    ///
+    /// # Errors
+    /// [`Error::Tls`] naming the file: the CA cannot be created or loaded (bad key mode,
+    /// expired, not a CA, ...), or an extra CA file cannot be read or holds no certificate.
+    pub fn load(cfg: &policy::config::Tls) -> Result<Option<Self>, Error> {
+        let Some(dir) = &cfg.ca_dir else {
+            return Ok(None);
+        };
+        let ca = load_ca(dir)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let upstream = client_config(&provider, &cfg.extra_ca_files)?;
+        // LEAF_CACHE is a non-zero constant.
+        let capacity = NonZeroUsize::new(LEAF_CACHE).unwrap_or(NonZeroUsize::MIN);
+        Ok(Some(Self {
+            leaves: LeafCache::new(Arc::new(ca), capacity),
+            upstream,
+            provider,
+        }))
+    }
+
+    /// The CA certificate (PEM) children must trust.
+    pub fn ca_pem(&self) -> &str {
+        self.leaves.ca().cert_pem()
+    }
+}
+
+/// Loads the CA in `dir`, creating it (ECDSA P-256) if the directory holds none: what
+/// `mediator ca-cert` prints and what termination issues from.
+///
+/// # Errors
+/// [`Error::Tls`] with the `certs` crate's message.
+pub fn load_ca(dir: &Path) -> Result<Ca, Error> {
+    Ca::load_or_create(dir, &CaOptions::default())
+        .map_err(|e| Error::Tls(format!("[tls] ca_dir: {e}")))
+}
+
+fn client_config(
+    provider: &Arc<CryptoProvider>,
+    extra: &[std::path::PathBuf],
+) -> Result<Arc<rustls::ClientConfig>, Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::warn!("system trust store: {e}");
+    }
+    let (added, ignored) = roots.add_parsable_certificates(native.certs);
+    tracing::debug!("system trust store: {added} certificates ({ignored} unusable)");
+    for path in extra {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect)
+            .map_err(|e| Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display())))?;
+        if certs.is_empty() {
+            return Err(Error::Tls(format!(
+                "[tls] extra_ca_files: {}: no PEM certificate in the file",
+                path.display()
+            )));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| {
+                Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display()))
+            })?;
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(format!("TLS client configuration: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}

@@ -1,0 +1,614 @@
+//! One terminated tunnel: accept the client's TLS, open TLS to the pinned upstream, serve
+//! and judge every request, write one decision line per request and the tunnel's close
+//! record.
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt as _;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use policy::config::Authority;
+use policy::{Reason, Target, canonicalize_host};
+use rustls::pki_types::ServerName;
+use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{Mutex, watch};
+use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
+
+use super::{ALPN, TlsState};
+use crate::counting::Counting;
+use crate::http::{DECISION_HEADER, deny_response, strip_hop_by_hop};
+use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel, escape_raw};
+use crate::relay::RelayOutcome;
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Runs one terminated tunnel to completion and writes its close record. `prefix` holds
+/// the client bytes the SNI gate already read (the start of the ClientHello); they are
+/// replayed into the TLS acceptor. `protocol` is the tunnel's (`connect` or `socks5`),
+/// for the close record; each request inside is logged with protocol `tls`.
+pub async fn terminate<C>(
+    client: C,
+    prefix: Vec<u8>,
+    connected: Connected,
+    target: &Target,
+    shared: Arc<Shared>,
+    ctx: &Ctx,
+    protocol: &'static str,
+) where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let label = TargetLabel::from(target);
+    let Connected {
+        stream: upstream_tcp,
+        opened,
+        closing,
+        ..
+    } = connected;
+    let close = |reason: &'static str, (up, down): (u64, u64)| {
+        let outcome = RelayOutcome {
+            up,
+            down,
+            close_reason: reason,
+        };
+        shared.log_close(ctx, protocol, &label, opened, outcome);
+    };
+    let deny = |denial: Denial| {
+        let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
+        shared.deny_early(ctx, name.as_deref(), protocol, &label, denial);
+    };
+    let Some(authority) = ctx.authority.clone() else {
+        close("error", (0, 0));
+        return;
+    };
+    let Some(tls) = shared.tls.get().cloned() else {
+        deny(Denial::new(
+            Reason::UpstreamFailure,
+            format!("TLS termination is configured for {target} but the mediator has no CA"),
+            "configure [tls] ca_dir and restart the mediator",
+        ));
+        close("error", (0, 0));
+        return;
+    };
+    let leaf = match certs::LeafName::parse(&target.host.as_text())
+        .and_then(|name| tls.leaves.get(&name))
+    {
+        Ok(leaf) => leaf,
+        Err(e) => {
+            deny(Denial::new(
+                Reason::UpstreamFailure,
+                format!("cannot issue a certificate for {}: {e}", target.host),
+                "check the mediator's CA ([tls] ca_dir)",
+            ));
+            close("error", (0, 0));
+            return;
+        }
+    };
+
+    // Client leg. Counting sees "written" as bytes to the client (down) and "read" as bytes
+    // from it (up).
+    let counting = Counting::new(Rewind {
+        prefix,
+        pos: 0,
+        inner: client,
+    });
+    let counters = counting.counters();
+    let bytes = || {
+        let (written, read) = counters.get();
+        (read, written)
+    };
+    let start = match tokio::time::timeout(
+        shared.timeouts.request_head,
+        LazyConfigAcceptor::new(Acceptor::default(), counting),
+    )
+    .await
+    {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            tracing::debug!("terminated tunnel to {target}: client hello: {e}");
+            close("error", bytes());
+            return;
+        }
+        Err(_) => {
+            close("idle_timeout", bytes());
+            return;
+        }
+    };
+    if let Err(detail) = check_sni(start.client_hello().server_name(), target) {
+        deny(Denial::new(
+            Reason::SniMismatch,
+            detail,
+            format!(
+                "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
+                target.host
+            ),
+        ));
+        close("sni_mismatch", bytes());
+        return;
+    }
+    let config = match server_config(&tls, leaf) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("TLS server configuration: {e}");
+            close("error", bytes());
+            return;
+        }
+    };
+    let client_tls = match tokio::time::timeout(
+        shared.timeouts.request_head,
+        start.into_stream(config),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            // Typically the client does not trust our CA: say so where an operator looks.
+            tracing::info!(
+                "terminated tunnel to {target}: client TLS handshake failed (does the client trust the mediator CA?): {e}"
+            );
+            close("error", bytes());
+            return;
+        }
+        Err(_) => {
+            close("idle_timeout", bytes());
+            return;
+        }
+    };
+
+    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host.
+    let (upstream_gone_tx, mut upstream_gone) = watch::channel(false);
+    // Held for the whole tunnel, so that the signal fires only when the upstream
+    // connection really ends (never because a failed upstream dropped its sender).
+    let _upstream_gone_keep = upstream_gone_tx.clone();
+    let upstream = match connect_upstream(&tls, upstream_tcp, target, &shared).await {
+        Ok(stream) => start_upstream_http(stream, upstream_gone_tx).await,
+        Err(detail) => {
+            tracing::info!("terminated tunnel to {target}: {detail}");
+            Err(detail)
+        }
+    };
+
+    let env = Arc::new(Env {
+        shared: Arc::clone(&shared),
+        ctx: ctx.clone(),
+        authority,
+        target: target.clone(),
+        label: label.clone(),
+        pin: opened.pin,
+        upstream,
+    });
+    let svc = service_fn(move |req| {
+        let env = Arc::clone(&env);
+        async move { Ok::<_, Infallible>(handle(req, &env).await) }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(shared.timeouts.request_head)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(client_tls), svc);
+    tokio::pin!(conn);
+    let mut closing = closing;
+    let reason = tokio::select! {
+        res = conn.as_mut() => match res {
+            Ok(()) => "client_closed",
+            Err(e) => {
+                tracing::debug!("terminated tunnel to {target}: {e}");
+                "error"
+            }
+        },
+        () = turns_true(&mut closing) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
+            "shutdown"
+        }
+        () = turns_true(&mut upstream_gone) => {
+            // The upstream connection ended: finish what is in flight, then close, so the
+            // client opens a new tunnel rather than getting errors.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+            "upstream_closed"
+        }
+    };
+    close(reason, bytes());
+}
+
+/// Resolves once the value is true; never when the sender is gone (as the relay treats
+/// its shutdown signal).
+async fn turns_true(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|v| *v).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What every request of one terminated tunnel needs.
+struct Env {
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    authority: Arc<Authority>,
+    target: Target,
+    label: TargetLabel,
+    pin: std::net::SocketAddr,
+    /// The upstream HTTP connection, or why there is none (the detail of every 502).
+    upstream: Result<Upstream, String>,
+}
+
+/// The upstream HTTP connection of one tunnel. HTTP/1.1 carries one request at a time, so
+/// its sender is behind a lock held only until the request is handed over.
+enum Upstream {
+    H1(Mutex<hyper::client::conn::http1::SendRequest<Incoming>>),
+    H2(hyper::client::conn::http2::SendRequest<Incoming>),
+}
+
+impl Upstream {
+    fn version(&self) -> Version {
+        match self {
+            Self::H1(_) => Version::HTTP_11,
+            Self::H2(_) => Version::HTTP_2,
+        }
+    }
+
+    async fn send(&self, req: Request<Incoming>) -> hyper::Result<Response<Incoming>> {
+        match self {
+            Self::H1(sender) => {
+                let response = {
+                    let mut sender = sender.lock().await;
+                    sender.ready().await?;
+                    sender.send_request(req)
+                };
+                response.await
+            }
+            Self::H2(sender) => {
+                let mut sender = sender.clone();
+                sender.ready().await?;
+                sender.send_request(req).await
+            }
+        }
+    }
+}
+
+/// Serves exactly one certificate: the leaf for the tunnel host.
+#[derive(Debug)]
+struct OneLeaf(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for OneLeaf {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+}
+
+fn server_config(
+    tls: &TlsState,
+    leaf: Arc<CertifiedKey>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::clone(&tls.provider))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(OneLeaf(leaf)));
+    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// The SNI rule of the terminated leg: none (an IP-literal or SNI-less client), or exactly
+/// the tunnel host. A client naming another host wants another certificate: refuse.
+fn check_sni(sni: Option<&str>, target: &Target) -> Result<(), String> {
+    match sni {
+        None => Ok(()),
+        Some(name) => match canonicalize_host(name) {
+            Ok(h) if h == target.host => Ok(()),
+            Ok(h) => Err(format!(
+                "SNI {h} does not match the tunnel host {}",
+                target.host
+            )),
+            Err(e) => Err(format!("SNI is not a valid host: {e}")),
+        },
+    }
+}
+
+async fn connect_upstream(
+    tls: &TlsState,
+    tcp: tokio::net::TcpStream,
+    target: &Target,
+    shared: &Shared,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let name = ServerName::try_from(target.host.as_text())
+        .map_err(|e| format!("{} is not a TLS server name: {e}", target.host))?;
+    let connector = TlsConnector::from(Arc::clone(&tls.upstream));
+    match tokio::time::timeout(shared.timeouts.connect, connector.connect(name, tcp)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!("TLS to {target} failed: {e}")),
+        Err(_) => Err(format!("TLS to {target} timed out")),
+    }
+}
+
+/// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN.
+async fn start_upstream_http(
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    gone: watch::Sender<bool>,
+) -> Result<Upstream, String> {
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(stream);
+    if h2 {
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .map_err(|e| format!("HTTP/2 handshake with the upstream failed: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = gone.send(true);
+        });
+        Ok(Upstream::H2(sender))
+    } else {
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| format!("HTTP/1.1 handshake with the upstream failed: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = gone.send(true);
+        });
+        Ok(Upstream::H1(Mutex::new(sender)))
+    }
+}
+
+/// Judges and forwards one request.
+async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
+    let method = req.method().as_str().to_owned();
+    let path = logged_path(req.uri());
+    let name = env.authority.grant.name();
+    let refuse = |denial: Denial| {
+        env.shared.log_tls_request(
+            &env.ctx,
+            &env.label,
+            env.pin,
+            (&method, &path),
+            Err(&denial),
+        );
+        deny_response(Some(name), &env.label, &denial)
+    };
+
+    if let Err(detail) = check_authority(&req, &env.target) {
+        let mut denial = Denial::new(
+            Reason::SniMismatch,
+            detail,
+            format!(
+                "this tunnel is to {}: send requests for other hosts through a tunnel to that host",
+                env.target
+            ),
+        );
+        denial.status = StatusCode::MISDIRECTED_REQUEST.as_u16();
+        return refuse(denial);
+    }
+    let decision =
+        env.authority
+            .grant
+            .decide_request(&env.target, req.method().as_str(), req.uri().path());
+    if !decision.is_allow() {
+        let mut denial = Denial::new(decision.reason, decision.detail, decision.hint);
+        denial.rule = decision.rule;
+        return refuse(denial);
+    }
+    let upstream = match &env.upstream {
+        Ok(u) => u,
+        Err(detail) => {
+            return refuse(Denial::new(
+                Reason::UpstreamFailure,
+                detail.clone(),
+                "the upstream's certificate must verify against the system trust store or [tls] extra_ca_files, for the host name itself",
+            ));
+        }
+    };
+    let upstream_req = match rebuild(req, &env.target, upstream.version()) {
+        Ok(r) => r,
+        Err(detail) => {
+            return refuse(Denial::new(
+                Reason::MalformedTarget,
+                detail,
+                "send a well-formed request",
+            ));
+        }
+    };
+    env.shared.log_tls_request(
+        &env.ctx,
+        &env.label,
+        env.pin,
+        (&method, &path),
+        Ok(decision.rule.as_deref()),
+    );
+    let head = method == "HEAD";
+    match upstream.send(upstream_req).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(DECISION_HEADER);
+            if head {
+                // A HEAD response has no body, whatever its Content-Length says; passing
+                // the upstream body on would make the HTTP/2 server reset the stream.
+                drop(body);
+                let empty = http_body_util::Empty::<Bytes>::new()
+                    .map_err(|never| match never {})
+                    .boxed();
+                return Response::from_parts(parts, empty);
+            }
+            Response::from_parts(parts, body.boxed())
+        }
+        Err(e) => {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!("{}: upstream request failed: {e}", env.target),
+                "the destination closed the connection or sent an invalid response",
+            );
+            deny_response(Some(name), &env.label, &denial)
+        }
+    }
+}
+
+/// The path for the decision log: the query is replaced by `?<redacted>` (it often holds
+/// tokens), and the rest escaped.
+fn logged_path(uri: &Uri) -> String {
+    let path = escape_raw(uri.path().as_bytes());
+    if uri.query().is_some() {
+        format!("{path}?<redacted>")
+    } else {
+        path
+    }
+}
+
+/// Every request's `Host` and `:authority` (or absolute-form authority) must name the
+/// tunnel host and port (RFC 9110 sections 7.2 and 7.4: else `421`). At least one must be
+/// present; more than one `Host` header is refused.
+fn check_authority(req: &Request<Incoming>, target: &Target) -> Result<(), String> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header".into());
+    }
+    let uri_authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    let host = match host {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| "the Host header is not ASCII".to_owned())?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    if host.is_none() && uri_authority.is_none() {
+        return Err("the request names no host (no Host header, no :authority)".into());
+    }
+    for value in [uri_authority, host].into_iter().flatten() {
+        authority_matches(&value, target)?;
+    }
+    Ok(())
+}
+
+/// Whether `value` (`host`, `host:port`, `[v6]:port`) is the tunnel target. A missing port
+/// means 443, the default port of `https` (RFC 9110 section 4.2.2).
+fn authority_matches(value: &str, target: &Target) -> Result<(), String> {
+    let mismatch = || {
+        format!(
+            "the request is for {}, but this tunnel is to {target}",
+            escape_raw(value.as_bytes())
+        )
+    };
+    if value.contains('@') {
+        return Err(mismatch());
+    }
+    let authority: http::uri::Authority = value.parse().map_err(|_| mismatch())?;
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = authority.port_u16().unwrap_or(443);
+    match canonicalize_host(host) {
+        Ok(h) if h == target.host && port == target.port => Ok(()),
+        _ => Err(mismatch()),
+    }
+}
+
+/// The upstream request: hop-by-hop headers removed (keeping `TE: trailers` for HTTP/2,
+/// which gRPC needs), the target rebuilt from canonical values: origin-form with a `Host`
+/// header for HTTP/1.1, an absolute URI (hence `:authority`) without `Host` for HTTP/2.
+fn rebuild(
+    req: Request<Incoming>,
+    target: &Target,
+    version: Version,
+) -> Result<Request<Incoming>, String> {
+    let (mut parts, body) = req.into_parts();
+    let te_trailers = parts
+        .headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    let authority = if target.port == 443 {
+        target.host.to_uri_host()
+    } else {
+        format!("{}:{}", target.host.to_uri_host(), target.port)
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    parts.version = version;
+    if version == Version::HTTP_2 {
+        parts.uri = format!("https://{authority}{path}")
+            .parse::<Uri>()
+            .map_err(|e| format!("bad request target: {e}"))?;
+        if te_trailers {
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+    } else {
+        parts.uri = path
+            .parse::<Uri>()
+            .map_err(|e| format!("bad request target: {e}"))?;
+        let host = HeaderValue::from_str(&authority).map_err(|e| format!("bad host: {e}"))?;
+        parts.headers.insert(header::HOST, host);
+    }
+    remove_h2_forbidden(&mut parts.headers);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// Connection-specific headers that HTTP/2 forbids (RFC 9113 section 8.2.2) and that
+/// `strip_hop_by_hop` may not know by name.
+fn remove_h2_forbidden(headers: &mut HeaderMap) {
+    headers.remove(HeaderName::from_static("proxy-connection"));
+}
+
+/// A stream with bytes already read put back in front.
+struct Rewind<S> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.pos);
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            if self.pos == self.prefix.len() {
+                self.prefix = Vec::new();
+                self.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,269 @@
+//! The watchdog hook (design section 1, layer 2): an optional per-authority endpoint that
+//! may narrow a decision the grant allows, never widen one.
+//!
+//! It is asked only after the grant allowed the destination and every resolved address
+//! was vetted: an HTTP/1.1 `POST` with the JSON body
+//! `{"authority","host","port","protocol"}` to `unix:/path` (request path `/`) or to an
+//! `http://` URL on a loopback IP literal (or `localhost`, taken as `127.0.0.1`). Only a
+//! `2xx` answer whose JSON body is `{"decision":"allow",...}` allows; `{"decision":"deny",
+//! "reason":"..."}` denies with that reason in the detail, and anything else (no answer
+//! within `timeouts.watchdog`, a connect error, another status, a body that is not that
+//! JSON, an endpoint that is not on loopback) denies too. The answer can only turn an
+//! allow into a deny: a denied destination never reaches this module.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
+
+/// Largest watchdog answer body read, in bytes.
+const MAX_ANSWER: usize = 16 * 1024;
+
+/// Longest watchdog reason copied into a denial's detail, in characters.
+const MAX_REASON: usize = 200;
+
+/// Where a watchdog listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `unix:/path`: HTTP over this Unix socket, request path `/`.
+    Unix(PathBuf),
+    /// `http://ip:port/path` on loopback.
+    Http {
+        /// The loopback address.
+        addr: SocketAddr,
+        /// The request path (with query), `/` when none.
+        path: String,
+    },
+}
+
+impl Endpoint {
+    /// Parses the `watchdog` key of an authority.
+    ///
+    /// # Errors
+    /// A message when the value is neither `unix:/absolute/path` nor an `http://` URL
+    /// whose host is a loopback IP literal or `localhost`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "watchdog {s:?}: the unix socket path must be absolute"
+                ));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let Some(rest) = s.strip_prefix("http://") else {
+            return Err(format!(
+                "watchdog {s:?} must be unix:/path or http://127.0.0.1:port/"
+            ));
+        };
+        let (hostport, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let uri: http::uri::Authority = hostport
+            .parse()
+            .map_err(|e| format!("watchdog {s:?}: bad host:port: {e}"))?;
+        let port = uri.port_u16().unwrap_or(80);
+        let host = uri.host().trim_start_matches('[').trim_end_matches(']');
+        let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            host.parse()
+                .map_err(|_| format!("watchdog {s:?}: the host must be a loopback IP address"))?
+        };
+        if !ip.is_loopback() {
+            return Err(format!(
+                "watchdog {s:?}: {ip} is not a loopback address; the watchdog must run on this host"
+            ));
+        }
+        Ok(Self::Http {
+            addr: SocketAddr::new(ip, port),
+            path: path.to_owned(),
+        })
+    }
+}
+
+/// What the watchdog is asked.
+#[derive(Debug, Clone, Serialize)]
+pub struct Question<'a> {
+    /// The authority's name.
+    pub authority: &'a str,
+    /// The canonical host.
+    pub host: &'a str,
+    /// The destination port.
+    pub port: u16,
+    /// `connect`, `http`, `socks5` or `tls`.
+    pub protocol: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+struct Answer {
+    decision: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// The outcome of asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The watchdog answered allow.
+    Allow,
+    /// Deny, with a human-readable explanation (the watchdog's reason, or what failed).
+    Deny(String),
+}
+
+/// Asks the watchdog at `endpoint` (the authority's `watchdog` value) about `question`,
+/// within `timeout`. Never fails: every error is a [`Verdict::Deny`].
+pub async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> Verdict {
+    let endpoint = match Endpoint::parse(endpoint) {
+        Ok(e) => e,
+        Err(why) => return Verdict::Deny(why),
+    };
+    match tokio::time::timeout(timeout, exchange(&endpoint, question)).await {
+        Err(_) => Verdict::Deny(format!(
+            "the watchdog did not answer within {} s",
+            timeout.as_secs_f64()
+        )),
+        Ok(Err(why)) => Verdict::Deny(format!("watchdog error: {why}")),
+        Ok(Ok(answer)) => match answer.decision.as_str() {
+            "allow" => Verdict::Allow,
+            "deny" => {
+                let reason: String = crate::pipeline::escape_raw(answer.reason.as_bytes())
+                    .chars()
+                    .take(MAX_REASON)
+                    .collect();
+                Verdict::Deny(format!("the watchdog denied: {reason}"))
+            }
+            other => Verdict::Deny(format!(
+                "the watchdog answered decision {:?}; only \"allow\" allows",
+                crate::pipeline::escape_raw(other.as_bytes())
+            )),
+        },
+    }
+}
+
+async fn exchange(endpoint: &Endpoint, question: &Question<'_>) -> Result<Answer, String> {
+    let body = serde_json::to_vec(question).map_err(|e| e.to_string())?;
+    match endpoint {
+        Endpoint::Unix(path) => {
+            let stream = UnixStream::connect(path)
+                .await
+                .map_err(|e| format!("connect {}: {e}", path.display()))?;
+            post(stream, "localhost", "/", body).await
+        }
+        Endpoint::Http { addr, path } => {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect {addr}: {e}"))?;
+            post(stream, &addr.to_string(), path, body).await
+        }
+    }
+}
+
+async fn post<S>(stream: S, host: &str, path: &str, body: Vec<u8>) -> Result<Answer, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    let conn = tokio::spawn(conn);
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+        .to_bytes();
+    conn.abort();
+    if !status.is_success() {
+        return Err(format!("HTTP status {status}"));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("the answer is not the expected JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            Endpoint::parse("unix:/run/w.sock"),
+            Ok(Endpoint::Unix("/run/w.sock".into()))
+        );
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:9000/check?x=1"),
+            Ok(Endpoint::Http {
+                addr: "127.0.0.1:9000".parse().unwrap(),
+                path: "/check?x=1".into()
+            })
+        );
+        assert_eq!(
+            Endpoint::parse("http://[::1]:9000"),
+            Ok(Endpoint::Http {
+                addr: "[::1]:9000".parse().unwrap(),
+                path: "/".into()
+            })
+        );
+        assert!(Endpoint::parse("http://localhost:1/").is_ok());
+        for bad in [
+            "unix:rel.sock",
+            "http://10.0.0.1:80/",
+            "http://watchdog.example:80/",
+            "https://127.0.0.1/",
+            "",
+        ] {
+            assert!(Endpoint::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn errors_and_silence_deny() {
+        let q = Question {
+            authority: "a",
+            host: "h.test",
+            port: 443,
+            protocol: "connect",
+        };
+        // Nothing listens there.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("none.sock");
+        let v = ask(
+            &format!("unix:{}", path.display()),
+            &q,
+            Duration::from_secs(1),
+        )
+        .await;
+        assert!(matches!(v, Verdict::Deny(_)), "{v:?}");
+        // A listener that never answers.
+        let silent = tokio::net::UnixListener::bind(dir.path().join("s.sock")).unwrap();
+        let v = ask(
+            &format!("unix:{}", dir.path().join("s.sock").display()),
+            &q,
+            Duration::from_millis(200),
+        )
+        .await;
+        drop(silent);
+        assert!(
+            matches!(&v, Verdict::Deny(w) if w.contains("did not answer")),
+            "{v:?}"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! Upstream (routing) values of the configuration (design section 8): parent proxy URLs
+//! and PAC sources, parsed once into types that cannot hold a value a request line could
+//! be injected through. Pure: no I/O, no environment.
+//!
+//! A parent is `http://[user:pass@]host:port` or `socks5://[user:pass@]host:port`. The
+//! host is canonicalised like every destination (so it holds no CR, LF, NUL, space, `@`,
+//! `/`), the port is required, and the credentials are percent-decoded and then refused if
+//! they hold any control character, so nothing built from a [`ParentUrl`] can split a
+//! request line or header.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::host::{Target, parse_authority_form};
+
+/// The protocol spoken to a parent proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ParentScheme {
+    /// HTTP/1.1: `CONNECT` for tunnels, absolute-form for plain HTTP (RFC 9110 9.3.6).
+    Http,
+    /// SOCKS5 (RFC 1928), username/password per RFC 1929 when credentials are given.
+    Socks5,
+}
+
+impl ParentScheme {
+    /// `"http"` or `"socks5"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Socks5 => "socks5",
+        }
+    }
+}
+
+/// Credentials for a parent proxy: `Proxy-Authorization: Basic` (RFC 7617) for HTTP
+/// parents, RFC 1929 for SOCKS5 parents. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Credentials {
+    user: String,
+    password: String,
+}
+
+impl Credentials {
+    /// Validates a user name and password: 1..=255 bytes each (RFC 1929 `ULEN`/`PLEN`; an
+    /// empty password is allowed for HTTP), no control characters, and no `:` in the
+    /// user name (RFC 7617 section 2).
+    ///
+    /// # Errors
+    /// A message saying what is wrong (never echoing the password).
+    pub fn new(user: String, password: String) -> Result<Self, String> {
+        if user.is_empty() || user.len() > 255 {
+            return Err("the parent user name must be 1..=255 bytes".into());
+        }
+        if password.len() > 255 {
+            return Err("the parent password must be at most 255 bytes".into());
+        }
+        if user.contains(':') {
+            return Err("the parent user name must not contain ':' (RFC 7617)".into());
+        }
+        if user.chars().chain(password.chars()).any(char::is_control) {
+            return Err("parent credentials must not contain control characters".into());
+        }
+        Ok(Self { user, password })
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// The password.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A parent proxy: scheme, canonical `host:port`, optional credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParentUrl {
+    /// HTTP or SOCKS5.
+    pub scheme: ParentScheme,
+    /// The parent's canonical host and port.
+    pub addr: Target,
+    /// Credentials from the URL's userinfo, if any.
+    pub credentials: Option<Credentials>,
+}
+
+impl fmt::Display for ParentUrl {
+    /// `scheme://host:port`, never the credentials (this is what logs show).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}", self.scheme.as_str(), self.addr)
+    }
+}
+
+/// How strictly [`parse_parent_url`] reads its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParentSyntax {
+    /// `mediator.toml`: the scheme and the port are required.
+    Config,
+    /// Proxy environment variables as curl reads them: no scheme means `http`,
+    /// `socks5h` is `socks5`, and a missing port is 1080 (curl's default proxy port).
+    Environment,
+}
+
+/// curl's default proxy port, used for environment values without a port.
+const DEFAULT_ENV_PORT: u16 = 1080;
+
+/// Parses a parent proxy URL (`http://[user:pass@]host:port`, `socks5://...`); a trailing
+/// `/` is accepted. The userinfo is percent-decoded (RFC 3986 section 2.1).
+///
+/// # Errors
+/// A message naming what is wrong: unknown or unsupported scheme (`https://` parents and
+/// SOCKS4 are not supported), a path or query, a bad host or port, bad credentials.
+/// Messages never contain the password.
+pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, String> {
+    let lenient = syntax == ParentSyntax::Environment;
+    let (scheme, rest) = match input.split_once("://") {
+        Some((s, r)) => (s.to_ascii_lowercase(), r),
+        None if lenient => ("http".to_owned(), input),
+        None => {
+            return Err(
+                "write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\""
+                    .into(),
+            );
+        }
+    };
+    let scheme = match scheme.as_str() {
+        "http" => ParentScheme::Http,
+        "socks5" => ParentScheme::Socks5,
+        "socks5h" if lenient => ParentScheme::Socks5,
+        "https" => {
+            return Err(
+                "TLS to a parent proxy (https://) is not supported; use http:// or socks5://"
+                    .into(),
+            );
+        }
+        "socks" | "socks4" | "socks4a" => {
+            return Err("SOCKS4 is not supported; use socks5://".into());
+        }
+        other => {
+            return Err(format!(
+                "unknown scheme {other:?}; use http:// or socks5://"
+            ));
+        }
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '?', '#']) {
+        return Err("a parent URL has no path, query or fragment: write scheme://host:port".into());
+    }
+    let (userinfo, hostport) = match rest.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, rest),
+    };
+    let addr = match parse_authority_form(hostport) {
+        Ok(t) => t,
+        Err(_) if lenient && !hostport.is_empty() && !has_port(hostport) => {
+            parse_authority_form(&format!("{hostport}:{DEFAULT_ENV_PORT}"))
+                .map_err(|e| e.to_string())?
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let credentials = match userinfo {
+        None => None,
+        Some(u) => {
+            let (user, password) = u.split_once(':').unwrap_or((u, ""));
+            Some(Credentials::new(
+                percent_decode(user).ok_or("bad percent-encoding in the parent user name")?,
+                percent_decode(password).ok_or("bad percent-encoding in the parent password")?,
+            )?)
+        }
+    };
+    Ok(ParentUrl {
+        scheme,
+        addr,
+        credentials,
+    })
+}
+
+/// Whether `host[:port]` / `[v6][:port]` carries a port.
+fn has_port(hostport: &str) -> bool {
+    match hostport.rsplit_once(']') {
+        Some((_, after)) => after.starts_with(':'),
+        None => hostport.matches(':').count() == 1,
+    }
+}
+
+/// Decodes `%XX` escapes; `None` on a malformed escape or non-UTF-8 result.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Where a PAC script comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PacSource {
+    /// An absolute file path, re-read on every refresh.
+    File(PathBuf),
+    /// An `http://` or `https://` URL (TLS verified), fetched directly or through
+    /// `pac_fetch_via`.
+    Url(String),
+}
+
+/// Parses `pac`: an absolute path, or an `http://` / `https://` URL with a host.
+///
+/// # Errors
+/// A message saying what to write instead.
+pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
+    let lower = input.to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        let after = &input[input.find("://").map_or(0, |i| i + 3)..];
+        let authority = after.split(['/', '?', '#']).next().unwrap_or_default();
+        if authority.is_empty() || authority.contains('@') {
+            return Err(
+                "a PAC URL needs a host and no userinfo: write \"https://host/proxy.pac\"".into(),
+            );
+        }
+        if input.chars().any(|c| c.is_control() || c == ' ') {
+            return Err("a PAC URL must not contain spaces or control characters".into());
+        }
+        return Ok(PacSource::Url(input.to_owned()));
+    }
+    if input.contains("://") {
+        return Err("a PAC URL must be http:// or https:// (WPAD and file:// are not used); or give an absolute path".into());
+    }
+    if !input.starts_with('/') {
+        return Err("write an absolute path to the PAC file, or an http(s):// URL".into());
+    }
+    Ok(PacSource::File(PathBuf::from(input)))
+}
+
+/// What to do when a PAC evaluation fails (exception, CPU or memory budget exceeded, not a
+/// string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacOnError {
+    /// Refuse the connection (`upstream_failure`). The default: fail closed.
+    Deny,
+    /// Connect directly.
+    Direct,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn parent_urls() {
+        let p =
+            parse_parent_url("http://u%40x:p%3Aw@Proxy.Corp:8080/", ParentSyntax::Config).unwrap();
+        assert_eq!(p.scheme, ParentScheme::Http);
+        assert_eq!(p.to_string(), "http://proxy.corp:8080");
+        let c = p.credentials.as_ref().unwrap();
+        assert_eq!((c.user(), c.password()), ("u@x", "p:w"));
+        assert!(!format!("{p:?}").contains("p:w"));
+        let p = parse_parent_url("socks5://[::1]:1080", ParentSyntax::Config).unwrap();
+        assert_eq!(p.to_string(), "socks5://[::1]:1080");
+        for bad in [
+            "proxy:8080",
+            "https://proxy:8080",
+            "socks4://proxy:1080",
+            "ftp://proxy:21",
+            "http://proxy",
+            "http://proxy:8080/path",
+            "http://proxy:8080?x",
+            "http://pro xy:8080",
+            "http://a%0d%0ab:c@proxy:8080",
+            "http://a:b%00@proxy:8080",
+            "http://a:b%zz@proxy:8080",
+            "http://:pw@proxy:8080",
+            "http://proxy\r\nX: y:8080",
+            "socks5h://proxy:1080",
+        ] {
+            let e = parse_parent_url(bad, ParentSyntax::Config);
+            assert!(e.is_err(), "{bad}: {e:?}");
+            assert!(!e.unwrap_err().contains("b%00"), "{bad}");
+        }
+        let env = |s| parse_parent_url(s, ParentSyntax::Environment).map(|p| p.to_string());
+        assert_eq!(env("proxy.corp:3128").unwrap(), "http://proxy.corp:3128");
+        assert_eq!(env("http://proxy.corp").unwrap(), "http://proxy.corp:1080");
+        assert_eq!(
+            env("socks5h://127.0.0.1:9").unwrap(),
+            "socks5://127.0.0.1:9"
+        );
+        assert_eq!(env("http://[::1]").unwrap(), "http://[::1]:1080");
+        assert!(env("socks4://p:1").is_err());
+    }
+
+    #[test]
+    fn pac_sources() {
+        assert_eq!(
+            parse_pac_source("/etc/p.pac"),
+            Ok(PacSource::File("/etc/p.pac".into()))
+        );
+        assert!(matches!(
+            parse_pac_source("https://wpad.corp/p.pac"),
+            Ok(PacSource::Url(_))
+        ));
+        for bad in [
+            "p.pac",
+            "file:///etc/p.pac",
+            "https:///p.pac",
+            "http://u:p@h/p.pac",
+            "http://h/p pac",
+        ] {
+            assert!(parse_pac_source(bad).is_err(), "{bad}");
+        }
+    }
+}

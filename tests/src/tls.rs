@@ -1,0 +1,252 @@
+//! TLS test support: a test CA of ours for loopback origins, a TLS origin (HTTP/1.1 and
+//! HTTP/2 by ALPN) that echoes what it received, and a client that opens a CONNECT tunnel
+//! through the mediator and speaks TLS (and then HTTP/2 with hyper) inside it.
+//!
+//! The origin's certificate comes from a CA made here with the `certs` crate; the mediator
+//! is told to trust it through `[tls] extra_ca_files`, never through the system store.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use bytes::Bytes;
+use certs::{Ca, CaOptions, LeafName};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::http::basic_auth;
+use crate::origin::FORGED_DECISION;
+
+/// A CA made for one test, with its certificate written to `<dir>/test-ca.pem` (the file
+/// to list in `[tls] extra_ca_files`).
+#[derive(Debug)]
+pub struct TestCa {
+    /// The CA.
+    pub ca: Ca,
+    /// Its certificate, PEM, on disk.
+    pub pem_path: PathBuf,
+}
+
+impl TestCa {
+    /// Creates a CA and writes its certificate into `dir`.
+    ///
+    /// # Errors
+    /// Generation or write failure.
+    pub fn create(dir: &Path) -> Result<Self> {
+        let ca = Ca::create(&CaOptions {
+            common_name: "e2e test origin CA".into(),
+            ..CaOptions::default()
+        })?;
+        let pem_path = dir.join("test-ca.pem");
+        std::fs::write(&pem_path, ca.cert_pem())?;
+        Ok(Self { ca, pem_path })
+    }
+}
+
+/// An echoing HTTPS origin on `127.0.0.1:0` (HTTP/1.1 and HTTP/2 by ALPN). Every response
+/// is `200` with a JSON body `{"method","target","version","headers","body"}` and a forged
+/// `X-Mediator-Decision` header that the mediator must strip.
+#[derive(Debug)]
+pub struct TlsOrigin {
+    addr: SocketAddr,
+    requests: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl TlsOrigin {
+    /// Starts an origin presenting a certificate for exactly `name`, issued by `ca`.
+    ///
+    /// # Errors
+    /// Issue or bind failure.
+    pub async fn start(ca: &Ca, name: &str) -> Result<Self> {
+        Self::start_on(ca, name, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// As [`Self::start`], bound to `addr` (which must be loopback, e.g. `127.66.1.1:443`).
+    ///
+    /// # Errors
+    /// Issue or bind failure, or a non-loopback `addr`.
+    pub async fn start_on(ca: &Ca, name: &str, addr: SocketAddr) -> Result<Self> {
+        ensure!(addr.ip().is_loopback(), "the origin only binds loopback");
+        let leaf = ca.issue(&LeafName::parse(name)?)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(leaf.chain, leaf.key)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the TLS origin on {addr}"))?;
+        let addr = listener.local_addr()?;
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&requests);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = service_fn(move |req| {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        async move { Ok::<_, Infallible>(echo(req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            requests,
+            task,
+        })
+    }
+
+    /// The origin's port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// How many requests the origin has answered.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TlsOrigin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let method = req.method().to_string();
+    let target = req.uri().to_string();
+    let version = format!("{:?}", req.version());
+    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in req.headers() {
+        headers
+            .entry(name.as_str().to_owned())
+            .or_default()
+            .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
+    }
+    let body = match req.into_body().collect().await {
+        Ok(c) => String::from_utf8_lossy(&c.to_bytes()).into_owned(),
+        Err(_) => String::new(),
+    };
+    let json = serde_json::json!({
+        "method": method, "target": target, "version": version,
+        "headers": headers, "body": body,
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
+    let h = resp.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    h.insert(
+        "x-mediator-decision",
+        hyper::header::HeaderValue::from_static(FORGED_DECISION),
+    );
+    resp
+}
+
+/// Opens `CONNECT target` on the mediator's TCP listener with `(authority, token)`, then
+/// TLS inside the tunnel with SNI `sni`, trusting only the PEM file `ca_pem` and offering
+/// ALPN `alpn`.
+///
+/// # Errors
+/// Connect failure, a non-200 CONNECT answer, or a failed TLS handshake.
+pub async fn tls_through_connect(
+    proxy: SocketAddr,
+    (authority, token): (&str, &str),
+    target: &str,
+    sni: &str,
+    ca_pem: &Path,
+    alpn: &[&[u8]],
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    ensure!(proxy.ip().is_loopback(), "tests only connect to loopback");
+    let mut tcp = TcpStream::connect(proxy).await?;
+    let req = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
+        basic_auth(authority, token)
+    );
+    tcp.write_all(req.as_bytes()).await?;
+    // Read the answer byte by byte so no tunnelled byte is consumed.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(20), tcp.read(&mut b))
+            .await
+            .context("CONNECT answer timed out")??;
+        if n == 0 {
+            bail!(
+                "proxy closed during the CONNECT answer: {:?}",
+                String::from_utf8_lossy(&head)
+            );
+        }
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    ensure!(head.starts_with("HTTP/1.1 200"), "CONNECT answer: {head}");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_file_iter(ca_pem)? {
+        let cert: CertificateDer<'static> = cert?;
+        roots.add(cert)?;
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = ServerName::try_from(sni.to_owned())?;
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake through the tunnel")?;
+    Ok(tls)
+}
+
+/// A hyper HTTP/2 client over `tls` (which must have negotiated `h2`).
+///
+/// # Errors
+/// When ALPN did not select `h2` or the HTTP/2 handshake fails.
+pub async fn h2_client(
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+) -> Result<hyper::client::conn::http2::SendRequest<Full<Bytes>>> {
+    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    ensure!(
+        alpn.as_deref() == Some(b"h2"),
+        "ALPN selected {:?}, not h2",
+        alpn.map(|a| String::from_utf8_lossy(&a).into_owned())
+    );
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .map_err(|e| anyhow!("HTTP/2 handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}

@@ -1,0 +1,606 @@
+//! Observability and the admin API (design sections 5, 10): every metric family after a
+//! scripted mix of allowed and denied requests over CONNECT, HTTP forwarding and SOCKS5
+//! (exact values), a bounded series count under a flood of distinct hosts, creating and
+//! revoking authorities through the API while traffic flows, the per-authority denial
+//! ring, revocation closing the listener at once and live tunnels after the grace, and
+//! the admin bearer token.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use e2e::socks::REP_SUCCEEDED;
+use e2e::{
+    AGENT_A, AuthoritySpec, Fixture, HttpConn, ORIGIN_HOST, Socks5, SocksTarget, TOKEN_A,
+    agent_a_spec, basic_auth, check_deny, sha256_hex,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A bounded wait for a close that must come.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Sends `GET /<path>` with `Connection: close` through an established tunnel and reads
+/// to EOF.
+async fn get_through<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    io: &mut S,
+    path: &str,
+) -> Result<String> {
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\nConnection: close\r\n\r\n");
+    io.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), io.read_to_end(&mut out)).await??;
+    // Close our side too, so the tunnel ends and its close record is written.
+    io.shutdown().await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// One keep-alive request through a tunnel; returns the status line.
+async fn get_keepalive(conn: &mut HttpConn, path: &str) -> Result<u16> {
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n");
+    let resp = conn.request(req.as_bytes()).await?;
+    Ok(resp.status)
+}
+
+fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
+    let host = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let mut r = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if let Some((u, t)) = auth {
+        r.push_str(&format!("Proxy-Authorization: {}\r\n", basic_auth(u, t)));
+    }
+    r.push_str("\r\n");
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() -> Result<()> {
+    let fx = Fixture::start(|b| {
+        b.admin(true).authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&[ORIGIN_HOST, "private.test", "nx.test", "127.0.0.1"])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns
+        .set("private.test", [IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))]);
+    let m = &fx.mediator;
+    let auth = Some((AGENT_A, TOKEN_A));
+    let origin = fx.origin_target();
+
+    // Before any traffic: the per-authority series exist with zeros.
+    let before = m.metrics().await?;
+    assert_eq!(before.get("mediator_authorities", &[]), 1.0);
+    assert_eq!(
+        before.get("mediator_active_connections", &[("authority", AGENT_A)]),
+        0.0
+    );
+
+    // 1. CONNECT allowed, 2. CONNECT not in the allow list.
+    let mut c = fx.tcp_conn().await?;
+    assert_eq!(c.connect(&origin, auth).await?.status, 200);
+    let body = get_through(c.stream(), "tunnel").await?;
+    ensure!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect("blocked.test:443", auth).await?,
+        403,
+        "not_in_allowlist",
+    )?;
+    // 3. HTTP forward allowed, 4. denied.
+    let mut c = fx.tcp_conn().await?;
+    let resp = c
+        .request(forward_req(&format!("http://{origin}/fwd"), auth).as_bytes())
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let mut c = fx.tcp_conn().await?;
+    let resp = c
+        .request(forward_req("http://other.test/", auth).as_bytes())
+        .await?;
+    check_deny(&resp, 403, "not_in_allowlist")?;
+    // 5. SOCKS5 allowed, 6. denied.
+    let mut s = Socks5::new(TcpStream::connect(m.tcp_addr()).await?);
+    let reply = s
+        .connect_with_auth(
+            AGENT_A,
+            TOKEN_A,
+            &SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()),
+        )
+        .await?;
+    assert_eq!(reply.rep, REP_SUCCEEDED);
+    let body = get_through(s.stream(), "socks").await?;
+    ensure!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let mut s = Socks5::new(TcpStream::connect(m.tcp_addr()).await?);
+    let reply = s
+        .connect_with_auth(
+            AGENT_A,
+            TOKEN_A,
+            &SocksTarget::Domain("blocked.test".into(), 443),
+        )
+        .await?;
+    assert_ne!(reply.rep, REP_SUCCEEDED);
+    // 7. A wrong token: no authority established.
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect(&origin, Some((AGENT_A, "wrong"))).await?,
+        407,
+        "bad_credential",
+    )?;
+    // 8. Private address, 9. DNS failure, 10. upstream refused.
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect("private.test:443", auth).await?,
+        403,
+        "private_address",
+    )?;
+    let mut c = fx.tcp_conn().await?;
+    check_deny(&c.connect("nx.test:443", auth).await?, 502, "dns_failure")?;
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect(&format!("127.0.0.1:{closed_port}"), auth).await?,
+        502,
+        "upstream_failure",
+    )?;
+
+    // Every allowed connection closed: wait for their three close lines.
+    let closes = m
+        .wait_for_count(|v| v["event"] == "close", 3, CLOSE_DEADLINE)
+        .await?;
+    let up: u64 = closes.iter().map(|c| c["bytes_up"].as_u64().unwrap()).sum();
+    let down: u64 = closes
+        .iter()
+        .map(|c| c["bytes_down"].as_u64().unwrap())
+        .sum();
+
+    let p = m.metrics().await?;
+    let d = |authority: &str, protocol: &str, decision: &str, reason: &str| {
+        p.get(
+            "mediator_decisions_total",
+            &[
+                ("authority", authority),
+                ("protocol", protocol),
+                ("decision", decision),
+                ("reason", reason),
+            ],
+        )
+    };
+    let expected = [
+        (AGENT_A, "connect", "allow", "allowed"),
+        (AGENT_A, "connect", "deny", "not_in_allowlist"),
+        (AGENT_A, "http", "allow", "allowed"),
+        (AGENT_A, "http", "deny", "not_in_allowlist"),
+        (AGENT_A, "socks5", "allow", "allowed"),
+        (AGENT_A, "socks5", "deny", "not_in_allowlist"),
+        ("-", "connect", "deny", "bad_credential"),
+        (AGENT_A, "connect", "deny", "private_address"),
+        (AGENT_A, "connect", "deny", "dns_failure"),
+        (AGENT_A, "connect", "deny", "upstream_failure"),
+    ];
+    for (a, proto, dec, reason) in expected {
+        assert_eq!(
+            d(a, proto, dec, reason),
+            1.0,
+            "{a} {proto} {dec} {reason}: {:#?}",
+            p.family("mediator_decisions_total")
+        );
+    }
+    let total: f64 = p
+        .family("mediator_decisions_total")
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(total, 10.0, "{:#?}", p.family("mediator_decisions_total"));
+    // The decision log agrees.
+    assert_eq!(m.decisions()?.len(), 10);
+
+    assert_eq!(
+        p.get("mediator_active_connections", &[("authority", AGENT_A)]),
+        0.0
+    );
+    assert_eq!(
+        p.get(
+            "mediator_bytes_total",
+            &[("authority", AGENT_A), ("direction", "up")]
+        ),
+        up as f64
+    );
+    assert_eq!(
+        p.get(
+            "mediator_bytes_total",
+            &[("authority", AGENT_A), ("direction", "down")]
+        ),
+        down as f64
+    );
+    assert!(up > 0 && down > 0, "up {up} down {down}");
+    // Three successful connects and one refused.
+    assert_eq!(p.get("mediator_connect_duration_seconds_count", &[]), 4.0);
+    // Names resolved: origin.test (3 times), private.test, nx.test; the IP literal is not.
+    assert_eq!(p.get("mediator_dns_duration_seconds_count", &[]), 5.0);
+    assert_eq!(
+        p.get(
+            "mediator_upstream_errors_total",
+            &[("kind", "dns_no_records")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        p.get(
+            "mediator_upstream_errors_total",
+            &[("kind", "connect_refused")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        p.get(
+            "mediator_upstream_errors_total",
+            &[("kind", "connect_timeout")]
+        ),
+        0.0
+    );
+    assert_eq!(p.get("mediator_authorities", &[]), 1.0);
+    for (family, ty) in [
+        ("mediator_decisions_total", "counter"),
+        ("mediator_active_connections", "gauge"),
+        ("mediator_bytes_total", "counter"),
+        ("mediator_connect_duration_seconds", "histogram"),
+        ("mediator_dns_duration_seconds", "histogram"),
+        ("mediator_upstream_errors_total", "counter"),
+        ("mediator_authorities", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+    ] {
+        assert_eq!(
+            p.types.get(family).map(String::as_str),
+            Some(ty),
+            "{family}"
+        );
+    }
+    // No label value is a host.
+    for series in p.series.keys() {
+        for host in [
+            "origin.test",
+            "blocked.test",
+            "private.test",
+            "nx.test",
+            "127.0.0.1",
+            "other.test",
+        ] {
+            assert!(!series.contains(host), "series {series} names a host");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()> {
+    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let auth = Some((AGENT_A, TOKEN_A));
+    // Warm up: one denial creates its series.
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect("warmup.test:443", auth).await?,
+        403,
+        "not_in_allowlist",
+    )?;
+    let before = fx.mediator.metrics().await?;
+    // 300 distinct hosts on one keep-alive connection.
+    let mut c = fx.tcp_conn().await?;
+    for i in 0..300 {
+        let resp = c.connect(&format!("flood-{i}.test:443"), auth).await?;
+        assert_eq!(resp.status, 403);
+    }
+    let after = fx.mediator.metrics().await?;
+    let metric_series = |p: &e2e::PromText| p.count("mediator_");
+    assert_eq!(
+        metric_series(&after),
+        metric_series(&before),
+        "series grew:\nbefore {:#?}\nafter {:#?}",
+        before.series.keys().collect::<Vec<_>>(),
+        after.series.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        after.get(
+            "mediator_decisions_total",
+            &[
+                ("authority", AGENT_A),
+                ("protocol", "connect"),
+                ("decision", "deny"),
+                ("reason", "not_in_allowlist")
+            ]
+        ),
+        301.0
+    );
+    assert!(after.series.keys().all(|k| !k.contains("flood")));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -> Result<()> {
+    let fx = Fixture::start(|b| {
+        b.admin(true)
+            .timeout("revoke_grace", 30)
+            .authority(agent_a_spec())
+    })
+    .await?;
+    let m = &fx.mediator;
+    let origin = fx.origin_target();
+
+    assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);
+    assert_eq!(m.admin("GET", "/readyz", None, None).await?.status, 200);
+    let list = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    let a = &list["authorities"][0];
+    assert_eq!(a["name"], AGENT_A);
+    assert_eq!(a["origin"], "config");
+    assert_eq!(a["generation"], 1);
+    assert_eq!(a["grant_digest"].as_str().unwrap().len(), 64);
+    assert_eq!(a["channel"]["socket"], json!(m.socket_path(AGENT_A)));
+
+    // Traffic flows: a live tunnel of agent-a over its Unix socket.
+    let mut live = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    assert_eq!(live.connect(&origin, None).await?.status, 200);
+    assert_eq!(get_keepalive(&mut live, "before").await?, 200);
+    let list = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    assert_eq!(list["authorities"][0]["live_connections"], 1);
+
+    // Create agent-c with a generated token.
+    let body = json!({
+        "name": "agent-c",
+        "allow": [ORIGIN_HOST],
+        "allow_private": ["127.0.0.0/8"],
+        "generate_token": true,
+    })
+    .to_string();
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    assert_eq!(resp.status, 201, "{}", resp.text());
+    let created = resp.json()?;
+    let token = created["token"].as_str().unwrap().to_owned();
+    assert_eq!(created["origin"], "api");
+    assert_eq!(created["generation"], 2);
+    let sock = m.socket_path("agent-c");
+    assert_eq!(created["channel"]["socket"], json!(sock));
+    assert!(sock.exists());
+    // The token is shown once: the listing never carries it.
+    let list = m.admin("GET", "/v1/authorities", None, None).await?.text();
+    assert!(!list.contains(&token));
+    // It works on both channels, and the live tunnel of agent-a is untouched.
+    let mut c = fx.tcp_conn().await?;
+    assert_eq!(
+        c.connect(&origin, Some(("agent-c", &token))).await?.status,
+        200
+    );
+    let mut u = HttpConn::unix(&sock).await?;
+    assert_eq!(u.connect(&origin, None).await?.status, 200);
+    assert_eq!(get_keepalive(&mut live, "during").await?, 200);
+
+    // 409 for a duplicate, 400 naming the field.
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    assert_eq!(resp.status, 409, "{}", resp.text());
+    assert_eq!(resp.json()?["field"], "name");
+    for (bad, field) in [
+        (json!({"name": "x", "allow": ["ok.test", "*.com"]}), "allow"),
+        (json!({"name": "x", "bogus": 1}), "bogus"),
+        (json!({"name": "x", "token_sha256": "abc"}), "token_sha256"),
+        (json!({"name": "bad name"}), "name"),
+        (json!({"name": "x", "sni_check": "yes"}), "sni_check"),
+        (json!({"name": "x", "allow": null}), "allow"),
+        (
+            json!({"name": "x", "generate_token": true, "token_sha256": sha256_hex("t")}),
+            "generate_token",
+        ),
+        (json!({"allow": ["ok.test"]}), ""),
+    ] {
+        let resp = m
+            .admin("POST", "/v1/authorities", Some(&bad.to_string()), None)
+            .await?;
+        assert_eq!(resp.status, 400, "{bad}: {}", resp.text());
+        let v = resp.json()?;
+        assert_eq!(v["field"], field, "{bad}: {v}");
+        assert!(v["message"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    }
+    let resp = m
+        .admin("POST", "/v1/authorities", Some("not json"), None)
+        .await?;
+    assert_eq!(resp.status, 400);
+
+    // Denials of agent-c land in its ring.
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect("blocked.test:443", Some(("agent-c", &token)))
+            .await?,
+        403,
+        "not_in_allowlist",
+    )?;
+    let denials = m
+        .admin("GET", "/v1/authorities/agent-c/denials", None, None)
+        .await?
+        .json()?;
+    let list = denials["denials"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{denials}");
+    assert_eq!(list[0]["host"], "blocked.test");
+    assert_eq!(list[0]["reason"], "not_in_allowlist");
+    let id = list[0]["id"].as_u64().unwrap();
+    let later = m
+        .admin(
+            "GET",
+            &format!("/v1/authorities/agent-c/denials?since={id}"),
+            None,
+            None,
+        )
+        .await?
+        .json()?;
+    assert_eq!(later["denials"], json!([]));
+    let earlier = m
+        .admin(
+            "GET",
+            "/v1/authorities/agent-c/denials?since=2000-01-01T00:00:00Z",
+            None,
+            None,
+        )
+        .await?
+        .json()?;
+    assert_eq!(earlier["denials"].as_array().unwrap().len(), 1);
+
+    // Revoke agent-c: socket gone at once, token refused, ring gone, 404 the second time.
+    let resp = m
+        .admin("DELETE", "/v1/authorities/agent-c", None, None)
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(!sock.exists(), "socket of a revoked authority still there");
+    assert!(HttpConn::unix(&sock).await.is_err());
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect(&origin, Some(("agent-c", &token))).await?,
+        407,
+        "unknown_authority",
+    )?;
+    assert_eq!(
+        m.admin("GET", "/v1/authorities/agent-c/denials", None, None)
+            .await?
+            .status,
+        404
+    );
+    assert_eq!(
+        m.admin("DELETE", "/v1/authorities/agent-c", None, None)
+            .await?
+            .status,
+        404
+    );
+    // A new request on a connection opened before the revocation gets no decision under
+    // the revoked grant.
+    let resp = u
+        .request(format!("GET / HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n").as_bytes())
+        .await;
+    // (u is a live tunnel: the request goes to the origin through it, within the grace.)
+    assert_eq!(resp?.status, 200);
+    // The agent-a tunnel kept working throughout; the authority count is back to 1.
+    assert_eq!(get_keepalive(&mut live, "after").await?, 200);
+    assert_eq!(m.metrics().await?.get("mediator_authorities", &[]), 1.0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace() -> Result<()> {
+    let fx = Fixture::start(|b| {
+        b.admin(true)
+            .timeout("revoke_grace", 1)
+            .authority(agent_a_spec())
+    })
+    .await?;
+    let m = &fx.mediator;
+    let sock = m.socket_path(AGENT_A);
+    let mut tunnel = HttpConn::unix(&sock).await?;
+    assert_eq!(tunnel.connect(&fx.origin_target(), None).await?.status, 200);
+    assert_eq!(get_keepalive(&mut tunnel, "x").await?, 200);
+    let decision = m.wait_for_decision("allowed", Some(ORIGIN_HOST)).await?;
+
+    let resp = m
+        .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(!sock.exists(), "socket file still there after revocation");
+    assert!(
+        HttpConn::unix(&sock).await.is_err(),
+        "the revoked listener still accepts"
+    );
+    // The live tunnel is closed by the mediator once the 1 s grace is over.
+    ensure!(
+        tunnel.closes_within(CLOSE_DEADLINE).await,
+        "tunnel still open after the grace"
+    );
+    let close = m.wait_for_close(&decision["id"]).await?;
+    assert_eq!(close["close_reason"], "shutdown");
+    let list = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    assert_eq!(list["authorities"], json!([]));
+    let p = m.metrics().await?;
+    assert_eq!(p.get("mediator_authorities", &[]), 0.0);
+    assert_eq!(
+        p.get("mediator_active_connections", &[("authority", AGENT_A)]),
+        0.0
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_guards_everything_but_health() -> Result<()> {
+    let token = "admin-secret-7d1";
+    let dir = tempfile::tempdir()?;
+    let admin_sock = dir.path().join("admin.sock");
+    let fx = Fixture::start(|b| {
+        b.admin(true)
+            .listen_line(&format!("admin_token_sha256 = \"{}\"", sha256_hex(token)))
+            .listen_line(&format!(
+                "admin_socket = {:?}",
+                admin_sock.to_string_lossy()
+            ))
+            .authority(agent_a_spec())
+    })
+    .await?;
+    let m = &fx.mediator;
+    assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);
+    for (method, path) in [
+        ("GET", "/metrics"),
+        ("GET", "/v1/authorities"),
+        ("DELETE", "/v1/authorities/agent-a"),
+    ] {
+        let resp = m.admin(method, path, None, None).await?;
+        assert_eq!(resp.status, 401, "{method} {path}");
+        assert!(resp.header("www-authenticate").is_some());
+        assert_eq!(
+            m.admin(method, path, None, Some("wrong")).await?.status,
+            401
+        );
+    }
+    assert_eq!(
+        m.admin("GET", "/metrics", None, Some(token)).await?.status,
+        200
+    );
+    assert_eq!(
+        m.admin("GET", "/v1/authorities", None, Some(token))
+            .await?
+            .status,
+        200
+    );
+    // The admin API on its own Unix socket (mode 0600), not in the channel directory.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&admin_sock)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let mut c = HttpConn::unix(&admin_sock).await?;
+    let resp = c
+        .request(format!("GET /v1/authorities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.json()?["authorities"][0]["name"], AGENT_A);
+    // The channel socket of agent-a does not serve the admin API (it is a proxy).
+    let mut c = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let resp = c
+        .request(b"GET /v1/authorities HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    check_deny(&resp, 400, "malformed_target")?;
+    let _: Value = resp.json()?;
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! Grant immutability under reload (SIGHUP), the watchdog hook (narrows only), and
+//! `mediator explain` agreeing with live traffic (design sections 1, 5, 11).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use e2e::mediator::mediator_bin;
+use e2e::{
+    AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOOPBACK, MediatorBuilder, ORIGIN_HOST,
+    TOKEN_A, Watchdog, WatchdogMode, agent_a_spec, check_deny,
+};
+use serde_json::Value;
+
+async fn get_keepalive(conn: &mut HttpConn, path: &str) -> Result<u16> {
+    let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n");
+    Ok(conn.request(req.as_bytes()).await?.status)
+}
+
+fn generations(list: &Value) -> Vec<(String, u64)> {
+    list["authorities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["name"].as_str().unwrap().to_owned(),
+                a["generation"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn builder(fx_dns: std::net::SocketAddr) -> MediatorBuilder {
+    MediatorBuilder::new()
+        .nameserver(fx_dns)
+        .admin(true)
+        .timeout("revoke_grace", 60)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_new_one()
+-> Result<()> {
+    let v1 = |b: MediatorBuilder| {
+        b.admin(true)
+            .timeout("revoke_grace", 60)
+            .authority(agent_a_spec())
+            .authority(AuthoritySpec::new(AGENT_B).allow(&["b.test"]))
+            .authority(AuthoritySpec::new("agent-d").allow(&["d.test"]))
+    };
+    let fx = Fixture::start(v1).await?;
+    let m = &fx.mediator;
+    let origin = fx.origin_target();
+    let before = generations(
+        &m.admin("GET", "/v1/authorities", None, None)
+            .await?
+            .json()?,
+    );
+
+    // A live tunnel under agent-a's first grant (origin.test allowed).
+    let mut tunnel = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    assert_eq!(tunnel.connect(&origin, None).await?.status, 200);
+    assert_eq!(get_keepalive(&mut tunnel, "v1").await?, 200);
+
+    // v2: agent-a no longer allows origin.test, only the loopback literal; agent-b
+    // unchanged; agent-c new; agent-d gone.
+    let v2 = builder(fx.dns.addr())
+        .authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&["127.0.0.1"])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+        .authority(AuthoritySpec::new(AGENT_B).allow(&["b.test"]))
+        .authority(AuthoritySpec::new("agent-c").allow(&["c.test"]))
+        .render(m.dir());
+    let line = m.reload_with(&v2).await?;
+    ensure!(line.starts_with("mediator: reload applied"), "{line}");
+    let gen_a = before.iter().find(|(n, _)| n == AGENT_A).unwrap().1;
+    ensure!(
+        line.contains(&format!("changed={AGENT_A}@{gen_a}->")),
+        "{line}"
+    );
+    ensure!(line.contains("unchanged=agent-b"), "{line}");
+    ensure!(line.contains("added=agent-c@"), "{line}");
+    ensure!(line.contains("removed=agent-d@"), "{line}");
+    // The control log names the generations too.
+    m.wait_for_stderr(
+        |l| l.contains("authority \"agent-a\" added (generation"),
+        Duration::from_secs(5),
+    )
+    .await?;
+
+    let after = generations(
+        &m.admin("GET", "/v1/authorities", None, None)
+            .await?
+            .json()?,
+    );
+    let names: Vec<&str> = after.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, [AGENT_A, AGENT_B, "agent-c"]);
+    let generation = |v: &[(String, u64)], n: &str| v.iter().find(|(x, _)| x == n).map(|(_, g)| *g);
+    assert!(
+        generation(&after, AGENT_A) > generation(&before, AGENT_A),
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(generation(&after, AGENT_B), generation(&before, AGENT_B));
+    assert!(!m.socket_path("agent-d").exists());
+    assert!(m.socket_path("agent-c").exists());
+
+    // The live tunnel keeps its original grant's verdict: still relaying to origin.test.
+    assert_eq!(get_keepalive(&mut tunnel, "still-v1").await?, 200);
+    // New connections get the new grant: origin.test denied, the literal allowed.
+    let mut c = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    check_deny(&c.connect(&origin, None).await?, 403, "not_in_allowlist")?;
+    let mut c = fx.tcp_conn().await?;
+    check_deny(
+        &c.connect(&origin, Some((AGENT_A, TOKEN_A))).await?,
+        403,
+        "not_in_allowlist",
+    )?;
+    let mut c = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let literal = format!("127.0.0.1:{}", fx.origin.port());
+    assert_eq!(c.connect(&literal, None).await?.status, 200);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<()> {
+    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    let before = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    let bad = builder(fx.dns.addr())
+        .authority(AuthoritySpec::new(AGENT_A).allow(&["*.com"]))
+        .authority(AuthoritySpec::new("agent-new").allow(&["ok.test"]))
+        .render(m.dir());
+    let out = m.reload_with(&bad).await?;
+    ensure!(
+        out.contains("reload failed; the running authorities are unchanged"),
+        "{out}"
+    );
+    ensure!(
+        out.contains("*.com") && out.contains("mediator.toml:"),
+        "{out}"
+    );
+    let after = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    assert_eq!(before, after);
+    let digest = |v: &Value| v["authorities"][0]["grant_digest"].clone();
+    assert!(!m.socket_path("agent-new").exists());
+    // Traffic under the old grant goes on.
+    let mut c = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    assert_eq!(c.connect(&fx.origin_target(), None).await?.status, 200);
+    // An unreadable file is a bad reload too.
+    std::fs::write(m.config_path(), "[listen\n")?;
+    let out = m.reload_with("[listen\n").await?;
+    ensure!(out.contains("reload failed"), "{out}");
+    let now = m
+        .admin("GET", "/v1/authorities", None, None)
+        .await?
+        .json()?;
+    assert_eq!(generations(&now), generations(&before));
+    assert_eq!(digest(&now), digest(&before));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_narrows_only_and_silence_or_errors_deny() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let allow_all = Watchdog::start(dir.path(), "allow", WatchdogMode::AllowAll)?;
+    let deny_all = Watchdog::start(
+        dir.path(),
+        "deny",
+        WatchdogMode::DenyAll("no egress during the freeze".into()),
+    )?;
+    let slow = Watchdog::start(
+        dir.path(),
+        "slow",
+        WatchdogMode::SlowAllow(Duration::from_secs(30)),
+    )?;
+    let gone = dir.path().join("nobody-listens.sock");
+    let spec = |name: &str, watchdog: &str| {
+        AuthoritySpec::new(name)
+            .allow(&[ORIGIN_HOST])
+            .deny(&["denied.test"])
+            .allow_private(&["127.0.0.0/8"])
+            .raw(&format!("watchdog = {:?}", watchdog))
+    };
+    let fx = Fixture::start(|b| {
+        b.timeout("watchdog", 1)
+            .authority(spec("w-allow", &allow_all.endpoint()))
+            .authority(spec("w-deny", &deny_all.endpoint()))
+            .authority(spec("w-slow", &slow.endpoint()))
+            .authority(spec("w-gone", &format!("unix:{}", gone.display())))
+    })
+    .await?;
+    let m = &fx.mediator;
+    let origin = fx.origin_target();
+    let connect = |name: &'static str, target: String| {
+        let path = m.socket_path(name);
+        async move {
+            let mut c = HttpConn::unix(&path).await?;
+            c.connect(&target, None).await
+        }
+    };
+
+    // A watchdog that allows everything opens nothing the grant denies, and is not asked.
+    for target in ["blocked.test:443", "denied.test:443"] {
+        let resp = connect("w-allow", target.into()).await?;
+        assert_eq!(resp.status, 403, "{target}");
+    }
+    assert!(
+        allow_all.questions().is_empty(),
+        "{:?}",
+        allow_all.questions()
+    );
+    // It is asked about what the grant allows, with the contract's fields.
+    assert_eq!(connect("w-allow", origin.clone()).await?.status, 200);
+    let q = allow_all.questions();
+    assert_eq!(q.len(), 1);
+    assert_eq!(
+        q[0],
+        serde_json::json!({"authority": "w-allow", "host": ORIGIN_HOST, "port": fx.origin.port(), "protocol": "connect"})
+    );
+
+    // Deny: the grant's allow becomes watchdog_denied with the watchdog's reason.
+    let body = check_deny(
+        &connect("w-deny", origin.clone()).await?,
+        403,
+        "watchdog_denied",
+    )?;
+    assert!(
+        body["detail"].as_str().unwrap().contains("freeze"),
+        "{body}"
+    );
+    // Silence past timeouts.watchdog (1 s) denies, in bounded time.
+    let started = Instant::now();
+    check_deny(
+        &connect("w-slow", origin.clone()).await?,
+        403,
+        "watchdog_denied",
+    )?;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // No watchdog listening denies.
+    check_deny(
+        &connect("w-gone", origin.clone()).await?,
+        403,
+        "watchdog_denied",
+    )?;
+    let line = m
+        .wait_for_decision("watchdog_denied", Some(ORIGIN_HOST))
+        .await?;
+    assert_eq!(line["rule"], ORIGIN_HOST);
+    // The origin was reached only once (the allowed tunnel): denied ones never connect.
+    Ok(())
+}
+
+/// Runs `mediator explain --config F --authority A TARGET --resolve --json`.
+async fn explain(config: &std::path::Path, authority: &str, target: &str) -> Result<(i32, Value)> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(mediator_bin()?)
+            .args(["explain", "--config"])
+            .arg(config)
+            .args(["--authority", authority, target, "--resolve", "--json"])
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .context("explain did not finish")??;
+    let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "explain {target}: not JSON: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    Ok((out.status.code().unwrap_or(-1), v))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()> {
+    let fx = Fixture::start(|b| {
+        b.global_deny(&["*:25"]).authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&[
+                    ORIGIN_HOST,
+                    "*.example.test",
+                    "pinned.test:8443",
+                    "127.0.0.1",
+                    "private.test",
+                    "special.test",
+                    "nx.test",
+                    "mixed.test",
+                ])
+                .deny(&["bad.example.test"])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns.set("a.example.test", [LOOPBACK]);
+    fx.dns
+        .set("private.test", [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]);
+    fx.dns
+        .set("special.test", [IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))]);
+    fx.dns.set(
+        "mixed.test",
+        [LOOPBACK, IpAddr::V4(Ipv4Addr::new(192, 168, 1, 1))],
+    );
+    let p = fx.origin.port();
+    let rows: Vec<(String, &str)> = vec![
+        (format!("{ORIGIN_HOST}:{p}"), "allowed"),
+        (format!("ORIGIN.Test.:{p}"), "allowed"),
+        (format!("a.example.test:{p}"), "allowed"),
+        (format!("127.0.0.1:{p}"), "allowed"),
+        ("example.test:443".into(), "not_in_allowlist"),
+        ("bad.example.test:443".into(), "denied_by_rule"),
+        ("pinned.test:80".into(), "port_not_allowed"),
+        (format!("{ORIGIN_HOST}:25"), "denied_by_rule"),
+        ("private.test:443".into(), "private_address"),
+        ("special.test:443".into(), "special_address"),
+        ("mixed.test:443".into(), "private_address"),
+        ("nx.test:443".into(), "dns_failure"),
+        ("10.0.0.1:443".into(), "not_in_allowlist"),
+        ("[::1]:443".into(), "not_in_allowlist"),
+        ("127.1:80".into(), "malformed_target"),
+    ];
+    let config = fx.mediator.config_path().to_path_buf();
+    for (target, want) in &rows {
+        let (code, ex) = explain(&config, AGENT_A, target).await?;
+        let mut c = fx.tcp_conn().await?;
+        let live = c.connect(target, Some((AGENT_A, TOKEN_A))).await?;
+        let live_reason = if live.status == 200 {
+            "allowed".to_owned()
+        } else {
+            live.json()?["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(ex["reason"], *want, "explain {target}: {ex}");
+        assert_eq!(
+            live_reason,
+            *want,
+            "live {target}: {} {}",
+            live.status,
+            live.text()
+        );
+        assert_eq!(code, if *want == "allowed" { 0 } else { 1 }, "{target}");
+        if *want == "allowed" {
+            assert_eq!(ex["pin"], serde_json::json!(["127.0.0.1"]), "{ex}");
+            let line = fx
+                .mediator
+                .wait_for_log(
+                    |v| {
+                        v["event"] == "decision"
+                            && v["reason"] == "allowed"
+                            && v["rule"] == ex["rule"]
+                    },
+                    e2e::LOG_TIMEOUT,
+                )
+                .await?;
+            assert_eq!(line["rule"], ex["rule"]);
+        } else if let Some(rule) = ex["rule"].as_str() {
+            let line = fx
+                .mediator
+                .wait_for_log(
+                    |v| v["event"] == "decision" && v["reason"] == *want && v["rule"] == rule,
+                    e2e::LOG_TIMEOUT,
+                )
+                .await?;
+            assert_eq!(line["rule"], rule);
+        }
+    }
+    // The address classes explain shows.
+    let (_, ex) = explain(&config, AGENT_A, "mixed.test:443").await?;
+    let classes: Vec<&str> = ex["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["private", "private"]);
+    assert_eq!(ex["addresses"][0]["excepted"], true);
+    assert_eq!(ex["addresses"][1]["excepted"], false);
+    // Text output, and an unknown authority is an error (exit 2).
+    let out = tokio::process::Command::new(mediator_bin()?)
+        .args(["explain", "--config"])
+        .arg(&config)
+        .args(["--authority", AGENT_A, "example.test"])
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        text.contains("decision:  deny")
+            && text.contains("reason:    not_in_allowlist")
+            && text.contains("port 443"),
+        "{text}"
+    );
+    let out = tokio::process::Command::new(mediator_bin()?)
+        .args(["explain", "--config"])
+        .arg(&config)
+        .args(["--authority", "nobody", "example.test"])
+        .output()
+        .await?;
+    assert_eq!(out.status.code(), Some(2));
+    Ok(())
+}
