@@ -10,7 +10,7 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum Error {
     /// The configuration file could not be read.
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}")]
     ReadConfig {
         /// The file.
         path: PathBuf,
@@ -18,10 +18,10 @@ pub enum Error {
         source: io::Error,
     },
     /// The configuration is invalid (every problem is listed).
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] policy::PolicyError),
     /// A listener could not be set up.
-    #[error("cannot listen on {what}: {source}")]
+    #[error("cannot listen on {what}")]
     Listen {
         /// Which listener (`"tcp 127.0.0.1:3128"`, `"unix /run/x/a.sock"`).
         what: String,
@@ -32,7 +32,7 @@ pub enum Error {
     #[error("cannot configure the resolver: {0}")]
     Resolver(String),
     /// The decision log could not be opened.
-    #[error("cannot open decision log {path}: {source}")]
+    #[error("cannot open decision log {path}")]
     DecisionLog {
         /// The file.
         path: PathBuf,

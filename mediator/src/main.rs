@@ -100,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{e}");
+                    eprintln!("{:#}", anyhow::Error::from(e));
                     return Ok(ExitCode::from(2));
                 }
             };
@@ -124,7 +124,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{e}");
+                    eprintln!("{:#}", anyhow::Error::from(e));
                     return Ok(ExitCode::from(1));
                 }
             };
@@ -148,7 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("{e}");
+                    eprintln!("{:#}", anyhow::Error::from(e));
                     Ok(ExitCode::from(1))
                 }
             }
@@ -162,7 +162,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match policy::config::parse(&text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{e}");
+                    eprintln!("{:#}", anyhow::Error::from(e));
                     eprintln!("mediator: refusing to start: the configuration has errors");
                     return Ok(ExitCode::from(1));
                 }

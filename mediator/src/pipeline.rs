@@ -38,6 +38,10 @@ pub struct Denial {
     /// SOCKS5 REP code (RFC 1928 section 6): 0x02 policy, 0x04 unreachable, 0x05 refused,
     /// 0x01 general failure.
     pub socks_rep: u8,
+    /// A configured authority that a failed credential named (wrong token, or no token
+    /// configured): the decision log attributes the attempt to it, so a security team
+    /// sees who is being impersonated. `None` for names that are not authorities.
+    pub claimed_authority: Option<String>,
 }
 
 impl Denial {
@@ -58,6 +62,7 @@ impl Denial {
             rule: None,
             status,
             socks_rep,
+            claimed_authority: None,
         }
     }
 
@@ -181,6 +186,10 @@ pub struct Opened {
     pub started: Instant,
     /// The route taken (`direct` or a parent), for the close record.
     pub route: route::Route,
+    /// Time spent resolving (repeated in the close record).
+    pub dns: Option<Duration>,
+    /// Time spent connecting (repeated in the close record).
+    pub connect: Option<Duration>,
 }
 
 /// The shutdown signals every connection watches.
@@ -311,24 +320,29 @@ impl Shared {
                 "use the authority name your security team configured as the proxy user name",
             ));
         };
+        let claimed = Some(auth.grant.name().to_owned());
         let Some(stored) = auth.token_sha256 else {
-            return Err(Denial::new(
+            let mut denial = Denial::new(
                 Reason::UnknownAuthority,
                 format!(
                     "authority \"{}\" has no token and cannot use the TCP listener",
                     auth.grant.name()
                 ),
                 "use the authority's Unix socket, or configure token_sha256 for it",
-            ));
+            );
+            denial.claimed_authority = claimed;
+            return Err(denial);
         };
         if bool::from(digest.ct_eq(&stored)) {
             Ok(auth)
         } else {
-            Err(Denial::new(
+            let mut denial = Denial::new(
                 Reason::BadCredential,
                 "wrong token for this authority",
                 "check the proxy password (the token whose SHA-256 is configured)",
-            ))
+            );
+            denial.claimed_authority = claimed;
+            Err(denial)
         }
     }
 
@@ -441,6 +455,8 @@ impl Shared {
                         pin: addr,
                         started,
                         route,
+                        dns: dns_time,
+                        connect: Some(connect_time),
                     },
                     closing: live.closing_signal(),
                     forward_proxy: forward,
@@ -501,7 +517,9 @@ impl Shared {
         }
         let id = self.next_id();
         let mut rec = self.base_record(ctx, id, protocol, label);
-        rec.authority = authority.map(str::to_owned);
+        rec.authority = authority
+            .map(str::to_owned)
+            .or_else(|| denial.claimed_authority.clone());
         fill_deny(&mut rec, &denial);
         self.emit(ctx, &rec);
         denial
@@ -521,11 +539,21 @@ impl Shared {
             pin,
             started,
             route,
+            dns,
+            connect,
         } = opened;
         let mut rec = self.base_record(ctx, id, protocol, label);
         rec.event = "close";
-        rec.decision = "allow";
-        rec.reason = Reason::Allowed.as_str();
+        // A tunnel cut by the SNI gate ends denied; its close record says so too.
+        if outcome.close_reason == "sni_mismatch" {
+            rec.decision = "deny";
+            rec.reason = Reason::SniMismatch.as_str();
+        } else {
+            rec.decision = "allow";
+            rec.reason = Reason::Allowed.as_str();
+        }
+        rec.dns_ms = dns.map(ms);
+        rec.connect_ms = connect.map(ms);
         rec.pin = Some(pin.ip().to_string());
         rec.route = Some(self.route_label(route).to_owned());
         rec.bytes_up = Some(outcome.up);

@@ -6,7 +6,10 @@
 //! the client's first bytes (bounded by [`sni::MAX_HELLO`] and the request-head timeout),
 //! and requires the TLS ClientHello's SNI, canonicalised, to equal the tunnel host. This
 //! refuses domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not
-//! TLS at all pass as an opaque tunnel. The bytes read are forwarded unchanged, or, when
+//! TLS at all are refused too (an unreadable ClientHello, design section 6); a grant that
+//! needs another protocol on 443 sets `sni_check = false`. Tunnels to other ports are
+//! never read ahead (server-speaks-first protocols would wait forever) and pass as opaque
+//! tunnels. The bytes read are forwarded unchanged, or, when
 //! the grant terminates TLS for the target, replayed into the terminating acceptor
 //! (`crate::tls`), which then serves the requests inside instead of relaying bytes.
 
@@ -119,7 +122,15 @@ async fn sni_gate<C: AsyncRead + Unpin>(client: &mut C, target: &Target, shared:
     loop {
         match sni::inspect(&buf) {
             Hello::NeedMore => {}
-            Hello::NotTls => return Gate::Pass(buf),
+            // Design section 6: on 443 an unreadable ClientHello is a denial; plaintext
+            // there could carry a fronted Host to the allowed host's address unchecked.
+            Hello::NotTls => {
+                return deny(format!(
+                    "the tunnel to port {} did not start with a TLS ClientHello; \
+                     set sni_check = false in the grant to allow other protocols on 443",
+                    target.port
+                ));
+            }
             Hello::Malformed(why) => return deny(format!("unreadable TLS ClientHello: {why}")),
             Hello::ClientHello { server_names, ech } => {
                 return match check_names(&server_names, target) {

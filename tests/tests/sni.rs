@@ -1,7 +1,7 @@
 //! The SNI check on tunnels to port 443 (design section 6): the TLS ClientHello's SNI must
 //! equal the CONNECT host. Domain fronting (CONNECT to an allowed host with the SNI of
 //! another) is refused with `sni_mismatch` before a single byte reaches the origin;
-//! a matching SNI and non-TLS bytes pass.
+//! a matching SNI passes; non-TLS bytes on 443 are refused as an unreadable ClientHello.
 //!
 //! The "origin" is a plain TCP listener on 127.66.0.N:443 (the whole of 127.0.0.0/8 is
 //! loopback) that records what each connection sent; it does not speak TLS, so curl's
@@ -123,6 +123,8 @@ async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_by
         )
         .await?;
     assert_eq!(close["bytes_up"], 0);
+    assert_eq!(close["decision"], "deny", "{close}");
+    assert_eq!(close["reason"], "sni_mismatch", "{close}");
     // The origin got a connection (the mediator connects before answering 200) but
     // not one byte of the fronted ClientHello.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -183,7 +185,7 @@ async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn non_tls_bytes_in_a_443_tunnel_pass_as_an_opaque_tunnel() -> Result<()> {
+async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> Result<()> {
     let ip = origin_ip(3);
     let seen = recording_origin(ip).await?;
     let fx = fixture(ip).await?;
@@ -192,8 +194,19 @@ async fn non_tls_bytes_in_a_443_tunnel_pass_as_an_opaque_tunnel() -> Result<()> 
         .connect("front.test:443", Some((AGENT_A, TOKEN_A)))
         .await?;
     assert_eq!(resp.status, 200);
-    conn.send(b"plain bytes, not TLS\n").await?;
-    conn.shutdown_write().await?;
+    // Plaintext HTTP with a fronted Host, to the allowed host's address on 443.
+    conn.send(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+        .await?;
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    let detail = line["detail"].as_str().unwrap_or_default();
+    ensure!(detail.contains("TLS ClientHello"), "{detail}");
+    ensure!(
+        conn.closes_within(Duration::from_secs(5)).await,
+        "the tunnel stays open"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let got = loop {
         if let Some(first) = seen.lock().unwrap().first().cloned() {
@@ -202,6 +215,6 @@ async fn non_tls_bytes_in_a_443_tunnel_pass_as_an_opaque_tunnel() -> Result<()> 
         ensure!(tokio::time::Instant::now() < deadline, "origin saw nothing");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(got, b"plain bytes, not TLS\n");
+    assert!(got.is_empty(), "origin received {got:?}");
     Ok(())
 }

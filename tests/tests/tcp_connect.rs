@@ -185,7 +185,12 @@ async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
         .await?;
     check_line(
         &line,
-        &[("decision", json!("deny")), ("channel", json!("tcp"))],
+        &[
+            ("decision", json!("deny")),
+            ("channel", json!("tcp")),
+            // The attempt is attributed to the (real) authority it tried to act as.
+            ("authority", json!(AGENT_A)),
+        ],
     )?;
     let raw = std::fs::read_to_string(fx.mediator.log_path())?;
     assert!(
