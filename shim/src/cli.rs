@@ -51,6 +51,13 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub report_file: Option<PathBuf>,
 
+    /// A PEM CA certificate the command must trust (the mediator's, when it terminates
+    /// TLS): the CA variables (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ...) then point at it,
+    /// joined to the system bundle. With --config it is found by itself when the
+    /// authority has tls_terminate.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+
     /// A TOML profile with the same fields (snake_case); flags add to it.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
@@ -119,6 +126,8 @@ pub struct Profile {
     pub report: bool,
     /// As `--report-file`.
     pub report_file: Option<PathBuf>,
+    /// As `--ca-cert`.
+    pub ca_cert: Option<PathBuf>,
     /// As `--allow`.
     #[serde(default)]
     pub allow: Vec<String>,
@@ -164,6 +173,7 @@ impl Profile {
             .chain(profile.mediator_socket.iter_mut())
             .chain(profile.config.iter_mut())
             .chain(profile.report_file.iter_mut())
+            .chain(profile.ca_cert.iter_mut())
             .chain(profile.decision_log.iter_mut())
         {
             fix(p);
@@ -190,6 +200,29 @@ pub enum ChannelSpec {
     },
 }
 
+/// Where the CA certificate to trust inside comes from (for error messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaOrigin {
+    /// `--ca-cert` (or `ca_cert` in the profile).
+    Flag,
+    /// `<[tls] ca_dir>/ca.pem` of `--config`, because the authority has `tls_terminate`.
+    Config {
+        /// The mediator config file.
+        config: PathBuf,
+        /// The authority whose grant terminates TLS.
+        authority: String,
+    },
+}
+
+/// A CA certificate (PEM file) the command must trust; read by [`crate::ca::load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaCert {
+    /// The PEM file.
+    pub path: PathBuf,
+    /// Why it is used.
+    pub origin: CaOrigin,
+}
+
 /// Validated settings: everything the launcher needs, with no contradiction left.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -207,6 +240,8 @@ pub struct Settings {
     pub report: Option<Option<PathBuf>>,
     /// Protections the user gave up explicitly.
     pub allow_degraded: Vec<Degradation>,
+    /// The CA the command must trust (`None`: no CA variable is set or changed).
+    pub ca_cert: Option<CaCert>,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -235,9 +270,14 @@ impl Settings {
         let socket = cli.mediator_socket.or(profile.mediator_socket);
         let config = cli.config.or(profile.config);
         let authority = cli.authority.or(profile.authority);
+        let mut config_ca = None;
         let socket = match (socket, config, authority) {
             (Some(s), None, _) => Some(s),
-            (None, Some(c), Some(a)) => Some(socket_from_config(&c, &a)?),
+            (None, Some(c), Some(a)) => {
+                let (socket, ca) = from_config(&c, &a)?;
+                config_ca = ca;
+                Some(socket)
+            }
             (None, None, None) => None,
             (Some(_), Some(_), _) => {
                 return Err(Error::Usage(
@@ -283,6 +323,14 @@ impl Settings {
         };
         let mut allow_degraded = profile.allow_degraded;
         allow_degraded.extend(cli.allow_degraded);
+        // An explicit CA wins over the one the config implies.
+        let ca_cert = match cli.ca_cert.or(profile.ca_cert) {
+            Some(path) => Some(CaCert {
+                path,
+                origin: CaOrigin::Flag,
+            }),
+            None => config_ca,
+        };
         Ok(Self {
             channel,
             allow_write: cat(profile.allow_write, cli.allow_write),
@@ -291,6 +339,7 @@ impl Settings {
             allow_unix_sockets: cli.allow_unix_sockets || profile.allow_unix_sockets,
             report,
             allow_degraded,
+            ca_cert,
             command: cli.command,
         })
     }
@@ -301,9 +350,11 @@ impl Settings {
     }
 }
 
-/// `<listen.socket_dir>/<authority>.sock` from a mediator config (only that key is read;
-/// the mediator validates the rest).
-fn socket_from_config(config: &Path, authority: &str) -> Result<PathBuf> {
+/// From a mediator config (only these keys are read; the mediator validates the rest):
+/// the socket `<listen.socket_dir>/<authority>.sock`, and, when the authority's
+/// `tls_terminate` is not empty, the CA certificate `<[tls] ca_dir>/ca.pem` (read later,
+/// never created here).
+fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert>)> {
     if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
         return Err(Error::Usage(format!(
             "--authority {authority:?} is not a valid authority name"
@@ -327,7 +378,41 @@ fn socket_from_config(config: &Path, authority: &str) -> Result<PathBuf> {
                 config.display()
             ))
         })?;
-    Ok(Path::new(dir).join(format!("{authority}.sock")))
+    let socket = Path::new(dir).join(format!("{authority}.sock"));
+    // An authority added later through the admin API is not in the file: pass --ca-cert.
+    let terminates = value
+        .get("authority")
+        .and_then(|a| a.as_array())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority))
+        .any(|a| {
+            a.get("tls_terminate")
+                .and_then(|t| t.as_array())
+                .is_some_and(|t| !t.is_empty())
+        });
+    if !terminates {
+        return Ok((socket, None));
+    }
+    let ca_dir = value
+        .get("tls")
+        .and_then(|t| t.get("ca_dir"))
+        .and_then(|d| d.as_str())
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: authority {authority:?} has tls_terminate but [tls] ca_dir is not set (the mediator refuses this config too)",
+                config.display()
+            ))
+        })?;
+    let ca = CaCert {
+        path: Path::new(ca_dir).join(certs::CA_CERT_FILE),
+        origin: CaOrigin::Config {
+            config: config.to_owned(),
+            authority: authority.to_owned(),
+        },
+    };
+    Ok((socket, Some(ca)))
 }
 
 #[cfg(test)]
@@ -477,6 +562,77 @@ mod tests {
             ])
             .is_err()
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn config_with_tls_terminate_implies_its_ca_and_ca_cert_wins() {
+        let dir = std::env::temp_dir().join(format!("shim-config-ca-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("mediator.toml");
+        std::fs::write(
+            &cfg,
+            "[listen]\nsocket_dir = \"/run/egress\"\n[tls]\nca_dir = \"/var/lib/ca\"\n\
+             [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
+             [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n",
+        )
+        .unwrap();
+        let c = cfg.to_str().unwrap();
+        let s = parse(&["shim", "--config", c, "--authority", "mitm", "--", "true"]).unwrap();
+        assert_eq!(
+            s.ca_cert,
+            Some(CaCert {
+                path: "/var/lib/ca/ca.pem".into(),
+                origin: CaOrigin::Config {
+                    config: cfg.clone(),
+                    authority: "mitm".into()
+                }
+            })
+        );
+        let s = parse(&["shim", "--config", c, "--authority", "plain", "--", "true"]).unwrap();
+        assert_eq!(s.ca_cert, None);
+        // Not in the file (added through the admin API): no CA unless given.
+        let s = parse(&["shim", "--config", c, "--authority", "other", "--", "true"]).unwrap();
+        assert_eq!(s.ca_cert, None);
+        let s = parse(&[
+            "shim",
+            "--config",
+            c,
+            "--authority",
+            "mitm",
+            "--ca-cert",
+            "/x/ca.pem",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.ca_cert,
+            Some(CaCert {
+                path: "/x/ca.pem".into(),
+                origin: CaOrigin::Flag
+            })
+        );
+        // tls_terminate without ca_dir: a usage error, before anything runs.
+        std::fs::write(
+            &cfg,
+            "[listen]\nsocket_dir = \"/run/egress\"\n\
+             [[authority]]\nname = \"mitm\"\ntls_terminate = [\"a.example\"]\n",
+        )
+        .unwrap();
+        let e = parse(&["shim", "--config", c, "--authority", "mitm", "--", "true"]).unwrap_err();
+        assert!(e.to_string().contains("ca_dir"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn profile_ca_cert_is_relative_to_the_profile() {
+        let dir = std::env::temp_dir().join(format!("shim-profile-ca-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("p.toml");
+        std::fs::write(&p, "allow = [\"a.example\"]\nca_cert = \"ca.pem\"\n").unwrap();
+        let s = parse(&["shim", "--profile", p.to_str().unwrap(), "--", "true"]).unwrap();
+        assert_eq!(s.ca_cert.map(|c| c.path), Some(dir.join("ca.pem")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

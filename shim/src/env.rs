@@ -1,9 +1,50 @@
-//! The confined command's environment: the caller's, minus any proxy or CA variable it
-//! had, plus proxy variables pointing at the in-sandbox loopback listener.
+//! The confined command's environment: the caller's, minus any proxy variable it had,
+//! plus proxy variables pointing at the in-sandbox loopback listener; and, when a CA is to
+//! be trusted (`--ca-cert`, or the config's CA for an authority that terminates TLS), the
+//! CA variables in place of the caller's.
+//!
+//! Without a CA the caller's CA variables are left as they are: nothing in the channel
+//! changes TLS then, so whatever trust the caller chose still holds.
 //!
 //! Built as data and handed to `execve`; the shim never mutates its own environment.
 
 use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+
+/// CA variables that name a complete bundle: they point at the system bundle plus the CA.
+pub const CA_BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+];
+
+/// CA variables that add to the tool's own store: they point at the CA alone.
+pub const CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+
+/// The files the CA variables name (see [`crate::ca::TrustFiles`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaFiles {
+    /// The system bundle followed by the CA.
+    pub bundle: PathBuf,
+    /// The CA alone.
+    pub ca_only: PathBuf,
+}
+
+/// The CA variables for `files`: [`CA_BUNDLE_VARS`] name the bundle, [`CA_EXTRA_VARS`]
+/// the CA alone.
+pub fn ca_vars(files: &CaFiles) -> Vec<(OsString, OsString)> {
+    let bundle = CA_BUNDLE_VARS.iter().map(|v| (*v, &files.bundle));
+    let extra = CA_EXTRA_VARS.iter().map(|v| (*v, &files.ca_only));
+    bundle
+        .chain(extra)
+        .map(|(k, p)| (OsString::from(k), p.clone().into_os_string()))
+        .collect()
+}
 
 /// Proxy variables the shim owns (both cases are set where tools read either).
 const PROXY_VARS: &[&str] = &[
@@ -47,29 +88,40 @@ pub fn proxy_vars(port: u16) -> Vec<(String, String)> {
     vars
 }
 
-/// Whether the caller's variable `name` is replaced (dropped) by the shim.
-fn owned_by_shim(name: &OsStr) -> bool {
+/// Whether the caller's variable `name` is replaced (dropped) by the shim; the CA
+/// variables only when the shim sets them (`with_ca`).
+fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
     let Some(name) = name.to_str() else {
         return false;
     };
-    PROXY_VARS.iter().any(|v| v.eq_ignore_ascii_case(name))
+    let ca = || {
+        CA_BUNDLE_VARS
+            .iter()
+            .chain(CA_EXTRA_VARS)
+            .any(|v| v.eq_ignore_ascii_case(name))
+    };
+    PROXY_VARS.iter().any(|v| v.eq_ignore_ascii_case(name)) || (with_ca && ca())
 }
 
 /// The full environment for the command: `inherited` without the shim-owned variables,
-/// then `proxy_vars(port)`.
+/// then `proxy_vars(port)`, then `ca_vars` of `ca` if any.
 pub fn command_env(
     inherited: impl IntoIterator<Item = (OsString, OsString)>,
     port: u16,
+    ca: Option<&CaFiles>,
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = inherited
         .into_iter()
-        .filter(|(k, _)| !owned_by_shim(k))
+        .filter(|(k, _)| !owned_by_shim(k, ca.is_some()))
         .collect();
     env.extend(
         proxy_vars(port)
             .into_iter()
             .map(|(k, v)| (OsString::from(k), OsString::from(v))),
     );
+    if let Some(files) = ca {
+        env.extend(ca_vars(files));
+    }
     env
 }
 
@@ -95,7 +147,7 @@ mod tests {
                 OsString::from("http://evil:2"),
             ),
         ];
-        let env = command_env(inherited, 4321);
+        let env = command_env(inherited, 4321, None);
         assert_eq!(get(&env, "PATH").unwrap(), "/bin");
         assert_eq!(env.iter().filter(|(k, _)| k == "https_proxy").count(), 1);
         assert!(
@@ -107,7 +159,7 @@ mod tests {
 
     #[test]
     fn every_proxy_variable_points_at_the_listener() {
-        let env = command_env(Vec::new(), 4321);
+        let env = command_env(Vec::new(), 4321, None);
         for k in [
             "HTTP_PROXY",
             "http_proxy",
@@ -124,5 +176,40 @@ mod tests {
         assert_eq!(get(&env, "all_proxy").unwrap(), "socks5h://127.0.0.1:4321");
         assert_eq!(get(&env, "RSYNC_PROXY").unwrap(), "127.0.0.1:4321");
         assert_eq!(get(&env, "no_proxy").unwrap(), "localhost,127.0.0.1,::1");
+    }
+
+    #[test]
+    fn ca_variables_replace_the_callers_only_with_a_ca() {
+        let inherited = || {
+            vec![
+                (
+                    OsString::from("SSL_CERT_FILE"),
+                    OsString::from("/caller.pem"),
+                ),
+                (
+                    OsString::from("NODE_EXTRA_CA_CERTS"),
+                    OsString::from("/caller-extra.pem"),
+                ),
+            ]
+        };
+        let env = command_env(inherited(), 1, None);
+        assert_eq!(get(&env, "SSL_CERT_FILE").unwrap(), "/caller.pem");
+        assert!(get(&env, "CURL_CA_BUNDLE").is_none());
+        let files = CaFiles {
+            bundle: "/t/bundle.pem".into(),
+            ca_only: "/t/ca.pem".into(),
+        };
+        let env = command_env(inherited(), 1, Some(&files));
+        for k in CA_BUNDLE_VARS {
+            assert_eq!(get(&env, k).unwrap(), "/t/bundle.pem", "{k}");
+            assert_eq!(env.iter().filter(|(n, _)| n == k).count(), 1, "{k}");
+        }
+        assert_eq!(get(&env, "NODE_EXTRA_CA_CERTS").unwrap(), "/t/ca.pem");
+        assert_eq!(
+            env.iter()
+                .filter(|(n, _)| n == "NODE_EXTRA_CA_CERTS")
+                .count(),
+            1
+        );
     }
 }

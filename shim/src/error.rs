@@ -77,6 +77,15 @@ pub enum Error {
     #[error("seccomp: {0}")]
     Seccomp(String),
 
+    /// The CA certificate to trust inside (or the system bundle it joins) is unusable.
+    #[error("CA certificate {path}: {detail}")]
+    Ca {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it, and what would fix it.
+        detail: String,
+    },
+
     /// The mediator channel (its Unix socket) is unusable.
     #[error("mediator channel {path}: {detail}")]
     Channel {

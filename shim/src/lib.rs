@@ -4,9 +4,10 @@
 //! through a loopback listener inside the sandbox, relayed by the shim outside it.
 //!
 //! Design section 12 is the contract. The OS-specific part lives in [`linux`]; the rest
-//! (flags, profile, environment, relay, report) is portable so that other backends
+//! (flags, profile, environment, CA files, relay, report) is portable so that other backends
 //! (macOS Seatbelt, Windows) can be added beside it.
 
+pub mod ca;
 pub mod cli;
 pub mod embedded;
 pub mod env;

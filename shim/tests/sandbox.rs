@@ -29,6 +29,26 @@ use std::time::{Duration, Instant};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_shim");
 
+/// The CA variables the shim sets when given a CA (design section 12).
+const CA_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+];
+
+/// The system bundles the shim looks for, in order.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
 // ------------------------------------------------------------------------------------
 // Probe side: runs inside the sandbox.
 
@@ -205,6 +225,65 @@ fn probe(args: &[String]) -> i32 {
                 .spawn()
                 .unwrap();
             "ok".into()
+        }
+        "ca-check" => {
+            // One line per CA variable: unset, or what can be done with the file it names
+            // and whether it holds the expected CA (a(1), a PEM file) and the system bundle.
+            let squeeze = |b: &[u8]| -> Vec<u8> {
+                b.iter()
+                    .copied()
+                    .filter(|c| !c.is_ascii_whitespace())
+                    .collect()
+            };
+            let want = squeeze(&std::fs::read(a(1)).unwrap());
+            let system = SYSTEM_BUNDLES
+                .iter()
+                .find_map(|p| std::fs::read(p).ok())
+                .map(|b| squeeze(&b))
+                .unwrap_or_default();
+            let contains = |hay: &[u8], needle: &[u8]| {
+                !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+            };
+            let mut lines = Vec::new();
+            for name in CA_VARS {
+                let Ok(path) = std::env::var(name) else {
+                    lines.push(format!("{name} unset"));
+                    continue;
+                };
+                let body = std::fs::read(&path).map(|b| squeeze(&b));
+                let read =
+                    errno_result(body.as_ref().map(|_| ()).map_err(|e| {
+                        std::io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(0))
+                    }));
+                let body = body.unwrap_or_default();
+                let write = errno_result(
+                    std::fs::OpenOptions::new()
+                        .append(true)
+                        .open(&path)
+                        .and_then(|mut f| f.write_all(b"x")),
+                );
+                let chmod = errno_result(std::fs::set_permissions(
+                    &path,
+                    std::fs::Permissions::from_mode(0o666),
+                ));
+                let remove = errno_result(std::fs::remove_file(&path));
+                let ca = if body == want {
+                    "only"
+                } else if body.ends_with(&want) {
+                    "last"
+                } else {
+                    "missing"
+                };
+                let sys = if body.starts_with(&system) && contains(&system, b"BEGINCERTIFICATE") {
+                    "system"
+                } else {
+                    "no-system"
+                };
+                lines.push(format!(
+                    "{name} read={read} write={write} chmod={chmod} remove={remove} ca={ca} {sys}"
+                ));
+            }
+            lines.join("\n")
         }
         other => format!("unknown probe {other}"),
     };
@@ -876,16 +955,24 @@ fn background_children_die_when_the_command_exits() -> Result<(), String> {
     Ok(())
 }
 
-fn background_children_and_placeholders_go_when_the_shim_is_killed() -> Result<(), String> {
+fn background_children_placeholders_and_ca_files_go_when_the_shim_is_killed() -> Result<(), String>
+{
     let s = Scratch::new("kill");
     let srv = EchoServer::start(&s.0);
     let w = s.path("work");
     std::fs::create_dir_all(&w).unwrap();
+    let tmp = s.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let ca = s.path("ca.pem");
+    write_ca(&ca);
     let marker = format!("{}", 950_000 + std::process::id() % 40_000);
     let mut child: Child = Command::new(SHIM)
         .arg("--mediator-socket")
         .arg(&srv.path)
         .args(writable(&w))
+        .arg("--ca-cert")
+        .arg(&ca)
+        .env("TMPDIR", &tmp)
         .args([
             "--",
             "sh",
@@ -901,6 +988,9 @@ fn background_children_and_placeholders_go_when_the_shim_is_killed() -> Result<(
     }
     if !w.join(".mcp.json").exists() {
         return Err("expected a placeholder while running".into());
+    }
+    if entries(&tmp).len() != 1 {
+        return Err(format!("expected the CA directory: {:?}", entries(&tmp)));
     }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -919,6 +1009,9 @@ fn background_children_and_placeholders_go_when_the_shim_is_killed() -> Result<(
                 .map(|e| e.unwrap().file_name())
                 .collect::<Vec<_>>()
         ));
+    }
+    if !wait_until(|| entries(&tmp).is_empty(), 3) {
+        return Err(format!("leftover CA files: {:?}", entries(&tmp)));
     }
     Ok(())
 }
@@ -1161,6 +1254,192 @@ fn embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others() -> Resul
     )
 }
 
+/// A fresh CA certificate (the mediator's kind), written to `path`.
+fn write_ca(path: &Path) {
+    let ca = certs::Ca::create(&certs::CaOptions::default()).unwrap();
+    std::fs::write(path, ca.cert_pem()).unwrap();
+}
+
+/// What `probe ca-check` prints when every CA variable names a read-only file holding
+/// the CA (and the bundles the system certificates before it). Writing fails on the
+/// files' mode (0444) first; chmod and unlink, which the owner could otherwise do, show
+/// the read-only mount.
+fn ca_check_all_set() -> String {
+    let system = if SYSTEM_BUNDLES.iter().any(|p| Path::new(p).exists()) {
+        "system"
+    } else {
+        "no-system"
+    };
+    CA_VARS
+        .iter()
+        .map(|v| {
+            let (ca, sys) = if *v == "NODE_EXTRA_CA_CERTS" {
+                ("only", "no-system")
+            } else {
+                ("last", system)
+            };
+            format!("{v} read=ok write=err:EACCES chmod=err:EROFS remove=err:EROFS ca={ca} {sys}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn ca_cert_exports_read_only_bundles_and_leaves_nothing_behind() -> Result<(), String> {
+    let s = Scratch::new("ca");
+    let srv = EchoServer::start(&s.0);
+    let ca = s.path("ca.pem");
+    write_ca(&ca);
+    let w = s.path("work");
+    let hidden = s.path("hidden");
+    // The shim's temporary directory inside a writable root, then inside a masked one:
+    // the CA files stay read-only in the first and readable in the second.
+    for (tmp, extra) in [
+        (w.join("tmp"), writable(&w)),
+        (
+            hidden.join("tmp"),
+            vec!["--deny-read".into(), hidden.to_string_lossy().into_owned()],
+        ),
+    ] {
+        std::fs::create_dir_all(&tmp).unwrap();
+        let mut args = extra.clone();
+        args.extend(["--ca-cert".into(), ca.to_string_lossy().into_owned()]);
+        let mut cmd = shim_cmd(&srv.path, &strs(&args), &["ca-check", ca.to_str().unwrap()]);
+        cmd.current_dir(&s.0)
+            .env("TMPDIR", &tmp)
+            .env("SSL_CERT_FILE", "/caller/bundle.pem")
+            .env("NODE_EXTRA_CA_CERTS", "/caller/extra.pem");
+        let out = cmd.output().unwrap();
+        if !out.status.success() {
+            return Err(format!(
+                "shim failed: {:?}, stderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        expect(
+            &format!("CA variables ({extra:?})"),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            &ca_check_all_set(),
+        )?;
+        let left = entries(&tmp);
+        if !left.is_empty() {
+            return Err(format!("left in {}: {left:?}", tmp.display()));
+        }
+    }
+    Ok(())
+}
+
+fn without_a_ca_no_ca_variable_is_set_and_the_callers_are_kept() -> Result<(), String> {
+    let s = Scratch::new("noca");
+    let srv = EchoServer::start(&s.0);
+    let ca = s.path("ca.pem");
+    write_ca(&ca);
+    let tmp = s.path("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut cmd = shim_cmd(&srv.path, &[], &["ca-check", ca.to_str().unwrap()]);
+    cmd.current_dir(&s.0).env("TMPDIR", &tmp);
+    for v in CA_VARS {
+        cmd.env_remove(v);
+    }
+    let out = cmd.output().unwrap();
+    let want = CA_VARS
+        .iter()
+        .map(|v| format!("{v} unset"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    expect(
+        "no CA variable",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        &want,
+    )?;
+    let mut cmd = shim_cmd(&srv.path, &[], &["env", "SSL_CERT_FILE", "CURL_CA_BUNDLE"]);
+    cmd.current_dir(&s.0)
+        .env("TMPDIR", &tmp)
+        .env("SSL_CERT_FILE", "/caller/bundle.pem")
+        .env_remove("CURL_CA_BUNDLE");
+    let out = cmd.output().unwrap();
+    expect(
+        "the caller's CA variable",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "/caller/bundle.pem",
+    )?;
+    let left = entries(&tmp);
+    if !left.is_empty() {
+        return Err(format!("created in TMPDIR without a CA: {left:?}"));
+    }
+    Ok(())
+}
+
+fn config_authority_with_tls_terminate_trusts_the_config_ca() -> Result<(), String> {
+    let s = Scratch::new("cfgca");
+    let _srv = EchoServer::start(&s.0); // <socket_dir>/authority.sock
+    let ca_dir = s.path("ca");
+    let cfg = s.path("mediator.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nsocket_dir = {:?}\n[tls]\nca_dir = {:?}\n\
+             [[authority]]\nname = \"authority\"\nallow = [\"a.example\"]\n\
+             tls_terminate = [\"a.example\"]\n",
+            s.0.to_str().unwrap(),
+            ca_dir.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let ca_pem = ca_dir.join("ca.pem");
+    let run = || {
+        Command::new(SHIM)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["--authority", "authority", "--"])
+            .arg(me())
+            .args(["probe", "ca-check", ca_pem.to_str().unwrap()])
+            .current_dir(&s.0)
+            .output()
+            .unwrap()
+    };
+    // No CA yet: a clear error naming the file and the command that creates it; the
+    // shim creates nothing.
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let how = format!("mediator ca-cert --config {}", cfg.display());
+    if out.status.code() != Some(125)
+        || !err.contains(ca_pem.to_str().unwrap())
+        || !err.contains(&how)
+    {
+        return Err(format!("missing CA: {:?} {err}", out.status));
+    }
+    if ca_dir.exists() {
+        return Err("the shim created the CA directory".into());
+    }
+    certs::Ca::create(&certs::CaOptions::default())
+        .unwrap()
+        .persist(&ca_dir)
+        .unwrap();
+    let out = run();
+    if !out.status.success() {
+        return Err(format!(
+            "shim failed: {:?}, stderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    expect(
+        "CA variables from the config's CA",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        &ca_check_all_set(),
+    )
+}
+
 type Test = (&'static str, fn() -> Result<(), String>);
 
 const TESTS: &[Test] = &[
@@ -1218,8 +1497,8 @@ const TESTS: &[Test] = &[
         background_children_die_when_the_command_exits,
     ),
     (
-        "background_children_and_placeholders_go_when_the_shim_is_killed",
-        background_children_and_placeholders_go_when_the_shim_is_killed,
+        "background_children_placeholders_and_ca_files_go_when_the_shim_is_killed",
+        background_children_placeholders_and_ca_files_go_when_the_shim_is_killed,
     ),
     (
         "proc_inside_shows_only_sandbox_processes",
@@ -1252,6 +1531,18 @@ const TESTS: &[Test] = &[
     (
         "embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others",
         embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others,
+    ),
+    (
+        "ca_cert_exports_read_only_bundles_and_leaves_nothing_behind",
+        ca_cert_exports_read_only_bundles_and_leaves_nothing_behind,
+    ),
+    (
+        "without_a_ca_no_ca_variable_is_set_and_the_callers_are_kept",
+        without_a_ca_no_ca_variable_is_set_and_the_callers_are_kept,
+    ),
+    (
+        "config_authority_with_tls_terminate_trusts_the_config_ca",
+        config_authority_with_tls_terminate_trusts_the_config_ca,
     ),
 ];
 

@@ -161,7 +161,10 @@ fn canonical(what: &'static str, p: &Path, missing_ok: bool) -> Result<Option<(P
 /// Build the plan. Creates placeholders on the host for missing protected paths (listed in
 /// the result even if a later step fails, so the caller can always clean up).
 ///
-/// `home` is the caller's home directory (for the home-only placeholders).
+/// `home` is the caller's home directory (for the home-only placeholders). `read_only`
+/// are paths the shim itself prepared for the command (the CA directory): they are shown
+/// read-only from the host's tree whatever `allow_write` and `deny_read` say about the
+/// directories above them.
 ///
 /// # Errors
 /// [`Error::Path`] when an `--allow-write` root does not exist or any configured path
@@ -171,6 +174,7 @@ pub(crate) fn plan(
     allow_write: &[PathBuf],
     deny_read: &[PathBuf],
     allow_read: &[PathBuf],
+    read_only: &[PathBuf],
     home: Option<&Path>,
     plan: &mut FsPlan,
 ) -> Result<()> {
@@ -218,6 +222,15 @@ pub(crate) fn plan(
                     is_dir,
                 });
             }
+        }
+    }
+    for p in read_only {
+        if let Some((c, is_dir)) = canonical("shim-prepared path", p, false)? {
+            ops.push(MountOp {
+                path: c,
+                kind: OpKind::Readable,
+                is_dir,
+            });
         }
     }
     let roots = plan.writable_roots.clone();
@@ -783,6 +796,7 @@ mod tests {
             std::slice::from_ref(&w),
             &[w.join("secret"), t.0.join("missing")],
             &[],
+            &[],
             None,
             &mut plan,
         )
@@ -844,7 +858,7 @@ mod tests {
     fn allow_write_root_is_refused() {
         let mut plan = FsPlan::default();
         assert!(matches!(
-            super::plan(&["/".into()], &[], &[], None, &mut plan),
+            super::plan(&["/".into()], &[], &[], &[], None, &mut plan),
             Err(Error::Usage(_))
         ));
     }
@@ -857,6 +871,7 @@ mod tests {
                 &["/nonexistent-shim-test".into()],
                 &[],
                 &[],
+                &[],
                 None,
                 &mut plan
             ),
@@ -866,6 +881,7 @@ mod tests {
         super::plan(
             &[],
             &["/nonexistent-shim-test".into()],
+            &[],
             &[],
             None,
             &mut plan,

@@ -32,6 +32,7 @@ use nix::unistd::Pid;
 
 pub use fs::Placeholder;
 
+use crate::ca::TrustFiles;
 use crate::cli::{ChannelSpec, Degradation, Settings};
 use crate::error::{Error, Result};
 use crate::relay::{self, RelayStats, Report};
@@ -74,13 +75,14 @@ struct InnerPlan {
     program: CString,
     args: Vec<CString>,
     env: Vec<(OsString, OsString)>,
+    ca: Option<crate::env::CaFiles>,
     handoff: OwnedFd,
 }
 
 /// Confine and run `settings.command`; returns its exit status (128+N for signal N).
 ///
-/// Placeholders created for missing protected paths are removed before returning, and by
-/// a janitor process if the shim itself is killed.
+/// Placeholders created for missing protected paths, and the CA files (see [`crate::ca`]),
+/// are removed before returning, and by a janitor process if the shim itself is killed.
 ///
 /// # Errors
 /// Any [`Error`] that stops the sandbox from being built exactly as asked. Errors that
@@ -102,30 +104,43 @@ pub fn run(settings: &Settings) -> Result<i32> {
             decision_log.clone(),
         ),
     };
+    let trust = match &settings.ca_cert {
+        Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
+        None => None,
+    };
     let mut plan = fs::FsPlan::default();
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .and_then(|h| std::fs::canonicalize(h).ok());
+    let read_only: Vec<PathBuf> = trust.iter().map(|t| t.dir().to_owned()).collect();
     let planned = fs::plan(
         &settings.allow_write,
         &settings.deny_read,
         &settings.allow_read,
+        &read_only,
         home.as_deref(),
         &mut plan,
     );
     let placeholders = plan.placeholders.clone();
+    let cleanup = || {
+        placeholders.iter().rev().for_each(Placeholder::remove);
+        trust.iter().for_each(TrustFiles::remove);
+    };
     let janitor = match &planned {
-        Ok(()) if !placeholders.is_empty() => match spawn_janitor(&placeholders) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                placeholders.iter().rev().for_each(Placeholder::remove);
-                return Err(e);
+        Ok(()) if !placeholders.is_empty() || trust.is_some() => {
+            match spawn_janitor(&placeholders, trust.as_ref()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    cleanup();
+                    return Err(e);
+                }
             }
-        },
+        }
         _ => None,
     };
-    let result = planned.and_then(|()| run_planned(settings, plan, channel));
-    placeholders.iter().rev().for_each(Placeholder::remove);
+    let ca = trust.as_ref().map(TrustFiles::files);
+    let result = planned.and_then(|()| run_planned(settings, plan, channel, ca));
+    cleanup();
     if let Some(w) = janitor {
         // Tell the janitor the placeholders are handled: a later run may already have
         // created new ones at the same paths (and inode numbers get reused).
@@ -163,7 +178,12 @@ enum Serving {
     Nothing,
 }
 
-fn run_planned(settings: &Settings, fs_plan: fs::FsPlan, channel: Channel) -> Result<i32> {
+fn run_planned(
+    settings: &Settings,
+    fs_plan: fs::FsPlan,
+    channel: Channel,
+    ca: Option<crate::env::CaFiles>,
+) -> Result<i32> {
     let filters = seccomp::build(settings.allow_unix_sockets)?;
     let (program, args) = command_cstrings(&settings.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
@@ -192,6 +212,7 @@ fn run_planned(settings: &Settings, fs_plan: fs::FsPlan, channel: Channel) -> Re
         program,
         args,
         env: std::env::vars_os().collect(),
+        ca,
         handoff: inner,
     });
     let keep_fd = inner_plan.as_ref().map(|p| p.handoff.as_raw_fd());
@@ -339,9 +360,10 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
     }
 }
 
-/// A process outside the sandbox that removes the placeholders if the shim dies without
-/// doing it (SIGKILL). It waits for EOF on a pipe whose only writer is the shim.
-fn spawn_janitor(placeholders: &[Placeholder]) -> Result<OwnedFd> {
+/// A process outside the sandbox that removes the placeholders and the CA files if the
+/// shim dies without doing it (SIGKILL). It waits for EOF on a pipe whose only writer is
+/// the shim.
+fn spawn_janitor(placeholders: &[Placeholder], trust: Option<&TrustFiles>) -> Result<OwnedFd> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::sys("janitor pipe", e))?;
     match sys::fork_process().map_err(|e| Error::sys("fork the janitor", e))? {
@@ -380,6 +402,9 @@ fn spawn_janitor(placeholders: &[Placeholder]) -> Result<OwnedFd> {
             // removing a path that is a mount point in another namespace only detaches it.
             for p in placeholders.iter().rev() {
                 p.remove();
+            }
+            if let Some(t) = trust {
+                t.remove();
             }
             sys::exit_now(0)
         }
@@ -437,7 +462,7 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
 
     fs::apply(&plan.fs)?;
 
-    let env = crate::env::command_env(plan.env, port);
+    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref());
     let env: Vec<CString> = env
         .into_iter()
         .filter_map(|(k, v)| {
