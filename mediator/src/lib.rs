@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod relay;
 pub mod resolve;
+pub mod rewind;
 pub mod route;
 pub mod sni;
 pub mod socks;

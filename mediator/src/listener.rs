@@ -11,18 +11,18 @@
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use policy::config::Authority;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::authorities::Live;
 use crate::decision_log::Peer;
 use crate::error::Error;
 use crate::pipeline::{Ctx, Shared};
+use crate::rewind::Rewind;
 
 /// Creates `<dir>/<name>.sock` for one authority with `mode` and optional owner.
 ///
@@ -185,55 +185,10 @@ where
         Ok(Ok(1)) => {}
         _ => return,
     }
-    let io = Prefixed {
-        first: Some(first[0]),
-        inner: io,
-    };
+    let io = Rewind::new(Bytes::copy_from_slice(&first), io);
     if first[0] == 0x05 {
         crate::socks::serve(io, shared, ctx).await;
     } else {
         crate::http::serve(io, shared, ctx).await;
-    }
-}
-
-/// A stream with one already-read byte put back in front.
-#[derive(Debug)]
-pub struct Prefixed<S> {
-    first: Option<u8>,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if let Some(b) = self.first {
-            if buf.remaining() > 0 {
-                buf.put_slice(&[b]);
-                self.first = None;
-                return Poll::Ready(Ok(()));
-            }
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

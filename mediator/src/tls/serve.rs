@@ -3,10 +3,7 @@
 //! record.
 
 use std::convert::Infallible;
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -21,7 +18,7 @@ use policy::{Reason, Target, canonicalize_host};
 use rustls::pki_types::ServerName;
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, watch};
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
@@ -30,6 +27,7 @@ use crate::counting::Counting;
 use crate::http::{DECISION_HEADER, deny_response, strip_hop_by_hop};
 use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel, escape_raw};
 use crate::relay::RelayOutcome;
+use crate::rewind::Rewind;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -97,11 +95,7 @@ pub async fn terminate<C>(
 
     // Client leg. Counting sees "written" as bytes to the client (down) and "read" as bytes
     // from it (up).
-    let counting = Counting::new(Rewind {
-        prefix,
-        pos: 0,
-        inner: client,
-    });
+    let counting = Counting::new(Rewind::new(prefix, client));
     let counters = counting.counters();
     let bytes = || {
         let (written, read) = counters.get();
@@ -565,50 +559,4 @@ fn rebuild(
 /// `strip_hop_by_hop` may not know by name.
 fn remove_h2_forbidden(headers: &mut HeaderMap) {
     headers.remove(HeaderName::from_static("proxy-connection"));
-}
-
-/// A stream with bytes already read put back in front.
-struct Rewind<S> {
-    prefix: Vec<u8>,
-    pos: usize,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.pos < self.prefix.len() {
-            let n = buf.remaining().min(self.prefix.len() - self.pos);
-            let start = self.pos;
-            buf.put_slice(&self.prefix[start..start + n]);
-            self.pos += n;
-            if self.pos == self.prefix.len() {
-                self.prefix = Vec::new();
-                self.pos = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
