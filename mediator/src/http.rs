@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use policy::config::Authority;
 use policy::{Reason, Target, canonicalize_host, parse_authority_form};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::counting::Counting;
 use crate::listener::wait_true;
@@ -37,10 +37,40 @@ pub const DECISION_HEADER: &str = "x-mediator-decision";
 const MIN_BUF: usize = 8192;
 
 /// Serves HTTP/1.1 on one client connection until it closes.
-pub async fn serve<S>(io: S, shared: Arc<Shared>, ctx: Ctx)
+pub async fn serve<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let head = match preflight(&mut io, &shared).await {
+        Preflight::Pass(head) => head,
+        Preflight::Closed => return,
+        Preflight::Reject {
+            label,
+            detail,
+            protocol,
+            proxy_authorization,
+        } => {
+            // Attribute the malformed request when its credential is valid (a Unix
+            // channel is attributed already); an unverified name is never used.
+            let mut headers = HeaderMap::new();
+            if let Some(v) = proxy_authorization {
+                headers.insert(header::PROXY_AUTHORIZATION, v);
+            }
+            let name = identify(&shared, &ctx, &headers)
+                .ok()
+                .map(|a| a.grant.name().to_owned());
+            let denial = Denial::new(
+                Reason::MalformedTarget,
+                detail,
+                "send CONNECT host:port, or an absolute-form http:// URI, with a valid request line",
+            );
+            let denial = shared.deny_early(&ctx, name.as_deref(), protocol, &label, denial);
+            let resp = deny_response(name.as_deref(), &label, &denial);
+            let _ = write_raw_response(&mut io, resp).await;
+            return;
+        }
+    };
+    let io = crate::rewind::Rewind::new(head, io);
     let ctx = Arc::new(ctx);
     let pool: Arc<Mutex<Option<Pooled>>> = Arc::new(Mutex::new(None));
     let svc = {
@@ -79,6 +109,131 @@ where
             }
         }
     }
+}
+
+/// The verdict on a connection's first request head, read before hyper sees it.
+enum Preflight {
+    /// Hand these bytes (and the rest of the stream) to hyper.
+    Pass(Vec<u8>),
+    /// The request line cannot be parsed: answer the JSON 400 ourselves, since hyper
+    /// would answer a bare 400 with no decision record.
+    Reject {
+        label: TargetLabel,
+        detail: String,
+        /// `connect` or `http`, for the log.
+        protocol: &'static str,
+        /// The credential, when the head parsed far enough to have one.
+        proxy_authorization: Option<HeaderValue>,
+    },
+    /// The client went away or timed out before sending a head.
+    Closed,
+}
+
+/// Reads the first request head (bounded by the request-head timeout and size limit) and
+/// checks that its request line parses (RFC 9112 section 3) and its target is a URI. Heads
+/// that are only too large, or have too many headers, pass to hyper, which answers 431.
+async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflight {
+    let limit = shared.limits.request_head_bytes.max(MIN_BUF);
+    let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 100];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                let target = req.path.unwrap_or_default();
+                if let Err(e) = target.parse::<Uri>() {
+                    let proxy_authorization = req
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                        .and_then(|h| HeaderValue::from_bytes(h.value).ok());
+                    return Preflight::Reject {
+                        label: TargetLabel {
+                            host: Some(escape_raw(target.as_bytes())),
+                            port: None,
+                        },
+                        detail: format!("the request target is not a valid URI: {e}"),
+                        protocol: if req.method == Some("CONNECT") {
+                            "connect"
+                        } else {
+                            "http"
+                        },
+                        proxy_authorization,
+                    };
+                }
+                return Preflight::Pass(buf);
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(httparse::Error::TooManyHeaders) => return Preflight::Pass(buf),
+            Err(e) => {
+                let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+                return Preflight::Reject {
+                    label: TargetLabel {
+                        host: Some(escape_raw(&buf[..line_end.min(256)])),
+                        port: None,
+                    },
+                    detail: format!("unparsable request head: {e}"),
+                    protocol: if buf.starts_with(b"CONNECT ") {
+                        "connect"
+                    } else {
+                        "http"
+                    },
+                    proxy_authorization: raw_proxy_authorization(&buf),
+                };
+            }
+        }
+        if buf.len() > limit {
+            return Preflight::Pass(buf);
+        }
+        match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Preflight::Closed,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// The `Proxy-Authorization` value of a head that httparse refused (its request line is
+/// malformed, its header lines may still be fine), found line by line.
+fn raw_proxy_authorization(head: &[u8]) -> Option<HeaderValue> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = line.split_at(colon);
+        name.eq_ignore_ascii_case(b"proxy-authorization")
+            .then(|| HeaderValue::from_bytes(value[1..].trim_ascii()).ok())
+            .flatten()
+    })
+}
+
+/// Writes a complete HTTP/1.1 response with a full body and `Connection: close`.
+async fn write_raw_response<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    resp: Response<Body>,
+) -> std::io::Result<()> {
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("")
+    )
+    .into_bytes();
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out.extend_from_slice(&body);
+    io.write_all(&out).await?;
+    io.shutdown().await
 }
 
 /// A kept-alive upstream connection of one client connection. Never shared across client

@@ -184,7 +184,8 @@ async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() 
         (AGENT_A, "http", "deny", "not_in_allowlist"),
         (AGENT_A, "socks5", "allow", "allowed"),
         (AGENT_A, "socks5", "deny", "not_in_allowlist"),
-        ("-", "connect", "deny", "bad_credential"),
+        // A wrong token for a real authority is attributed to it (who was impersonated).
+        (AGENT_A, "connect", "deny", "bad_credential"),
         (AGENT_A, "connect", "deny", "private_address"),
         (AGENT_A, "connect", "deny", "dns_failure"),
         (AGENT_A, "connect", "deny", "upstream_failure"),

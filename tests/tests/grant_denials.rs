@@ -400,11 +400,16 @@ async fn malformed_connect_targets_are_400_malformed_target() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hyper rejects a request-target it cannot parse as a URI with its own bare 400 \
-            (no JSON body, no decision line) before our service sees it"]
 async fn connect_target_with_a_path_is_400_with_the_json_shape() -> Result<()> {
     // Not authority-form (RFC 9110 9.3.6): still a malformed target, same JSON shape.
-    check_malformed(&["origin.test:80/path"]).await
+    check_malformed(&[
+        "origin.test:80/path",
+        "origin.test:80:80",
+        "b\u{fc}cher.example:80",
+        "origin\ttest:80",
+        "%6frigin.test:80",
+    ])
+    .await
 }
 
 /// CONNECTs to each target as `agent-a`, expects 400 `malformed_target` with the JSON
