@@ -1179,13 +1179,15 @@ impl Validator<'_> {
                     .is_some_and(|p| p.starts_with('/'))
                 || w.get_ref()
                     .strip_prefix("http://")
-                    .is_some_and(|r| !r.is_empty());
+                    .is_some_and(watchdog_http_is_loopback);
             if !ok {
                 self.error(
                     Some(w.span()),
                     label,
                     format!(
-                        "watchdog {:?} must be \"unix:/absolute/path\" or \"http://host:port/...\"",
+                        "watchdog {:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" \
+                         (a loopback IP literal or localhost, no userinfo): the watchdog sees every \
+                         allowed destination and must run on this host",
                         w.get_ref()
                     ),
                 );
@@ -1309,6 +1311,54 @@ fn covers(outer: &Range<usize>, inner: &Range<usize>) -> bool {
 }
 
 /// Parses 64 hex digits (either case) into 32 bytes.
+/// Whether the part after `http://` of a watchdog URL names a loopback IP literal or
+/// `localhost` (with an optional port), with no userinfo.
+fn watchdog_http_is_loopback(rest: &str) -> bool {
+    let hostport = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if hostport.is_empty() || hostport.contains('@') {
+        return false;
+    }
+    let host = match hostport.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => h,
+            _ => return false,
+        },
+        None => hostport.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod watchdog_url_tests {
+    use super::watchdog_http_is_loopback;
+
+    #[test]
+    fn watchdog_urls_must_stay_on_this_host() {
+        for ok in [
+            "127.0.0.1:9/x",
+            "127.9.9.9",
+            "[::1]:80/",
+            "localhost:8080/h",
+            "LOCALHOST",
+        ] {
+            assert!(watchdog_http_is_loopback(ok), "{ok}");
+        }
+        for bad in [
+            "10.0.0.1/x",
+            "localhost.evil.com:80/x",
+            "user@127.0.0.1/",
+            "127.0.0.1@evil.test/",
+            "[::1]x/",
+            "",
+            "evil.test",
+            "[2001:db8::1]:80/",
+        ] {
+            assert!(!watchdog_http_is_loopback(bad), "{bad}");
+        }
+    }
+}
+
 /// SHA-256 of the empty string: a token hash equal to it would let an empty password in.
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -1603,7 +1653,7 @@ x = 1
                 "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
                 "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
                 "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
-                "m.toml:33:12: authority \"agent-a\": watchdog \"ftp://x\" must be \"unix:/absolute/path\" or \"http://host:port/...\"",
+                "m.toml:33:12: authority \"agent-a\": watchdog \"ftp://x\" must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo): the watchdog sees every allowed destination and must run on this host",
                 "m.toml:35:1: authority[2]: missing key \"name\"",
                 "m.toml:39:8: authority \"agent-a\": duplicate name; first defined at m.toml:27:8",
                 "m.toml:42:8: authority \"bad name\": authority name \"bad name\" contains ' '; use only ASCII letters, digits, '-' and '_'",

@@ -362,6 +362,14 @@ pub(crate) fn check_authority_name(name: &str) -> Result<(), String> {
 }
 
 /// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
+/// Whether `ip` (IPv4-mapped unwrapped) is in 0.0.0.0/8 or is `::`: "this host".
+fn is_this_host(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => v4.octets()[0] == 0,
+        IpAddr::V6(v6) => v6.is_unspecified(),
+    }
+}
+
 pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
     let err = |why: String| PolicyError::Pattern {
         field: "allow_private",
@@ -388,6 +396,22 @@ pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
     if net.prefix_len() == 0 {
         return Err(err(
             "a /0 exception would switch the address check off; list the ranges needed".into(),
+        ));
+    }
+    // Connecting to an unspecified address reaches this host's own listeners (Linux treats
+    // 0.0.0.0 and :: as "this host"), so no exception may cover them.
+    let this_host = match net {
+        IpNet::V4(n) => n.network().octets()[0] == 0,
+        IpNet::V6(n) => {
+            n.contains(&std::net::Ipv6Addr::UNSPECIFIED)
+                || n.contains(&std::net::Ipv4Addr::UNSPECIFIED.to_ipv6_mapped())
+        }
+    };
+    if this_host {
+        return Err(err(
+            "0.0.0.0/8 and :: mean \"this host\" (connecting there reaches local listeners); \
+             they can never be an exception"
+                .into(),
         ));
     }
     Ok(net)
@@ -581,6 +605,15 @@ impl Grant {
                         SocketAddr::new(ip, target.port)
                     ),
                     "the mediator does not connect to itself; address the destination directly",
+                ));
+            }
+            // Unspecified addresses reach local listeners: never excepted (defence in
+            // depth; `allow_private` cannot name them either).
+            if is_this_host(ip) {
+                return Err(Decision::deny(
+                    Reason::SpecialAddress,
+                    format!("{ip} is an unspecified (\"this host\") address, 0.0.0.0/8 or ::"),
+                    "the mediator never connects to this host's own addresses",
                 ));
             }
             if self.allow_private.iter().any(|net| net.contains(&ip)) {
@@ -1090,6 +1123,39 @@ mod tests {
                 "invalid allow_private entry \"0.0.0.0/0\": a /0 exception would switch the address check off; list the ranges needed",
             ]
         );
+    }
+
+    #[test]
+    fn this_host_addresses_can_never_be_excepted() {
+        // Connecting to 0.0.0.0 or :: reaches this host's own listeners (admin API
+        // included), so neither allow_private nor anything else may open them.
+        for entry in [
+            "0.0.0.0/8",
+            "0.0.0.0",
+            "0.1.2.3/32",
+            "::/127",
+            "::",
+            "::ffff:0.0.0.0/104",
+        ] {
+            let err = parse_allow_private(entry).expect_err(entry);
+            assert!(err.to_string().contains("this host"), "{entry}: {err}");
+        }
+        let spec = GrantSpec {
+            name: "a".into(),
+            allow: strings(&["zero.test", "0.0.0.0"]),
+            allow_private: strings(&["127.0.0.0/8"]),
+            ..GrantSpec::default()
+        };
+        let g = Grant::new(&spec, &[]).unwrap();
+        for ip in ["0.0.0.0", "0.0.0.7", "::", "::ffff:0.0.0.0"] {
+            let t = parse_authority_form("zero.test:9901").unwrap();
+            let d = g
+                .vet(&t, &[ip.parse().unwrap()], &OwnAddrs::default())
+                .unwrap_err();
+            assert_eq!(d.reason, Reason::SpecialAddress, "{ip}: {d:?}");
+        }
+        let lit = parse_authority_form("0.0.0.0:9901").unwrap();
+        assert_eq!(g.decide(&lit).reason, Reason::SpecialAddress);
     }
 
     #[test]
