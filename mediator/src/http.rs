@@ -529,6 +529,23 @@ async fn forward(
         Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
     };
     match sender.send_request(upstream_req).await {
+        // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
+        // it to the client as if it were the origin's answer (issue: a clear
+        // upstream_failure with detail). The connection is not kept.
+        Ok(resp)
+            if forward.is_some() && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
+        {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!(
+                    "the parent proxy ({}) refused the configured credentials (407)",
+                    shared.route_label(route)
+                ),
+                "check the parent's user:password in [upstream] parents or parent_credentials_file",
+            );
+            let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
+            deny_response(Some(name), &label, &denial)
+        }
         Ok(resp) => {
             if let Ok(mut p) = pool.lock() {
                 *p = Some(Pooled {

@@ -7,9 +7,10 @@
 //! and requires the TLS ClientHello's SNI, canonicalised, to equal the tunnel host. This
 //! refuses domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not
 //! TLS at all are refused too (an unreadable ClientHello, design section 6); a grant that
-//! needs another protocol on 443 sets `sni_check = false`. Tunnels to other ports are
-//! never read ahead (server-speaks-first protocols would wait forever) and pass as opaque
-//! tunnels. The bytes read are forwarded unchanged, or, when
+//! needs another protocol on 443 sets `sni_check = false`. On other ports the client's
+//! first bytes are inspected only when the client speaks first: a TLS ClientHello gets
+//! the same SNI rule (fronting cannot move to 8443), anything else passes as an opaque
+//! tunnel, and a server that speaks first (SSH, SMTP) is never waited on. The bytes read are forwarded unchanged, or, when
 //! the grant terminates TLS for the target, replayed into the terminating acceptor
 //! (`crate::tls`), which then serves the requests inside instead of relaying bytes.
 
@@ -45,8 +46,26 @@ pub async fn run<C>(
         .as_ref()
         .is_some_and(|a| a.grant.terminates_tls(target));
     let mut prefix = Vec::new();
-    if sni_check && target.port == HTTPS_PORT {
-        match sni_gate(&mut client, target, &shared).await {
+    // On 443 the first bytes must be a ClientHello. On other ports the client's first
+    // bytes are looked at only if it speaks first (server-speaks-first protocols such as
+    // SSH or SMTP must not wait on us): a TLS handshake is held to the same SNI rule, so
+    // fronting cannot move to 8443; anything else passes as an opaque tunnel.
+    let gate = if sni_check && target.port == HTTPS_PORT {
+        Some(sni_gate(&mut client, target, &shared, Vec::new(), true).await)
+    } else if sni_check && !terminate {
+        match client_first(&mut client, &connected.stream, &shared).await {
+            First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
+                Some(sni_gate(&mut client, target, &shared, bytes, false).await)
+            }
+            First::Client(bytes) => Some(Gate::Pass(bytes)),
+            First::Closed => Some(Gate::Closed),
+            First::ServerOrQuiet => None,
+        }
+    } else {
+        None
+    };
+    if let Some(gate) = gate {
+        match gate {
             Gate::Pass(read) => prefix = read,
             Gate::Closed => {
                 let outcome = RelayOutcome {
@@ -96,6 +115,39 @@ pub async fn run<C>(
     shared.log_close(ctx, protocol, &label, connected.opened, outcome);
 }
 
+/// TLS record content type `handshake` (RFC 8446 section 5.1).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Who spoke first on a tunnel to a port other than 443.
+enum First {
+    /// The client sent these bytes first.
+    Client(Vec<u8>),
+    /// The client closed before sending anything.
+    Closed,
+    /// The server spoke first, or nobody did within the request-head timeout.
+    ServerOrQuiet,
+}
+
+async fn client_first<C: AsyncRead + Unpin>(
+    client: &mut C,
+    upstream: &tokio::net::TcpStream,
+    shared: &Shared,
+) -> First {
+    let mut chunk = vec![0u8; 4096];
+    tokio::select! {
+        biased;
+        r = client.read(&mut chunk) => match r {
+            Ok(0) | Err(_) => First::Closed,
+            Ok(n) => {
+                chunk.truncate(n);
+                First::Client(chunk)
+            }
+        },
+        _ = upstream.readable() => First::ServerOrQuiet,
+        () = tokio::time::sleep(shared.timeouts.request_head) => First::ServerOrQuiet,
+    }
+}
+
 enum Gate {
     /// Forward these bytes, then relay.
     Pass(Vec<u8>),
@@ -105,9 +157,17 @@ enum Gate {
     Deny(Denial),
 }
 
-async fn sni_gate<C: AsyncRead + Unpin>(client: &mut C, target: &Target, shared: &Shared) -> Gate {
+/// Reads (after `buf`, bytes already read) until the ClientHello is complete and applies
+/// the SNI rule. `strict` (port 443): bytes that are not TLS are a denial; otherwise they
+/// pass.
+async fn sni_gate<C: AsyncRead + Unpin>(
+    client: &mut C,
+    target: &Target,
+    shared: &Shared,
+    mut buf: Vec<u8>,
+    strict: bool,
+) -> Gate {
     let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
-    let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
     let deny = |detail: String| {
         Gate::Deny(Denial::new(
@@ -124,6 +184,7 @@ async fn sni_gate<C: AsyncRead + Unpin>(client: &mut C, target: &Target, shared:
             Hello::NeedMore => {}
             // Design section 6: on 443 an unreadable ClientHello is a denial; plaintext
             // there could carry a fronted Host to the allowed host's address unchecked.
+            Hello::NotTls if !strict => return Gate::Pass(buf),
             Hello::NotTls => {
                 return deny(format!(
                     "the tunnel to port {} did not start with a TLS ClientHello; \

@@ -195,6 +195,32 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer() -> Result<()> {
+    let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
+    let wrong = format!("http://corp:wrong@{}", parent.addr());
+    let fx = Fixture::start(|b| parent_mode(b, &[wrong]).authority(agent_a_spec())).await?;
+    let target = fx.origin_target();
+    let req = format!(
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
+        basic_auth(AGENT_A, TOKEN_A)
+    );
+    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let body = check_deny(&resp, 502, "upstream_failure")?;
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("407"), "{detail}");
+    assert!(
+        !detail.contains("wrong"),
+        "no password in the detail: {detail}"
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("upstream_failure", Some(ORIGIN_HOST))
+        .await?;
+    assert_eq!(line["protocol"], "http");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_file_supplies_parent_credentials() -> Result<()> {
     let parent = HttpParent::start_with(Some(("filed", "pw")), HttpParentMode::Serve).await?;
     let dir = tempfile::tempdir()?;

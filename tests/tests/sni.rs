@@ -218,3 +218,112 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
     assert!(got.is_empty(), "origin received {got:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
+    // The SNI rule holds for every tunnel that starts with a TLS handshake, not just 443.
+    let ip = origin_ip(4);
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
+    let port = listener.local_addr()?.port();
+    let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let rec = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await
+            {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            rec.lock().unwrap().push(got);
+        }
+    });
+    let fx = Fixture::start(|b| {
+        b.authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&[format!("front.test:{port}")])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns.set(FRONT, [ip]);
+    let (proxy, user) = proxy_args(&fx);
+    let connect_to = format!("evil.test:443:front.test:{port}");
+    let out = curl(&[
+        "--proxy",
+        &proxy,
+        "--proxy-user",
+        &user,
+        "--insecure",
+        "--max-time",
+        "5",
+        "--connect-to",
+        &connect_to,
+        "https://evil.test/",
+    ])
+    .await?;
+    ensure!(out.exit_code != 0, "curl must fail: {out:?}");
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    assert_eq!(line["port"], port);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    loop {
+        if let Some(first) = seen.lock().unwrap().first() {
+            assert!(first.is_empty(), "origin received {} bytes", first.len());
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "origin never saw the connection end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()> {
+    // SSH-like: the server sends a banner and waits; the mediator must not wait for the
+    // client's first bytes before relaying.
+    let ip = origin_ip(5);
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"SSH-2.0-test\r\n").await;
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await;
+        }
+    });
+    let fx = Fixture::start(|b| {
+        b.authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&[format!("front.test:{port}")])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns.set(FRONT, [ip]);
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect(&format!("front.test:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(resp.status, 200);
+    let mut banner = [0u8; 14];
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        conn.stream().read_exact(&mut banner),
+    )
+    .await
+    .context("the banner did not arrive before the request-head timeout")??;
+    assert_eq!(&banner, b"SSH-2.0-test\r\n");
+    Ok(())
+}
