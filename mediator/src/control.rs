@@ -82,6 +82,10 @@ pub struct Control {
     baseline: Mutex<Option<Baseline>>,
     /// Serialises control operations.
     op: Mutex<()>,
+    /// The `[[authority]]` table (TOML text, a generated token's hash included) of each
+    /// authority created through the admin API, so that a reload that changes the global
+    /// deny list can re-create them under it: the global list applies to every authority.
+    api_tables: Mutex<HashMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -107,6 +111,7 @@ impl Control {
             global_deny: Mutex::new(global_deny),
             baseline: Mutex::new(None),
             op: Mutex::new(()),
+            api_tables: Mutex::new(HashMap::new()),
         }
     }
 
@@ -187,6 +192,10 @@ impl Control {
     /// revoked entry, or `None` when no such authority is live.
     pub fn revoke(&self, name: &str) -> Option<Arc<Live>> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        self.api_tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
         self.revoke_locked(name, "revoked")
     }
 
@@ -284,6 +293,10 @@ impl Control {
         let authority =
             policy::config::parse_authority(&text, &global).map_err(CreateError::Invalid)?;
         let live = self.add(authority, Origin::Api)?;
+        self.api_tables
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(live.authority.grant.name().to_owned(), text);
         Ok(Created { live, token })
     }
 
@@ -325,10 +338,61 @@ impl Control {
         }
         report.ignored_sections.sort();
         report.ignored_sections.dedup();
-        *self
-            .global_deny
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = config.global_deny.clone();
+        let global_changed = {
+            let mut global = self
+                .global_deny
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let changed = *global != config.global_deny;
+            global.clone_from(&config.global_deny);
+            changed
+        };
+        // The global deny list is part of every grant, those created through the API
+        // included: when it changed, re-create them under the new list (new generation).
+        if global_changed {
+            let tables: Vec<(String, String)> = self
+                .api_tables
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter(|(name, _)| !new.authorities.contains_key(*name))
+                .map(|(n, t)| (n.clone(), t.clone()))
+                .collect();
+            for (name, text) in tables {
+                let is_api = self
+                    .shared
+                    .authorities
+                    .get(&name)
+                    .is_some_and(|l| l.origin == Origin::Api);
+                if !is_api {
+                    continue;
+                }
+                let authority = match policy::config::parse_authority(&text, &config.global_deny) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Cannot happen for a table that was valid with other deny entries,
+                        // but fail closed: revoke rather than keep the old, wider grant.
+                        self.revoke_locked(
+                            &name,
+                            "revoked by reload (invalid under the new [global] deny list)",
+                        );
+                        report.failed.push((name.clone(), format!("{e:?}")));
+                        continue;
+                    }
+                };
+                let old_generation = self
+                    .revoke_locked(&name, "revoked by reload ([global] deny changed)")
+                    .map(|l| l.generation);
+                match self.add_locked(authority, Origin::Api) {
+                    Ok(live) => {
+                        if let Some(g) = old_generation {
+                            report.changed.push((name.clone(), g, live.generation));
+                        }
+                    }
+                    Err(e) => report.failed.push((name.clone(), format!("{e:?}"))),
+                }
+            }
+        }
 
         // Removed from the file: revoke (only those that came from the file).
         for name in old.authorities.keys() {
@@ -351,6 +415,11 @@ impl Control {
             .map(|a| (a.grant.name().to_owned(), a))
             .collect();
         for (name, fp) in &new.authorities {
+            // The file's definition replaces one created through the API.
+            self.api_tables
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(name);
             let Some(authority) = by_name.remove(name) else {
                 continue;
             };

@@ -172,6 +172,34 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tighter_global_deny_reaches_authorities_created_through_the_api() -> Result<()> {
+    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    let body = r#"{"name":"api-x","allow":["origin.test"],"allow_private":["127.0.0.0/8"]}"#;
+    let created = m.admin("POST", "/v1/authorities", Some(body), None).await?;
+    assert_eq!(created.status, 201, "{}", created.text());
+    let sock = m.socket_path("api-x");
+    let mut c = HttpConn::unix(&sock).await?;
+    assert_eq!(c.connect(&fx.origin_target(), None).await?.status, 200);
+    drop(c);
+    // The file now denies origin.test for everyone: the API-created grant must follow.
+    let v2 = builder(fx.dns.addr())
+        .authority(agent_a_spec())
+        .global_deny(&["origin.test"])
+        .render(m.dir());
+    let line = m.reload_with(&v2).await?;
+    ensure!(line.starts_with("mediator: reload applied"), "{line}");
+    ensure!(line.contains("api-x@"), "api-x re-created: {line}");
+    let mut c = HttpConn::unix(&sock).await?;
+    check_deny(
+        &c.connect(&fx.origin_target(), None).await?,
+        403,
+        "denied_by_rule",
+    )?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_narrows_only_and_silence_or_errors_deny() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let allow_all = Watchdog::start(dir.path(), "allow", WatchdogMode::AllowAll)?;
