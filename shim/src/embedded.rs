@@ -163,13 +163,29 @@ pub fn denial_from_log_line(line: &str) -> Option<Denial> {
         return None;
     }
     let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    // The protocol as the decision log names it (`connect` for an HTTP CONNECT).
     let protocol = match v.get("protocol").and_then(|p| p.as_str()) {
         Some("socks5") => "socks5",
+        Some("connect") => "connect",
+        Some("tls") => "tls",
         _ => "http",
     };
+    // The status the client got: the mediator derives it from the reason alone.
+    let reason = v.get("reason").and_then(|r| r.as_str());
+    let status = policy::decision::Reason::ALL
+        .iter()
+        .find(|r| Some(r.as_str()) == reason)
+        .map_or(403, |r| {
+            let d = mediator::pipeline::Denial::new(*r, "", "");
+            if protocol == "socks5" {
+                u16::from(d.socks_rep)
+            } else {
+                d.status
+            }
+        });
     Some(Denial {
         protocol,
-        status: 0,
+        status,
         reason: s("reason"),
         host: s("host"),
         port: v
@@ -209,6 +225,7 @@ mod tests {
         let d = denial_from_log_line(line).unwrap();
         assert_eq!(d.reason.as_deref(), Some("not_in_allowlist"));
         assert_eq!(d.port, Some(443));
+        assert_eq!((d.protocol, d.status, d.hint), ("connect", 403, None));
         assert!(denial_from_log_line(&line.replace("\"deny\"", "\"allow\"")).is_none());
     }
 }

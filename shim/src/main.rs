@@ -9,7 +9,8 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX)),
         Err(e) => {
-            eprintln!("shim: {e:#}");
+            // Every message already names its cause; `{:#}` would repeat it.
+            eprintln!("shim: {e}");
             ExitCode::from(shim::linux::EXIT_SHIM_FAILURE as u8)
         }
     }

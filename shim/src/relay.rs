@@ -17,7 +17,8 @@ use serde::Serialize;
 /// One denial the relay saw in a mediator reply.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Denial {
-    /// `http` (HTTP CONNECT or absolute-form) or `socks5`.
+    /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
+    /// decision log's `protocol` (`connect`, `http`, `socks5` or `tls`).
     pub protocol: &'static str,
     /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
     pub status: u16,
@@ -30,7 +31,9 @@ pub struct Denial {
     pub port: Option<u16>,
     /// The mediator's `detail`.
     pub detail: Option<String>,
-    /// The mediator's `hint`.
+    /// The mediator's `hint`, as the relay saw it in the reply; omitted in embedded mode
+    /// (the decision log does not carry it).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
 }
 
@@ -255,6 +258,9 @@ pub struct Report<'a> {
     pub denials: &'a [Denial],
     /// Where the denials come from.
     pub source: &'static str,
+    /// Paths the command created that would have run code on the host (a new
+    /// `.git/commondir`), and where the shim moved them.
+    pub tampering: &'a [crate::linux::Tampering],
 }
 
 #[cfg(test)]

@@ -215,6 +215,15 @@ fn probe(args: &[String]) -> i32 {
             let _ = s.read_to_string(&mut all);
             all.lines().next().unwrap_or_default().to_owned()
         }
+        "connect-via-proxy" => {
+            // HTTP CONNECT through the proxy; prints the status line.
+            let proxy = std::env::var("HTTP_PROXY").unwrap();
+            let mut s = TcpStream::connect(proxy.trim_start_matches("http://")).unwrap();
+            write!(s, "CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", a(1)).unwrap();
+            let mut line = String::new();
+            let _ = BufReader::new(s).read_line(&mut line);
+            line.trim().to_owned()
+        }
         "spawn-and-exit" => {
             // Leave a background child (a `sleep` whose argument marks it) and exit.
             Command::new("sleep")
@@ -325,7 +334,10 @@ struct EchoServer {
 
 impl EchoServer {
     fn start(dir: &Path) -> Self {
-        let path = dir.join("authority.sock");
+        // A directory of its own, as a mediator's socket_dir: the shim masks it.
+        let sockets = dir.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let path = sockets.join("authority.sock");
         let l = UnixListener::bind(&path).unwrap();
         std::thread::spawn(move || {
             for c in l.incoming() {
@@ -1160,7 +1172,8 @@ fn missing_mediator_socket_is_a_clear_error() -> Result<(), String> {
 
 fn report_lists_the_denials_the_mediator_sent() -> Result<(), String> {
     let s = Scratch::new("report");
-    let path = s.path("deny.sock");
+    std::fs::create_dir_all(s.path("sockets")).unwrap();
+    let path = s.path("sockets/deny.sock");
     let l = UnixListener::bind(&path).unwrap();
     std::thread::spawn(move || {
         for c in l.incoming() {
@@ -1251,7 +1264,327 @@ fn embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others() -> Resul
         "report reason",
         &v["denials"][0]["reason"].to_string(),
         "\"not_in_allowlist\"",
+    )?;
+    expect(
+        "report status",
+        &v["denials"][0]["status"].to_string(),
+        "403",
+    )?;
+    expect(
+        "report protocol",
+        &v["denials"][0]["protocol"].to_string(),
+        "\"http\"",
+    )?;
+    // A CONNECT denial is labelled as the decision log labels it.
+    let out = Command::new(SHIM)
+        .args([
+            "--allow",
+            "x.test",
+            "--report-file",
+            report.to_str().unwrap(),
+            "--",
+        ])
+        .arg(me())
+        .args(["probe", "connect-via-proxy", "denied.test:443"])
+        .output()
+        .unwrap();
+    expect(
+        "CONNECT denied",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "HTTP/1.1 403 Forbidden",
+    )?;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    expect(
+        "CONNECT report",
+        &format!(
+            "{} {} {}",
+            v["denials"][0]["protocol"], v["denials"][0]["status"], v["denials"][0]["hint"]
+        ),
+        "\"connect\" 403 null",
     )
+}
+
+/// Runs one probe with `HOME` set, returns its output.
+fn run_probe_home(
+    s: &Scratch,
+    socket: &Path,
+    home: &Path,
+    extra: &[&str],
+    probe_args: &[&str],
+) -> Result<String, String> {
+    let out = shim_cmd(socket, extra, probe_args)
+        .current_dir(&s.0)
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "shim failed: {:?}, stderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn renaming_a_parent_of_a_protected_path_or_link_target_fails() -> Result<(), String> {
+    let s = Scratch::new("mvparent");
+    let srv = EchoServer::start(&s.0);
+    let w = s.path("home");
+    std::fs::create_dir_all(w.join("dotfiles")).unwrap();
+    std::fs::write(w.join("dotfiles/bashrc"), "original\n").unwrap();
+    std::os::unix::fs::symlink("dotfiles/bashrc", w.join(".bashrc")).unwrap();
+    std::fs::create_dir_all(w.join("cfg")).unwrap();
+    std::fs::write(w.join("cfg/mcp.json"), "{}").unwrap();
+    std::os::unix::fs::symlink("cfg/mcp.json", w.join(".mcp.json")).unwrap();
+    std::os::unix::fs::symlink("missing/vscode", w.join(".vscode")).unwrap();
+    std::fs::create_dir_all(w.join("src/nested/.git")).unwrap();
+    std::fs::write(w.join("src/nested/.git/config"), "[core]\n").unwrap();
+    let extra = writable(&w);
+    let p = |r: &str| w.join(r).to_string_lossy().into_owned();
+    for (op, a, b, want) in [
+        ("rename", "dotfiles", "dotfiles.old", "err:EBUSY"),
+        ("rename", "cfg", "cfg-old", "err:EBUSY"),
+        ("rename", "src", "src-x", "err:EBUSY"),
+        ("rename", "src/nested", "src/nested-x", "err:EBUSY"),
+        ("write", "missing/vscode/tasks.json", "", "err:EROFS"),
+        ("mkdir", "missing", "", "err:EEXIST"),
+        ("write", "dotfiles/other", "", "ok"),
+    ] {
+        let mut args = vec![op.to_owned(), p(a)];
+        if !b.is_empty() {
+            args.push(p(b));
+        }
+        let got = run_probe_home(&s, &srv.path, &w, &strs(&extra), &strs(&args))?;
+        expect(&format!("{op} {a} {b}"), &got, want)?;
+    }
+    expect(
+        "bashrc kept",
+        &std::fs::read_to_string(w.join(".bashrc")).unwrap(),
+        "original\n",
+    )?;
+    if std::fs::symlink_metadata(w.join("missing")).is_ok() {
+        return Err("leftover placeholder for the dangling link target".into());
+    }
+    Ok(())
+}
+
+fn git_metadata_of_submodules_and_worktrees_is_protected() -> Result<(), String> {
+    let s = Scratch::new("gitmeta");
+    let srv = EchoServer::start(&s.0);
+    let w = make_repo(&s);
+    let m = w.join(".git/modules/sub");
+    std::fs::create_dir_all(m.join("hooks")).unwrap();
+    std::fs::write(m.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(m.join("config"), "[core]\n").unwrap();
+    let inner = m.join("modules/a/b");
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::write(inner.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(inner.join("config"), "[core]\n").unwrap();
+    let wt = w.join(".git/worktrees/wt");
+    std::fs::create_dir_all(&wt).unwrap();
+    for f in ["commondir", "gitdir", "HEAD"] {
+        std::fs::write(wt.join(f), "x\n").unwrap();
+    }
+    let extra = writable(&w);
+    let g = |r: &str| w.join(".git").join(r).to_string_lossy().into_owned();
+    for (op, a, b, want) in [
+        ("write", "modules/sub/config", "", "err:EROFS"),
+        ("write", "modules/sub/hooks/post-checkout", "", "err:EROFS"),
+        ("write", "modules/sub/config.worktree", "", "err:EROFS"),
+        ("write", "modules/sub/modules/a/b/config", "", "err:EROFS"),
+        (
+            "write",
+            "modules/sub/modules/a/b/hooks/pre-commit",
+            "",
+            "err:EROFS",
+        ),
+        ("write", "worktrees/wt/commondir", "", "err:EROFS"),
+        ("write", "worktrees/wt/gitdir", "", "err:EROFS"),
+        ("write", "worktrees/wt/config.worktree", "", "err:EROFS"),
+        ("write", "config.worktree", "", "err:EROFS"),
+        ("rename", "modules/sub", "modules/sub-x", "err:EBUSY"),
+        ("rename", "modules", "modules-x", "err:EBUSY"),
+        ("write", "modules/sub/index", "", "ok"),
+    ] {
+        let mut args = vec![op.to_owned(), g(a)];
+        if !b.is_empty() {
+            args.push(g(b));
+        }
+        let got = run_probe(&s, &srv.path, &strs(&extra), &strs(&args))?;
+        expect(&format!("{op} {a} {b}"), &got, want)?;
+    }
+    for p in ["config.worktree", "modules/sub/modules/a/b/hooks"] {
+        if w.join(".git").join(p).exists() {
+            return Err(format!("leftover placeholder {p}"));
+        }
+    }
+    Ok(())
+}
+
+fn a_new_git_commondir_is_quarantined_and_reported() -> Result<(), String> {
+    let s = Scratch::new("commondir");
+    let srv = EchoServer::start(&s.0);
+    let w = make_repo(&s);
+    let report = s.path("report.json");
+    let mut extra = writable(&w);
+    extra.extend(["--report-file".into(), report.to_string_lossy().into()]);
+    let out = shim_cmd(
+        &srv.path,
+        &strs(&extra),
+        &["write", w.join(".git/commondir").to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    expect(
+        "write commondir inside",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ok",
+    )?;
+    if w.join(".git/commondir").exists() {
+        return Err("commondir left in place".into());
+    }
+    let moved: Vec<String> = entries(&w.join(".git"))
+        .into_iter()
+        .filter(|e| e.starts_with("commondir.shim-quarantine-"))
+        .collect();
+    if moved.len() != 1 {
+        return Err(format!("quarantined copies: {moved:?}"));
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !err.contains("tampering") || !err.contains(&moved[0]) {
+        return Err(format!("stderr: {err}"));
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    expect(
+        "report tampering path",
+        &v["tampering"][0]["path"].to_string(),
+        &format!("{:?}", w.join(".git/commondir").to_str().unwrap()),
+    )
+}
+
+fn git_init_in_a_writable_root_without_a_repository_fails() -> Result<(), String> {
+    let s = Scratch::new("gitinit");
+    let srv = EchoServer::start(&s.0);
+    let w = s.path("plain");
+    std::fs::create_dir_all(&w).unwrap();
+    let extra = writable(&w);
+    for (op, p, want) in [
+        ("mkdir", ".git", "err:EEXIST"),
+        ("write", ".git/config", "err:EROFS"),
+        ("mkdir", ".git/objects", "err:EROFS"),
+        ("write", "file", "ok"),
+    ] {
+        let got = run_probe(
+            &s,
+            &srv.path,
+            &strs(&extra),
+            &[op, w.join(p).to_str().unwrap()],
+        )?;
+        expect(&format!("{op} {p}"), &got, want)?;
+    }
+    if w.join(".git").exists() {
+        return Err("leftover .git placeholder".into());
+    }
+    Ok(())
+}
+
+fn per_user_git_and_ssh_configs_in_home_are_protected() -> Result<(), String> {
+    let s = Scratch::new("homecfg");
+    let srv = EchoServer::start(&s.0);
+    let w = s.path("home");
+    std::fs::create_dir_all(&w).unwrap();
+    let extra = writable(&w);
+    for p in [
+        ".config/git/config",
+        ".config/git/attributes",
+        ".ssh/config",
+        ".ssh/rc",
+        ".bash_aliases",
+    ] {
+        let got = run_probe_home(
+            &s,
+            &srv.path,
+            &w,
+            &strs(&extra),
+            &["write", w.join(p).to_str().unwrap()],
+        )?;
+        if !got.starts_with("err:") {
+            return Err(format!("write {p} (missing): {got}"));
+        }
+    }
+    for p in [".config", ".ssh", ".bash_aliases"] {
+        if std::fs::symlink_metadata(w.join(p)).is_ok() {
+            return Err(format!("leftover placeholder {p}"));
+        }
+    }
+    std::fs::create_dir_all(w.join(".ssh")).unwrap();
+    std::fs::create_dir_all(w.join(".config/git")).unwrap();
+    std::fs::write(w.join(".config/git/config"), "[core]\n").unwrap();
+    for (p, want) in [
+        (".ssh/authorized_keys", "err:EROFS"),
+        (".config/git/config", "err:EROFS"),
+        (".config/other", "ok"),
+    ] {
+        let got = run_probe_home(
+            &s,
+            &srv.path,
+            &w,
+            &strs(&extra),
+            &["write", w.join(p).to_str().unwrap()],
+        )?;
+        expect(&format!("write {p}"), &got, want)?;
+    }
+    expect(
+        "rename .config",
+        &run_probe_home(
+            &s,
+            &srv.path,
+            &w,
+            &strs(&extra),
+            &[
+                "rename",
+                w.join(".config").to_str().unwrap(),
+                w.join(".config-x").to_str().unwrap(),
+            ],
+        )?,
+        "err:EBUSY",
+    )
+}
+
+fn other_authority_sockets_are_unreachable_even_with_unix_sockets_allowed() -> Result<(), String> {
+    let s = Scratch::new("sockdir");
+    let srv = EchoServer::start(&s.0);
+    let other = srv.path.parent().unwrap().join("agent-b.sock");
+    let _l = UnixListener::bind(&other).unwrap();
+    let got = run_probe(
+        &s,
+        &srv.path,
+        &["--allow-unix-sockets"],
+        &["connect-unix", other.to_str().unwrap()],
+    )?;
+    expect("connect to another authority's socket", &got, "err:EACCES")
+}
+
+fn a_missing_allow_write_path_is_reported_once() -> Result<(), String> {
+    let out = Command::new(SHIM)
+        .args([
+            "--allow",
+            "x.test",
+            "--allow-write",
+            "/nonexistent-shim-dir",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(125) || err.matches("os error 2").count() != 1 {
+        return Err(format!("{:?} {err}", out.status));
+    }
+    Ok(())
 }
 
 /// A fresh CA certificate (the mediator's kind), written to `path`.
@@ -1381,7 +1714,8 @@ fn without_a_ca_no_ca_variable_is_set_and_the_callers_are_kept() -> Result<(), S
 
 fn config_authority_with_tls_terminate_trusts_the_config_ca() -> Result<(), String> {
     let s = Scratch::new("cfgca");
-    let _srv = EchoServer::start(&s.0); // <socket_dir>/authority.sock
+    let srv = EchoServer::start(&s.0); // <socket_dir>/authority.sock
+    let socket_dir = srv.path.parent().unwrap().to_owned();
     let ca_dir = s.path("ca");
     let cfg = s.path("mediator.toml");
     std::fs::write(
@@ -1390,7 +1724,7 @@ fn config_authority_with_tls_terminate_trusts_the_config_ca() -> Result<(), Stri
             "[listen]\nsocket_dir = {:?}\n[tls]\nca_dir = {:?}\n\
              [[authority]]\nname = \"authority\"\nallow = [\"a.example\"]\n\
              tls_terminate = [\"a.example\"]\n",
-            s.0.to_str().unwrap(),
+            socket_dir.to_str().unwrap(),
             ca_dir.to_str().unwrap()
         ),
     )
@@ -1543,6 +1877,34 @@ const TESTS: &[Test] = &[
     (
         "config_authority_with_tls_terminate_trusts_the_config_ca",
         config_authority_with_tls_terminate_trusts_the_config_ca,
+    ),
+    (
+        "renaming_a_parent_of_a_protected_path_or_link_target_fails",
+        renaming_a_parent_of_a_protected_path_or_link_target_fails,
+    ),
+    (
+        "git_metadata_of_submodules_and_worktrees_is_protected",
+        git_metadata_of_submodules_and_worktrees_is_protected,
+    ),
+    (
+        "a_new_git_commondir_is_quarantined_and_reported",
+        a_new_git_commondir_is_quarantined_and_reported,
+    ),
+    (
+        "git_init_in_a_writable_root_without_a_repository_fails",
+        git_init_in_a_writable_root_without_a_repository_fails,
+    ),
+    (
+        "per_user_git_and_ssh_configs_in_home_are_protected",
+        per_user_git_and_ssh_configs_in_home_are_protected,
+    ),
+    (
+        "other_authority_sockets_are_unreachable_even_with_unix_sockets_allowed",
+        other_authority_sockets_are_unreachable_even_with_unix_sockets_allowed,
+    ),
+    (
+        "a_missing_allow_write_path_is_reported_once",
+        a_missing_allow_write_path_is_reported_once,
     ),
 ];
 

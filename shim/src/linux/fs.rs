@@ -50,7 +50,18 @@ const HOME_FILES: &[&str] = &[
     ".zlogout",
     ".gitconfig",
     ".ripgreprc",
+    ".bash_aliases",
+    ".config/git/config",
+    ".config/git/attributes",
 ];
+
+/// Per-user directories protected whole (read-only, or a read-only placeholder when missing
+/// in the home root): `~/.ssh` holds `config`, `rc` and `authorized_keys`, which run code.
+const HOME_DIRS: &[&str] = &[".ssh"];
+
+/// How deep `.git/modules` is searched for submodule git directories (nested modules and
+/// module names with slashes).
+const MODULES_DEPTH: usize = 16;
 
 /// Project-level files that configure tools which run code (git submodules, MCP servers).
 const PROJECT_FILES: &[&str] = &[".gitmodules", ".mcp.json"];
@@ -129,6 +140,39 @@ pub(crate) struct FsPlan {
     pub(crate) writable_roots: Vec<PathBuf>,
     /// Placeholders created on the host; the caller must remove them at exit.
     pub(crate) placeholders: Vec<Placeholder>,
+    /// `.git/commondir` paths that did not exist at start: one appearing during the run is
+    /// tampering and is renamed aside at exit ([`quarantine`]).
+    pub(crate) watch: Vec<PathBuf>,
+}
+
+/// One path the command created that would have run code on the host, renamed aside.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Tampering {
+    /// Where it appeared.
+    pub path: PathBuf,
+    /// Where the shim moved it.
+    pub quarantined_as: PathBuf,
+}
+
+/// Rename aside every watched path that now exists (it did not at start). Returns what was
+/// moved. Safe to call more than once (a moved path no longer exists).
+pub(crate) fn quarantine(watch: &[PathBuf]) -> Vec<Tampering> {
+    let mut out = Vec::new();
+    for p in watch {
+        if std::fs::symlink_metadata(p).is_err() {
+            continue;
+        }
+        let mut to = p.as_os_str().to_owned();
+        to.push(format!(".shim-quarantine-{}", std::process::id()));
+        let to = PathBuf::from(to);
+        if std::fs::rename(p, &to).is_ok() {
+            out.push(Tampering {
+                path: p.clone(),
+                quarantined_as: to,
+            });
+        }
+    }
+    out
 }
 
 fn depth(p: &Path) -> usize {
@@ -245,9 +289,14 @@ pub(crate) fn plan(
                 }
             }
         }
+        let mut p = Protector {
+            writable: &roots,
+            ops: &mut ops,
+            plan,
+        };
         for root in &repo_roots {
             let home_here = is_home && home == Some(root.as_path());
-            protect_root(root, home_here, &roots, &mut ops, plan)?;
+            p.protect_root(root, home_here, root == w)?;
         }
     }
     // Shallowest first; at equal depth, kinds in `OpKind` order (so a mask covers a
@@ -256,85 +305,250 @@ pub(crate) fn plan(
         depth(&a.path)
             .cmp(&depth(&b.path))
             .then(a.kind.cmp(&b.kind))
+            .then(a.path.cmp(&b.path))
     });
-    ops.dedup();
+    ops.dedup_by(|a, b| a.path == b.path && a.kind == b.kind);
     plan.ops = ops;
     Ok(())
 }
 
-/// Push the protection ops for one root (a writable root or a repository in one).
-fn protect_root(
-    root: &Path,
-    home: bool,
-    writable: &[PathBuf],
-    ops: &mut Vec<MountOp>,
-    plan: &mut FsPlan,
-) -> Result<()> {
-    let mut protect =
-        |path: PathBuf, is_dir: bool, create: bool, ops: &mut Vec<MountOp>| -> Result<()> {
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    // Pin the link itself (covered by an empty read-only file, so it can be
-                    // neither followed nor replaced) and its target if that is writable.
-                    ops.push(MountOp {
-                        path: path.clone(),
-                        kind: OpKind::Protect,
-                        is_dir: false,
-                    });
-                    if let Ok(target) = std::fs::canonicalize(&path) {
-                        if writable.iter().any(|w| target.starts_with(w)) {
-                            ops.push(MountOp {
-                                is_dir: target.is_dir(),
-                                path: target,
-                                kind: OpKind::Protect,
-                            });
-                        }
-                    }
-                }
-                Ok(meta) => ops.push(MountOp {
-                    path,
-                    kind: OpKind::Protect,
-                    is_dir: meta.is_dir(),
-                }),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
-                    if let Some(p) = create_placeholder(&path, is_dir)? {
-                        plan.placeholders.push(p);
-                        ops.push(MountOp {
-                            path,
-                            kind: OpKind::Protect,
-                            is_dir,
-                        });
-                    }
-                }
-                Err(_) => {}
-            }
-            Ok(())
+/// The deepest writable root that holds `p`.
+fn root_of<'a>(p: &Path, writable: &'a [PathBuf]) -> Option<&'a Path> {
+    writable
+        .iter()
+        .filter(|w| p.starts_with(w))
+        .max_by_key(|w| depth(w))
+        .map(PathBuf::as_path)
+}
+
+/// `p` with its parent directory canonicalised (symlinks above it resolved), so that the
+/// directories above it are real directories that can be pinned.
+fn canonical_parent(p: &Path) -> PathBuf {
+    match (p.parent(), p.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|c| c.join(name))
+            .unwrap_or_else(|_| p.to_owned()),
+        _ => p.to_owned(),
+    }
+}
+
+/// Collects the protection ops of the writable roots.
+struct Protector<'a> {
+    writable: &'a [PathBuf],
+    ops: &'a mut Vec<MountOp>,
+    plan: &'a mut FsPlan,
+}
+
+impl Protector<'_> {
+    /// Make every directory strictly between `p`'s writable root and `p` a mount point:
+    /// a mount point cannot be renamed (EBUSY), so the protected path cannot be moved
+    /// aside together with a parent and replaced.
+    fn pin_ancestors(&mut self, p: &Path) {
+        let Some(w) = root_of(p, self.writable) else {
+            return;
         };
-    for name in HOME_FILES {
-        protect(root.join(name), false, home, ops)?;
-    }
-    for name in PROJECT_FILES {
-        protect(root.join(name), false, true, ops)?;
-    }
-    for name in PROJECT_DIRS {
-        protect(root.join(name), true, true, ops)?;
-    }
-    let git = root.join(".git");
-    match std::fs::symlink_metadata(&git) {
-        Ok(m) if m.is_dir() => {
-            ops.push(MountOp {
-                path: git.clone(),
+        let mut cur = p.parent();
+        while let Some(d) = cur {
+            if d == w || !d.starts_with(w) {
+                break;
+            }
+            self.ops.push(MountOp {
+                path: d.to_owned(),
                 kind: OpKind::Pin,
                 is_dir: true,
             });
-            protect(git.join("config"), false, true, ops)?;
-            protect(git.join("hooks"), true, true, ops)?;
+            cur = d.parent();
         }
-        // A `.git` file (worktree, submodule) points at the real git dir: pin it read-only.
-        Ok(_) => protect(git, false, false, ops)?,
-        Err(_) => {}
     }
-    Ok(())
+
+    /// Protect `p` (read-only, not removable, parents pinned).
+    fn push(&mut self, p: PathBuf, is_dir: bool) {
+        self.pin_ancestors(&p);
+        self.ops.push(MountOp {
+            path: p,
+            kind: OpKind::Protect,
+            is_dir,
+        });
+    }
+
+    /// Create `p` and its missing parents (below a writable root) as placeholders.
+    /// `false` when that is not possible (a parent is not a directory, or not writable).
+    fn create(&mut self, p: &Path, is_dir: bool) -> Result<bool> {
+        let Some(w) = root_of(p, self.writable) else {
+            return Ok(false);
+        };
+        let mut missing = Vec::new();
+        let mut cur = Some(p);
+        while let Some(d) = cur {
+            if d == w {
+                break;
+            }
+            match std::fs::symlink_metadata(d) {
+                Ok(m) if m.is_dir() && d != p => break,
+                Ok(_) => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(d),
+                Err(_) => return Ok(false),
+            }
+            cur = d.parent();
+        }
+        for (n, d) in missing.iter().rev().enumerate() {
+            let last = n + 1 == missing.len();
+            match create_placeholder(d, !last || is_dir)? {
+                Some(ph) => self.plan.placeholders.push(ph),
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Protect one path of the mandatory deny set, existing or not, link or not.
+    fn protect(&mut self, path: PathBuf, is_dir: bool, create: bool) -> Result<()> {
+        let path = canonical_parent(&path);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                // Pin the link itself (covered by an empty read-only file, so it can be
+                // neither followed nor replaced) and its target if that is writable.
+                self.push(path.clone(), false);
+                if let Ok(target) = std::fs::canonicalize(&path) {
+                    if root_of(&target, self.writable).is_some() {
+                        let d = target.is_dir();
+                        self.push(target, d);
+                    }
+                } else if let Some(target) = dangling_target(&path) {
+                    // A dangling link: its target is created as a read-only placeholder
+                    // (with its missing parents), so the command cannot create it.
+                    if self.create(&target, is_dir)? {
+                        self.push(target, is_dir);
+                    }
+                }
+            }
+            Ok(meta) => self.push(path, meta.is_dir()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                if self.create(&path, is_dir)? {
+                    self.push(path, is_dir);
+                }
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Protect a git directory's code-running metadata: `config`, `config.worktree`,
+    /// `hooks/`, the admin files of its worktrees, and the same for every submodule git
+    /// directory under `modules/` (recursively). Records a missing `commondir`.
+    fn protect_gitdir(&mut self, gitdir: &Path, level: usize) -> Result<()> {
+        self.ops.push(MountOp {
+            path: gitdir.to_owned(),
+            kind: OpKind::Pin,
+            is_dir: true,
+        });
+        self.pin_ancestors(gitdir);
+        self.protect(gitdir.join("config"), false, true)?;
+        self.protect(gitdir.join("config.worktree"), false, true)?;
+        self.protect(gitdir.join("hooks"), true, true)?;
+        let commondir = gitdir.join("commondir");
+        if std::fs::symlink_metadata(&commondir).is_err() {
+            self.plan.watch.push(commondir);
+        } else {
+            self.protect(commondir, false, false)?;
+        }
+        for wt in subdirs(&gitdir.join("worktrees")) {
+            self.protect(wt.join("config.worktree"), false, true)?;
+            for name in ["commondir", "gitdir", "config"] {
+                self.protect(wt.join(name), false, false)?;
+            }
+        }
+        self.protect_modules(&gitdir.join("modules"), level)
+    }
+
+    /// Submodule git directories below `dir` (a `modules` directory, or a level of a
+    /// module name with slashes).
+    fn protect_modules(&mut self, dir: &Path, level: usize) -> Result<()> {
+        if level >= MODULES_DEPTH {
+            return Ok(());
+        }
+        for d in subdirs(dir) {
+            if d.join("HEAD").is_file() {
+                self.protect_gitdir(&d, level + 1)?;
+            } else {
+                self.protect_modules(&d, level + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Push the protection ops for one root (a writable root or a repository in one).
+    /// `home`: the root is the caller's home (missing per-user files get placeholders);
+    /// `writable_root`: it is a writable root itself (a missing `.git` gets one).
+    fn protect_root(&mut self, root: &Path, home: bool, writable_root: bool) -> Result<()> {
+        for name in HOME_FILES {
+            self.protect(root.join(name), false, home)?;
+        }
+        for name in HOME_DIRS {
+            self.protect(root.join(name), true, home)?;
+        }
+        for name in PROJECT_FILES {
+            self.protect(root.join(name), false, true)?;
+        }
+        for name in PROJECT_DIRS {
+            self.protect(root.join(name), true, true)?;
+        }
+        let git = root.join(".git");
+        match std::fs::symlink_metadata(&git) {
+            Ok(m) if m.is_dir() => self.protect_gitdir(&git, 0)?,
+            // A `.git` file (worktree, submodule) points at the real git dir: pin it read-only.
+            Ok(_) => self.protect(git, false, false)?,
+            // No repository in a writable root: an empty read-only `.git` placeholder, so
+            // that `git init` there fails (a repository created during the run would run
+            // its config's commands in the host's next `git` there).
+            Err(_) if writable_root => self.protect(git, true, true)?,
+            Err(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// The real directories in `dir` (not following symlinks); none if it is missing.
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Where a dangling symlink points: its existing part canonicalised, the missing rest
+/// appended. `None` when that rest climbs (`..`) or passes through another dangling link.
+fn dangling_target(link: &Path) -> Option<PathBuf> {
+    let target = link.parent()?.join(std::fs::read_link(link).ok()?);
+    let comps: Vec<Component<'_>> = target.components().collect();
+    let mut existing = PathBuf::new();
+    let mut n = 0;
+    while n < comps.len() {
+        let next = existing.join(comps[n]);
+        if std::fs::symlink_metadata(&next).is_err() {
+            break;
+        }
+        existing = next;
+        n += 1;
+    }
+    let mut out = std::fs::canonicalize(&existing).ok()?;
+    if n == comps.len() {
+        return None; // the last component exists: a link to a dangling link
+    }
+    for c in &comps[n..] {
+        match c {
+            Component::Normal(x) => out.push(x),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// Create an empty placeholder; `None` if the directory is not writable by the caller

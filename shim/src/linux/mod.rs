@@ -30,7 +30,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-pub use fs::Placeholder;
+pub use fs::{Placeholder, Tampering};
 
 use crate::ca::TrustFiles;
 use crate::cli::{ChannelSpec, Degradation, Settings};
@@ -104,6 +104,20 @@ pub fn run(settings: &Settings) -> Result<i32> {
             decision_log.clone(),
         ),
     };
+    // The authority sockets' directory is masked: with --allow-unix-sockets the command
+    // could otherwise connect to any authority's socket there (or the admin socket).
+    let mut deny_read = settings.deny_read.clone();
+    if let ChannelSpec::Socket(p) = &settings.channel {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if std::fs::canonicalize(dir).is_ok_and(|d| d == Path::new("/")) {
+                return Err(Error::Usage(format!(
+                    "the mediator socket {} must be in a directory of its own (it is masked inside the sandbox), not in /",
+                    p.display()
+                )));
+            }
+            deny_read.push(dir.to_owned());
+        }
+    }
     let trust = match &settings.ca_cert {
         Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
         None => None,
@@ -115,20 +129,22 @@ pub fn run(settings: &Settings) -> Result<i32> {
     let read_only: Vec<PathBuf> = trust.iter().map(|t| t.dir().to_owned()).collect();
     let planned = fs::plan(
         &settings.allow_write,
-        &settings.deny_read,
+        &deny_read,
         &settings.allow_read,
         &read_only,
         home.as_deref(),
         &mut plan,
     );
     let placeholders = plan.placeholders.clone();
+    let watch = plan.watch.clone();
     let cleanup = || {
+        report_tampering(&fs::quarantine(&watch));
         placeholders.iter().rev().for_each(Placeholder::remove);
         trust.iter().for_each(TrustFiles::remove);
     };
     let janitor = match &planned {
-        Ok(()) if !placeholders.is_empty() || trust.is_some() => {
-            match spawn_janitor(&placeholders, trust.as_ref()) {
+        Ok(()) if !placeholders.is_empty() || !watch.is_empty() || trust.is_some() => {
+            match spawn_janitor(&placeholders, &watch, trust.as_ref()) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     cleanup();
@@ -147,6 +163,16 @@ pub fn run(settings: &Settings) -> Result<i32> {
         let _ = nix::unistd::write(&w, b"d");
     }
     result
+}
+
+fn report_tampering(moved: &[Tampering]) {
+    for t in moved {
+        eprintln!(
+            "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
+            t.path.display(),
+            t.quarantined_as.display()
+        );
+    }
 }
 
 fn check_socket(socket: &Path) -> Result<()> {
@@ -184,6 +210,7 @@ fn run_planned(
     channel: Channel,
     ca: Option<crate::env::CaFiles>,
 ) -> Result<i32> {
+    let watch = fs_plan.watch.clone();
     let filters = seccomp::build(settings.allow_unix_sockets)?;
     let (program, args) = command_cstrings(&settings.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
@@ -281,6 +308,9 @@ fn run_planned(
     };
 
     let code = supervise(init, &mask);
+    // The sandbox is gone: nothing can create the watched paths any more.
+    let tampering = fs::quarantine(&watch);
+    report_tampering(&tampering);
     let (channel, connections, channel_errors, denials, source) = match serving {
         Serving::Relay(socket, stats) => (
             socket.display().to_string(),
@@ -316,6 +346,7 @@ fn run_planned(
             channel_errors,
             denials: &denials,
             source,
+            tampering: &tampering,
         };
         let text = serde_json::to_string(&report)
             .map_err(|e| Error::io("serialise the report", e.into()))?;
@@ -363,7 +394,11 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
 /// A process outside the sandbox that removes the placeholders and the CA files if the
 /// shim dies without doing it (SIGKILL). It waits for EOF on a pipe whose only writer is
 /// the shim.
-fn spawn_janitor(placeholders: &[Placeholder], trust: Option<&TrustFiles>) -> Result<OwnedFd> {
+fn spawn_janitor(
+    placeholders: &[Placeholder],
+    watch: &[PathBuf],
+    trust: Option<&TrustFiles>,
+) -> Result<OwnedFd> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::sys("janitor pipe", e))?;
     match sys::fork_process().map_err(|e| Error::sys("fork the janitor", e))? {
@@ -400,6 +435,7 @@ fn spawn_janitor(placeholders: &[Placeholder], trust: Option<&TrustFiles>) -> Re
             }
             // The shim is gone (or done); the sandbox dies with it (PR_SET_PDEATHSIG), and
             // removing a path that is a mount point in another namespace only detaches it.
+            let _ = fs::quarantine(watch);
             for p in placeholders.iter().rev() {
                 p.remove();
             }
