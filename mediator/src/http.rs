@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::counting::Counting;
 use crate::listener::wait_true;
-use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw};
+use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw, logged_path};
 use crate::relay::RelayOutcome;
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -241,7 +241,8 @@ async fn write_raw_response<S: AsyncWrite + Unpin>(
 /// `allow_private` exceptions can never serve another authority.
 struct Pooled {
     target: Target,
-    authority: String,
+    /// Exactly the authority (grant object) it was opened for.
+    authority: Arc<Authority>,
     sender: hyper::client::conn::http1::SendRequest<Incoming>,
     pin: std::net::SocketAddr,
     route: crate::route::Route,
@@ -443,12 +444,51 @@ async fn forward(
     };
     let label = TargetLabel::from(&target);
 
-    // Reuse this client connection's upstream connection when it goes to the same target.
+    // Every request, a reused upstream connection's included: no decision under a revoked
+    // or replaced authority (a Unix channel keeps the authority it was opened with).
+    if !shared.authorities.is_live(&authority) {
+        let denial = Denial::new(
+            Reason::UnknownAuthority,
+            format!(
+                "authority \"{name}\" was revoked or replaced after this connection was opened"
+            ),
+            "open a new connection; if the authority was revoked, ask an operator",
+        );
+        let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
+        return deny_response(Some(name), &label, &denial);
+    }
+    // The request rules of a terminated host narrow its plain http:// requests too (else
+    // `POST http://host/admin` would pass a GET-only rule), and these lines carry the
+    // method and path like the `tls` lines of its tunnels. A host the grant does not allow
+    // is left to `establish`, which denies it with the right reason.
+    let conn_ctx = ctx.clone();
+    let ctx = if authority.grant.terminates_tls(&target) {
+        Ctx {
+            request: Some((req.method().as_str().to_owned(), logged_path(&uri))),
+            ..ctx.clone()
+        }
+    } else {
+        ctx.clone()
+    };
+    if authority.grant.decide(&target).is_allow() {
+        let decision = authority
+            .grant
+            .decide_request(&target, req.method().as_str(), uri.path());
+        if !decision.is_allow() {
+            let mut denial = Denial::new(decision.reason, decision.detail, decision.hint);
+            denial.rule = decision.rule;
+            let denial = shared.deny_early(&ctx, Some(name), "http", &label, denial);
+            return deny_response(Some(name), &label, &denial);
+        }
+    }
+
+    // Reuse this client connection's upstream connection when it goes to the same target
+    // for the same (live) authority.
     let pooled = pool
         .lock()
         .ok()
         .and_then(|mut p| p.take())
-        .filter(|p| p.target == target && p.authority == name);
+        .filter(|p| p.target == target && Arc::ptr_eq(&p.authority, &authority));
     let pooled = match pooled {
         Some(mut p) => p.sender.ready().await.is_ok().then_some(p),
         None => None,
@@ -497,11 +537,11 @@ async fn forward(
                         down: 0,
                         close_reason: "error",
                     };
-                    shared.log_close(&ctx, "http", &label, connected.opened, outcome);
+                    shared.log_close(&conn_ctx, "http", &label, connected.opened, outcome);
                     return deny_response(Some(name), &label, &denial);
                 }
             };
-            let (shared2, ctx2, label2) = (Arc::clone(&shared), ctx.clone(), label.clone());
+            let (shared2, ctx2, label2) = (Arc::clone(&shared), conn_ctx, label.clone());
             let opened = connected.opened;
             // Closes on revocation (after the grace) and on shutdown, like a tunnel.
             let mut closing = connected.closing.clone();
@@ -550,7 +590,7 @@ async fn forward(
             if let Ok(mut p) = pool.lock() {
                 *p = Some(Pooled {
                     target,
-                    authority: name.to_owned(),
+                    authority: Arc::clone(&authority),
                     sender,
                     pin,
                     route,

@@ -270,6 +270,7 @@ impl Running {
             conn: shared.next_id(),
             peer: decision_log::Peer::Embedded,
             authority: Some(auth),
+            request: None,
         };
         tokio::spawn(async move {
             let _guard = shared.enter();

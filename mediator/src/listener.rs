@@ -130,6 +130,7 @@ pub async fn accept_unix(listener: UnixListener, live: Arc<Live>, shared: Arc<Sh
             conn: shared.next_id(),
             peer,
             authority: Some(Arc::clone(&auth)),
+            request: None,
         };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
@@ -160,6 +161,7 @@ pub async fn accept_tcp(listener: TcpListener, shared: Arc<Shared>) {
             conn: shared.next_id(),
             peer: Peer::Tcp(addr),
             authority: None,
+            request: None,
         };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {

@@ -83,6 +83,10 @@ pub struct Ctx {
     /// The authority bound by the channel (`Some` on a Unix socket; `None` on the shared
     /// TCP listener until a credential names one).
     pub authority: Option<Arc<Authority>>,
+    /// The method and logged path (query redacted) of the request being decided, for
+    /// plain `http://` requests to a host whose TLS is terminated (the lines then carry
+    /// `method` and `path`, as the `tls` lines of its tunnels do). `None` elsewhere.
+    pub request: Option<(String, String)>,
 }
 
 /// Where a log line's target came from: canonical, or raw (escaped) when unparsable.
@@ -721,8 +725,8 @@ impl Shared {
             bytes_down: None,
             duration_ms: None,
             close_reason: None,
-            method: None,
-            path: None,
+            method: ctx.request.as_ref().map(|(m, _)| m.clone()),
+            path: ctx.request.as_ref().map(|(_, p)| p.clone()),
         }
     }
 
@@ -787,6 +791,17 @@ pub fn redact_userinfo(text: &str) -> String {
     }
     result.push_str(rest);
     result
+}
+
+/// The path of a request for the decision log: escaped, its query (which often holds
+/// tokens) replaced by `?<redacted>`.
+pub fn logged_path(uri: &http::Uri) -> String {
+    let path = escape_raw(uri.path().as_bytes());
+    if uri.query().is_some() {
+        format!("{path}?<redacted>")
+    } else {
+        path
+    }
 }
 
 /// Escapes a raw, untrusted target for logs and JSON bodies: userinfo (everything up to

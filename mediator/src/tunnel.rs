@@ -50,19 +50,37 @@ pub async fn run<C>(
     // bytes are looked at only if it speaks first (server-speaks-first protocols such as
     // SSH or SMTP must not wait on us): a TLS handshake is held to the same SNI rule, so
     // fronting cannot move to 8443; anything else passes as an opaque tunnel.
-    let gate = if sni_check && target.port == HTTPS_PORT {
-        Some(sni_gate(&mut client, target, &shared, Vec::new(), true).await)
-    } else if sni_check && !terminate {
-        match client_first(&mut client, &connected.stream, &shared).await {
-            First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
-                Some(sni_gate(&mut client, target, &shared, bytes, false).await)
+    // The gate waits on the client (bounded by the request-head timeout); a shutdown or
+    // revocation in the meantime ends the tunnel at once, with its close record.
+    let mut closing = connected.closing.clone();
+    let upstream_ref = &connected.stream;
+    let gate = async {
+        if sni_check && target.port == HTTPS_PORT {
+            Some(sni_gate(&mut client, target, &shared, Vec::new(), true).await)
+        } else if sni_check && !terminate {
+            match client_first(&mut client, upstream_ref, &shared).await {
+                First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
+                    Some(sni_gate(&mut client, target, &shared, bytes, false).await)
+                }
+                First::Client(bytes) => Some(Gate::Pass(bytes)),
+                First::Closed => Some(Gate::Closed),
+                First::ServerOrQuiet => None,
             }
-            First::Client(bytes) => Some(Gate::Pass(bytes)),
-            First::Closed => Some(Gate::Closed),
-            First::ServerOrQuiet => None,
+        } else {
+            None
         }
-    } else {
-        None
+    };
+    let gate = tokio::select! {
+        g = gate => g,
+        () = crate::listener::wait_true(&mut closing) => {
+            let outcome = RelayOutcome {
+                up: 0,
+                down: 0,
+                close_reason: "shutdown",
+            };
+            shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+            return;
+        }
     };
     if let Some(gate) = gate {
         match gate {

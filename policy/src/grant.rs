@@ -93,24 +93,70 @@ fn path_has_prefix(path: &str, prefix: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
 }
 
-/// Why a request path cannot be judged by prefix: dot segments, backslashes, and
-/// percent-encoded dots, slashes and backslashes would let `/public/../admin` or
-/// `/public%2F..%2Fadmin` pass a `/public/` rule while the origin serves `/admin`.
-fn ambiguous_path(path: &str) -> Option<&'static str> {
+/// The path a prefix can judge: `path` with percent-escapes of unreserved characters
+/// (RFC 3986 section 2.3: ALPHA / DIGIT / `-` / `_` / `~`) decoded, or why it cannot be
+/// judged safely. Origins and frameworks disagree on everything else: `..;/` is `../` to
+/// Tomcat, Jetty and Spring; `%252e` is `.` to an origin that decodes twice; `%c0%ae` and
+/// `%u002e` are `.` to lenient decoders; `/public/../admin` or `/public%2F..%2Fadmin` are
+/// `/admin` to most. So where request rules apply the path must be plain: starting with `/`;
+/// no `;`, backslash, whitespace, control or non-ASCII character; every `%` followed by two
+/// hex digits that encode an unreserved character other than `.` (so no `%25`, no `%u`,
+/// no encoded `.`, `/` or `\`); and, decoded, no `.` or `..` segment.
+fn normalize_path(path: &str) -> Result<String, &'static str> {
     if !path.starts_with('/') {
-        return Some("the path does not start with /");
+        return Err("the path does not start with /");
     }
-    if path.contains('\\') {
-        return Some("the path contains a backslash");
+    let bytes = path.as_bytes();
+    let mut out = String::with_capacity(path.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'\\' => return Err("the path contains a backslash"),
+            b';' => {
+                return Err(
+                    "the path contains ; (a path parameter, which some servers read as part of a dot segment)",
+                );
+            }
+            0x80..=0xff => return Err("the path contains a non-ASCII byte"),
+            b' ' => return Err("the path contains whitespace"),
+            _ if b.is_ascii_control() => return Err("the path contains a control character"),
+            b'%' => {
+                let hex = |k: usize| bytes.get(i + k).and_then(|&h| (h as char).to_digit(16));
+                let (Some(hi), Some(lo)) = (hex(1), hex(2)) else {
+                    return Err(
+                        "the path has a % that is not followed by two hex digits (such as %u)",
+                    );
+                };
+                let decoded = u8::try_from(hi * 16 + lo).unwrap_or(0xff);
+                match decoded {
+                    b'%' => {
+                        return Err("the path percent-encodes a percent sign (double encoding)");
+                    }
+                    b'.' | b'/' | b'\\' => {
+                        return Err("the path percent-encodes a dot, slash or backslash");
+                    }
+                    _ if decoded.is_ascii_alphanumeric()
+                        || matches!(decoded, b'-' | b'_' | b'~') =>
+                    {
+                        out.push(char::from(decoded));
+                    }
+                    _ => {
+                        return Err(
+                            "the path percent-encodes a character that is not unreserved (only letters, digits, - _ ~ may be encoded)",
+                        );
+                    }
+                }
+                i += 3;
+                continue;
+            }
+            _ => out.push(char::from(b)),
+        }
+        i += 1;
     }
-    let lower = path.to_ascii_lowercase();
-    if ["%2e", "%2f", "%5c"].iter().any(|e| lower.contains(e)) {
-        return Some("the path percent-encodes a dot, slash or backslash");
+    if out.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err("the path has a dot segment (. or ..)");
     }
-    if path.split('/').any(|seg| seg == "." || seg == "..") {
-        return Some("the path has a dot segment (. or ..)");
-    }
-    None
+    Ok(out)
 }
 
 /// Validates one method: an RFC 9110 token, with no lowercase letters (methods are
@@ -150,8 +196,10 @@ fn check_path_prefix(p: &str) -> Result<(), String> {
             "path prefix {p:?} contains {c:?}; write a literal path (no query, fragment, percent-encoding or wildcard)"
         ));
     }
-    if ambiguous_path(p).is_some() {
-        return Err(format!("path prefix {p:?} has a dot segment"));
+    if let Err(why) = normalize_path(p) {
+        return Err(format!(
+            "path prefix {p:?} can never match a request: {why}"
+        ));
     }
     Ok(())
 }
@@ -676,9 +724,11 @@ impl Grant {
     /// The decision for one request inside a terminated tunnel to `target` (already
     /// allowed by [`Grant::decide`]): when no request rule names the host, `allowed` with no
     /// rule; else `allowed` by the first rule for the host that allows `method` and `path`
-    /// (the path without its query), or `denied_by_rule`. A path that a prefix cannot judge
-    /// safely (dot segments, backslashes, percent-encoded `.`, `/` or `\\`) is
-    /// `malformed_target` when rules apply.
+    /// (the path without its query; escapes of unreserved characters decoded), or
+    /// `denied_by_rule`. A path that a prefix cannot judge safely (see [`normalize_path`]:
+    /// dot segments, `;`, backslashes, `%25`, escapes of anything but letters, digits,
+    /// `-`, `_`, `~`, malformed escapes, controls, non-ASCII) is `malformed_target` when
+    /// rules apply.
     pub fn decide_request(&self, target: &Target, method: &str, path: &str) -> Decision {
         let name = &self.name;
         let rules: Vec<&RequestRule> = self
@@ -695,14 +745,17 @@ impl Grant {
                 hint: String::new(),
             };
         }
-        if let Some(why) = ambiguous_path(path) {
-            return Decision::deny(
-                Reason::MalformedTarget,
-                format!("{method} request to {target}: {why}"),
-                "send the normalised path: no dot segments and no percent-encoded dots, slashes or backslashes",
-            );
-        }
-        if let Some(rule) = rules.iter().find(|r| r.allows(method, path)) {
+        let normalized = match normalize_path(path) {
+            Ok(p) => p,
+            Err(why) => {
+                return Decision::deny(
+                    Reason::MalformedTarget,
+                    format!("{method} request to {target}: {why}"),
+                    "send a normalised path: no dot segments, no ; or backslash, only ASCII without controls or spaces, and percent-escapes only of letters, digits, - _ ~",
+                );
+            }
+        };
+        if let Some(rule) = rules.iter().find(|r| r.allows(method, &normalized)) {
             return Decision::allow(rule.label());
         }
         let allowed: Vec<String> = rules.iter().map(|r| r.describe()).collect();
@@ -1515,6 +1568,118 @@ mod request_rule_tests {
                 .is_allow()
         );
         assert!(g.decide_request(&api8443, "GET", "/public/").is_allow());
+    }
+
+    /// Paths that some origin (Tomcat, Jetty, Spring, IIS, double-decoding proxies) serves
+    /// outside `/allowed` must be refused where rules apply; plain paths still pass.
+    #[test]
+    fn path_rule_escapes_are_malformed_and_plain_paths_pass() {
+        let g = grant(
+            &["api.example.com"],
+            vec![rule("api.example.com", &["GET"], &["/allowed"])],
+        )
+        .unwrap();
+        let api = parse_authority_form("api.example.com:443").unwrap();
+        // (path, expected reason, a word the detail must contain)
+        let rows: &[(&str, &str, &str)] = &[
+            ("/allowed/..;/admin", "malformed_target", ";"),
+            ("/allowed/..%3b/admin", "malformed_target", "not unreserved"),
+            ("/allowed/..%3B/admin", "malformed_target", "not unreserved"),
+            ("/allowed/.;/admin", "malformed_target", ";"),
+            ("/allowed/..;jsessionid=x/admin", "malformed_target", ";"),
+            ("/allowed;x=1", "malformed_target", ";"),
+            ("/allowed/%252e%252e/admin", "malformed_target", "double"),
+            ("/allowed%252fadmin", "malformed_target", "double"),
+            ("/allowed/%25", "malformed_target", "double"),
+            (
+                "/allowed/%c0%ae%c0%ae/admin",
+                "malformed_target",
+                "not unreserved",
+            ),
+            (
+                "/allowed/%C0%AE/admin",
+                "malformed_target",
+                "not unreserved",
+            ),
+            (
+                "/allowed/%u002e%u002e/admin",
+                "malformed_target",
+                "two hex digits",
+            ),
+            (
+                "/allowed/%U002E/admin",
+                "malformed_target",
+                "two hex digits",
+            ),
+            ("/allowed/%", "malformed_target", "two hex digits"),
+            ("/allowed/%4", "malformed_target", "two hex digits"),
+            ("/allowed/%zz", "malformed_target", "two hex digits"),
+            ("/allowed/..%09/admin", "malformed_target", "not unreserved"),
+            ("/allowed/..%00/admin", "malformed_target", "not unreserved"),
+            ("/allowed/..\\admin", "malformed_target", "backslash"),
+            ("/allowed/..\u{9}/admin", "malformed_target", "control"),
+            ("/allowed/\u{7f}", "malformed_target", "control"),
+            ("/allowed/x y", "malformed_target", "whitespace"),
+            ("/allowed/\u{e9}", "malformed_target", "non-ASCII"),
+            ("/allowed/%2e%2e/admin", "malformed_target", "dot"),
+            ("/allowed/%2E./admin", "malformed_target", "dot"),
+            ("/allowed/.%2e/admin", "malformed_target", "dot"),
+            ("/allowed%2fadmin", "malformed_target", "slash"),
+            ("/allowed%5c..%5cadmin", "malformed_target", "backslash"),
+            ("/allowed/%20", "malformed_target", "not unreserved"),
+            ("/allowed/%3f", "malformed_target", "not unreserved"),
+            ("/allowed/../admin", "malformed_target", "dot segment"),
+            ("/allowed/./x", "malformed_target", "dot segment"),
+            ("/allowed/..", "malformed_target", "dot segment"),
+            ("allowed", "malformed_target", "start with /"),
+            ("*", "malformed_target", "start with /"),
+            // Plain paths: judged by the prefix.
+            ("/allowed", "allowed", ""),
+            ("/allowed/", "allowed", ""),
+            ("/allowed/a-b_c~d/e.json", "allowed", ""),
+            ("/allowed/...", "allowed", ""),
+            ("/allowed/.well-known/x", "allowed", ""),
+            ("/allowed/a:b@c!$&'()*+,=", "allowed", ""),
+            // Escapes of unreserved characters are decoded before matching.
+            ("/%61llowed/x", "allowed", ""),
+            ("/allowed/%7Euser%2D1", "allowed", ""),
+            ("/allowe%64x", "denied_by_rule", ""),
+            ("/admin", "denied_by_rule", ""),
+            ("/allowedx", "denied_by_rule", ""),
+        ];
+        for (path, reason, word) in rows {
+            let d = g.decide_request(&api, "GET", path);
+            assert_eq!(d.reason.as_str(), *reason, "{path:?}: {d:?}");
+            assert!(d.detail.contains(word), "{path:?}: {d:?}");
+        }
+        // A query is not part of the path a rule judges (callers pass the path alone).
+        assert!(g.decide_request(&api, "GET", "/allowed/e.json").is_allow());
+        // Hosts no rule names are not narrowed, whatever the path.
+        let other = parse_authority_form("www.example.com:443").unwrap();
+        assert!(
+            g.decide_request(&other, "GET", "/allowed/..;/admin")
+                .is_allow()
+        );
+    }
+
+    #[test]
+    fn path_prefixes_that_could_never_match_are_rejected() {
+        for (p, want) in [
+            ("/a;b", "contains ;"),
+            ("/caf\u{e9}", "non-ASCII"),
+            ("/a/./b", "dot segment"),
+        ] {
+            let Err(PolicyError::Config(errors)) = grant(
+                &["api.example.com"],
+                vec![rule("api.example.com", &[], &[p])],
+            ) else {
+                panic!("{p:?} must be rejected");
+            };
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "{p:?}: expected {want:?} in {errors:?}"
+            );
+        }
     }
 
     #[test]

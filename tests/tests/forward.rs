@@ -372,3 +372,28 @@ async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()>
     );
     Ok(())
 }
+
+/// A Unix channel keeps the authority it was opened with: after a revoke, the next request
+/// on that connection (whose upstream connection is kept alive) is `unknown_authority`,
+/// not served under the revoked grant until the grace ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<()> {
+    let fx = Fixture::start(|b| {
+        b.admin(true)
+            .timeout("revoke_grace", 60)
+            .authority(agent_a_spec())
+    })
+    .await?;
+    let m = &fx.mediator;
+    let target = fx.origin_target();
+    let req = format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    let mut c = e2e::HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    assert_eq!(c.request(req.as_bytes()).await?.status, 200);
+    let resp = m
+        .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    check_deny(&c.request(req.as_bytes()).await?, 407, "unknown_authority")?;
+    assert_eq!(fx.origin.requests(), 1);
+    Ok(())
+}

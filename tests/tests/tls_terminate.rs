@@ -17,7 +17,10 @@ use anyhow::{Result, ensure};
 use bytes::Bytes;
 use e2e::mediator::{AuthoritySpec, MediatorBuilder, mediator_bin, toml_list, toml_str};
 use e2e::tls::{TestCa, TlsOrigin, h2_client, tls_through_connect};
-use e2e::{AGENT_A, DnsServer, LOG_TIMEOUT, Mediator, TOKEN_A, curl};
+use e2e::{
+    AGENT_A, DnsServer, HttpConn, LOG_TIMEOUT, Mediator, Origin, TOKEN_A, basic_auth, check_deny,
+    curl,
+};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -65,6 +68,15 @@ async fn start(trust_origin_ca: bool) -> Result<Env> {
 
 /// As [`start`], with the origin bound to `bind` (and `api.test` resolving to its IP).
 async fn start_on(trust_origin_ca: bool, bind: SocketAddr) -> Result<Env> {
+    start_with(trust_origin_ca, bind, |b| b).await
+}
+
+/// As [`start_on`], with the mediator builder further configured by `configure`.
+async fn start_with(
+    trust_origin_ca: bool,
+    bind: SocketAddr,
+    configure: impl FnOnce(MediatorBuilder) -> MediatorBuilder,
+) -> Result<Env> {
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;
     let origin = TlsOrigin::start_on(&test_ca.ca, API, bind).await?;
@@ -76,12 +88,14 @@ async fn start_on(trust_origin_ca: bool, bind: SocketAddr) -> Result<Env> {
     } else {
         Vec::new()
     };
-    let mediator = MediatorBuilder::new()
-        .nameserver(dns.addr())
-        .extra_toml(&tls_toml(&ca_dir, &extra))
-        .authority(authority())
-        .start()
-        .await?;
+    let mediator = configure(
+        MediatorBuilder::new()
+            .nameserver(dns.addr())
+            .extra_toml(&tls_toml(&ca_dir, &extra))
+            .authority(authority()),
+    )
+    .start()
+    .await?;
     Ok(Env {
         _dir: dir,
         _dns: dns,
@@ -521,5 +535,187 @@ async fn port_443_tunnel_passes_the_sni_gate_and_is_then_terminated() -> Result<
         )
         .await?;
     ensure!(out.http_code == 421, "{out:?}");
+    Ok(())
+}
+
+/// Path tricks that Tomcat, Jetty or Spring (`..;`), double-decoding servers (`%252e`) or
+/// lenient decoders (`%c0%ae`, `%u002e`) serve outside the rule's prefix are refused
+/// before the origin sees them; a plain path with unreserved characters still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_rule_escapes_are_refused_inside_the_tunnel() -> Result<()> {
+    let env = start(true).await?;
+    let out = env
+        .curl(&["--http1.1"], &env.url("/public/a-b_c~d/e.json?q=1"))
+        .await?;
+    ensure!(out.http_code == 200, "{out:?}");
+    let before = env.origin.requests();
+    for path in [
+        "/public/..;/admin",
+        "/public/..%3b/admin",
+        "/public/.;/admin",
+        "/public/..;jsessionid=x/admin",
+        "/public/%252e%252e/admin",
+        "/public%252fadmin",
+        "/public/%c0%ae%c0%ae/admin",
+        "/public/%u002e%u002e/admin",
+        "/public/..%09/admin",
+    ] {
+        let out = env
+            .curl(&["--http1.1", "--path-as-is"], &env.url(path))
+            .await?;
+        ensure!(out.http_code == 400, "{path}: {out:?}");
+        assert_eq!(
+            header(&out, "x-mediator-decision"),
+            Some("deny; reason=malformed_target"),
+            "{path}"
+        );
+    }
+    assert_eq!(env.origin.requests(), before, "no trick reached the origin");
+    Ok(())
+}
+
+/// `tls_terminate = ["api.test"]` with rules: plain absolute-form `http://api.test/...`
+/// is held to the same rules, on every request of a kept-alive connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Result<()> {
+    let env = start(true).await?;
+    // A plain HTTP origin on 127.0.0.1, which api.test resolves to.
+    let plain = Origin::start().await?;
+    let host = format!("{API}:{}", plain.port());
+    let auth = basic_auth(AGENT_A, TOKEN_A);
+    let req = |method: &str, path: &str| {
+        format!(
+            "{method} http://{host}{path} HTTP/1.1\r\nHost: {host}\r\n\
+             Proxy-Authorization: {auth}\r\nContent-Length: 0\r\n\r\n"
+        )
+    };
+    let mut c = HttpConn::tcp(env.mediator.tcp_addr()).await?;
+    let r = c.request(req("GET", "/public/a").as_bytes()).await?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The same client connection, whose upstream connection is kept: still judged.
+    let body = check_deny(
+        &c.request(req("POST", "/admin").as_bytes()).await?,
+        403,
+        "denied_by_rule",
+    )?;
+    ensure!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("POST /admin")),
+        "{body}"
+    );
+    ensure!(
+        body["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("GET|HEAD /public/")),
+        "{body}"
+    );
+    check_deny(
+        &c.request(req("GET", "/private").as_bytes()).await?,
+        403,
+        "denied_by_rule",
+    )?;
+    check_deny(
+        &c.request(req("GET", "/public/..;/admin").as_bytes())
+            .await?,
+        400,
+        "malformed_target",
+    )?;
+    let r = c
+        .request(req("GET", "/public/b?k=s3cret").as_bytes())
+        .await?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        plain.requests(),
+        2,
+        "denied requests never reach the origin"
+    );
+
+    let line = env
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "http" && v["method"] == "POST",
+            LOG_TIMEOUT,
+        )
+        .await?;
+    assert_eq!(line["decision"], "deny");
+    assert_eq!(line["reason"], "denied_by_rule");
+    assert_eq!(line["path"], "/admin");
+    assert_eq!(line["rule"], "request_rule[1] api.test");
+    let line = env
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "http" && v["path"] == "/public/b?<redacted>",
+            LOG_TIMEOUT,
+        )
+        .await?;
+    assert_eq!(line["decision"], "allow");
+    assert_eq!(line["method"], "GET");
+
+    // What the reviewer ran: curl with an absolute-form POST.
+    let proxy = format!("http://{}", env.mediator.tcp_addr());
+    let user = format!("{AGENT_A}:{TOKEN_A}");
+    let url = format!("http://{host}/admin");
+    let out = curl(&["--proxy", &proxy, "--proxy-user", &user, "-X", "POST", &url]).await?;
+    ensure!(out.http_code == 403, "{out:?}");
+    assert_eq!(plain.requests(), 2);
+    let log = std::fs::read_to_string(env.mediator.log_path())?;
+    ensure!(!log.contains("s3cret"), "no query value in the log: {log}");
+    Ok(())
+}
+
+/// A terminated connection opened before its authority was revoked gets no further
+/// decision: the next request is `unknown_authority` at once, not at the end of the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_revoked() -> Result<()>
+{
+    let env = start_with(true, SocketAddr::from(([127, 0, 0, 1], 0)), |b| {
+        b.admin(true).timeout("revoke_grace", 60)
+    })
+    .await?;
+    let tls = tls_through_connect(
+        env.mediator.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        &env.target(),
+        API,
+        &env.mediator_ca,
+        &[b"h2"],
+    )
+    .await?;
+    let mut h2 = h2_client(tls).await?;
+    let get = |path: &str| {
+        hyper::Request::builder()
+            .method("GET")
+            .uri(env.url(path))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let resp = h2.send_request(get("/public/before")).await?;
+    assert_eq!(resp.status(), 200);
+    let before = env.origin.requests();
+
+    let resp = env
+        .mediator
+        .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+
+    let resp = h2.send_request(get("/public/after")).await?;
+    assert_eq!(resp.status(), 407);
+    assert_eq!(
+        resp.headers()["x-mediator-decision"],
+        "deny; reason=unknown_authority"
+    );
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
+    assert_eq!(body["reason"], "unknown_authority");
+    assert_eq!(env.origin.requests(), before, "nothing reached the origin");
+    let line = env
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "tls" && v["reason"] == "unknown_authority",
+            LOG_TIMEOUT,
+        )
+        .await?;
+    assert_eq!(line["path"], "/public/after");
     Ok(())
 }

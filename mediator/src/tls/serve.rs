@@ -25,7 +25,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 use super::{ALPN, TlsState};
 use crate::counting::Counting;
 use crate::http::{DECISION_HEADER, deny_response, strip_hop_by_hop};
-use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel, escape_raw};
+use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel, escape_raw, logged_path};
 use crate::relay::RelayOutcome;
 use crate::rewind::Rewind;
 
@@ -370,6 +370,17 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
         deny_response(Some(name), &env.label, &denial)
     };
 
+    // A revoked or replaced authority takes no new decision, even on a connection that
+    // stays open until the revoke grace ends (as `Shared::establish` refuses new ones).
+    if !env.shared.authorities.is_live(&env.authority) {
+        return refuse(Denial::new(
+            Reason::UnknownAuthority,
+            format!(
+                "authority \"{name}\" was revoked or replaced after this connection was opened"
+            ),
+            "open a new connection; if the authority was revoked, ask an operator",
+        ));
+    }
     if let Err(detail) = check_authority(&req, &env.target) {
         let mut denial = Denial::new(
             Reason::SniMismatch,
@@ -443,17 +454,6 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
             );
             deny_response(Some(name), &env.label, &denial)
         }
-    }
-}
-
-/// The path for the decision log: the query is replaced by `?<redacted>` (it often holds
-/// tokens), and the rest escaped.
-fn logged_path(uri: &Uri) -> String {
-    let path = escape_raw(uri.path().as_bytes());
-    if uri.query().is_some() {
-        format!("{path}?<redacted>")
-    } else {
-        path
     }
 }
 
