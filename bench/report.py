@@ -146,8 +146,8 @@ def main():
             w(f"## {mode}, concurrency {c}")
             w("")
             per = "GiB" if mode == "tunnel-throughput" else "1000 req"
-            lat = "per transfer" if mode == "tunnel-throughput" else ""
-            w(f"| path | {unit} | spread | p50 ms {lat} | p99 ms {lat} | x direct | x best peer{f' ({bp[0]})' if bp else ''} | proxy CPU s / {per} | errors |")
+            lat = " per transfer" if mode == "tunnel-throughput" else ""
+            w(f"| path | {unit} | spread | p50 ms{lat} | p99 ms{lat} | x direct | x best peer{f' ({bp[0]})' if bp else ''} | proxy CPU s / {per} | errors |")
             w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
             for t in TARGETS:
                 if (mode, c, t) not in by:
@@ -204,7 +204,7 @@ def main():
         w("")
         w("| benchmark | median |")
         w("|---|---:|")
-        for k in sorted(wanted, key=lambda k: (k.split("/")[0], len(k), k)):
+        for k in sorted(wanted, key=lambda k: [int(x) if x.isdigit() else x for x in k.split("/")]):
             v = wanted[k]
             w(f"| `{k}` | {v:.1f} ns |" if v < 10_000 else f"| `{k}` | {v / 1000:.2f} µs |")
         w("")

@@ -84,12 +84,21 @@ origin=$(awk '/^listening/ {print $2}' "$work/origin.out")
 log "origin on $origin"
 
 # --- mediator: 100 authorities ---------------------------------------------------------
-med_port=$(port)
-mkdir -p "$work/mediator" "$work/sockets"
-{
-    cat <<EOF
+# start_mediator NAME: a mediator with its own config, socket dir and decision log under
+# $work/NAME, 100 authorities agent-0..agent-99 (token bench-token-I) allowed to reach
+# 127.0.0.1; sets med_pid and med_port.
+token_hashes=()
+for i in $(seq 0 99); do
+    token_hashes+=("$(printf %s "bench-token-$i" | sha256sum | cut -d' ' -f1)")
+done
+start_mediator() {
+    local dir=$work/$1 i
+    med_port=$(port)
+    mkdir -p "$dir/sockets"
+    {
+        cat <<EOF
 [listen]
-socket_dir = "$work/sockets"
+socket_dir = "$dir/sockets"
 tcp = "127.0.0.1:$med_port"
 
 [resolver]
@@ -104,26 +113,22 @@ idle_tunnel = 600
 shutdown_grace = 1
 
 [log]
-decisions = "$work/mediator/decisions.log"
+decisions = "$dir/decisions.log"
 EOF
-    for i in $(seq 0 99); do
-        hash=$(printf %s "bench-token-$i" | sha256sum | cut -d' ' -f1)
-        cat <<EOF
-
-[[authority]]
-name = "agent-$i"
-allow = ["127.0.0.1"]
-allow_private = ["127.0.0.0/8"]
-token_sha256 = "$hash"
-EOF
-    done
-} >"$work/mediator/mediator.toml"
-"$bin/mediator" --config "$work/mediator/mediator.toml" 2>"$work/mediator/stderr" &
-med_pid=$!
-pids+=($med_pid)
-for _ in $(seq 100); do grep -q '^ready' "$work/mediator/stderr" && break; sleep 0.1; done
-grep -q '^ready' "$work/mediator/stderr" || { log "mediator did not start"; cat "$work/mediator/stderr" >&2; exit 1; }
-log "mediator: $(grep '^ready' "$work/mediator/stderr")"
+        for i in $(seq 0 99); do
+            printf '\n[[authority]]\nname = "agent-%d"\nallow = ["127.0.0.1"]\nallow_private = ["127.0.0.0/8"]\ntoken_sha256 = "%s"\n' \
+                "$i" "${token_hashes[$i]}"
+        done
+    } >"$dir/mediator.toml"
+    "$bin/mediator" --config "$dir/mediator.toml" 2>"$dir/stderr" &
+    med_pid=$!
+    pids+=($med_pid)
+    for _ in $(seq 100); do grep -q '^ready' "$dir/stderr" && break; sleep 0.1; done
+    grep -q '^ready' "$dir/stderr" || { log "mediator did not start"; cat "$dir/stderr" >&2; exit 1; }
+    log "mediator $1 (pid $med_pid): $(grep '^ready' "$dir/stderr")"
+}
+start_mediator mediator
+mdir=$work/mediator
 
 # --- squid -----------------------------------------------------------------------------
 squid_port=$(port)
@@ -206,14 +211,14 @@ for rep in $(seq "$REPS"); do
                     squid) [ "$m" = socks-rate ] && continue; args+=(--via "tcp:127.0.0.1:$squid_port" --proxy-pid "$squid_pid") ;;
                     tinyproxy) [ "$m" = socks-rate ] && continue; args+=(--via "tcp:127.0.0.1:$tp_port" --proxy-pid "$tp_pid") ;;
                     mediator-tcp) args+=(--via "tcp:127.0.0.1:$med_port" --user agent-0 --password bench-token-0 --proxy-pid "$med_pid") ;;
-                    mediator-unix) args+=(--via "unix:$work/sockets/agent-0.sock" --proxy-pid "$med_pid") ;;
+                    mediator-unix) args+=(--via "unix:$mdir/sockets/agent-0.sock" --proxy-pid "$med_pid") ;;
                 esac
                 n=$((n + 1))
                 printf '[bench %4ds] [%d/%d] ' "$(( $(date +%s) - started ))" "$n" "$runs" >&2
                 "$bin/loadgen" run "${args[@]}" | sed "s/^{/{\"rep\":$rep,/" >>"$results"
                 # The decision log would otherwise grow by hundreds of MB; the mediator
                 # appends (O_APPEND), so truncating is safe.
-                : >"$work/mediator/decisions.log"
+                : >"$mdir/decisions.log"
                 sleep 0.3
             done
         done
@@ -223,26 +228,38 @@ printf '{"mediator":%s,"squid":%s,"tinyproxy":%s}\n' \
     "$(hwm $med_pid)" "$(hwm $squid_pid)" "$(hwm $tp_pid)" >"$work/peak.json"
 
 # --- idle tunnels ---------------------------------------------------------------------------
+# Each mediator channel through a fresh mediator: after the load runs its heap holds freed
+# memory that new tunnels would reuse, hiding their cost. A mediator tunnel holds two
+# descriptors; the hard limit may be below what IDLE_TUNNELS needs when we may not raise it.
+idle_count=$IDLE_TUNNELS
+fd_room=$(( ($(ulimit -n) - 200) / 2 ))
+if [ "$fd_room" -lt "$idle_count" ]; then
+    log "open files limit $(ulimit -n) (hard $(ulimit -Hn)) allows $fd_room tunnels, not $IDLE_TUNNELS"
+    idle_count=$fd_room
+fi
 idle=$work/idle.jsonl
 : >"$idle"
-idle_run() { # label via-args... (pid last)
+idle_run() { # label via-args...
     local label=$1; shift
-    log "idle tunnels: $IDLE_TUNNELS through $label"
-    "$bin/loadgen" idle-tunnels --origin "$origin" --count "$IDLE_TUNNELS" --label "$label" "$@" >>"$idle" \
+    log "idle tunnels: $idle_count through $label"
+    "$bin/loadgen" idle-tunnels --origin "$origin" --count "$idle_count" --label "$label" "$@" >>"$idle" \
         || log "idle test through $label failed"
     sleep 1
 }
+kill "$med_pid" 2>/dev/null || true
+start_mediator idle-tcp
 idle_run mediator-tcp --via "tcp:127.0.0.1:$med_port" --user agent-0 --password bench-token-0 --proxy-pid "$med_pid"
-: >"$work/mediator/decisions.log"
-idle_run mediator-unix --via "unix:$work/sockets/agent-0.sock" --proxy-pid "$med_pid"
+kill "$med_pid" 2>/dev/null || true
+start_mediator idle-unix
+idle_run mediator-unix --via "unix:$work/idle-unix/sockets/agent-0.sock" --proxy-pid "$med_pid"
+kill "$med_pid" 2>/dev/null || true
 if [ "$IDLE_PEERS" = 1 ]; then
     idle_run squid --via "tcp:127.0.0.1:$squid_port" --proxy-pid "$squid_pid"
     idle_run tinyproxy --via "tcp:127.0.0.1:$tp_port" --proxy-pid "$tp_pid"
 fi
 
 # The peers are done: stop them before the micro-benchmarks.
-cleanup_pids=("${pids[@]}")
-for p in "${cleanup_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 
 # --- criterion -------------------------------------------------------------------------------
 if [ "$CRITERION" = 1 ]; then
@@ -259,6 +276,6 @@ cat "$idle" >>"$ROOT/bench/results/latest.jsonl"
 python3 "$ROOT/bench/report.py" \
     --results "$results" --idle "$idle" --rest "$work/rest.json" --peak "$work/peak.json" \
     --criterion "$ROOT/target/criterion" --elapsed "$(( $(date +%s) - started ))" \
-    --settings "REPS=$REPS DURATION=${DURATION}s WARMUP=${WARMUP}s THROUGHPUT_BYTES=$THROUGHPUT_BYTES IDLE_TUNNELS=$IDLE_TUNNELS" \
+    --settings "REPS=$REPS DURATION=${DURATION}s WARMUP=${WARMUP}s THROUGHPUT_BYTES=$THROUGHPUT_BYTES; idle tunnels $idle_count (asked $IDLE_TUNNELS, open files limit $(ulimit -n))" \
     | tee "$ROOT/bench/results/latest.md"
 log "wrote bench/results/latest.md"

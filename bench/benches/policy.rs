@@ -66,6 +66,7 @@ fn decide(c: &mut Criterion) {
         // Entries near the end of the list: a linear scan would show here.
         let last_exact = (n - 4..n).find(|i| i % 4 == 0).unwrap_or(0);
         let last_wild = (n - 4..n).find(|i| i % 4 == 1).unwrap_or(1);
+        let last_port = (n - 4..n).find(|i| i % 4 == 2).unwrap_or(2);
         let cases = [
             (
                 "exact_hit",
@@ -78,7 +79,8 @@ fn decide(c: &mut Criterion) {
             ("miss", target("nowhere.example.com:443")),
             (
                 "port_miss",
-                target(&format!("host{}.example{}.com:80", n - 2, n - 2)),
+                // An exact entry limited to port 443, asked for port 80.
+                target(&format!("host{last_port}.example{last_port}.com:80")),
             ),
         ];
         for (name, t) in cases {

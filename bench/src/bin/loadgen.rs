@@ -460,24 +460,39 @@ async fn keepalive_worker(ctx: &Ctx, path: &str) -> WorkerResult {
         let limit = (t0 + ctx.timeout).min(ctx.window.end);
         let r = tokio::time::timeout_at(limit, async {
             // A connection the server closed after its last answer (tinyproxy does not keep
-            // client connections alive) is reopened: that is not an error.
-            let reusable = match sender.as_mut() {
-                Some(s) if !s.is_closed() => s.ready().await.is_ok(),
-                _ => false,
-            };
-            if !reusable {
-                let stream: Stream = if ctx.mode == Mode::ForwardRate {
-                    ctx.via.dial(ctx.origin).await?
-                } else {
-                    ctx.via.connect_tunnel(ctx.origin).await?
+            // client connections alive) is reopened, and a request that met such a close
+            // on a reused connection is sent once more on a new one, as HTTP clients do
+            // for idempotent requests: neither is an error.
+            let mut attempt = 0;
+            let resp = loop {
+                attempt += 1;
+                let reused = match sender.as_mut() {
+                    Some(s) if !s.is_closed() => s.ready().await.is_ok(),
+                    _ => false,
                 };
-                let (s, conn) = http1::handshake(TokioIo::new(stream)).await?;
-                tokio::spawn(conn);
-                sender = Some(s);
-            }
-            let s = sender.as_mut().context("no connection")?;
-            s.ready().await?;
-            let resp = s.send_request(ctx.request(path, absolute)?).await?;
+                if !reused {
+                    let stream: Stream = if ctx.mode == Mode::ForwardRate {
+                        ctx.via.dial(ctx.origin).await?
+                    } else {
+                        ctx.via.connect_tunnel(ctx.origin).await?
+                    };
+                    let (s, conn) = http1::handshake(TokioIo::new(stream)).await?;
+                    tokio::spawn(conn);
+                    sender = Some(s);
+                }
+                let s = sender.as_mut().context("no connection")?;
+                match s.send_request(ctx.request(path, absolute)?).await {
+                    Ok(resp) => break resp,
+                    Err(e)
+                        if reused
+                            && attempt == 1
+                            && (e.is_incomplete_message() || e.is_canceled()) =>
+                    {
+                        sender = None;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
             drain(resp, ctx).await
         })
         .await;
