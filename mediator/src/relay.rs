@@ -1,7 +1,7 @@
 //! Byte relay between a client and an upstream connection.
 //!
-//! Both directions run concurrently in one task with one fixed buffer each (no per-chunk
-//! allocation); each direction ends on its own (EOF is passed on as a write shutdown, so
+//! Both directions run concurrently in one task with one buffer each (no per-chunk
+//! allocation; a buffer starts small and grows only while reads fill it); each direction ends on its own (EOF is passed on as a write shutdown, so
 //! half-closed connections work); a tunnel with no bytes in either direction for the idle
 //! timeout is closed; a shutdown signal closes it at once. Byte counts survive errors, so
 //! the close record is always accurate.
@@ -14,8 +14,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Buffer size per direction.
-const BUF: usize = 16 * 1024;
+/// First buffer size per direction: an idle or chatty tunnel never needs more.
+const BUF_START: usize = 2 * 1024;
+/// Largest buffer per direction: a read that fills the buffer grows it (x4) up to this,
+/// so bulk transfers make few, large system calls.
+const BUF_MAX: usize = 64 * 1024;
 
 /// How a relay ended, and what crossed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +117,18 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; BUF];
+    let mut buf = vec![0u8; BUF_START];
     loop {
         let n = r.read(&mut buf).await?;
+        if n == buf.len() && buf.len() < BUF_MAX {
+            // Data arrives faster than we read it: grow once the bytes are sent.
+            w.write_all(&buf[..n]).await?;
+            count.fetch_add(n as u64, Ordering::Relaxed);
+            buf = vec![0u8; (buf.len() * 4).min(BUF_MAX)];
+            let since = u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+            last.store(since, Ordering::Relaxed);
+            continue;
+        }
         if n == 0 {
             let _ = first_end.set(end_name);
             // Pass the half-close on; the other direction keeps going.
@@ -159,6 +171,28 @@ mod tests {
             (out.up, out.down, out.close_reason),
             (7, 9, "client_closed")
         );
+    }
+
+    #[tokio::test]
+    async fn bulk_transfer_grows_the_buffer_and_keeps_every_byte_in_order() {
+        let (client, mut client_peer) = duplex(256 * 1024);
+        let (upstream, mut upstream_peer) = duplex(256 * 1024);
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            client_peer.write_all(&sent).await.unwrap();
+            client_peer.shutdown().await.unwrap();
+            client_peer
+        });
+        let mut got = Vec::new();
+        upstream_peer.read_to_end(&mut got).await.unwrap();
+        assert!(got == data, "bytes differ");
+        drop(upstream_peer);
+        let _client_peer = writer.await.unwrap();
+        let out = task.await.unwrap();
+        assert_eq!(out.up, 3_000_000);
     }
 
     #[tokio::test(start_paused = true)]

@@ -56,11 +56,12 @@ pub async fn run<C>(
     let upstream_ref = &connected.stream;
     let gate = async {
         if sni_check && target.port == HTTPS_PORT {
-            Some(sni_gate(&mut client, target, &shared, Vec::new(), true).await)
+            // Boxed: the gate's state is large and plain tunnels should not carry it.
+            Some(Box::pin(sni_gate(&mut client, target, &shared, Vec::new(), true)).await)
         } else if sni_check && !terminate {
             match client_first(&mut client, upstream_ref, &shared).await {
                 First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
-                    Some(sni_gate(&mut client, target, &shared, bytes, false).await)
+                    Some(Box::pin(sni_gate(&mut client, target, &shared, bytes, false)).await)
                 }
                 First::Client(bytes) => Some(Gate::Pass(bytes)),
                 First::Closed => Some(Gate::Closed),
@@ -108,7 +109,11 @@ pub async fn run<C>(
         }
     }
     if terminate {
-        crate::tls::terminate(client, prefix, connected, target, shared, ctx, protocol).await;
+        // Boxed: termination is rare and its future is large.
+        Box::pin(crate::tls::terminate(
+            client, prefix, connected, target, shared, ctx, protocol,
+        ))
+        .await;
         return;
     }
     let mut upstream = connected.stream;
