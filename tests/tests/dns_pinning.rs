@@ -42,7 +42,7 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
         "one resolution per connection"
     );
 
-    // Second connection: the same name now answers 10.0.0.1.
+    // Second lookup: the name now answers 10.0.0.1, which the mediator must refuse to dial.
     let mut second = fx.tcp_conn().await?;
     let resp = second.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
     let body = check_deny(&resp, 403, "private_address")?;
