@@ -372,11 +372,7 @@ async fn connect(
             }
             Err(e) => {
                 tracing::debug!("CONNECT upgrade failed: {e}");
-                let outcome = RelayOutcome {
-                    up: 0,
-                    down: 0,
-                    close_reason: "error",
-                };
+                let outcome = RelayOutcome::ended("error");
                 shared.log_close(&ctx, "connect", &label, connected.opened, outcome);
             }
         }
@@ -532,11 +528,7 @@ async fn forward(
                         format!("{target}: HTTP handshake failed: {e}"),
                         "the destination did not speak HTTP/1.1",
                     );
-                    let outcome = RelayOutcome {
-                        up: 0,
-                        down: 0,
-                        close_reason: "error",
-                    };
+                    let outcome = RelayOutcome::ended("error");
                     shared.log_close(&conn_ctx, "http", &label, connected.opened, outcome);
                     return deny_response(Some(name), &label, &denial);
                 }

@@ -31,6 +31,17 @@ pub struct RelayOutcome {
     pub close_reason: &'static str,
 }
 
+impl RelayOutcome {
+    /// A connection that ended before any byte was relayed, for `reason`.
+    pub fn ended(close_reason: &'static str) -> Self {
+        Self {
+            up: 0,
+            down: 0,
+            close_reason,
+        }
+    }
+}
+
 /// Relays until both directions have ended, the idle timeout passes, or `closing` turns
 /// true.
 pub async fn relay<C, U>(

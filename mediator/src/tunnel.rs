@@ -74,11 +74,7 @@ pub async fn run<C>(
     let gate = tokio::select! {
         g = gate => g,
         () = crate::listener::wait_true(&mut closing) => {
-            let outcome = RelayOutcome {
-                up: 0,
-                down: 0,
-                close_reason: "shutdown",
-            };
+            let outcome = RelayOutcome::ended("shutdown");
             shared.log_close(ctx, protocol, &label, connected.opened, outcome);
             return;
         }
@@ -87,22 +83,14 @@ pub async fn run<C>(
         match gate {
             Gate::Pass(read) => prefix = read,
             Gate::Closed => {
-                let outcome = RelayOutcome {
-                    up: 0,
-                    down: 0,
-                    close_reason: "client_closed",
-                };
+                let outcome = RelayOutcome::ended("client_closed");
                 shared.log_close(ctx, protocol, &label, connected.opened, outcome);
                 return;
             }
             Gate::Deny(denial) => {
                 let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
                 shared.deny_early(ctx, name.as_deref(), protocol, &label, denial);
-                let outcome = RelayOutcome {
-                    up: 0,
-                    down: 0,
-                    close_reason: "sni_mismatch",
-                };
+                let outcome = RelayOutcome::ended("sni_mismatch");
                 shared.log_close(ctx, protocol, &label, connected.opened, outcome);
                 return;
             }
@@ -118,11 +106,7 @@ pub async fn run<C>(
     }
     let mut upstream = connected.stream;
     if !prefix.is_empty() && upstream.write_all(&prefix).await.is_err() {
-        let outcome = RelayOutcome {
-            up: 0,
-            down: 0,
-            close_reason: "error",
-        };
+        let outcome = RelayOutcome::ended("error");
         shared.log_close(ctx, protocol, &label, connected.opened, outcome);
         return;
     }

@@ -28,9 +28,15 @@ fn origin_ip(n: u8) -> IpAddr {
 
 /// Listens on `ip`:443 and records the bytes of each connection (until EOF or 3 s).
 async fn recording_origin(ip: IpAddr) -> Result<Arc<Mutex<Vec<Vec<u8>>>>> {
-    let listener = tokio::net::TcpListener::bind((ip, 443))
+    Ok(recording_origin_on(ip, 443).await?.0)
+}
+
+/// As [`recording_origin`] on `ip`:`port` (0: any free port); returns the bound port.
+async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec<u8>>>>, u16)> {
+    let listener = tokio::net::TcpListener::bind((ip, port))
         .await
-        .with_context(|| format!("binding {ip}:443 (the SNI tests need to run as root)"))?;
+        .with_context(|| format!("binding {ip}:{port} (port 443 needs root)"))?;
+    let port = listener.local_addr()?.port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let rec = Arc::clone(&seen);
     tokio::spawn(async move {
@@ -53,7 +59,7 @@ async fn recording_origin(ip: IpAddr) -> Result<Arc<Mutex<Vec<Vec<u8>>>>> {
             });
         }
     });
-    Ok(seen)
+    Ok((seen, port))
 }
 
 async fn fixture(ip: IpAddr) -> Result<Fixture> {
@@ -223,25 +229,7 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
 async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
     // The SNI rule holds for every tunnel that starts with a TLS handshake, not just 443.
     let ip = origin_ip(4);
-    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
-    let port = listener.local_addr()?.port();
-    let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
-    let rec = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(Ok(n)) =
-                tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await
-            {
-                if n == 0 {
-                    break;
-                }
-                got.extend_from_slice(&buf[..n]);
-            }
-            rec.lock().unwrap().push(got);
-        }
-    });
+    let (seen, port) = recording_origin_on(ip, 0).await?;
     let fx = Fixture::start(|b| {
         b.authority(
             AuthoritySpec::new(AGENT_A)
