@@ -70,16 +70,49 @@ where
             return;
         }
     };
-    let io = crate::rewind::Rewind::new(head, io);
+    let (buf, connect) = match head {
+        Head::Connect {
+            buf,
+            head_len,
+            target,
+            proxy_authorization,
+        } => (buf, Some((head_len, target, proxy_authorization))),
+        Head::Other(buf) => (buf, None),
+    };
+    let mut first = None;
+    if let Some((head_len, target, proxy_authorization)) = connect {
+        // A connection that opens with CONNECT is served without hyper: the reply is one
+        // fixed line and the stream that follows is the tunnel, so the raw socket (not an
+        // upgraded hyper connection) goes to the relay. A denial is answered by hyper
+        // (below), as any other response, and the connection stays usable.
+        match connect_fast(&mut io, &shared, &ctx, &target, proxy_authorization).await {
+            Fast::Allowed(connected, target, ctx) => {
+                let early = buf[head_len..].to_vec();
+                crate::tunnel::run(io, early, connected, &target, shared, &ctx, "connect").await;
+                return;
+            }
+            Fast::ReplyFailed => return,
+            Fast::Denied(resp) => first = Some(resp),
+        }
+    }
+    let io = crate::rewind::Rewind::new(buf, io);
     let ctx = Arc::new(ctx);
     let pool: Arc<Mutex<Option<Pooled>>> = Arc::new(Mutex::new(None));
+    // The response already decided for the first request (a fast-path CONNECT denial).
+    let first = Arc::new(Mutex::new(first));
     let svc = {
         let shared = Arc::clone(&shared);
         service_fn(move |req| {
             let shared = Arc::clone(&shared);
             let ctx = Arc::clone(&ctx);
             let pool = Arc::clone(&pool);
-            async move { Ok::<_, Infallible>(handle(req, shared, ctx, pool).await) }
+            let decided = first.lock().ok().and_then(|mut f| f.take());
+            async move {
+                if let Some(resp) = decided {
+                    return Ok::<_, Infallible>(resp);
+                }
+                Ok::<_, Infallible>(handle(req, shared, ctx, pool).await)
+            }
         })
     };
     let mut builder = http1::Builder::new();
@@ -113,8 +146,8 @@ where
 
 /// The verdict on a connection's first request head, read before hyper sees it.
 enum Preflight {
-    /// Hand these bytes (and the rest of the stream) to hyper.
-    Pass(Vec<u8>),
+    /// Serve the request (these bytes, then the rest of the stream).
+    Pass(Head),
     /// The request line cannot be parsed: answer the JSON 400 ourselves, since hyper
     /// would answer a bare 400 with no decision record.
     Reject {
@@ -129,6 +162,23 @@ enum Preflight {
     Closed,
 }
 
+/// A first request head that parsed.
+enum Head {
+    /// `CONNECT`: served by [`connect_fast`].
+    Connect {
+        /// Every byte read so far: the head, then any early tunnel bytes.
+        buf: Vec<u8>,
+        /// Length of the head within `buf`.
+        head_len: usize,
+        /// The request target, as sent.
+        target: String,
+        /// Every `Proxy-Authorization` value.
+        proxy_authorization: Vec<HeaderValue>,
+    },
+    /// Anything else (or a head hyper must judge, e.g. one too large): served by hyper.
+    Other(Vec<u8>),
+}
+
 /// Reads the first request head (bounded by the request-head timeout and size limit) and
 /// checks that its request line parses (RFC 9112 section 3) and its target is a URI. Heads
 /// that are only too large, or have too many headers, pass to hyper, which answers 431.
@@ -141,7 +191,7 @@ async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflig
         let mut headers = [httparse::EMPTY_HEADER; 100];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
+            Ok(httparse::Status::Complete(head_len)) => {
                 let target = req.path.unwrap_or_default();
                 if let Err(e) = target.parse::<Uri>() {
                     let proxy_authorization = req
@@ -163,10 +213,26 @@ async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflig
                         proxy_authorization,
                     };
                 }
-                return Preflight::Pass(buf);
+                // A head over the limit goes to hyper, which answers 431.
+                if req.method == Some("CONNECT") && head_len <= limit {
+                    let target = target.to_owned();
+                    let proxy_authorization = req
+                        .headers
+                        .iter()
+                        .filter(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                        .filter_map(|h| HeaderValue::from_bytes(h.value).ok())
+                        .collect();
+                    return Preflight::Pass(Head::Connect {
+                        buf,
+                        head_len,
+                        target,
+                        proxy_authorization,
+                    });
+                }
+                return Preflight::Pass(Head::Other(buf));
             }
             Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => return Preflight::Pass(buf),
+            Err(httparse::Error::TooManyHeaders) => return Preflight::Pass(Head::Other(buf)),
             Err(e) => {
                 let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
                 return Preflight::Reject {
@@ -185,7 +251,7 @@ async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflig
             }
         }
         if buf.len() > limit {
-            return Preflight::Pass(buf);
+            return Preflight::Pass(Head::Other(buf));
         }
         match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Preflight::Closed,
@@ -317,41 +383,71 @@ fn identify(shared: &Shared, ctx: &Ctx, headers: &HeaderMap) -> Result<Arc<Autho
     shared.authenticate(name, &decoded[colon + 1..])
 }
 
+/// How [`connect_fast`] ended.
+enum Fast {
+    /// The `200` is sent: run this tunnel (under the authority's context).
+    Allowed(crate::pipeline::Connected, Target, Ctx),
+    /// Denied: this response answers the request (the decision is logged).
+    Denied(Response<Body>),
+    /// The client went away before the `200` could be written.
+    ReplyFailed,
+}
+
+/// The success reply to CONNECT (RFC 9110 section 9.3.6): any 2xx; no body follows.
+const CONNECT_OK: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+
+/// Decides a connection's first request, a CONNECT, and on allow writes the `200`.
+async fn connect_fast<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    target: &str,
+    proxy_authorization: Vec<HeaderValue>,
+) -> Fast {
+    // preflight checked that the target parses as a URI.
+    let uri = target.parse::<Uri>().unwrap_or_default();
+    let mut headers = HeaderMap::new();
+    for v in proxy_authorization {
+        headers.append(header::PROXY_AUTHORIZATION, v);
+    }
+    let authority = match identify(shared, ctx, &headers) {
+        Ok(a) => a,
+        Err(denial) => {
+            let label = raw_label(&uri);
+            let denial = shared.deny_early(ctx, None, "connect", &label, denial);
+            return Fast::Denied(deny_response(None, &label, &denial));
+        }
+    };
+    let ctx = Ctx {
+        authority: Some(Arc::clone(&authority)),
+        ..ctx.clone()
+    };
+    match connect_decide(&uri, shared, &ctx, &authority).await {
+        Ok((connected, target)) => {
+            if io.write_all(CONNECT_OK).await.is_err() {
+                let label = TargetLabel::from(&target);
+                let outcome = RelayOutcome::ended("client_closed");
+                shared.log_close(&ctx, "connect", &label, connected.opened, outcome);
+                return Fast::ReplyFailed;
+            }
+            Fast::Allowed(connected, target, ctx)
+        }
+        Err(resp) => Fast::Denied(resp),
+    }
+}
+
+/// A CONNECT on a connection that hyper serves (one that began with another request).
 async fn connect(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     ctx: Ctx,
     authority: Arc<Authority>,
 ) -> Response<Body> {
-    let name = authority.grant.name();
-    let uri = req.uri();
-    let target = match uri.authority() {
-        Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
-            parse_authority_form(a.as_str())
-        }
-        _ => {
-            let denial = Denial::new(
-                Reason::MalformedTarget,
-                "CONNECT needs an authority-form target (host:port)",
-                "send CONNECT host:port HTTP/1.1",
-            );
-            let label = raw_label(uri);
-            let denial = shared.deny_early(&ctx, Some(name), "connect", &label, denial);
-            return deny_response(Some(name), &label, &denial);
-        }
-    };
-    let target = match target {
-        Ok(t) => t,
-        Err(e) => return malformed(&shared, &ctx, name, "connect", raw_label(uri), &e),
+    let (connected, target) = match connect_decide(req.uri(), &shared, &ctx, &authority).await {
+        Ok(pair) => pair,
+        Err(resp) => return resp,
     };
     let label = TargetLabel::from(&target);
-    let connected = match shared
-        .establish(&ctx, &authority.grant, "connect", &target)
-        .await
-    {
-        Ok(c) => c,
-        Err(denial) => return deny_response(Some(name), &label, &denial),
-    };
     let on_upgrade = hyper::upgrade::on(req);
     // The tunnel outlives the HTTP connection task: it counts as live on its own, so a
     // graceful shutdown drains it and it still writes its close record.
@@ -362,6 +458,7 @@ async fn connect(
             Ok(upgraded) => {
                 crate::tunnel::run(
                     TokioIo::new(upgraded),
+                    Vec::new(),
                     connected,
                     &target,
                     shared,
@@ -378,6 +475,46 @@ async fn connect(
         }
     });
     Response::new(empty())
+}
+
+/// The decision on a CONNECT to `uri` for `authority`: the upstream connection, or the
+/// deny response (the decision is logged either way).
+async fn connect_decide(
+    uri: &Uri,
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    authority: &Arc<Authority>,
+) -> Result<(crate::pipeline::Connected, Target), Response<Body>> {
+    let name = authority.grant.name();
+    let target = match uri.authority() {
+        Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
+            parse_authority_form(a.as_str())
+        }
+        _ => {
+            let denial = Denial::new(
+                Reason::MalformedTarget,
+                "CONNECT needs an authority-form target (host:port)",
+                "send CONNECT host:port HTTP/1.1",
+            );
+            let label = raw_label(uri);
+            let denial = shared.deny_early(ctx, Some(name), "connect", &label, denial);
+            return Err(deny_response(Some(name), &label, &denial));
+        }
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => return Err(malformed(shared, ctx, name, "connect", raw_label(uri), &e)),
+    };
+    match shared
+        .establish(ctx, &authority.grant, "connect", &target)
+        .await
+    {
+        Ok(c) => Ok((c, target)),
+        Err(denial) => {
+            let label = TargetLabel::from(&target);
+            Err(deny_response(Some(name), &label, &denial))
+        }
+    }
 }
 
 async fn forward(

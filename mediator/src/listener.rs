@@ -176,18 +176,19 @@ pub async fn wait_true(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|d| *d).await.map(|_| ());
 }
 
-/// Reads the first byte (under the request-head timeout) and hands the connection to
-/// SOCKS5 (0x05) or HTTP.
+/// Reads the client's first bytes (under the request-head timeout) and hands the
+/// connection to SOCKS5 (first byte 0x05) or HTTP, those bytes put back in front. One read
+/// of up to 2 KiB usually holds a whole request head, so HTTP needs no second read.
 pub async fn dispatch<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(shared.timeouts.request_head, io.read(&mut first)).await {
-        Ok(Ok(1)) => {}
+    let mut first = [0u8; 2048];
+    let n = match tokio::time::timeout(shared.timeouts.request_head, io.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => n,
         _ => return,
-    }
-    let io = Rewind::new(Bytes::copy_from_slice(&first), io);
+    };
+    let io = Rewind::new(Bytes::copy_from_slice(&first[..n]), io);
     if first[0] == 0x05 {
         crate::socks::serve(io, shared, ctx).await;
     } else {

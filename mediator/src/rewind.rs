@@ -17,6 +17,11 @@ pub struct Rewind<S> {
 }
 
 impl<S> Rewind<S> {
+    /// The inner stream, once every replayed byte has been read (`None` before).
+    pub fn bare(&self) -> Option<&S> {
+        self.prefix.is_empty().then_some(&self.inner)
+    }
+
     /// Wraps `inner` so that reads return `prefix` before anything else.
     pub fn new(prefix: impl Into<Bytes>, inner: S) -> Self {
         Self {

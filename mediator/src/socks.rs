@@ -93,7 +93,7 @@ where
     if reply(&mut io, REP_SUCCEEDED, bound).await.is_err() {
         return;
     }
-    crate::tunnel::run(io, connected, &target, shared, &ctx, "socks5").await;
+    crate::tunnel::run(io, Vec::new(), connected, &target, shared, &ctx, "socks5").await;
 }
 
 /// Runs method negotiation, authentication and the request. Returns the canonical target,

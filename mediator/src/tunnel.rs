@@ -26,11 +26,14 @@ use crate::sni::{self, Hello};
 /// The port whose tunnels carry TLS by convention (RFC 9110 section 4.2.2).
 const HTTPS_PORT: u16 = 443;
 
-/// Runs one allowed tunnel to completion and writes its close record. After the SNI gate,
-/// a target matching the grant's `tls_terminate` is handed to [`crate::tls::terminate`]
-/// (with the ClientHello bytes the gate read); any other tunnel is relayed.
+/// Runs one allowed tunnel to completion and writes its close record. `early` holds bytes
+/// the client sent after its request and that were already read (they come first in the
+/// tunnel). After the SNI gate, a target matching the grant's `tls_terminate` is handed to
+/// [`crate::tls::terminate`] (with the ClientHello bytes the gate read); any other tunnel
+/// is relayed.
 pub async fn run<C>(
     mut client: C,
+    early: Vec<u8>,
     connected: Connected,
     target: &Target,
     shared: Arc<Shared>,
@@ -45,7 +48,7 @@ pub async fn run<C>(
         .authority
         .as_ref()
         .is_some_and(|a| a.grant.terminates_tls(target));
-    let mut prefix = Vec::new();
+    let mut prefix = early;
     // On 443 the first bytes must be a ClientHello. On other ports the client's first
     // bytes are looked at only if it speaks first (server-speaks-first protocols such as
     // SSH or SMTP must not wait on us): a TLS handshake is held to the same SNI rule, so
@@ -57,9 +60,15 @@ pub async fn run<C>(
     let gate = async {
         if sni_check && target.port == HTTPS_PORT {
             // Boxed: the gate's state is large and plain tunnels should not carry it.
-            Some(Box::pin(sni_gate(&mut client, target, &shared, Vec::new(), true)).await)
+            let read = std::mem::take(&mut prefix);
+            Some(Box::pin(sni_gate(&mut client, target, &shared, read, true)).await)
         } else if sni_check && !terminate {
-            match client_first(&mut client, upstream_ref, &shared).await {
+            let first = if prefix.is_empty() {
+                client_first(&mut client, upstream_ref, &shared).await
+            } else {
+                First::Client(std::mem::take(&mut prefix))
+            };
+            match first {
                 First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
                     Some(Box::pin(sni_gate(&mut client, target, &shared, bytes, false)).await)
                 }
