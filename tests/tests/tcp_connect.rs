@@ -329,3 +329,113 @@ async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
     );
     Ok(())
 }
+
+/// A client may send its first tunnel bytes in the same write as the CONNECT head (no
+/// wait for the 200). Those bytes were read with the head: they must reach the origin
+/// first, in order, and count in the close record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let t = fx.origin_target();
+    let request = format!(
+        "POST /early HTTP/1.1\r\nHost: {t}\r\nContent-Length: 5\r\nConnection: close\r\n\r\nearly"
+    );
+    let head = format!(
+        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {}\r\n\r\n",
+        e2e::basic_auth(AGENT_A, TOKEN_A)
+    );
+    conn.send(format!("{head}{request}").as_bytes()).await?;
+    let answer = conn.read_response(true).await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let response = conn.read_to_end().await?;
+    let text = String::from_utf8_lossy(&response);
+    ensure!(text.starts_with("HTTP/1.1 200"), "{text}");
+    ensure!(text.contains(r#""target":"/early""#), "{text}");
+    ensure!(text.contains(r#""body":"early""#), "{text}");
+    drop(conn); // the tunnel ends when both sides have closed
+    let line = fx
+        .mediator
+        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .await?;
+    let close = fx.mediator.wait_for_close(&line["id"]).await?;
+    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
+    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
+    Ok(())
+}
+
+/// A denied CONNECT is answered and the connection stays usable: the next CONNECT on it
+/// is decided on its own and can open a tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let resp = conn
+        .connect("not-granted.example:443", Some((AGENT_A, TOKEN_A)))
+        .await?;
+    check_deny(&resp, 403, "not_in_allowlist")?;
+    let answer = conn
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let request = format!(
+        "GET /after-denial HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        fx.origin_target()
+    );
+    conn.send(request.as_bytes()).await?;
+    let response = conn.read_to_end().await?;
+    let text = String::from_utf8_lossy(&response);
+    ensure!(text.contains(r#""target":"/after-denial""#), "{text}");
+    Ok(())
+}
+
+/// Megabytes each way through a tunnel on the TCP channel: the relay moves from copying
+/// to splice(2) mid-stream; every byte must arrive, in order, and be counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let body: String = (0..4_000_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let request = format!(
+        "POST /bulk HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fx.origin_target(),
+        body.len()
+    );
+    // Write and read at once: the echo comes back while the upload is still going.
+    let (mut rd, mut wr) = tokio::io::split(conn.stream());
+    let send = async {
+        use tokio::io::AsyncWriteExt;
+        wr.write_all(request.as_bytes()).await
+    };
+    let recv = async {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        rd.read_to_end(&mut got).await.map(|_| got)
+    };
+    let (sent, response) = tokio::join!(send, recv);
+    sent?;
+    let response = response?;
+    drop((rd, wr));
+    drop(conn); // the tunnel ends when both sides have closed
+    let text = String::from_utf8_lossy(&response);
+    let start = text.find("\r\n\r\n").expect("a head") + 4;
+    let echo: Value = serde_json::from_str(&text[start..])?;
+    ensure!(
+        echo["body"].as_str() == Some(body.as_str()),
+        "the echoed body differs"
+    );
+    let line = fx
+        .mediator
+        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .await?;
+    let close = fx.mediator.wait_for_close(&line["id"]).await?;
+    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
+    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
+    Ok(())
+}
