@@ -95,7 +95,23 @@ where
             Fast::Denied(resp) => first = Some(resp),
         }
     }
-    let io = crate::rewind::Rewind::new(buf, io);
+    // Boxed: hyper's connection future is large and a tunnel opened by the fast path
+    // above should not carry it.
+    Box::pin(serve_hyper(
+        crate::rewind::Rewind::new(buf, io),
+        shared,
+        ctx,
+        first,
+    ))
+    .await;
+}
+
+/// Serves the connection with hyper (keep-alive, absolute-form forwarding, CONNECT after
+/// another request). `first`, when set, answers the first request.
+async fn serve_hyper<S>(io: S, shared: Arc<Shared>, ctx: Ctx, first: Option<Response<Body>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let ctx = Arc::new(ctx);
     let pool: Arc<Mutex<Option<Pooled>>> = Arc::new(Mutex::new(None));
     // The response already decided for the first request (a fast-path CONNECT denial).
@@ -186,78 +202,89 @@ async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflig
     let limit = shared.limits.request_head_bytes.max(MIN_BUF);
     let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
     let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
     loop {
-        let mut headers = [httparse::EMPTY_HEADER; 100];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(head_len)) => {
-                let target = req.path.unwrap_or_default();
-                if let Err(e) = target.parse::<Uri>() {
-                    let proxy_authorization = req
-                        .headers
-                        .iter()
-                        .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
-                        .and_then(|h| HeaderValue::from_bytes(h.value).ok());
-                    return Preflight::Reject {
-                        label: TargetLabel {
-                            host: Some(escape_raw(target.as_bytes())),
-                            port: None,
-                        },
-                        detail: format!("the request target is not a valid URI: {e}"),
-                        protocol: if req.method == Some("CONNECT") {
-                            "connect"
-                        } else {
-                            "http"
-                        },
-                        proxy_authorization,
-                    };
-                }
-                // A head over the limit goes to hyper, which answers 431.
-                if req.method == Some("CONNECT") && head_len <= limit {
-                    let target = target.to_owned();
-                    let proxy_authorization = req
-                        .headers
-                        .iter()
-                        .filter(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
-                        .filter_map(|h| HeaderValue::from_bytes(h.value).ok())
-                        .collect();
-                    return Preflight::Pass(Head::Connect {
-                        buf,
-                        head_len,
-                        target,
-                        proxy_authorization,
-                    });
-                }
-                return Preflight::Pass(Head::Other(buf));
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(httparse::Error::TooManyHeaders) => return Preflight::Pass(Head::Other(buf)),
-            Err(e) => {
-                let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
-                return Preflight::Reject {
+        buf = match judge(buf, limit) {
+            Ok(verdict) => return verdict,
+            Err(buf) => buf,
+        };
+        // Straight into `buf`: this future holds no buffer (nor httparse's header array,
+        // see `judge`) of its own, because every connection's task carries it.
+        buf.reserve(4096);
+        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Preflight::Closed,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// The verdict on the bytes read so far, or the bytes back when the head is incomplete.
+fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(&buf) {
+        Ok(httparse::Status::Complete(head_len)) => {
+            let target = req.path.unwrap_or_default();
+            if let Err(e) = target.parse::<Uri>() {
+                let proxy_authorization = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                    .and_then(|h| HeaderValue::from_bytes(h.value).ok());
+                return Ok(Preflight::Reject {
                     label: TargetLabel {
-                        host: Some(escape_raw(&buf[..line_end.min(256)])),
+                        host: Some(escape_raw(target.as_bytes())),
                         port: None,
                     },
-                    detail: format!("unparsable request head: {e}"),
-                    protocol: if buf.starts_with(b"CONNECT ") {
+                    detail: format!("the request target is not a valid URI: {e}"),
+                    protocol: if req.method == Some("CONNECT") {
                         "connect"
                     } else {
                         "http"
                     },
-                    proxy_authorization: raw_proxy_authorization(&buf),
-                };
+                    proxy_authorization,
+                });
             }
+            // A head over the limit goes to hyper, which answers 431.
+            if req.method == Some("CONNECT") && head_len <= limit {
+                let target = target.to_owned();
+                let proxy_authorization = req
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                    .filter_map(|h| HeaderValue::from_bytes(h.value).ok())
+                    .collect();
+                return Ok(Preflight::Pass(Head::Connect {
+                    buf,
+                    head_len,
+                    target,
+                    proxy_authorization,
+                }));
+            }
+            return Ok(Preflight::Pass(Head::Other(buf)));
         }
-        if buf.len() > limit {
-            return Preflight::Pass(Head::Other(buf));
-        }
-        match tokio::time::timeout_at(deadline, io.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Preflight::Closed,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        Ok(httparse::Status::Partial) => {}
+        Err(httparse::Error::TooManyHeaders) => return Ok(Preflight::Pass(Head::Other(buf))),
+        Err(e) => {
+            let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+            return Ok(Preflight::Reject {
+                label: TargetLabel {
+                    host: Some(escape_raw(&buf[..line_end.min(256)])),
+                    port: None,
+                },
+                detail: format!("unparsable request head: {e}"),
+                protocol: if buf.starts_with(b"CONNECT ") {
+                    "connect"
+                } else {
+                    "http"
+                },
+                proxy_authorization: raw_proxy_authorization(&buf),
+            });
         }
     }
+    if buf.len() > limit {
+        return Ok(Preflight::Pass(Head::Other(buf)));
+    }
+    Err(buf)
 }
 
 /// The `Proxy-Authorization` value of a head that httparse refused (its request line is
@@ -327,10 +354,10 @@ async fn handle(
     } else {
         "http"
     };
-    let label = raw_label(req.uri());
     let authority = match identify(&shared, &ctx, req.headers()) {
         Ok(a) => a,
         Err(denial) => {
+            let label = raw_label(req.uri());
             let denial = shared.deny_early(&ctx, None, protocol, &label, denial);
             return deny_response(None, &label, &denial);
         }
@@ -786,6 +813,11 @@ fn rebuild_request(
 /// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
 /// `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the names decides (a removal
+    // hashes each name, and there are nine of them).
+    if !headers.keys().any(is_hop_by_hop_or_connection) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -809,6 +841,19 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     ] {
         headers.remove(name);
     }
+}
+
+/// Whether `name` is one of the fixed hop-by-hop fields [`strip_hop_by_hop`] removes.
+fn is_hop_by_hop_or_connection(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
 }
 
 fn malformed(

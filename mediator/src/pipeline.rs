@@ -361,6 +361,19 @@ impl Shared {
         protocol: &'static str,
         target: &Target,
     ) -> Result<Connected, Denial> {
+        // Boxed: resolving and connecting take a large future (kilobytes) that is needed
+        // only until the connection is up; inline, every connection's task would carry
+        // (and move) it for its whole life.
+        Box::pin(self.establish_inner(ctx, grant, protocol, target)).await
+    }
+
+    async fn establish_inner(
+        &self,
+        ctx: &Ctx,
+        grant: &Grant,
+        protocol: &'static str,
+        target: &Target,
+    ) -> Result<Connected, Denial> {
         let id = self.next_id();
         let started = Instant::now();
         let label = TargetLabel::from(target);

@@ -7,7 +7,6 @@
 //! the close record is always accurate.
 
 use std::any::Any;
-use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
@@ -82,15 +81,19 @@ where
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
     let state = State::new();
-    let up_dir = pump(&mut cr, &mut uw, &state.up, &state, "client_closed");
-    let down_dir = pump(&mut ur, &mut cw, &state.down, &state, "upstream_closed");
-    supervise(
-        async { tokio::join!(up_dir, down_dir) },
-        &state,
-        idle,
-        closing,
-    )
-    .await
+    // The pumps are built inside the select (not bound first and moved in): each future
+    // is then stored once in this one, which every tunnel task carries.
+    let reason = tokio::select! {
+        both = async {
+            tokio::join!(
+                pump(&mut cr, &mut uw, &state.up, &state, "client_closed"),
+                pump(&mut ur, &mut cw, &state.down, &state, "upstream_closed"),
+            )
+        } => state.reason(both),
+        () = idle_watch(&state, idle) => "idle_timeout",
+        () = closing_signal(closing) => "shutdown",
+    };
+    state.outcome(reason)
 }
 
 /// Relays between two sockets without splitting them: each direction waits for readiness
@@ -105,15 +108,17 @@ pub async fn relay_sockets(
     closing: watch::Receiver<bool>,
 ) -> RelayOutcome {
     let state = State::new();
-    let up_dir = pump_sockets(client, upstream, &state.up, &state, "client_closed");
-    let down_dir = pump_sockets(upstream, client, &state.down, &state, "upstream_closed");
-    supervise(
-        async { tokio::join!(up_dir, down_dir) },
-        &state,
-        idle,
-        closing,
-    )
-    .await
+    let reason = tokio::select! {
+        both = async {
+            tokio::join!(
+                pump_sockets(client, upstream, &state.up, &state, "client_closed"),
+                pump_sockets(upstream, client, &state.down, &state, "upstream_closed"),
+            )
+        } => state.reason(both),
+        () = idle_watch(&state, idle) => "idle_timeout",
+        () = closing_signal(closing) => "shutdown",
+    };
+    state.outcome(reason)
 }
 
 /// A plain socket under a stream: what [`relay_sockets`] can move bytes between.
@@ -218,51 +223,47 @@ impl State {
     }
 }
 
-/// Waits for both directions, the idle timeout or the closing signal, whichever first.
-async fn supervise<F>(
-    both: F,
-    state: &State,
-    idle: Duration,
-    mut closing: watch::Receiver<bool>,
-) -> RelayOutcome
-where
-    F: Future<Output = (io::Result<()>, io::Result<()>)>,
-{
-    let idle_watch = async {
-        loop {
-            let last = Duration::from_millis(state.last.load(Ordering::Relaxed));
-            let deadline = state.origin + last + idle;
-            if Instant::now() >= deadline {
-                return;
-            }
-            tokio::time::sleep_until(deadline).await;
+impl State {
+    /// The close reason once both directions have ended.
+    fn reason(&self, (a, b): (io::Result<()>, io::Result<()>)) -> &'static str {
+        match (a, b) {
+            (Ok(()), Ok(())) => self.first_end.get().copied().unwrap_or("client_closed"),
+            _ => "error",
         }
-    };
-    let shutdown = async {
+    }
+
+    fn outcome(&self, close_reason: &'static str) -> RelayOutcome {
+        RelayOutcome {
+            up: self.up.load(Ordering::Relaxed),
+            down: self.down.load(Ordering::Relaxed),
+            close_reason,
+        }
+    }
+}
+
+/// Resolves once no byte has moved for `idle`.
+async fn idle_watch(state: &State, idle: Duration) {
+    loop {
+        let last = Duration::from_millis(state.last.load(Ordering::Relaxed));
+        let deadline = state.origin + last + idle;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// Resolves once `closing` turns true; never if its sender is dropped first.
+async fn closing_signal(mut closing: watch::Receiver<bool>) {
+    if *closing.borrow() {
+        return;
+    }
+    while closing.changed().await.is_ok() {
         if *closing.borrow() {
             return;
         }
-        while closing.changed().await.is_ok() {
-            if *closing.borrow() {
-                return;
-            }
-        }
-        // Sender dropped: never resolve.
-        std::future::pending::<()>().await;
-    };
-    let reason = tokio::select! {
-        (a, b) = both => match (a, b) {
-            (Ok(()), Ok(())) => state.first_end.get().copied().unwrap_or("client_closed"),
-            _ => "error",
-        },
-        () = idle_watch => "idle_timeout",
-        () = shutdown => "shutdown",
-    };
-    RelayOutcome {
-        up: state.up.load(Ordering::Relaxed),
-        down: state.down.load(Ordering::Relaxed),
-        close_reason: reason,
     }
+    std::future::pending::<()>().await;
 }
 
 async fn pump<R, W>(
