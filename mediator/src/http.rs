@@ -114,6 +114,7 @@ where
 {
     let ctx = Arc::new(ctx);
     let pool: Arc<Mutex<Option<Pooled>>> = Arc::new(Mutex::new(None));
+    let verified: Arc<Mutex<Option<Verified>>> = Arc::new(Mutex::new(None));
     // The response already decided for the first request (a fast-path CONNECT denial).
     let first = Arc::new(Mutex::new(first));
     let svc = {
@@ -122,12 +123,13 @@ where
             let shared = Arc::clone(&shared);
             let ctx = Arc::clone(&ctx);
             let pool = Arc::clone(&pool);
+            let verified = Arc::clone(&verified);
             let decided = first.lock().ok().and_then(|mut f| f.take());
             async move {
                 if let Some(resp) = decided {
                     return Ok::<_, Infallible>(resp);
                 }
-                Ok::<_, Infallible>(handle(req, shared, ctx, pool).await)
+                Ok::<_, Infallible>(handle(req, shared, ctx, pool, verified).await)
             }
         })
     };
@@ -343,18 +345,27 @@ struct Pooled {
     forward: Option<crate::route::ForwardProxy>,
 }
 
+/// The credential last verified on a keep-alive TCP connection, and what it named.
+struct Verified {
+    /// The `Proxy-Authorization` value, exactly as sent.
+    value: HeaderValue,
+    /// The authority it proved, as it was then (reused only while that grant is live).
+    authority: Arc<Authority>,
+}
+
 async fn handle(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     ctx: Arc<Ctx>,
     pool: Arc<Mutex<Option<Pooled>>>,
+    verified: Arc<Mutex<Option<Verified>>>,
 ) -> Response<Body> {
     let protocol = if req.method() == Method::CONNECT {
         "connect"
     } else {
         "http"
     };
-    let authority = match identify(&shared, &ctx, req.headers()) {
+    let authority = match identify_again(&shared, &ctx, req.headers(), &verified) {
         Ok(a) => a,
         Err(denial) => {
             let label = raw_label(req.uri());
@@ -371,6 +382,39 @@ async fn handle(
     } else {
         forward(req, shared, ctx, authority, pool).await
     }
+}
+
+/// [`identify`], skipping the token hash when this connection already proved the very same
+/// `Proxy-Authorization` value for an authority whose grant is still live (a keep-alive
+/// client repeats it on every request). A different value, or a revoked or replaced
+/// authority, is verified in full again.
+fn identify_again(
+    shared: &Shared,
+    ctx: &Ctx,
+    headers: &HeaderMap,
+    verified: &Mutex<Option<Verified>>,
+) -> Result<Arc<Authority>, Denial> {
+    if ctx.authority.is_some() {
+        return identify(shared, ctx, headers);
+    }
+    let mut values = headers.get_all(header::PROXY_AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return identify(shared, ctx, headers);
+    };
+    let mut cache = verified
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(v) = cache.as_ref() {
+        if v.value == value && shared.authorities.is_live(&v.authority) {
+            return Ok(Arc::clone(&v.authority));
+        }
+    }
+    let result = identify(shared, ctx, headers);
+    *cache = result.as_ref().ok().map(|a| Verified {
+        value: value.clone(),
+        authority: Arc::clone(a),
+    });
+    result
 }
 
 /// The authority bound to the channel, or named by `Proxy-Authorization: Basic` on the

@@ -397,3 +397,34 @@ async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<
     assert_eq!(fx.origin.requests(), 1);
     Ok(())
 }
+
+/// On a keep-alive connection the credential is checked on every request: a verified
+/// value may be remembered, but a different one (a wrong token) is refused at once, and
+/// the right one works again after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_on_a_kept_alive_connection_is_authenticated() -> Result<()> {
+    let fx = Fixture::agent_a().await?;
+    let t = fx.origin_target();
+    let get = |auth: &str, path: &str| {
+        format!("GET http://{t}{path} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {auth}\r\n\r\n")
+    };
+    let good = basic_auth(AGENT_A, TOKEN_A);
+    let wrong = basic_auth(AGENT_A, "not-the-token");
+    let mut conn = fx.tcp_conn().await?;
+    let first = conn.request(get(&good, "/one").as_bytes()).await?;
+    assert_eq!(first.status, 200, "{first:?}");
+    let second = conn.request(get(&wrong, "/two").as_bytes()).await?;
+    check_deny(&second, 407, "bad_credential")?;
+    let third = conn.request(get(&good, "/three").as_bytes()).await?;
+    assert_eq!(third.status, 200, "{third:?}");
+    let fourth = conn
+        .request(format!("GET http://{t}/four HTTP/1.1\r\nHost: {t}\r\n\r\n").as_bytes())
+        .await?;
+    check_deny(&fourth, 407, "bad_credential")?;
+    assert_eq!(
+        fx.origin.requests(),
+        2,
+        "only the two authenticated requests went out"
+    );
+    Ok(())
+}
