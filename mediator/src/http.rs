@@ -36,12 +36,13 @@ pub const DECISION_HEADER: &str = "x-mediator-decision";
 /// hyper refuses buffers smaller than this.
 const MIN_BUF: usize = 8192;
 
-/// Serves HTTP/1.1 on one client connection until it closes.
-pub async fn serve<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
+/// Serves HTTP/1.1 on one client connection until it closes. The first request head must
+/// be complete by `deadline` (the connection's request-head timeout).
+pub async fn serve<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx, deadline: tokio::time::Instant)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let head = match preflight(&mut io, &shared).await {
+    let head = match preflight(&mut io, &shared, deadline).await {
         Preflight::Pass(head) => head,
         Preflight::Closed => return,
         Preflight::Reject {
@@ -92,6 +93,11 @@ where
                 return;
             }
             Fast::ReplyFailed => return,
+            // Shutting down: hyper would close without answering; answer and close.
+            Fast::Denied(resp) if *shared.draining.borrow() => {
+                let _ = write_raw_response(&mut io, resp).await;
+                return;
+            }
             Fast::Denied(resp) => first = Some(resp),
         }
     }
@@ -200,9 +206,12 @@ enum Head {
 /// Reads the first request head (bounded by the request-head timeout and size limit) and
 /// checks that its request line parses (RFC 9112 section 3) and its target is a URI. Heads
 /// that are only too large, or have too many headers, pass to hyper, which answers 431.
-async fn preflight<S: AsyncRead + Unpin>(io: &mut S, shared: &Shared) -> Preflight {
+async fn preflight<S: AsyncRead + Unpin>(
+    io: &mut S,
+    shared: &Shared,
+    deadline: tokio::time::Instant,
+) -> Preflight {
     let limit = shared.limits.request_head_bytes.max(MIN_BUF);
-    let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
     let mut buf = Vec::with_capacity(1024);
     loop {
         buf = match judge(buf, limit) {

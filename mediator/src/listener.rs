@@ -183,17 +183,19 @@ pub async fn dispatch<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // One request-head deadline for the whole head, however it is split across reads.
+    let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
     let mut first = BytesMut::with_capacity(2048);
-    match tokio::time::timeout(shared.timeouts.request_head, io.read_buf(&mut first)).await {
+    match tokio::time::timeout_at(deadline, io.read_buf(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {}
         _ => return,
     }
     let socks = first[0] == 0x05;
     let io = Rewind::new(first.freeze(), io);
     if socks {
-        crate::socks::serve(io, shared, ctx).await;
+        crate::socks::serve(io, shared, ctx, deadline).await;
     } else {
-        crate::http::serve(io, shared, ctx).await;
+        crate::http::serve(io, shared, ctx, deadline).await;
     }
 }
 

@@ -364,7 +364,22 @@ impl Shared {
         // Boxed: resolving and connecting take a large future (kilobytes) that is needed
         // only until the connection is up; inline, every connection's task would carry
         // (and move) it for its whole life.
-        Box::pin(self.establish_inner(ctx, grant, protocol, target)).await
+        let establishing = Box::pin(self.establish_inner(ctx, grant, protocol, target));
+        // A shutdown whose grace ends while we resolve, ask the watchdog or connect still
+        // gets its decision line (the inner steps log only after their last wait).
+        let mut closing = self.closing.clone();
+        tokio::select! {
+            result = establishing => result,
+            () = crate::listener::wait_true(&mut closing) => {
+                let denial = Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: the mediator shut down before the upstream connection was made"),
+                    "retry once the mediator is back",
+                );
+                let label = TargetLabel::from(target);
+                Err(self.deny_early(ctx, Some(grant.name()), protocol, &label, denial))
+            }
+        }
     }
 
     async fn establish_inner(

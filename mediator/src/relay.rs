@@ -8,7 +8,7 @@
 
 use std::any::Any;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -85,12 +85,12 @@ where
     // is then stored once in this one, which every tunnel task carries.
     let reason = tokio::select! {
         both = async {
-            tokio::join!(
+            tokio::try_join!(
                 pump(&mut cr, &mut uw, &state.up, &state, "client_closed"),
                 pump(&mut ur, &mut cw, &state.down, &state, "upstream_closed"),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle) => "idle_timeout",
+        () = idle_watch(&state, idle, None) => "idle_timeout",
         () = closing_signal(closing) => "shutdown",
     };
     state.outcome(reason)
@@ -110,12 +110,12 @@ pub async fn relay_sockets(
     let state = State::new();
     let reason = tokio::select! {
         both = async {
-            tokio::join!(
+            tokio::try_join!(
                 pump_sockets(client, upstream, &state.up, &state, "client_closed"),
                 pump_sockets(upstream, client, &state.down, &state, "upstream_closed"),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle) => "idle_timeout",
+        () = idle_watch(&state, idle, Some((client, upstream))) => "idle_timeout",
         () = closing_signal(closing) => "shutdown",
     };
     state.outcome(reason)
@@ -202,6 +202,8 @@ struct State {
     last: AtomicU64,
     up: AtomicU64,
     down: AtomicU64,
+    /// Unused count for activity seen only as a draining send queue.
+    drained: AtomicU64,
     first_end: OnceLock<&'static str>,
 }
 
@@ -212,6 +214,7 @@ impl State {
             last: AtomicU64::new(0),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
             first_end: OnceLock::new(),
         }
     }
@@ -225,10 +228,12 @@ impl State {
 
 impl State {
     /// The close reason once both directions have ended.
-    fn reason(&self, (a, b): (io::Result<()>, io::Result<()>)) -> &'static str {
-        match (a, b) {
-            (Ok(()), Ok(())) => self.first_end.get().copied().unwrap_or("client_closed"),
-            _ => "error",
+    /// The close reason once both directions have ended, or one failed (a reset or a
+    /// failed write ends the whole tunnel at once: the other side may never speak again).
+    fn reason(&self, ended: io::Result<((), ())>) -> &'static str {
+        match ended {
+            Ok(_) => self.first_end.get().copied().unwrap_or("client_closed"),
+            Err(_) => "error",
         }
     }
 
@@ -241,15 +246,46 @@ impl State {
     }
 }
 
-/// Resolves once no byte has moved for `idle`.
-async fn idle_watch(state: &State, idle: Duration) {
+/// Resolves once no byte has moved for `idle`. For a socket relay (`socks`), bytes still
+/// leaving our send queues count as movement: a slow reader drains them while we have
+/// nothing new to write, and must not be cut off as idle; a reader that takes nothing is.
+async fn idle_watch(state: &State, idle: Duration, socks: Option<(Sock<'_>, Sock<'_>)>) {
+    let queued = |(a, b): (Sock<'_>, Sock<'_>)| send_queue(a.fd()) + send_queue(b.fd());
+    let mut last_queued = socks.map(queued);
     loop {
         let last = Duration::from_millis(state.last.load(Ordering::Relaxed));
         let deadline = state.origin + last + idle;
         if Instant::now() >= deadline {
-            return;
+            let now_queued = socks.map(queued);
+            if now_queued == last_queued {
+                return;
+            }
+            last_queued = now_queued;
+            state.moved(&state.drained, 0);
+            continue;
         }
         tokio::time::sleep_until(deadline).await;
+    }
+}
+
+nix::ioctl_read_bad!(
+    /// `SIOCOUTQ` (= `TIOCOUTQ`, socket(7)/tcp(7)/unix(7)): bytes in a socket's send queue.
+    siocoutq,
+    libc::TIOCOUTQ,
+    libc::c_int
+);
+
+/// Bytes written to the socket that its peer has not yet taken (0 if the kernel will not
+/// say).
+fn send_queue(fd: BorrowedFd<'_>) -> u64 {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: `fd` is a live socket (borrowed for the call) and `queued` is a valid,
+    // writable c_int, which is all SIOCOUTQ writes.
+    let ok = unsafe { siocoutq(fd.as_raw_fd(), &mut queued) }.is_ok();
+    if ok {
+        u64::try_from(queued).unwrap_or(0)
+    } else {
+        0
     }
 }
 
@@ -310,11 +346,22 @@ async fn pump_sockets(
     let (mut spliced, mut refused) = (false, false);
     loop {
         if let Some(p) = &pipe {
-            match splice_once(from, to, p).await {
-                Ok(0) => break,
-                Ok(n) => {
-                    spliced = true;
-                    state.moved(count, n);
+            match splice_once(from, to, p, count, state).await {
+                Ok(Spliced::Moved) => spliced = true,
+                // splice(2) moved nothing although the socket was readable (or at its
+                // end). It never moves past TCP urgent data (the "mark"), which only a
+                // read passes (the urgent byte is dropped, as by a plain read): read once
+                // through a buffer. A 0 here is the real end of the stream.
+                Ok(Spliced::Nothing) => {
+                    if buf.is_empty() {
+                        buf = vec![0u8; BUF_START];
+                    }
+                    match from.try_read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => write_all(to, &buf[..n], count, state).await?,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 // Nothing is in the pipe yet: copying loses no byte.
                 Err(e) if !spliced && e.kind() == io::ErrorKind::Unsupported => {
@@ -333,19 +380,18 @@ async fn pump_sockets(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         };
-        write_all(to, &buf[..n]).await?;
-        state.moved(count, n);
+        write_all(to, &buf[..n], count, state).await?;
         if n == buf.len() {
             if buf.len() < BUF_MAX {
                 buf = vec![0u8; (buf.len() * 4).min(BUF_MAX)];
             } else if !refused {
                 // A bulk transfer: move to splice; the buffer is no longer needed.
                 match Pipe::new() {
-                    Ok(p) => {
+                    Some(p) => {
                         pipe = Some(p);
                         buf = Vec::new();
                     }
-                    Err(_) => refused = true, // e.g. out of descriptors: keep copying
+                    None => refused = true, // out of descriptors or pipe quota: keep copying
                 }
             }
         }
@@ -356,11 +402,21 @@ async fn pump_sockets(
     Ok(())
 }
 
-async fn write_all(to: Sock<'_>, mut bytes: &[u8]) -> io::Result<()> {
+/// Writes all of `bytes`, counting each write as it lands (a relay cancelled mid-write
+/// still reports exactly what was delivered).
+async fn write_all(
+    to: Sock<'_>,
+    mut bytes: &[u8],
+    count: &AtomicU64,
+    state: &State,
+) -> io::Result<()> {
     while !bytes.is_empty() {
         to.ready(Interest::WRITABLE).await?;
         match to.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
+            Ok(n) => {
+                bytes = &bytes[n..];
+                state.moved(count, n);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
@@ -376,31 +432,49 @@ struct Pipe {
     chunk: usize,
 }
 
-/// Capacity asked for each pipe, and so the most bytes one `splice(2)` moves. Pages are
-/// taken only while bytes sit in the pipe. If the system refuses the size
-/// (`/proc/sys/fs/pipe-max-size`, or the user's pipe quota), the pipe keeps its default.
-const PIPE_SIZE: usize = 1 << 20;
+/// Capacity asked for each pipe, and so the most bytes one `splice(2)` moves (and the most
+/// kernel memory a stalled direction holds in it; pages are taken only while bytes sit in
+/// the pipe).
+const PIPE_SIZE: usize = 256 * 1024;
+
+/// A pipe smaller than this is not worth it: the copy path moves 64 KiB per call. The
+/// kernel hands out 8 KiB pipes once a user exceeds `/proc/sys/fs/pipe-user-pages-soft`.
+const PIPE_MIN: usize = 64 * 1024;
 
 /// The most bytes one splice moves towards a Unix socket.
 const UNIX_CHUNK: usize = 64 * 1024;
 
 impl Pipe {
-    fn new() -> io::Result<Self> {
-        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+    /// A pipe of [`PIPE_SIZE`] (or at least [`PIPE_MIN`]); `None` when the system cannot
+    /// give one (descriptors, pipe quota), and the direction keeps copying.
+    fn new() -> Option<Self> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok()?;
         let size = i32::try_from(PIPE_SIZE).unwrap_or(i32::MAX);
         let capacity = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(size))
-            .or_else(|_| nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_GETPIPE_SZ))?;
-        Ok(Self {
-            read,
-            write,
-            chunk: usize::try_from(capacity).unwrap_or(4096).max(4096),
-        })
+            .or_else(|_| nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_GETPIPE_SZ))
+            .ok()?;
+        let chunk = usize::try_from(capacity).ok()?;
+        (chunk >= PIPE_MIN).then_some(Self { read, write, chunk })
     }
 }
 
-/// Moves one chunk: waits until `from` has bytes, splices them into the (empty) pipe, then
-/// splices the pipe empty into `to`. Returns the bytes moved; 0 at end of stream.
-async fn splice_once(from: Sock<'_>, to: Sock<'_>, pipe: &Pipe) -> io::Result<usize> {
+/// What one [`splice_once`] did.
+enum Spliced {
+    /// Bytes went from `from` through the pipe to `to` (counted as they landed).
+    Moved,
+    /// Nothing moved: `from` was at its end, at TCP urgent data, or had no bytes after all.
+    Nothing,
+}
+
+/// Moves one chunk: waits until `from` is readable, splices its bytes into the (empty)
+/// pipe, then splices the pipe empty into `to`, counting each part as it lands.
+async fn splice_once(
+    from: Sock<'_>,
+    to: Sock<'_>,
+    pipe: &Pipe,
+    count: &AtomicU64,
+    state: &State,
+) -> io::Result<Spliced> {
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
     // A Unix socket takes a spliced chunk as a train of small buffers: large chunks stall
     // its reader (measured: 1 MiB halves the rate that 64 KiB reaches); TCP prefers large.
@@ -408,20 +482,19 @@ async fn splice_once(from: Sock<'_>, to: Sock<'_>, pipe: &Pipe) -> io::Result<us
         Sock::Unix(_) => pipe.chunk.min(UNIX_CHUNK),
         Sock::Tcp(_) => pipe.chunk,
     };
-    let n = loop {
-        from.ready(Interest::READABLE).await?;
-        // The pipe is empty here, so EAGAIN can only mean the socket has no bytes.
-        match from.try_io(Interest::READABLE, || {
-            splice(from.fd(), None, &pipe.write, None, want, flags).map_err(io::Error::from)
-        }) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            // This pair of sockets cannot be spliced: the caller copies instead.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
-                return Err(io::Error::new(io::ErrorKind::Unsupported, e));
-            }
-            Err(e) => return Err(e),
+    from.ready(Interest::READABLE).await?;
+    // The pipe is empty here, so EAGAIN means the socket has no bytes for splice.
+    let n = match from.try_io(Interest::READABLE, || {
+        splice(from.fd(), None, &pipe.write, None, want, flags).map_err(io::Error::from)
+    }) {
+        Ok(0) => return Ok(Spliced::Nothing),
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Spliced::Nothing),
+        // This pair of sockets cannot be spliced: the caller copies instead.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, e));
         }
+        Err(e) => return Err(e),
     };
     let mut left = n;
     while left > 0 {
@@ -430,12 +503,15 @@ async fn splice_once(from: Sock<'_>, to: Sock<'_>, pipe: &Pipe) -> io::Result<us
         match to.try_io(Interest::WRITABLE, || {
             splice(&pipe.read, None, to.fd(), None, left, flags).map_err(io::Error::from)
         }) {
-            Ok(m) => left -= m,
+            Ok(m) => {
+                left -= m;
+                state.moved(count, m);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(n)
+    Ok(Spliced::Moved)
 }
 
 #[cfg(test)]
@@ -552,6 +628,145 @@ mod tests {
         let out = task.await.unwrap();
         assert_eq!((out.up, out.down), (5_000_000, 7_000_000));
         assert_ne!(out.close_reason, "error");
+    }
+
+    /// TCP urgent data (MSG_OOB) in the middle of a spliced stream: splice(2) stops at the
+    /// urgent mark, so the relay must read past it. Every ordinary byte arrives (the
+    /// urgent byte is dropped, as a plain read drops it) and is counted.
+    #[tokio::test]
+    async fn urgent_data_does_not_cut_a_spliced_stream_short() {
+        let (client, client_peer) = tcp_pair().await;
+        let (upstream, mut upstream_peer) = tcp_pair().await;
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
+        let mut expected = before.clone();
+        expected.extend_from_slice(&after);
+        let writer = tokio::spawn(async move {
+            let mut peer = client_peer;
+            peer.write_all(&before).await.unwrap();
+            socket2::SockRef::from(&peer)
+                .send_out_of_band(b"!")
+                .unwrap();
+            peer.write_all(&after).await.unwrap();
+            peer.shutdown().await.unwrap();
+            peer
+        });
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), upstream_peer.read_to_end(&mut got))
+            .await
+            .expect("the stream stalled at the urgent mark")
+            .unwrap();
+        assert_eq!(got.len(), expected.len(), "bytes lost at the urgent mark");
+        assert!(got == expected, "bytes differ");
+        drop(upstream_peer);
+        drop(writer.await.unwrap());
+        let out = task.await.unwrap();
+        assert_eq!(out.up, expected.len() as u64);
+    }
+
+    /// A client that resets while the upstream is silent ends the tunnel at once (not
+    /// after the idle timeout), with reason `error`.
+    #[tokio::test]
+    async fn a_reset_on_one_side_ends_the_whole_tunnel() {
+        let (client, client_peer) = tcp_pair().await;
+        let (upstream, _upstream_peer) = tcp_pair().await;
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(600), rx));
+        // SO_LINGER 0: close sends a reset.
+        socket2::SockRef::from(&client_peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(client_peer);
+        let out = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the tunnel outlived the reset")
+            .unwrap();
+        assert_eq!(out.close_reason, "error");
+    }
+
+    /// A relay stopped mid-transfer (shutdown) reports exactly the bytes the client got.
+    #[tokio::test]
+    async fn counts_are_exact_when_a_bulk_transfer_is_cut_off() {
+        let (client, mut client_peer) = tcp_pair().await;
+        let (upstream, mut upstream_peer) = tcp_pair().await;
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let feeder = tokio::spawn(async move {
+            let chunk = vec![7u8; 1 << 20];
+            // Until the relay goes away.
+            while upstream_peer.write_all(&chunk).await.is_ok() {}
+        });
+        // Read slowly so that chunks are part-written when the relay is stopped.
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 16 * 1024];
+        while got < 24 << 20 {
+            got += client_peer.read(&mut buf).await.unwrap() as u64;
+        }
+        tx.send(true).unwrap();
+        let out = task.await.unwrap();
+        assert_eq!(out.close_reason, "shutdown");
+        loop {
+            match client_peer.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n as u64,
+            }
+        }
+        assert_eq!(out.down, got, "close record vs bytes the client received");
+        feeder.abort();
+    }
+
+    /// A reader slower than the idle timeout's worth of socket buffer is still a live
+    /// tunnel: bytes leaving the send queue count as activity. A reader that stops is cut.
+    #[tokio::test]
+    async fn a_slow_reader_is_not_idle_but_a_stopped_one_is() {
+        // The reader's window is small, so its reads show as window updates; our side's
+        // send buffer is large, so it reports writable only after a long drain: without
+        // watching the send queue, the relay would see no activity for seconds.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let reader = tokio::net::TcpSocket::new_v4().unwrap();
+        reader.set_recv_buffer_size(32 * 1024).unwrap();
+        let (client_peer, accepted) =
+            tokio::join!(reader.connect(l.local_addr().unwrap()), l.accept());
+        let mut client_peer = client_peer.unwrap();
+        let client = accepted.unwrap().0;
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(4 << 20)
+            .unwrap();
+        let (upstream, mut upstream_peer) = tcp_pair().await;
+        let (_tx, rx) = watch::channel(false);
+        let idle = Duration::from_millis(1000);
+        let task = tokio::spawn(relay(client, upstream, idle, rx));
+        let feeder = tokio::spawn(async move {
+            let chunk = vec![1u8; 1 << 20];
+            for _ in 0..64 {
+                if upstream_peer.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+            upstream_peer
+        });
+        // Let the buffers fill, then read a little every 100 ms for 3 s (5 idle periods):
+        // the relay writes nothing new in that time, only the queue drains.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut buf = vec![0u8; 8 * 1024];
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            client_peer.read_exact(&mut buf).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                !task.is_finished(),
+                "a slowly read tunnel was closed as idle"
+            );
+        }
+        // Stop reading: the tunnel is idle now.
+        let out = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("a stopped reader kept the tunnel open")
+            .unwrap();
+        assert_eq!(out.close_reason, "idle_timeout");
+        feeder.abort();
     }
 
     /// A tunnel whose replayed bytes are not yet read is not a plain socket: relaying it

@@ -57,16 +57,13 @@ pub enum SocksError {
     Protocol(&'static str),
 }
 
-/// Serves one SOCKS5 connection (the first byte, 0x05, has not been consumed).
-pub async fn serve<S>(mut io: S, shared: Arc<Shared>, mut ctx: Ctx)
+/// Serves one SOCKS5 connection (the first byte, 0x05, has not been consumed); the
+/// handshake must be done by `deadline` (the connection's request-head timeout).
+pub async fn serve<S>(mut io: S, shared: Arc<Shared>, mut ctx: Ctx, deadline: tokio::time::Instant)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let head = tokio::time::timeout(
-        shared.timeouts.request_head,
-        handshake(&mut io, &shared, &mut ctx),
-    )
-    .await;
+    let head = tokio::time::timeout_at(deadline, handshake(&mut io, &shared, &mut ctx)).await;
     let (target, _label) = match head {
         Err(_) => return, // request-head timeout: close silently, nothing was asked.
         Ok(Err(e)) => {

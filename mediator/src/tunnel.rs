@@ -196,6 +196,12 @@ async fn sni_gate<C: AsyncRead + Unpin>(
         ))
     };
     loop {
+        // Off 443 a stream is held to the SNI rule only if it really starts like a TLS
+        // record (RFC 8446 section 5.1: type 22, legacy version 0x03 0x00..=0x04): a binary
+        // protocol whose first byte happens to be 0x16 passes as an opaque tunnel.
+        if !strict && !plausible_tls_record(&buf) {
+            return Gate::Pass(buf);
+        }
         match sni::inspect(&buf) {
             Hello::NeedMore => {}
             // Design section 6: on 443 an unreadable ClientHello is a denial; plaintext
@@ -230,6 +236,14 @@ async fn sni_gate<C: AsyncRead + Unpin>(
             Ok(Err(_)) => return Gate::Closed,
         }
     }
+}
+
+/// Whether `buf` (the first bytes of a tunnel) can still be the start of a TLS handshake
+/// record: content type 22, then major version 3 and a minor version of at most 4.
+fn plausible_tls_record(buf: &[u8]) -> bool {
+    buf.first().is_none_or(|&t| t == TLS_HANDSHAKE)
+        && buf.get(1).is_none_or(|&major| major == 3)
+        && buf.get(2).is_none_or(|&minor| minor <= 4)
 }
 
 /// The SNI rule: exactly one name equal (canonically) to a name target; none, or none but

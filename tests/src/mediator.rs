@@ -356,10 +356,14 @@ impl MediatorBuilder {
         } else {
             let _ = writeln!(out, "\n[upstream]\n{}", self.upstream.join("\n"));
         }
-        let _ = writeln!(
-            out,
-            "\n[timeouts]\nrequest_head = 10\ndns = 5\nshutdown_grace = 2"
-        );
+        let _ = writeln!(out, "\n[timeouts]");
+        // Defaults, unless the test sets the key itself.
+        for (key, value) in [("request_head", 10), ("dns", 5), ("shutdown_grace", 2)] {
+            let prefix = format!("{key} =");
+            if !self.timeouts_extra.iter().any(|l| l.starts_with(&prefix)) {
+                let _ = writeln!(out, "{key} = {value}");
+            }
+        }
         if let Some(c) = self.connect_timeout_secs {
             let _ = writeln!(out, "connect = {c}");
         } else {

@@ -214,3 +214,65 @@ async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close()
     drop(conn);
     Ok(())
 }
+
+/// A CONNECT still waiting on its upstream connect when the shutdown grace ends gets its
+/// decision line (and the client its answer): no request goes unaccounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<()> {
+    // A listener with backlog 1 that never accepts: once its queue is full the kernel drops
+    // further SYNs, so the mediator's connect waits (up to its 30 s timeout).
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.1:0".parse()?)?;
+    let listener = socket.listen(1)?;
+    let addr = listener.local_addr()?;
+    let mut held = Vec::new();
+    let mut full = false;
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => {
+                full = true;
+                break;
+            }
+        }
+    }
+    ensure!(full, "could not fill the accept queue of {addr}");
+
+    let mut fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(30)).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let target = format!("{}:{}", e2e::ORIGIN_HOST, addr.port());
+    let head = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
+        e2e::basic_auth(AGENT_A, e2e::TOKEN_A)
+    );
+    conn.send(head.as_bytes()).await?;
+    // The name is resolved right before the connect: once the query is in, the connect is
+    // (about to be) pending.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while fx.dns.queries(e2e::ORIGIN_HOST) == 0 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the mediator never resolved the target"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = fx.mediator.terminate().await?;
+    ensure!(status.success(), "exit status {status}");
+    let decisions = fx.mediator.decisions()?;
+    let line = decisions
+        .iter()
+        .find(|l| l["event"] == "decision" && l["protocol"] == "connect")
+        .with_context(|| format!("no decision line for the pending CONNECT: {decisions:?}"))?;
+    assert_eq!(line["decision"], "deny", "{line}");
+    assert_eq!(line["reason"], "upstream_failure", "{line}");
+    let resp = conn.read_response(true).await?;
+    assert!(resp.status >= 500, "{resp:?}");
+    drop((listener, held));
+    Ok(())
+}

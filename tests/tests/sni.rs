@@ -315,3 +315,47 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
     assert_eq!(&banner, b"SSH-2.0-test\r\n");
     Ok(())
 }
+
+/// Off 443, a client-first stream whose first byte is 0x16 but that is not a TLS record
+/// (no 0x03 version after it) is an opaque tunnel, not an unreadable ClientHello.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
+    let ip = origin_ip(5);
+    let (seen, port) = recording_origin_on(ip, 0).await?;
+    let fx = Fixture::start(|b| {
+        b.authority(
+            AuthoritySpec::new(AGENT_A)
+                .allow(&[format!("front.test:{port}")])
+                .allow_private(&["127.0.0.0/8"])
+                .token(TOKEN_A),
+        )
+    })
+    .await?;
+    fx.dns.set(FRONT, [ip]);
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let payload = b"\x16\x42binary protocol, not TLS";
+    conn.send(payload).await?;
+    conn.shutdown_write().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    loop {
+        if let Some(first) = seen.lock().unwrap().first() {
+            assert_eq!(first.as_slice(), payload.as_slice());
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "origin never saw the connection end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let decisions = fx.mediator.decisions()?;
+    assert!(
+        !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),
+        "{decisions:?}"
+    );
+    Ok(())
+}

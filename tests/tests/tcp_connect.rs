@@ -439,3 +439,33 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
     assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     Ok(())
 }
+
+/// The request-head timeout bounds the whole head, however its bytes are spread: a client
+/// that sends its first byte late and the rest slowly is closed when the timeout, counted
+/// from the connection, ends (not a fresh timeout after the first byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte() -> Result<()> {
+    let fx = Fixture::start(|b| b.authority(agent_a_spec()).timeout("request_head", 2)).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let opened = std::time::Instant::now();
+    // The first byte well inside the timeout; a fresh timeout from it would end at 3.8 s.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    conn.send(b"C").await?;
+    // Trickle the rest, one byte per 200 ms, until the mediator closes.
+    let rest = format!("ONNECT {} HTTP/1.1\r\nHost: x\r\n", fx.origin_target());
+    let mut closed = false;
+    for b in rest.bytes() {
+        if conn.send(&[b]).await.is_err() || conn.closes_within(Duration::from_millis(200)).await {
+            closed = true;
+            break;
+        }
+    }
+    let took = opened.elapsed();
+    ensure!(closed, "the mediator never closed the trickling connection");
+    ensure!(
+        took < Duration::from_millis(3000),
+        "closed after {took:?}; the head timeout is 2 s from the connection"
+    );
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
