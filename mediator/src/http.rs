@@ -88,7 +88,11 @@ where
         // (below), as any other response, and the connection stays usable.
         match connect_fast(&mut io, &shared, &ctx, &target, proxy_authorization).await {
             Fast::Allowed(connected, target, ctx) => {
-                let early = buf[head_len..].to_vec();
+                let mut early = buf;
+                early.drain(..head_len);
+                // The head buffer must not outlive the head: a tunnel keeps only its
+                // early bytes (usually none).
+                early.shrink_to_fit();
                 crate::tunnel::run(io, early, connected, &target, shared, &ctx, "connect").await;
                 return;
             }

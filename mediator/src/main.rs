@@ -9,12 +9,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sha2::{Digest, Sha256};
 
-/// mimalloc: per-thread free lists make the many small, short-lived allocations of a
-/// connection (futures, buffers, records) cheaper than glibc's malloc, and it returns
-/// freed pages to the system, so RSS falls again after a burst of tunnels.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Attributable egress mediator.
 #[derive(Debug, Parser)]
 #[command(name = "mediator", version, about)]

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use crate::rewind::Rewind;
 
-/// First buffer size per direction: an idle or chatty tunnel never needs more.
+/// First buffer size per direction: a chatty tunnel never needs more.
 const BUF_START: usize = 2 * 1024;
 /// Largest buffer per direction: a read that fills the buffer grows it (x4) up to this,
 /// so bulk transfers make few, large system calls.
@@ -340,7 +340,11 @@ async fn pump_sockets(
     state: &State,
     end_name: &'static str,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; BUF_START];
+    // The buffer exists only while bytes flow: it is allocated when the socket is readable
+    // and freed when a read finds it drained, so an idle tunnel holds no buffer at all.
+    // `size` remembers how large the traffic made it (it grows while reads fill it).
+    let mut buf: Vec<u8> = Vec::new();
+    let mut size = BUF_START;
     let mut pipe: Option<Pipe> = None;
     // `spliced`: bytes have gone through the pipe; `refused`: splice is not for us.
     let (mut spliced, mut refused) = (false, false);
@@ -353,12 +357,10 @@ async fn pump_sockets(
                 // read passes (the urgent byte is dropped, as by a plain read): read once
                 // through a buffer. A 0 here is the real end of the stream.
                 Ok(Spliced::Nothing) => {
-                    if buf.is_empty() {
-                        buf = vec![0u8; BUF_START];
-                    }
-                    match from.try_read(&mut buf) {
+                    let mut one = vec![0u8; BUF_START];
+                    match from.try_read(&mut one) {
                         Ok(0) => break,
-                        Ok(n) => write_all(to, &buf[..n], count, state).await?,
+                        Ok(n) => write_all(to, &one[..n], count, state).await?,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
@@ -367,23 +369,28 @@ async fn pump_sockets(
                 Err(e) if !spliced && e.kind() == io::ErrorKind::Unsupported => {
                     pipe = None;
                     refused = true;
-                    buf = vec![0u8; BUF_MAX];
                 }
                 Err(e) => return Err(e),
             }
             continue;
         }
         from.ready(Interest::READABLE).await?;
+        if buf.len() != size {
+            buf = vec![0u8; size];
+        }
         let n = match from.try_read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf = Vec::new(); // drained: idle until the next readiness
+                continue;
+            }
             Err(e) => return Err(e),
         };
         write_all(to, &buf[..n], count, state).await?;
-        if n == buf.len() {
-            if buf.len() < BUF_MAX {
-                buf = vec![0u8; (buf.len() * 4).min(BUF_MAX)];
+        if n == size {
+            if size < BUF_MAX {
+                size = (size * 4).min(BUF_MAX);
             } else if !refused {
                 // A bulk transfer: move to splice; the buffer is no longer needed.
                 match Pipe::new() {

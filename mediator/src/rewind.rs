@@ -41,6 +41,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
             let n = buf.remaining().min(self.prefix.len());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // Release the buffer now: the stream may live for hours as a tunnel.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
