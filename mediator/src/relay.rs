@@ -351,7 +351,17 @@ async fn pump_sockets(
     loop {
         if let Some(p) = &pipe {
             match splice_once(from, to, p, count, state).await {
-                Ok(Spliced::Moved) => spliced = true,
+                Ok(Spliced::Moved { trickled }) => {
+                    spliced = true;
+                    if trickled {
+                        // The reader takes bytes in driblets: each splice into its socket
+                        // moves a few bytes and wakes us again, where a buffered write
+                        // waits for a third of the send buffer. The bottleneck is the
+                        // reader, so splicing gains nothing: copy from now on.
+                        pipe = None;
+                        refused = true;
+                    }
+                }
                 // splice(2) moved nothing although the socket was readable (or at its
                 // end). It never moves past TCP urgent data (the "mark"), which only a
                 // read passes (the urgent byte is dropped, as by a plain read): read once
@@ -448,6 +458,10 @@ const PIPE_SIZE: usize = 256 * 1024;
 /// kernel hands out 8 KiB pipes once a user exceeds `/proc/sys/fs/pipe-user-pages-soft`.
 const PIPE_MIN: usize = 64 * 1024;
 
+/// Splices needed to empty one chunk out of the pipe beyond which the reader counts as
+/// slow (a fast reader takes a chunk in one to three).
+const TRICKLE_CALLS: usize = 16;
+
 /// The most bytes one splice moves towards a Unix socket.
 const UNIX_CHUNK: usize = 64 * 1024;
 
@@ -467,8 +481,12 @@ impl Pipe {
 
 /// What one [`splice_once`] did.
 enum Spliced {
-    /// Bytes went from `from` through the pipe to `to` (counted as they landed).
-    Moved,
+    /// Bytes went from `from` through the pipe to `to` (counted as they landed);
+    /// `trickled`: `to` took them in many small pieces (a slow reader).
+    Moved {
+        /// More than [`TRICKLE_CALLS`] splices were needed to empty the pipe.
+        trickled: bool,
+    },
     /// Nothing moved: `from` was at its end, at TCP urgent data, or had no bytes after all.
     Nothing,
 }
@@ -504,6 +522,7 @@ async fn splice_once(
         Err(e) => return Err(e),
     };
     let mut left = n;
+    let mut calls = 0usize;
     while left > 0 {
         to.ready(Interest::WRITABLE).await?;
         // The pipe holds `left` bytes, so EAGAIN can only mean the socket is full.
@@ -512,13 +531,16 @@ async fn splice_once(
         }) {
             Ok(m) => {
                 left -= m;
+                calls += 1;
                 state.moved(count, m);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(Spliced::Moved)
+    Ok(Spliced::Moved {
+        trickled: calls > TRICKLE_CALLS,
+    })
 }
 
 #[cfg(test)]
