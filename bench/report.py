@@ -45,7 +45,8 @@ def machine():
             return "?"
 
     rev = cmd("git", "rev-parse", "--short", "HEAD") or "?"
-    if cmd("git", "status", "--porcelain"):
+    # bench/results is rewritten by this very run: changes there do not count.
+    if cmd("git", "status", "--porcelain", "--", ".", ":(exclude)bench/results"):
         rev += " (with uncommitted changes)"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

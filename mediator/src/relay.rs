@@ -367,12 +367,8 @@ async fn pump_sockets(
                 // read passes (the urgent byte is dropped, as by a plain read): read once
                 // through a buffer. A 0 here is the real end of the stream.
                 Ok(Spliced::Nothing) => {
-                    let mut one = vec![0u8; BUF_START];
-                    match from.try_read(&mut one) {
-                        Ok(0) => break,
-                        Ok(n) => write_all(to, &one[..n], count, state).await?,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
+                    if drain_by_reading(from, to, count, state).await? {
+                        break;
                     }
                 }
                 // Nothing is in the pipe yet: copying loses no byte.
@@ -417,6 +413,31 @@ async fn pump_sockets(
     // Pass the half-close on; the other direction keeps going.
     let _ = to.shutdown_write();
     Ok(())
+}
+
+/// Reads `from` dry with plain `recv(2)` calls and writes what comes to `to`; true at the
+/// end of the stream. Used when splice(2) moved nothing although `from` was readable: it
+/// stops at TCP urgent data (the "mark"), which a read passes (dropping the urgent byte,
+/// as any plain read does). The reads bypass tokio's readiness (which splice's EAGAIN has
+/// just cleared), and go on until EAGAIN, so that waiting for the next readiness edge
+/// cannot miss bytes already queued.
+async fn drain_by_reading(
+    from: Sock<'_>,
+    to: Sock<'_>,
+    count: &AtomicU64,
+    state: &State,
+) -> io::Result<bool> {
+    let mut buf = vec![0u8; BUF_MAX];
+    loop {
+        let fd = from.fd().as_raw_fd();
+        match nix::sys::socket::recv(fd, &mut buf, nix::sys::socket::MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => return Ok(true),
+            Ok(n) => write_all(to, &buf[..n], count, state).await?,
+            Err(nix::errno::Errno::EAGAIN) => return Ok(false),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Writes all of `bytes`, counting each write as it lands (a relay cancelled mid-write
