@@ -367,7 +367,8 @@ async fn pump_sockets(
                 // read passes (the urgent byte is dropped, as by a plain read): read once
                 // through a buffer. A 0 here is the real end of the stream.
                 Ok(Spliced::Nothing) => {
-                    if drain_by_reading(from, to, count, state).await? {
+                    // Boxed: rare, and every tunnel task would carry it inline.
+                    if Box::pin(drain_by_reading(from, to, count, state)).await? {
                         break;
                     }
                 }
