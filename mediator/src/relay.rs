@@ -202,8 +202,6 @@ struct State {
     last: AtomicU64,
     up: AtomicU64,
     down: AtomicU64,
-    /// Unused count for activity seen only as a draining send queue.
-    drained: AtomicU64,
     first_end: OnceLock<&'static str>,
 }
 
@@ -214,13 +212,17 @@ impl State {
             last: AtomicU64::new(0),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
-            drained: AtomicU64::new(0),
             first_end: OnceLock::new(),
         }
     }
 
     fn moved(&self, count: &AtomicU64, n: usize) {
         count.fetch_add(n as u64, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Records activity now (resets the idle clock).
+    fn touch(&self) {
         let since = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(since, Ordering::Relaxed);
     }
@@ -261,7 +263,7 @@ async fn idle_watch(state: &State, idle: Duration, socks: Option<(Sock<'_>, Sock
                 return;
             }
             last_queued = now_queued;
-            state.moved(&state.drained, 0);
+            state.touch();
             continue;
         }
         tokio::time::sleep_until(deadline).await;

@@ -222,3 +222,31 @@ pub fn check_tcp_peer(line: &Value) -> Result<()> {
     );
     Ok(())
 }
+
+/// A loopback listener (backlog 1, never accepting) whose accept queue is full, so the
+/// kernel drops further SYNs and a connect to it hangs. Keep both values alive while the
+/// stall is needed.
+///
+/// # Errors
+/// Binding fails, or the queue cannot be filled.
+pub async fn stalled_loopback_listener()
+-> Result<(tokio::net::TcpListener, Vec<tokio::net::TcpStream>)> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind("127.0.0.1:0".parse()?)?;
+    let listener = socket.listen(1)?;
+    let addr = listener.local_addr()?;
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Ok((listener, held)),
+        }
+    }
+    anyhow::bail!("could not fill the accept queue of {addr}")
+}

@@ -221,28 +221,8 @@ async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close()
 async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<()> {
     // A listener with backlog 1 that never accepts: once its queue is full the kernel drops
     // further SYNs, so the mediator's connect waits (up to its 30 s timeout).
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind("127.0.0.1:0".parse()?)?;
-    let listener = socket.listen(1)?;
+    let (listener, held) = e2e::stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
-    let mut held = Vec::new();
-    let mut full = false;
-    for _ in 0..16 {
-        match tokio::time::timeout(
-            Duration::from_millis(300),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        {
-            Ok(Ok(s)) => held.push(s),
-            Ok(Err(e)) => return Err(e.into()),
-            Err(_) => {
-                full = true;
-                break;
-            }
-        }
-    }
-    ensure!(full, "could not fill the accept queue of {addr}");
 
     let mut fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(30)).await?;
     let mut conn = fx.tcp_conn().await?;

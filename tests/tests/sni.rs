@@ -62,6 +62,22 @@ async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec
     Ok((seen, port))
 }
 
+/// The bytes of the first connection the recording origin saw end (waits up to 8 s; the
+/// origin itself records after EOF or 3 s).
+async fn first_recorded(seen: &Mutex<Vec<Vec<u8>>>) -> Result<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        if let Some(first) = seen.lock().unwrap().first() {
+            return Ok(first.clone());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "origin never saw the connection end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn fixture(ip: IpAddr) -> Result<Fixture> {
     let fx = Fixture::start(|b| {
         b.authority(
@@ -133,18 +149,8 @@ async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_by
     assert_eq!(close["reason"], "sni_mismatch", "{close}");
     // The origin got a connection (the mediator connects before answering 200) but
     // not one byte of the fronted ClientHello.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(first) = seen.lock().unwrap().first() {
-            assert!(first.is_empty(), "origin received {} bytes", first.len());
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "origin never saw the connection end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let first = first_recorded(&seen).await?;
+    assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
 }
 
@@ -166,14 +172,7 @@ async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Res
     ])
     .await?;
     ensure!(out.http_connect == 200, "{out:?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    let hello = loop {
-        if let Some(first) = seen.lock().unwrap().first().cloned() {
-            break first;
-        }
-        ensure!(tokio::time::Instant::now() < deadline, "origin saw nothing");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let hello = first_recorded(&seen).await?;
     ensure!(
         hello.first() == Some(&0x16),
         "a TLS handshake record arrived: {hello:02x?}"
@@ -213,14 +212,7 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
         conn.closes_within(Duration::from_secs(5)).await,
         "the tunnel stays open"
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let got = loop {
-        if let Some(first) = seen.lock().unwrap().first().cloned() {
-            break first;
-        }
-        ensure!(tokio::time::Instant::now() < deadline, "origin saw nothing");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let got = first_recorded(&seen).await?;
     assert!(got.is_empty(), "origin received {got:?}");
     Ok(())
 }
@@ -261,18 +253,8 @@ async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
         .wait_for_decision("sni_mismatch", Some(FRONT))
         .await?;
     assert_eq!(line["port"], port);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
-    loop {
-        if let Some(first) = seen.lock().unwrap().first() {
-            assert!(first.is_empty(), "origin received {} bytes", first.len());
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "origin never saw the connection end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let first = first_recorded(&seen).await?;
+    assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
 }
 
@@ -340,18 +322,8 @@ async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     let payload = b"\x16\x42binary protocol, not TLS";
     conn.send(payload).await?;
     conn.shutdown_write().await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
-    loop {
-        if let Some(first) = seen.lock().unwrap().first() {
-            assert_eq!(first.as_slice(), payload.as_slice());
-            break;
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "origin never saw the connection end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let first = first_recorded(&seen).await?;
+    assert_eq!(first.as_slice(), payload.as_slice());
     let decisions = fx.mediator.decisions()?;
     assert!(
         !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),

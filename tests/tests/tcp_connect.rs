@@ -262,28 +262,8 @@ async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> 
 async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() -> Result<()> {
     // A listener with backlog 1 that never accepts: once its accept queue is full the
     // kernel drops further SYNs, so the mediator's connect hangs until its timeout.
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind("127.0.0.1:0".parse()?)?;
-    let listener = socket.listen(1)?;
+    let (listener, held) = e2e::stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
-    let mut held = Vec::new();
-    let mut full = false;
-    for _ in 0..16 {
-        match tokio::time::timeout(
-            Duration::from_millis(300),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        {
-            Ok(Ok(s)) => held.push(s),
-            Ok(Err(e)) => return Err(e.into()),
-            Err(_) => {
-                full = true;
-                break;
-            }
-        }
-    }
-    ensure!(full, "could not fill the accept queue of {addr}");
 
     let fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(1)).await?;
     let mut conn = fx.tcp_conn().await?;
