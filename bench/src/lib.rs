@@ -6,6 +6,7 @@
 //! Every address this crate connects to or listens on must be a loopback address: see
 //! [`require_loopback`].
 
+#[allow(unsafe_code)] // sysconf(3) for the clock tick
 pub mod procstat;
 pub mod via;
 

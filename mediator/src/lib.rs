@@ -24,6 +24,7 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod pipeline;
+#[allow(unsafe_code)] // the SIOCOUTQ ioctl (send-queue length), one SAFETY-commented block
 pub mod relay;
 pub mod resolve;
 pub mod rewind;

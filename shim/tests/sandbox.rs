@@ -16,7 +16,9 @@
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::zombie_processes,
-    missing_docs
+    missing_docs,
+    // The probe issues raw system calls that the sandbox must refuse.
+    unsafe_code
 )]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -111,7 +113,7 @@ fn probe(args: &[String]) -> i32 {
         "unshare-net" => nix_result(nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)),
         "io-uring" => {
             let mut params = [0u8; 120];
-            // SAFETY (test): io_uring_setup reads/writes our 120-byte params buffer only.
+            // SAFETY: io_uring_setup reads/writes our 120-byte params buffer only.
             let rc = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4, params.as_mut_ptr()) };
             if rc < 0 {
                 format!("err:{:?}", nix::errno::Errno::last())
@@ -120,7 +122,7 @@ fn probe(args: &[String]) -> i32 {
             }
         }
         "clone3" => {
-            // SAFETY (test): a NULL clone_args with size 0 makes no memory access; only
+            // SAFETY: a NULL clone_args with size 0 makes no memory access; only
             // the filter's answer matters.
             let rc = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
             if rc < 0 {
@@ -130,7 +132,7 @@ fn probe(args: &[String]) -> i32 {
             }
         }
         "x32-getpid" => {
-            // SAFETY (test): getpid through the x32 ABI number; takes no arguments.
+            // SAFETY: getpid through the x32 ABI number; takes no arguments.
             let rc = unsafe { libc::syscall(0x4000_0000 | libc::SYS_getpid) };
             format!("returned {rc}")
         }

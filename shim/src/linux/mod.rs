@@ -13,6 +13,7 @@
 mod fs;
 mod landlock;
 mod seccomp;
+#[allow(unsafe_code)] // every system-call wrapper of the shim; each block has a SAFETY comment
 mod sys;
 
 use std::ffi::{CString, OsString};
