@@ -51,7 +51,7 @@ fn router(rt: &tokio::runtime::Runtime, cache_secs: u64) -> Arc<Router> {
             &config.upstream,
             &[],
             Arc::new(resolver),
-            (Duration::from_secs(5), Duration::from_secs(1)),
+            &config.timeouts,
             |_| None,
         )
         .await

@@ -29,12 +29,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::authorities::{Live, Since};
+use crate::conn::accept::{Listener, accept_loop};
 use crate::control::{Control, CreateError};
-use crate::listener::wait_true;
 
 /// Largest request body accepted, in bytes.
 const MAX_BODY: usize = 64 * 1024;
@@ -46,7 +45,7 @@ type Body = Full<Bytes>;
 
 /// The admin API's state.
 #[derive(Debug)]
-pub struct Admin {
+pub(crate) struct Admin {
     control: Arc<Control>,
     token_sha256: Option<[u8; 32]>,
 }
@@ -54,7 +53,7 @@ pub struct Admin {
 impl Admin {
     /// An admin API over `control`, requiring a bearer token whose SHA-256 is
     /// `token_sha256` when given.
-    pub fn new(control: Arc<Control>, token_sha256: Option<[u8; 32]>) -> Self {
+    pub(crate) fn new(control: Arc<Control>, token_sha256: Option<[u8; 32]>) -> Self {
         Self {
             control,
             token_sha256,
@@ -62,49 +61,17 @@ impl Admin {
     }
 }
 
-/// Serves the admin API on a TCP listener until `stop` turns true.
-pub async fn serve_tcp(listener: TcpListener, admin: Arc<Admin>, mut stop: watch::Receiver<bool>) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = wait_true(&mut stop) => return,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                tokio::spawn(serve_conn(stream, Arc::clone(&admin), stop.clone()));
-            }
-            Err(e) => {
-                tracing::warn!("admin accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    }
+/// Serves the admin API on `listener` (its TCP listener or its own Unix socket) until
+/// `stop` is cancelled.
+pub(crate) async fn serve<L: Listener>(listener: L, admin: Arc<Admin>, stop: CancellationToken) {
+    let connections = stop.clone();
+    accept_loop(listener, stop, "the admin API", |io, _peer| {
+        tokio::spawn(serve_conn(io, Arc::clone(&admin), connections.clone()));
+    })
+    .await;
 }
 
-/// Serves the admin API on its Unix socket until `stop` turns true.
-pub async fn serve_unix(
-    listener: UnixListener,
-    admin: Arc<Admin>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            () = wait_true(&mut stop) => return,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                tokio::spawn(serve_conn(stream, Arc::clone(&admin), stop.clone()));
-            }
-            Err(e) => {
-                tracing::warn!("admin accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn serve_conn<S>(io: S, admin: Arc<Admin>, mut stop: watch::Receiver<bool>)
+async fn serve_conn<S>(io: S, admin: Arc<Admin>, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -124,7 +91,7 @@ where
                 tracing::debug!("admin connection ended: {e}");
             }
         }
-        () = wait_true(&mut stop) => {
+        () = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
@@ -158,7 +125,7 @@ async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
         }
         (&Method::GET, ["healthz"]) => text(StatusCode::OK, "ok\n"),
         (&Method::GET, ["readyz"]) => {
-            if *shared.draining.borrow() {
+            if shared.signals.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
             } else {
                 text(StatusCode::OK, "ready\n")

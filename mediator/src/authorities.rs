@@ -13,18 +13,22 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use policy::Reason;
 use policy::config::Authority;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::signal::Signals;
+use crate::vocab::{Protocol, serialize_reason};
 
 /// Denials kept per authority for `GET /v1/authorities/<name>/denials`.
-pub const DENIAL_RING: usize = 256;
+pub(crate) const DENIAL_RING: usize = 256;
 
 /// Where an authority came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Origin {
+pub(crate) enum Origin {
     /// The configuration file (at start or by a reload).
     Config,
     /// `POST /v1/authorities`.
@@ -33,28 +37,29 @@ pub enum Origin {
 
 /// One recent denial of an authority.
 #[derive(Debug, Clone, Serialize)]
-pub struct DenialEntry {
+pub(crate) struct DenialEntry {
     /// The decision id (as in the decision log).
-    pub id: u64,
+    pub(crate) id: u64,
     /// RFC 3339 timestamp.
-    pub ts: String,
-    /// `connect`, `http`, `socks5` or `tls`.
-    pub protocol: &'static str,
+    pub(crate) ts: String,
+    /// The protocol of the decision.
+    pub(crate) protocol: Protocol,
     /// Canonical (or escaped raw) host.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// Port.
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// Reason (design section 4.3).
-    pub reason: &'static str,
+    #[serde(serialize_with = "serialize_reason")]
+    pub(crate) reason: Reason,
     /// The rule that decided, if any.
-    pub rule: Option<String>,
+    pub(crate) rule: Option<String>,
     /// Human detail.
-    pub detail: String,
+    pub(crate) detail: String,
 }
 
 /// A bounded ring of denials; the oldest are dropped (and counted) when full.
 #[derive(Debug, Default)]
-pub struct DenialRing {
+pub(crate) struct DenialRing {
     entries: VecDeque<DenialEntry>,
     dropped: u64,
 }
@@ -71,7 +76,7 @@ impl DenialRing {
 
 /// Which denials to return.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Since {
+pub(crate) enum Since {
     /// Every denial kept.
     All,
     /// Denials with a decision id greater than this.
@@ -82,31 +87,36 @@ pub enum Since {
 
 /// A live authority.
 #[derive(Debug)]
-pub struct Live {
+pub(crate) struct Live {
     /// The frozen authority (grant, token hash, socket settings, watchdog).
-    pub authority: Arc<Authority>,
+    pub(crate) authority: Arc<Authority>,
     /// Generation number, unique within this process; a re-created authority gets a new one.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Where it came from.
-    pub origin: Origin,
+    pub(crate) origin: Origin,
     /// SHA-256 (hex) of the grant as held (see [`grant_digest`]).
-    pub digest: String,
+    pub(crate) digest: String,
     /// When it was added (RFC 3339).
-    pub created: String,
+    pub(crate) created: String,
     /// Its Unix socket, if it has one.
-    pub socket: Option<PathBuf>,
-    stop: watch::Sender<bool>,
-    closing: watch::Sender<bool>,
+    pub(crate) socket: Option<PathBuf>,
+    /// Cancelled when the authority's listener must stop (revocation), or the mediator
+    /// drains.
+    stop: CancellationToken,
+    /// Cancelled when the authority's live connections must close: revoke grace over, or
+    /// shutdown grace over.
+    closing: CancellationToken,
     denials: Mutex<DenialRing>,
 }
 
 impl Live {
-    /// A live authority with fresh signals.
-    pub fn new(
+    /// A live authority whose signals are children of the mediator's `signals`.
+    pub(crate) fn new(
         authority: Arc<Authority>,
         generation: u64,
         origin: Origin,
         socket: Option<PathBuf>,
+        signals: &Signals,
     ) -> Self {
         let digest = grant_digest(&authority);
         Self {
@@ -116,40 +126,40 @@ impl Live {
             digest,
             created: crate::decision_log::now_rfc3339(),
             socket,
-            stop: watch::channel(false).0,
-            closing: watch::channel(false).0,
+            stop: signals.draining.child_token(),
+            closing: signals.closing.child_token(),
             denials: Mutex::new(DenialRing::default()),
         }
     }
 
     /// The name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.authority.grant.name()
     }
 
-    /// Turns true when the authority's listener must stop (revocation).
-    pub fn stop_signal(&self) -> watch::Receiver<bool> {
-        self.stop.subscribe()
+    /// Cancelled when the authority's listener must stop (revocation or draining).
+    pub(crate) fn stop_signal(&self) -> CancellationToken {
+        self.stop.clone()
     }
 
-    /// Turns true when the authority's live connections must close (revoke grace over, or
+    /// Cancelled when the authority's live connections must close (revoke grace over, or
     /// shutdown grace over).
-    pub fn closing_signal(&self) -> watch::Receiver<bool> {
-        self.closing.subscribe()
+    pub(crate) fn closing_signal(&self) -> CancellationToken {
+        self.closing.clone()
     }
 
     /// Stops the listener.
-    pub fn stop_listener(&self) {
-        self.stop.send_replace(true);
+    pub(crate) fn stop_listener(&self) {
+        self.stop.cancel();
     }
 
     /// Closes every live connection.
-    pub fn close_connections(&self) {
-        self.closing.send_replace(true);
+    pub(crate) fn close_connections(&self) {
+        self.closing.cancel();
     }
 
     /// Records a denial.
-    pub fn record_denial(&self, e: DenialEntry) {
+    pub(crate) fn record_denial(&self, e: DenialEntry) {
         self.denials
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -158,7 +168,7 @@ impl Live {
 
     /// The denials kept that match `since`, oldest first, and how many were dropped from
     /// the ring since the authority was added.
-    pub fn denials(&self, since: &Since) -> (Vec<DenialEntry>, u64) {
+    pub(crate) fn denials(&self, since: &Since) -> (Vec<DenialEntry>, u64) {
         let ring = self.denials.lock().unwrap_or_else(PoisonError::into_inner);
         let keep = |e: &&DenialEntry| match since {
             Since::All => true,
@@ -175,7 +185,7 @@ impl Live {
 /// A stable digest of what an authority's grant lets it do, as the mediator holds it:
 /// allow and deny entries (global ones included), `allow_private`, `sni_check`, the token
 /// hash, the watchdog and the socket settings. SHA-256, hex.
-pub fn grant_digest(a: &Authority) -> String {
+pub(crate) fn grant_digest(a: &Authority) -> String {
     let description = serde_json::json!({
         "name": a.grant.name(),
         "allow": a.grant.allow_entries().collect::<Vec<_>>(),
@@ -193,24 +203,24 @@ pub fn grant_digest(a: &Authority) -> String {
 
 /// The live authorities by name.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     map: RwLock<HashMap<String, Arc<Live>>>,
     generations: AtomicU64,
 }
 
 impl Registry {
     /// An empty registry.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The next generation number (1, 2, ...).
-    pub fn next_generation(&self) -> u64 {
+    pub(crate) fn next_generation(&self) -> u64 {
         self.generations.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The live authority named `name`.
-    pub fn get(&self, name: &str) -> Option<Arc<Live>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Live>> {
         self.map
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -219,18 +229,18 @@ impl Registry {
     }
 
     /// The live entry of exactly this authority (same grant object), if it is still live.
-    pub fn live_of(&self, authority: &Authority) -> Option<Arc<Live>> {
+    pub(crate) fn live_of(&self, authority: &Authority) -> Option<Arc<Live>> {
         self.get(authority.grant.name())
             .filter(|l| std::ptr::eq(Arc::as_ptr(&l.authority), authority))
     }
 
     /// Whether exactly this authority (not merely one of the same name) is live.
-    pub fn is_live(&self, authority: &Authority) -> bool {
+    pub(crate) fn is_live(&self, authority: &Authority) -> bool {
         self.live_of(authority).is_some()
     }
 
     /// Every live authority, by name.
-    pub fn list(&self) -> Vec<Arc<Live>> {
+    pub(crate) fn list(&self) -> Vec<Arc<Live>> {
         let mut all: Vec<Arc<Live>> = self
             .map
             .read()
@@ -243,23 +253,18 @@ impl Registry {
     }
 
     /// Number of live authorities.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
 
-    /// Whether no authority is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Adds `live`; gives it back when the name is taken.
     ///
     /// # Errors
     /// The entry itself, when an authority of that name is live.
-    pub fn insert(&self, live: Arc<Live>) -> Result<(), Arc<Live>> {
+    pub(crate) fn insert(&self, live: Arc<Live>) -> Result<(), Arc<Live>> {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
         if map.contains_key(live.name()) {
             return Err(live);
@@ -269,7 +274,7 @@ impl Registry {
     }
 
     /// Removes and returns the authority named `name`.
-    pub fn remove(&self, name: &str) -> Option<Arc<Live>> {
+    pub(crate) fn remove(&self, name: &str) -> Option<Arc<Live>> {
         self.map
             .write()
             .unwrap_or_else(PoisonError::into_inner)

@@ -20,12 +20,13 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::authorities::{Live, Origin};
+use crate::conn::accept::serve_authority;
 use crate::error::Error;
-use crate::listener;
-use crate::pipeline::Shared;
+use crate::shared::Shared;
+use crate::socket_file;
 
 /// Log target of control-plane events.
-pub const TARGET: &str = "mediator::control";
+pub(crate) const TARGET: &str = "mediator::control";
 
 /// Keys of one `[[authority]]` table that `POST /v1/authorities` accepts, plus
 /// `generate_token`.
@@ -33,7 +34,7 @@ const GENERATE_TOKEN: &str = "generate_token";
 
 /// Why an authority could not be created.
 #[derive(Debug)]
-pub enum CreateError {
+pub(crate) enum CreateError {
     /// The body is not an acceptable authority (HTTP 400); every problem, each naming
     /// its field.
     Invalid(Vec<FieldError>),
@@ -45,7 +46,7 @@ pub enum CreateError {
 
 /// A created authority, as `POST /v1/authorities` reports it.
 #[derive(Debug)]
-pub struct Created {
+pub(crate) struct Created {
     /// The live entry.
     pub live: Arc<Live>,
     /// The freshly generated token, when one was asked for (shown once, never stored).
@@ -71,7 +72,7 @@ pub struct ReloadReport {
 
 /// The control plane of one running mediator.
 #[derive(Debug)]
-pub struct Control {
+pub(crate) struct Control {
     shared: Arc<Shared>,
     socket_dir: Option<PathBuf>,
     tcp: Option<SocketAddr>,
@@ -96,7 +97,7 @@ struct Baseline {
 
 impl Control {
     /// A control plane for `shared`.
-    pub fn new(
+    pub(crate) fn new(
         shared: Arc<Shared>,
         socket_dir: Option<PathBuf>,
         tcp: Option<SocketAddr>,
@@ -116,17 +117,17 @@ impl Control {
     }
 
     /// The shared state.
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
     /// The shared TCP listener's address, if any.
-    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp
     }
 
     /// The revoke grace.
-    pub fn revoke_grace(&self) -> Duration {
+    pub(crate) fn revoke_grace(&self) -> Duration {
         self.revoke_grace
     }
 
@@ -136,7 +137,11 @@ impl Control {
     /// # Errors
     /// [`CreateError::Duplicate`] when the name is live, [`CreateError::Listen`] when the
     /// socket cannot be created (nothing is left behind).
-    pub fn add(&self, authority: Authority, origin: Origin) -> Result<Arc<Live>, CreateError> {
+    pub(crate) fn add(
+        &self,
+        authority: Authority,
+        origin: Origin,
+    ) -> Result<Arc<Live>, CreateError> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         self.add_locked(authority, origin)
     }
@@ -148,7 +153,8 @@ impl Control {
         }
         let (listener, socket) = match &self.socket_dir {
             Some(dir) => {
-                let (l, p) = listener::bind_unix(dir, &authority).map_err(CreateError::Listen)?;
+                let (l, p) =
+                    socket_file::bind_authority(dir, &authority).map_err(CreateError::Listen)?;
                 (Some(l), Some(p))
             }
             None => (None, None),
@@ -159,6 +165,7 @@ impl Control {
             generation,
             origin,
             socket.clone(),
+            &self.shared.signals,
         ));
         if let Err(live) = self.shared.authorities.insert(Arc::clone(&live)) {
             // Unreachable while `op` is held, but never leave a socket behind.
@@ -169,9 +176,8 @@ impl Control {
         self.shared
             .metrics
             .set_authorities(self.shared.authorities.len());
-        watch_shutdown(&self.shared, &live);
         if let Some(l) = listener {
-            tokio::spawn(listener::accept_unix(
+            tokio::spawn(serve_authority(
                 l,
                 Arc::clone(&live),
                 Arc::clone(&self.shared),
@@ -190,7 +196,7 @@ impl Control {
     /// Revokes the authority named `name`: out of the live set, listener stopped and socket
     /// file removed at once, live connections closed after the revoke grace. Returns the
     /// revoked entry, or `None` when no such authority is live.
-    pub fn revoke(&self, name: &str) -> Option<Arc<Live>> {
+    pub(crate) fn revoke(&self, name: &str) -> Option<Arc<Live>> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         self.api_tables
             .lock()
@@ -228,7 +234,7 @@ impl Control {
     ///
     /// # Errors
     /// As [`Self::add`], and [`CreateError::Invalid`] naming each bad field.
-    pub fn create_from_json(&self, body: &Value) -> Result<Created, CreateError> {
+    pub(crate) fn create_from_json(&self, body: &Value) -> Result<Created, CreateError> {
         let invalid = |field: &str, message: String| {
             CreateError::Invalid(vec![FieldError {
                 field: field.to_owned(),
@@ -302,7 +308,7 @@ impl Control {
 
     /// Records the configuration text the running set was built from, so that a later
     /// [`Self::reload`] can tell which authorities changed. Called once after start.
-    pub fn set_baseline(&self, text: &str) {
+    pub(crate) fn set_baseline(&self, text: &str) {
         let baseline = fingerprints(text);
         *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(baseline);
     }
@@ -316,7 +322,7 @@ impl Control {
     ///
     /// The caller validates first: a file that does not parse or validate never gets here,
     /// so it changes nothing.
-    pub fn reload(&self, config: Config, text: &str) -> ReloadReport {
+    pub(crate) fn reload(&self, config: Config, text: &str) -> ReloadReport {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         let new = fingerprints(text);
         let old = self
@@ -468,20 +474,6 @@ impl Control {
         }
         report
     }
-}
-
-/// When the shutdown grace is over, close the authority's connections too (tunnels
-/// watch their authority's signal, see [`crate::pipeline::Connected::closing`]).
-fn watch_shutdown(shared: &Shared, live: &Arc<Live>) {
-    let mut global = shared.closing.clone();
-    let mut own = live.closing_signal();
-    let live = Arc::clone(live);
-    tokio::spawn(async move {
-        tokio::select! {
-            () = listener::wait_true(&mut global) => live.close_connections(),
-            () = listener::wait_true(&mut own) => {}
-        }
-    });
 }
 
 fn remove_socket(path: Option<&PathBuf>) {

@@ -10,11 +10,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Shared byte counters: (written = up, read = down).
 #[derive(Debug, Clone, Default)]
-pub struct Counters(Arc<(AtomicU64, AtomicU64)>);
+pub(crate) struct Counters(Arc<(AtomicU64, AtomicU64)>);
 
 impl Counters {
     /// `(bytes written, bytes read)` so far.
-    pub fn get(&self) -> (u64, u64) {
+    pub(crate) fn get(&self) -> (u64, u64) {
         (
             self.0.0.load(Ordering::Relaxed),
             self.0.1.load(Ordering::Relaxed),
@@ -24,14 +24,14 @@ impl Counters {
 
 /// Wraps `S`, counting bytes written (up) and read (down).
 #[derive(Debug)]
-pub struct Counting<S> {
+pub(crate) struct Counting<S> {
     inner: S,
     counters: Counters,
 }
 
 impl<S> Counting<S> {
     /// Wraps `inner`.
-    pub fn new(inner: S) -> Self {
+    pub(crate) fn new(inner: S) -> Self {
         Self {
             inner,
             counters: Counters::default(),
@@ -39,7 +39,7 @@ impl<S> Counting<S> {
     }
 
     /// A handle to the counters, readable after the stream is gone.
-    pub fn counters(&self) -> Counters {
+    pub(crate) fn counters(&self) -> Counters {
         self.counters.clone()
     }
 }

@@ -17,7 +17,11 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use policy::{Reason, Verdict};
+
+use crate::denial::Cause;
 use crate::error::Error;
+use crate::vocab::{Channel, CloseReason, Event, Protocol, serialize_reason, serialize_verdict};
 
 /// How a connection proved its authority, with the peer it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,12 +42,12 @@ pub enum Peer {
 }
 
 impl Peer {
-    /// The `channel` field: `"unix"`, `"tcp"` or `"embedded"`.
-    pub fn channel(&self) -> &'static str {
+    /// The `channel` field.
+    pub fn channel(&self) -> Channel {
         match self {
-            Self::Unix { .. } => "unix",
-            Self::Tcp(_) => "tcp",
-            Self::Embedded => "embedded",
+            Self::Unix { .. } => Channel::Unix,
+            Self::Tcp(_) => Channel::Tcp,
+            Self::Embedded => Channel::Embedded,
         }
     }
 }
@@ -65,12 +69,13 @@ impl Serialize for Peer {
     }
 }
 
-/// One decision-log line. `event` is `"decision"` or `"close"`; close-only fields are
-/// omitted on decision lines.
+/// One decision-log line (design section 10): a decision, or the close of an allowed
+/// connection. Close-only fields are omitted on decision lines. Every field that code
+/// branches on is typed; strings appear only when the record is serialised.
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
-    /// `"decision"` or `"close"`.
-    pub event: &'static str,
+    /// A decision or a close.
+    pub event: Event,
     /// RFC 3339 UTC timestamp with milliseconds.
     pub ts: String,
     /// Decision id, unique within this mediator process.
@@ -79,27 +84,34 @@ pub struct Record {
     pub conn: u64,
     /// Authority name; `None` when the channel did not establish one.
     pub authority: Option<String>,
-    /// `"unix"`, `"tcp"` or `"embedded"`.
-    pub channel: &'static str,
+    /// The channel the connection came in on.
+    pub channel: Channel,
     /// Peer credentials (unix) or address (tcp).
     pub peer: Peer,
-    /// `"connect"`, `"http"`, `"socks5"` or `"tls"` (a request inside a terminated tunnel).
-    pub protocol: &'static str,
+    /// The front-end (or `tls` for a request inside a terminated tunnel).
+    pub protocol: Protocol,
     /// Canonical host, or the raw target (escaped) when it could not be canonicalised.
     pub host: Option<String>,
     /// Destination port.
     pub port: Option<u16>,
-    /// `"allow"` or `"deny"`.
-    pub decision: &'static str,
+    /// Allow or deny.
+    #[serde(serialize_with = "serialize_verdict")]
+    pub decision: Verdict,
     /// Reason (design section 4.3).
-    pub reason: &'static str,
+    #[serde(serialize_with = "serialize_reason")]
+    pub reason: Reason,
     /// The grant entry that decided, as written.
     pub rule: Option<String>,
     /// Human-readable detail.
     pub detail: String,
+    /// What exactly failed, when the reason alone does not say how the client was
+    /// answered (not logged: [`crate::Denial::http_status`] and
+    /// [`crate::Denial::socks_rep`] derive the wire answer from it).
+    #[serde(skip)]
+    pub cause: Cause,
     /// The vetted address connected to.
     pub pin: Option<String>,
-    /// `"direct"` (or a parent, later).
+    /// `"direct"` or the parent proxy taken.
     pub route: Option<String>,
     /// Time spent resolving, in milliseconds.
     pub dns_ms: Option<f64>,
@@ -114,17 +126,22 @@ pub struct Record {
     /// Close lines: connection lifetime in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
-    /// Close lines: `client_closed`, `upstream_closed`, `idle_timeout`, `error`, `shutdown`.
+    /// Close lines: why it closed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub close_reason: Option<&'static str>,
-    /// Requests inside a TLS-terminated tunnel (`protocol: "tls"`): the method.
+    pub close_reason: Option<CloseReason>,
+    /// Requests inside a TLS-terminated tunnel (`protocol: "tls"`) and plain requests to
+    /// a terminated host: the method.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
-    /// Requests inside a TLS-terminated tunnel: the path, its query replaced by
-    /// `?<redacted>`.
+    /// The same requests' path, its query replaced by `?<redacted>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
 }
+
+/// Called with every record before it is queued (the shim's embedded mode collects its
+/// run's denials this way, typed, without re-reading the log). It runs on the connection's
+/// task: it must be quick and must not block.
+pub type Tap = Arc<dyn Fn(&Record) + Send + Sync>;
 
 /// Where the log goes.
 #[derive(Debug, Clone)]
@@ -139,9 +156,18 @@ pub enum Sink {
 
 /// Handle to the decision log; cheap to clone. The writer thread ends (after writing
 /// every queued line) when the last handle is dropped.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DecisionLog {
     handle: Arc<Handle>,
+    tap: Option<Tap>,
+}
+
+impl std::fmt::Debug for DecisionLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecisionLog")
+            .field("tap", &self.tap.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The producers' side; its drop tells the writer that no line will follow.
@@ -219,11 +245,22 @@ impl DecisionLog {
             .spawn(move || writer(&for_writer, out))?;
         Ok(Self {
             handle: Arc::new(Handle(queue)),
+            tap: None,
         })
+    }
+
+    /// The same log, calling `tap` with every record before it is queued.
+    #[must_use]
+    pub fn with_tap(mut self, tap: Option<Tap>) -> Self {
+        self.tap = tap;
+        self
     }
 
     /// Appends one record. Blocks only if the writer is more than 8 MiB behind.
     pub fn write(&self, record: &Record) {
+        if let Some(tap) = &self.tap {
+            tap(record);
+        }
         let queue = &self.handle.0;
         let mut state = queue.lock();
         while state.buf.len() >= QUEUE_BYTES && !state.closed {

@@ -56,7 +56,11 @@ pub async fn run() -> Result<(), Error> {
         .replace("@HASH@", &hash);
     let config = policy::config::parse(&text, "<demo config>")?;
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let running = crate::start(config, Some(Sink::Memory(Arc::clone(&lines)))).await?;
+    let options = crate::Options {
+        sink: Some(Sink::Memory(Arc::clone(&lines))),
+        tap: None,
+    };
+    let running = crate::start(config, options).await?;
     let Some(tcp) = running.tcp_addr() else {
         return Err(Error::Io(std::io::Error::other("demo has no TCP listener")));
     };

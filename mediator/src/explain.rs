@@ -1,17 +1,20 @@
 //! `mediator explain`: what the mediator would decide for one authority and one target,
-//! computed by the same steps as live traffic ([`crate::pipeline::decide_and_vet`]: the
-//! grant's name decision, then, with `--resolve`, one resolution with the configured
-//! resolver and vetting of every address). It never connects to the destination, and the
-//! watchdog (which can only narrow an allow) is not asked.
+//! computed by the same steps as live traffic (`conn::establish::decide_and_vet`: the
+//! grant's name decision, then one resolution with the configured resolver and vetting of
+//! every address, unless `--no-resolve` asks for the name decision alone). It never
+//! connects to the destination, and the watchdog (which can only narrow an allow) is not
+//! asked.
 
 use std::net::IpAddr;
 
 use policy::config::Config;
-use policy::{AddrClass, OwnAddrs, Target, canonicalize_host, classify, parse_authority_form};
+use policy::{
+    AddrClass, OwnAddrs, Reason, Target, Verdict, canonicalize_host, classify, parse_authority_form,
+};
 use serde::Serialize;
 
+use crate::conn::establish::{Vetted, decide_and_vet};
 use crate::error::Error;
-use crate::pipeline::decide_and_vet;
 use crate::resolve::Resolver;
 
 /// The port assumed when the target names none (HTTPS, the common CONNECT case).
@@ -41,17 +44,20 @@ pub struct Explanation {
     pub host: Option<String>,
     /// The port.
     pub port: Option<u16>,
-    /// `allow` or `deny`.
-    pub decision: &'static str,
+    /// Allow or deny.
+    #[serde(serialize_with = "crate::vocab::serialize_verdict")]
+    pub decision: Verdict,
     /// Reason (design section 4.3).
-    pub reason: &'static str,
+    #[serde(serialize_with = "crate::vocab::serialize_reason")]
+    pub reason: Reason,
     /// The grant entry that decided, if any.
     pub rule: Option<String>,
     /// Human detail.
     pub detail: String,
     /// What would make it work (denials).
     pub hint: String,
-    /// Whether addresses were resolved (`--resolve`).
+    /// Whether the name was resolved (and its addresses vetted); `false` with
+    /// `--no-resolve`, when the decision is the grant's name decision alone.
     pub resolved: bool,
     /// Each resolved address, with its class.
     pub addresses: Vec<AddressInfo>,
@@ -62,7 +68,8 @@ pub struct Explanation {
 }
 
 /// Explains the decision for `authority` and `target` (`host[:port]`, IPv6 bracketed)
-/// under `config`; with `resolve`, resolves the name as live traffic would.
+/// under `config`; with `resolve`, resolves the name and vets its addresses as live
+/// traffic would (without, the answer is the grant's name decision alone and says so).
 ///
 /// # Errors
 /// [`Error::Control`] when the authority does not exist; [`Error::Resolver`] when the
@@ -90,8 +97,8 @@ pub async fn explain(
         input: target.to_owned(),
         host: None,
         port: None,
-        decision: "deny",
-        reason: policy::Reason::MalformedTarget.as_str(),
+        decision: Verdict::Deny,
+        reason: Reason::MalformedTarget,
         rule: None,
         detail: String::new(),
         hint: String::new(),
@@ -127,21 +134,21 @@ pub async fn explain(
             config.timeouts.dns,
         )?;
         let vetting = decide_and_vet(&resolver, &own, grant, &target).await;
-        if let Some((resolved, _)) = &vetting.resolved {
+        if let Some(resolution) = &vetting.resolved {
             out.resolved = true;
-            if let Ok(addrs) = resolved {
+            if let Ok(addrs) = &resolution.addrs {
                 out.addresses = addrs.iter().map(|ip| address_info(grant, *ip)).collect();
             }
         }
         match vetting.outcome {
-            Ok((pin, rule)) => {
-                out.decision = "allow";
-                out.reason = policy::Reason::Allowed.as_str();
+            Ok(Vetted { pin, rule }) => {
+                out.decision = Verdict::Allow;
+                out.reason = Reason::Allowed;
                 out.rule = rule;
                 out.pin = pin.addrs().iter().map(ToString::to_string).collect();
             }
             Err(denial) => {
-                out.reason = denial.reason.as_str();
+                out.reason = denial.reason;
                 out.rule = denial.rule;
                 out.detail = denial.detail;
                 out.hint = denial.hint;
@@ -151,18 +158,18 @@ pub async fn explain(
         // The first step of the same pipeline: the grant's name decision (which also
         // classifies an IP-literal target).
         let decision = grant.decide(&target);
-        out.decision = decision.verdict.as_str();
-        out.reason = decision.reason.as_str();
+        out.decision = decision.verdict;
+        out.reason = decision.reason;
         out.rule = decision.rule;
         out.detail = decision.detail;
         out.hint = decision.hint;
-        if decision.verdict == policy::Verdict::Allow && target.host.ip().is_none() {
-            out.detail =
-                "the name is allowed; the addresses it resolves to were not checked (add --resolve)"
-                    .into();
+        if decision.verdict == Verdict::Allow && target.host.ip().is_none() {
+            out.detail = "not resolved (--no-resolve): the name is allowed, but live traffic \
+                          also resolves it and denies it if any address is not public"
+                .into();
         }
     }
-    if out.reason == policy::Reason::Allowed.as_str() && target.host.ip().is_some() {
+    if out.reason == Reason::Allowed && target.host.ip().is_some() {
         let ip = target.host.ip().into_iter();
         out.addresses = ip.map(|ip| address_info(grant, ip)).collect();
     }
@@ -222,7 +229,7 @@ pub fn render_text(e: &Explanation) -> String {
         dash(e.host.as_deref()),
         e.port.map_or_else(|| "-".into(), |p| p.to_string())
     );
-    let _ = writeln!(s, "decision:  {}", e.decision);
+    let _ = writeln!(s, "decision:  {}", e.decision.as_str());
     let _ = writeln!(s, "reason:    {}", e.reason);
     let _ = writeln!(s, "rule:      {}", dash(e.rule.as_deref()));
     if !e.detail.is_empty() {

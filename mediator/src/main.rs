@@ -41,8 +41,12 @@ enum Command {
         authority: String,
         /// HOST[:PORT] (IPv6 in brackets); the port defaults to 443.
         target: String,
-        /// Also resolve the name with the configured resolver and vet every address.
+        /// Skip resolving: answer with the grant's name decision alone (live traffic also
+        /// resolves the name and vets every address; the default does too).
         #[arg(long)]
+        no_resolve: bool,
+        /// Resolve and vet (the default; kept for scripts that pass it).
+        #[arg(long, hide = true, conflicts_with = "no_resolve")]
         resolve: bool,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -93,7 +97,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Explain {
             authority,
             target,
-            resolve,
+            no_resolve,
+            resolve: _,
             json,
         }) => {
             let path = cli.config.context("--config FILE is required")?;
@@ -106,14 +111,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let rt = tokio::runtime::Runtime::new()?;
             let e = rt.block_on(mediator::explain::explain(
-                &config, &authority, &target, resolve,
+                &config,
+                &authority,
+                &target,
+                !no_resolve,
             ))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {
                 print!("{}", mediator::explain::render_text(&e));
             }
-            Ok(if e.decision == "allow" {
+            Ok(if e.decision == policy::Verdict::Allow {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
@@ -140,10 +148,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let path = cli.config.context("--config FILE is required")?;
             match mediator::config::load(&path) {
                 Ok(cfg) => {
+                    let n = cfg.authorities.len();
                     println!(
-                        "{}: OK ({} authorities)",
+                        "{}: OK ({n} {})",
                         path.display(),
-                        cfg.authorities.len()
+                        if n == 1 { "authority" } else { "authorities" }
                     );
                     Ok(ExitCode::SUCCESS)
                 }
@@ -182,8 +191,8 @@ async fn serve(config: policy::config::Config, text: String, path: PathBuf) -> a
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let running = mediator::start(config, None).await?;
-    running.control().set_baseline(&text);
+    let running = mediator::start(config, mediator::Options::default()).await?;
+    running.set_baseline(&text);
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     eprintln!(
         "ready tcp={} admin={} socket_dir={}",

@@ -19,13 +19,16 @@
 
 use std::time::Duration;
 
+use policy::{Reason, Verdict};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
+use crate::vocab::Protocol;
+
 /// The `authority` label value of decisions that no authority could be attributed to.
-pub const NO_AUTHORITY: &str = "-";
+pub(crate) const NO_AUTHORITY: &str = "-";
 
 /// Histogram buckets for connect and DNS latency, in seconds (1 ms .. 10 s).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -34,7 +37,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 /// The `kind` label of `mediator_upstream_errors_total`: a fixed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamErrorKind {
+pub(crate) enum UpstreamErrorKind {
     /// NXDOMAIN or no A/AAAA records.
     DnsNoRecords,
     /// No DNS answer in time.
@@ -51,7 +54,7 @@ pub enum UpstreamErrorKind {
 
 impl UpstreamErrorKind {
     /// Every kind (series are created up front so that dashboards see zeros).
-    pub const ALL: [Self; 6] = [
+    pub(crate) const ALL: [Self; 6] = [
         Self::DnsNoRecords,
         Self::DnsTimeout,
         Self::DnsError,
@@ -61,7 +64,7 @@ impl UpstreamErrorKind {
     ];
 
     /// The label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::DnsNoRecords => "dns_no_records",
             Self::DnsTimeout => "dns_timeout",
@@ -76,7 +79,7 @@ impl UpstreamErrorKind {
 /// The mediator's metric families, registered in a registry of their own. Cheap to clone
 /// (every family is reference-counted).
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
     active: IntGaugeVec,
@@ -95,7 +98,7 @@ impl Metrics {
     /// # Errors
     /// [`prometheus::Error`] if a family cannot be registered (only possible through a
     /// programming error: the names are fixed and distinct).
-    pub fn new() -> Result<Self, prometheus::Error> {
+    pub(crate) fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let decisions = IntCounterVec::new(
             Opts::new(
@@ -179,7 +182,7 @@ impl Metrics {
 
     /// Creates the per-authority series with value 0 (so that a new authority shows up on
     /// dashboards before its first connection).
-    pub fn prime(&self, authority: &str) {
+    pub(crate) fn prime(&self, authority: &str) {
         self.active.with_label_values(&[authority]);
         for direction in ["up", "down"] {
             self.bytes.with_label_values(&[authority, direction]);
@@ -187,33 +190,38 @@ impl Metrics {
     }
 
     /// Counts one decision. `authority` must be a configured name or `None`.
-    pub fn decision(
+    pub(crate) fn decision(
         &self,
         authority: Option<&str>,
-        protocol: &'static str,
-        decision: &'static str,
-        reason: &'static str,
+        protocol: Protocol,
+        decision: Verdict,
+        reason: Reason,
     ) {
         let authority = authority.unwrap_or(NO_AUTHORITY);
         self.decisions
-            .with_label_values(&[authority, protocol, decision, reason])
+            .with_label_values(&[
+                authority,
+                protocol.as_str(),
+                decision.as_str(),
+                reason.as_str(),
+            ])
             .inc();
     }
 
     /// An allowed upstream connection of `authority` was routed `route` (`"direct"` or
     /// `"parent"`, [`crate::route::Route::kind`]).
-    pub fn routed(&self, authority: &str, route: &'static str) {
+    pub(crate) fn routed(&self, authority: &str, route: &'static str) {
         self.routed.with_label_values(&[authority, route]).inc();
     }
 
     /// An allowed upstream connection was opened for `authority`.
-    pub fn opened(&self, authority: &str) {
+    pub(crate) fn opened(&self, authority: &str) {
         self.active.with_label_values(&[authority]).inc();
     }
 
     /// An allowed upstream connection of `authority` closed after relaying `up` and
     /// `down` bytes.
-    pub fn closed(&self, authority: &str, up: u64, down: u64) {
+    pub(crate) fn closed(&self, authority: &str, up: u64, down: u64) {
         self.active.with_label_values(&[authority]).dec();
         self.bytes.with_label_values(&[authority, "up"]).inc_by(up);
         self.bytes
@@ -222,34 +230,34 @@ impl Metrics {
     }
 
     /// Observes one upstream connect attempt.
-    pub fn observe_connect(&self, took: Duration) {
+    pub(crate) fn observe_connect(&self, took: Duration) {
         self.connect.observe(took.as_secs_f64());
     }
 
     /// Observes one name resolution.
-    pub fn observe_dns(&self, took: Duration) {
+    pub(crate) fn observe_dns(&self, took: Duration) {
         self.dns.observe(took.as_secs_f64());
     }
 
     /// Counts one upstream failure.
-    pub fn upstream_error(&self, kind: UpstreamErrorKind) {
+    pub(crate) fn upstream_error(&self, kind: UpstreamErrorKind) {
         self.upstream_errors
             .with_label_values(&[kind.as_str()])
             .inc();
     }
 
     /// Sets the number of live authorities.
-    pub fn set_authorities(&self, n: usize) {
+    pub(crate) fn set_authorities(&self, n: usize) {
         self.authorities.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The live connections of `authority` (the gauge's value).
-    pub fn active_of(&self, authority: &str) -> i64 {
+    pub(crate) fn active_of(&self, authority: &str) -> i64 {
         self.active.with_label_values(&[authority]).get()
     }
 
     /// Every family in the Prometheus text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::error!("cannot encode metrics: {e}");
@@ -259,7 +267,7 @@ impl Metrics {
 }
 
 /// The content type of [`Metrics::render`].
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
@@ -270,8 +278,13 @@ mod tests {
     fn families_and_labels() {
         let m = Metrics::new().unwrap();
         m.prime("agent-a");
-        m.decision(Some("agent-a"), "connect", "allow", "allowed");
-        m.decision(None, "http", "deny", "bad_credential");
+        m.decision(
+            Some("agent-a"),
+            Protocol::Connect,
+            Verdict::Allow,
+            Reason::Allowed,
+        );
+        m.decision(None, Protocol::Http, Verdict::Deny, Reason::BadCredential);
         m.opened("agent-a");
         m.closed("agent-a", 10, 20);
         m.observe_connect(Duration::from_millis(3));

@@ -16,10 +16,11 @@ use std::time::Duration;
 use nix::fcntl::{OFlag, SpliceFFlags, splice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::rewind::Rewind;
+use crate::vocab::CloseReason;
 
 /// First buffer size per direction: a chatty tunnel never needs more.
 const BUF_START: usize = 2 * 1024;
@@ -29,18 +30,18 @@ const BUF_MAX: usize = 64 * 1024;
 
 /// How a relay ended, and what crossed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RelayOutcome {
+pub(crate) struct RelayOutcome {
     /// Bytes client -> upstream.
-    pub up: u64,
+    pub(crate) up: u64,
     /// Bytes upstream -> client.
-    pub down: u64,
-    /// `client_closed`, `upstream_closed`, `idle_timeout`, `error` or `shutdown`.
-    pub close_reason: &'static str,
+    pub(crate) down: u64,
+    /// Why it ended.
+    pub(crate) close_reason: CloseReason,
 }
 
 impl RelayOutcome {
     /// A connection that ended before any byte was relayed, for `reason`.
-    pub fn ended(close_reason: &'static str) -> Self {
+    pub(crate) fn ended(close_reason: CloseReason) -> Self {
         Self {
             up: 0,
             down: 0,
@@ -52,11 +53,11 @@ impl RelayOutcome {
 /// Relays until both directions have ended, the idle timeout passes, or `closing` turns
 /// true. When `client` is a plain socket (see [`socket_of`]) the bytes move with
 /// [`relay_sockets`]; otherwise through buffers.
-pub async fn relay<C>(
+pub(crate) async fn relay<C>(
     client: C,
     upstream: TcpStream,
     idle: Duration,
-    closing: watch::Receiver<bool>,
+    closing: CancellationToken,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
@@ -68,11 +69,11 @@ where
 }
 
 /// Relays between two streams through one buffer per direction.
-pub async fn relay_streams<C, U>(
+pub(crate) async fn relay_streams<C, U>(
     client: C,
     upstream: U,
     idle: Duration,
-    closing: watch::Receiver<bool>,
+    closing: CancellationToken,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -86,12 +87,12 @@ where
     let reason = tokio::select! {
         both = async {
             tokio::try_join!(
-                pump(&mut cr, &mut uw, &state.up, &state, "client_closed"),
-                pump(&mut ur, &mut cw, &state.down, &state, "upstream_closed"),
+                pump(&mut cr, &mut uw, &state.up, &state, CloseReason::ClientClosed),
+                pump(&mut ur, &mut cw, &state.down, &state, CloseReason::UpstreamClosed),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle, None) => "idle_timeout",
-        () = closing_signal(closing) => "shutdown",
+        () = idle_watch(&state, idle, None) => CloseReason::IdleTimeout,
+        () = closing.cancelled() => CloseReason::Shutdown,
     };
     state.outcome(reason)
 }
@@ -101,29 +102,29 @@ where
 /// fill the largest buffer (a bulk transfer) it moves to `splice(2)` through a pipe of its
 /// own, so the bytes go socket -> pipe -> socket inside the kernel, never through our
 /// memory. Idle and chatty tunnels never create a pipe.
-pub async fn relay_sockets(
+pub(crate) async fn relay_sockets(
     client: Sock<'_>,
     upstream: Sock<'_>,
     idle: Duration,
-    closing: watch::Receiver<bool>,
+    closing: CancellationToken,
 ) -> RelayOutcome {
     let state = State::new();
     let reason = tokio::select! {
         both = async {
             tokio::try_join!(
-                pump_sockets(client, upstream, &state.up, &state, "client_closed"),
-                pump_sockets(upstream, client, &state.down, &state, "upstream_closed"),
+                pump_sockets(client, upstream, &state.up, &state, CloseReason::ClientClosed),
+                pump_sockets(upstream, client, &state.down, &state, CloseReason::UpstreamClosed),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle, Some((client, upstream))) => "idle_timeout",
-        () = closing_signal(closing) => "shutdown",
+        () = idle_watch(&state, idle, Some((client, upstream))) => CloseReason::IdleTimeout,
+        () = closing.cancelled() => CloseReason::Shutdown,
     };
     state.outcome(reason)
 }
 
 /// A plain socket under a stream: what [`relay_sockets`] can move bytes between.
 #[derive(Debug, Clone, Copy)]
-pub enum Sock<'a> {
+pub(crate) enum Sock<'a> {
     /// A TCP connection.
     Tcp(&'a TcpStream),
     /// A Unix stream connection.
@@ -133,7 +134,7 @@ pub enum Sock<'a> {
 /// The plain socket under `stream`: a [`TcpStream`] or [`UnixStream`], bare or wrapped in a
 /// [`Rewind`] whose replayed bytes are all consumed. `None` for anything else (TLS, an
 /// upgraded hyper connection, an in-process pipe), which is relayed through buffers.
-pub fn socket_of<S: 'static>(stream: &S) -> Option<Sock<'_>> {
+pub(crate) fn socket_of<S: 'static>(stream: &S) -> Option<Sock<'_>> {
     let any = stream as &dyn Any;
     if let Some(s) = any.downcast_ref::<TcpStream>() {
         return Some(Sock::Tcp(s));
@@ -202,7 +203,7 @@ struct State {
     last: AtomicU64,
     up: AtomicU64,
     down: AtomicU64,
-    first_end: OnceLock<&'static str>,
+    first_end: OnceLock<CloseReason>,
 }
 
 impl State {
@@ -232,14 +233,18 @@ impl State {
     /// The close reason once both directions have ended.
     /// The close reason once both directions have ended, or one failed (a reset or a
     /// failed write ends the whole tunnel at once: the other side may never speak again).
-    fn reason(&self, ended: io::Result<((), ())>) -> &'static str {
+    fn reason(&self, ended: io::Result<((), ())>) -> CloseReason {
         match ended {
-            Ok(_) => self.first_end.get().copied().unwrap_or("client_closed"),
-            Err(_) => "error",
+            Ok(_) => self
+                .first_end
+                .get()
+                .copied()
+                .unwrap_or(CloseReason::ClientClosed),
+            Err(_) => CloseReason::Error,
         }
     }
 
-    fn outcome(&self, close_reason: &'static str) -> RelayOutcome {
+    fn outcome(&self, close_reason: CloseReason) -> RelayOutcome {
         RelayOutcome {
             up: self.up.load(Ordering::Relaxed),
             down: self.down.load(Ordering::Relaxed),
@@ -291,25 +296,12 @@ fn send_queue(fd: BorrowedFd<'_>) -> u64 {
     }
 }
 
-/// Resolves once `closing` turns true; never if its sender is dropped first.
-async fn closing_signal(mut closing: watch::Receiver<bool>) {
-    if *closing.borrow() {
-        return;
-    }
-    while closing.changed().await.is_ok() {
-        if *closing.borrow() {
-            return;
-        }
-    }
-    std::future::pending::<()>().await;
-}
-
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
     count: &AtomicU64,
     state: &State,
-    end_name: &'static str,
+    end_name: CloseReason,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -340,7 +332,7 @@ async fn pump_sockets(
     to: Sock<'_>,
     count: &AtomicU64,
     state: &State,
-    end_name: &'static str,
+    end_name: CloseReason,
 ) -> io::Result<()> {
     // The buffer exists only while bytes flow: it is allocated when the socket is readable
     // and freed when a read finds it drained, so an idle tunnel holds no buffer at all.
@@ -577,7 +569,7 @@ mod tests {
     async fn half_close_each_direction_ends_on_its_own() {
         let (client, mut client_peer) = duplex(64);
         let (upstream, mut upstream_peer) = duplex(64);
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(60), rx));
 
         client_peer.write_all(b"request").await.unwrap();
@@ -595,7 +587,7 @@ mod tests {
         let out = task.await.unwrap();
         assert_eq!(
             (out.up, out.down, out.close_reason),
-            (7, 9, "client_closed")
+            (7, 9, CloseReason::ClientClosed)
         );
     }
 
@@ -603,7 +595,7 @@ mod tests {
     async fn bulk_transfer_grows_the_buffer_and_keeps_every_byte_in_order() {
         let (client, mut client_peer) = duplex(256 * 1024);
         let (upstream, mut upstream_peer) = duplex(256 * 1024);
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(60), rx));
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let sent = data.clone();
@@ -636,7 +628,7 @@ mod tests {
     async fn socket_relay_splices_bulk_transfers_both_ways_without_losing_a_byte() {
         let (client, mut client_peer) = UnixStream::pair().unwrap();
         let (upstream, mut upstream_peer) = tcp_pair().await;
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(async move {
             // The client arrives as the listener hands it over: behind a consumed Rewind.
             let mut client = Rewind::new(Bytes::from_static(b"C"), client);
@@ -680,7 +672,7 @@ mod tests {
         assert!(client_got == down, "upstream -> client bytes differ");
         let out = task.await.unwrap();
         assert_eq!((out.up, out.down), (5_000_000, 7_000_000));
-        assert_ne!(out.close_reason, "error");
+        assert_ne!(out.close_reason, CloseReason::Error);
     }
 
     /// TCP urgent data (MSG_OOB) in the middle of a spliced stream: splice(2) stops at the
@@ -690,7 +682,7 @@ mod tests {
     async fn urgent_data_does_not_cut_a_spliced_stream_short() {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, mut upstream_peer) = tcp_pair().await;
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
         let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
         let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
@@ -725,7 +717,7 @@ mod tests {
     async fn a_reset_on_one_side_ends_the_whole_tunnel() {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, _upstream_peer) = tcp_pair().await;
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(relay(client, upstream, Duration::from_secs(600), rx));
         // SO_LINGER 0: close sends a reset.
         socket2::SockRef::from(&client_peer)
@@ -736,7 +728,7 @@ mod tests {
             .await
             .expect("the tunnel outlived the reset")
             .unwrap();
-        assert_eq!(out.close_reason, "error");
+        assert_eq!(out.close_reason, CloseReason::Error);
     }
 
     /// A relay stopped mid-transfer (shutdown) reports exactly the bytes the client got.
@@ -744,7 +736,8 @@ mod tests {
     async fn counts_are_exact_when_a_bulk_transfer_is_cut_off() {
         let (client, mut client_peer) = tcp_pair().await;
         let (upstream, mut upstream_peer) = tcp_pair().await;
-        let (tx, rx) = watch::channel(false);
+        let tx = CancellationToken::new();
+        let rx = tx.clone();
         let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
         let feeder = tokio::spawn(async move {
             let chunk = vec![7u8; 1 << 20];
@@ -757,9 +750,9 @@ mod tests {
         while got < 24 << 20 {
             got += client_peer.read(&mut buf).await.unwrap() as u64;
         }
-        tx.send(true).unwrap();
+        tx.cancel();
         let out = task.await.unwrap();
-        assert_eq!(out.close_reason, "shutdown");
+        assert_eq!(out.close_reason, CloseReason::Shutdown);
         loop {
             match client_peer.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
@@ -788,7 +781,7 @@ mod tests {
             .set_send_buffer_size(4 << 20)
             .unwrap();
         let (upstream, mut upstream_peer) = tcp_pair().await;
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let idle = Duration::from_millis(1000);
         let task = tokio::spawn(relay(client, upstream, idle, rx));
         let feeder = tokio::spawn(async move {
@@ -818,7 +811,7 @@ mod tests {
             .await
             .expect("a stopped reader kept the tunnel open")
             .unwrap();
-        assert_eq!(out.close_reason, "idle_timeout");
+        assert_eq!(out.close_reason, CloseReason::IdleTimeout);
         feeder.abort();
     }
 
@@ -837,7 +830,7 @@ mod tests {
     async fn socket_relay_passes_a_half_close_and_ends_on_idle() {
         let (client, mut client_peer) = UnixStream::pair().unwrap();
         let (upstream, mut upstream_peer) = tcp_pair().await;
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task =
             tokio::spawn(
                 async move { relay(client, upstream, Duration::from_millis(300), rx).await },
@@ -855,7 +848,7 @@ mod tests {
         let out = task.await.unwrap();
         assert_eq!(
             (out.up, out.down, out.close_reason),
-            (7, 11, "idle_timeout")
+            (7, 11, CloseReason::IdleTimeout)
         );
     }
 
@@ -863,25 +856,26 @@ mod tests {
     async fn idle_tunnel_is_closed_after_the_idle_timeout() {
         let (client, mut client_peer) = duplex(64);
         let (upstream, _upstream_peer) = duplex(64);
-        let (_tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(30), rx));
         client_peer.write_all(b"x").await.unwrap();
         let out = task.await.unwrap();
-        assert_eq!((out.up, out.close_reason), (1, "idle_timeout"));
+        assert_eq!((out.up, out.close_reason), (1, CloseReason::IdleTimeout));
     }
 
     #[tokio::test]
     async fn shutdown_signal_closes_a_live_tunnel() {
         let (client, _c) = duplex(64);
         let (upstream, _u) = duplex(64);
-        let (tx, rx) = watch::channel(false);
+        let tx = CancellationToken::new();
+        let rx = tx.clone();
         let task = tokio::spawn(relay_streams(
             client,
             upstream,
             Duration::from_secs(300),
             rx,
         ));
-        tx.send(true).unwrap();
-        assert_eq!(task.await.unwrap().close_reason, "shutdown");
+        tx.cancel();
+        assert_eq!(task.await.unwrap().close_reason, CloseReason::Shutdown);
     }
 }

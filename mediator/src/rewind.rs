@@ -11,19 +11,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `inner`, with `prefix` read first. Writes go straight to `inner`.
 #[derive(Debug)]
-pub struct Rewind<S> {
+pub(crate) struct Rewind<S> {
     prefix: Bytes,
     inner: S,
 }
 
 impl<S> Rewind<S> {
     /// The inner stream, once every replayed byte has been read (`None` before).
-    pub fn bare(&self) -> Option<&S> {
+    pub(crate) fn bare(&self) -> Option<&S> {
         self.prefix.is_empty().then_some(&self.inner)
     }
 
     /// Wraps `inner` so that reads return `prefix` before anything else.
-    pub fn new(prefix: impl Into<Bytes>, inner: S) -> Self {
+    pub(crate) fn new(prefix: impl Into<Bytes>, inner: S) -> Self {
         Self {
             prefix: prefix.into(),
             inner,

@@ -29,7 +29,7 @@ use tls_parser::{
 /// The most bytes of tunnel input [`inspect`] will look at: a ClientHello (record headers
 /// included) that does not fit is [`Hello::Malformed`]. Real ClientHellos, even with
 /// post-quantum key shares, are a few KiB.
-pub const MAX_HELLO: usize = 64 * 1024;
+pub(crate) const MAX_HELLO: usize = 64 * 1024;
 
 /// TLS content type `handshake` (RFC 8446 section 5.1).
 const HANDSHAKE: u8 = 22;
@@ -51,7 +51,7 @@ const EXT_ECH: u16 = 0xfe0d;
 
 /// Result of inspecting the first bytes of a tunnel.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hello {
+pub(crate) enum Hello {
     /// More bytes are needed: what was read so far is a proper prefix of a ClientHello.
     /// Never returned once the input is [`MAX_HELLO`] bytes or longer, so a caller that
     /// buffers at most [`MAX_HELLO`] bytes always gets a final answer.
@@ -61,7 +61,7 @@ pub enum Hello {
     /// first byte alone decides.
     NotTls,
     /// A complete ClientHello (RFC 8446 section 4.1.2).
-    ClientHello {
+    Complete {
         /// The `host_name` entries of the `server_name` extension (RFC 6066 section 3), as
         /// sent (ASCII, not lowercased, in order); empty when there is no such extension.
         /// RFC 6066 allows one name; more than one is returned as is for the caller to
@@ -98,7 +98,7 @@ pub enum Hello {
 /// `legacy_record_version` major byte 3 (RFC 8446 section 5.1); the handshake messages'
 /// concatenation must start with a ClientHello (type 1, 24-bit length) that ends exactly
 /// at a record boundary.
-pub fn inspect(buf: &[u8]) -> Hello {
+pub(crate) fn inspect(buf: &[u8]) -> Hello {
     match buf.first() {
         None => return Hello::NeedMore,
         Some(&HANDSHAKE) => {}
@@ -202,7 +202,7 @@ pub fn inspect(buf: &[u8]) -> Hello {
             }
             if fragment.len() == len && have == total {
                 return match parse_client_hello(&fragments.concat()) {
-                    Ok((server_names, ech)) => Hello::ClientHello { server_names, ech },
+                    Ok((server_names, ech)) => Hello::Complete { server_names, ech },
                     Err(why) => Hello::Malformed(why),
                 };
             }
@@ -525,7 +525,7 @@ mod tests {
         for (what, bytes, want, want_ech) in cases {
             assert_eq!(
                 inspect(&bytes),
-                Hello::ClientHello {
+                Hello::Complete {
                     server_names: names(want),
                     ech: want_ech
                 },
@@ -547,7 +547,7 @@ mod tests {
         let bytes = records(&handshake(CLIENT_HELLO, &b), &[]);
         assert_eq!(
             inspect(&bytes),
-            Hello::ClientHello {
+            Hello::Complete {
                 server_names: vec![],
                 ech: false
             }
@@ -561,7 +561,7 @@ mod tests {
         bytes.extend(record(23, &[0xee; 40])); // early data
         assert_eq!(
             inspect(&bytes),
-            Hello::ClientHello {
+            Hello::Complete {
                 server_names: names(&["example.test"]),
                 ech: false
             }
@@ -577,7 +577,7 @@ mod tests {
         let bytes = records(&msg, &[MAX_FRAGMENT, MAX_FRAGMENT]);
         assert_eq!(
             inspect(&bytes),
-            Hello::ClientHello {
+            Hello::Complete {
                 server_names: names(&["big.test"]),
                 ech: false
             }
@@ -600,7 +600,7 @@ mod tests {
                 assert_eq!(inspect(&bytes[..n]), Hello::NeedMore, "{what}: prefix {n}");
             }
             assert!(
-                matches!(inspect(&bytes), Hello::ClientHello { .. }),
+                matches!(inspect(&bytes), Hello::Complete { .. }),
                 "{what}: complete"
             );
         }
@@ -780,7 +780,7 @@ mod tests {
     #[test]
     fn openssl_capture() {
         let bytes = hex::decode(OPENSSL_HELLO).unwrap();
-        let want = Hello::ClientHello {
+        let want = Hello::Complete {
             server_names: names(&["example.test"]),
             ech: false,
         };

@@ -23,6 +23,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::redact::escape_raw;
+use crate::vocab::Protocol;
+
 /// Largest watchdog answer body read, in bytes.
 const MAX_ANSWER: usize = 16 * 1024;
 
@@ -31,7 +34,7 @@ const MAX_REASON: usize = 200;
 
 /// Where a watchdog listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// `unix:/path`: HTTP over this Unix socket, request path `/`.
     Unix(PathBuf),
     /// `http://ip:port/path` on loopback.
@@ -49,7 +52,7 @@ impl Endpoint {
     /// # Errors
     /// A message when the value is neither `unix:/absolute/path` nor an `http://` URL
     /// whose host is a loopback IP literal or `localhost`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         if let Some(path) = s.strip_prefix("unix:") {
             if !path.starts_with('/') {
                 return Err(format!(
@@ -92,15 +95,15 @@ impl Endpoint {
 
 /// What the watchdog is asked.
 #[derive(Debug, Clone, Serialize)]
-pub struct Question<'a> {
+pub(crate) struct Question<'a> {
     /// The authority's name.
-    pub authority: &'a str,
+    pub(crate) authority: &'a str,
     /// The canonical host.
-    pub host: &'a str,
+    pub(crate) host: &'a str,
     /// The destination port.
-    pub port: u16,
-    /// `connect`, `http`, `socks5` or `tls`.
-    pub protocol: &'a str,
+    pub(crate) port: u16,
+    /// The protocol of the request.
+    pub(crate) protocol: Protocol,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,7 +115,7 @@ struct Answer {
 
 /// The outcome of asking.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The watchdog answered allow.
     Allow,
     /// Deny, with a human-readable explanation (the watchdog's reason, or what failed).
@@ -121,7 +124,7 @@ pub enum Verdict {
 
 /// Asks the watchdog at `endpoint` (the authority's `watchdog` value) about `question`,
 /// within `timeout`. Never fails: every error is a [`Verdict::Deny`].
-pub async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> Verdict {
+pub(crate) async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> Verdict {
     let endpoint = match Endpoint::parse(endpoint) {
         Ok(e) => e,
         Err(why) => return Verdict::Deny(why),
@@ -135,7 +138,7 @@ pub async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> 
         Ok(Ok(answer)) => match answer.decision.as_str() {
             "allow" => Verdict::Allow,
             "deny" => {
-                let reason: String = crate::pipeline::escape_raw(answer.reason.as_bytes())
+                let reason: String = escape_raw(answer.reason.as_bytes())
                     .chars()
                     .take(MAX_REASON)
                     .collect();
@@ -143,7 +146,7 @@ pub async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> 
             }
             other => Verdict::Deny(format!(
                 "the watchdog answered decision {:?}; only \"allow\" allows",
-                crate::pipeline::escape_raw(other.as_bytes())
+                escape_raw(other.as_bytes())
             )),
         },
     }
@@ -240,7 +243,7 @@ mod tests {
             authority: "a",
             host: "h.test",
             port: 443,
-            protocol: "connect",
+            protocol: Protocol::Connect,
         };
         // Nothing listens there.
         let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,7 @@ pub mod error;
 pub mod grant;
 pub mod host;
 pub mod pattern;
+pub mod sni;
 pub mod upstream;
 
 pub use classify::{AddrClass, classify};
@@ -22,3 +23,4 @@ pub use error::PolicyError;
 pub use grant::{Grant, GrantSpec, OwnAddrs, Pin, RequestRule, RequestRuleSpec};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use pattern::{HostPattern, PatternUse};
+pub use sni::{SniMismatch, check_sni};

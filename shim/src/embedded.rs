@@ -86,7 +86,13 @@ impl Embedded {
             None => (mediator::Sink::Memory(Arc::clone(&memory)), None),
         };
         let running = runtime
-            .block_on(mediator::start(config, Some(sink)))
+            .block_on(mediator::start(
+                config,
+                mediator::Options {
+                    sink: Some(sink),
+                    tap: None,
+                },
+            ))
             .map_err(|e| Error::Channel {
                 path: PathBuf::from("<embedded>"),
                 detail: e.to_string(),
@@ -176,11 +182,11 @@ pub fn denial_from_log_line(line: &str) -> Option<Denial> {
         .iter()
         .find(|r| Some(r.as_str()) == reason)
         .map_or(403, |r| {
-            let d = mediator::pipeline::Denial::new(*r, "", "");
+            let d = mediator::Denial::new(*r, "", "");
             if protocol == "socks5" {
-                u16::from(d.socks_rep)
+                u16::from(d.socks_rep())
             } else {
-                d.status
+                d.http_status()
             }
         });
     Some(Denial {

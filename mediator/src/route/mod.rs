@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use policy::config::Upstream;
+use policy::config::{Timeouts, Upstream};
 use policy::upstream::{Credentials, PacOnError, PacSource, ParentScheme, ParentUrl};
 use policy::{Pin, Target, parse_authority_form};
 use tokio::net::TcpStream;
@@ -286,10 +286,10 @@ impl Router {
         upstream: &Upstream,
         extra_ca_files: &[std::path::PathBuf],
         resolver: Arc<Resolver>,
-        timeouts: (Duration, Duration),
+        timeouts: &Timeouts,
         getenv: impl Fn(&str) -> Option<String>,
     ) -> Result<Arc<Self>, Error> {
-        let (connect_timeout, dns_timeout) = timeouts;
+        let (connect_timeout, dns_timeout) = (timeouts.connect, timeouts.dns);
         let creds = match &upstream.parent_credentials_file {
             Some(path) => read_credentials(path)?,
             None => HashMap::new(),

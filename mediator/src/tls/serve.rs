@@ -1,48 +1,53 @@
-//! One terminated tunnel: accept the client's TLS, open TLS to the pinned upstream, serve
-//! and judge every request, write one decision line per request and the tunnel's close
-//! record.
+//! One terminated tunnel: accept the client's TLS (the one SNI rule applies), open TLS to
+//! the pinned upstream, serve and judge every request, write one decision line per request;
+//! the tunnel's owner writes its close record.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, Uri, Version};
 use http_body_util::BodyExt as _;
-use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use policy::config::Authority;
-use policy::{Reason, Target, canonicalize_host};
+use policy::{Reason, Target, canonicalize_host, check_sni};
 use rustls::pki_types::ServerName;
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
 
 use super::{ALPN, TlsState};
+use crate::conn::establish::Connected;
+use crate::conn::identify::revoked;
+use crate::conn::record::{self, Allowed};
+use crate::conn::tunnel::sni_denial;
+use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::Counting;
-use crate::http::{DECISION_HEADER, deny_response, strip_hop_by_hop};
-use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel, escape_raw, logged_path};
+use crate::denial::{Cause, Denial};
+use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
+use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
+use crate::redact::{escape_raw, logged_path};
 use crate::relay::RelayOutcome;
 use crate::rewind::Rewind;
+use crate::shared::Shared;
+use crate::vocab::CloseReason;
 
-type Body = BoxBody<Bytes, hyper::Error>;
-
-/// Runs one terminated tunnel to completion and writes its close record. `prefix` holds
-/// the client bytes the SNI gate already read (the start of the ClientHello); they are
-/// replayed into the TLS acceptor. `protocol` is the tunnel's (`connect` or `socks5`),
-/// for the close record; each request inside is logged with protocol `tls`.
-pub async fn terminate<C>(
+/// Runs one terminated tunnel to completion; its [`Connected::opened`] writes the close
+/// record. `prefix` holds the client bytes the SNI gate already read (the start of the
+/// ClientHello); they are replayed into the TLS acceptor. Each request inside is logged
+/// with protocol `tls`.
+pub(crate) async fn terminate<C>(
     client: C,
     prefix: Vec<u8>,
     connected: Connected,
     target: &Target,
     shared: Arc<Shared>,
-    ctx: &Ctx,
-    protocol: &'static str,
 ) where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -53,29 +58,27 @@ pub async fn terminate<C>(
         closing,
         ..
     } = connected;
-    let close = |reason: &'static str, (up, down): (u64, u64)| {
-        let outcome = RelayOutcome {
-            up,
-            down,
-            close_reason: reason,
-        };
-        shared.log_close(ctx, protocol, &label, opened, outcome);
+    let ctx = opened.ctx().clone();
+    let protocol = opened.protocol();
+    let ended = |reason: CloseReason, (up, down): (u64, u64)| RelayOutcome {
+        up,
+        down,
+        close_reason: reason,
     };
     let deny = |denial: Denial| {
-        let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
-        shared.deny_early(ctx, name.as_deref(), protocol, &label, denial);
+        record::deny(&shared, &ctx, protocol, &label, denial);
     };
     let Some(authority) = ctx.authority.clone() else {
-        close("error", (0, 0));
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
         return;
     };
-    let Some(tls) = shared.tls.get().cloned() else {
+    let Some(tls) = shared.tls.clone() else {
         deny(Denial::new(
             Reason::UpstreamFailure,
             format!("TLS termination is configured for {target} but the mediator has no CA"),
             "configure [tls] ca_dir and restart the mediator",
         ));
-        close("error", (0, 0));
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
         return;
     };
     let leaf = match certs::LeafName::parse(&target.host.as_text())
@@ -88,7 +91,7 @@ pub async fn terminate<C>(
                 format!("cannot issue a certificate for {}: {e}", target.host),
                 "check the mediator's CA ([tls] ca_dir)",
             ));
-            close("error", (0, 0));
+            opened.finish(RelayOutcome::ended(CloseReason::Error));
             return;
         }
     };
@@ -110,31 +113,27 @@ pub async fn terminate<C>(
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
             tracing::debug!("terminated tunnel to {target}: client hello: {e}");
-            close("error", bytes());
+            opened.finish(ended(CloseReason::Error, bytes()));
             return;
         }
         Err(_) => {
-            close("idle_timeout", bytes());
+            opened.finish(ended(CloseReason::IdleTimeout, bytes()));
             return;
         }
     };
-    if let Err(detail) = check_sni(start.client_hello().server_name(), target) {
-        deny(Denial::new(
-            Reason::SniMismatch,
-            detail,
-            format!(
-                "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
-                target.host
-            ),
-        ));
-        close("sni_mismatch", bytes());
+    // The one SNI rule, as the tunnel's gate applies it.
+    let hello = start.client_hello();
+    let names: Vec<&str> = hello.server_name().into_iter().collect();
+    if let Err(why) = check_sni(&names, target) {
+        deny(sni_denial(why.to_string(), target));
+        opened.finish(ended(CloseReason::SniMismatch, bytes()));
         return;
     }
     let config = match server_config(&tls, leaf) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("TLS server configuration: {e}");
-            close("error", bytes());
+            opened.finish(ended(CloseReason::Error, bytes()));
             return;
         }
     };
@@ -150,22 +149,19 @@ pub async fn terminate<C>(
             tracing::info!(
                 "terminated tunnel to {target}: client TLS handshake failed (does the client trust the mediator CA?): {e}"
             );
-            close("error", bytes());
+            opened.finish(ended(CloseReason::Error, bytes()));
             return;
         }
         Err(_) => {
-            close("idle_timeout", bytes());
+            opened.finish(ended(CloseReason::IdleTimeout, bytes()));
             return;
         }
     };
 
     // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host.
-    let (upstream_gone_tx, mut upstream_gone) = watch::channel(false);
-    // Held for the whole tunnel, so that the signal fires only when the upstream
-    // connection really ends (never because a failed upstream dropped its sender).
-    let _upstream_gone_keep = upstream_gone_tx.clone();
+    let upstream_gone = CancellationToken::new();
     let upstream = match connect_upstream(&tls, upstream_tcp, target, &shared).await {
-        Ok(stream) => start_upstream_http(stream, upstream_gone_tx).await,
+        Ok(stream) => start_upstream_http(stream, upstream_gone.clone()).await,
         Err(detail) => {
             tracing::info!("terminated tunnel to {target}: {detail}");
             Err(detail)
@@ -178,7 +174,8 @@ pub async fn terminate<C>(
         authority,
         target: target.clone(),
         label: label.clone(),
-        pin: opened.pin,
+        pin: opened.facts().pin,
+        route: opened.facts().route,
         upstream,
     });
     let svc = service_fn(move |req| {
@@ -193,37 +190,28 @@ pub async fn terminate<C>(
         .keep_alive(true);
     let conn = builder.serve_connection(TokioIo::new(client_tls), svc);
     tokio::pin!(conn);
-    let mut closing = closing;
     let reason = tokio::select! {
         res = conn.as_mut() => match res {
-            Ok(()) => "client_closed",
+            Ok(()) => CloseReason::ClientClosed,
             Err(e) => {
                 tracing::debug!("terminated tunnel to {target}: {e}");
-                "error"
+                CloseReason::Error
             }
         },
-        () = turns_true(&mut closing) => {
+        () = closing.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
-            "shutdown"
+            CloseReason::Shutdown
         }
-        () = turns_true(&mut upstream_gone) => {
+        () = upstream_gone.cancelled() => {
             // The upstream connection ended: finish what is in flight, then close, so the
             // client opens a new tunnel rather than getting errors.
             conn.as_mut().graceful_shutdown();
             let _ = conn.as_mut().await;
-            "upstream_closed"
+            CloseReason::UpstreamClosed
         }
     };
-    close(reason, bytes());
-}
-
-/// Resolves once the value is true; never when the sender is gone (as the relay treats
-/// its shutdown signal).
-async fn turns_true(rx: &mut watch::Receiver<bool>) {
-    if rx.wait_for(|v| *v).await.is_err() {
-        std::future::pending::<()>().await;
-    }
+    opened.finish(ended(reason, bytes()));
 }
 
 /// What every request of one terminated tunnel needs.
@@ -234,6 +222,7 @@ struct Env {
     target: Target,
     label: TargetLabel,
     pin: std::net::SocketAddr,
+    route: crate::route::Route,
     /// The upstream HTTP connection, or why there is none (the detail of every 502).
     upstream: Result<Upstream, String>,
 }
@@ -294,22 +283,6 @@ fn server_config(
     Ok(Arc::new(config))
 }
 
-/// The SNI rule of the terminated leg: none (an IP-literal or SNI-less client), or exactly
-/// the tunnel host. A client naming another host wants another certificate: refuse.
-fn check_sni(sni: Option<&str>, target: &Target) -> Result<(), String> {
-    match sni {
-        None => Ok(()),
-        Some(name) => match canonicalize_host(name) {
-            Ok(h) if h == target.host => Ok(()),
-            Ok(h) => Err(format!(
-                "SNI {h} does not match the tunnel host {}",
-                target.host
-            )),
-            Err(e) => Err(format!("SNI is not a valid host: {e}")),
-        },
-    }
-}
-
 async fn connect_upstream(
     tls: &TlsState,
     tcp: tokio::net::TcpStream,
@@ -329,7 +302,7 @@ async fn connect_upstream(
 /// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN.
 async fn start_upstream_http(
     stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    gone: watch::Sender<bool>,
+    gone: CancellationToken,
 ) -> Result<Upstream, String> {
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let io = TokioIo::new(stream);
@@ -339,7 +312,7 @@ async fn start_upstream_http(
             .map_err(|e| format!("HTTP/2 handshake with the upstream failed: {e}"))?;
         tokio::spawn(async move {
             let _ = conn.await;
-            let _ = gone.send(true);
+            gone.cancel();
         });
         Ok(Upstream::H2(sender))
     } else {
@@ -348,7 +321,7 @@ async fn start_upstream_http(
             .map_err(|e| format!("HTTP/1.1 handshake with the upstream failed: {e}"))?;
         tokio::spawn(async move {
             let _ = conn.await;
-            let _ = gone.send(true);
+            gone.cancel();
         });
         Ok(Upstream::H1(Mutex::new(sender)))
     }
@@ -356,51 +329,40 @@ async fn start_upstream_http(
 
 /// Judges and forwards one request.
 async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
-    let method = req.method().as_str().to_owned();
-    let path = logged_path(req.uri());
+    let request = RequestLine {
+        method: req.method().as_str().to_owned(),
+        path: logged_path(req.uri()),
+    };
     let name = env.authority.grant.name();
     let refuse = |denial: Denial| {
-        env.shared.log_tls_request(
-            &env.ctx,
-            &env.label,
-            env.pin,
-            (&method, &path),
-            Err(&denial),
-        );
+        record::tls_request(&env.shared, &env.ctx, &env.label, &request, Err(&denial));
         deny_response(Some(name), &env.label, &denial)
     };
 
     // A revoked or replaced authority takes no new decision, even on a connection that
-    // stays open until the revoke grace ends (as `Shared::establish` refuses new ones).
+    // stays open until the revoke grace ends (as `establish` refuses new ones).
     if !env.shared.authorities.is_live(&env.authority) {
-        return refuse(Denial::new(
-            Reason::UnknownAuthority,
-            format!(
-                "authority \"{name}\" was revoked or replaced after this connection was opened"
-            ),
-            "open a new connection; if the authority was revoked, ask an operator",
-        ));
+        return refuse(revoked(name));
     }
     if let Err(detail) = check_authority(&req, &env.target) {
-        let mut denial = Denial::new(
-            Reason::SniMismatch,
-            detail,
-            format!(
-                "this tunnel is to {}: send requests for other hosts through a tunnel to that host",
-                env.target
-            ),
+        return refuse(
+            Denial::new(
+                Reason::SniMismatch,
+                detail,
+                format!(
+                    "this tunnel is to {}: send requests for other hosts through a tunnel to that host",
+                    env.target
+                ),
+            )
+            .with_cause(Cause::Misdirected),
         );
-        denial.status = StatusCode::MISDIRECTED_REQUEST.as_u16();
-        return refuse(denial);
     }
     let decision =
         env.authority
             .grant
             .decide_request(&env.target, req.method().as_str(), req.uri().path());
     if !decision.is_allow() {
-        let mut denial = Denial::new(decision.reason, decision.detail, decision.hint);
-        denial.rule = decision.rule;
-        return refuse(denial);
+        return refuse(Denial::from(decision));
     }
     let upstream = match &env.upstream {
         Ok(u) => u,
@@ -422,14 +384,13 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
             ));
         }
     };
-    env.shared.log_tls_request(
-        &env.ctx,
-        &env.label,
-        env.pin,
-        (&method, &path),
-        Ok(decision.rule.as_deref()),
-    );
-    let head = method == "HEAD";
+    let allow = Allowed {
+        rule: decision.rule.as_deref(),
+        pin: env.pin,
+        route: env.shared.route_label(env.route),
+    };
+    record::tls_request(&env.shared, &env.ctx, &env.label, &request, Ok(allow));
+    let head = request.method == "HEAD";
     match upstream.send(upstream_req).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
@@ -524,11 +485,7 @@ fn rebuild(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    let authority = if target.port == 443 {
-        target.host.to_uri_host()
-    } else {
-        format!("{}:{}", target.host.to_uri_host(), target.port)
-    };
+    let authority = host_value(target, 443);
     let path = parts
         .uri
         .path_and_query()

@@ -1,48 +1,54 @@
 //! A tunnel after its `200` / SOCKS5 success reply: the SNI gate (design section 6), then
-//! the relay, then the close record. Shared by CONNECT and SOCKS5 so both tunnel kinds
-//! enforce the same rules.
+//! the relay, or TLS termination. Shared by CONNECT and SOCKS5 so both tunnel kinds enforce
+//! the same rules; the tunnel's [`Opened`](super::close::Opened) writes its close record.
 //!
 //! The SNI gate runs for tunnels to port 443 when the grant's `sni_check` is on: it reads
 //! the client's first bytes (bounded by [`sni::MAX_HELLO`] and the request-head timeout),
-//! and requires the TLS ClientHello's SNI, canonicalised, to equal the tunnel host. This
-//! refuses domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not
-//! TLS at all are refused too (an unreadable ClientHello, design section 6); a grant that
-//! needs another protocol on 443 sets `sni_check = false`. On other ports the client's
-//! first bytes are inspected only when the client speaks first: a TLS ClientHello gets
-//! the same SNI rule (fronting cannot move to 8443), anything else passes as an opaque
-//! tunnel, and a server that speaks first (SSH, SMTP) is never waited on. The bytes read are forwarded unchanged, or, when
-//! the grant terminates TLS for the target, replayed into the terminating acceptor
-//! (`crate::tls`), which then serves the requests inside instead of relaying bytes.
+//! and applies the one SNI rule ([`policy::check_sni`]) to the ClientHello. This refuses
+//! domain fronting (CONNECT to an allowed host, SNI of another). Bytes that are not TLS at
+//! all are refused too (an unreadable ClientHello, design section 6); a grant that needs
+//! another protocol on 443 sets `sni_check = false`. On other ports the client's first
+//! bytes are inspected only when the client speaks first: a TLS ClientHello gets the same
+//! rule (fronting cannot move to 8443), anything else passes as an opaque tunnel, and a
+//! server that speaks first (SSH, SMTP) is never waited on. The bytes read are forwarded
+//! unchanged or, when the grant terminates TLS for the target, replayed into the
+//! terminating acceptor (`crate::tls`), which applies the same SNI rule to what it accepts.
 
 use std::sync::Arc;
 
-use policy::{Reason, Target, canonicalize_host};
+use policy::{Reason, Target, check_sni};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::pipeline::{Connected, Ctx, Denial, Shared, TargetLabel};
+use super::TargetLabel;
+use super::establish::Connected;
+use super::record;
+use crate::denial::Denial;
 use crate::relay::{RelayOutcome, relay};
+use crate::shared::Shared;
 use crate::sni::{self, Hello};
+use crate::vocab::CloseReason;
 
 /// The port whose tunnels carry TLS by convention (RFC 9110 section 4.2.2).
 const HTTPS_PORT: u16 = 443;
+
+/// TLS record content type `handshake` (RFC 8446 section 5.1).
+const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Runs one allowed tunnel to completion and writes its close record. `early` holds bytes
 /// the client sent after its request and that were already read (they come first in the
 /// tunnel). After the SNI gate, a target matching the grant's `tls_terminate` is handed to
 /// [`crate::tls::terminate`] (with the ClientHello bytes the gate read); any other tunnel
 /// is relayed.
-pub async fn run<C>(
+pub(crate) async fn run<C>(
     mut client: C,
     early: Vec<u8>,
     connected: Connected,
     target: &Target,
     shared: Arc<Shared>,
-    ctx: &Ctx,
-    protocol: &'static str,
 ) where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let label = TargetLabel::from(target);
+    let ctx = connected.opened.ctx();
     let sni_check = ctx.authority.as_ref().is_some_and(|a| a.grant.sni_check());
     let terminate = ctx
         .authority
@@ -51,11 +57,8 @@ pub async fn run<C>(
     let mut prefix = early;
     // On 443 the first bytes must be a ClientHello. On other ports the client's first
     // bytes are looked at only if it speaks first (server-speaks-first protocols such as
-    // SSH or SMTP must not wait on us): a TLS handshake is held to the same SNI rule, so
-    // fronting cannot move to 8443; anything else passes as an opaque tunnel.
-    // The gate waits on the client (bounded by the request-head timeout); a shutdown or
-    // revocation in the meantime ends the tunnel at once, with its close record.
-    let mut closing = connected.closing.clone();
+    // SSH or SMTP must not wait on us). The gate waits on the client (bounded by the
+    // request-head timeout); a shutdown or revocation meanwhile ends the tunnel at once.
     let upstream_ref = &connected.stream;
     let gate = async {
         if sni_check && target.port == HTTPS_PORT {
@@ -82,57 +85,51 @@ pub async fn run<C>(
     };
     let gate = tokio::select! {
         g = gate => g,
-        () = crate::listener::wait_true(&mut closing) => {
-            let outcome = RelayOutcome::ended("shutdown");
-            shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+        () = connected.closing.cancelled() => {
+            connected.opened.finish(RelayOutcome::ended(CloseReason::Shutdown));
             return;
         }
     };
-    if let Some(gate) = gate {
-        match gate {
-            Gate::Pass(read) => prefix = read,
-            Gate::Closed => {
-                let outcome = RelayOutcome::ended("client_closed");
-                shared.log_close(ctx, protocol, &label, connected.opened, outcome);
-                return;
-            }
-            Gate::Deny(denial) => {
-                let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
-                shared.deny_early(ctx, name.as_deref(), protocol, &label, denial);
-                let outcome = RelayOutcome::ended("sni_mismatch");
-                shared.log_close(ctx, protocol, &label, connected.opened, outcome);
-                return;
-            }
+    match gate {
+        Some(Gate::Pass(read)) => prefix = read,
+        Some(Gate::Closed) => {
+            connected
+                .opened
+                .finish(RelayOutcome::ended(CloseReason::ClientClosed));
+            return;
         }
+        Some(Gate::Deny(denial)) => {
+            let label = TargetLabel::from(target);
+            let opened = connected.opened;
+            record::deny(&shared, opened.ctx(), opened.protocol(), &label, denial);
+            opened.finish(RelayOutcome::ended(CloseReason::SniMismatch));
+            return;
+        }
+        None => {}
     }
     if terminate {
         // Boxed: termination is rare and its future is large.
         Box::pin(crate::tls::terminate(
-            client, prefix, connected, target, shared, ctx, protocol,
+            client, prefix, connected, target, shared,
         ))
         .await;
         return;
     }
-    let mut upstream = connected.stream;
+    let Connected {
+        stream: mut upstream,
+        opened,
+        closing,
+        ..
+    } = connected;
     if !prefix.is_empty() && upstream.write_all(&prefix).await.is_err() {
-        let outcome = RelayOutcome::ended("error");
-        shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
         return;
     }
-    let mut outcome = relay(
-        client,
-        upstream,
-        shared.timeouts.idle_tunnel,
-        // Per authority: closes on revocation (after the grace) and on shutdown.
-        connected.closing.clone(),
-    )
-    .await;
+    // Per authority: closes on revocation (after the grace) and on shutdown.
+    let mut outcome = relay(client, upstream, shared.timeouts.idle_tunnel, closing).await;
     outcome.up += prefix.len() as u64;
-    shared.log_close(ctx, protocol, &label, connected.opened, outcome);
+    opened.finish(outcome);
 }
-
-/// TLS record content type `handshake` (RFC 8446 section 5.1).
-const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Who spoke first on a tunnel to a port other than 443.
 enum First {
@@ -185,16 +182,7 @@ async fn sni_gate<C: AsyncRead + Unpin>(
 ) -> Gate {
     let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
     let mut chunk = [0u8; 4096];
-    let deny = |detail: String| {
-        Gate::Deny(Denial::new(
-            Reason::SniMismatch,
-            detail,
-            format!(
-                "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
-                target.host
-            ),
-        ))
-    };
+    let deny = |detail: String| Gate::Deny(sni_denial(detail, target));
     loop {
         // Off 443 a stream is held to the SNI rule only if it really starts like a TLS
         // record (RFC 8446 section 5.1: type 22, legacy version 0x03 0x00..=0x04): a binary
@@ -215,11 +203,11 @@ async fn sni_gate<C: AsyncRead + Unpin>(
                 ));
             }
             Hello::Malformed(why) => return deny(format!("unreadable TLS ClientHello: {why}")),
-            Hello::ClientHello { server_names, ech } => {
-                return match check_names(&server_names, target) {
+            Hello::Complete { server_names, ech } => {
+                return match check_sni(&server_names, target) {
                     Ok(()) => Gate::Pass(buf),
                     Err(why) if ech => deny(format!("{why} (ECH outer name)")),
-                    Err(why) => deny(why),
+                    Err(why) => deny(why.to_string()),
                 };
             }
         }
@@ -238,6 +226,18 @@ async fn sni_gate<C: AsyncRead + Unpin>(
     }
 }
 
+/// The `sni_mismatch` denial for a tunnel to `target`.
+pub(crate) fn sni_denial(detail: String, target: &Target) -> Denial {
+    Denial::new(
+        Reason::SniMismatch,
+        detail,
+        format!(
+            "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
+            target.host
+        ),
+    )
+}
+
 /// Whether `buf` (the first bytes of a tunnel) can still be the start of a TLS handshake
 /// record: content type 22, then major version 3 and a minor version of at most 4.
 fn plausible_tls_record(buf: &[u8]) -> bool {
@@ -246,26 +246,16 @@ fn plausible_tls_record(buf: &[u8]) -> bool {
         && buf.get(2).is_none_or(|&minor| minor <= 4)
 }
 
-/// The SNI rule: exactly one name equal (canonically) to a name target; none, or none but
-/// the same literal, for an IP-literal target.
-fn check_names(names: &[String], target: &Target) -> Result<(), String> {
-    match names {
-        [] if target.host.ip().is_some() => Ok(()),
-        [] => Err(format!(
-            "the ClientHello has no SNI; the tunnel is to {}",
-            target.host
-        )),
-        [one] => match canonicalize_host(one) {
-            Ok(h) if h == target.host => Ok(()),
-            Ok(h) => Err(format!(
-                "SNI {h} does not match the tunnel host {}",
-                target.host
-            )),
-            Err(e) => Err(format!("SNI is not a valid host: {e}")),
-        },
-        _ => Err(format!(
-            "the ClientHello names {} servers; one is allowed",
-            names.len()
-        )),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_plausible_tls_record_is_held_to_the_sni_rule_off_443() {
+        assert!(plausible_tls_record(&[]));
+        assert!(plausible_tls_record(&[0x16, 0x03, 0x01]));
+        assert!(!plausible_tls_record(&[0x16, 0x02]));
+        assert!(!plausible_tls_record(&[0x16, 0x03, 0x05]));
+        assert!(!plausible_tls_record(b"SSH-2.0"));
     }
 }

@@ -1,11 +1,12 @@
 //! The SOCKS5 front-end (RFC 1928, with RFC 1929 username/password authentication).
 //!
 //! A small codec of our own rather than a library server: the handshake has to be
-//! interleaved with our pipeline (the method set depends on the channel, RFC 1929
-//! credentials resolve to an authority with a constant-time hash comparison, domain names
-//! go through our canonicaliser, and the REP code comes from the decision reason), and
-//! every step must be bounded by the request-head timeout. Only CONNECT is served; BIND
-//! and UDP ASSOCIATE get REP 0x07.
+//! interleaved with the connection's steps (the method set depends on the channel, RFC
+//! 1929 credentials resolve to an authority with a constant-time hash comparison, domain
+//! names go through our canonicaliser, and the REP code comes from the denial), and every
+//! step must be bounded by the request-head timeout. Only CONNECT is served; BIND and UDP
+//! ASSOCIATE get REP 0x07. Lengths come from single bytes, so no read is larger than 255
+//! bytes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -13,7 +14,14 @@ use std::sync::Arc;
 use policy::{Reason, Target, canonicalize_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::pipeline::{Ctx, Denial, Shared, TargetLabel, escape_raw};
+use crate::conn::establish::establish;
+use crate::conn::identify::authenticate;
+use crate::conn::{Ctx, TargetLabel, record, tunnel};
+use crate::denial::Denial;
+use crate::redact::escape_raw;
+use crate::relay::RelayOutcome;
+use crate::shared::Shared;
+use crate::vocab::{CloseReason, Protocol};
 
 /// RFC 1928 section 3: protocol version.
 const VER: u8 = 0x05;
@@ -23,6 +31,8 @@ const METHOD_NONE: u8 = 0x00;
 const METHOD_USERPASS: u8 = 0x02;
 /// RFC 1928 section 3: no acceptable methods.
 const METHOD_NO_ACCEPTABLE: u8 = 0xFF;
+/// RFC 1929 section 2: the subnegotiation version.
+const USERPASS_VER: u8 = 0x01;
 /// RFC 1928 section 4: CONNECT.
 const CMD_CONNECT: u8 = 0x01;
 /// RFC 1928 section 5: address types.
@@ -37,7 +47,7 @@ const REP_ATYP_NOT_SUPPORTED: u8 = 0x08;
 
 /// A SOCKS5 request target as sent on the wire, before canonicalisation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireAddr {
+pub(crate) enum WireAddr {
     /// ATYP 0x01.
     V4(Ipv4Addr),
     /// ATYP 0x04.
@@ -48,7 +58,7 @@ pub enum WireAddr {
 
 /// Protocol failures while reading a SOCKS5 handshake.
 #[derive(Debug, thiserror::Error)]
-pub enum SocksError {
+enum SocksError {
     /// I/O error or early EOF.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -59,12 +69,16 @@ pub enum SocksError {
 
 /// Serves one SOCKS5 connection (the first byte, 0x05, has not been consumed); the
 /// handshake must be done by `deadline` (the connection's request-head timeout).
-pub async fn serve<S>(mut io: S, shared: Arc<Shared>, mut ctx: Ctx, deadline: tokio::time::Instant)
-where
+pub(crate) async fn serve<S>(
+    mut io: S,
+    shared: Arc<Shared>,
+    mut ctx: Ctx,
+    deadline: tokio::time::Instant,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let head = tokio::time::timeout_at(deadline, handshake(&mut io, &shared, &mut ctx)).await;
-    let (target, _label) = match head {
+    let target = match head {
         Err(_) => return, // request-head timeout: close silently, nothing was asked.
         Ok(Err(e)) => {
             tracing::debug!("SOCKS5 handshake failed: {e}");
@@ -73,24 +87,35 @@ where
         Ok(Ok(None)) => return, // already answered (denied)
         Ok(Ok(Some(t))) => t,
     };
-    let Some(authority) = ctx.authority.clone() else {
-        return;
-    };
-    let connected = match shared
-        .establish(&ctx, &authority.grant, "socks5", &target)
-        .await
-    {
+    let connected = match establish(&shared, &ctx, Protocol::Socks5, &target).await {
         Ok(c) => c,
         Err(denial) => {
-            let _ = reply(&mut io, denial.socks_rep, None).await;
+            let _ = reply(&mut io, denial.socks_rep(), None).await;
             return;
         }
     };
     let bound = connected.stream.local_addr().ok();
     if reply(&mut io, REP_SUCCEEDED, bound).await.is_err() {
+        // The client went away between its request and our answer.
+        connected
+            .opened
+            .finish(RelayOutcome::ended(CloseReason::ClientClosed));
         return;
     }
-    crate::tunnel::run(io, Vec::new(), connected, &target, shared, &ctx, "socks5").await;
+    tunnel::run(io, Vec::new(), connected, &target, shared).await;
+}
+
+/// The method the mediator picks from the client's offer (RFC 1928 section 3): on a Unix
+/// socket the channel is the identity, so "no authentication" is enough; on the TCP
+/// listener only username/password (RFC 1929) names an authority.
+fn choose_method(on_unix: bool, offered: &[u8]) -> Option<u8> {
+    if on_unix && offered.contains(&METHOD_NONE) {
+        Some(METHOD_NONE)
+    } else if offered.contains(&METHOD_USERPASS) {
+        Some(METHOD_USERPASS)
+    } else {
+        None
+    }
 }
 
 /// Runs method negotiation, authentication and the request. Returns the canonical target,
@@ -99,7 +124,7 @@ async fn handshake<S>(
     io: &mut S,
     shared: &Shared,
     ctx: &mut Ctx,
-) -> Result<Option<(Target, TargetLabel)>, SocksError>
+) -> Result<Option<Target>, SocksError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -112,18 +137,20 @@ where
     let mut methods = vec![0u8; usize::from(hdr[1])];
     io.read_exact(&mut methods).await?;
     let on_unix = ctx.authority.is_some();
-    let chosen = if on_unix && methods.contains(&METHOD_NONE) {
-        METHOD_NONE
-    } else if methods.contains(&METHOD_USERPASS) {
-        METHOD_USERPASS
-    } else {
+    let Some(chosen) = choose_method(on_unix, &methods) else {
         io.write_all(&[VER, METHOD_NO_ACCEPTABLE]).await?;
         let denial = Denial::new(
             Reason::BadCredential,
             "SOCKS5 client offered no username/password method (RFC 1929)",
             "connect with a user name (the authority) and password (its token)",
         );
-        shared.deny_early(ctx, None, "socks5", &TargetLabel::default(), denial);
+        record::deny(
+            shared,
+            ctx,
+            Protocol::Socks5,
+            &TargetLabel::default(),
+            denial,
+        );
         return Ok(None);
     };
     io.write_all(&[VER, chosen]).await?;
@@ -132,7 +159,7 @@ where
         // RFC 1929 section 2.
         let mut b = [0u8; 2];
         io.read_exact(&mut b).await?;
-        if b[0] != 0x01 {
+        if b[0] != USERPASS_VER {
             return Err(SocksError::Protocol("bad RFC 1929 version"));
         }
         let mut user = vec![0u8; usize::from(b[1])];
@@ -143,7 +170,7 @@ where
         io.read_exact(&mut pass).await?;
         if !on_unix {
             let result = match std::str::from_utf8(&user) {
-                Ok(name) => shared.authenticate(name, &pass),
+                Ok(name) => authenticate(shared, name, &pass),
                 Err(_) => Err(Denial::new(
                     Reason::UnknownAuthority,
                     "user name is not UTF-8",
@@ -153,14 +180,20 @@ where
             match result {
                 Ok(a) => ctx.authority = Some(a),
                 Err(denial) => {
-                    io.write_all(&[0x01, 0x01]).await?;
-                    shared.deny_early(ctx, None, "socks5", &TargetLabel::default(), denial);
+                    io.write_all(&[USERPASS_VER, 0x01]).await?;
+                    record::deny(
+                        shared,
+                        ctx,
+                        Protocol::Socks5,
+                        &TargetLabel::default(),
+                        denial,
+                    );
                     return Ok(None);
                 }
             }
         }
         // On a Unix socket the channel is the identity; credentials are ignored.
-        io.write_all(&[0x01, 0x00]).await?;
+        io.write_all(&[USERPASS_VER, 0x00]).await?;
     }
 
     // Request (RFC 1928 section 4).
@@ -195,33 +228,28 @@ where
     let mut port = [0u8; 2];
     io.read_exact(&mut port).await?;
     let port = u16::from_be_bytes(port);
-    let name = ctx.authority.as_ref().map(|a| a.grant.name().to_owned());
-
     if req[1] != CMD_CONNECT {
         reply(io, REP_COMMAND_NOT_SUPPORTED, None).await?;
         return Ok(None);
     }
-    let raw_label = TargetLabel {
-        host: Some(match &wire {
-            WireAddr::V4(a) => a.to_string(),
-            WireAddr::V6(a) => a.to_string(),
-            WireAddr::Domain(d) => escape_raw(d),
-        }),
-        port: Some(port),
-    };
     match to_target(&wire, port) {
-        Ok(target) => {
-            let label = TargetLabel::from(&target);
-            Ok(Some((target, label)))
-        }
+        Ok(target) => Ok(Some(target)),
         Err(why) => {
+            let raw_label = TargetLabel {
+                host: Some(match &wire {
+                    WireAddr::V4(a) => a.to_string(),
+                    WireAddr::V6(a) => a.to_string(),
+                    WireAddr::Domain(d) => escape_raw(d),
+                }),
+                port: Some(port),
+            };
             let denial = Denial::new(
                 Reason::MalformedTarget,
                 why,
                 "use a canonical host name or address and a port in 1..=65535",
             );
-            let denial = shared.deny_early(ctx, name.as_deref(), "socks5", &raw_label, denial);
-            reply(io, denial.socks_rep, None).await?;
+            let denial = record::deny(shared, ctx, Protocol::Socks5, &raw_label, denial);
+            reply(io, denial.socks_rep(), None).await?;
             Ok(None)
         }
     }
@@ -229,7 +257,7 @@ where
 
 /// Canonicalises a wire address: domain names go through the same canonicaliser as every
 /// other front-end; port 0 is malformed.
-pub fn to_target(wire: &WireAddr, port: u16) -> Result<Target, String> {
+pub(crate) fn to_target(wire: &WireAddr, port: u16) -> Result<Target, String> {
     if port == 0 {
         return Err("port 0".into());
     }
@@ -245,13 +273,13 @@ pub fn to_target(wire: &WireAddr, port: u16) -> Result<Target, String> {
     Ok(Target { host, port })
 }
 
-/// Writes a reply (RFC 1928 section 6) with BND.ADDR/BND.PORT (zeros when unknown).
-async fn reply<S: AsyncWrite + Unpin>(
-    io: &mut S,
-    rep: u8,
-    bound: Option<SocketAddr>,
-) -> std::io::Result<()> {
-    let rep = if rep > 0x08 { REP_GENERAL_FAILURE } else { rep };
+/// A reply (RFC 1928 section 6) with BND.ADDR/BND.PORT (zeros when unknown).
+fn encode_reply(rep: u8, bound: Option<SocketAddr>) -> Vec<u8> {
+    let rep = if rep > REP_ATYP_NOT_SUPPORTED {
+        REP_GENERAL_FAILURE
+    } else {
+        rep
+    };
     let mut out = Vec::with_capacity(22);
     out.extend_from_slice(&[VER, rep, 0x00]);
     match bound.map(|b| (b.ip(), b.port())) {
@@ -267,6 +295,55 @@ async fn reply<S: AsyncWrite + Unpin>(
         }
         None => out.extend_from_slice(&[ATYP_IPV4, 0, 0, 0, 0, 0, 0]),
     }
-    io.write_all(&out).await?;
+    out
+}
+
+/// Writes a reply (RFC 1928 section 6).
+async fn reply<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    rep: u8,
+    bound: Option<SocketAddr>,
+) -> std::io::Result<()> {
+    io.write_all(&encode_reply(rep, bound)).await?;
     io.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_method_depends_on_the_channel() {
+        assert_eq!(choose_method(true, &[0x00, 0x02]), Some(METHOD_NONE));
+        assert_eq!(choose_method(false, &[0x00, 0x02]), Some(METHOD_USERPASS));
+        assert_eq!(choose_method(false, &[0x00]), None);
+        assert_eq!(choose_method(true, &[0x02]), Some(METHOD_USERPASS));
+        assert_eq!(choose_method(true, &[]), None);
+    }
+
+    #[test]
+    fn wire_addresses_are_canonicalised_or_refused() {
+        let t = to_target(&WireAddr::Domain(b"Example.COM.".to_vec()), 443).unwrap();
+        assert_eq!(t.to_string(), "example.com:443");
+        let t = to_target(&WireAddr::V6("::ffff:192.0.2.1".parse().unwrap()), 80).unwrap();
+        assert_eq!(t.host.as_text(), "192.0.2.1");
+        assert_eq!(
+            to_target(&WireAddr::V4(Ipv4Addr::LOCALHOST), 0).unwrap_err(),
+            "port 0"
+        );
+        let e = to_target(&WireAddr::Domain(vec![0xff, b'a']), 80).unwrap_err();
+        assert!(e.contains("not UTF-8") && e.contains("\\xff"), "{e}");
+        assert!(to_target(&WireAddr::Domain(b"127.1".to_vec()), 80).is_err());
+    }
+
+    #[test]
+    fn replies_carry_the_bound_address_or_zeros() {
+        assert_eq!(encode_reply(0x02, None), [5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        let v4 = encode_reply(0x00, Some("127.0.0.1:258".parse().unwrap()));
+        assert_eq!(v4, [5, 0, 0, 1, 127, 0, 0, 1, 1, 2]);
+        let v6 = encode_reply(0x00, Some("[::1]:1".parse().unwrap()));
+        assert_eq!((v6.len(), v6[3], v6[19], v6[21]), (22, ATYP_IPV6, 1, 1));
+        // Codes outside RFC 1928 section 6 become general failure.
+        assert_eq!(encode_reply(0x42, None)[1], REP_GENERAL_FAILURE);
+    }
 }

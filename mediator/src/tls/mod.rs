@@ -25,18 +25,18 @@ use rustls::pki_types::pem::PemObject as _;
 
 use crate::error::Error;
 
-pub use serve::terminate;
+pub(crate) use serve::terminate;
 
 /// How many leaves the cache keeps (one per terminated host; issuing one takes about a
 /// millisecond, so this only bounds memory).
-pub const LEAF_CACHE: usize = 1024;
+const LEAF_CACHE: usize = 1024;
 
 /// ALPN protocols offered on both legs, preferred first (RFC 7301; RFC 9113 section 3.2).
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// The CA, its leaf cache, and the upstream client configuration.
 #[derive(Debug)]
-pub struct TlsState {
+pub(crate) struct TlsState {
     leaves: LeafCache,
     upstream: Arc<rustls::ClientConfig>,
     provider: Arc<CryptoProvider>,
@@ -51,7 +51,7 @@ impl TlsState {
     /// # Errors
     /// [`Error::Tls`] naming the file: the CA cannot be created or loaded (bad key mode,
     /// expired, not a CA, ...), or an extra CA file cannot be read or holds no certificate.
-    pub fn load(cfg: &policy::config::Tls) -> Result<Option<Self>, Error> {
+    pub(crate) fn load(cfg: &policy::config::Tls) -> Result<Option<Self>, Error> {
         let Some(dir) = &cfg.ca_dir else {
             return Ok(None);
         };
@@ -68,7 +68,7 @@ impl TlsState {
     }
 
     /// The CA certificate (PEM) children must trust.
-    pub fn ca_pem(&self) -> &str {
+    pub(crate) fn ca_pem(&self) -> &str {
         self.leaves.ca().cert_pem()
     }
 }

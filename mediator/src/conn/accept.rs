@@ -1,0 +1,170 @@
+//! One accept loop for every listener: the per-authority Unix sockets, the shared TCP
+//! listener (design section 5), and the admin API on TCP or its own Unix socket.
+//!
+//! A channel connection is identified here by where it arrived: a Unix socket *is* its
+//! authority (the peer's pid/uid/gid are read with `SO_PEERCRED` and logged); on the TCP
+//! listener the authority is named later by a credential. Each connection runs in a task
+//! of its own, counted live until it ends, and starts in [`crate::front::dispatch`].
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use super::Ctx;
+use crate::authorities::Live;
+use crate::decision_log::Peer;
+use crate::shared::Shared;
+
+/// How long the loop waits after a failed `accept` (e.g. `EMFILE`) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A listening socket: TCP or Unix.
+pub(crate) trait Listener: Send + Sync + 'static {
+    /// The accepted stream.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Accepts one connection.
+    fn accept_one(&self) -> impl Future<Output = io::Result<(Self::Io, Peer)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+
+    async fn accept_one(&self) -> io::Result<(TcpStream, Peer)> {
+        let (stream, addr) = self.accept().await?;
+        // Small request heads and replies: never wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        Ok((stream, Peer::Tcp(addr)))
+    }
+}
+
+impl Listener for UnixListener {
+    type Io = UnixStream;
+
+    async fn accept_one(&self) -> io::Result<(UnixStream, Peer)> {
+        loop {
+            let (stream, _) = self.accept().await?;
+            match stream.peer_cred() {
+                Ok(cred) => {
+                    let peer = Peer::Unix {
+                        pid: cred.pid(),
+                        uid: cred.uid(),
+                        gid: cred.gid(),
+                    };
+                    return Ok((stream, peer));
+                }
+                // Who is asking must be logged: a connection without it is closed.
+                Err(e) => tracing::warn!("SO_PEERCRED failed: {e}; closing the connection"),
+            }
+        }
+    }
+}
+
+/// Accepts on `listener` until `stop` is cancelled (the listener is then dropped, so
+/// closed), handing each connection to `serve`. `what` names the listener in warnings.
+pub(crate) async fn accept_loop<L, F>(
+    listener: L,
+    stop: CancellationToken,
+    what: &str,
+    mut serve: F,
+) where
+    L: Listener,
+    F: FnMut(L::Io, Peer),
+{
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept_one() => a,
+            () = stop.cancelled() => return,
+        };
+        match accepted {
+            Ok((io, peer)) => serve(io, peer),
+            Err(e) => {
+                tracing::warn!("accept on {what} failed: {e}");
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// Serves an authority's Unix socket until it is revoked or the mediator drains: each
+/// connection is that authority's.
+pub(crate) async fn serve_authority(listener: UnixListener, live: Arc<Live>, shared: Arc<Shared>) {
+    let what = format!("the socket of {}", live.name());
+    let authority = Arc::clone(&live.authority);
+    accept_loop(listener, live.stop_signal(), &what, |io, peer| {
+        let ctx = Ctx::new(shared.next_id(), peer, Some(Arc::clone(&authority)));
+        spawn_conn(&shared, io, ctx);
+    })
+    .await;
+}
+
+/// Serves the shared TCP listener until the mediator drains: the authority of each
+/// connection comes from its credential.
+pub(crate) async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
+    let stop = shared.signals.draining.clone();
+    accept_loop(listener, stop, "the TCP listener", |io, peer| {
+        spawn_conn(&shared, io, Ctx::new(shared.next_id(), peer, None));
+    })
+    .await;
+}
+
+/// Runs one client connection in a task of its own, counted live while it runs.
+pub(crate) fn spawn_conn<S>(shared: &Arc<Shared>, io: S, ctx: Ctx)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let guard = shared.enter();
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        let _guard = guard;
+        crate::front::dispatch(io, shared, ctx).await;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(unreachable_code, clippy::diverging_sub_expression)]
+    use super::*;
+    use crate::rewind::Rewind;
+
+    /// The size of the future `make` would return, without calling it.
+    fn future_size<F, Fut>(_make: F) -> usize
+    where
+        F: FnOnce() -> Fut,
+    {
+        size_of::<Fut>()
+    }
+
+    /// Every connection's task holds its `dispatch` future for its whole life, and tokio
+    /// copies it when the task is created and finished: a buffer or a large sub-future
+    /// kept inline (a 4 KiB read buffer, hyper's connection, the resolver) costs every
+    /// idle tunnel its size in memory and every connection that many bytes copied. This
+    /// was 11.7 KiB (user-space instructions per CONNECT tunnel fell by about 60%
+    /// once it was cut); keep large parts boxed or on the heap.
+    #[test]
+    fn per_connection_futures_stay_small() {
+        let unix = future_size(|| {
+            crate::front::dispatch::<UnixStream>(unreachable!(), unreachable!(), unreachable!())
+        });
+        let tcp = future_size(|| {
+            crate::front::dispatch::<TcpStream>(unreachable!(), unreachable!(), unreachable!())
+        });
+        let relay = future_size(|| {
+            crate::relay::relay::<Rewind<TcpStream>>(
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+                unreachable!(),
+            )
+        });
+        assert!(unix <= 5 * 1024, "dispatch (unix) future is {unix} bytes");
+        assert!(tcp <= 5 * 1024, "dispatch (tcp) future is {tcp} bytes");
+        assert!(relay <= 2 * 1024, "relay future is {relay} bytes");
+    }
+}

@@ -1,0 +1,132 @@
+//! The close record of an allowed connection (design section 10: bytes up/down, duration,
+//! close reason), written by one owner exactly once.
+//!
+//! [`Opened`] is that owner: `establish` hands one out with every allowed upstream
+//! connection, and whoever ends the connection calls [`Opened::finish`]. A path that
+//! forgets, returns early, or unwinds from a panic drops it unfinished, and the drop
+//! writes the record with `close_reason = "error"`: no allowed connection goes without
+//! its close record. The same value moves the authority's `mediator_active_connections`
+//! gauge and `mediator_bytes_total` counters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::record::{self, ms};
+use super::{Ctx, TargetLabel};
+use crate::relay::RelayOutcome;
+use crate::route::Route;
+use crate::shared::Shared;
+use crate::vocab::{CloseReason, Event, Protocol};
+
+/// The facts of an allowed connection that its close record repeats.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Facts {
+    /// The decision id.
+    pub(crate) id: u64,
+    /// The address actually connected to (or named to a parent).
+    pub(crate) pin: SocketAddr,
+    /// When the decision was taken.
+    pub(crate) started: Instant,
+    /// The route taken.
+    pub(crate) route: Route,
+    /// Time spent resolving.
+    pub(crate) dns: Option<Duration>,
+    /// Time spent connecting.
+    pub(crate) connect: Option<Duration>,
+}
+
+/// An allowed connection whose close record is still to be written.
+#[must_use = "an opened connection writes its close record when finished, or `error` when dropped"]
+#[derive(Debug)]
+pub(crate) struct Opened {
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    protocol: Protocol,
+    label: TargetLabel,
+    facts: Facts,
+    /// Set once the record is written.
+    written: bool,
+}
+
+impl Opened {
+    /// Takes ownership of the close record of an allowed connection of `ctx`'s authority
+    /// and counts it open in `mediator_active_connections`. The record describes the
+    /// connection, not a request: it carries no request line.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        mut ctx: Ctx,
+        protocol: Protocol,
+        label: TargetLabel,
+        facts: Facts,
+    ) -> Self {
+        if let Some(name) = ctx.authority_name() {
+            shared.metrics.opened(name);
+        }
+        ctx.request = None;
+        Self {
+            shared,
+            ctx,
+            protocol,
+            label,
+            facts,
+            written: false,
+        }
+    }
+
+    /// The facts its close record will repeat.
+    pub(crate) fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    /// The connection's context.
+    pub(crate) fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    /// The protocol of the decision that opened it.
+    pub(crate) fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// Writes the close record with `outcome`.
+    pub(crate) fn finish(mut self, outcome: RelayOutcome) {
+        self.write(outcome);
+    }
+
+    fn write(&mut self, outcome: RelayOutcome) {
+        if std::mem::replace(&mut self.written, true) {
+            return;
+        }
+        let Facts {
+            id,
+            pin,
+            started,
+            route,
+            dns,
+            connect,
+        } = self.facts;
+        let mut rec = record::base(&self.ctx, id, Event::Close, self.protocol, &self.label);
+        (rec.decision, rec.reason) = outcome.close_reason.verdict();
+        rec.dns_ms = dns.map(ms);
+        rec.connect_ms = connect.map(ms);
+        rec.pin = Some(pin.ip().to_string());
+        rec.route = Some(self.shared.route_label(route).to_owned());
+        rec.bytes_up = Some(outcome.up);
+        rec.bytes_down = Some(outcome.down);
+        rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        rec.close_reason = Some(outcome.close_reason);
+        if let Some(name) = self.ctx.authority_name() {
+            self.shared.metrics.closed(name, outcome.up, outcome.down);
+        }
+        self.shared.log.write(&rec);
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        // Unfinished: a path that ended without saying how (or a panic). The bytes are not
+        // known here; the record still says the connection existed and ended.
+        self.write(RelayOutcome::ended(CloseReason::Error));
+    }
+}

@@ -1,0 +1,300 @@
+//! From a canonical target to an established upstream connection (design sections 4, 7
+//! and 8), in this order: the grant's name decision (deny rules, allow rules, port) ->
+//! one resolution -> vetting of every address (global or excepted by `allow_private`,
+//! never the mediator's own listeners) -> the watchdog (asked only when everything else
+//! allowed; it can only narrow) -> the route (after the decision: it chooses how to reach
+//! the vetted addresses, never which) -> a connect to the pinned addresses only -> one
+//! decision line, allow or deny.
+//!
+//! [`decide_and_vet`] is the part `mediator explain` shares with live traffic. Nothing here
+//! ever hands a name to a socket API, and no decision is taken under a grant that is not
+//! live (a revoked or replaced authority's connections get `unknown_authority`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use policy::config::Authority;
+use policy::{Grant, OwnAddrs, Pin, Reason, Target};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::close::{Facts, Opened};
+use super::identify::revoked;
+use super::record::{self, Allowed, Timing};
+use super::{Ctx, TargetLabel};
+use crate::denial::{Cause, Denial};
+use crate::metrics::UpstreamErrorKind;
+use crate::resolve::{ResolveFailure, Resolver};
+use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, Via};
+use crate::shared::Shared;
+use crate::vocab::Protocol;
+use crate::watchdog;
+
+/// An established upstream connection for an allowed decision.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    /// The upstream stream.
+    pub(crate) stream: TcpStream,
+    /// The owner of its close record.
+    pub(crate) opened: Opened,
+    /// Cancelled when this connection must close: its authority was revoked and the
+    /// revoke grace is over, or the shutdown grace is over.
+    pub(crate) closing: CancellationToken,
+    /// `Some` when `stream` goes to an HTTP parent that takes absolute-form requests
+    /// (plain HTTP routed through a parent): send them there, with this authorization.
+    pub(crate) forward_proxy: Option<ForwardProxy>,
+}
+
+/// One resolution and how long it took.
+#[derive(Debug)]
+pub(crate) struct Resolution {
+    /// The addresses, or why there are none.
+    pub(crate) addrs: Result<Vec<IpAddr>, ResolveFailure>,
+    /// Time spent.
+    pub(crate) took: Duration,
+}
+
+/// An allowed target's vetted addresses and the grant entry that allowed it.
+#[derive(Debug)]
+pub(crate) struct Vetted {
+    /// The addresses a connection may be made to, in order.
+    pub(crate) pin: Pin,
+    /// The allow entry that matched.
+    pub(crate) rule: Option<String>,
+}
+
+/// What the shared decision steps found for one target.
+#[derive(Debug)]
+pub(crate) struct Vetting {
+    /// The resolution, when the name decision allowed.
+    pub(crate) resolved: Option<Resolution>,
+    /// The pin, or the denial.
+    pub(crate) outcome: Result<Vetted, Denial>,
+}
+
+/// The decision steps that live traffic and `mediator explain` share: the grant's name
+/// decision, one resolution, then vetting of every address. Nothing is connected to.
+pub(crate) async fn decide_and_vet(
+    resolver: &Resolver,
+    own: &OwnAddrs,
+    grant: &Grant,
+    target: &Target,
+) -> Vetting {
+    let decision = grant.decide(target);
+    if !decision.is_allow() {
+        return Vetting {
+            outcome: Err(Denial::from(decision)),
+            resolved: None,
+        };
+    }
+    let rule = decision.rule.clone();
+    let (addrs, took) = resolver.resolve(&target.host).await;
+    let outcome = match &addrs {
+        Err(failure) => Err(Denial::new(
+            Reason::DnsFailure,
+            format!("cannot resolve {}: {failure}", target.host),
+            "check the host name; the mediator's resolver found no address for it",
+        )
+        .with_cause(match failure {
+            ResolveFailure::Timeout => Cause::DnsTimeout,
+            ResolveFailure::NoRecords | ResolveFailure::Other(_) => Cause::Policy,
+        })
+        .with_rule(rule)),
+        Ok(addrs) => match grant.vet(target, addrs, own) {
+            Ok(pin) => Ok(Vetted { pin, rule }),
+            Err(d) => Err(Denial::from(d)),
+        },
+    };
+    Vetting {
+        resolved: Some(Resolution { addrs, took }),
+        outcome,
+    }
+}
+
+/// Decides, resolves, vets, asks the authority's watchdog and connects, for the authority
+/// `ctx` is attributed to; logs the decision line (allow or deny) and counts it. A
+/// shutdown whose grace ends meanwhile ends the attempt, still with its decision line.
+///
+/// # Errors
+/// The [`Denial`], already logged.
+pub(crate) async fn establish(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    protocol: Protocol,
+    target: &Target,
+) -> Result<Connected, Denial> {
+    // Boxed: resolving and connecting take a large future (kilobytes) that is needed only
+    // until the connection is up; inline, every connection's task would carry (and move)
+    // it for its whole life.
+    let establishing = Box::pin(steps(shared, ctx, protocol, target));
+    tokio::select! {
+        result = establishing => result,
+        () = shared.signals.closing.cancelled() => {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!("{target}: the mediator shut down before the upstream connection was made"),
+                "retry once the mediator is back",
+            );
+            Err(record::deny(shared, ctx, protocol, &TargetLabel::from(target), denial))
+        }
+    }
+}
+
+async fn steps(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    protocol: Protocol,
+    target: &Target,
+) -> Result<Connected, Denial> {
+    let id = shared.next_id();
+    let started = Instant::now();
+    let label = TargetLabel::from(target);
+    let log = |result: Result<Allowed<'_>, &Denial>, timing: Timing| {
+        record::decision(shared, ctx, id, protocol, &label, result, timing);
+    };
+    // The grant decided with must be the live authority's own (never another's).
+    let live = ctx
+        .authority
+        .as_ref()
+        .and_then(|a| shared.authorities.live_of(a));
+    let (Some(authority), Some(live)) = (ctx.authority.as_ref(), live) else {
+        let denial = revoked(ctx.authority_name().unwrap_or("-"));
+        log(Err(&denial), Timing::default());
+        return Err(denial);
+    };
+    let grant = &authority.grant;
+    let vetting = decide_and_vet(&shared.resolver, &shared.own, grant, target).await;
+    let dns = vetting.resolved.as_ref().map(|r| {
+        count_resolution(shared, target, r);
+        r.took
+    });
+    let Vetted { pin, rule } = match vetting.outcome {
+        Ok(v) => v,
+        Err(denial) => {
+            log(Err(&denial), Timing { dns, connect: None });
+            return Err(denial);
+        }
+    };
+    if let Err(denial) = ask_watchdog(shared, authority, protocol, target).await {
+        let denial = denial.with_rule(rule);
+        log(Err(&denial), Timing { dns, connect: None });
+        return Err(denial);
+    }
+    let via = if protocol.is_forwarding() {
+        Via::Forward
+    } else {
+        Via::Tunnel
+    };
+    let (connected, took) = shared
+        .router
+        .connect(via, target, &pin, shared.timeouts.connect)
+        .await;
+    shared.metrics.observe_connect(took);
+    let timing = Timing {
+        dns,
+        connect: Some(took),
+    };
+    match connected {
+        Ok(Established {
+            stream,
+            pin,
+            route,
+            forward,
+        }) => {
+            let allow = Allowed {
+                rule: rule.as_deref(),
+                pin,
+                route: shared.route_label(route),
+            };
+            shared.metrics.routed(grant.name(), route.kind());
+            log(Ok(allow), timing);
+            let facts = Facts {
+                id,
+                pin,
+                started,
+                route,
+                dns,
+                connect: Some(took),
+            };
+            Ok(Connected {
+                stream,
+                opened: Opened::new(
+                    Arc::clone(shared),
+                    ctx.clone(),
+                    protocol,
+                    label.clone(),
+                    facts,
+                ),
+                closing: live.closing_signal(),
+                forward_proxy: forward,
+            })
+        }
+        Err(failure) => {
+            let denial = upstream_denial(shared, failure).with_rule(rule);
+            log(Err(&denial), timing);
+            Err(denial)
+        }
+    }
+}
+
+/// Counts a resolution in the DNS histogram (names only) and its failure by kind.
+fn count_resolution(shared: &Shared, target: &Target, r: &Resolution) {
+    if target.host.name().is_some() {
+        shared.metrics.observe_dns(r.took);
+    }
+    if let Err(failure) = &r.addrs {
+        shared.metrics.upstream_error(match failure {
+            ResolveFailure::NoRecords => UpstreamErrorKind::DnsNoRecords,
+            ResolveFailure::Timeout => UpstreamErrorKind::DnsTimeout,
+            ResolveFailure::Other(_) => UpstreamErrorKind::DnsError,
+        });
+    }
+}
+
+/// The authority's watchdog, when it has one: only an answer of allow passes.
+async fn ask_watchdog(
+    shared: &Shared,
+    authority: &Authority,
+    protocol: Protocol,
+    target: &Target,
+) -> Result<(), Denial> {
+    if authority.watchdog.is_empty() {
+        return Ok(());
+    }
+    let host = target.host.as_text();
+    let question = watchdog::Question {
+        authority: authority.grant.name(),
+        host: &host,
+        port: target.port,
+        protocol,
+    };
+    match watchdog::ask(&authority.watchdog, &question, shared.timeouts.watchdog).await {
+        watchdog::Verdict::Allow => Ok(()),
+        watchdog::Verdict::Deny(detail) => Err(Denial::new(
+            Reason::WatchdogDenied,
+            detail,
+            "the grant allows this destination but the authority's watchdog refused it; ask its operator",
+        )),
+    }
+}
+
+/// The denial of a failed route, counted by kind.
+fn upstream_denial(shared: &Shared, failure: RouteFailure) -> Denial {
+    let (kind, cause) = match failure.connect {
+        // The parent answered (407, 403, SOCKS5 REP) or the PAC gave no route.
+        None => (UpstreamErrorKind::ConnectError, Cause::Policy),
+        Some(ConnectFailure::Refused(_)) => {
+            (UpstreamErrorKind::ConnectRefused, Cause::ConnectRefused)
+        }
+        Some(ConnectFailure::Timeout) => (UpstreamErrorKind::ConnectTimeout, Cause::ConnectTimeout),
+        Some(ConnectFailure::Other(_)) => (UpstreamErrorKind::ConnectError, Cause::ConnectError),
+    };
+    shared.metrics.upstream_error(kind);
+    Denial::new(
+        Reason::UpstreamFailure,
+        failure.detail,
+        "the destination (or the parent proxy on its route) did not accept the connection; check the host and port, and the [upstream] parents",
+    )
+    .with_cause(cause)
+}

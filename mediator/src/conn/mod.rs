@@ -1,0 +1,103 @@
+//! The life of one client connection, in order (design section 3). Read the files top to
+//! bottom:
+//!
+//! 1. [`accept`]: one accept loop for every listener (TCP and Unix, channels and the admin
+//!    API); a channel connection is identified by where it arrived (a Unix socket is its
+//!    authority, with `SO_PEERCRED`; the TCP listener's authority comes later, from a
+//!    credential) and handed to a front-end (`crate::front`: the first byte `0x05` means
+//!    SOCKS5, anything else HTTP), which parses the request and canonicalises its target.
+//! 2. [`identify`]: a credential on the shared TCP listener names its authority (SHA-256,
+//!    compared in constant time).
+//! 3. [`establish`]: the grant decides, the name is resolved once, every address vetted,
+//!    the watchdog asked (it can only narrow), the route chosen, the pinned address
+//!    connected to, and one decision line written. `mediator explain` runs the same
+//!    decision steps.
+//! 4. [`tunnel`]: after the front-end's success reply, the SNI gate, then the relay (or TLS
+//!    termination).
+//! 5. [`close`]: the connection's close record, written by its owner exactly once, on
+//!    every path ([`close::Opened`] writes one when dropped unfinished).
+//!
+//! [`record`] builds every decision-log line, counts it and keeps denials for the admin
+//! API: the one place a [`crate::decision_log::Record`] is made.
+
+pub(crate) mod accept;
+pub(crate) mod close;
+pub(crate) mod establish;
+pub(crate) mod identify;
+pub(crate) mod record;
+pub(crate) mod tunnel;
+
+use std::sync::Arc;
+
+use policy::Target;
+use policy::config::Authority;
+
+use crate::decision_log::Peer;
+
+/// Who is on the other end of one client connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    /// Connection id (the `conn` log field).
+    pub(crate) conn: u64,
+    /// Peer credentials or address.
+    pub(crate) peer: Peer,
+    /// The authority bound by the channel (`Some` on a Unix socket; `None` on the shared
+    /// TCP listener until a credential names one).
+    pub(crate) authority: Option<Arc<Authority>>,
+    /// The request being decided, for plain `http://` requests to a host whose TLS is
+    /// terminated (the lines then carry `method` and `path`, as the `tls` lines of its
+    /// tunnels do). `None` elsewhere.
+    pub(crate) request: Option<RequestLine>,
+}
+
+impl Ctx {
+    /// A connection's context before anything was read from it.
+    pub(crate) fn new(conn: u64, peer: Peer, authority: Option<Arc<Authority>>) -> Self {
+        Self {
+            conn,
+            peer,
+            authority,
+            request: None,
+        }
+    }
+
+    /// The same connection, attributed to `authority`.
+    pub(crate) fn attributed(&self, authority: &Arc<Authority>) -> Self {
+        Self {
+            authority: Some(Arc::clone(authority)),
+            ..self.clone()
+        }
+    }
+
+    /// The name of the authority the connection is attributed to, if any.
+    pub(crate) fn authority_name(&self) -> Option<&str> {
+        self.authority.as_ref().map(|a| a.grant.name())
+    }
+}
+
+/// The method and logged path (query redacted) of one HTTP request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RequestLine {
+    /// The method (`GET`).
+    pub(crate) method: String,
+    /// The path, escaped, its query replaced by `?<redacted>`.
+    pub(crate) path: String,
+}
+
+/// A log line's target: canonical, or raw (escaped) when it could not be canonicalised.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TargetLabel {
+    /// Host text.
+    pub(crate) host: Option<String>,
+    /// Port.
+    pub(crate) port: Option<u16>,
+}
+
+impl From<&Target> for TargetLabel {
+    fn from(t: &Target) -> Self {
+        Self {
+            host: Some(t.host.as_text()),
+            port: Some(t.port),
+        }
+    }
+}

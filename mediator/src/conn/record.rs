@@ -1,0 +1,220 @@
+//! Decision lines (design section 10): the one place a [`Record`] is built. Each line is
+//! counted in `mediator_decisions_total` first (so a visible line is always counted),
+//! a denial is kept in the ring of the connection's (still live) authority for the admin
+//! API, then the line is written. Close records are built here too ([`base`]) and written
+//! by their owner, [`super::close::Opened`].
+//!
+//! Nothing here sees a secret: details are redacted by their producers and by
+//! [`deny`], and no header value is ever put in a record.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use policy::{Reason, Verdict};
+
+use super::{Ctx, RequestLine, TargetLabel};
+use crate::authorities::DenialEntry;
+use crate::decision_log::{Record, now_rfc3339};
+use crate::denial::{Cause, Denial};
+use crate::redact::redact_userinfo;
+use crate::shared::Shared;
+use crate::vocab::{Event, Protocol};
+
+/// How long the steps before a decision took (repeated in the close record).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Timing {
+    /// Resolving the name (`None` when it was not resolved).
+    pub(crate) dns: Option<Duration>,
+    /// Connecting upstream (`None` when no connect was tried).
+    pub(crate) connect: Option<Duration>,
+}
+
+/// What an allow line names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Allowed<'a> {
+    /// The grant entry (or request rule) that allowed, if any.
+    pub(crate) rule: Option<&'a str>,
+    /// The vetted address connected to.
+    pub(crate) pin: SocketAddr,
+    /// The `route` log value.
+    pub(crate) route: &'a str,
+}
+
+/// A record of `ctx` with every field that does not depend on the outcome; the caller
+/// fills in the verdict.
+pub(crate) fn base(
+    ctx: &Ctx,
+    id: u64,
+    event: Event,
+    protocol: Protocol,
+    label: &TargetLabel,
+) -> Record {
+    Record {
+        event,
+        ts: now_rfc3339(),
+        id,
+        conn: ctx.conn,
+        authority: ctx.authority_name().map(str::to_owned),
+        channel: ctx.peer.channel(),
+        peer: ctx.peer,
+        protocol,
+        host: label.host.clone(),
+        port: label.port,
+        decision: Verdict::Deny,
+        reason: Reason::MalformedTarget,
+        rule: None,
+        detail: String::new(),
+        cause: Cause::Policy,
+        pin: None,
+        route: None,
+        dns_ms: None,
+        connect_ms: None,
+        bytes_up: None,
+        bytes_down: None,
+        duration_ms: None,
+        close_reason: None,
+        method: ctx.request.as_ref().map(|r| r.method.clone()),
+        path: ctx.request.as_ref().map(|r| r.path.clone()),
+    }
+}
+
+/// Logs one decision taken by [`super::establish`] (or served by an already-open upstream
+/// connection), under the decision id `id`.
+pub(crate) fn decision(
+    shared: &Shared,
+    ctx: &Ctx,
+    id: u64,
+    protocol: Protocol,
+    label: &TargetLabel,
+    result: Result<Allowed<'_>, &Denial>,
+    timing: Timing,
+) {
+    let mut rec = base(ctx, id, Event::Decision, protocol, label);
+    rec.dns_ms = timing.dns.map(ms);
+    rec.connect_ms = timing.connect.map(ms);
+    match result {
+        Ok(allow) => fill_allow(&mut rec, allow),
+        Err(denial) => fill_deny(&mut rec, denial),
+    }
+    emit(shared, ctx, &rec);
+}
+
+/// Logs a denial taken outside [`super::establish`] (credentials, a malformed target, the
+/// SNI gate, a request rule, a protocol error) and returns it. The line names the
+/// connection's authority, or the configured authority a failed credential claimed.
+pub(crate) fn deny(
+    shared: &Shared,
+    ctx: &Ctx,
+    protocol: Protocol,
+    label: &TargetLabel,
+    mut denial: Denial,
+) -> Denial {
+    // These details often quote the raw input, which may hold userinfo.
+    if denial.detail.contains('@') {
+        denial.detail = redact_userinfo(&denial.detail);
+    }
+    let mut rec = base(ctx, shared.next_id(), Event::Decision, protocol, label);
+    if rec.authority.is_none() {
+        rec.authority.clone_from(&denial.claimed_authority);
+    }
+    fill_deny(&mut rec, &denial);
+    emit(shared, ctx, &rec);
+    denial
+}
+
+/// Logs an allow served by an already-open upstream connection (keep-alive reuse within
+/// one client connection): no new resolution or connect.
+pub(crate) fn reuse(
+    shared: &Shared,
+    ctx: &Ctx,
+    protocol: Protocol,
+    label: &TargetLabel,
+    allow: Allowed<'_>,
+) {
+    let zero = Timing {
+        dns: Some(Duration::ZERO),
+        connect: Some(Duration::ZERO),
+    };
+    decision(
+        shared,
+        ctx,
+        shared.next_id(),
+        protocol,
+        label,
+        Ok(allow),
+        zero,
+    );
+}
+
+/// Logs one request inside a TLS-terminated tunnel (`protocol: "tls"`, design sections 9
+/// and 10): its method and path (query redacted; no header values), the tunnel's pin and
+/// route, and the allow (with the request rule that allowed it, if any) or the denial.
+pub(crate) fn tls_request(
+    shared: &Shared,
+    ctx: &Ctx,
+    label: &TargetLabel,
+    request: &RequestLine,
+    result: Result<Allowed<'_>, &Denial>,
+) {
+    let mut rec = base(ctx, shared.next_id(), Event::Decision, Protocol::Tls, label);
+    rec.method = Some(request.method.clone());
+    rec.path = Some(request.path.clone());
+    match result {
+        Ok(allow) => fill_allow(&mut rec, allow),
+        Err(denial) => fill_deny(&mut rec, denial),
+    }
+    emit(shared, ctx, &rec);
+}
+
+fn fill_allow(rec: &mut Record, allow: Allowed<'_>) {
+    rec.decision = Verdict::Allow;
+    rec.reason = Reason::Allowed;
+    rec.rule = allow.rule.map(str::to_owned);
+    rec.pin = Some(allow.pin.ip().to_string());
+    rec.route = Some(allow.route.to_owned());
+}
+
+fn fill_deny(rec: &mut Record, denial: &Denial) {
+    rec.decision = Verdict::Deny;
+    rec.reason = denial.reason;
+    rec.cause = denial.cause;
+    rec.rule.clone_from(&denial.rule);
+    rec.detail.clone_from(&denial.detail);
+}
+
+/// Counts, keeps (denials) and writes one decision line.
+fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
+    shared.metrics.decision(
+        rec.authority.as_deref(),
+        rec.protocol,
+        rec.decision,
+        rec.reason,
+    );
+    if rec.decision == Verdict::Deny {
+        // Only into the ring of the authority the connection really belongs to, and only
+        // while that very grant is live.
+        let live = ctx
+            .authority
+            .as_ref()
+            .filter(|a| rec.authority.as_deref() == Some(a.grant.name()))
+            .and_then(|a| shared.authorities.live_of(a));
+        if let Some(live) = live {
+            live.record_denial(DenialEntry {
+                id: rec.id,
+                ts: rec.ts.clone(),
+                protocol: rec.protocol,
+                host: rec.host.clone(),
+                port: rec.port,
+                reason: rec.reason,
+                rule: rec.rule.clone(),
+                detail: rec.detail.clone(),
+            });
+        }
+    }
+    shared.log.write(rec);
+}
+
+/// Milliseconds with microsecond precision.
+pub(crate) fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
+}

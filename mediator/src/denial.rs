@@ -1,0 +1,184 @@
+//! One denial, and the one place that says how it is answered on each wire (design
+//! section 6): the HTTP status and the SOCKS5 REP code (RFC 1928 section 6) follow from the
+//! decision's [`Reason`] and, where the reason alone does not say, its [`Cause`]. Nothing
+//! sets a status or a REP code by hand: a denial is built once and never changed.
+//!
+//! The shim's `--report` uses the same mapping, so what it says a client got is what the
+//! client got.
+
+use policy::{Decision, Reason};
+
+/// What exactly failed, where the reason alone does not determine the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Cause {
+    /// The policy decided (grant, credential, SNI rule, watchdog, a limit): the reason says
+    /// everything.
+    #[default]
+    Policy,
+    /// The resolver did not answer within `timeouts.dns`.
+    DnsTimeout,
+    /// Every vetted address refused the connection.
+    ConnectRefused,
+    /// No vetted address answered within `timeouts.connect`.
+    ConnectTimeout,
+    /// Unreachable network or host, or another connect error.
+    ConnectError,
+    /// A request inside a terminated tunnel names another host than the tunnel's
+    /// (RFC 9110 section 15.5.20: `421 Misdirected Request`).
+    Misdirected,
+}
+
+/// One denial, ready to be written in any protocol's wire format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// Machine-readable reason (design section 4.3).
+    pub reason: Reason,
+    /// What exactly failed, when the reason alone does not say how to answer.
+    pub cause: Cause,
+    /// Human detail (never a secret: callers redact raw input first).
+    pub detail: String,
+    /// What would make it work.
+    pub hint: String,
+    /// The grant entry that decided, if any.
+    pub rule: Option<String>,
+    /// A configured authority that a failed credential named (wrong token, or no token
+    /// configured): the decision log attributes the attempt to it, so a security team
+    /// sees who is being impersonated. `None` for names that are not authorities.
+    pub claimed_authority: Option<String>,
+}
+
+impl Denial {
+    /// A denial for `reason`, decided by the policy ([`Cause::Policy`]).
+    pub fn new(reason: Reason, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+        Self {
+            reason,
+            cause: Cause::Policy,
+            detail: detail.into(),
+            hint: hint.into(),
+            rule: None,
+            claimed_authority: None,
+        }
+    }
+
+    /// The same denial with `cause`.
+    #[must_use]
+    pub fn with_cause(mut self, cause: Cause) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// The same denial, naming the grant entry that decided.
+    #[must_use]
+    pub fn with_rule(mut self, rule: Option<String>) -> Self {
+        self.rule = rule;
+        self
+    }
+
+    /// The same denial, attributed to the configured authority a credential claimed.
+    #[must_use]
+    pub fn claiming(mut self, authority: Option<String>) -> Self {
+        self.claimed_authority = authority;
+        self
+    }
+
+    /// The HTTP status that answers it: 400 malformed, 407 credentials, 429 limits, 502 DNS
+    /// or upstream failure (504 on a timeout), 421 a misdirected terminated request, else
+    /// 403.
+    pub fn http_status(&self) -> u16 {
+        http_status(self.reason, self.cause)
+    }
+
+    /// The SOCKS5 REP code that answers it (RFC 1928 section 6): `0x02` not allowed by
+    /// ruleset for policy denials, `0x04` host unreachable (DNS, timeouts, unreachable),
+    /// `0x05` connection refused, `0x01` general failure (another upstream failure).
+    pub fn socks_rep(&self) -> u8 {
+        socks_rep(self.reason, self.cause)
+    }
+}
+
+impl From<Decision> for Denial {
+    fn from(d: Decision) -> Self {
+        Self::new(d.reason, d.detail, d.hint).with_rule(d.rule)
+    }
+}
+
+/// The HTTP status of a denial with `reason` and `cause` (see [`Denial::http_status`]).
+pub fn http_status(reason: Reason, cause: Cause) -> u16 {
+    match (reason, cause) {
+        (Reason::MalformedTarget, _) => 400,
+        (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
+        (Reason::RateLimited, _) => 429,
+        (Reason::DnsFailure, Cause::DnsTimeout) => 504,
+        (Reason::UpstreamFailure, Cause::ConnectTimeout) => 504,
+        (Reason::DnsFailure | Reason::UpstreamFailure, _) => 502,
+        (_, Cause::Misdirected) => 421,
+        (
+            Reason::Allowed
+            | Reason::NotInAllowlist
+            | Reason::DeniedByRule
+            | Reason::PrivateAddress
+            | Reason::SpecialAddress
+            | Reason::PortNotAllowed
+            | Reason::SniMismatch
+            | Reason::WatchdogDenied,
+            _,
+        ) => 403,
+    }
+}
+
+/// The SOCKS5 REP code of a denial with `reason` and `cause` (see [`Denial::socks_rep`]).
+pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
+    match (reason, cause) {
+        (Reason::DnsFailure, _) => 0x04,
+        (Reason::UpstreamFailure, Cause::ConnectRefused) => 0x05,
+        (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ConnectError) => 0x04,
+        (Reason::UpstreamFailure, _) => 0x01,
+        (
+            Reason::Allowed
+            | Reason::NotInAllowlist
+            | Reason::DeniedByRule
+            | Reason::PrivateAddress
+            | Reason::SpecialAddress
+            | Reason::MalformedTarget
+            | Reason::PortNotAllowed
+            | Reason::UnknownAuthority
+            | Reason::BadCredential
+            | Reason::SniMismatch
+            | Reason::WatchdogDenied
+            | Reason::RateLimited,
+            _,
+        ) => 0x02,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_and_cause_maps_to_the_contract_codes() {
+        let d = |r, c| Denial::new(r, "", "").with_cause(c);
+        let rows = [
+            (Reason::NotInAllowlist, Cause::Policy, 403, 0x02),
+            (Reason::PrivateAddress, Cause::Policy, 403, 0x02),
+            (Reason::MalformedTarget, Cause::Policy, 400, 0x02),
+            (Reason::BadCredential, Cause::Policy, 407, 0x02),
+            (Reason::UnknownAuthority, Cause::Policy, 407, 0x02),
+            (Reason::RateLimited, Cause::Policy, 429, 0x02),
+            (Reason::DnsFailure, Cause::Policy, 502, 0x04),
+            (Reason::DnsFailure, Cause::DnsTimeout, 504, 0x04),
+            (Reason::UpstreamFailure, Cause::Policy, 502, 0x01),
+            (Reason::UpstreamFailure, Cause::ConnectRefused, 502, 0x05),
+            (Reason::UpstreamFailure, Cause::ConnectTimeout, 504, 0x04),
+            (Reason::UpstreamFailure, Cause::ConnectError, 502, 0x04),
+            (Reason::SniMismatch, Cause::Policy, 403, 0x02),
+            (Reason::SniMismatch, Cause::Misdirected, 421, 0x02),
+            (Reason::WatchdogDenied, Cause::Policy, 403, 0x02),
+        ];
+        for (reason, cause, status, rep) in rows {
+            let denial = d(reason, cause);
+            assert_eq!(denial.http_status(), status, "{reason} {cause:?}");
+            assert_eq!(denial.socks_rep(), rep, "{reason} {cause:?}");
+        }
+    }
+}

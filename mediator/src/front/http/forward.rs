@@ -1,0 +1,297 @@
+//! Absolute-form forwarding of plain `http://` requests (design section 6, RFC 9112
+//! section 3.2.2): each request is decided (a reused upstream connection's included), then
+//! rebuilt from canonical values ([`super::rewrite`]) and sent upstream.
+//!
+//! One upstream connection is kept per client connection and reused for the same target
+//! and the same (live) authority. It is never shared across client connections, so never
+//! across authorities: an address vetted under one grant's `allow_private` exceptions can
+//! never serve another authority. `https://` and other schemes, origin-form requests, and
+//! more than one `Host` are refused with the JSON 400.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::header;
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use policy::config::Authority;
+use policy::{Reason, Target, canonicalize_host, parse_authority_form};
+
+use super::response::{Body, DECISION_HEADER, deny_response, raw_label, refuse};
+use super::rewrite::{forward_request, strip_hop_by_hop};
+use crate::conn::establish::{Connected, establish};
+use crate::conn::identify::revoked;
+use crate::conn::record::{self, Allowed};
+use crate::conn::{Ctx, RequestLine, TargetLabel};
+use crate::counting::Counting;
+use crate::denial::Denial;
+use crate::redact::logged_path;
+use crate::relay::RelayOutcome;
+use crate::route::{ForwardProxy, Route};
+use crate::shared::Shared;
+use crate::vocab::{CloseReason, Protocol};
+
+/// A kept-alive upstream connection of one client connection.
+pub(crate) struct Pooled {
+    target: Target,
+    /// Exactly the authority (grant object) it was opened for.
+    authority: Arc<Authority>,
+    sender: hyper::client::conn::http1::SendRequest<Incoming>,
+    pin: SocketAddr,
+    route: Route,
+    /// `Some` when the connection goes to an HTTP parent (absolute-form requests).
+    forward: Option<ForwardProxy>,
+}
+
+/// The upstream connection a client connection keeps, if any.
+pub(crate) type Pool = Arc<Mutex<Option<Pooled>>>;
+
+/// Decides and forwards one absolute-form request of `ctx`'s authority.
+pub(crate) async fn forward(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    authority: Arc<Authority>,
+    pool: Pool,
+) -> Response<Body> {
+    let name = authority.grant.name();
+    let uri = req.uri().clone();
+    let bad = |detail: &str, hint: &str| {
+        let denial = Denial::new(Reason::MalformedTarget, detail, hint);
+        refuse(&shared, &ctx, Protocol::Http, &raw_label(&uri), denial)
+    };
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => {
+            return bad(
+                "only http:// URIs are forwarded in absolute-form",
+                "use CONNECT host:443 (HTTPS_PROXY) for https",
+            );
+        }
+        None => {
+            return bad(
+                "origin-form request sent to a proxy",
+                "send absolute-form (GET http://host/path HTTP/1.1) or CONNECT",
+            );
+        }
+    }
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return bad("more than one Host header", "send exactly one Host header");
+    }
+    if uri.authority().is_none() {
+        return bad(
+            "absolute-form URI without a host",
+            "send GET http://host/path",
+        );
+    }
+    let target = match target_of(&uri) {
+        Ok(t) => t,
+        Err(e) => {
+            return refuse(
+                &shared,
+                &ctx,
+                Protocol::Http,
+                &raw_label(&uri),
+                super::malformed(&e),
+            );
+        }
+    };
+    let label = TargetLabel::from(&target);
+
+    // Every request, a reused upstream connection's included: no decision under a revoked
+    // or replaced authority (a Unix channel keeps the authority it was opened with).
+    if !shared.authorities.is_live(&authority) {
+        return refuse(&shared, &ctx, Protocol::Http, &label, revoked(name));
+    }
+    // The request rules of a terminated host narrow its plain http:// requests too (else
+    // `POST http://host/admin` would pass a GET-only rule), and these lines carry the
+    // method and path like the `tls` lines of its tunnels. A host the grant does not allow
+    // is left to `establish`, which denies it with the right reason.
+    let request_ctx = if authority.grant.terminates_tls(&target) {
+        Ctx {
+            request: Some(RequestLine {
+                method: req.method().as_str().to_owned(),
+                path: logged_path(&uri),
+            }),
+            ..ctx.clone()
+        }
+    } else {
+        ctx.clone()
+    };
+    let ctx = request_ctx;
+    if authority.grant.decide(&target).is_allow() {
+        let decision = authority
+            .grant
+            .decide_request(&target, req.method().as_str(), uri.path());
+        if !decision.is_allow() {
+            return refuse(
+                &shared,
+                &ctx,
+                Protocol::Http,
+                &label,
+                Denial::from(decision),
+            );
+        }
+    }
+
+    // Reuse this client connection's upstream connection when it goes to the same target
+    // for the same (live) authority.
+    let pooled = pool
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .filter(|p| p.target == target && Arc::ptr_eq(&p.authority, &authority));
+    let pooled = match pooled {
+        Some(mut p) => p.sender.ready().await.is_ok().then_some(p),
+        None => None,
+    };
+    let mut upstream = match pooled {
+        Some(p) => {
+            let decision = authority.grant.decide(&target);
+            if !decision.is_allow() {
+                // Grants are immutable, so this cannot happen; fail closed anyway.
+                return refuse(
+                    &shared,
+                    &ctx,
+                    Protocol::Http,
+                    &label,
+                    Denial::from(decision),
+                );
+            }
+            let allow = Allowed {
+                rule: decision.rule.as_deref(),
+                pin: p.pin,
+                route: shared.route_label(p.route),
+            };
+            record::reuse(&shared, &ctx, Protocol::Http, &label, allow);
+            p
+        }
+        None => match open(&shared, &ctx, &authority, &target, &label).await {
+            Ok(opened) => opened,
+            Err(resp) => return resp,
+        },
+    };
+
+    let upstream_req = match forward_request(req, &target, upstream.forward.as_ref()) {
+        Ok(r) => r,
+        Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
+    };
+    let route = upstream.route;
+    match upstream.sender.send_request(upstream_req).await {
+        // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
+        // it to the client as if it were the origin's answer. The connection is not kept.
+        Ok(resp)
+            if upstream.forward.is_some()
+                && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
+        {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!(
+                    "the parent proxy ({}) refused the configured credentials (407)",
+                    shared.route_label(route)
+                ),
+                "check the parent's user:password in [upstream] parents or parent_credentials_file",
+            );
+            refuse(&shared, &ctx, Protocol::Http, &label, denial)
+        }
+        Ok(resp) => {
+            *pool.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
+            let (mut parts, body) = resp.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            parts.headers.remove(DECISION_HEADER);
+            Response::from_parts(parts, body.boxed())
+        }
+        Err(e) => {
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!("{target}: upstream request failed: {e}"),
+                "the destination closed the connection or sent an invalid response",
+            );
+            deny_response(Some(name), &label, &denial)
+        }
+    }
+}
+
+/// The target of an absolute-form `http://` URI. Only an authority that is exactly its
+/// host has no port (default 80); anything after the host (`:`, `:65536`, `:80a`) must
+/// parse as a port or the target is malformed, never silently port 80.
+fn target_of(uri: &Uri) -> Result<Target, policy::PolicyError> {
+    let Some(auth) = uri.authority() else {
+        return Err(policy::PolicyError::Host {
+            input: uri.to_string(),
+            why: "absolute-form URI without a host".into(),
+        });
+    };
+    if auth.as_str().contains('@') {
+        return Err(policy::PolicyError::Host {
+            input: auth.as_str().to_owned(),
+            why: "userinfo is not allowed in a proxy target".into(),
+        });
+    }
+    if auth.as_str() == auth.host() {
+        canonicalize_host(auth.host()).map(|host| Target { host, port: 80 })
+    } else {
+        parse_authority_form(auth.as_str())
+    }
+}
+
+/// A new upstream HTTP/1.1 connection for `target` (decided and logged by `establish`),
+/// whose close record is written when it ends: the origin closed, an error, or its
+/// authority's closing signal (revoke grace or shutdown grace over).
+async fn open(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    authority: &Arc<Authority>,
+    target: &Target,
+    label: &TargetLabel,
+) -> Result<Pooled, Response<Body>> {
+    let Connected {
+        stream,
+        opened,
+        closing,
+        forward_proxy,
+    } = match establish(shared, ctx, Protocol::Http, target).await {
+        Ok(c) => c,
+        Err(denial) => return Err(deny_response(ctx.authority_name(), label, &denial)),
+    };
+    let counting = Counting::new(stream);
+    let counters = counting.counters();
+    let (sender, conn) =
+        match hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(counting)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                opened.finish(RelayOutcome::ended(CloseReason::Error));
+                let denial = Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: HTTP handshake failed: {e}"),
+                    "the destination did not speak HTTP/1.1",
+                );
+                return Err(deny_response(ctx.authority_name(), label, &denial));
+            }
+        };
+    let (pin, route) = (opened.facts().pin, opened.facts().route);
+    let guard = shared.enter();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let close_reason = tokio::select! {
+            r = conn => if r.is_ok() { CloseReason::UpstreamClosed } else { CloseReason::Error },
+            () = closing.cancelled() => CloseReason::Shutdown,
+        };
+        let (up, down) = counters.get();
+        opened.finish(RelayOutcome {
+            up,
+            down,
+            close_reason,
+        });
+    });
+    Ok(Pooled {
+        target: target.clone(),
+        authority: Arc::clone(authority),
+        sender,
+        pin,
+        route,
+        forward: forward_proxy,
+    })
+}

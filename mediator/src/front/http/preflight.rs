@@ -1,0 +1,237 @@
+//! The first request head of a connection, read before hyper sees it (RFC 9112 section
+//! 3): bounded by the request-head timeout and `[limits] request_head_bytes`. A head whose
+//! request line does not parse, or whose target is not a URI, is answered by the mediator
+//! itself with the JSON 400 and a decision line (hyper would answer a bare 400 and no
+//! record); a CONNECT head is handed to the fast path; anything else (including a head
+//! that is only too large, which hyper answers with 431) goes to hyper.
+//!
+//! It never holds a buffer of its own across an await: every connection's task carries
+//! this future.
+
+use http::Uri;
+use http::header::HeaderValue;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::conn::TargetLabel;
+use crate::redact::escape_raw;
+use crate::vocab::Protocol;
+
+/// hyper refuses buffers smaller than this.
+pub(crate) const MIN_BUF: usize = 8192;
+
+/// The verdict on a connection's first request head.
+#[derive(Debug)]
+pub(crate) enum Preflight {
+    /// Serve the request.
+    Pass(Head),
+    /// The request line cannot be parsed: answer the JSON 400.
+    Reject {
+        /// The raw target (or request line), escaped.
+        label: TargetLabel,
+        /// What is wrong.
+        detail: String,
+        /// `connect` or `http`, for the log.
+        protocol: Protocol,
+        /// The credential, when the head parsed far enough to have one.
+        proxy_authorization: Option<HeaderValue>,
+    },
+    /// The client went away or timed out before sending a head.
+    Closed,
+}
+
+/// A first request head that parsed.
+#[derive(Debug)]
+pub(crate) enum Head {
+    /// `CONNECT`: served by the fast path.
+    Connect {
+        /// Every byte read so far: the head, then any early tunnel bytes.
+        buf: Vec<u8>,
+        /// Length of the head within `buf`.
+        head_len: usize,
+        /// The request target, as sent.
+        target: String,
+        /// Every `Proxy-Authorization` value.
+        proxy_authorization: Vec<HeaderValue>,
+    },
+    /// Anything else (or a head hyper must judge, e.g. one too large): served by hyper.
+    Other(Vec<u8>),
+}
+
+/// Reads the first request head (by `deadline`, at most `limit` bytes before hyper judges
+/// it) and judges it.
+pub(crate) async fn preflight<S: AsyncRead + Unpin>(
+    io: &mut S,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Preflight {
+    let limit = limit.max(MIN_BUF);
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        buf = match judge(buf, limit) {
+            Ok(verdict) => return verdict,
+            Err(buf) => buf,
+        };
+        // Straight into `buf`: this future holds no buffer (nor httparse's header array,
+        // see `judge`) of its own.
+        buf.reserve(4096);
+        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Preflight::Closed,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// The verdict on the bytes read so far, or the bytes back when the head is incomplete.
+fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(&buf) {
+        Ok(httparse::Status::Complete(head_len)) => {
+            let target = req.path.unwrap_or_default();
+            let protocol = if req.method == Some("CONNECT") {
+                Protocol::Connect
+            } else {
+                Protocol::Http
+            };
+            if let Err(e) = target.parse::<Uri>() {
+                let proxy_authorization = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                    .and_then(|h| HeaderValue::from_bytes(h.value).ok());
+                return Ok(Preflight::Reject {
+                    label: TargetLabel {
+                        host: Some(escape_raw(target.as_bytes())),
+                        port: None,
+                    },
+                    detail: format!("the request target is not a valid URI: {e}"),
+                    protocol,
+                    proxy_authorization,
+                });
+            }
+            // A head over the limit goes to hyper, which answers 431.
+            if protocol == Protocol::Connect && head_len <= limit {
+                let target = target.to_owned();
+                let proxy_authorization = req
+                    .headers
+                    .iter()
+                    .filter(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+                    .filter_map(|h| HeaderValue::from_bytes(h.value).ok())
+                    .collect();
+                return Ok(Preflight::Pass(Head::Connect {
+                    buf,
+                    head_len,
+                    target,
+                    proxy_authorization,
+                }));
+            }
+            return Ok(Preflight::Pass(Head::Other(buf)));
+        }
+        Ok(httparse::Status::Partial) => {}
+        Err(httparse::Error::TooManyHeaders) => return Ok(Preflight::Pass(Head::Other(buf))),
+        Err(e) => {
+            let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+            return Ok(Preflight::Reject {
+                label: TargetLabel {
+                    host: Some(escape_raw(&buf[..line_end.min(256)])),
+                    port: None,
+                },
+                detail: format!("unparsable request head: {e}"),
+                protocol: if buf.starts_with(b"CONNECT ") {
+                    Protocol::Connect
+                } else {
+                    Protocol::Http
+                },
+                proxy_authorization: raw_proxy_authorization(&buf),
+            });
+        }
+    }
+    if buf.len() > limit {
+        return Ok(Preflight::Pass(Head::Other(buf)));
+    }
+    Err(buf)
+}
+
+/// The `Proxy-Authorization` value of a head that httparse refused (its request line is
+/// malformed, its header lines may still be fine), found line by line.
+fn raw_proxy_authorization(head: &[u8]) -> Option<HeaderValue> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = line.split_at(colon);
+        name.eq_ignore_ascii_case(b"proxy-authorization")
+            .then(|| HeaderValue::from_bytes(value[1..].trim_ascii()).ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn judged(head: &[u8]) -> Result<Preflight, Vec<u8>> {
+        judge(head.to_vec(), MIN_BUF)
+    }
+
+    #[test]
+    fn a_connect_head_goes_to_the_fast_path_with_its_early_bytes() {
+        let raw = b"CONNECT a.test:443 HTTP/1.1\r\nProxy-Authorization: Basic x\r\n\r\n\x16\x03";
+        let Ok(Preflight::Pass(Head::Connect {
+            buf,
+            head_len,
+            target,
+            proxy_authorization,
+        })) = judged(raw)
+        else {
+            panic!("not a CONNECT pass");
+        };
+        assert_eq!(target, "a.test:443");
+        assert_eq!(&buf[head_len..], b"\x16\x03");
+        assert_eq!(proxy_authorization, [HeaderValue::from_static("Basic x")]);
+    }
+
+    #[test]
+    fn other_requests_and_incomplete_heads() {
+        assert!(matches!(
+            judged(b"GET http://a.test/ HTTP/1.1\r\n\r\n"),
+            Ok(Preflight::Pass(Head::Other(_)))
+        ));
+        assert!(judged(b"GET http://a.test/ HTTP/1.1\r\nHost: a").is_err());
+        // Too large for the limit: hyper judges (431).
+        let big = vec![b'a'; MIN_BUF + 1];
+        let mut head = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        head.extend_from_slice(&big);
+        assert!(matches!(
+            judge(head, MIN_BUF),
+            Ok(Preflight::Pass(Head::Other(_)))
+        ));
+    }
+
+    #[test]
+    fn unparsable_heads_are_rejected_with_an_escaped_label_and_the_credential() {
+        let raw = b"CONNECT a b c\x01\r\nProxy-Authorization: Basic eA==\r\n\r\n";
+        let Ok(Preflight::Reject {
+            label,
+            protocol,
+            proxy_authorization,
+            ..
+        }) = judged(raw)
+        else {
+            panic!("not rejected");
+        };
+        assert_eq!(protocol, Protocol::Connect);
+        assert_eq!(label.host.as_deref(), Some("CONNECT a b c\\x01\\x0d"));
+        assert_eq!(
+            proxy_authorization,
+            Some(HeaderValue::from_static("Basic eA=="))
+        );
+        let Ok(Preflight::Reject { detail, .. }) = judged(b"GET http://a b/ HTTP/1.1\r\n\r\n")
+        else {
+            panic!("not rejected");
+        };
+        assert!(
+            detail.contains("unparsable") || detail.contains("URI"),
+            "{detail}"
+        );
+    }
+}

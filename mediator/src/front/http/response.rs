@@ -1,0 +1,206 @@
+//! What the HTTP front-end (and the TLS-terminated leg) answers when it refuses: the JSON
+//! denial of design section 6, with `X-Mediator-Decision: deny; reason=<reason>` and, for
+//! credentials, `Proxy-Authenticate: Basic realm="mediator"`. The status comes from
+//! [`Denial::http_status`], the one mapping. Also the raw-response writer for answers sent
+//! without hyper (the CONNECT fast path, an unparsable first head).
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode, Uri};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::conn::{Ctx, TargetLabel, record};
+use crate::denial::Denial;
+use crate::redact::escape_raw;
+use crate::shared::Shared;
+use crate::vocab::Protocol;
+
+/// The body type of every response the front-end builds.
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// The header that carries a decision to the client (design section 6).
+pub(crate) const DECISION_HEADER: &str = "x-mediator-decision";
+
+/// Logs `denial` for `ctx` and answers it.
+pub(crate) fn refuse(
+    shared: &Shared,
+    ctx: &Ctx,
+    protocol: Protocol,
+    label: &TargetLabel,
+    denial: Denial,
+) -> Response<Body> {
+    let denial = record::deny(shared, ctx, protocol, label, denial);
+    deny_response(ctx.authority_name(), label, &denial)
+}
+
+/// The JSON denial of design section 6.
+pub(crate) fn deny_response(
+    authority: Option<&str>,
+    label: &TargetLabel,
+    denial: &Denial,
+) -> Response<Body> {
+    let body = serde_json::json!({
+        "error": "egress_denied",
+        "authority": authority,
+        "host": label.host,
+        "port": label.port,
+        "reason": denial.reason.as_str(),
+        "detail": denial.detail,
+        "hint": denial.hint,
+    })
+    .to_string();
+    let status = StatusCode::from_u16(denial.http_status()).unwrap_or(StatusCode::FORBIDDEN);
+    let length = body.len();
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    if let Ok(v) = HeaderValue::from_str(&format!("deny; reason={}", denial.reason.as_str())) {
+        h.insert(DECISION_HEADER, v);
+    }
+    if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+        h.insert(
+            header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"mediator\""),
+        );
+    }
+    resp
+}
+
+/// The raw target of a request for logs, escaped.
+pub(crate) fn raw_label(uri: &Uri) -> TargetLabel {
+    match uri.authority() {
+        Some(a) => TargetLabel {
+            host: Some(escape_raw(a.host().as_bytes())),
+            port: a.port_u16(),
+        },
+        None => TargetLabel {
+            host: Some(escape_raw(uri.to_string().as_bytes())),
+            port: None,
+        },
+    }
+}
+
+/// Writes a complete HTTP/1.1 response with a full body and `Connection: close`.
+pub(crate) async fn write_raw_response<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    resp: Response<Body>,
+) -> std::io::Result<()> {
+    io.write_all(&encode_raw(resp).await).await?;
+    io.shutdown().await
+}
+
+/// The bytes of `resp` as an HTTP/1.1 response that closes the connection.
+async fn encode_raw(resp: Response<Body>) -> Vec<u8> {
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\n",
+        parts.status.as_u16(),
+        parts.status.canonical_reason().unwrap_or("")
+    )
+    .into_bytes();
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"connection: close\r\n\r\n");
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A full body.
+pub(crate) fn full(s: String) -> Body {
+    Full::new(Bytes::from(s))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty body.
+pub(crate) fn empty() -> Body {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use policy::Reason;
+
+    use super::*;
+    use crate::denial::Cause;
+
+    fn label() -> TargetLabel {
+        TargetLabel {
+            host: Some("evil.example".into()),
+            port: Some(443),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_denial_has_the_contract_shape() {
+        let denial = Denial::new(Reason::NotInAllowlist, "no rule", "add evil.example:443");
+        let resp = deny_response(Some("agent-a"), &label(), &denial);
+        assert_eq!(resp.status(), 403);
+        let h = resp.headers();
+        assert_eq!(h[header::CONTENT_TYPE], "application/json");
+        assert_eq!(h[DECISION_HEADER], "deny; reason=not_in_allowlist");
+        assert!(h.get(header::PROXY_AUTHENTICATE).is_none());
+        let raw = String::from_utf8(encode_raw(resp).await).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{head}");
+        assert!(head.ends_with("connection: close"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "error": "egress_denied", "authority": "agent-a", "host": "evil.example",
+                "port": 443, "reason": "not_in_allowlist", "detail": "no rule",
+                "hint": "add evil.example:443",
+            })
+        );
+    }
+
+    #[test]
+    fn credential_denials_ask_for_basic_and_timeouts_are_504() {
+        let d = Denial::new(Reason::BadCredential, "", "");
+        let resp = deny_response(None, &TargetLabel::default(), &d);
+        assert_eq!(resp.status(), 407);
+        assert_eq!(
+            resp.headers()[header::PROXY_AUTHENTICATE],
+            "Basic realm=\"mediator\""
+        );
+        let d = Denial::new(Reason::UpstreamFailure, "", "").with_cause(Cause::ConnectTimeout);
+        assert_eq!(deny_response(None, &label(), &d).status(), 504);
+    }
+
+    #[test]
+    fn raw_labels_name_the_authority_or_the_whole_target() {
+        let uri: Uri = "http://A.test:81/x".parse().unwrap();
+        assert_eq!(
+            raw_label(&uri),
+            TargetLabel {
+                host: Some("A.test".into()),
+                port: Some(81)
+            }
+        );
+        let uri: Uri = "/only/a/path".parse().unwrap();
+        assert_eq!(raw_label(&uri).host.as_deref(), Some("/only/a/path"));
+    }
+}

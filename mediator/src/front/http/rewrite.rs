@@ -1,0 +1,166 @@
+//! What the mediator sends upstream instead of what the client sent (RFC 9110 section
+//! 7.6.1, RFC 9112 section 3.2.2): hop-by-hop headers removed, the request target and
+//! `Host` rebuilt from canonical values only (so no CRLF or second host can pass), the
+//! client's `Proxy-Authorization` never forwarded (a parent's comes from configuration).
+//! Pure functions over `http` types, shared by forwarding and the TLS-terminated leg.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri, Version};
+use policy::Target;
+
+use crate::route::ForwardProxy;
+
+/// The `Host` value (and absolute-form authority) of `target`: its port omitted when it is
+/// `default_port`.
+pub(crate) fn host_value(target: &Target, default_port: u16) -> String {
+    if target.port == default_port {
+        target.host.to_uri_host()
+    } else {
+        format!("{}:{}", target.host.to_uri_host(), target.port)
+    }
+}
+
+/// Builds the upstream request of a forwarded `http://` request: origin-form target
+/// (absolute-form `http://<canonical host[:port]><path>` when `forward` says the connection
+/// goes to an HTTP parent), `Host` from the canonical target, hop-by-hop headers and the
+/// client's `Proxy-Authorization` removed (a parent's is added from configuration).
+///
+/// # Errors
+/// A message when the rebuilt target or a header value is not valid.
+pub(crate) fn forward_request<B>(
+    req: Request<B>,
+    target: &Target,
+    forward: Option<&ForwardProxy>,
+) -> Result<Request<B>, String> {
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let host = host_value(target, 80);
+    let request_target = match forward {
+        Some(_) => format!("http://{host}{path}"),
+        None => path,
+    };
+    parts.uri = request_target
+        .parse::<Uri>()
+        .map_err(|e| format!("bad request path: {e}"))?;
+    parts.version = Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    let host = HeaderValue::from_str(&host).map_err(|e| format!("bad host: {e}"))?;
+    parts.headers.insert(header::HOST, host);
+    if let Some(auth) = forward.and_then(|f| f.authorization.as_deref()) {
+        let value =
+            HeaderValue::from_str(auth).map_err(|e| format!("bad parent credentials: {e}"))?;
+        parts.headers.insert(header::PROXY_AUTHORIZATION, value);
+    }
+    Ok(Request::from_parts(parts, body))
+}
+
+/// Removes hop-by-hop headers (RFC 9110 section 7.6.1): those named in `Connection`, and
+/// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
+/// `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the names decides (a removal
+    // hashes each name, and there are nine of them).
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Whether `name` is one of the fixed hop-by-hop fields [`strip_hop_by_hop`] removes.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(s: &str) -> Target {
+        policy::parse_authority_form(s).unwrap()
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_the_ones_connection_names_go() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "close, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic abc"),
+            ("te", "trailers"),
+            ("upgrade", "websocket"),
+            ("x-kept", "yes"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+        let mut none = HeaderMap::new();
+        none.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut none);
+        assert_eq!(none.len(), 1);
+    }
+
+    #[test]
+    fn forwarded_requests_are_rebuilt_from_canonical_values() {
+        let req = Request::builder()
+            .uri("http://Origin.TEST:8080/a?b=c")
+            .header(header::HOST, "other.test")
+            .header(header::HOST, "second.test")
+            .header(header::PROXY_AUTHORIZATION, "Basic client")
+            .body(())
+            .unwrap();
+        let t = target("origin.test:8080");
+        let direct = forward_request(req, &t, None).unwrap();
+        assert_eq!(direct.uri(), "/a?b=c");
+        assert_eq!(direct.version(), Version::HTTP_11);
+        let hosts: Vec<_> = direct.headers().get_all(header::HOST).iter().collect();
+        assert_eq!(hosts, ["origin.test:8080"]);
+        assert!(direct.headers().get(header::PROXY_AUTHORIZATION).is_none());
+
+        let req = Request::builder().uri("/x").body(()).unwrap();
+        let parent = ForwardProxy {
+            authorization: Some("Basic cGFyZW50".into()),
+        };
+        let via = forward_request(req, &target("[2001:db8::1]:80"), Some(&parent)).unwrap();
+        assert_eq!(via.uri(), "http://[2001:db8::1]/x");
+        assert_eq!(via.headers()[header::HOST], "[2001:db8::1]");
+        assert_eq!(via.headers()[header::PROXY_AUTHORIZATION], "Basic cGFyZW50");
+    }
+}

@@ -1,0 +1,263 @@
+//! Starting and stopping one mediator: every listener bound, the authorities of the
+//! configuration added, the admin API served; and the graceful shutdown that drains them.
+//! [`start`] runs inside the caller's tokio runtime (the binary, the demo, the shim's
+//! embedded mode) and returns a [`Running`] handle.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use policy::OwnAddrs;
+use policy::config::Config;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Admin};
+use crate::authorities::Origin;
+use crate::conn::Ctx;
+use crate::conn::accept::{serve_tcp, spawn_conn};
+use crate::control::{Control, CreateError, ReloadReport};
+use crate::decision_log::{DecisionLog, Peer, Sink, Tap};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::resolve::Resolver;
+use crate::route::Router;
+use crate::shared::{Parts, Shared};
+use crate::socket_file::bind_socket_file;
+use crate::tls::TlsState;
+
+/// How [`start`] writes its decision log.
+#[derive(Default)]
+pub struct Options {
+    /// Where the decision log goes; `None`: where `[log] decisions` says.
+    pub sink: Option<Sink>,
+    /// Called with every record before it is written (see [`Tap`]).
+    pub tap: Option<Tap>,
+}
+
+/// A running mediator.
+#[derive(Debug)]
+pub struct Running {
+    shared: Arc<Shared>,
+    control: Arc<Control>,
+    tcp: Option<SocketAddr>,
+    admin: Option<SocketAddr>,
+    admin_socket: Option<PathBuf>,
+    admin_stop: CancellationToken,
+    grace: Duration,
+}
+
+/// Binds every listener of `config` (shared TCP, per-authority Unix sockets, admin API on
+/// TCP and/or its own Unix socket) and starts serving on the current tokio runtime.
+///
+/// # Errors
+/// [`Error`] when a listener cannot be bound, the resolver cannot be configured, the
+/// metrics cannot be registered, the CA or the PAC cannot be loaded, or the decision log
+/// cannot be opened. Nothing is left listening on error.
+pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
+    let sink = options.sink.unwrap_or_else(|| match &config.log {
+        policy::config::Log::Stdout => Sink::Stdout,
+        policy::config::Log::File(p) => Sink::File(p.clone()),
+    });
+    let log = DecisionLog::open(sink)?.with_tap(options.tap);
+    let metrics = Metrics::new()?;
+    let resolver = resolver_of(&config)?;
+    // Before any listener: a CA that cannot be loaded stops the start.
+    let tls = TlsState::load(&config.tls)?.map(Arc::new);
+    // Before any listener too: no usable PAC (or proxy environment) stops the start. PAC
+    // helpers and parent names resolve with a resolver of their own, configured exactly
+    // as the destinations' one (never the system resolver).
+    let router = Router::new(
+        &config.upstream,
+        &config.tls.extra_ca_files,
+        Arc::new(resolver_of(&config)?),
+        &config.timeouts,
+        |key| std::env::var(key).ok(),
+    )
+    .await?;
+
+    let tcp = bind_tcp(config.listen.tcp, "tcp").await?;
+    let admin = bind_tcp(config.listen.admin, "admin").await?;
+    let tcp_addr = tcp.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin_unix: Option<UnixListener> = match &config.listen.admin_socket {
+        Some(path) => Some(bind_socket_file(path, 0o600, None, None)?),
+        None => None,
+    };
+    let own = OwnAddrs(tcp_addr.into_iter().chain(admin_addr).collect());
+
+    let shared = Arc::new(Shared::new(Parts {
+        metrics,
+        resolver,
+        router,
+        tls,
+        log,
+        own,
+        timeouts: config.timeouts,
+        limits: config.limits,
+    }));
+    let control = Arc::new(Control::new(
+        Arc::clone(&shared),
+        config.listen.socket_dir.clone(),
+        tcp_addr,
+        config.timeouts.revoke_grace,
+        config.global_deny.clone(),
+    ));
+    shared.metrics.set_authorities(0);
+    for authority in config.authorities {
+        if let Err(e) = control.add(authority, Origin::Config) {
+            for live in shared.authorities.list() {
+                control.revoke(live.name());
+            }
+            if let Some(path) = &config.listen.admin_socket {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(match e {
+                CreateError::Listen(e) => e,
+                CreateError::Duplicate(name) => {
+                    Error::Control(format!("authority {name:?} is defined twice"))
+                }
+                CreateError::Invalid(v) => Error::Control(format!("{v:?}")),
+            });
+        }
+    }
+    if let Some(l) = tcp {
+        tokio::spawn(serve_tcp(l, Arc::clone(&shared)));
+    }
+    let admin_api = Arc::new(Admin::new(
+        Arc::clone(&control),
+        config.listen.admin_token_sha256,
+    ));
+    let admin_stop = CancellationToken::new();
+    if let Some(l) = admin {
+        tokio::spawn(admin::serve(l, Arc::clone(&admin_api), admin_stop.clone()));
+    }
+    if let Some(l) = admin_unix {
+        tokio::spawn(admin::serve(l, admin_api, admin_stop.clone()));
+    }
+    Ok(Running {
+        shared,
+        control,
+        tcp: tcp_addr,
+        admin: admin_addr,
+        admin_socket: config.listen.admin_socket,
+        admin_stop,
+        grace: config.timeouts.shutdown_grace,
+    })
+}
+
+/// The resolver of `[resolver]` (nameservers or the system configuration, and `hosts`).
+fn resolver_of(config: &Config) -> Result<Resolver, Error> {
+    Resolver::new(
+        &config.resolver.nameservers,
+        config.resolver.hosts.clone(),
+        config.timeouts.dns,
+    )
+}
+
+async fn bind_tcp(addr: Option<SocketAddr>, what: &str) -> Result<Option<TcpListener>, Error> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|source| Error::Listen {
+            what: format!("{what} {addr}"),
+            source,
+        })
+}
+
+impl Running {
+    /// The bound address of the shared TCP listener, if configured.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The bound address of the admin API's TCP listener, if configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// The Unix socket path of `authority`, if it is live and has one.
+    pub fn socket_path(&self, authority: &str) -> Option<PathBuf> {
+        self.shared
+            .authorities
+            .get(authority)
+            .and_then(|l| l.socket.clone())
+    }
+
+    /// The decision log.
+    pub fn log(&self) -> &DecisionLog {
+        &self.shared.log
+    }
+
+    /// The CA certificate (PEM) that TLS termination issues leaves from, when `[tls]
+    /// ca_dir` is configured: what a child's trust store needs (the shim exports it).
+    pub fn tls_ca_pem(&self) -> Option<&str> {
+        self.shared.tls.as_deref().map(TlsState::ca_pem)
+    }
+
+    /// Records the configuration text the running set was built from, so that a later
+    /// [`Self::reload`] can tell which authorities changed. Called once after start.
+    pub fn set_baseline(&self, text: &str) {
+        self.control.set_baseline(text);
+    }
+
+    /// Applies a new configuration parsed from `text`: authorities added, revoked, or
+    /// (changed) revoked and re-created; other sections need a restart.
+    pub fn reload(&self, config: Config, text: &str) -> ReloadReport {
+        self.control.reload(config, text)
+    }
+
+    /// Serves a connection that arrives by other means than a listener (embedded mode):
+    /// it is attributed to `authority`, with channel `embedded`. `false` when no such
+    /// authority is live.
+    pub fn serve_embedded<S>(&self, io: S, authority: &str) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(live) = self.shared.authorities.get(authority) else {
+            return false;
+        };
+        let ctx = Ctx::new(
+            self.shared.next_id(),
+            Peer::Embedded,
+            Some(Arc::clone(&live.authority)),
+        );
+        spawn_conn(&self.shared, io, ctx);
+        true
+    }
+
+    /// Graceful shutdown: stop accepting and remove the socket files at once (the admin
+    /// API keeps answering, `/readyz` with 503), let live connections drain for
+    /// `shutdown_grace`, then close what is left (each still gets its close record), flush
+    /// the decision log and stop the admin API.
+    pub async fn shutdown(self) {
+        self.shared.signals.draining.cancel();
+        for live in self.shared.authorities.list() {
+            if let Some(path) = &live.socket {
+                if let Err(e) = std::fs::remove_file(path) {
+                    tracing::warn!("cannot remove {}: {e}", path.display());
+                }
+            }
+        }
+        if !self.shared.wait_idle(self.grace).await {
+            tracing::info!(
+                "shutdown grace over; closing {} live connection(s)",
+                self.shared.active()
+            );
+            self.shared.signals.closing.cancel();
+            let _ = self.shared.wait_idle(Duration::from_secs(2)).await;
+        }
+        self.shared.log.flush();
+        self.admin_stop.cancel();
+        if let Some(path) = &self.admin_socket {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!("cannot remove {}: {e}", path.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The state every connection of one mediator shares, built whole at start (nothing is
+//! set later): the live authorities, metrics, resolver, router, TLS state, decision log,
+//! the mediator's own addresses, timeouts and limits, the shutdown signals, and the count
+//! of live client connections that a graceful shutdown waits on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use policy::OwnAddrs;
+use policy::config::{Limits, Timeouts};
+use tokio::sync::Notify;
+
+use crate::authorities::Registry;
+use crate::decision_log::DecisionLog;
+use crate::metrics::Metrics;
+use crate::resolve::Resolver;
+use crate::route::{self, Router};
+use crate::signal::Signals;
+use crate::tls::TlsState;
+
+/// What [`Shared::new`] is built from.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub(crate) metrics: Metrics,
+    pub(crate) resolver: Resolver,
+    pub(crate) router: Arc<Router>,
+    pub(crate) tls: Option<Arc<TlsState>>,
+    pub(crate) log: DecisionLog,
+    pub(crate) own: OwnAddrs,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) limits: Limits,
+}
+
+/// State shared by every connection of one mediator.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The live authorities.
+    pub(crate) authorities: Registry,
+    /// The Prometheus metrics.
+    pub(crate) metrics: Metrics,
+    /// The resolver of destinations.
+    pub(crate) resolver: Resolver,
+    /// The router (`[upstream]`), after the decision and the vetting.
+    pub(crate) router: Arc<Router>,
+    /// TLS termination state (CA, leaf cache, upstream trust); `None` without `[tls]
+    /// ca_dir` (no grant may then terminate: the config validator enforces that).
+    pub(crate) tls: Option<Arc<TlsState>>,
+    /// The decision log.
+    pub(crate) log: DecisionLog,
+    /// The mediator's own listening addresses (never a destination).
+    pub(crate) own: OwnAddrs,
+    /// Timeouts.
+    pub(crate) timeouts: Timeouts,
+    /// Limits.
+    pub(crate) limits: Limits,
+    /// Shutdown signals.
+    pub(crate) signals: Signals,
+    next_id: AtomicU64,
+    active: AtomicUsize,
+    idle: Notify,
+}
+
+/// Counts one live client connection (or a tunnel or forwarding connection that outlives
+/// its client connection's task); dropping it ends the count.
+#[derive(Debug)]
+pub(crate) struct ActiveGuard(Arc<Shared>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Shared {
+    /// The shared state, with no authority yet.
+    pub(crate) fn new(parts: Parts) -> Self {
+        let Parts {
+            metrics,
+            resolver,
+            router,
+            tls,
+            log,
+            own,
+            timeouts,
+            limits,
+        } = parts;
+        Self {
+            authorities: Registry::new(),
+            metrics,
+            resolver,
+            router,
+            tls,
+            log,
+            own,
+            timeouts,
+            limits,
+            signals: Signals::new(),
+            next_id: AtomicU64::new(1),
+            active: AtomicUsize::new(0),
+            idle: Notify::new(),
+        }
+    }
+
+    /// A fresh id for a connection or a decision.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers a live client connection.
+    pub(crate) fn enter(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        ActiveGuard(Arc::clone(self))
+    }
+
+    /// Number of live client connections.
+    pub(crate) fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Waits until no client connection is live, or `limit` passes; whether it is idle.
+    pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            if self.active() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.active() == 0;
+            }
+        }
+    }
+
+    /// The `route` log value of `route`.
+    pub(crate) fn route_label(&self, route: route::Route) -> &str {
+        self.router.label(route)
+    }
+}

@@ -1,0 +1,188 @@
+//! The mediator's vocabulary that code branches on (design sections 2, 6 and 10): which
+//! front-end a decision came from, why a connection closed, which kind of log line a record
+//! is, and which channel a peer used. Each is an enum whose string form exists only at
+//! serialisation (decision log, metrics labels, admin API), so a new variant is a compile
+//! error at every `match` instead of a string nobody compares against.
+//!
+//! This module is a leaf: it imports nothing from the crate.
+
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+/// The protocol a decision was taken for (the `protocol` log field and metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// HTTP/1.1 `CONNECT host:port` (RFC 9110 section 9.3.6).
+    Connect,
+    /// Absolute-form forwarding of a plain `http://` request (RFC 9112 section 3.2.2).
+    Http,
+    /// SOCKS5 `CONNECT` (RFC 1928).
+    Socks5,
+    /// One request inside a TLS-terminated tunnel (design section 9).
+    Tls,
+}
+
+impl Protocol {
+    /// Every protocol, in contract order (metric series are created up front).
+    pub const ALL: [Self; 4] = [Self::Connect, Self::Http, Self::Socks5, Self::Tls];
+
+    /// The contract string: `connect`, `http`, `socks5` or `tls`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Http => "http",
+            Self::Socks5 => "socks5",
+            Self::Tls => "tls",
+        }
+    }
+
+    /// How the route is used for this protocol: absolute-form forwarding (plain `http://`)
+    /// or a byte tunnel (everything else).
+    pub(crate) fn is_forwarding(self) -> bool {
+        match self {
+            Self::Http => true,
+            Self::Connect | Self::Socks5 | Self::Tls => false,
+        }
+    }
+}
+
+/// Why an allowed connection closed (the `close_reason` field of a close record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// The client ended the connection (or both sides ended, the client first).
+    ClientClosed,
+    /// The upstream ended the connection first.
+    UpstreamClosed,
+    /// No byte moved in either direction for `timeouts.idle_tunnel`.
+    IdleTimeout,
+    /// A reset, a failed write, a failed handshake, or a connection that ended on no
+    /// path that wrote its record (the connection's owner was dropped unfinished).
+    Error,
+    /// The mediator cut it: shutdown grace over, or its authority revoked and the revoke
+    /// grace over.
+    Shutdown,
+    /// The SNI gate refused the tunnel (design section 6); its close record is a deny.
+    SniMismatch,
+}
+
+impl CloseReason {
+    /// The contract string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClientClosed => "client_closed",
+            Self::UpstreamClosed => "upstream_closed",
+            Self::IdleTimeout => "idle_timeout",
+            Self::Error => "error",
+            Self::Shutdown => "shutdown",
+            Self::SniMismatch => "sni_mismatch",
+        }
+    }
+
+    /// The verdict and reason a close record carries: a tunnel the SNI gate cut ends
+    /// denied; every other close ends the allowed connection it closes.
+    pub fn verdict(self) -> (policy::Verdict, policy::Reason) {
+        match self {
+            Self::SniMismatch => (policy::Verdict::Deny, policy::Reason::SniMismatch),
+            Self::ClientClosed
+            | Self::UpstreamClosed
+            | Self::IdleTimeout
+            | Self::Error
+            | Self::Shutdown => (policy::Verdict::Allow, policy::Reason::Allowed),
+        }
+    }
+}
+
+/// Which kind of decision-log line a record is (the `event` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A decision (allow or deny) was taken.
+    Decision,
+    /// An allowed connection closed.
+    Close,
+}
+
+impl Event {
+    /// The contract string: `decision` or `close`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Decision => "decision",
+            Self::Close => "close",
+        }
+    }
+}
+
+/// How a connection proved its authority (the `channel` field, design section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// A per-authority Unix socket.
+    Unix,
+    /// The shared TCP listener, with a credential.
+    Tcp,
+    /// In-process (the shim's embedded mode, the demo).
+    Embedded,
+}
+
+impl Channel {
+    /// The contract string: `unix`, `tcp` or `embedded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unix => "unix",
+            Self::Tcp => "tcp",
+            Self::Embedded => "embedded",
+        }
+    }
+}
+
+macro_rules! string_forms {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    )*};
+}
+
+string_forms!(Protocol, CloseReason, Event, Channel);
+
+/// Serialises a policy [`policy::Reason`] as its contract string (for `#[serde(serialize_with)]`).
+pub(crate) fn serialize_reason<S: Serializer>(r: &policy::Reason, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(r.as_str())
+}
+
+/// Serialises a policy [`policy::Verdict`] as `allow` or `deny`.
+pub(crate) fn serialize_verdict<S: Serializer>(
+    v: &policy::Verdict,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_strings() {
+        let protocols: Vec<&str> = Protocol::ALL.iter().map(|p| p.as_str()).collect();
+        assert_eq!(protocols, ["connect", "http", "socks5", "tls"]);
+        assert_eq!(
+            serde_json::to_string(&CloseReason::IdleTimeout).unwrap(),
+            "\"idle_timeout\""
+        );
+        assert_eq!(Event::Close.to_string(), "close");
+        assert_eq!(Channel::Embedded.as_str(), "embedded");
+        assert_eq!(
+            CloseReason::SniMismatch.verdict(),
+            (policy::Verdict::Deny, policy::Reason::SniMismatch)
+        );
+        assert!(Protocol::Http.is_forwarding() && !Protocol::Socks5.is_forwarding());
+    }
+}
