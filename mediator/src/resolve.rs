@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use hickory_proto::rr::Name;
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig,
@@ -39,6 +40,17 @@ impl std::fmt::Display for ResolveFailure {
             Self::Other(e) => write!(f, "DNS error: {e}"),
         }
     }
+}
+
+/// The fully qualified DNS name of a canonical name, built label by label from its ASCII
+/// form. The canonicaliser already did IDNA and checked every label (letters, digits,
+/// hyphen, underscore: design section 4.1); parsing the text again (IDNA, as hickory's
+/// string conversion does) would refuse legal names such as `_dmarc.example.com`.
+fn fqdn(name: &str) -> Result<Name, String> {
+    let mut n = Name::from_labels(name.split('.').map(str::as_bytes))
+        .map_err(|e| format!("{name} is not a DNS name: {e}"))?;
+    n.set_fqdn(true);
+    Ok(n)
 }
 
 /// The mediator's resolver.
@@ -108,7 +120,10 @@ impl Resolver {
         if let Some(addrs) = self.hosts.get(name) {
             return (Ok(addrs.clone()), start.elapsed());
         }
-        let fqdn = format!("{name}.");
+        let fqdn = match fqdn(name) {
+            Ok(n) => n,
+            Err(e) => return (Err(ResolveFailure::Other(e)), start.elapsed()),
+        };
         let result = match tokio::time::timeout(self.timeout, self.dns.lookup_ip(fqdn)).await {
             Err(_) => Err(ResolveFailure::Timeout),
             Ok(Err(e)) if e.is_no_records_found() || e.is_nx_domain() => {
@@ -125,5 +140,23 @@ impl Resolver {
             }
         };
         (result, start.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_built_from_their_canonical_labels() {
+        for name in [
+            "under_score.example.test",
+            "_dmarc.example.com",
+            "xn--bcher-kva.example",
+        ] {
+            let n = fqdn(name).unwrap();
+            assert!(n.is_fqdn());
+            assert_eq!(n.to_ascii(), format!("{name}."));
+        }
     }
 }

@@ -130,3 +130,93 @@ impl Drop for Opened {
         self.write(RelayOutcome::ended(CloseReason::Error));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::decision_log::Peer;
+    use crate::shared::for_tests;
+
+    fn opened(shared: &Arc<Shared>, id: u64) -> Opened {
+        let facts = Facts {
+            id,
+            pin: "192.0.2.1:443".parse().unwrap(),
+            started: Instant::now(),
+            route: Route::Direct,
+            dns: Some(Duration::from_millis(1)),
+            connect: None,
+        };
+        let ctx = Ctx::new(7, Peer::Embedded, None);
+        let label = TargetLabel {
+            host: Some("a.test".into()),
+            port: Some(443),
+        };
+        Opened::new(Arc::clone(shared), ctx, Protocol::Socks5, label, facts)
+    }
+
+    fn close_records(shared: &Shared, lines: &Mutex<Vec<String>>) -> Vec<serde_json::Value> {
+        shared.log.flush();
+        let lines = lines.lock().unwrap();
+        lines
+            .iter()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["event"] == "close")
+            .collect()
+    }
+
+    #[test]
+    fn finish_writes_the_record_once_and_drop_writes_none_after_it() {
+        let lines = Arc::default();
+        let shared = for_tests(Arc::clone(&lines));
+        let outcome = RelayOutcome {
+            up: 3,
+            down: 4,
+            close_reason: CloseReason::UpstreamClosed,
+        };
+        opened(&shared, 1).finish(outcome);
+        let records = close_records(&shared, &lines);
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(
+            (
+                &r["id"],
+                &r["close_reason"],
+                &r["bytes_up"],
+                &r["bytes_down"]
+            ),
+            (&1.into(), &"upstream_closed".into(), &3.into(), &4.into())
+        );
+        assert_eq!(
+            (&r["decision"], &r["reason"]),
+            (&"allow".into(), &"allowed".into())
+        );
+        assert_eq!(
+            (&r["protocol"], &r["pin"]),
+            (&"socks5".into(), &"192.0.2.1".into())
+        );
+    }
+
+    #[test]
+    fn an_unfinished_connection_still_gets_its_record_with_close_reason_error() {
+        let lines = Arc::default();
+        let shared = for_tests(Arc::clone(&lines));
+        drop(opened(&shared, 2));
+        // A panic on the connection's task unwinds through the same drop.
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _owner = opened(&shared, 3);
+            panic!("a bug in one connection");
+        }));
+        assert!(unwound.is_err());
+        let records = close_records(&shared, &lines);
+        let ids: Vec<_> = records
+            .iter()
+            .map(|r| (r["id"].clone(), r["close_reason"].clone()))
+            .collect();
+        assert_eq!(
+            ids,
+            [(2.into(), "error".into()), (3.into(), "error".into())]
+        );
+    }
+}
