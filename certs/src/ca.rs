@@ -34,7 +34,6 @@ const SKEW: Duration = Duration::from_secs(3600);
 /// RSA CAs can be *loaded* (place `ca.pem` and `ca-key.pem` in the CA directory) but not
 /// generated: the `ring` provider this build uses cannot generate RSA keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
 pub enum KeyAlgorithm {
     /// ECDSA on P-256 with SHA-256 (the default).
     #[default]
@@ -468,7 +467,6 @@ fn truncate_to_secs(t: SystemTime) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn dns(name: &str) -> LeafName {

@@ -102,7 +102,6 @@ impl LeafCache {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::ca::CaOptions;
 

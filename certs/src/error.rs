@@ -7,7 +7,6 @@ use thiserror::Error;
 
 /// Everything that can go wrong creating, loading or using the CA.
 #[derive(Debug, Error)]
-#[non_exhaustive]
 pub enum Error {
     /// A file or directory of the CA could not be read or written.
     #[error("{path}: {source}")]

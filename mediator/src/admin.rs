@@ -351,7 +351,6 @@ fn not_found(name: &str) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

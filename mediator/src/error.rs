@@ -7,7 +7,6 @@ use thiserror::Error;
 
 /// Everything that can stop the mediator from starting or serving.
 #[derive(Debug, Error)]
-#[non_exhaustive]
 pub enum Error {
     /// The configuration file could not be read.
     #[error("cannot read config {path}")]

@@ -348,7 +348,6 @@ fn parse_server_names(data: &[u8]) -> Result<Vec<String>, String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     // ---- builder: real ClientHello bytes -------------------------------------------

@@ -176,7 +176,6 @@ fn parse_entry(token: &str) -> Option<Entry> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn t(s: &str) -> Target {

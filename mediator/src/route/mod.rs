@@ -924,7 +924,6 @@ async fn refresh(router: std::sync::Weak<Router>, fetcher: fetch::Fetcher, every
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn t(s: &str) -> Target {

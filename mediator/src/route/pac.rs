@@ -562,7 +562,6 @@ fn sort_ip_address_list(list: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use std::collections::BTreeMap;
 
