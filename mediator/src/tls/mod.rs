@@ -13,6 +13,7 @@
 //! [`TlsState`] is built once at start; [`terminate`] runs one tunnel.
 
 mod serve;
+mod words;
 
 use std::num::NonZeroUsize;
 use std::path::Path;

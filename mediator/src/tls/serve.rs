@@ -294,7 +294,10 @@ async fn connect_upstream(
     let connector = TlsConnector::from(Arc::clone(&tls.upstream));
     match tokio::time::timeout(shared.timeouts.connect, connector.connect(name, tcp)).await {
         Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => Err(format!("TLS to {target} failed: {e}")),
+        Ok(Err(e)) => Err(format!(
+            "TLS to {target} failed: {}",
+            super::words::handshake_error(&e)
+        )),
         Err(_) => Err(format!("TLS to {target} timed out")),
     }
 }
