@@ -84,7 +84,6 @@ const fn v4(a: u8, b: u8, c: u8, d: u8, len: u8) -> Ipv4Net {
     Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), len)
 }
 
-#[allow(clippy::too_many_arguments)]
 const fn v6(s: [u16; 8], len: u8) -> Ipv6Net {
     Ipv6Net::new_assert(
         Ipv6Addr::new(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
@@ -395,7 +394,6 @@ fn extract(ip: Ipv6Addr, how: Embedding) -> Ipv4Addr {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     /// Expected class; the string is a fragment of the block name.

@@ -846,7 +846,6 @@ fn build_request_rules(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::host::parse_authority_form;
 
@@ -1447,7 +1446,6 @@ mod tests {
 
 #[cfg(test)]
 mod request_rule_tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::host::parse_authority_form;
 

@@ -403,7 +403,6 @@ pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     /// `Ok(canonical text)` or `Err(fragment of the reason)`.

@@ -219,7 +219,6 @@ pub(crate) fn is_public_suffix(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::host::parse_authority_form;
 
