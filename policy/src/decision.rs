@@ -24,7 +24,6 @@ impl Verdict {
 /// Why a decision was taken. The string forms are metric label values and part of the
 /// interface contract (design section 4.3); extend only with care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Reason {
     /// The grant allows the host and port, and every check passed.
     Allowed,

@@ -5,7 +5,6 @@ use thiserror::Error;
 /// Everything that can go wrong in the policy crate. Each message names the offending
 /// input and, where it helps, what would fix it.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
 pub enum PolicyError {
     /// A host (destination or pattern) could not be canonicalised.
     #[error("invalid host {input:?}: {why}")]

@@ -221,7 +221,12 @@ fn pattern_covers(outer: &HostPattern, inner: &HostPattern) -> bool {
         }
         (PatternKind::Net(o), PatternKind::Net(i)) => o.contains(i),
         (PatternKind::Any, _) => true,
-        _ => false,
+        // A wildcard, CIDR or `*` is never covered by a narrower kind, nor by another
+        // kind (a name pattern never matches an IP literal, nor a CIDR a name).
+        (
+            PatternKind::Exact(_) | PatternKind::Suffix(_) | PatternKind::Net(_),
+            PatternKind::Suffix(_) | PatternKind::Net(_) | PatternKind::Any,
+        ) => false,
     };
     port_ok && host_ok
 }

@@ -52,7 +52,7 @@ impl CanonicalHost {
     pub fn to_uri_host(&self) -> String {
         match &self.0 {
             HostInner::Ip(IpAddr::V6(v6)) => format!("[{v6}]"),
-            _ => self.as_text(),
+            HostInner::Ip(IpAddr::V4(_)) | HostInner::Name(_) => self.as_text(),
         }
     }
 
@@ -119,7 +119,9 @@ pub fn canonicalize_host(input: &str) -> Result<CanonicalHost, PolicyError> {
     })
 }
 
-fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
+/// [`canonicalize_host`] with only the reason as error, for callers that put it in an error
+/// of their own (authority-form targets, grant patterns).
+pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
     if input.is_empty() {
         return Err("empty host".into());
     }
@@ -349,10 +351,7 @@ pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
         return Err(err("a port is required (host:port)".into()));
     };
     let port = parse_port(port).map_err(err)?;
-    let host = canonicalize_host(host).map_err(|e| match e {
-        PolicyError::Host { why, .. } => err(why),
-        other => other,
-    })?;
+    let host = canonicalize_inner(host).map_err(err)?;
     Ok(Target { host, port })
 }
 

@@ -8,7 +8,7 @@ use std::fmt;
 use ipnet::IpNet;
 
 use crate::error::PolicyError;
-use crate::host::{CanonicalHost, Target, canonicalize_host, parse_port, split_host_port};
+use crate::host::{CanonicalHost, Target, canonicalize_inner, parse_port, split_host_port};
 
 /// Where a pattern is used; `*` and `*:port` are accepted only in deny lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,10 +149,7 @@ fn parse_entry(entry: &str, usage: PatternUse) -> Result<(PatternKind, Option<u1
     if host.contains('*') {
         return parse_wildcard(host).map(|k| (k, port));
     }
-    let canonical = canonicalize_host(host).map_err(|e| match e {
-        PolicyError::Host { why, .. } => why,
-        other => other.to_string(),
-    })?;
+    let canonical = canonicalize_inner(host)?;
     Ok((PatternKind::Exact(canonical), port))
 }
 
@@ -186,10 +183,7 @@ fn parse_wildcard(host: &str) -> Result<PatternKind, String> {
     if rest.contains('*') {
         return Err("only one wildcard, as the whole first label, is allowed".into());
     }
-    let canonical = canonicalize_host(rest).map_err(|e| match e {
-        PolicyError::Host { why, .. } => why,
-        other => other.to_string(),
-    })?;
+    let canonical = canonicalize_inner(rest)?;
     let Some(name) = canonical.name() else {
         return Err("a wildcard cannot cover an IP address; use a CIDR like 192.0.2.0/24".into());
     };
