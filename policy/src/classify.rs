@@ -2,6 +2,10 @@
 //! Special-Purpose Address Registries (RFC 6890 and successors). Allow-only: an address
 //! is [`AddrClass::Global`] only when it is positively globally reachable unicast;
 //! everything else is private or special.
+//!
+//! It judges addresses it is given and nothing else: it never resolves a name, never
+//! looks at the host's interfaces, and never makes an exception (those belong to the
+//! grant's `allow_private`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

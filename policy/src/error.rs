@@ -1,4 +1,6 @@
-//! The policy crate's one error type.
+//! The policy crate's one error type. Its messages are read by people (operators at
+//! load, agents in a denial's detail), so each names the input and what would fix it; they
+//! never carry a secret the input did not already show.
 
 use thiserror::Error;
 

@@ -2,6 +2,9 @@
 //! decides on a canonical [`Target`] ([`Grant::decide`]) and then vets the addresses the
 //! caller resolved for it ([`Grant::vet`]), producing the [`Pin`]: the only addresses a
 //! connection may be made to.
+//!
+//! A grant never changes after it is built and never resolves a name itself: the caller
+//! resolves once, and the addresses it vets are the ones it must connect to.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -19,15 +22,23 @@ use crate::pattern::{HostPattern, PatternKind, PatternUse};
 pub struct GrantSpec {
     /// The authority's name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
     pub name: String,
-    /// Allow entries (host patterns, see [`HostPattern::parse`]).
+    /// Allow entries, host patterns (design section 4.1): `example.com` (that name only),
+    /// `*.example.com` (every name under it, not the apex), IP literals and CIDRs
+    /// (`192.0.2.7`, `2001:db8::/32`; they match IP-literal destinations only), each with an
+    /// optional port (`example.com:443`, `[2001:db8::1]:443`, `10.0.0.0/8:22`). Rejected:
+    /// `*`, a wildcard over a public suffix or a single label (`*.com`, `*.co.uk`,
+    /// `*.internal`), a wildcard anywhere but as the whole first label, userinfo, paths.
     pub allow: Vec<String>,
-    /// Deny entries; deny beats allow. `*` and `*:port` are accepted here.
+    /// Deny entries: the same syntax, plus `*` (every host) and `*:port` (every host on
+    /// that port). Deny beats allow.
     pub deny: Vec<String>,
-    /// CIDRs exempted from the private/special address check (design section 4.2).
+    /// Exceptions to the address check (design section 4.2): CIDRs without host bits
+    /// (`10.1.0.0/16`) or single addresses (`127.0.0.1`). Never `/0`, and never a range
+    /// holding `0.0.0.0/8` or `::` (connecting there reaches this host's listeners).
     pub allow_private: Vec<String>,
     /// Require the TLS ClientHello's SNI to equal the CONNECT host on port 443.
     pub sni_check: bool,
-    /// Host patterns whose TLS is terminated (design section 9).
+    /// Host patterns (as in `allow`) whose TLS is terminated (design section 9).
     pub tls_terminate: Vec<String>,
     /// Per-request rules inside terminated tunnels (`[[authority.request_rule]]`).
     pub request_rules: Vec<RequestRuleSpec>,
@@ -50,15 +61,15 @@ pub struct RequestRuleSpec {
 
 /// One validated per-request rule of a [`Grant`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRule {
+pub(crate) struct RequestRule {
     /// Which hosts it narrows.
-    pub host: HostPattern,
+    pub(crate) host: HostPattern,
     /// Allowed methods; empty: every method.
-    pub methods: Vec<String>,
+    pub(crate) methods: Vec<String>,
     /// Allowed path prefixes; empty: every path.
-    pub path_prefixes: Vec<String>,
+    pub(crate) path_prefixes: Vec<String>,
     /// 1-based position in the grant, for `rule` fields (`request_rule[2] api.example.com`).
-    pub position: usize,
+    pub(crate) position: usize,
 }
 
 impl RequestRule {
@@ -414,7 +425,6 @@ pub(crate) fn check_authority_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
 /// Whether `ip` (IPv4-mapped unwrapped) is in 0.0.0.0/8 or is `::`: "this host".
 fn is_this_host(ip: IpAddr) -> bool {
     match ip.to_canonical() {
@@ -423,6 +433,7 @@ fn is_this_host(ip: IpAddr) -> bool {
     }
 }
 
+/// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
 pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
     let err = |why: String| PolicyError::Pattern {
         field: "allow_private",
@@ -542,7 +553,7 @@ impl Grant {
         })
     }
 
-    /// The authority's name.
+    /// The authority's name (1..=64 bytes of ASCII letters, digits, `-` and `_`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -721,8 +732,10 @@ impl Grant {
         self.tls_terminate.iter().any(|p| p.matches(target))
     }
 
-    /// The per-request rules, in grant order.
-    pub fn request_rules(&self) -> &[RequestRule] {
+    /// The per-request rules, in grant order (for the config tests; the mediator asks
+    /// [`Grant::decide_request`]).
+    #[cfg(test)]
+    pub(crate) fn request_rules(&self) -> &[RequestRule] {
         &self.request_rules
     }
 
@@ -730,8 +743,7 @@ impl Grant {
     /// allowed by [`Grant::decide`]): when no request rule names the host, `allowed` with no
     /// rule; else `allowed` by the first rule for the host that allows `method` and `path`
     /// (the path without its query; escapes of unreserved characters decoded), or
-    /// `denied_by_rule`. A path that a prefix cannot judge safely (see [`normalize_path`]:
-    /// dot segments, `;`, backslashes, `%25`, escapes of anything but letters, digits,
+    /// `denied_by_rule`. A path that a prefix cannot judge safely (dot segments, `;`, backslashes, `%25`, escapes of anything but letters, digits,
     /// `-`, `_`, `~`, malformed escapes, controls, non-ASCII) is `malformed_target` when
     /// rules apply.
     pub fn decide_request(&self, target: &Target, method: &str, path: &str) -> Decision {
@@ -779,17 +791,19 @@ impl Grant {
         .with_rule(rules.iter().map(|r| r.label()).collect::<Vec<_>>().join(", "))
     }
 
-    /// Field accessors for diagnostics and the admin API.
+    /// The allow entries exactly as written, in grant order (for diagnostics and the admin
+    /// API).
     pub fn allow_entries(&self) -> impl Iterator<Item = &str> {
         self.allow.iter().map(|p| p.source.as_str())
     }
 
-    /// The deny entries, grant entries first, then global ones.
+    /// The deny entries exactly as written: the grant's own first, then the global deny
+    /// list's.
     pub fn deny_entries(&self) -> impl Iterator<Item = &str> {
         self.deny.iter().map(|p| p.source.as_str())
     }
 
-    /// The `allow_private` CIDRs.
+    /// The `allow_private` exceptions as networks (a single address is a `/32` or `/128`).
     pub fn allow_private(&self) -> &[IpNet] {
         &self.allow_private
     }

@@ -2,6 +2,7 @@
 //! string becomes a [`CanonicalHost`]. Every later step (decision, routing, TLS rules,
 //! logs) uses only the canonical form, so this module must accept exactly one spelling of
 //! each host and reject every ambiguous one (`127.1`, `0x7f.1`, zone IDs, userinfo, ...).
+//! It never resolves a name: a canonical host is a spelling, not an address.
 
 use std::fmt;
 use std::net::IpAddr;

@@ -2,6 +2,9 @@
 //! the apex), IP literals and CIDRs, each with an optional port; deny-only `*` and `*:port`.
 //! Broad or inert patterns are rejected at load with an error naming the entry; the Public
 //! Suffix List decides what is too broad (`*.com`, `*.co.uk`).
+//!
+//! A pattern matches canonical hosts only (see [`crate::host`]); it never canonicalises or
+//! resolves what it is matched against.
 
 use std::fmt;
 
@@ -12,7 +15,7 @@ use crate::host::{CanonicalHost, Target, canonicalize_inner, parse_port, split_h
 
 /// Where a pattern is used; `*` and `*:port` are accepted only in deny lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatternUse {
+pub(crate) enum PatternUse {
     /// An `allow` entry (or `tls_terminate`).
     Allow,
     /// A `deny` entry (grant or global).
@@ -21,18 +24,18 @@ pub enum PatternUse {
 
 /// One parsed host pattern with an optional port.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPattern {
+pub(crate) struct HostPattern {
     /// What hosts it matches.
-    pub kind: PatternKind,
+    pub(crate) kind: PatternKind,
     /// `None` matches every port.
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// The entry exactly as written in the grant, for logs and `rule` fields.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// The host part of a [`HostPattern`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PatternKind {
+pub(crate) enum PatternKind {
     /// Exactly this canonical name or IP.
     Exact(CanonicalHost),
     /// `*.suffix`: any name with at least one more label than `suffix` (canonical A-labels,
@@ -67,7 +70,11 @@ impl HostPattern {
     /// - an IPv6 literal or CIDR with a port is bracketed (`[2001:db8::1]:443`,
     ///   `[2001:db8::/32]:443`); an IPv4 CIDR takes the port after it (`10.0.0.0/8:22`);
     /// - a bare public suffix as an exact entry (`com`) is accepted: it matches only itself.
-    pub fn parse(field: &'static str, entry: &str, usage: PatternUse) -> Result<Self, PolicyError> {
+    pub(crate) fn parse(
+        field: &'static str,
+        entry: &str,
+        usage: PatternUse,
+    ) -> Result<Self, PolicyError> {
         let (kind, port) = parse_entry(entry, usage).map_err(|why| PolicyError::Pattern {
             field,
             entry: entry.to_owned(),
@@ -81,7 +88,7 @@ impl HostPattern {
     }
 
     /// Whether the pattern's host part matches `host` (ignores the port).
-    pub fn matches_host(&self, host: &CanonicalHost) -> bool {
+    pub(crate) fn matches_host(&self, host: &CanonicalHost) -> bool {
         match &self.kind {
             PatternKind::Exact(h) => h == host,
             PatternKind::Suffix(suffix) => {
@@ -93,7 +100,7 @@ impl HostPattern {
     }
 
     /// Whether the pattern matches `target` (host and port).
-    pub fn matches(&self, target: &Target) -> bool {
+    pub(crate) fn matches(&self, target: &Target) -> bool {
         self.matches_host(&target.host) && self.port.is_none_or(|p| p == target.port)
     }
 }

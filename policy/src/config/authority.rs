@@ -16,20 +16,21 @@ use super::raw::RawAuthority;
 use super::validate::{Ctx, Validator, covers, parse_sha256};
 use crate::grant::{Grant, GrantSpec, RequestRuleSpec};
 
-/// One `[[authority]]`.
+/// One validated `[[authority]]`: its frozen grant and how its channel socket is made.
 #[derive(Debug)]
 pub struct Authority {
     /// The frozen grant (its name is the authority's name).
     pub grant: Grant,
     /// SHA-256 of the token, 32 bytes, when the authority may use the TCP listener.
     pub token_sha256: Option<[u8; 32]>,
-    /// Mode of the Unix socket file (default 0o600).
+    /// Mode of the Unix socket file (default `0o600`; never a bit for others).
     pub socket_mode: u32,
     /// Owner uid of the socket file (default: the mediator's).
     pub socket_uid: Option<u32>,
     /// Group gid of the socket file (default: the mediator's).
     pub socket_gid: Option<u32>,
-    /// Watchdog endpoint, empty when none.
+    /// Watchdog endpoint: empty for none, else `unix:/absolute/path` or an `http://` URL
+    /// on a loopback address or `localhost`.
     pub watchdog: String,
 }
 

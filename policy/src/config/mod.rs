@@ -38,22 +38,23 @@ use validate::{Ctx, Validator};
 pub use authority::{Authority, FieldError, parse_authority};
 pub use upstream::Upstream;
 
-/// A validated configuration.
+/// A validated `mediator.toml`: every value checked and in its typed form, every grant
+/// frozen. Built only by [`parse`]; a missing section holds its defaults.
 #[derive(Debug)]
 pub struct Config {
-    /// `[listen]`.
+    /// `[listen]`: where the mediator accepts connections.
     pub listen: Listen,
-    /// `[resolver]`.
+    /// `[resolver]`: how destination names are resolved.
     pub resolver: Resolver,
     /// `[upstream]`: routing after the decision (design section 8).
     pub upstream: Upstream,
-    /// `[timeouts]`.
+    /// `[timeouts]`: the deadline of each phase of a connection.
     pub timeouts: Timeouts,
-    /// `[limits]`.
+    /// `[limits]`: bounds on what a client may send.
     pub limits: Limits,
-    /// `[log]`.
+    /// `[log]`: where decision lines go.
     pub log: Log,
-    /// `[tls]` (accepted, used by TLS termination).
+    /// `[tls]`: the CA of TLS termination and extra upstream trust anchors.
     pub tls: Tls,
     /// `[[authority]]`, in file order, names unique.
     pub authorities: Vec<Authority>,
@@ -62,14 +63,15 @@ pub struct Config {
     pub global_deny: Vec<String>,
 }
 
-/// `[listen]`.
+/// `[listen]`: the mediator's listeners. Every one is optional; with none, the mediator
+/// serves no one.
 #[derive(Debug, Clone)]
 pub struct Listen {
     /// Directory of the per-authority Unix sockets (`<socket_dir>/<name>.sock`).
     pub socket_dir: Option<PathBuf>,
-    /// Optional shared TCP listener (credentials required).
+    /// The shared TCP listener, `ip:port` (clients present credentials).
     pub tcp: Option<SocketAddr>,
-    /// Optional admin listener (loopback only).
+    /// The admin listener (`/metrics`, `/healthz`, `/v1/...`), always a loopback address.
     pub admin: Option<SocketAddr>,
     /// Optional Unix socket of the admin API (its own path, never a channel socket; mode
     /// 0600).
@@ -78,7 +80,8 @@ pub struct Listen {
     pub admin_token_sha256: Option<[u8; 32]>,
 }
 
-/// `[resolver]`.
+/// `[resolver]`: where names are resolved. The default is the system configuration with
+/// no static answers.
 #[derive(Debug, Clone, Default)]
 pub struct Resolver {
     /// Explicit nameservers (`ip:port`); empty means the system configuration.
@@ -106,14 +109,15 @@ pub struct Timeouts {
     pub watchdog: Duration,
 }
 
-/// `[limits]`.
+/// `[limits]`: bounds on what a client may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest request head accepted, in bytes (default 65536); larger gets 431.
+    /// Largest request head accepted, in bytes (8192..=1048576, default 65536); a larger
+    /// head gets 431 (RFC 6585 section 5).
     pub request_head_bytes: usize,
 }
 
-/// `[log]`.
+/// `[log] decisions`: where decision lines go (default stdout).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Log {
     /// Decision log lines go to stdout.
@@ -122,12 +126,12 @@ pub enum Log {
     File(PathBuf),
 }
 
-/// `[tls]`.
+/// `[tls]`: trust material for TLS termination (design section 9).
 #[derive(Debug, Clone, Default)]
 pub struct Tls {
     /// Where the CA lives (created on first start if absent).
     pub ca_dir: Option<PathBuf>,
-    /// Extra PEM bundles trusted upstream.
+    /// PEM bundles trusted for upstream connections besides the system store.
     pub extra_ca_files: Vec<PathBuf>,
 }
 
