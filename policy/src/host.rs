@@ -5,7 +5,7 @@
 //! It never resolves a name: a canonical host is a spelling, not an address.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use crate::error::PolicyError;
 
@@ -223,7 +223,7 @@ fn parse_ipv6(s: &str) -> Result<CanonicalHost, String> {
     if s.contains('%') {
         return Err("IPv6 zone IDs are not allowed".into());
     }
-    let v6: std::net::Ipv6Addr = s
+    let v6: Ipv6Addr = s
         .parse()
         .map_err(|_| format!("{s:?} is not a valid IPv6 address"))?;
     Ok(CanonicalHost::from_ip(match v6.to_ipv4_mapped() {
@@ -338,22 +338,72 @@ fn check_name(name: &str) -> Result<(), String> {
 /// is an IPv6 literal without brackets. The host is canonicalised by [`canonicalize_host`].
 ///
 /// # Errors
-/// [`PolicyError::Host`] naming the input and what is wrong with it.
+/// [`PolicyError::Host`] naming the input and what is wrong with it. Near misses are named
+/// as such, with the target probably meant when it is valid: a URL (`http://host:8081/`:
+/// `e.g. "host:8081"`; without a port, 80 for `http` and 443 for `https`), a path, query or
+/// fragment (`host:80/x`), userinfo (never repeated in the message), an unbracketed IPv6
+/// literal followed by a port (`2001:db8::1:443`: `"[2001:db8::1]:443"`).
 pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
-    let err = |why: String| PolicyError::Host {
+    authority_form(input).map_err(|why| PolicyError::Host {
         input: input.to_owned(),
         why,
-    };
-    if input.contains('@') {
-        return Err(err("userinfo ('@') is not allowed".into()));
+    })
+}
+
+/// What a target is, for the messages about near misses.
+const TARGET_FORM: &str = "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
+
+/// [`parse_authority_form`] with only the reason as error.
+fn authority_form(input: &str) -> Result<Target, String> {
+    if let Some(why) = not_a_target(input) {
+        return Err(why);
     }
-    let (host, port) = split_host_port(input).map_err(err)?;
+    let (host, port) = split_host_port(input)?;
     let Some(port) = port else {
-        return Err(err("a port is required (host:port)".into()));
+        return Err("a port is required (host:port)".into());
     };
-    let port = parse_port(port).map_err(err)?;
-    let host = canonicalize_inner(host).map_err(err)?;
+    let port = parse_port(port)?;
+    let host = canonicalize_inner(host)?;
     Ok(Target { host, port })
+}
+
+/// Why `input` cannot be a target when it is a URL, holds a path, query or fragment, or
+/// holds userinfo (no host or port can hold `://`, `/`, `?`, `#` or `@`, so these inputs
+/// are rejected whatever else they hold), and the target probably meant when that one is
+/// valid. `None` for every other input.
+fn not_a_target(input: &str) -> Option<String> {
+    let (problem, scheme, rest) = match input.split_once("://") {
+        Some((scheme, rest)) => ("it is a URL", Some(scheme), rest),
+        None if input.contains(['/', '?', '#']) => (
+            "paths, queries and fragments are not part of a target",
+            None,
+            input,
+        ),
+        None if input.contains('@') => ("userinfo is not part of a target", None, input),
+        None => return None,
+    };
+    // `host:port` is what precedes the path and follows the userinfo. It holds none of
+    // `://`, `/`, `?`, `#`, `@`, so parsing it never comes back here.
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let meant = authority_form(hostport).ok().or_else(|| {
+        // A URL without a port means its scheme's default port (RFC 9110 sections 4.2.1
+        // and 4.2.2); only then, so that `host:bad` never becomes `host:bad:80`.
+        let port = match scheme?.to_ascii_lowercase().as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let (_, None) = split_host_port(hostport).ok()? else {
+            return None;
+        };
+        authority_form(&format!("{hostport}:{port}")).ok()
+    });
+    // A canonical target holds no quote or control character: safe to quote plainly.
+    Some(match meant {
+        Some(target) => format!("{problem}; {TARGET_FORM}, e.g. \"{target}\""),
+        None => format!("{problem}; {TARGET_FORM}"),
+    })
 }
 
 /// Splits `host[:port]` or `[v6][:port]`. More than one `:` outside brackets means a bare
@@ -379,8 +429,35 @@ pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), Strin
             let (h, p) = input.split_once(':').unwrap_or((input, ""));
             Ok((h, Some(p)))
         }
-        _ => Err("an IPv6 literal with a port must be bracketed: [2001:db8::1]:443".into()),
+        _ => Err(unbracketed(input)),
     }
+}
+
+/// Why `input`, with two or more `:` and no brackets, is not `host:port`.
+fn unbracketed(input: &str) -> String {
+    // An IPv6 literal, then a port: `2001:db8::1:443`.
+    if let Some((ip, port)) = input.rsplit_once(':') {
+        if !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && ip.parse::<Ipv6Addr>().is_ok()
+        {
+            // `ip` parsed as an address and `port` is digits: nothing to escape.
+            let bracketed = format!("[{ip}]:{port}");
+            let example = match authority_form(&bracketed) {
+                Ok(_) => bracketed,
+                Err(_) => "[2001:db8::1]:443".to_owned(),
+            };
+            return format!("an IPv6 literal with a port must be bracketed: \"{example}\"");
+        }
+    }
+    if let Ok(ip) = input.parse::<Ipv6Addr>() {
+        return format!(
+            "a port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[{ip}]:443\""
+        );
+    }
+    format!(
+        "more than one ':' outside brackets; {TARGET_FORM}, with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\""
+    )
 }
 
 /// Parses a decimal port 1..=65535 with no sign and no leading zeros.

@@ -207,6 +207,113 @@ const AUTHORITY_FORMS: &[AuthRow] = &[
     ("example.com/x:443", Err("paths")),
     (":443", Err("empty host")),
     ("example.com:443\r\n", Err("not a decimal")),
+    // Near misses: the message says what is wrong and, when it is valid, which target was
+    // probably meant. A URL is not a target (what a user may pass to `mediator explain`).
+    (
+        "http://host:8081/",
+        Err(
+            "it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"host:8081\"",
+        ),
+    ),
+    (
+        "HTTPS://Example.COM/path?q",
+        Err(
+            "it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"example.com:443\"",
+        ),
+    ),
+    (
+        "http://[2001:db8::1]/",
+        Err(
+            "it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"[2001:db8::1]:80\"",
+        ),
+    ),
+    (
+        "http://alice:pw@origin.test:8080/x",
+        Err(
+            "it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"origin.test:8080\"",
+        ),
+    ),
+    (
+        "http://host:bad/",
+        Err("it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3)"),
+    ),
+    (
+        "socks5://proxy.test",
+        Err("it is a URL; a target is host:port (authority-form, RFC 9112 section 3.2.3)"),
+    ),
+    (
+        "http://2001:db8::1:80/",
+        Err("it is a URL; a target is host:port"),
+    ),
+    // A path, query or fragment.
+    (
+        "host:80/x",
+        Err(
+            "paths, queries and fragments are not part of a target; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"host:80\"",
+        ),
+    ),
+    (
+        "Host.test:80?q=1",
+        Err(
+            "paths, queries and fragments are not part of a target; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"host.test:80\"",
+        ),
+    ),
+    ("host.test:80#top", Err("e.g. \"host.test:80\"")),
+    ("[::1]:443/", Err("e.g. \"[::1]:443\"")),
+    (
+        "/x",
+        Err(
+            "paths, queries and fragments are not part of a target; a target is host:port (authority-form, RFC 9112 section 3.2.3)",
+        ),
+    ),
+    // Userinfo, never repeated.
+    (
+        "alice:pw@origin.test:443",
+        Err(
+            "userinfo is not part of a target; a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"origin.test:443\"",
+        ),
+    ),
+    (
+        "alice@origin.test",
+        Err(
+            "userinfo is not part of a target; a target is host:port (authority-form, RFC 9112 section 3.2.3)",
+        ),
+    ),
+    // Colons: the IPv6 wording only for an IPv6 literal followed by a port.
+    (
+        "2001:db8::1:443",
+        Err("an IPv6 literal with a port must be bracketed: \"[2001:db8::1]:443\""),
+    ),
+    (
+        "::ffff:192.0.2.1:443",
+        Err("must be bracketed: \"[::ffff:192.0.2.1]:443\""),
+    ),
+    (
+        "2001:db8::1:0",
+        Err("must be bracketed: \"[2001:db8::1]:443\""),
+    ),
+    (
+        "2001:db8::1",
+        Err(
+            "a port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[2001:db8::1]:443\"",
+        ),
+    ),
+    (
+        "::1",
+        Err(
+            "port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[::1]:443\"",
+        ),
+    ),
+    (
+        "a:b:c",
+        Err(
+            "more than one ':' outside brackets; a target is host:port (authority-form, RFC 9112 section 3.2.3), with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\"",
+        ),
+    ),
+    (
+        "example.com:443:443",
+        Err("more than one ':' outside brackets"),
+    ),
 ];
 
 #[test]
@@ -231,6 +338,49 @@ fn parse_authority_form_table() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The whole message for a URL, as `mediator explain` prints it, and the places where
+/// the old IPv6 wording must not appear.
+#[test]
+fn near_miss_messages_say_what_is_wrong() {
+    let message = |input: &str| parse_authority_form(input).unwrap_err().to_string();
+    assert_eq!(
+        message("http://host:8081/"),
+        "invalid host \"http://host:8081/\": it is a URL; a target is host:port \
+         (authority-form, RFC 9112 section 3.2.3), e.g. \"host:8081\""
+    );
+    assert_eq!(
+        message("host:80/x"),
+        "invalid host \"host:80/x\": paths, queries and fragments are not part of a target; \
+         a target is host:port (authority-form, RFC 9112 section 3.2.3), e.g. \"host:80\""
+    );
+    for input in [
+        "http://host:8081/",
+        "https://[::1]:8443/",
+        "host:80/x",
+        "2001:db8::1",
+        "a:b:c",
+        "http://host",
+    ] {
+        assert!(
+            !message(input).contains("bracketed"),
+            "{input}: {}",
+            message(input)
+        );
+    }
+    // The reason never repeats userinfo (the input, quoted before it, is redacted by the
+    // mediator where it is shown).
+    for input in [
+        "http://alice:s3cret@origin.test:1/",
+        "alice:s3cret@origin.test:1",
+    ] {
+        let Err(PolicyError::Host { why, .. }) = parse_authority_form(input) else {
+            panic!("{input} must be rejected");
+        };
+        assert!(!why.contains("alice") && !why.contains("s3cret"), "{why}");
+        assert!(why.ends_with("e.g. \"origin.test:1\""), "{why}");
+    }
 }
 
 #[test]
