@@ -1,8 +1,11 @@
-//! Decisions: allow or deny, with a machine-readable reason (design section 4.3).
+//! Decisions: allow or deny, with a machine-readable reason (design section 4.3), the rule
+//! that decided, and a detail and hint for people. The reason strings are metric label
+//! values and part of the interface contract; this file never maps a decision to a wire
+//! code (HTTP status, SOCKS reply), which the mediator does at its edge.
 
 use std::fmt;
 
-/// Allow or deny.
+/// The outcome of a [`Decision`]: whether the connection (or request) may proceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// The connection may proceed.
@@ -58,7 +61,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, in contract order.
+    /// Every reason, in the order design section 4.3 lists them.
     pub const ALL: [Self; 14] = [
         Self::Allowed,
         Self::NotInAllowlist,
@@ -121,7 +124,7 @@ pub struct Decision {
 
 impl Decision {
     /// An allow decision by `rule`.
-    pub fn allow(rule: impl Into<String>) -> Self {
+    pub(crate) fn allow(rule: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Allow,
             reason: Reason::Allowed,
@@ -132,7 +135,7 @@ impl Decision {
     }
 
     /// A deny decision with `reason`, `detail` and `hint`, matched by no rule.
-    pub fn deny(reason: Reason, detail: impl Into<String>, hint: impl Into<String>) -> Self {
+    pub(crate) fn deny(reason: Reason, detail: impl Into<String>, hint: impl Into<String>) -> Self {
         Self {
             verdict: Verdict::Deny,
             reason,
@@ -144,7 +147,7 @@ impl Decision {
 
     /// The same decision, naming `rule` as the one that decided it.
     #[must_use]
-    pub fn with_rule(mut self, rule: impl Into<String>) -> Self {
+    pub(crate) fn with_rule(mut self, rule: impl Into<String>) -> Self {
         self.rule = Some(rule.into());
         self
     }

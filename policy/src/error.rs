@@ -1,11 +1,12 @@
-//! The policy crate's one error type.
+//! The policy crate's one error type. Its messages are read by people (operators at
+//! load, agents in a denial's detail), so each names the input and what would fix it; they
+//! never carry a secret the input did not already show.
 
 use thiserror::Error;
 
 /// Everything that can go wrong in the policy crate. Each message names the offending
 /// input and, where it helps, what would fix it.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
 pub enum PolicyError {
     /// A host (destination or pattern) could not be canonicalised.
     #[error("invalid host {input:?}: {why}")]

@@ -2,9 +2,10 @@
 //! string becomes a [`CanonicalHost`]. Every later step (decision, routing, TLS rules,
 //! logs) uses only the canonical form, so this module must accept exactly one spelling of
 //! each host and reject every ambiguous one (`127.1`, `0x7f.1`, zone IDs, userinfo, ...).
+//! It never resolves a name: a canonical host is a spelling, not an address.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use crate::error::PolicyError;
 
@@ -52,7 +53,7 @@ impl CanonicalHost {
     pub fn to_uri_host(&self) -> String {
         match &self.0 {
             HostInner::Ip(IpAddr::V6(v6)) => format!("[{v6}]"),
-            _ => self.as_text(),
+            HostInner::Ip(IpAddr::V4(_)) | HostInner::Name(_) => self.as_text(),
         }
     }
 
@@ -119,7 +120,9 @@ pub fn canonicalize_host(input: &str) -> Result<CanonicalHost, PolicyError> {
     })
 }
 
-fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
+/// [`canonicalize_host`] with only the reason as error, for callers that put it in an error
+/// of their own (authority-form targets, grant patterns).
+pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
     if input.is_empty() {
         return Err("empty host".into());
     }
@@ -220,7 +223,7 @@ fn parse_ipv6(s: &str) -> Result<CanonicalHost, String> {
     if s.contains('%') {
         return Err("IPv6 zone IDs are not allowed".into());
     }
-    let v6: std::net::Ipv6Addr = s
+    let v6: Ipv6Addr = s
         .parse()
         .map_err(|_| format!("{s:?} is not a valid IPv6 address"))?;
     Ok(CanonicalHost::from_ip(match v6.to_ipv4_mapped() {
@@ -335,25 +338,72 @@ fn check_name(name: &str) -> Result<(), String> {
 /// is an IPv6 literal without brackets. The host is canonicalised by [`canonicalize_host`].
 ///
 /// # Errors
-/// [`PolicyError::Host`] naming the input and what is wrong with it.
+/// [`PolicyError::Host`] naming the input and what is wrong with it. Near misses are named
+/// as such, with the target probably meant when it is valid: a URL (`http://host:8081/`:
+/// `e.g. "host:8081"`; without a port, 80 for `http` and 443 for `https`), a path, query or
+/// fragment (`host:80/x`), userinfo (never repeated in the message), an unbracketed IPv6
+/// literal followed by a port (`2001:db8::1:443`: `"[2001:db8::1]:443"`).
 pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
-    let err = |why: String| PolicyError::Host {
+    authority_form(input).map_err(|why| PolicyError::Host {
         input: input.to_owned(),
         why,
-    };
-    if input.contains('@') {
-        return Err(err("userinfo ('@') is not allowed".into()));
+    })
+}
+
+/// What a target is, for the messages about near misses.
+const TARGET_FORM: &str = "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
+
+/// [`parse_authority_form`] with only the reason as error.
+fn authority_form(input: &str) -> Result<Target, String> {
+    if let Some(why) = not_a_target(input) {
+        return Err(why);
     }
-    let (host, port) = split_host_port(input).map_err(err)?;
+    let (host, port) = split_host_port(input)?;
     let Some(port) = port else {
-        return Err(err("a port is required (host:port)".into()));
+        return Err("a port is required (host:port)".into());
     };
-    let port = parse_port(port).map_err(err)?;
-    let host = canonicalize_host(host).map_err(|e| match e {
-        PolicyError::Host { why, .. } => err(why),
-        other => other,
-    })?;
+    let port = parse_port(port)?;
+    let host = canonicalize_inner(host)?;
     Ok(Target { host, port })
+}
+
+/// Why `input` cannot be a target when it is a URL, holds a path, query or fragment, or
+/// holds userinfo (no host or port can hold `://`, `/`, `?`, `#` or `@`, so these inputs
+/// are rejected whatever else they hold), and the target probably meant when that one is
+/// valid. `None` for every other input.
+fn not_a_target(input: &str) -> Option<String> {
+    let (problem, scheme, rest) = match input.split_once("://") {
+        Some((scheme, rest)) => ("it is a URL", Some(scheme), rest),
+        None if input.contains(['/', '?', '#']) => (
+            "paths, queries and fragments are not part of a target",
+            None,
+            input,
+        ),
+        None if input.contains('@') => ("userinfo is not part of a target", None, input),
+        None => return None,
+    };
+    // `host:port` is what precedes the path and follows the userinfo. It holds none of
+    // `://`, `/`, `?`, `#`, `@`, so parsing it never comes back here.
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let meant = authority_form(hostport).ok().or_else(|| {
+        // A URL without a port means its scheme's default port (RFC 9110 sections 4.2.1
+        // and 4.2.2); only then, so that `host:bad` never becomes `host:bad:80`.
+        let port = match scheme?.to_ascii_lowercase().as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let (_, None) = split_host_port(hostport).ok()? else {
+            return None;
+        };
+        authority_form(&format!("{hostport}:{port}")).ok()
+    });
+    // A canonical target holds no quote or control character: safe to quote plainly.
+    Some(match meant {
+        Some(target) => format!("{problem}; {TARGET_FORM}, e.g. \"{target}\""),
+        None => format!("{problem}; {TARGET_FORM}"),
+    })
 }
 
 /// Splits `host[:port]` or `[v6][:port]`. More than one `:` outside brackets means a bare
@@ -379,8 +429,35 @@ pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), Strin
             let (h, p) = input.split_once(':').unwrap_or((input, ""));
             Ok((h, Some(p)))
         }
-        _ => Err("an IPv6 literal with a port must be bracketed: [2001:db8::1]:443".into()),
+        _ => Err(unbracketed(input)),
     }
+}
+
+/// Why `input`, with two or more `:` and no brackets, is not `host:port`.
+fn unbracketed(input: &str) -> String {
+    // An IPv6 literal, then a port: `2001:db8::1:443`.
+    if let Some((ip, port)) = input.rsplit_once(':') {
+        if !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && ip.parse::<Ipv6Addr>().is_ok()
+        {
+            // `ip` parsed as an address and `port` is digits: nothing to escape.
+            let bracketed = format!("[{ip}]:{port}");
+            let example = match authority_form(&bracketed) {
+                Ok(_) => bracketed,
+                Err(_) => "[2001:db8::1]:443".to_owned(),
+            };
+            return format!("an IPv6 literal with a port must be bracketed: \"{example}\"");
+        }
+    }
+    if let Ok(ip) = input.parse::<Ipv6Addr>() {
+        return format!(
+            "a port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[{ip}]:443\""
+        );
+    }
+    format!(
+        "more than one ':' outside brackets; {TARGET_FORM}, with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\""
+    )
 }
 
 /// Parses a decimal port 1..=65535 with no sign and no leading zeros.
@@ -402,251 +479,5 @@ pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    /// `Ok(canonical text)` or `Err(fragment of the reason)`.
-    type Row = (&'static str, Result<&'static str, &'static str>);
-
-    const HOSTS: &[Row] = &[
-        // Names: lowercase, one trailing dot stripped.
-        ("example.com", Ok("example.com")),
-        ("EXAMPLE.com.", Ok("example.com")),
-        ("Example.COM", Ok("example.com")),
-        ("a.b.c.example.com", Ok("a.b.c.example.com")),
-        ("localhost", Ok("localhost")),
-        ("_dmarc.example.com", Ok("_dmarc.example.com")),
-        ("_srv._tcp.example.com", Ok("_srv._tcp.example.com")),
-        ("a-b.example.com", Ok("a-b.example.com")),
-        ("123.example.com", Ok("123.example.com")),
-        ("1.2.3.example", Ok("1.2.3.example")),
-        ("a.0xg", Ok("a.0xg")),
-        ("x1", Ok("x1")),
-        ("example.com..", Err("more than one trailing dot")),
-        (".", Err("empty host")),
-        ("", Err("empty host")),
-        (".example.com", Err("empty label")),
-        ("a..b", Err("empty label")),
-        // IDNA (UTS-46) to A-labels.
-        ("bücher.example", Ok("xn--bcher-kva.example")),
-        ("BÜCHER.example", Ok("xn--bcher-kva.example")),
-        ("xn--bcher-kva.example", Ok("xn--bcher-kva.example")),
-        ("münchen.de.", Ok("xn--mnchen-3ya.de")),
-        ("例え.テスト", Ok("xn--r8jz45g.xn--zckzah")),
-        ("faß.de", Ok("xn--fa-hia.de")),
-        ("example。com", Ok("example.com")),
-        ("ｅｘａｍｐｌｅ.com", Ok("example.com")),
-        ("xn--zz-zz.example", Err("UTS-46")),
-        ("exa\u{a0}mple.com", Err("after IDNA mapping")),
-        ("a\u{200b}b.com", Ok("ab.com")),
-        ("a\u{80}b.com", Err("UTS-46")),
-        ("ex\u{ff0f}ample.com", Err("after IDNA mapping")),
-        ("１２７.０.０.１", Err("last label is numeric")),
-        ("example.１２３", Err("last label is numeric")),
-        // IPv4: canonical dotted quad only.
-        ("127.0.0.1", Ok("127.0.0.1")),
-        ("0.0.0.0", Ok("0.0.0.0")),
-        ("255.255.255.255", Ok("255.255.255.255")),
-        ("192.0.2.10", Ok("192.0.2.10")),
-        ("127.1", Err("exactly four parts")),
-        ("127.0.1", Err("exactly four parts")),
-        ("1.2.3", Err("exactly four parts")),
-        ("1.2.3.4.5", Err("exactly four parts")),
-        ("0x7f.1", Err("exactly four parts")),
-        ("0x7f.0.0.1", Err("decimal digits")),
-        ("0X7F.0.0.1", Err("decimal digits")),
-        ("2130706433", Err("exactly four parts")),
-        ("0x7f000001", Err("exactly four parts")),
-        ("0177.0.0.1", Err("leading zeros")),
-        ("01.2.3.4", Err("leading zeros")),
-        ("127.0.0.01", Err("leading zeros")),
-        ("127.000.000.001", Err("leading zeros")),
-        ("256.0.0.1", Err("at most 255")),
-        ("1.2.3.256", Err("at most 255")),
-        ("1.2.3.4.", Err("must not end with a dot")),
-        ("example.123", Err("names must not end in a numeric label")),
-        ("example.0x1f", Err("names must not end in a numeric label")),
-        ("example.0x", Err("names must not end in a numeric label")),
-        ("a.b.c.1", Err("names must not end in a numeric label")),
-        ("1.2.3.0x4", Err("decimal digits")),
-        // IPv6: compressed, IPv4-mapped unwrapped, zone IDs rejected.
-        ("::1", Ok("::1")),
-        ("[::1]", Ok("::1")),
-        ("2001:db8::1", Ok("2001:db8::1")),
-        ("[2001:DB8:0:0:0:0:0:1]", Ok("2001:db8::1")),
-        ("2001:0db8:0000::0001", Ok("2001:db8::1")),
-        ("[::ffff:192.0.2.1]", Ok("192.0.2.1")),
-        ("::ffff:7f00:1", Ok("127.0.0.1")),
-        ("::127.0.0.1", Ok("::7f00:1")),
-        ("64:ff9b::192.0.2.1", Ok("64:ff9b::c000:201")),
-        ("fe80::1%eth0", Err("zone IDs")),
-        ("[fe80::1%25eth0]", Err("zone IDs")),
-        ("[fe80::1", Err("without a closing")),
-        ("[::1]:443", Err("without a closing")),
-        ("2001:db8::g", Err("not a valid IPv6")),
-        ("1:2:3:4:5:6:7:8:9", Err("not a valid IPv6")),
-        ("[example.com]", Err("only allowed around an IPv6")),
-        ("[127.0.0.1]", Err("only allowed around an IPv6")),
-        // Things that are not hosts.
-        ("example.com:443", Err("port is not allowed")),
-        ("user@example.com", Err("userinfo")),
-        ("user:pw@example.com", Err("userinfo")),
-        ("example.com/path", Err("paths")),
-        ("example.com\\evil", Err("paths")),
-        ("example.com?q", Err("paths")),
-        ("example.com#f", Err("paths")),
-        ("exa%6dple.com", Err("percent")),
-        ("example.com\0", Err("control")),
-        ("example.com\r\nX-Injected: 1", Err("control")),
-        ("exa mple.com", Err("control or space")),
-        ("example.com\t", Err("control or space")),
-        ("exa*mple.com", Err("not allowed in a host")),
-        ("*.example.com", Err("not allowed in a host")),
-        ("exa\"mple.com", Err("not allowed in a host")),
-        ("a]b", Err("brackets")),
-        // Lengths.
-        (
-            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example",
-            Ok("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example"),
-        ),
-        (
-            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.example",
-            Err("label of 64 bytes"),
-        ),
-    ];
-
-    #[test]
-    fn canonicalize_host_table() {
-        let mut failures = Vec::new();
-        for (input, want) in HOSTS {
-            let got = canonicalize_host(input);
-            let ok = match (&got, want) {
-                (Ok(h), Ok(text)) => h.as_text() == *text,
-                (Err(PolicyError::Host { input: i, why }), Err(frag)) => {
-                    i == input && why.contains(frag)
-                }
-                _ => false,
-            };
-            if !ok {
-                failures.push(format!("{input:?}: want {want:?}, got {got:?}"));
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} failures:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
-    }
-
-    #[test]
-    fn name_lengths() {
-        let label63 = "a".repeat(63);
-        // 4 * 63 + 3 dots = 255 bytes: too long; trim to exactly 253.
-        let long = [label63.as_str(); 4].join(".");
-        assert_eq!(long.len(), 255);
-        let e = canonicalize_host(&long).unwrap_err().to_string();
-        assert!(e.contains("255 bytes long; at most 253"), "{e}");
-        let ok = &long[2..];
-        assert_eq!(ok.len(), 253);
-        assert_eq!(canonicalize_host(ok).unwrap().as_text(), ok);
-        // With its one trailing dot, 254 bytes are fine.
-        assert_eq!(canonicalize_host(&format!("{ok}.")).unwrap().as_text(), ok);
-        let huge = "a.".repeat(600);
-        assert!(
-            canonicalize_host(&huge)
-                .unwrap_err()
-                .to_string()
-                .contains("longer than 1024")
-        );
-    }
-
-    #[test]
-    fn kinds_and_uri_form() {
-        let v6 = canonicalize_host("[2001:db8::1]").unwrap();
-        assert_eq!(v6.ip(), Some("2001:db8::1".parse().unwrap()));
-        assert_eq!(v6.name(), None);
-        assert_eq!(v6.to_uri_host(), "[2001:db8::1]");
-        let v4 = canonicalize_host("::ffff:1.2.3.4").unwrap();
-        assert_eq!(v4.ip(), Some("1.2.3.4".parse().unwrap()));
-        assert_eq!(v4.to_uri_host(), "1.2.3.4");
-        let n = canonicalize_host("Example.COM.").unwrap();
-        assert_eq!(n.name(), Some("example.com"));
-        assert_eq!(n, canonicalize_host("example.com").unwrap());
-    }
-
-    /// `Ok((canonical host, port))` or `Err(fragment of the reason)`.
-    type AuthRow = (&'static str, Result<(&'static str, u16), &'static str>);
-
-    const AUTHORITY_FORMS: &[AuthRow] = &[
-        ("example.com:443", Ok(("example.com", 443))),
-        ("EXAMPLE.com.:80", Ok(("example.com", 80))),
-        ("bücher.example:8443", Ok(("xn--bcher-kva.example", 8443))),
-        ("192.0.2.1:1", Ok(("192.0.2.1", 1))),
-        ("[2001:db8::1]:443", Ok(("2001:db8::1", 443))),
-        ("[::ffff:192.0.2.1]:443", Ok(("192.0.2.1", 443))),
-        ("example.com:65535", Ok(("example.com", 65535))),
-        ("example.com", Err("port is required")),
-        ("example.com:", Err("empty port")),
-        ("example.com:0", Err("port 0")),
-        ("example.com:65536", Err("out of range")),
-        ("example.com:0443", Err("leading zeros")),
-        ("example.com:+443", Err("not a decimal")),
-        ("example.com:-1", Err("not a decimal")),
-        ("example.com:44 3", Err("not a decimal")),
-        ("example.com:https", Err("not a decimal")),
-        ("2001:db8::1:443", Err("must be bracketed")),
-        ("[2001:db8::1]", Err("port is required")),
-        ("[2001:db8::1]443", Err("after ']'")),
-        ("[example.com]:443", Err("only allowed around an IPv6")),
-        ("[fe80::1%25eth0]:443", Err("zone IDs")),
-        ("user@example.com:443", Err("userinfo")),
-        ("user:pw@example.com:443", Err("userinfo")),
-        ("127.1:80", Err("exactly four parts")),
-        ("0x7f.0.0.1:80", Err("decimal digits")),
-        ("2130706433:80", Err("exactly four parts")),
-        ("1.2.3.4.:80", Err("must not end with a dot")),
-        ("example.com/x:443", Err("paths")),
-        (":443", Err("empty host")),
-        ("example.com:443\r\n", Err("not a decimal")),
-    ];
-
-    #[test]
-    fn parse_authority_form_table() {
-        let mut failures = Vec::new();
-        for (input, want) in AUTHORITY_FORMS {
-            let got = parse_authority_form(input);
-            let ok = match (&got, want) {
-                (Ok(t), Ok((host, port))) => t.host.as_text() == *host && t.port == *port,
-                (Err(PolicyError::Host { input: i, why }), Err(frag)) => {
-                    i == input && why.contains(frag)
-                }
-                _ => false,
-            };
-            if !ok {
-                failures.push(format!("{input:?}: want {want:?}, got {got:?}"));
-            }
-        }
-        assert!(
-            failures.is_empty(),
-            "{} failures:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
-    }
-
-    #[test]
-    fn target_display_brackets_ipv6() {
-        assert_eq!(
-            parse_authority_form("[2001:db8::1]:443")
-                .unwrap()
-                .to_string(),
-            "[2001:db8::1]:443"
-        );
-        assert_eq!(
-            parse_authority_form("Example.com:80").unwrap().to_string(),
-            "example.com:80"
-        );
-    }
-}
+#[path = "host_tests.rs"]
+mod tests;

@@ -5,22 +5,27 @@
 //! every verdict can be tested (and fuzzed) as a function of its inputs. It must never
 //! resolve a name: callers hand it the addresses they resolved, and it tells them which
 //! of those may be connected to (the *pin*).
+//!
+//! Entry points: [`canonicalize_host`] and [`parse_authority_form`] turn untrusted text
+//! into a [`CanonicalHost`] or a [`Target`]; [`Grant::decide`] and [`Grant::vet`] give the
+//! [`Decision`] and the [`Pin`]; [`classify`] names an address's IANA special-purpose
+//! block; [`config::parse`] validates `mediator.toml`; [`upstream`] holds the parent proxy
+//! and PAC values of `[upstream]`.
 #![forbid(unsafe_code)]
 
-pub mod classify;
+mod classify;
 pub mod config;
 pub mod decision;
-pub mod error;
-pub mod grant;
-pub mod host;
-pub mod pattern;
-pub mod sni;
+mod error;
+mod grant;
+mod host;
+mod pattern;
+mod sni;
 pub mod upstream;
 
 pub use classify::{AddrClass, classify};
 pub use decision::{Decision, Reason, Verdict};
 pub use error::PolicyError;
-pub use grant::{Grant, GrantSpec, OwnAddrs, Pin, RequestRule, RequestRuleSpec};
+pub use grant::{Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
-pub use pattern::{HostPattern, PatternUse};
 pub use sni::{SniMismatch, check_sni};

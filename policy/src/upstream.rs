@@ -63,12 +63,13 @@ impl Credentials {
         Ok(Self { user, password })
     }
 
-    /// The user name.
+    /// The user name: 1..=255 bytes, no `:`, no control characters.
     pub fn user(&self) -> &str {
         &self.user
     }
 
-    /// The password.
+    /// The password: at most 255 bytes, no control characters. `Debug` never shows it;
+    /// callers must not log it either.
     pub fn password(&self) -> &str {
         &self.password
     }
@@ -226,7 +227,7 @@ pub enum PacSource {
 ///
 /// # Errors
 /// A message saying what to write instead.
-pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
+pub(crate) fn parse_pac_source(input: &str) -> Result<PacSource, String> {
     let lower = input.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
         let after = &input[input.find("://").map_or(0, |i| i + 3)..];
@@ -262,7 +263,6 @@ pub enum PacOnError {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

@@ -1,0 +1,403 @@
+//! `[[authority]]` (design section 11): one table per authority, validated into an
+//! [`Authority`] whose [`Grant`] is frozen. The same check serves the configuration file
+//! and [`parse_authority`] (an authority created through the admin API), so both accept
+//! exactly the same tables. Also here: the per-request rules (`[[authority.request_rule]]`),
+//! the socket mode, the token hash and the watchdog URL check (the watchdog must run on
+//! this host). This file never opens the socket or contacts the watchdog.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::ops::Range;
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::raw::RawAuthority;
+use super::validate::{Ctx, Validator, covers, parse_sha256};
+use crate::grant::{Grant, GrantSpec, RequestRuleSpec};
+
+/// One validated `[[authority]]`: its frozen grant and how its channel socket is made.
+#[derive(Debug)]
+pub struct Authority {
+    /// The frozen grant (its name is the authority's name).
+    pub grant: Grant,
+    /// SHA-256 of the token, 32 bytes, when the authority may use the TCP listener.
+    pub token_sha256: Option<[u8; 32]>,
+    /// Mode of the Unix socket file (default `0o600`; never a bit for others).
+    pub socket_mode: u32,
+    /// Owner uid of the socket file (default: the mediator's).
+    pub socket_uid: Option<u32>,
+    /// Group gid of the socket file (default: the mediator's).
+    pub socket_gid: Option<u32>,
+    /// Watchdog endpoint: empty for none, else `unix:/absolute/path` or an `http://` URL
+    /// on a loopback address or `localhost`.
+    pub watchdog: String,
+}
+
+/// One problem with an authority table given on its own (see [`parse_authority`]): the key
+/// it concerns and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The key of the `[[authority]]` table (`"allow"`, `"token_sha256"`, an unknown key as
+    /// written, ...), or `""` when the problem concerns the table as a whole.
+    pub field: String,
+    /// What is wrong, naming the entry where there is one.
+    pub message: String,
+}
+
+/// Builds one authority from `text`, a TOML document whose top-level keys are the keys of
+/// one `[[authority]]` table (the admin API turns its flat JSON body into this). It is
+/// validated by the same code as an `[[authority]]` of a configuration file, and
+/// `global_deny` (see [`Config::global_deny`](super::Config::global_deny)) is folded into
+/// its grant.
+///
+/// # Errors
+/// Every problem found, each tied to the key it concerns ([`FieldError::field`]).
+pub fn parse_authority(text: &str, global_deny: &[String]) -> Result<Authority, Vec<FieldError>> {
+    const ORIGIN: &str = "authority";
+    // A leading newline keeps offset 0 (where whole-table problems are reported) outside
+    // every key, so they are never pinned on the first key.
+    let text = format!("\n{text}");
+    let (root, syntax) = DeTable::parse_recoverable(&text);
+    if !syntax.is_empty() {
+        return Err(syntax
+            .iter()
+            .map(|e| FieldError {
+                field: String::new(),
+                message: e.message().to_owned(),
+            })
+            .collect());
+    }
+    let table = root.get_ref();
+    let label = match table.get("name").and_then(|n| n.get_ref().as_str()) {
+        Some(name) => format!("authority {name:?}"),
+        None => "authority".to_owned(),
+    };
+    let mut v = Validator::new(Ctx::new(&text, ORIGIN));
+    let value = Spanned::new(0..text.len(), DeValue::Table(table.clone()));
+    let authority = v
+        .table::<RawAuthority>(&label, &value)
+        .and_then(|raw| match &raw.name {
+            Some(_) => v.authority(&raw, &label, 0..1, global_deny),
+            None => {
+                v.error(Some(0..1), &label, "missing key \"name\"");
+                None
+            }
+        });
+    // Table order, as in `parse`.
+    let errors = v.into_errors();
+    match authority {
+        Some(a) if errors.is_empty() => Ok(a),
+        _ => Err(errors
+            .iter()
+            .map(|(offset, message)| {
+                let field = table
+                    .iter()
+                    .find(|(k, val)| {
+                        let at = *offset..offset.saturating_add(1);
+                        covers(&k.span(), &at) || covers(&val.span(), &at)
+                    })
+                    .map(|(k, _)| k.get_ref().to_string())
+                    .unwrap_or_default();
+                FieldError {
+                    field,
+                    message: strip_location(message, ORIGIN, &label),
+                }
+            })
+            .collect()),
+    }
+}
+
+impl Validator<'_> {
+    /// TLS termination issues leaves from the CA in `[tls] ca_dir`: without one, every
+    /// non-empty `tls_terminate` is an error at its location.
+    pub(super) fn terminate_needs_ca(&mut self, authorities: &Spanned<DeValue<'_>>) {
+        let DeValue::Array(items) = authorities.get_ref() else {
+            return;
+        };
+        for item in items {
+            let Some(list) = item.get_ref().get("tls_terminate") else {
+                continue;
+            };
+            if matches!(list.get_ref(), DeValue::Array(a) if !a.is_empty()) {
+                let what = match item
+                    .get_ref()
+                    .get("name")
+                    .and_then(|n| n.get_ref().as_str())
+                {
+                    Some(name) => format!("authority {name:?}"),
+                    None => "authority".to_owned(),
+                };
+                self.error(
+                    Some(list.span()),
+                    &what,
+                    "tls_terminate needs the CA that issues the leaf certificates: set [tls] ca_dir (created on first start)",
+                );
+            }
+        }
+    }
+
+    /// Validates the `[[authority]]` array: each table, and names unique across it.
+    /// Returns the authorities that are valid (an invalid one is reported and skipped).
+    pub(super) fn authorities(
+        &mut self,
+        value: &Spanned<DeValue<'_>>,
+        global_deny: &[String],
+    ) -> Vec<Authority> {
+        let DeValue::Array(items) = value.get_ref() else {
+            self.error(
+                Some(value.span()),
+                "",
+                "authority must be an array of tables: write each one as [[authority]]",
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            // Name the authority in messages as early as possible, even before its table
+            // deserializes cleanly.
+            let what = match item
+                .get_ref()
+                .get("name")
+                .and_then(|n| n.get_ref().as_str())
+            {
+                Some(name) => format!("authority {name:?}"),
+                None => format!("authority[{}]", i + 1),
+            };
+            let Some(raw) = self.table::<RawAuthority>(&what, item) else {
+                continue;
+            };
+            let Some(name) = &raw.name else {
+                self.error(Some(item.span()), &what, "missing key \"name\"");
+                continue;
+            };
+            let label = format!("authority {:?}", name.get_ref());
+            if let Some(first) = seen.get(name.get_ref()) {
+                let first = self.at(Some(first.clone()));
+                self.error(
+                    Some(name.span()),
+                    &label,
+                    format!("duplicate name; first defined at {first}"),
+                );
+                continue;
+            }
+            seen.insert(name.get_ref().clone(), name.span());
+            if let Some(a) = self.authority(&raw, &label, item.span(), global_deny) {
+                out.push(a);
+            }
+        }
+        out
+    }
+
+    /// Validates one authority table whose name is known to be present (`span`: where
+    /// problems that no key explains are reported).
+    fn authority(
+        &mut self,
+        raw: &RawAuthority,
+        label: &str,
+        span: Range<usize>,
+        global_deny: &[String],
+    ) -> Option<Authority> {
+        let spec = GrantSpec {
+            name: raw
+                .name
+                .as_ref()
+                .map(|n| n.get_ref().clone())
+                .unwrap_or_default(),
+            allow: strings(raw.allow.as_ref()),
+            deny: strings(raw.deny.as_ref()),
+            allow_private: strings(raw.allow_private.as_ref()),
+            sni_check: raw.sni_check.unwrap_or(true),
+            tls_terminate: strings(raw.tls_terminate.as_ref()),
+            request_rules: request_rule_specs(raw),
+        };
+        let grant = match Grant::build(&spec, global_deny) {
+            Ok(g) => Some(g),
+            Err(errors) => {
+                for e in errors {
+                    let list = match e.field {
+                        "allow" => raw.allow.as_ref(),
+                        "deny" => raw.deny.as_ref(),
+                        "allow_private" => raw.allow_private.as_ref(),
+                        "tls_terminate" => raw.tls_terminate.as_ref(),
+                        _ => None,
+                    };
+                    let at = match (e.field, list) {
+                        ("name", _) => raw.name.as_ref().map(Spanned::span),
+                        ("request_rule", _) => raw
+                            .request_rule
+                            .as_ref()
+                            .and_then(|rules| rules.get(e.index))
+                            .map(Spanned::span),
+                        (_, Some(list)) => list.get(e.index).map(Spanned::span),
+                        _ => None,
+                    };
+                    self.error(at.or_else(|| Some(span.clone())), label, e.message);
+                }
+                None
+            }
+        };
+
+        let token_sha256 = raw.token_sha256.as_ref().and_then(|t| match parse_sha256(t.get_ref()) {
+            Some(bytes) => Some(bytes),
+            None => {
+                self.error(
+                    Some(t.span()),
+                    label,
+                    "token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
+                );
+                None
+            }
+        });
+
+        let mut socket_mode = 0o600;
+        if let Some(m) = &raw.socket_mode {
+            match parse_mode(m.get_ref()) {
+                Ok(mode) => socket_mode = mode,
+                Err(why) => self.error(
+                    Some(m.span()),
+                    label,
+                    format!("socket_mode {:?}: {why}", m.get_ref()),
+                ),
+            }
+        }
+
+        let watchdog = raw
+            .watchdog
+            .as_ref()
+            .map_or_else(String::new, |w| w.get_ref().clone());
+        if let Some(w) = &raw.watchdog {
+            if !watchdog_is_local(w.get_ref()) {
+                self.error(
+                    Some(w.span()),
+                    label,
+                    format!(
+                        "watchdog {:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" \
+                         (a loopback IP literal or localhost, no userinfo): the watchdog sees every \
+                         allowed destination and must run on this host",
+                        w.get_ref()
+                    ),
+                );
+            }
+        }
+
+        Some(Authority {
+            grant: grant?,
+            token_sha256,
+            socket_mode,
+            socket_uid: raw.socket_uid,
+            socket_gid: raw.socket_gid,
+            watchdog,
+        })
+    }
+}
+
+/// `[[authority.request_rule]]` as written; [`Grant::build`] validates them.
+fn request_rule_specs(raw: &RawAuthority) -> Vec<RequestRuleSpec> {
+    raw.request_rule
+        .iter()
+        .flatten()
+        .map(|r| {
+            let r = r.get_ref();
+            RequestRuleSpec {
+                host: r.host.clone().unwrap_or_default(),
+                methods: r.methods.clone().unwrap_or_default(),
+                path_prefixes: r.path_prefixes.clone().unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+fn strings(list: Option<&Vec<Spanned<String>>>) -> Vec<String> {
+    list.map(|l| l.iter().map(|s| s.get_ref().clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Removes the `ORIGIN[:LINE:COL]: ` and `LABEL: ` prefixes the validator puts on messages.
+fn strip_location(message: &str, origin: &str, label: &str) -> String {
+    let rest = message.strip_prefix(origin).unwrap_or(message);
+    let rest = rest.trim_start_matches(|c: char| c == ':' || c.is_ascii_digit());
+    let rest = rest.strip_prefix(' ').unwrap_or(rest);
+    rest.strip_prefix(label)
+        .and_then(|r| r.strip_prefix(": "))
+        .unwrap_or(rest)
+        .to_owned()
+}
+
+/// Whether `watchdog` is acceptable: empty (no watchdog), `unix:/absolute/path`, or an
+/// `http://` URL naming this host. The watchdog sees every allowed destination, so it must
+/// never be another host.
+fn watchdog_is_local(watchdog: &str) -> bool {
+    watchdog.is_empty()
+        || watchdog
+            .strip_prefix("unix:")
+            .is_some_and(|p| p.starts_with('/'))
+        || watchdog
+            .strip_prefix("http://")
+            .is_some_and(watchdog_http_is_loopback)
+}
+
+/// Whether the part after `http://` of a watchdog URL names a loopback IP literal or
+/// `localhost` (with an optional port), with no userinfo.
+fn watchdog_http_is_loopback(rest: &str) -> bool {
+    let hostport = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if hostport.is_empty() || hostport.contains('@') {
+        return false;
+    }
+    let host = match hostport.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => h,
+            _ => return false,
+        },
+        None => hostport.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Parses a socket mode: 3 or 4 octal digits, no setuid/setgid/sticky bits, no bits for
+/// "others".
+pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
+    if !(3..=4).contains(&s.len()) || !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+        return Err("write 3 or 4 octal digits, like \"0600\" or \"0660\"".into());
+    }
+    let mode = u32::from_str_radix(s, 8).map_err(|e| e.to_string())?;
+    if mode > 0o777 {
+        return Err("setuid, setgid and sticky bits are not allowed".into());
+    }
+    if mode & 0o007 != 0 {
+        return Err("bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group".into());
+    }
+    Ok(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::watchdog_http_is_loopback;
+
+    #[test]
+    fn watchdog_urls_must_stay_on_this_host() {
+        for ok in [
+            "127.0.0.1:9/x",
+            "127.9.9.9",
+            "[::1]:80/",
+            "localhost:8080/h",
+            "LOCALHOST",
+        ] {
+            assert!(watchdog_http_is_loopback(ok), "{ok}");
+        }
+        for bad in [
+            "10.0.0.1/x",
+            "localhost.evil.com:80/x",
+            "user@127.0.0.1/",
+            "127.0.0.1@evil.test/",
+            "[::1]x/",
+            "",
+            "evil.test",
+            "[2001:db8::1]:80/",
+        ] {
+            assert!(!watchdog_http_is_loopback(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The configuration schema (design section 11): `mediator.toml` parsed with serde
+//! (`deny_unknown_fields`) into raw structs, then validated into [`Config`], whose grants
+//! are frozen [`Grant`](crate::Grant)s. Validation reports *every* problem, each with its
+//! location (`FILE:LINE:COL` where the TOML parser knows it, else a key path such as
+//! `authority[1] "agent-b" allow[2]`).
+//!
+//! This file holds the public types and [`parse`], which walks the document. The work is
+//! split by concern, each file building on the ones before it:
+//! - `raw`: the serde shapes (`deny_unknown_fields`, every value `Spanned`);
+//! - `validate`: the located-error `Validator` and the small sections;
+//! - `upstream`: `[upstream]` and its [`Upstream`];
+//! - `authority`: `[[authority]]`, its [`Authority`] and [`parse_authority`].
+//!
+//! Like the rest of the crate, none of it reads files (the caller hands over the text),
+//! resolves names or checks that paths exist.
+
+mod authority;
+mod raw;
+#[cfg(test)]
+mod tests;
+mod upstream;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use toml::de::DeTable;
+
+use crate::error::PolicyError;
+use raw::{
+    RawGlobal, RawLimits, RawListen, RawLog, RawResolver, RawTimeouts, RawTls, RawUpstream,
+    TOP_LEVEL_KEYS,
+};
+use validate::{Ctx, Validator};
+
+pub use authority::{Authority, FieldError, parse_authority};
+pub use upstream::Upstream;
+
+/// A validated `mediator.toml`: every value checked and in its typed form, every grant
+/// frozen. Built only by [`parse`]; a missing section holds its defaults.
+#[derive(Debug)]
+pub struct Config {
+    /// `[listen]`: where the mediator accepts connections.
+    pub listen: Listen,
+    /// `[resolver]`: how destination names are resolved.
+    pub resolver: Resolver,
+    /// `[upstream]`: routing after the decision (design section 8).
+    pub upstream: Upstream,
+    /// `[timeouts]`: the deadline of each phase of a connection.
+    pub timeouts: Timeouts,
+    /// `[limits]`: bounds on what a client may send.
+    pub limits: Limits,
+    /// `[log]`: where decision lines go.
+    pub log: Log,
+    /// `[tls]`: the CA of TLS termination and extra upstream trust anchors.
+    pub tls: Tls,
+    /// `[[authority]]`, in file order, names unique.
+    pub authorities: Vec<Authority>,
+    /// `[global] deny`, the valid entries (already folded into every grant; kept so that
+    /// authorities created later, e.g. by the admin API, get the same list).
+    pub global_deny: Vec<String>,
+}
+
+/// `[listen]`: the mediator's listeners. Every one is optional; with none, the mediator
+/// serves no one.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// Directory of the per-authority Unix sockets (`<socket_dir>/<name>.sock`).
+    pub socket_dir: Option<PathBuf>,
+    /// The shared TCP listener, `ip:port` (clients present credentials).
+    pub tcp: Option<SocketAddr>,
+    /// The admin listener (`/metrics`, `/healthz`, `/v1/...`), always a loopback address.
+    pub admin: Option<SocketAddr>,
+    /// Optional Unix socket of the admin API (its own path, never a channel socket; mode
+    /// 0600).
+    pub admin_socket: Option<PathBuf>,
+    /// SHA-256 of the admin API's bearer token; `None` means no token is required.
+    pub admin_token_sha256: Option<[u8; 32]>,
+}
+
+/// `[resolver]`: where names are resolved. The default is the system configuration with
+/// no static answers.
+#[derive(Debug, Clone, Default)]
+pub struct Resolver {
+    /// Explicit nameservers (`ip:port`); empty means the system configuration.
+    pub nameservers: Vec<SocketAddr>,
+    /// Static answers, consulted before DNS: canonical name -> addresses.
+    pub hosts: BTreeMap<String, Vec<IpAddr>>,
+}
+
+/// `[timeouts]`, all given in seconds in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Reading a request head (default 10 s).
+    pub request_head: Duration,
+    /// One resolution (default 5 s).
+    pub dns: Duration,
+    /// One upstream connect (default 10 s).
+    pub connect: Duration,
+    /// A tunnel with no bytes either way is closed after this (default 300 s).
+    pub idle_tunnel: Duration,
+    /// On SIGTERM/SIGINT, live tunnels get this long to drain (default 10 s).
+    pub shutdown_grace: Duration,
+    /// On revocation, live tunnels get this long (default 5 s).
+    pub revoke_grace: Duration,
+    /// Watchdog answer deadline (default 2 s).
+    pub watchdog: Duration,
+}
+
+/// `[limits]`: bounds on what a client may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest request head accepted, in bytes (8192..=1048576, default 65536); a larger
+    /// head gets 431 (RFC 6585 section 5).
+    pub request_head_bytes: usize,
+}
+
+/// `[log] decisions`: where decision lines go (default stdout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Log {
+    /// Decision log lines go to stdout.
+    Stdout,
+    /// Decision log lines are appended to this file.
+    File(PathBuf),
+}
+
+/// `[tls]`: trust material for TLS termination (design section 9).
+#[derive(Debug, Clone, Default)]
+pub struct Tls {
+    /// Where the CA lives (created on first start if absent).
+    pub ca_dir: Option<PathBuf>,
+    /// PEM bundles trusted for upstream connections besides the system store.
+    pub extra_ca_files: Vec<PathBuf>,
+}
+
+/// Parses and validates `text`, the contents of the file `origin` (used in messages).
+///
+/// Every section is optional; zero authorities is accepted (the mediator then serves no
+/// one until authorities are added). Beyond design section 11 the schema has:
+/// `[limits] request_head_bytes` (8192..=1048576, default 65536); per authority
+/// `socket_mode` (a string of 3 or 4 octal digits, default `"0600"`; bits for "others"
+/// are rejected because they would let every local user act as the authority),
+/// `socket_uid` and `socket_gid`; and `[global] deny = [...]`, applied to every authority.
+/// Timeouts are whole seconds at most 86400; `shutdown_grace` and `revoke_grace` may be 0,
+/// the others must be at least 1. `[upstream] mode` is `"direct"`, `"parent"` (needs
+/// `parents`, each `http://` or `socks5://[user:pass@]host:port`), `"env"` or `"pac"`
+/// (needs `pac`, an absolute path or an `http(s)://` URL; `allowed_parents` are
+/// `host:port`); `parents` is refused outside `parent` mode and `pac`, `allowed_parents`
+/// and `pac_fetch_via` outside `pac` mode; the tuning keys are listed on [`Upstream`].
+/// `[listen] admin` must be a
+/// loopback address. `token_sha256` is 64 hex digits (either case). `watchdog` is empty,
+/// `unix:/absolute/path` or an `http://` URL.
+///
+/// # Errors
+/// [`PolicyError::Config`] with every problem found, each prefixed with its location
+/// (`FILE:LINE:COL: ...`). TOML syntax errors are reported alone (the document is not
+/// validated further); within one table, every unknown key and every value of the wrong
+/// type is reported.
+pub fn parse(text: &str, origin: &str) -> Result<Config, PolicyError> {
+    let ctx = Ctx::new(text, origin);
+    let (root, syntax) = DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        return Err(PolicyError::Config(
+            syntax
+                .iter()
+                .map(|e| format!("{}: {}", ctx.at(e.span()), e.message()))
+                .collect(),
+        ));
+    }
+    let mut v = Validator::new(ctx);
+    let config = v.document(root.get_ref());
+    let errors = v.into_errors();
+    match config {
+        Some(c) if errors.is_empty() => Ok(c),
+        _ => Err(PolicyError::Config(
+            errors.into_iter().map(|(_, m)| m).collect(),
+        )),
+    }
+}
+
+impl Validator<'_> {
+    /// Walks the document: unknown top-level keys, then each section (a missing one takes
+    /// its defaults), then the checks that span sections. `None` when a section could not
+    /// be read at all; every problem is reported either way.
+    fn document(&mut self, root: &DeTable<'_>) -> Option<Config> {
+        for (key, _) in root.iter() {
+            if !TOP_LEVEL_KEYS.contains(&key.get_ref().as_ref()) {
+                self.error(
+                    Some(key.span()),
+                    "",
+                    format!(
+                        "unknown top-level key {:?}; expected one of {}",
+                        key.get_ref(),
+                        TOP_LEVEL_KEYS.join(", ")
+                    ),
+                );
+            }
+        }
+        let section = |name: &str| root.get(name);
+
+        let listen = match section("listen") {
+            Some(v) => self
+                .table::<RawListen>("[listen]", v)
+                .and_then(|r| self.listen(r)),
+            None => Some(Listen {
+                socket_dir: None,
+                tcp: None,
+                admin: None,
+                admin_socket: None,
+                admin_token_sha256: None,
+            }),
+        };
+        let resolver = match section("resolver") {
+            Some(v) => self
+                .table::<RawResolver>("[resolver]", v)
+                .map(|r| self.resolver(r)),
+            None => Some(Resolver::default()),
+        };
+        let upstream = match section("upstream") {
+            Some(v) => self
+                .table::<RawUpstream>("[upstream]", v)
+                .map(|r| self.upstream(r)),
+            None => Some(Upstream::default()),
+        };
+        let tls = match section("tls") {
+            Some(v) => self.table::<RawTls>("[tls]", v).map(|r| self.tls(r)),
+            None => Some(Tls::default()),
+        };
+        let timeouts = match section("timeouts") {
+            Some(v) => self
+                .table::<RawTimeouts>("[timeouts]", v)
+                .map(|r| self.timeouts(&r)),
+            None => Some(self.timeouts(&RawTimeouts::default())),
+        };
+        let limits = match section("limits") {
+            Some(v) => self
+                .table::<RawLimits>("[limits]", v)
+                .map(|r| self.limits(&r)),
+            None => Some(self.limits(&RawLimits::default())),
+        };
+        let log = match section("log") {
+            Some(v) => self.table::<RawLog>("[log]", v).map(|r| self.log(r)),
+            None => Some(Log::Stdout),
+        };
+        let global_deny = match section("global") {
+            Some(v) => self
+                .table::<RawGlobal>("[global]", v)
+                .map(|r| self.global(r)),
+            None => Some(Vec::new()),
+        }
+        .unwrap_or_default();
+        let authorities = match section("authority") {
+            Some(v) => self.authorities(v, &global_deny),
+            None => Vec::new(),
+        };
+        if tls.as_ref().is_some_and(|t| t.ca_dir.is_none()) {
+            if let Some(v) = section("authority") {
+                self.terminate_needs_ca(v);
+            }
+        }
+        Some(Config {
+            listen: listen?,
+            resolver: resolver?,
+            upstream: upstream?,
+            timeouts: timeouts?,
+            limits: limits?,
+            log: log?,
+            tls: tls?,
+            authorities,
+            global_deny,
+        })
+    }
+}

@@ -1,0 +1,123 @@
+//! The raw shape of `mediator.toml` (design section 11): serde structs with
+//! `deny_unknown_fields`, every value kept `Spanned` so that a problem found later can be
+//! reported at its `FILE:LINE:COL`. Nothing here is validated: these types never leave the
+//! config module, and validation (`validate`, `upstream`, `authority`) turns them into the
+//! public types. No I/O.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The sections of `mediator.toml`; any other top-level key is an error.
+pub(super) const TOP_LEVEL_KEYS: &[&str] = &[
+    "listen",
+    "resolver",
+    "upstream",
+    "tls",
+    "timeouts",
+    "limits",
+    "log",
+    "global",
+    "authority",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListen {
+    pub(super) socket_dir: Option<Spanned<String>>,
+    pub(super) tcp: Option<Spanned<String>>,
+    pub(super) admin: Option<Spanned<String>>,
+    pub(super) admin_socket: Option<Spanned<String>>,
+    pub(super) admin_token_sha256: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawResolver {
+    pub(super) nameservers: Option<Vec<Spanned<String>>>,
+    pub(super) hosts: Option<BTreeMap<Spanned<String>, Vec<Spanned<String>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstream {
+    pub(super) mode: Option<Spanned<String>>,
+    pub(super) parents: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) pac: Option<Spanned<String>>,
+    pub(super) allowed_parents: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) pin_through_parent: Option<bool>,
+    pub(super) parent_retry_secs: Option<Spanned<u64>>,
+    pub(super) parent_credentials_file: Option<Spanned<String>>,
+    pub(super) pac_cache_secs: Option<Spanned<u64>>,
+    pub(super) pac_refresh_secs: Option<Spanned<u64>>,
+    pub(super) pac_budget_ms: Option<Spanned<u64>>,
+    pub(super) pac_memory_mb: Option<Spanned<u64>>,
+    pub(super) pac_on_error: Option<Spanned<String>>,
+    pub(super) pac_fetch_via: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) ca_dir: Option<Spanned<String>>,
+    pub(super) extra_ca_files: Option<Vec<Spanned<String>>>,
+}
+
+/// `[timeouts]`, in seconds.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTimeouts {
+    pub(super) request_head: Option<Spanned<u64>>,
+    pub(super) dns: Option<Spanned<u64>>,
+    pub(super) connect: Option<Spanned<u64>>,
+    pub(super) idle_tunnel: Option<Spanned<u64>>,
+    pub(super) shutdown_grace: Option<Spanned<u64>>,
+    pub(super) revoke_grace: Option<Spanned<u64>>,
+    pub(super) watchdog: Option<Spanned<u64>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    pub(super) request_head_bytes: Option<Spanned<u64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLog {
+    pub(super) decisions: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGlobal {
+    pub(super) deny: Option<Vec<Spanned<String>>>,
+}
+
+/// One `[[authority]]` (also the whole document given to `parse_authority`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuthority {
+    pub(super) name: Option<Spanned<String>>,
+    pub(super) allow: Option<Vec<Spanned<String>>>,
+    pub(super) deny: Option<Vec<Spanned<String>>>,
+    pub(super) allow_private: Option<Vec<Spanned<String>>>,
+    pub(super) token_sha256: Option<Spanned<String>>,
+    pub(super) sni_check: Option<bool>,
+    pub(super) tls_terminate: Option<Vec<Spanned<String>>>,
+    pub(super) watchdog: Option<Spanned<String>>,
+    pub(super) socket_mode: Option<Spanned<String>>,
+    pub(super) socket_uid: Option<u32>,
+    pub(super) socket_gid: Option<u32>,
+    pub(super) request_rule: Option<Vec<Spanned<RawRequestRule>>>,
+}
+
+/// `[[authority.request_rule]]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRequestRule {
+    pub(super) host: Option<String>,
+    pub(super) methods: Option<Vec<String>>,
+    pub(super) path_prefixes: Option<Vec<String>>,
+}

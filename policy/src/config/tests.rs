@@ -1,0 +1,614 @@
+//! The configuration's tables: whole files that load, every problem listed with its
+//! location, and the messages a user reads.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::authority::parse_mode;
+use super::validate::{Ctx, parse_sha256};
+use super::{FieldError, Log, Timeouts, Upstream, parse, parse_authority};
+use crate::error::PolicyError;
+use crate::upstream::{PacOnError, PacSource};
+
+fn errors(text: &str) -> Vec<String> {
+    match parse(text, "m.toml") {
+        Ok(_) => panic!("expected errors"),
+        Err(PolicyError::Config(v)) => v,
+        Err(e) => panic!("unexpected error kind {e}"),
+    }
+}
+
+const FULL: &str = r#"
+[listen]
+socket_dir = "/run/egress-mediator"
+tcp = "127.0.0.1:3128"
+admin = "[::1]:9901"
+
+[resolver]
+nameservers = ["127.0.0.1:5353", "[::1]:53"]
+hosts = { "Origin.Test." = ["127.0.0.1", "::1"], "bücher.test" = ["192.0.2.1"] }
+
+[upstream]
+mode = "direct"
+parents = []
+pac = ""
+allowed_parents = []
+pin_through_parent = false
+
+[tls]
+ca_dir = "/var/lib/egress-mediator/ca"
+extra_ca_files = ["/etc/ssl/extra.pem"]
+
+[timeouts]
+request_head = 11
+dns = 6
+connect = 12
+idle_tunnel = 301
+shutdown_grace = 0
+revoke_grace = 0
+watchdog = 3
+
+[limits]
+request_head_bytes = 32768
+
+[log]
+decisions = "/var/log/egress/decisions.jsonl"
+
+[global]
+deny = ["*:25", "metadata.google.internal"]
+
+[[authority]]
+name = "agent-a"
+allow = ["api.github.com", "raw.githubusercontent.com", "registry.npmjs.org:443"]
+deny = []
+allow_private = []
+token_sha256 = "9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08"
+sni_check = true
+tls_terminate = []
+watchdog = ""
+
+[[authority]]
+name = "agent-b"
+allow = ["origin.test"]
+allow_private = ["127.0.0.1", "::1"]
+sni_check = false
+tls_terminate = ["origin.test"]
+watchdog = "unix:/run/watchdog.sock"
+socket_mode = "0660"
+socket_uid = 1000
+socket_gid = 1001
+"#;
+
+#[test]
+fn full_config_loads() {
+    let c = parse(FULL, "m.toml").unwrap();
+    assert_eq!(
+        c.listen.socket_dir,
+        Some(PathBuf::from("/run/egress-mediator"))
+    );
+    assert_eq!(c.listen.tcp, Some("127.0.0.1:3128".parse().unwrap()));
+    assert_eq!(c.listen.admin, Some("[::1]:9901".parse().unwrap()));
+    assert_eq!(
+        c.resolver.nameservers,
+        vec![
+            "127.0.0.1:5353".parse::<SocketAddr>().unwrap(),
+            "[::1]:53".parse().unwrap()
+        ]
+    );
+    assert_eq!(
+        c.resolver.hosts.get("origin.test"),
+        Some(&vec![
+            "127.0.0.1".parse::<IpAddr>().unwrap(),
+            "::1".parse().unwrap()
+        ])
+    );
+    assert!(c.resolver.hosts.contains_key("xn--bcher-kva.test"));
+    assert_eq!(
+        c.upstream,
+        Upstream {
+            pin_through_parent: false,
+            ..Upstream::default()
+        }
+    );
+    assert_eq!(
+        c.tls.ca_dir,
+        Some(PathBuf::from("/var/lib/egress-mediator/ca"))
+    );
+    assert_eq!(
+        c.tls.extra_ca_files,
+        vec![PathBuf::from("/etc/ssl/extra.pem")]
+    );
+    assert_eq!(
+        c.timeouts,
+        Timeouts {
+            request_head: Duration::from_secs(11),
+            dns: Duration::from_secs(6),
+            connect: Duration::from_secs(12),
+            idle_tunnel: Duration::from_secs(301),
+            shutdown_grace: Duration::ZERO,
+            revoke_grace: Duration::ZERO,
+            watchdog: Duration::from_secs(3),
+        }
+    );
+    assert_eq!(c.limits.request_head_bytes, 32768);
+    assert_eq!(
+        c.log,
+        Log::File(PathBuf::from("/var/log/egress/decisions.jsonl"))
+    );
+    assert_eq!(c.authorities.len(), 2);
+    let a = &c.authorities[0];
+    assert_eq!(a.grant.name(), "agent-a");
+    assert!(a.grant.sni_check());
+    assert_eq!(a.token_sha256.unwrap()[..4], [0x9f, 0x86, 0xd0, 0x81]);
+    assert_eq!(a.token_sha256.unwrap()[31], 0x08);
+    assert_eq!(a.socket_mode, 0o600);
+    assert_eq!((a.socket_uid, a.socket_gid), (None, None));
+    assert_eq!(
+        a.grant.deny_entries().collect::<Vec<_>>(),
+        ["*:25", "metadata.google.internal"]
+    );
+    let b = &c.authorities[1];
+    assert_eq!(b.grant.name(), "agent-b");
+    assert!(!b.grant.sni_check());
+    assert_eq!(b.token_sha256, None);
+    assert_eq!(b.socket_mode, 0o660);
+    assert_eq!((b.socket_uid, b.socket_gid), (Some(1000), Some(1001)));
+    assert_eq!(b.watchdog, "unix:/run/watchdog.sock");
+    assert_eq!(b.grant.allow_private().len(), 2);
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = parse("", "m.toml").unwrap();
+    assert_eq!(
+        (c.listen.socket_dir, c.listen.tcp, c.listen.admin),
+        (None, None, None)
+    );
+    assert!(c.resolver.nameservers.is_empty() && c.resolver.hosts.is_empty());
+    assert_eq!(c.upstream, Upstream::default());
+    assert_eq!(
+        c.timeouts,
+        Timeouts {
+            request_head: Duration::from_secs(10),
+            dns: Duration::from_secs(5),
+            connect: Duration::from_secs(10),
+            idle_tunnel: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+            revoke_grace: Duration::from_secs(5),
+            watchdog: Duration::from_secs(2),
+        }
+    );
+    assert_eq!(c.limits.request_head_bytes, 65536);
+    assert_eq!(c.log, Log::Stdout);
+    assert!(c.tls.ca_dir.is_none() && c.tls.extra_ca_files.is_empty());
+    assert!(c.authorities.is_empty());
+    let c = parse("[[authority]]\nname = \"a\"\n", "m.toml").unwrap();
+    assert!(c.authorities[0].grant.sni_check());
+    assert_eq!(c.authorities[0].grant.allow_entries().count(), 0);
+    assert_eq!(c.authorities[0].watchdog, "");
+}
+
+#[test]
+fn every_problem_is_listed_with_its_location() {
+    let text = r#"[listen]
+socket_dir = "/run/x"
+bogus = 1
+tcp = "localhost:3128"
+admin = "0.0.0.0:9901"
+
+[timeouts]
+dns = "five"
+connect = 0
+idle_tunnel = 100000
+
+[limits]
+request_head_bytes = 10
+
+[upstream]
+mode = "pac"
+parents = ["http://proxy:8080"]
+
+[resolver]
+nameservers = ["127.0.0.1"]
+hosts = { "127.0.0.1" = ["1.2.3.4"], "a b" = ["1.2.3.4"], "ok.test" = ["nope"], "OK.test" = ["1.1.1.1"], "empty.test" = [] }
+
+[global]
+deny = ["*.com", "*:25"]
+
+[[authority]]
+name = "agent-a"
+allow = ["example.com", "*.com", "a.*.com"]
+nope = true
+deny = [5]
+token_sha256 = "abc"
+socket_mode = "0666"
+watchdog = "ftp://x"
+
+[[authority]]
+allow = ["x.example.com"]
+
+[[authority]]
+name = "agent-a"
+
+[[authority]]
+name = "bad name"
+allow_private = ["10.0.0.1/8"]
+
+[log]
+decisions = ""
+
+[extra]
+x = 1
+"#;
+    assert_eq!(
+        errors(text),
+        vec![
+            "m.toml:3:1: [listen]: unknown field `bogus`, expected one of `socket_dir`, `tcp`, `admin`, `admin_socket`, `admin_token_sha256`",
+            "m.toml:4:7: [listen]: tcp \"localhost:3128\" is not an ip:port address (write \"127.0.0.1:3128\" or \"[::1]:3128\")",
+            "m.toml:5:9: [listen]: admin \"0.0.0.0:9901\" is not a loopback address; the admin API must not be reachable from other hosts",
+            "m.toml:8:7: [timeouts]: invalid type: string \"five\", expected u64",
+            "m.toml:9:11: [timeouts]: connect = 0 is out of range; give whole seconds 1..=86400",
+            "m.toml:10:15: [timeouts]: idle_tunnel = 100000 is out of range; give whole seconds 1..=86400",
+            "m.toml:13:22: [limits]: request_head_bytes = 10 is out of range 8192..=1048576",
+            "m.toml:16:8: [upstream]: mode = \"pac\" needs pac = \"/path/proxy.pac\" or \"https://host/proxy.pac\"",
+            "m.toml:17:11: [upstream]: parents is only used with mode = \"parent\", not \"pac\"",
+            "m.toml:20:16: [resolver]: nameserver \"127.0.0.1\" is not an ip:port address (write \"127.0.0.1:53\")",
+            "m.toml:21:11: [resolver]: hosts key \"127.0.0.1\" is an IP address; keys must be names",
+            "m.toml:21:38: [resolver]: hosts key: invalid host \"a b\": contains the control or space character ' '",
+            "m.toml:21:72: [resolver]: hosts entry \"ok.test\": \"nope\" is not an IP address",
+            "m.toml:21:81: [resolver]: hosts key \"OK.test\" is the same host as the key at m.toml:21:59",
+            "m.toml:21:106: [resolver]: hosts entry \"empty.test\" has no addresses",
+            "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
+            "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
+            "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`",
+            "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
+            "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
+            "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
+            "m.toml:33:12: authority \"agent-a\": watchdog \"ftp://x\" must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo): the watchdog sees every allowed destination and must run on this host",
+            "m.toml:35:1: authority[2]: missing key \"name\"",
+            "m.toml:39:8: authority \"agent-a\": duplicate name; first defined at m.toml:27:8",
+            "m.toml:42:8: authority \"bad name\": authority name \"bad name\" contains ' '; use only ASCII letters, digits, '-' and '_'",
+            "m.toml:43:18: authority \"bad name\": invalid allow_private entry \"10.0.0.1/8\": CIDR has host bits set; write \"10.0.0.0/8\"",
+            "m.toml:46:13: [log]: decisions is empty; write \"stdout\" or a file path",
+            "m.toml:48:2: unknown top-level key \"extra\"; expected one of listen, resolver, upstream, tls, timeouts, limits, log, global, authority",
+        ]
+    );
+}
+
+#[test]
+fn syntax_errors_name_the_file_and_position() {
+    assert_eq!(
+        errors("[listen\nx = 1\n"),
+        vec!["m.toml:1:8: unclosed table, expected `]`"]
+    );
+    let e = errors("[listen]\ntcp = \"a\"\ntcp = \"b\"\n");
+    assert_eq!(e.len(), 1);
+    assert!(e[0].starts_with("m.toml:3:1: duplicate key"), "{e:?}");
+}
+
+#[test]
+fn authority_must_be_an_array_of_tables() {
+    assert_eq!(
+        errors("[authority]\nname = \"a\"\n"),
+        vec!["m.toml:1:1: authority must be an array of tables: write each one as [[authority]]"]
+    );
+    let e = errors("listen = 5\n");
+    assert_eq!(
+        e,
+        vec!["m.toml:1:10: [listen]: must be a table, not integer"]
+    );
+}
+
+#[test]
+fn upstream_modes() {
+    for (text, ok) in [
+        ("mode = \"direct\"", true),
+        ("mode = \"parent\"", false),
+        ("mode = \"parent\"\nparents = [\"http://p:3128\"]", true),
+        ("mode = \"env\"", true),
+        ("mode = \"pac\"", false),
+        ("mode = \"pac\"\npac = \"/etc/p.pac\"", true),
+        ("mode = \"socks\"", false),
+    ] {
+        let r = parse(&format!("[upstream]\n{text}\n"), "m.toml");
+        assert_eq!(r.is_ok(), ok, "{text}: {r:?}");
+    }
+    assert_eq!(
+        errors("[upstream]\nmode = \"socks\"\n"),
+        vec![
+            "m.toml:2:8: [upstream]: unknown mode \"socks\"; expected one of \"direct\", \"parent\", \"env\", \"pac\""
+        ]
+    );
+    assert_eq!(
+        errors("[upstream]\npac = \"/etc/p.pac\"\nallowed_parents = [\"p:1\"]\n"),
+        vec![
+            "m.toml:2:7: [upstream]: pac is only used with mode = \"pac\", not \"direct\"",
+            "m.toml:3:19: [upstream]: allowed_parents is only used with mode = \"pac\", not \"direct\"",
+        ]
+    );
+}
+
+#[test]
+fn upstream_parent_and_pac_keys() {
+    let c = parse(
+        r#"[upstream]
+mode = "pac"
+pac = "https://pac.corp.example/proxy.pac"
+allowed_parents = ["Proxy.Corp.Example:8080", "[::1]:1080"]
+pac_fetch_via = "http://u:pw@127.0.0.1:3128"
+pin_through_parent = false
+parent_retry_secs = 5
+pac_cache_secs = 0
+pac_refresh_secs = 60
+pac_budget_ms = 50
+pac_memory_mb = 4
+pac_on_error = "direct"
+parent_credentials_file = "/etc/egress/parents.cred"
+"#,
+        "m.toml",
+    )
+    .unwrap();
+    let u = c.upstream;
+    assert_eq!(u.mode, "pac");
+    assert_eq!(
+        u.pac,
+        Some(PacSource::Url("https://pac.corp.example/proxy.pac".into()))
+    );
+    let allowed: Vec<String> = u.allowed_parents.iter().map(ToString::to_string).collect();
+    assert_eq!(allowed, ["proxy.corp.example:8080", "[::1]:1080"]);
+    assert_eq!(
+        u.pac_fetch_via.as_ref().map(ToString::to_string).as_deref(),
+        Some("http://127.0.0.1:3128")
+    );
+    assert!(!u.pin_through_parent);
+    assert_eq!(u.parent_retry, Duration::from_secs(5));
+    assert_eq!(u.pac_cache, Duration::ZERO);
+    assert_eq!(u.pac_refresh, Duration::from_secs(60));
+    assert_eq!(u.pac_budget, Duration::from_millis(50));
+    assert_eq!(u.pac_memory, 4 << 20);
+    assert_eq!(u.pac_on_error, PacOnError::Direct);
+
+    let c = parse(
+            "[upstream]\nmode = \"parent\"\nparents = [\"http://a:b@p.corp:3128\", \"socks5://127.0.0.1:1080\"]\n",
+            "m.toml",
+        )
+        .unwrap();
+    let shown: Vec<String> = c.upstream.parents.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["http://p.corp:3128", "socks5://127.0.0.1:1080"]);
+
+    assert_eq!(
+        errors(
+            r#"[upstream]
+mode = "parent"
+parents = ["http://user:s3cret@p:80/x", "https://p:443", "p:3128"]
+pac_budget_ms = 0
+pac_on_error = "maybe"
+parent_credentials_file = "rel"
+"#
+        ),
+        vec![
+            "m.toml:3:12: [upstream]: parent \"http://user:***@p:80/x\": a parent URL has no path, query or fragment: write scheme://host:port",
+            "m.toml:3:41: [upstream]: parent \"https://p:443\": TLS to a parent proxy (https://) is not supported; use http:// or socks5://",
+            "m.toml:3:58: [upstream]: parent \"p:3128\": write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\"",
+            "m.toml:4:17: [upstream]: pac_budget_ms = 0 is out of range 1..=10000",
+            "m.toml:5:16: [upstream]: pac_on_error \"maybe\": write \"deny\" or \"direct\"",
+            "m.toml:6:27: [upstream]: parent_credentials_file must be an absolute path",
+        ]
+    );
+    assert_eq!(
+        errors(
+            "[upstream]\nmode = \"pac\"\npac = \"/p.pac\"\nallowed_parents = [\"p\"]\npac_fetch_via = \"http://p:1\"\n"
+        ),
+        vec![
+            "m.toml:4:20: [upstream]: allowed_parents entry: invalid host \"p\": a port is required (host:port); write \"host:port\"",
+            "m.toml:5:17: [upstream]: pac_fetch_via is only used when pac is an http(s):// URL",
+        ]
+    );
+}
+
+#[test]
+fn socket_modes_and_tokens() {
+    for (mode, want) in [
+        ("0600", Ok(0o600)),
+        ("600", Ok(0o600)),
+        ("0660", Ok(0o660)),
+        ("0640", Ok(0o640)),
+    ] {
+        assert_eq!(parse_mode(mode), want);
+    }
+    for bad in [
+        "0666", "0601", "4600", "06000", "60", "0x600", "0680", "", "+600",
+    ] {
+        assert!(parse_mode(bad).is_err(), "{bad}");
+    }
+    let hex = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let bytes = parse_sha256(hex).unwrap();
+    assert_eq!(bytes[0], 0x9f);
+    assert_eq!(parse_sha256(&hex.to_uppercase()), Some(bytes));
+    assert_eq!(parse_sha256(&hex[1..]), None);
+    assert_eq!(parse_sha256(&format!("{}g", &hex[1..])), None);
+    assert_eq!(parse_sha256(&format!("{hex}00")), None);
+    assert_eq!(
+        parse_sha256("+f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"),
+        None
+    );
+}
+
+#[test]
+fn design_example_wildcard_over_private_psl_suffix_is_accepted() {
+    // Design section 11 grants "*.githubusercontent.com"; githubusercontent.com is in
+    // the private section of the Public Suffix List, which does not count as public.
+    let cfg = parse(
+        "[[authority]]\nname = \"agent-a\"\nallow = [\"*.githubusercontent.com\"]\n",
+        "m.toml",
+    );
+    assert!(cfg.is_ok(), "{cfg:?}");
+}
+
+#[test]
+fn one_authority_from_a_flat_table() {
+    let global = vec!["*:25".to_owned()];
+    let a = parse_authority(
+        "name = \"api-made\"\nallow = [\"origin.test\"]\nallow_private = [\"127.0.0.0/8\"]\n",
+        &global,
+    )
+    .unwrap();
+    assert_eq!(a.grant.name(), "api-made");
+    assert_eq!(a.grant.deny_entries().collect::<Vec<_>>(), ["*:25"]);
+    assert_eq!(a.socket_mode, 0o600);
+
+    let e = parse_authority(
+        "name = \"x\"\nallow = [\"ok.test\", \"*.com\"]\nnope = 1\ntoken_sha256 = \"abc\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["allow", "nope", "token_sha256"], "{e:?}");
+    assert!(
+        e[0].message.starts_with("invalid allow entry \"*.com\""),
+        "{e:?}"
+    );
+    assert!(e[1].message.contains("unknown field `nope`"), "{e:?}");
+
+    let e = parse_authority("allow = [\"ok.test\"]\n", &[]).unwrap_err();
+    assert_eq!(
+        e,
+        vec![FieldError {
+            field: String::new(),
+            message: "missing key \"name\"".into()
+        }]
+    );
+    let e = parse_authority("name = \"bad name\"\n", &[]).unwrap_err();
+    assert_eq!(e[0].field, "name", "{e:?}");
+    let e = parse_authority("name = \"x\"\nsni_check = \"yes\"\n", &[]).unwrap_err();
+    assert_eq!(e[0].field, "sni_check", "{e:?}");
+}
+
+#[test]
+fn admin_listen_keys() {
+    let c = parse(
+            "[listen]\nsocket_dir = \"/run/m\"\nadmin_socket = \"/run/admin.sock\"\nadmin_token_sha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\n[global]\ndeny = [\"*:25\"]\n",
+            "m.toml",
+        )
+        .unwrap();
+    assert_eq!(
+        c.listen.admin_socket,
+        Some(PathBuf::from("/run/admin.sock"))
+    );
+    assert_eq!(c.listen.admin_token_sha256.unwrap()[0], 0x9f);
+    assert_eq!(c.global_deny, ["*:25"]);
+    assert_eq!(
+        errors(
+            "[listen]\nsocket_dir = \"/run/m\"\nadmin_socket = \"/run/m/admin.sock\"\nadmin_token_sha256 = \"x\"\n"
+        ),
+        vec![
+            "m.toml:3:16: [listen]: admin_socket \"/run/m/admin.sock\" is inside socket_dir; the admin API needs a socket of its own, never a channel's",
+            "m.toml:4:22: [listen]: admin_token_sha256 must be 64 hex digits (the SHA-256 of a non-empty admin token); omit it for no token",
+        ]
+    );
+    assert_eq!(
+        errors("[listen]\nadmin_socket = \"rel.sock\"\n"),
+        vec!["m.toml:2:16: [listen]: admin_socket \"rel.sock\" must be an absolute path"]
+    );
+}
+
+#[test]
+fn location_columns_count_characters() {
+    let e = errors("# ünïcödé\n[log]\ndecisions = \"\" \n");
+    assert_eq!(
+        e,
+        vec!["m.toml:3:13: [log]: decisions is empty; write \"stdout\" or a file path"]
+    );
+    let c = Ctx::new("ab\ncdé\nx", "f");
+    assert_eq!(c.at(Some(0..1)), "f:1:1");
+    assert_eq!(c.at(Some(3..4)), "f:2:1");
+    assert_eq!(c.at(Some(5..7)), "f:2:3");
+    assert_eq!(c.at(Some(6..7)), "f:2:3");
+    assert_eq!(c.at(Some(100..101)), "f:3:2");
+    assert_eq!(c.at(Some(8..9)), "f:3:1");
+    assert_eq!(c.at(None), "f");
+}
+
+#[test]
+fn request_rules_load_and_errors_are_located() {
+    let good = r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+tls_terminate = ["origin.test"]
+
+[[authority.request_rule]]
+host = "origin.test"
+methods = ["GET"]
+path_prefixes = ["/public/"]
+"#;
+    let c = parse(good, "m.toml").unwrap();
+    let rules = c.authorities[0].grant.request_rules();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].methods, ["GET"]);
+    assert_eq!(rules[0].path_prefixes, ["/public/"]);
+
+    let bad = r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+tls_terminate = ["origin.test"]
+
+[[authority.request_rule]]
+host = "origin.test"
+methods = ["GET"]
+
+[[authority.request_rule]]
+host = "other.test"
+methods = ["post"]
+path_prefixes = ["public"]
+"#;
+    let Err(PolicyError::Config(errors)) = parse(bad, "m.toml") else {
+        panic!("expected errors");
+    };
+    let joined = errors.join("\n");
+    assert!(
+            joined.contains("m.toml:14:1: authority \"agent-a\": request_rule[2]: host \"other.test\" is not covered by tls_terminate"),
+            "{joined}"
+        );
+    assert!(
+        joined.contains("request_rule[2]: method \"post\""),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("request_rule[2]: path prefix \"public\" must start with /"),
+        "{joined}"
+    );
+
+    let no_ca = good.replace("ca_dir = \"/tmp/ca\"", "");
+    let Err(PolicyError::Config(errors)) = parse(&no_ca, "m.toml") else {
+        panic!("expected errors");
+    };
+    assert_eq!(
+        errors,
+        [
+            "m.toml:8:17: authority \"agent-a\": tls_terminate needs the CA that issues the leaf certificates: set [tls] ca_dir (created on first start)"
+        ]
+    );
+
+    let unknown = format!(
+        "{}\n[[authority.request_rule]]\nhost = \"origin.test\"\nnope = 1\n",
+        &good[..good.find("[[authority.request_rule]]").unwrap()]
+    );
+    let Err(PolicyError::Config(errors)) = parse(&unknown, "m.toml") else {
+        panic!("expected errors");
+    };
+    assert!(
+        errors[0]
+            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`"),
+        "{errors:?}"
+    );
+}

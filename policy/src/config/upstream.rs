@@ -1,0 +1,278 @@
+//! `[upstream]` (design section 8): how allowed connections are routed, as the validated
+//! [`Upstream`] and the check that builds it from the raw table. Parent URLs and PAC
+//! sources are parsed here, once, into the types of [`crate::upstream`]; this file never
+//! fetches a PAC or connects to a parent.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::raw::RawUpstream;
+use super::validate::{MAX_TIMEOUT_SECS, Validator};
+use crate::host::{Target, parse_authority_form};
+use crate::upstream::{
+    PacOnError, PacSource, ParentSyntax, ParentUrl, parse_pac_source, parse_parent_url,
+};
+
+/// `[upstream]` (design section 8): how allowed connections are routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `"direct"`, `"parent"`, `"env"` or `"pac"`.
+    pub mode: String,
+    /// Whether CONNECTs to a parent name the pinned IP (default) or the canonical host.
+    pub pin_through_parent: bool,
+    /// `mode = "parent"`: the parents, tried left to right on connection-level failure.
+    pub parents: Vec<ParentUrl>,
+    /// `mode = "pac"`: where the PAC script comes from.
+    pub pac: Option<PacSource>,
+    /// `mode = "pac"`: the parents (`host:port`, canonical) a PAC may name.
+    pub allowed_parents: Vec<Target>,
+    /// `parent_retry_secs` (default 30): a parent that failed at the connection level is
+    /// skipped for this long.
+    pub parent_retry: Duration,
+    /// `parent_credentials_file`: lines `host:port user:password` giving credentials for
+    /// parents named without userinfo (PAC answers, `allowed_parents`, environment).
+    pub parent_credentials_file: Option<PathBuf>,
+    /// `pac_cache_secs` (default 300, 0 = no cache): PAC answers are cached per
+    /// (scheme, host, port) for this long.
+    pub pac_cache: Duration,
+    /// `pac_refresh_secs` (default 300, 0 = never): the PAC is fetched again this often;
+    /// the last good copy is kept when a fetch fails.
+    pub pac_refresh: Duration,
+    /// `pac_budget_ms` (default 200): CPU-time budget of one PAC evaluation.
+    pub pac_budget: Duration,
+    /// `pac_memory_mb` (default 16): memory limit of the PAC engine, in bytes.
+    pub pac_memory: usize,
+    /// `pac_on_error` (default `"deny"`): what a failed PAC evaluation means.
+    pub pac_on_error: PacOnError,
+    /// `pac_fetch_via`: a parent through which an `http(s)://` PAC is fetched (never the
+    /// PAC's own answer).
+    pub pac_fetch_via: Option<ParentUrl>,
+}
+
+impl Default for Upstream {
+    /// `mode = "direct"` with the documented defaults.
+    fn default() -> Self {
+        Self {
+            mode: "direct".into(),
+            pin_through_parent: true,
+            parents: Vec::new(),
+            pac: None,
+            allowed_parents: Vec::new(),
+            parent_retry: Duration::from_secs(30),
+            parent_credentials_file: None,
+            pac_cache: Duration::from_secs(300),
+            pac_refresh: Duration::from_secs(300),
+            pac_budget: Duration::from_millis(200),
+            pac_memory: 16 << 20,
+            pac_on_error: PacOnError::Deny,
+            pac_fetch_via: None,
+        }
+    }
+}
+
+impl Validator<'_> {
+    /// Validates `[upstream]`: the mode, the keys that belong to it (a key of another mode
+    /// is an error, not ignored), and the tuning values' ranges.
+    pub(super) fn upstream(&mut self, raw: RawUpstream) -> Upstream {
+        let what = "[upstream]";
+        let mode = raw
+            .mode
+            .as_ref()
+            .map_or("direct", |m| m.get_ref().as_str())
+            .to_owned();
+        if let Some(m) = &raw.mode {
+            if !["direct", "parent", "env", "pac"].contains(&m.get_ref().as_str()) {
+                self.error(
+                    Some(m.span()),
+                    what,
+                    format!(
+                        "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\"",
+                        m.get_ref()
+                    ),
+                );
+            }
+        }
+        let mut out = Upstream {
+            mode: mode.clone(),
+            pin_through_parent: raw.pin_through_parent.unwrap_or(true),
+            ..Upstream::default()
+        };
+        let nonempty_list = |l: &Option<Spanned<Vec<Spanned<String>>>>| {
+            l.as_ref()
+                .filter(|p| !p.get_ref().is_empty())
+                .map(Spanned::span)
+        };
+        let nonempty_str = |v: &Option<Spanned<String>>| {
+            v.as_ref()
+                .filter(|p| !p.get_ref().is_empty())
+                .map(Spanned::span)
+        };
+
+        // parents: mode = "parent" only, and then required.
+        if mode == "parent" {
+            let list = raw.parents.as_ref().map(|p| p.get_ref().as_slice());
+            if list.is_none_or(<[_]>::is_empty) {
+                self.error(
+                    raw.mode.as_ref().map(Spanned::span),
+                    what,
+                    "mode = \"parent\" needs parents = [\"http://host:port\", ...]",
+                );
+            }
+            for p in list.unwrap_or_default() {
+                match parse_parent_url(p.get_ref(), ParentSyntax::Config) {
+                    Ok(url) => out.parents.push(url),
+                    Err(why) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("parent {}: {why}", redact(p.get_ref())),
+                    ),
+                }
+            }
+        } else if let Some(span) = nonempty_list(&raw.parents) {
+            self.error(
+                Some(span),
+                what,
+                format!("parents is only used with mode = \"parent\", not {mode:?}"),
+            );
+        }
+
+        // pac, allowed_parents, pac_fetch_via: mode = "pac" only.
+        if mode == "pac" {
+            match raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
+                None => self.error(
+                    raw.mode.as_ref().map(Spanned::span),
+                    what,
+                    "mode = \"pac\" needs pac = \"/path/proxy.pac\" or \"https://host/proxy.pac\"",
+                ),
+                Some(p) => match parse_pac_source(p.get_ref()) {
+                    Ok(src) => out.pac = Some(src),
+                    Err(why) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("pac {:?}: {why}", p.get_ref()),
+                    ),
+                },
+            }
+            let list = raw.allowed_parents.as_ref().map(|p| p.get_ref().as_slice());
+            for p in list.unwrap_or_default() {
+                match parse_authority_form(p.get_ref()) {
+                    Ok(t) => out.allowed_parents.push(t),
+                    Err(e) => self.error(
+                        Some(p.span()),
+                        what,
+                        format!("allowed_parents entry: {e}; write \"host:port\""),
+                    ),
+                }
+            }
+            if let Some(v) = &raw.pac_fetch_via {
+                match parse_parent_url(v.get_ref(), ParentSyntax::Config) {
+                    Ok(url) if matches!(out.pac, Some(PacSource::Url(_))) => {
+                        out.pac_fetch_via = Some(url);
+                    }
+                    Ok(_) => self.error(
+                        Some(v.span()),
+                        what,
+                        "pac_fetch_via is only used when pac is an http(s):// URL",
+                    ),
+                    Err(why) => self.error(
+                        Some(v.span()),
+                        what,
+                        format!("pac_fetch_via {}: {why}", redact(v.get_ref())),
+                    ),
+                }
+            }
+        } else {
+            for (key, span) in [
+                ("pac", nonempty_str(&raw.pac)),
+                ("allowed_parents", nonempty_list(&raw.allowed_parents)),
+                ("pac_fetch_via", nonempty_str(&raw.pac_fetch_via)),
+            ] {
+                if let Some(span) = span {
+                    self.error(
+                        Some(span),
+                        what,
+                        format!("{key} is only used with mode = \"pac\", not {mode:?}"),
+                    );
+                }
+            }
+        }
+
+        let mut range = |v: &Option<Spanned<u64>>, key: &str, min: u64, max: u64| {
+            let v = v.as_ref()?;
+            let n = *v.get_ref();
+            if n < min || n > max {
+                self.error(
+                    Some(v.span()),
+                    what,
+                    format!("{key} = {n} is out of range {min}..={max}"),
+                );
+                return None;
+            }
+            Some(n)
+        };
+        if let Some(n) = range(
+            &raw.parent_retry_secs,
+            "parent_retry_secs",
+            0,
+            MAX_TIMEOUT_SECS,
+        ) {
+            out.parent_retry = Duration::from_secs(n);
+        }
+        if let Some(n) = range(&raw.pac_cache_secs, "pac_cache_secs", 0, MAX_TIMEOUT_SECS) {
+            out.pac_cache = Duration::from_secs(n);
+        }
+        if let Some(n) = range(
+            &raw.pac_refresh_secs,
+            "pac_refresh_secs",
+            0,
+            MAX_TIMEOUT_SECS,
+        ) {
+            out.pac_refresh = Duration::from_secs(n);
+        }
+        if let Some(n) = range(&raw.pac_budget_ms, "pac_budget_ms", 1, 10_000) {
+            out.pac_budget = Duration::from_millis(n);
+        }
+        if let Some(n) = range(&raw.pac_memory_mb, "pac_memory_mb", 1, 1024) {
+            // At most 1 GiB: fits every usize of 32 bits or more.
+            out.pac_memory = usize::try_from(n << 20).unwrap_or(16 << 20);
+        }
+        if let Some(v) = &raw.pac_on_error {
+            match v.get_ref().as_str() {
+                "deny" => out.pac_on_error = PacOnError::Deny,
+                "direct" => out.pac_on_error = PacOnError::Direct,
+                other => self.error(
+                    Some(v.span()),
+                    what,
+                    format!("pac_on_error {other:?}: write \"deny\" or \"direct\""),
+                ),
+            }
+        }
+        if let Some(f) = &raw.parent_credentials_file {
+            if f.get_ref().starts_with('/') {
+                out.parent_credentials_file = Some(PathBuf::from(f.get_ref()));
+            } else {
+                self.error(
+                    Some(f.span()),
+                    what,
+                    "parent_credentials_file must be an absolute path",
+                );
+            }
+        }
+        out
+    }
+}
+
+/// A parent URL for an error message: the password (if any) replaced by `***`.
+fn redact(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
+    let shown = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    };
+    format!("{shown:?}")
+}

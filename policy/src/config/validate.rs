@@ -1,0 +1,437 @@
+//! Turning the raw tables of `mediator.toml` into validated values, with every problem
+//! located (`FILE:LINE:COL`): the [`Validator`] that collects problems, the retrying table
+//! deserializer, and the checks of the small sections (`[listen]`, `[resolver]`, `[tls]`,
+//! `[timeouts]`, `[limits]`, `[log]`, `[global]`). `[upstream]` and `[[authority]]` have
+//! files of their own that build on this one. A check reports and carries on; it never
+//! stops at the first problem, and never reads a file or resolves a name.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+use toml::de::{DeValue, ValueDeserializer};
+
+use super::raw::{RawGlobal, RawLimits, RawListen, RawLog, RawResolver, RawTimeouts, RawTls};
+use super::{Limits, Listen, Log, Resolver, Timeouts, Tls};
+use crate::host::canonicalize_host;
+use crate::pattern::{HostPattern, PatternUse};
+
+/// Maps byte offsets to `FILE:LINE:COL` (1-based, columns in characters).
+pub(super) struct Ctx<'a> {
+    text: &'a str,
+    origin: &'a str,
+}
+
+impl<'a> Ctx<'a> {
+    pub(super) fn new(text: &'a str, origin: &'a str) -> Self {
+        Self { text, origin }
+    }
+
+    /// `ORIGIN:LINE:COL` of the start of `span`; only `ORIGIN` when there is no span.
+    pub(super) fn at(&self, span: Option<Range<usize>>) -> String {
+        let Some(span) = span else {
+            return self.origin.to_owned();
+        };
+        let mut offset = span.start.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let col = before[line_start..].chars().count() + 1;
+        format!("{}:{line}:{col}", self.origin)
+    }
+}
+
+/// Collects located problems while raw tables are turned into validated values. Every
+/// section method reports what it finds and carries on, so that one run lists every
+/// problem of the file.
+pub(super) struct Validator<'a> {
+    ctx: Ctx<'a>,
+    /// Byte offset (for sorting) and message.
+    errors: Vec<(usize, String)>,
+}
+
+/// Largest timeout accepted, in seconds (one day): keeps deadlines far from `Instant`
+/// overflow and catches unit mistakes (milliseconds written as seconds).
+pub(super) const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+impl<'a> Validator<'a> {
+    pub(super) fn new(ctx: Ctx<'a>) -> Self {
+        Self {
+            ctx,
+            errors: Vec::new(),
+        }
+    }
+
+    /// `ORIGIN:LINE:COL` of `span` (see [`Ctx::at`]).
+    pub(super) fn at(&self, span: Option<Range<usize>>) -> String {
+        self.ctx.at(span)
+    }
+
+    /// The problems found, each with the byte offset it was reported at, in file order
+    /// (problems found at the same place keep the order found).
+    pub(super) fn into_errors(mut self) -> Vec<(usize, String)> {
+        self.errors.sort_by_key(|(at, _)| *at);
+        self.errors
+    }
+
+    /// Reports `message` at `span`, prefixed with `what` (`[listen]`, `authority "a"`;
+    /// empty for none).
+    pub(super) fn error(
+        &mut self,
+        span: Option<Range<usize>>,
+        what: &str,
+        message: impl std::fmt::Display,
+    ) {
+        let offset = span.as_ref().map_or(usize::MAX, |s| s.start);
+        let at = self.ctx.at(span);
+        let message = if what.is_empty() {
+            format!("{at}: {message}")
+        } else {
+            format!("{at}: {what}: {message}")
+        };
+        self.errors.push((offset, message));
+    }
+
+    /// Deserializes one table into `T`. On an error, the key it concerns is reported and
+    /// dropped and the table tried again, so that every unknown key and every mistyped
+    /// value is reported, not only the first. Returns `None` only when an error cannot be
+    /// tied to a key.
+    pub(super) fn table<'i, T: Deserialize<'i>>(
+        &mut self,
+        what: &str,
+        value: &Spanned<DeValue<'i>>,
+    ) -> Option<T> {
+        let DeValue::Table(table) = value.get_ref() else {
+            self.error(
+                Some(value.span()),
+                what,
+                format!("must be a table, not {}", value.get_ref().type_str()),
+            );
+            return None;
+        };
+        let mut table = table.clone();
+        loop {
+            let attempt = Spanned::new(value.span(), DeValue::Table(table.clone()));
+            match T::deserialize(ValueDeserializer::from(attempt)) {
+                Ok(t) => return Some(t),
+                Err(e) => {
+                    let span = e.span();
+                    self.error(span.clone().or(Some(value.span())), what, e.message());
+                    let culprit = span.and_then(|sp| {
+                        table
+                            .iter()
+                            .find(|(k, v)| covers(&k.span(), &sp) || covers(&v.span(), &sp))
+                            .map(|(k, _)| k.get_ref().to_string())
+                    });
+                    match culprit {
+                        Some(key) => {
+                            table.remove(key.as_str());
+                        }
+                        None => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn listen(&mut self, raw: RawListen) -> Option<Listen> {
+        let what = "[listen]";
+        let socket_dir = raw.socket_dir.and_then(|d| {
+            if d.get_ref().is_empty() {
+                self.error(
+                    Some(d.span()),
+                    what,
+                    "socket_dir is empty; omit it for no Unix sockets",
+                );
+                None
+            } else {
+                Some(PathBuf::from(d.into_inner()))
+            }
+        });
+        let mut addr = |v: Option<Spanned<String>>, key: &str, loopback_only: bool| {
+            let v = v?;
+            match v.get_ref().parse::<SocketAddr>() {
+                Ok(a) if loopback_only && !a.ip().is_loopback() => {
+                    self.error(
+                        Some(v.span()),
+                        what,
+                        format!("{key} {:?} is not a loopback address; the admin API must not be reachable from other hosts", v.get_ref()),
+                    );
+                    None
+                }
+                Ok(a) => Some(a),
+                Err(_) => {
+                    self.error(
+                        Some(v.span()),
+                        what,
+                        format!("{key} {:?} is not an ip:port address (write \"127.0.0.1:3128\" or \"[::1]:3128\")", v.get_ref()),
+                    );
+                    None
+                }
+            }
+        };
+        let tcp = addr(raw.tcp, "tcp", false);
+        let admin = addr(raw.admin, "admin", true);
+        let admin_socket = raw
+            .admin_socket
+            .and_then(|p| self.admin_socket(p, socket_dir.as_deref()));
+        let admin_token_sha256 = raw.admin_token_sha256.and_then(|t| match parse_sha256(t.get_ref()) {
+            Some(bytes) => Some(bytes),
+            None => {
+                self.error(
+                    Some(t.span()),
+                    what,
+                    "admin_token_sha256 must be 64 hex digits (the SHA-256 of a non-empty admin token); omit it for no token",
+                );
+                None
+            }
+        });
+        Some(Listen {
+            socket_dir,
+            tcp,
+            admin,
+            admin_socket,
+            admin_token_sha256,
+        })
+    }
+
+    /// `[listen] admin_socket`: an absolute path that is not inside `socket_dir`, so it
+    /// can never be taken for (or replaced by) an authority's channel socket.
+    fn admin_socket(&mut self, p: Spanned<String>, socket_dir: Option<&Path>) -> Option<PathBuf> {
+        let what = "[listen]";
+        let path = PathBuf::from(p.get_ref());
+        if !path.is_absolute() {
+            self.error(
+                Some(p.span()),
+                what,
+                format!("admin_socket {:?} must be an absolute path", p.get_ref()),
+            );
+            return None;
+        }
+        if socket_dir.is_some_and(|d| path.starts_with(d)) {
+            self.error(
+                Some(p.span()),
+                what,
+                format!("admin_socket {:?} is inside socket_dir; the admin API needs a socket of its own, never a channel's", p.get_ref()),
+            );
+            return None;
+        }
+        Some(path)
+    }
+
+    pub(super) fn resolver(&mut self, raw: RawResolver) -> Resolver {
+        let what = "[resolver]";
+        let mut out = Resolver::default();
+        for ns in raw.nameservers.unwrap_or_default() {
+            match ns.get_ref().parse::<SocketAddr>() {
+                Ok(a) => out.nameservers.push(a),
+                Err(_) => self.error(
+                    Some(ns.span()),
+                    what,
+                    format!(
+                        "nameserver {:?} is not an ip:port address (write \"127.0.0.1:53\")",
+                        ns.get_ref()
+                    ),
+                ),
+            }
+        }
+        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        // File order, so that a duplicate is reported at its second spelling.
+        let mut hosts: Vec<_> = raw.hosts.unwrap_or_default().into_iter().collect();
+        hosts.sort_by_key(|(key, _)| key.span().start);
+        for (key, addrs) in hosts {
+            let name = match canonicalize_host(key.get_ref()) {
+                Ok(h) => match h.name() {
+                    Some(n) => n.to_owned(),
+                    None => {
+                        self.error(
+                            Some(key.span()),
+                            what,
+                            format!(
+                                "hosts key {:?} is an IP address; keys must be names",
+                                key.get_ref()
+                            ),
+                        );
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    self.error(Some(key.span()), what, format!("hosts key: {e}"));
+                    continue;
+                }
+            };
+            if let Some(first) = seen.get(&name) {
+                let first = self.at(Some(first.clone()));
+                self.error(
+                    Some(key.span()),
+                    what,
+                    format!(
+                        "hosts key {:?} is the same host as the key at {first}",
+                        key.get_ref()
+                    ),
+                );
+                continue;
+            }
+            seen.insert(name.clone(), key.span());
+            if addrs.is_empty() {
+                self.error(
+                    Some(key.span()),
+                    what,
+                    format!("hosts entry {:?} has no addresses", key.get_ref()),
+                );
+                continue;
+            }
+            let mut ips = Vec::with_capacity(addrs.len());
+            for a in &addrs {
+                match a.get_ref().parse::<IpAddr>() {
+                    Ok(ip) => ips.push(ip),
+                    Err(_) => self.error(
+                        Some(a.span()),
+                        what,
+                        format!(
+                            "hosts entry {:?}: {:?} is not an IP address",
+                            key.get_ref(),
+                            a.get_ref()
+                        ),
+                    ),
+                }
+            }
+            out.hosts.insert(name, ips);
+        }
+        out
+    }
+
+    pub(super) fn tls(&mut self, raw: RawTls) -> Tls {
+        let what = "[tls]";
+        let mut path = |s: Spanned<String>, key: &str| {
+            if s.get_ref().is_empty() {
+                self.error(Some(s.span()), what, format!("{key} is empty"));
+                None
+            } else {
+                Some(PathBuf::from(s.into_inner()))
+            }
+        };
+        let ca_dir = raw.ca_dir.and_then(|d| path(d, "ca_dir"));
+        let extra_ca_files = raw
+            .extra_ca_files
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|f| path(f, "extra_ca_files entry"))
+            .collect();
+        Tls {
+            ca_dir,
+            extra_ca_files,
+        }
+    }
+
+    pub(super) fn timeouts(&mut self, raw: &RawTimeouts) -> Timeouts {
+        let mut secs = |v: &Option<Spanned<u64>>, key: &str, default: u64, min: u64| {
+            let Some(v) = v else {
+                return Duration::from_secs(default);
+            };
+            let n = *v.get_ref();
+            if n < min || n > MAX_TIMEOUT_SECS {
+                self.error(
+                    Some(v.span()),
+                    "[timeouts]",
+                    format!(
+                        "{key} = {n} is out of range; give whole seconds {min}..={MAX_TIMEOUT_SECS}"
+                    ),
+                );
+                return Duration::from_secs(default);
+            }
+            Duration::from_secs(n)
+        };
+        Timeouts {
+            request_head: secs(&raw.request_head, "request_head", 10, 1),
+            dns: secs(&raw.dns, "dns", 5, 1),
+            connect: secs(&raw.connect, "connect", 10, 1),
+            idle_tunnel: secs(&raw.idle_tunnel, "idle_tunnel", 300, 1),
+            shutdown_grace: secs(&raw.shutdown_grace, "shutdown_grace", 10, 0),
+            revoke_grace: secs(&raw.revoke_grace, "revoke_grace", 5, 0),
+            watchdog: secs(&raw.watchdog, "watchdog", 2, 1),
+        }
+    }
+
+    pub(super) fn limits(&mut self, raw: &RawLimits) -> Limits {
+        // hyper's HTTP/1 server cannot buffer less than 8 KiB.
+        const MIN: u64 = 8192;
+        const MAX: u64 = 1 << 20;
+        let mut request_head_bytes = 65536;
+        if let Some(v) = &raw.request_head_bytes {
+            let n = *v.get_ref();
+            if (MIN..=MAX).contains(&n) {
+                // MAX fits every usize of 32 bits or more.
+                request_head_bytes = usize::try_from(n).unwrap_or(65536);
+            } else {
+                self.error(
+                    Some(v.span()),
+                    "[limits]",
+                    format!("request_head_bytes = {n} is out of range {MIN}..={MAX}"),
+                );
+            }
+        }
+        Limits { request_head_bytes }
+    }
+
+    pub(super) fn log(&mut self, raw: RawLog) -> Log {
+        match raw.decisions {
+            None => Log::Stdout,
+            Some(d) if d.get_ref() == "stdout" => Log::Stdout,
+            Some(d) if d.get_ref().is_empty() => {
+                self.error(
+                    Some(d.span()),
+                    "[log]",
+                    "decisions is empty; write \"stdout\" or a file path",
+                );
+                Log::Stdout
+            }
+            Some(d) => Log::File(PathBuf::from(d.into_inner())),
+        }
+    }
+
+    /// Validates the global deny list; returns only the valid entries (the invalid ones
+    /// are reported here, once, not again for every authority).
+    pub(super) fn global(&mut self, raw: RawGlobal) -> Vec<String> {
+        let mut out = Vec::new();
+        for entry in raw.deny.unwrap_or_default() {
+            match HostPattern::parse("global deny", entry.get_ref(), PatternUse::Deny) {
+                Ok(_) => out.push(entry.into_inner()),
+                Err(e) => self.error(Some(entry.span()), "[global]", e),
+            }
+        }
+        out
+    }
+}
+
+/// Whether `inner` starts inside `outer` (an empty `outer` covers its own start).
+pub(super) fn covers(outer: &Range<usize>, inner: &Range<usize>) -> bool {
+    outer.start <= inner.start && inner.start < outer.end.max(outer.start + 1)
+}
+
+/// SHA-256 of the empty string: a token hash equal to it would let an empty password in.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// Parses 64 hex digits (either case) into 32 bytes; `None` for anything else, including
+/// the hash of the empty token.
+pub(super) fn parse_sha256(s: &str) -> Option<[u8; 32]> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 64 || s.eq_ignore_ascii_case(EMPTY_SHA256) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let hi = char::from(pair[0]).to_digit(16)?;
+        let lo = char::from(pair[1]).to_digit(16)?;
+        // Two hex digits are at most 255.
+        *slot = u8::try_from(hi * 16 + lo).ok()?;
+    }
+    Some(out)
+}
