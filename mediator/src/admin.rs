@@ -224,7 +224,7 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "deny": a.grant.deny_entries().collect::<Vec<_>>(),
             "allow_private": a.grant.allow_private().iter().map(ToString::to_string).collect::<Vec<_>>(),
             "sni_check": a.grant.sni_check(),
-            "watchdog": a.watchdog,
+            "watchdog": a.watchdog.as_ref().map_or_else(String::new, ToString::to_string),
         },
         "live_connections": admin.control.shared().metrics.active_of(live.name()),
     })

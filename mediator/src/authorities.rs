@@ -193,7 +193,7 @@ pub(crate) fn grant_digest(a: &Authority) -> String {
         "allow_private": a.grant.allow_private().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "sni_check": a.grant.sni_check(),
         "token_sha256": a.token_sha256.map(hex::encode),
-        "watchdog": a.watchdog,
+        "watchdog": a.watchdog.as_ref().map_or_else(String::new, ToString::to_string),
         "socket_mode": a.socket_mode,
         "socket_uid": a.socket_uid,
         "socket_gid": a.socket_gid,

@@ -105,7 +105,7 @@ pub async fn explain(
         resolved: false,
         addresses: Vec::new(),
         pin: Vec::new(),
-        watchdog: (!auth.watchdog.is_empty()).then(|| auth.watchdog.clone()),
+        watchdog: auth.watchdog.as_ref().map(ToString::to_string),
     };
     let parsed = parse_target(target);
     let target = match parsed {

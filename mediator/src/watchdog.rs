@@ -4,21 +4,21 @@
 //! It is asked only after the grant allowed the destination and every resolved address
 //! was vetted: an HTTP/1.1 `POST` with the JSON body
 //! `{"authority","host","port","protocol"}` to `unix:/path` (request path `/`) or to an
-//! `http://` URL on a loopback IP literal (or `localhost`, taken as `127.0.0.1`). Only a
+//! `http://` URL on a loopback IP literal (or `localhost`, taken as `127.0.0.1`), parsed
+//! once at load into a [`WatchdogEndpoint`] (the configuration refuses any other). Only a
 //! `2xx` answer whose JSON body is `{"decision":"allow",...}` allows; `{"decision":"deny",
 //! "reason":"..."}` denies with that reason in the detail, and anything else (no answer
 //! within `timeouts.watchdog`, a connect error, another status, a body that is not that
-//! JSON, an endpoint that is not on loopback) denies too. The answer can only turn an
+//! JSON) denies too. The answer can only turn an
 //! allow into a deny: a denied destination never reaches this module.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
+use policy::config::WatchdogEndpoint;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
@@ -31,67 +31,6 @@ const MAX_ANSWER: usize = 16 * 1024;
 
 /// Longest watchdog reason copied into a denial's detail, in characters.
 const MAX_REASON: usize = 200;
-
-/// Where a watchdog listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    /// `unix:/path`: HTTP over this Unix socket, request path `/`.
-    Unix(PathBuf),
-    /// `http://ip:port/path` on loopback.
-    Http {
-        /// The loopback address.
-        addr: SocketAddr,
-        /// The request path (with query), `/` when none.
-        path: String,
-    },
-}
-
-impl Endpoint {
-    /// Parses the `watchdog` key of an authority.
-    ///
-    /// # Errors
-    /// A message when the value is neither `unix:/absolute/path` nor an `http://` URL
-    /// whose host is a loopback IP literal or `localhost`.
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if !path.starts_with('/') {
-                return Err(format!(
-                    "watchdog {s:?}: the unix socket path must be absolute"
-                ));
-            }
-            return Ok(Self::Unix(PathBuf::from(path)));
-        }
-        let Some(rest) = s.strip_prefix("http://") else {
-            return Err(format!(
-                "watchdog {s:?} must be unix:/path or http://127.0.0.1:port/"
-            ));
-        };
-        let (hostport, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        let uri: http::uri::Authority = hostport
-            .parse()
-            .map_err(|e| format!("watchdog {s:?}: bad host:port: {e}"))?;
-        let port = uri.port_u16().unwrap_or(80);
-        let host = uri.host().trim_start_matches('[').trim_end_matches(']');
-        let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
-            IpAddr::V4(Ipv4Addr::LOCALHOST)
-        } else {
-            host.parse()
-                .map_err(|_| format!("watchdog {s:?}: the host must be a loopback IP address"))?
-        };
-        if !ip.is_loopback() {
-            return Err(format!(
-                "watchdog {s:?}: {ip} is not a loopback address; the watchdog must run on this host"
-            ));
-        }
-        Ok(Self::Http {
-            addr: SocketAddr::new(ip, port),
-            path: path.to_owned(),
-        })
-    }
-}
 
 /// What the watchdog is asked.
 #[derive(Debug, Clone, Serialize)]
@@ -124,12 +63,12 @@ pub(crate) enum Verdict {
 
 /// Asks the watchdog at `endpoint` (the authority's `watchdog` value) about `question`,
 /// within `timeout`. Never fails: every error is a [`Verdict::Deny`].
-pub(crate) async fn ask(endpoint: &str, question: &Question<'_>, timeout: Duration) -> Verdict {
-    let endpoint = match Endpoint::parse(endpoint) {
-        Ok(e) => e,
-        Err(why) => return Verdict::Deny(why),
-    };
-    match tokio::time::timeout(timeout, exchange(&endpoint, question)).await {
+pub(crate) async fn ask(
+    endpoint: &WatchdogEndpoint,
+    question: &Question<'_>,
+    timeout: Duration,
+) -> Verdict {
+    match tokio::time::timeout(timeout, exchange(endpoint, question)).await {
         Err(_) => Verdict::Deny(format!(
             "the watchdog did not answer within {} s",
             timeout.as_secs_f64()
@@ -152,16 +91,16 @@ pub(crate) async fn ask(endpoint: &str, question: &Question<'_>, timeout: Durati
     }
 }
 
-async fn exchange(endpoint: &Endpoint, question: &Question<'_>) -> Result<Answer, String> {
+async fn exchange(endpoint: &WatchdogEndpoint, question: &Question<'_>) -> Result<Answer, String> {
     let body = serde_json::to_vec(question).map_err(|e| e.to_string())?;
     match endpoint {
-        Endpoint::Unix(path) => {
+        WatchdogEndpoint::Unix(path) => {
             let stream = UnixStream::connect(path)
                 .await
                 .map_err(|e| format!("connect {}: {e}", path.display()))?;
             post(stream, "localhost", "/", body).await
         }
-        Endpoint::Http { addr, path } => {
+        WatchdogEndpoint::Http { addr, path } => {
             let stream = TcpStream::connect(addr)
                 .await
                 .map_err(|e| format!("connect {addr}: {e}"))?;
@@ -204,38 +143,6 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn endpoints() {
-        assert_eq!(
-            Endpoint::parse("unix:/run/w.sock"),
-            Ok(Endpoint::Unix("/run/w.sock".into()))
-        );
-        assert_eq!(
-            Endpoint::parse("http://127.0.0.1:9000/check?x=1"),
-            Ok(Endpoint::Http {
-                addr: "127.0.0.1:9000".parse().unwrap(),
-                path: "/check?x=1".into()
-            })
-        );
-        assert_eq!(
-            Endpoint::parse("http://[::1]:9000"),
-            Ok(Endpoint::Http {
-                addr: "[::1]:9000".parse().unwrap(),
-                path: "/".into()
-            })
-        );
-        assert!(Endpoint::parse("http://localhost:1/").is_ok());
-        for bad in [
-            "unix:rel.sock",
-            "http://10.0.0.1:80/",
-            "http://watchdog.example:80/",
-            "https://127.0.0.1/",
-            "",
-        ] {
-            assert!(Endpoint::parse(bad).is_err(), "{bad}");
-        }
-    }
-
     #[tokio::test]
     async fn errors_and_silence_deny() {
         let q = Question {
@@ -247,21 +154,12 @@ mod tests {
         // Nothing listens there.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("none.sock");
-        let v = ask(
-            &format!("unix:{}", path.display()),
-            &q,
-            Duration::from_secs(1),
-        )
-        .await;
+        let v = ask(&WatchdogEndpoint::Unix(path), &q, Duration::from_secs(1)).await;
         assert!(matches!(v, Verdict::Deny(_)), "{v:?}");
         // A listener that never answers.
         let silent = tokio::net::UnixListener::bind(dir.path().join("s.sock")).unwrap();
-        let v = ask(
-            &format!("unix:{}", dir.path().join("s.sock").display()),
-            &q,
-            Duration::from_millis(200),
-        )
-        .await;
+        let endpoint = WatchdogEndpoint::Unix(dir.path().join("s.sock"));
+        let v = ask(&endpoint, &q, Duration::from_millis(200)).await;
         drop(silent);
         assert!(
             matches!(&v, Verdict::Deny(w) if w.contains("did not answer")),

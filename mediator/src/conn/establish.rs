@@ -259,9 +259,9 @@ async fn ask_watchdog(
     protocol: Protocol,
     target: &Target,
 ) -> Result<(), Denial> {
-    if authority.watchdog.is_empty() {
+    let Some(endpoint) = &authority.watchdog else {
         return Ok(());
-    }
+    };
     let host = target.host.as_text();
     let question = watchdog::Question {
         authority: authority.grant.name(),
@@ -269,7 +269,7 @@ async fn ask_watchdog(
         port: target.port,
         protocol,
     };
-    match watchdog::ask(&authority.watchdog, &question, shared.timeouts.watchdog).await {
+    match watchdog::ask(endpoint, &question, shared.timeouts.watchdog).await {
         watchdog::Verdict::Allow => Ok(()),
         watchdog::Verdict::Deny(detail) => Err(Denial::new(
             Reason::WatchdogDenied,

@@ -6,7 +6,6 @@
 //! this host). This file never opens the socket or contacts the watchdog.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::ops::Range;
 
 use toml::Spanned;
@@ -14,6 +13,7 @@ use toml::de::{DeTable, DeValue};
 
 use super::raw::RawAuthority;
 use super::validate::{Ctx, Validator, covers, parse_sha256};
+use super::watchdog::WatchdogEndpoint;
 use crate::grant::{Grant, GrantSpec, RequestRuleSpec};
 
 /// One validated `[[authority]]`: its frozen grant and how its channel socket is made.
@@ -29,9 +29,8 @@ pub struct Authority {
     pub socket_uid: Option<u32>,
     /// Group gid of the socket file (default: the mediator's).
     pub socket_gid: Option<u32>,
-    /// Watchdog endpoint: empty for none, else `unix:/absolute/path` or an `http://` URL
-    /// on a loopback address or `localhost`.
-    pub watchdog: String,
+    /// The watchdog that may narrow this authority's allowed decisions, if any.
+    pub watchdog: Option<WatchdogEndpoint>,
 }
 
 /// One problem with an authority table given on its own (see [`parse_authority`]): the key
@@ -263,24 +262,17 @@ impl Validator<'_> {
             }
         }
 
-        let watchdog = raw
-            .watchdog
-            .as_ref()
-            .map_or_else(String::new, |w| w.get_ref().clone());
-        if let Some(w) = &raw.watchdog {
-            if !watchdog_is_local(w.get_ref()) {
-                self.error(
-                    Some(w.span()),
-                    label,
-                    format!(
-                        "watchdog {:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" \
-                         (a loopback IP literal or localhost, no userinfo): the watchdog sees every \
-                         allowed destination and must run on this host",
-                        w.get_ref()
-                    ),
-                );
-            }
-        }
+        // An empty value means no watchdog.
+        let watchdog = match raw.watchdog.as_ref().filter(|w| !w.get_ref().is_empty()) {
+            None => None,
+            Some(w) => match WatchdogEndpoint::parse(w.get_ref()) {
+                Ok(e) => Some(e),
+                Err(why) => {
+                    self.error(Some(w.span()), label, why);
+                    None
+                }
+            },
+        };
 
         Some(Authority {
             grant: grant?,
@@ -325,37 +317,6 @@ fn strip_location(message: &str, origin: &str, label: &str) -> String {
         .to_owned()
 }
 
-/// Whether `watchdog` is acceptable: empty (no watchdog), `unix:/absolute/path`, or an
-/// `http://` URL naming this host. The watchdog sees every allowed destination, so it must
-/// never be another host.
-fn watchdog_is_local(watchdog: &str) -> bool {
-    watchdog.is_empty()
-        || watchdog
-            .strip_prefix("unix:")
-            .is_some_and(|p| p.starts_with('/'))
-        || watchdog
-            .strip_prefix("http://")
-            .is_some_and(watchdog_http_is_loopback)
-}
-
-/// Whether the part after `http://` of a watchdog URL names a loopback IP literal or
-/// `localhost` (with an optional port), with no userinfo.
-fn watchdog_http_is_loopback(rest: &str) -> bool {
-    let hostport = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if hostport.is_empty() || hostport.contains('@') {
-        return false;
-    }
-    let host = match hostport.strip_prefix('[') {
-        Some(v6) => match v6.split_once(']') {
-            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => h,
-            _ => return false,
-        },
-        None => hostport.split(':').next().unwrap_or(""),
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 /// Parses a socket mode: 3 or 4 octal digits, no setuid/setgid/sticky bits, no bits for
 /// "others".
 pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
@@ -370,34 +331,4 @@ pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
         return Err("bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group".into());
     }
     Ok(mode)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::watchdog_http_is_loopback;
-
-    #[test]
-    fn watchdog_urls_must_stay_on_this_host() {
-        for ok in [
-            "127.0.0.1:9/x",
-            "127.9.9.9",
-            "[::1]:80/",
-            "localhost:8080/h",
-            "LOCALHOST",
-        ] {
-            assert!(watchdog_http_is_loopback(ok), "{ok}");
-        }
-        for bad in [
-            "10.0.0.1/x",
-            "localhost.evil.com:80/x",
-            "user@127.0.0.1/",
-            "127.0.0.1@evil.test/",
-            "[::1]x/",
-            "",
-            "evil.test",
-            "[2001:db8::1]:80/",
-        ] {
-            assert!(!watchdog_http_is_loopback(bad), "{bad}");
-        }
-    }
 }

@@ -9,6 +9,7 @@
 //! - `raw`: the serde shapes (`deny_unknown_fields`, every value `Spanned`);
 //! - `validate`: the located-error `Validator` and the small sections;
 //! - `upstream`: `[upstream]` and its [`Upstream`];
+//! - `watchdog`: an authority's `watchdog` key, parsed once into a [`WatchdogEndpoint`];
 //! - `authority`: `[[authority]]`, its [`Authority`] and [`parse_authority`].
 //!
 //! Like the rest of the crate, none of it reads files (the caller hands over the text),
@@ -20,6 +21,7 @@ mod raw;
 mod tests;
 mod upstream;
 mod validate;
+mod watchdog;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -37,6 +39,7 @@ use validate::{Ctx, Validator};
 
 pub use authority::{Authority, FieldError, parse_authority};
 pub use upstream::Upstream;
+pub use watchdog::WatchdogEndpoint;
 
 /// A validated `mediator.toml`: every value checked and in its typed form, every grant
 /// frozen. Built only by [`parse`]; a missing section holds its defaults.

@@ -154,7 +154,10 @@ fn full_config_loads() {
     assert_eq!(b.token_sha256, None);
     assert_eq!(b.socket_mode, 0o660);
     assert_eq!((b.socket_uid, b.socket_gid), (Some(1000), Some(1001)));
-    assert_eq!(b.watchdog, "unix:/run/watchdog.sock");
+    assert_eq!(
+        b.watchdog.as_ref().map(ToString::to_string).as_deref(),
+        Some("unix:/run/watchdog.sock")
+    );
     assert_eq!(b.grant.allow_private().len(), 2);
 }
 
@@ -186,7 +189,7 @@ fn empty_file_gives_defaults() {
     let c = parse("[[authority]]\nname = \"a\"\n", "m.toml").unwrap();
     assert!(c.authorities[0].grant.sni_check());
     assert_eq!(c.authorities[0].grant.allow_entries().count(), 0);
-    assert_eq!(c.authorities[0].watchdog, "");
+    assert_eq!(c.authorities[0].watchdog, None);
 }
 
 #[test]
