@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::relay::Denial;
+use crate::report::Denial;
 
 /// The authority name of the embedded grant (what the decision log shows).
 pub const AUTHORITY: &str = "shim";
@@ -199,7 +199,6 @@ pub fn denial_from_log_line(line: &str) -> Option<Denial> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

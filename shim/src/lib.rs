@@ -15,6 +15,7 @@ pub mod error;
 #[cfg(target_os = "linux")]
 pub mod linux;
 pub mod relay;
+pub mod report;
 
 pub use error::{Error, Result};
 

@@ -33,6 +33,7 @@ use nix::sys::stat::Mode;
 
 use super::sys;
 use crate::error::{Error, Result};
+use crate::report::Tampering;
 
 /// Shell startup files and per-user tool configs: protected in every writable root, and
 /// created (as read-only placeholders) when missing in a writable root that is, or
@@ -143,15 +144,6 @@ pub(crate) struct FsPlan {
     /// `.git/commondir` paths that did not exist at start: one appearing during the run is
     /// tampering and is renamed aside at exit ([`quarantine`]).
     pub(crate) watch: Vec<PathBuf>,
-}
-
-/// One path the command created that would have run code on the host, renamed aside.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Tampering {
-    /// Where it appeared.
-    pub path: PathBuf,
-    /// Where the shim moved it.
-    pub quarantined_as: PathBuf,
 }
 
 /// Rename aside every watched path that now exists (it did not at start). Returns what was

@@ -31,12 +31,13 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-pub use fs::{Placeholder, Tampering};
+pub use fs::Placeholder;
 
 use crate::ca::TrustFiles;
 use crate::cli::{ChannelSpec, Degradation, Settings};
 use crate::error::{Error, Result};
-use crate::relay::{self, RelayStats, Report};
+use crate::relay::{self, RelayStats};
+use crate::report::{Report, warn_tampering};
 
 /// Exit status of the shim when it fails itself (as `docker run` and `env` do).
 pub const EXIT_SHIM_FAILURE: i32 = 125;
@@ -139,7 +140,7 @@ pub fn run(settings: &Settings) -> Result<i32> {
     let placeholders = plan.placeholders.clone();
     let watch = plan.watch.clone();
     let cleanup = || {
-        report_tampering(&fs::quarantine(&watch));
+        warn_tampering(&fs::quarantine(&watch));
         placeholders.iter().rev().for_each(Placeholder::remove);
         trust.iter().for_each(TrustFiles::remove);
     };
@@ -164,16 +165,6 @@ pub fn run(settings: &Settings) -> Result<i32> {
         let _ = nix::unistd::write(&w, b"d");
     }
     result
-}
-
-fn report_tampering(moved: &[Tampering]) {
-    for t in moved {
-        eprintln!(
-            "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
-            t.path.display(),
-            t.quarantined_as.display()
-        );
-    }
 }
 
 fn check_socket(socket: &Path) -> Result<()> {
@@ -311,7 +302,7 @@ fn run_planned(
     let code = supervise(init, &mask);
     // The sandbox is gone: nothing can create the watched paths any more.
     let tampering = fs::quarantine(&watch);
-    report_tampering(&tampering);
+    warn_tampering(&tampering);
     let (channel, connections, channel_errors, denials, source) = match serving {
         Serving::Relay(socket, stats) => (
             socket.display().to_string(),
@@ -349,13 +340,7 @@ fn run_planned(
             source,
             tampering: &tampering,
         };
-        let text = serde_json::to_string(&report)
-            .map_err(|e| Error::io("serialise the report", e.into()))?;
-        match dest {
-            None => eprintln!("{text}"),
-            Some(path) => std::fs::write(path, format!("{text}\n"))
-                .map_err(|e| Error::io(format!("write report {}", path.display()), e))?,
-        }
+        report.write(dest.as_deref())?;
     }
     Ok(code)
 }
