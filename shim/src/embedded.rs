@@ -13,13 +13,13 @@ use crate::error::{Error, Result};
 use crate::report::Denial;
 
 /// The authority name of the embedded grant (what the decision log shows).
-pub const AUTHORITY: &str = "shim";
+pub(crate) const AUTHORITY: &str = "shim";
 
 /// Build and validate the one-authority mediator configuration.
 ///
 /// # Errors
 /// [`Error::Usage`] listing every entry the policy rejects (e.g. `--allow '*.com'`).
-pub fn config(
+pub(crate) fn config(
     allow: &[String],
     deny: &[String],
     allow_private: &[String],
@@ -43,14 +43,14 @@ pub fn config(
 }
 
 /// A running embedded mediator serving the sandbox's listener.
-pub struct Embedded {
+pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
     running: Arc<mediator::Running>,
     accept: tokio::task::JoinHandle<()>,
     memory: Arc<Mutex<Vec<String>>>,
     log_file: Option<(PathBuf, u64)>,
     /// Connections accepted from the sandbox.
-    pub connections: Arc<AtomicU64>,
+    pub(crate) connections: Arc<AtomicU64>,
 }
 
 impl Embedded {
@@ -63,7 +63,7 @@ impl Embedded {
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if the mediator
     /// refuses to start (resolver configuration, log file).
-    pub fn start(
+    pub(crate) fn start(
         config: policy::config::Config,
         listener: std::net::TcpListener,
         decision_log: Option<&Path>,
@@ -121,7 +121,7 @@ impl Embedded {
 
     /// Stop (the sandbox is gone, so connections are closing), flush the decision log and
     /// return the denials it recorded during the run.
-    pub fn finish(self) -> Vec<Denial> {
+    pub(crate) fn finish(self) -> Vec<Denial> {
         self.accept.abort();
         let log = self.running.log().clone();
         let _ = self.runtime.block_on(self.accept);
@@ -157,7 +157,7 @@ fn read_from(path: &Path, offset: u64) -> Vec<String> {
 }
 
 /// A denial from one decision-log line (design section 10), `None` for other lines.
-pub fn denial_from_log_line(line: &str) -> Option<Denial> {
+pub(crate) fn denial_from_log_line(line: &str) -> Option<Denial> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     if v.get("event")?.as_str()? != "decision" || v.get("decision")?.as_str()? != "deny" {
         return None;

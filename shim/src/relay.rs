@@ -16,13 +16,13 @@ use crate::report::Denial;
 
 /// What the relay counted during the run.
 #[derive(Debug, Default)]
-pub struct RelayStats {
+pub(crate) struct RelayStats {
     /// Connections accepted from the sandbox.
-    pub connections: AtomicU64,
+    pub(crate) connections: AtomicU64,
     /// Connections that could not reach the mediator socket.
-    pub channel_errors: AtomicU64,
+    pub(crate) channel_errors: AtomicU64,
     /// Denials seen in mediator replies.
-    pub denials: Mutex<Vec<Denial>>,
+    pub(crate) denials: Mutex<Vec<Denial>>,
 }
 
 /// Accept forever, one pair of threads per connection.

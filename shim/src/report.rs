@@ -14,38 +14,38 @@ use crate::error::{Error, Result};
 
 /// One denial seen during the run, in a mediator reply or in the decision log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Denial {
+pub(crate) struct Denial {
     /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
     /// decision log's `protocol` (`connect`, `http`, `socks5` or `tls`).
-    pub protocol: &'static str,
+    pub(crate) protocol: &'static str,
     /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
-    pub status: u16,
+    pub(crate) status: u16,
     /// The decision reason (`not_in_allowlist`, ...); `None` when the reply carries none
     /// (SOCKS5).
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// Destination host, from the mediator's JSON body.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// Destination port, from the mediator's JSON body.
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// The mediator's `detail`.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// The mediator's `hint`, as the relay saw it in the reply; omitted in embedded mode
     /// (the decision log does not carry it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 /// One path the command created that would have run code on the host, renamed aside.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Tampering {
+pub(crate) struct Tampering {
     /// Where it appeared.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Where the shim moved it.
-    pub quarantined_as: PathBuf,
+    pub(crate) quarantined_as: PathBuf,
 }
 
 /// Say on stderr what was moved aside, one line per path (whether or not `--report` is on).
-pub fn warn_tampering(moved: &[Tampering]) {
+pub(crate) fn warn_tampering(moved: &[Tampering]) {
     for t in moved {
         eprintln!(
             "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
@@ -57,24 +57,24 @@ pub fn warn_tampering(moved: &[Tampering]) {
 
 /// The `--report` document.
 #[derive(Debug, Serialize)]
-pub struct Report<'a> {
+pub(crate) struct Report<'a> {
     /// Always `"shim"`.
-    pub report: &'static str,
+    pub(crate) report: &'static str,
     /// The channel (socket path) of the run.
-    pub channel: String,
+    pub(crate) channel: String,
     /// The command's exit status as the shim returns it.
-    pub exit_status: i32,
+    pub(crate) exit_status: i32,
     /// Connections the sandbox opened to its proxy listener.
-    pub connections: u64,
+    pub(crate) connections: u64,
     /// Connections that could not reach the mediator socket.
-    pub channel_errors: u64,
+    pub(crate) channel_errors: u64,
     /// Denials, in the order they were seen.
-    pub denials: &'a [Denial],
+    pub(crate) denials: &'a [Denial],
     /// Where the denials come from.
-    pub source: &'static str,
+    pub(crate) source: &'static str,
     /// Paths the command created that would have run code on the host (a new
     /// `.git/commondir`), and where the shim moved them.
-    pub tampering: &'a [Tampering],
+    pub(crate) tampering: &'a [Tampering],
 }
 
 impl Report<'_> {
@@ -82,7 +82,7 @@ impl Report<'_> {
     ///
     /// # Errors
     /// [`Error::Io`] if it cannot be serialised or the file cannot be written.
-    pub fn write(&self, dest: Option<&Path>) -> Result<()> {
+    pub(crate) fn write(&self, dest: Option<&Path>) -> Result<()> {
         let text =
             serde_json::to_string(self).map_err(|e| Error::io("serialise the report", e.into()))?;
         match dest {

@@ -104,20 +104,20 @@ pub(crate) struct MountOp {
 /// A protected path that did not exist and was created empty on the host so that it can
 /// be covered read-only; removed at exit if still the same empty object.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placeholder {
+pub(crate) struct Placeholder {
     /// Where it was created.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Directory (else regular file).
-    pub is_dir: bool,
+    pub(crate) is_dir: bool,
     /// Its device, to recognise it at cleanup.
-    pub dev: u64,
+    pub(crate) dev: u64,
     /// Its inode, to recognise it at cleanup.
-    pub ino: u64,
+    pub(crate) ino: u64,
 }
 
 impl Placeholder {
     /// Remove the placeholder if it is still the empty object the shim created.
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         let Ok(meta) = std::fs::symlink_metadata(&self.path) else {
             return;
         };
@@ -970,7 +970,6 @@ fn build_dev(devices: Vec<(&str, OwnedFd)>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     struct TempDir(PathBuf);

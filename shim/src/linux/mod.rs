@@ -31,7 +31,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-pub use fs::Placeholder;
+pub(crate) use fs::Placeholder;
 
 use crate::ca::TrustFiles;
 use crate::cli::{ChannelSpec, Degradation, Settings};
@@ -42,9 +42,9 @@ use crate::report::{Report, warn_tampering};
 /// Exit status of the shim when it fails itself (as `docker run` and `env` do).
 pub const EXIT_SHIM_FAILURE: i32 = 125;
 /// Exit status when the command exists but cannot be executed.
-pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+pub(crate) const EXIT_CANNOT_EXECUTE: i32 = 126;
 /// Exit status when the command is not found.
-pub const EXIT_NOT_FOUND: i32 = 127;
+pub(crate) const EXIT_NOT_FOUND: i32 = 127;
 
 /// Signals the shim and the inner init forward to the command.
 const FORWARDED: &[Signal] = &[
@@ -90,7 +90,7 @@ struct InnerPlan {
 /// Any [`Error`] that stops the sandbox from being built exactly as asked. Errors that
 /// happen inside the sandbox after `clone` are printed there and yield
 /// [`EXIT_SHIM_FAILURE`].
-pub fn run(settings: &Settings) -> Result<i32> {
+pub(crate) fn run(settings: &Settings) -> Result<i32> {
     let channel = match &settings.channel {
         ChannelSpec::Socket(p) => {
             check_socket(p)?;
