@@ -343,11 +343,6 @@ impl Settings {
             command: cli.command,
         })
     }
-
-    /// Whether the user gave up `what` explicitly.
-    pub(crate) fn degraded(&self, what: Degradation) -> bool {
-        self.allow_degraded.contains(&what)
-    }
 }
 
 /// From a mediator config (only these keys are read; the mediator validates the rest):
@@ -519,7 +514,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.allow_write, vec![dir.join("work"), PathBuf::from("/b")]);
-        assert!(s.degraded(Degradation::Landlock));
+        assert_eq!(s.allow_degraded, vec![Degradation::Landlock]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -3,34 +3,38 @@
 //! Landlock; seccomp; no capabilities) and bind it to its authority's mediator channel
 //! through a loopback listener inside the sandbox, relayed by the shim outside it.
 //!
-//! Design section 12 is the contract. The OS-specific part lives in `linux`; the rest
-//! (flags, profile, environment, CA files, relay, report) is portable so that other backends
-//! (macOS Seatbelt, Windows) can be added beside it. The library exists for the `shim`
-//! binary: its public surface is what `main` needs, nothing more.
+//! Design section 12 is the contract. The OS-specific part is a backend behind the
+//! `sandbox` boundary; `linux` is the only one, and this root is the only place that names
+//! it. The rest (`cli` flags and profile, `env`, `ca` files, `launch`, `relay`, `embedded`
+//! mediator, `report`) is portable, so that other backends (macOS Seatbelt, Windows) can
+//! be added beside it (design section 17).
+//!
+//! The library exists for the `shim` binary: its public surface is what `main` needs.
 
 mod ca;
 mod cli;
 mod embedded;
 mod env;
 mod error;
+mod launch;
 #[cfg(target_os = "linux")]
 mod linux;
 mod relay;
 mod report;
+mod sandbox;
 
 pub use cli::{Cli, Settings};
 pub use error::{Error, Result};
-#[cfg(target_os = "linux")]
-pub use linux::EXIT_SHIM_FAILURE;
+pub use sandbox::EXIT_SHIM_FAILURE;
 
 /// Run `settings.command` confined; returns the exit status to leave with: the command's
 /// own, 128+N when signal N killed it, [`EXIT_SHIM_FAILURE`] (125) when the sandbox failed
 /// after it was built, 126 when the command cannot be executed, 127 when it is not found.
 ///
 /// # Errors
-/// Any [`Error`] that stops the sandbox from being built exactly as asked; nothing has run
-/// then.
+/// Any [`Error`] that stops the sandbox from being built exactly as asked (nothing has run
+/// then), or a `--report` that cannot be written.
 #[cfg(target_os = "linux")]
 pub fn run(settings: &Settings) -> Result<i32> {
-    linux::run(settings)
+    launch::run(&linux::Linux, settings)
 }
