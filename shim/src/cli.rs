@@ -374,12 +374,31 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             ))
         })?;
     let socket = Path::new(dir).join(format!("{authority}.sock"));
+    let tables = || {
+        value
+            .get("authority")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+    };
+    let listed: Vec<String> = tables()
+        .filter_map(|a| a.get("name").and_then(|n| n.as_str()))
+        .map(str::to_owned)
+        .collect();
+    // An authority added through the admin API is not in the file, but its socket exists.
+    if !listed.iter().any(|n| n == authority)
+        && std::fs::symlink_metadata(&socket)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Err(Error::UnknownAuthority {
+            authority: authority.to_owned(),
+            config: config.to_owned(),
+            listed,
+            socket,
+        });
+    }
     // An authority added later through the admin API is not in the file: pass --ca-cert.
-    let terminates = value
-        .get("authority")
-        .and_then(|a| a.as_array())
-        .into_iter()
-        .flatten()
+    let terminates = tables()
         .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority))
         .any(|a| {
             a.get("tls_terminate")
@@ -529,7 +548,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shim-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("mediator.toml");
-        std::fs::write(&cfg, "[listen]\nsocket_dir = \"/run/egress\"\n").unwrap();
+        std::fs::write(
+            &cfg,
+            "[listen]\nsocket_dir = \"/run/egress\"\n[[authority]]\nname = \"agent-a\"\n",
+        )
+        .unwrap();
         let s = parse(&[
             "shim",
             "--config",
@@ -560,15 +583,56 @@ mod tests {
     }
 
     #[test]
+    fn an_authority_the_config_lacks_is_named_with_the_ones_it_has() {
+        let dir = std::env::temp_dir().join(format!("shim-config-zed-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("mediator.toml");
+        let write = |authorities: &str| {
+            std::fs::write(
+                &cfg,
+                format!("[listen]\nsocket_dir = {dir:?}\n{authorities}"),
+            )
+            .unwrap();
+        };
+        write("[[authority]]\nname = \"agent-a\"\n[[authority]]\nname = \"agent-b\"\n");
+        let c = cfg.to_str().unwrap();
+        let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "authority \"zed\" is not in {c} (its authorities: agent-a, agent-b), and no \
+                 socket {} exists, as one added through the admin API would have",
+                dir.join("zed.sock").display()
+            )
+        );
+        write("");
+        let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("{c} (it lists none)")), "{e}");
+        // Added through the admin API: not in the file, but its socket exists.
+        let _l = std::os::unix::net::UnixListener::bind(dir.join("zed.sock")).unwrap();
+        let s = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"]).unwrap();
+        assert_eq!(s.channel, ChannelSpec::Socket(dir.join("zed.sock")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn config_with_tls_terminate_implies_its_ca_and_ca_cert_wins() {
         let dir = std::env::temp_dir().join(format!("shim-config-ca-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("mediator.toml");
+        // `other` is not in the file: it has a socket, as if added through the admin API.
+        let _other = std::os::unix::net::UnixListener::bind(dir.join("other.sock")).unwrap();
         std::fs::write(
             &cfg,
-            "[listen]\nsocket_dir = \"/run/egress\"\n[tls]\nca_dir = \"/var/lib/ca\"\n\
-             [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
-             [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n",
+            format!(
+                "[listen]\nsocket_dir = {dir:?}\n[tls]\nca_dir = \"/var/lib/ca\"\n\
+                 [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
+                 [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n"
+            ),
         )
         .unwrap();
         let c = cfg.to_str().unwrap();

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use policy::PatternUse;
+
+use crate::error::{BadFlag, Error, Result};
 use crate::report::Denial;
 
 /// The authority name of the embedded grant (what the decision log shows).
@@ -18,12 +20,25 @@ pub(crate) const AUTHORITY: &str = "shim";
 /// Build and validate the one-authority mediator configuration.
 ///
 /// # Errors
-/// [`Error::Usage`] listing every entry the policy rejects (e.g. `--allow '*.com'`).
+/// [`Error::Grant`] naming every flag value the policy rejects (`--allow '*.com': ...`);
+/// [`Error::Usage`] if the grant they make together is refused.
 pub(crate) fn config(
     allow: &[String],
     deny: &[String],
     allow_private: &[String],
 ) -> Result<policy::config::Config> {
+    let problems: Vec<BadFlag> = allow
+        .iter()
+        .filter_map(|v| check_pattern("--allow", v, PatternUse::Allow))
+        .chain(
+            deny.iter()
+                .filter_map(|v| check_pattern("--deny", v, PatternUse::Deny)),
+        )
+        .chain(allow_private.iter().filter_map(|v| check_allow_private(v)))
+        .collect();
+    if !problems.is_empty() {
+        return Err(Error::Grant(problems));
+    }
     let mut authority = toml::Table::new();
     authority.insert("name".into(), AUTHORITY.into());
     let list = |v: &[String]| {
@@ -40,6 +55,42 @@ pub(crate) fn config(
     let text = toml::to_string(&doc).map_err(|e| Error::Usage(format!("embedded grant: {e}")))?;
     policy::config::parse(&text, "embedded grant (--allow/--deny/--allow-private)")
         .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// `value` of `flag` checked alone, as the grant will parse it.
+fn check_pattern(flag: &'static str, value: &str, usage: PatternUse) -> Option<BadFlag> {
+    let e = policy::HostPattern::parse("", value, usage).err()?;
+    let why = match e {
+        policy::PolicyError::Pattern { why, .. } => why,
+        other => other.to_string(),
+    };
+    Some(BadFlag {
+        flag,
+        value: value.to_owned(),
+        why,
+    })
+}
+
+/// One `--allow-private` value checked alone, by a grant that holds only it.
+fn check_allow_private(value: &str) -> Option<BadFlag> {
+    let spec = policy::GrantSpec {
+        name: AUTHORITY.to_owned(),
+        allow_private: vec![value.to_owned()],
+        ..policy::GrantSpec::default()
+    };
+    let e = policy::Grant::new(&spec, &[]).err()?;
+    let message = match e {
+        policy::PolicyError::Config(lines) => lines.join("; "),
+        other => other.to_string(),
+    };
+    // The grant names the field and the entry; the flag and the value replace them.
+    let entry = format!("invalid allow_private entry {value:?}: ");
+    let why = message.strip_prefix(&entry).unwrap_or(&message).to_owned();
+    Some(BadFlag {
+        flag: "--allow-private",
+        value: value.to_owned(),
+        why,
+    })
 }
 
 /// A running embedded mediator serving the sandbox's listener.
@@ -216,6 +267,38 @@ mod tests {
     fn bad_patterns_are_rejected_with_the_entry() {
         let e = config(&["*.com".into()], &[], &[]).unwrap_err().to_string();
         assert!(e.contains("*.com"), "{e}");
+    }
+
+    #[test]
+    fn each_bad_value_is_named_with_its_flag_not_a_toml_position() {
+        let e = config(
+            &["ok.example".into(), "*.com".into()],
+            &["a..b".into()],
+            &["10.0.0.1/8".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 3, "{e}");
+        assert!(
+            lines[0].starts_with("--allow '*.com': ") && lines[0].contains("public suffix"),
+            "{e}"
+        );
+        assert!(lines[1].starts_with("--deny 'a..b': "), "{e}");
+        assert!(
+            lines[2].starts_with("--allow-private '10.0.0.1/8': CIDR has host bits set"),
+            "{e}"
+        );
+        // Nothing of the TOML document the grant is built as, nor the entry said twice.
+        for noise in ["embedded grant", "invalid ", ":2:", "authority \"shim\""] {
+            assert!(!e.contains(noise), "{noise:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn a_value_with_a_quote_is_quoted_the_shell_way() {
+        let e = config(&["it's".into()], &[], &[]).unwrap_err().to_string();
+        assert!(e.starts_with(r"--allow 'it'\''s': "), "{e}");
     }
 
     #[test]

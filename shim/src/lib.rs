@@ -24,7 +24,7 @@ mod report;
 mod sandbox;
 
 pub use cli::{Cli, Settings};
-pub use error::{Error, Result};
+pub use error::{BadFlag, Error, Result};
 pub use sandbox::EXIT_SHIM_FAILURE;
 
 /// Run `settings.command` confined; returns the exit status to leave with: the command's
@@ -37,4 +37,37 @@ pub use sandbox::EXIT_SHIM_FAILURE;
 #[cfg(target_os = "linux")]
 pub fn run(settings: &Settings) -> Result<i32> {
     launch::run(&linux::Linux, settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every file the README points at exists: link targets (relative to `shim/`) and
+    /// backticked repository paths (`shim/...`, `bench/...`, relative to the workspace).
+    #[test]
+    fn readme_paths_exist() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = here.parent().unwrap();
+        let readme = std::fs::read_to_string(here.join("README.md")).unwrap();
+        let mut checked = 0;
+        for (i, _) in readme.match_indices("](") {
+            let target = &readme[i + 2..];
+            let target = &target[..target.find(')').unwrap()];
+            if !target.contains("://") && !target.starts_with('#') {
+                assert!(here.join(target).exists(), "README links to {target}");
+                checked += 1;
+            }
+        }
+        for token in readme.split('`').skip(1).step_by(2) {
+            let repo_path = ["shim/", "bench/", "examples/", "docs/", "docker/"]
+                .iter()
+                .any(|d| token.starts_with(d));
+            if repo_path && !token.contains(char::is_whitespace) {
+                assert!(root.join(token).exists(), "README names {token}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 3, "{checked} paths checked");
+    }
 }
