@@ -252,8 +252,10 @@ impl Settings {
     ///
     /// # Errors
     /// [`Error::Usage`] for contradictions (a socket and embedded-mode rules at once, no
-    /// channel at all, `--config` without a readable `listen.socket_dir`), and the errors
-    /// of [`Profile::load`].
+    /// channel at all, `--config` without a readable `listen.socket_dir`);
+    /// [`Error::UnknownAuthority`] for an `--authority` that `--config` does not list and
+    /// that has no socket; [`Error::ProfileRead`] and [`Error::ProfileParse`] for a
+    /// `--profile` or `--config` file that cannot be read or parsed.
     pub fn from_cli(cli: Cli) -> Result<Self> {
         let profile = match &cli.profile {
             Some(p) => Profile::load(p)?,

@@ -2,8 +2,9 @@
 //! [`Job`] to a [`Backend`], serve the proxy listener it hands back (relay to the
 //! authority's socket, or the embedded mediator), and write the `--report`.
 //!
-//! It never confines anything itself and names no backend: the caller picks one. Every
-//! check that can fail is made before the backend starts, so a refused run has run nothing.
+//! It never confines anything itself and names no backend: the caller picks one. What it
+//! can check itself (the channel, the socket's directory, the CA file) it checks before
+//! the backend starts.
 
 use std::net::TcpListener;
 use std::os::unix::fs::FileTypeExt;

@@ -4,9 +4,9 @@
 //! - [`protect`]: the mandatory deny set found in every writable root (including nested
 //!   repositories), with placeholders for protected paths that do not exist yet, and the
 //!   quarantine of a `.git/commondir` that appears during the run;
-//! - [`plan`], in the outer shim, in the host's view: canonicalises the configured paths
+//! - [`plan`](mod@plan), in the outer shim, in the host's view: canonicalises the configured paths
 //!   and lists the mount operations, shallowest first;
-//! - [`apply`], in the inner init, inside the new mount namespace: carries them out.
+//! - [`apply`](mod@apply), in the inner init, inside the new mount namespace: carries them out.
 //!
 //! It must never leave the host's mount table changed: everything happens after
 //! `MS_PRIVATE` in a namespace that dies with the sandbox. The only host-visible effect is

@@ -1,6 +1,6 @@
 //! The filesystem plan: from the settings' paths (canonicalised in the host's view) and
 //! the mandatory deny set ([`super::protect`]), the list of mount operations the inner
-//! init carries out ([`super::apply`]), shallowest first.
+//! init carries out ([`super::apply`](mod@super::apply)), shallowest first.
 //!
 //! It runs in the outer shim and never mounts anything; the only host-visible effect is
 //! the placeholders that [`super::protect`] creates. Ordering ([`order`]) is pure.

@@ -5,8 +5,8 @@
 //!
 //! It reads the host's tree and, for protected paths that do not exist yet, creates empty
 //! placeholders so that they can be covered (the caller removes them at exit). It never
-//! mounts anything (that is [`super::apply`]) and never decides how its protections are
-//! ordered among the other mount operations (that is [`super::plan`]). Beside the deny set
+//! mounts anything (that is [`super::apply`](mod@super::apply)) and never decides how its protections are
+//! ordered among the other mount operations (that is [`super::plan`](mod@super::plan)). Beside the deny set
 //! it owns the one protection that acts after the run: [`quarantine`] of a
 //! `.git/commondir` that appeared during it.
 
