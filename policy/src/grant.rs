@@ -433,6 +433,35 @@ fn is_this_host(ip: IpAddr) -> bool {
     }
 }
 
+/// The list of a grant an entry belongs to (for [`check_entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// An `allow` entry (a host pattern, design section 4.1).
+    Allow,
+    /// A `deny` entry (a host pattern; `*` and `*:port` too).
+    Deny,
+    /// An `allow_private` entry (a CIDR without host bits, or one address).
+    AllowPrivate,
+}
+
+/// Checks one grant entry alone, exactly as [`Grant::new`] would, for callers that take
+/// entries one by one (the shim's `--allow`, `--deny`, `--allow-private` flags).
+///
+/// # Errors
+/// What is wrong with the entry and, where possible, what to write instead (the entry
+/// itself is not repeated).
+pub fn check_entry(kind: EntryKind, entry: &str) -> Result<(), String> {
+    let result = match kind {
+        EntryKind::Allow => HostPattern::parse("allow", entry, PatternUse::Allow).map(drop),
+        EntryKind::Deny => HostPattern::parse("deny", entry, PatternUse::Deny).map(drop),
+        EntryKind::AllowPrivate => parse_allow_private(entry).map(drop),
+    };
+    result.map_err(|e| match e {
+        PolicyError::Pattern { why, .. } => why,
+        other => other.to_string(),
+    })
+}
+
 /// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
 pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
     let err = |why: String| PolicyError::Pattern {

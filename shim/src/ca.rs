@@ -27,16 +27,16 @@ use crate::error::{Error, Result};
 
 /// System CA bundles, in the order looked for (Debian and derivatives, Fedora and RHEL,
 /// Alpine's and the BSDs' `cert.pem`).
-pub const SYSTEM_BUNDLES: &[&str] = &[
+pub(crate) const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
     "/etc/pki/tls/certs/ca-bundle.crt",
     "/etc/ssl/cert.pem",
 ];
 
 /// The combined bundle's file name in the private directory.
-pub const BUNDLE_FILE: &str = "bundle.pem";
+pub(crate) const BUNDLE_FILE: &str = "bundle.pem";
 /// The CA-only file's name in the private directory.
-pub const CA_ONLY_FILE: &str = "mediator-ca.pem";
+pub(crate) const CA_ONLY_FILE: &str = "mediator-ca.pem";
 
 /// Read the CA certificate `ca` names and return its certificates, PEM (LF line endings).
 ///
@@ -44,7 +44,7 @@ pub const CA_ONLY_FILE: &str = "mediator-ca.pem";
 /// [`Error::Ca`] naming the file: it cannot be read (for the config's CA, with how to
 /// create it: `mediator ca-cert --config FILE`), it is not PEM, it holds a private key or
 /// another kind of block, a block is not an X.509 certificate, or it holds none.
-pub fn load(ca: &CaCert) -> Result<String> {
+pub(crate) fn load(ca: &CaCert) -> Result<String> {
     let text = std::fs::read(&ca.path).map_err(|e| Error::Ca {
         path: ca.path.clone(),
         detail: match (&ca.origin, e.kind()) {
@@ -116,7 +116,7 @@ fn system_bundle() -> Result<Option<(PathBuf, Vec<u8>)>> {
 
 /// The private directory holding the files the command's CA variables point at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TrustFiles {
+pub(crate) struct TrustFiles {
     /// The directory (canonical, mode 0700).
     dir: PathBuf,
     /// Its device, to recognise it at cleanup.
@@ -135,7 +135,7 @@ impl TrustFiles {
     /// # Errors
     /// [`Error::Io`] when the directory or a file cannot be created (nothing is left
     /// behind), [`Error::Ca`] when the system bundle cannot be read.
-    pub fn create(ca_pem: &str) -> Result<Self> {
+    pub(crate) fn create(ca_pem: &str) -> Result<Self> {
         let system = system_bundle()?;
         let me = Self::make_dir()?;
         match me.write(ca_pem, system.as_ref().map(|(_, b)| b.as_slice())) {
@@ -232,12 +232,12 @@ impl TrustFiles {
     }
 
     /// The private directory (shown read-only inside the sandbox).
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The paths the CA variables name.
-    pub fn files(&self) -> CaFiles {
+    pub(crate) fn files(&self) -> CaFiles {
         CaFiles {
             bundle: self.dir.join(BUNDLE_FILE),
             ca_only: self.dir.join(CA_ONLY_FILE),
@@ -246,7 +246,7 @@ impl TrustFiles {
 
     /// Remove the files and the directory, if the directory is still the one created
     /// (nothing else in it is touched: a directory that is not empty then stays).
-    pub fn remove(&self) {
+    pub(crate) fn remove(&self) {
         let Ok(meta) = std::fs::symlink_metadata(&self.dir) else {
             return;
         };
@@ -262,7 +262,6 @@ impl TrustFiles {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn ca_pem() -> String {

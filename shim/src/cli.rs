@@ -17,80 +17,80 @@ use crate::error::{Error, Result};
 pub struct Cli {
     /// The authority's Unix socket (`<socket_dir>/<authority>.sock` of a running mediator).
     #[arg(long, value_name = "PATH")]
-    pub mediator_socket: Option<PathBuf>,
+    pub(crate) mediator_socket: Option<PathBuf>,
 
     /// A mediator config file; with --authority, the socket is `<listen.socket_dir>/<NAME>.sock`.
     #[arg(long, value_name = "FILE", requires = "authority")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// The authority whose socket to use, with --config.
     #[arg(long, value_name = "NAME", requires = "config")]
-    pub authority: Option<String>,
+    pub(crate) authority: Option<String>,
 
     /// A directory tree the command may write (repeatable). Everything else is read-only.
     #[arg(long = "allow-write", value_name = "P")]
-    pub allow_write: Vec<PathBuf>,
+    pub(crate) allow_write: Vec<PathBuf>,
 
     /// A file or directory the command may not read (repeatable). A missing path is ignored.
     #[arg(long = "deny-read", value_name = "P")]
-    pub deny_read: Vec<PathBuf>,
+    pub(crate) deny_read: Vec<PathBuf>,
 
     /// Re-open for reading a path beneath a --deny-read path (repeatable).
     #[arg(long = "allow-read", value_name = "P")]
-    pub allow_read: Vec<PathBuf>,
+    pub(crate) allow_read: Vec<PathBuf>,
 
     /// Let the command create new AF_UNIX sockets (denied by default; socketpair always works).
     #[arg(long)]
-    pub allow_unix_sockets: bool,
+    pub(crate) allow_unix_sockets: bool,
 
     /// At exit, print a JSON summary of this run's denials to stderr.
     #[arg(long)]
-    pub report: bool,
+    pub(crate) report: bool,
 
     /// Write the --report JSON to this file instead of stderr (implies --report).
     #[arg(long, value_name = "FILE")]
-    pub report_file: Option<PathBuf>,
+    pub(crate) report_file: Option<PathBuf>,
 
     /// A PEM CA certificate the command must trust (the mediator's, when it terminates
     /// TLS): the CA variables (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ...) then point at it,
     /// joined to the system bundle. With --config it is found by itself when the
     /// authority has tls_terminate.
     #[arg(long, value_name = "FILE")]
-    pub ca_cert: Option<PathBuf>,
+    pub(crate) ca_cert: Option<PathBuf>,
 
     /// A TOML profile with the same fields (snake_case); flags add to it.
     #[arg(long, value_name = "FILE")]
-    pub profile: Option<PathBuf>,
+    pub(crate) profile: Option<PathBuf>,
 
     /// Embedded mode: a host pattern the command may reach (repeatable).
     #[arg(long, value_name = "HOST_PATTERN")]
-    pub allow: Vec<String>,
+    pub(crate) allow: Vec<String>,
 
     /// Embedded mode: a host pattern the command may not reach (repeatable).
     #[arg(long, value_name = "HOST_PATTERN")]
-    pub deny: Vec<String>,
+    pub(crate) deny: Vec<String>,
 
     /// Embedded mode: a non-public CIDR the command may reach anyway (repeatable).
     #[arg(long, value_name = "CIDR")]
-    pub allow_private: Vec<String>,
+    pub(crate) allow_private: Vec<String>,
 
     /// Embedded mode: append the mediator's decision log (JSON lines) to this file.
     #[arg(long, value_name = "FILE")]
-    pub decision_log: Option<PathBuf>,
+    pub(crate) decision_log: Option<PathBuf>,
 
     /// Run without a protection the kernel lacks, naming it (repeatable). Never implied.
     #[arg(long, value_enum, value_name = "WHAT")]
-    pub allow_degraded: Vec<Degradation>,
+    pub(crate) allow_degraded: Vec<Degradation>,
 
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 /// A protection that the user may explicitly give up when the kernel lacks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Degradation {
+pub(crate) enum Degradation {
     /// Run without Landlock (the second write layer). The mount layer still makes every
     /// regular file, directory and symlink outside the writable roots read-only, but
     /// named pipes (FIFOs) outside them stay writable to the sandbox's uid.
@@ -102,46 +102,46 @@ pub enum Degradation {
 /// Relative paths are resolved against the profile file's directory.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Profile {
+pub(crate) struct Profile {
     /// As `--mediator-socket`.
-    pub mediator_socket: Option<PathBuf>,
+    pub(crate) mediator_socket: Option<PathBuf>,
     /// As `--config`.
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// As `--authority`.
-    pub authority: Option<String>,
+    pub(crate) authority: Option<String>,
     /// As `--allow-write`.
     #[serde(default)]
-    pub allow_write: Vec<PathBuf>,
+    pub(crate) allow_write: Vec<PathBuf>,
     /// As `--deny-read`.
     #[serde(default)]
-    pub deny_read: Vec<PathBuf>,
+    pub(crate) deny_read: Vec<PathBuf>,
     /// As `--allow-read`.
     #[serde(default)]
-    pub allow_read: Vec<PathBuf>,
+    pub(crate) allow_read: Vec<PathBuf>,
     /// As `--allow-unix-sockets`.
     #[serde(default)]
-    pub allow_unix_sockets: bool,
+    pub(crate) allow_unix_sockets: bool,
     /// As `--report`.
     #[serde(default)]
-    pub report: bool,
+    pub(crate) report: bool,
     /// As `--report-file`.
-    pub report_file: Option<PathBuf>,
+    pub(crate) report_file: Option<PathBuf>,
     /// As `--ca-cert`.
-    pub ca_cert: Option<PathBuf>,
+    pub(crate) ca_cert: Option<PathBuf>,
     /// As `--allow`.
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub(crate) allow: Vec<String>,
     /// As `--deny`.
     #[serde(default)]
-    pub deny: Vec<String>,
+    pub(crate) deny: Vec<String>,
     /// As `--allow-private`.
     #[serde(default)]
-    pub allow_private: Vec<String>,
+    pub(crate) allow_private: Vec<String>,
     /// As `--decision-log`.
-    pub decision_log: Option<PathBuf>,
+    pub(crate) decision_log: Option<PathBuf>,
     /// As `--allow-degraded`.
     #[serde(default)]
-    pub allow_degraded: Vec<Degradation>,
+    pub(crate) allow_degraded: Vec<Degradation>,
 }
 
 impl Profile {
@@ -150,7 +150,7 @@ impl Profile {
     /// # Errors
     /// [`Error::ProfileRead`] if it cannot be read, [`Error::ProfileParse`] (with line and
     /// column, and the unknown key if any) if it does not match the schema.
-    pub fn load(path: &Path) -> Result<Self> {
+    pub(crate) fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::ProfileRead {
             path: path.to_owned(),
             source,
@@ -184,7 +184,7 @@ impl Profile {
 
 /// Where the command's proxy traffic goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChannelSpec {
+pub(crate) enum ChannelSpec {
     /// A running mediator's per-authority Unix socket.
     Socket(PathBuf),
     /// An in-process mediator with a one-authority grant built from flags.
@@ -202,7 +202,7 @@ pub enum ChannelSpec {
 
 /// Where the CA certificate to trust inside comes from (for error messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CaOrigin {
+pub(crate) enum CaOrigin {
     /// `--ca-cert` (or `ca_cert` in the profile).
     Flag,
     /// `<[tls] ca_dir>/ca.pem` of `--config`, because the authority has `tls_terminate`.
@@ -216,34 +216,34 @@ pub enum CaOrigin {
 
 /// A CA certificate (PEM file) the command must trust; read by [`crate::ca::load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaCert {
+pub(crate) struct CaCert {
     /// The PEM file.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Why it is used.
-    pub origin: CaOrigin,
+    pub(crate) origin: CaOrigin,
 }
 
 /// Validated settings: everything the launcher needs, with no contradiction left.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Where proxy traffic goes.
-    pub channel: ChannelSpec,
+    pub(crate) channel: ChannelSpec,
     /// Writable roots, as given (canonicalised later by the filesystem planner).
-    pub allow_write: Vec<PathBuf>,
+    pub(crate) allow_write: Vec<PathBuf>,
     /// Read-denied paths, as given.
-    pub deny_read: Vec<PathBuf>,
+    pub(crate) deny_read: Vec<PathBuf>,
     /// Read re-opened paths, as given.
-    pub allow_read: Vec<PathBuf>,
+    pub(crate) allow_read: Vec<PathBuf>,
     /// Whether new AF_UNIX sockets are allowed.
-    pub allow_unix_sockets: bool,
+    pub(crate) allow_unix_sockets: bool,
     /// `None`: no report; `Some(None)`: report to stderr; `Some(Some(f))`: to file `f`.
-    pub report: Option<Option<PathBuf>>,
+    pub(crate) report: Option<Option<PathBuf>>,
     /// Protections the user gave up explicitly.
-    pub allow_degraded: Vec<Degradation>,
+    pub(crate) allow_degraded: Vec<Degradation>,
     /// The CA the command must trust (`None`: no CA variable is set or changed).
-    pub ca_cert: Option<CaCert>,
+    pub(crate) ca_cert: Option<CaCert>,
     /// The program and its arguments.
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 impl Settings {
@@ -252,8 +252,10 @@ impl Settings {
     ///
     /// # Errors
     /// [`Error::Usage`] for contradictions (a socket and embedded-mode rules at once, no
-    /// channel at all, `--config` without a readable `listen.socket_dir`), and the errors
-    /// of [`Profile::load`].
+    /// channel at all, `--config` without a readable `listen.socket_dir`);
+    /// [`Error::UnknownAuthority`] for an `--authority` that `--config` does not list and
+    /// that has no socket; [`Error::ProfileRead`] and [`Error::ProfileParse`] for a
+    /// `--profile` or `--config` file that cannot be read or parsed.
     pub fn from_cli(cli: Cli) -> Result<Self> {
         let profile = match &cli.profile {
             Some(p) => Profile::load(p)?,
@@ -343,11 +345,6 @@ impl Settings {
             command: cli.command,
         })
     }
-
-    /// Whether the user gave up `what` explicitly.
-    pub fn degraded(&self, what: Degradation) -> bool {
-        self.allow_degraded.contains(&what)
-    }
 }
 
 /// From a mediator config (only these keys are read; the mediator validates the rest):
@@ -379,12 +376,31 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             ))
         })?;
     let socket = Path::new(dir).join(format!("{authority}.sock"));
+    let tables = || {
+        value
+            .get("authority")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+    };
+    let listed: Vec<String> = tables()
+        .filter_map(|a| a.get("name").and_then(|n| n.as_str()))
+        .map(str::to_owned)
+        .collect();
+    // An authority added through the admin API is not in the file, but its socket exists.
+    if !listed.iter().any(|n| n == authority)
+        && std::fs::symlink_metadata(&socket)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Err(Error::UnknownAuthority {
+            authority: authority.to_owned(),
+            config: config.to_owned(),
+            listed,
+            socket,
+        });
+    }
     // An authority added later through the admin API is not in the file: pass --ca-cert.
-    let terminates = value
-        .get("authority")
-        .and_then(|a| a.as_array())
-        .into_iter()
-        .flatten()
+    let terminates = tables()
         .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority))
         .any(|a| {
             a.get("tls_terminate")
@@ -417,7 +433,6 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Settings> {
@@ -520,7 +535,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.allow_write, vec![dir.join("work"), PathBuf::from("/b")]);
-        assert!(s.degraded(Degradation::Landlock));
+        assert_eq!(s.allow_degraded, vec![Degradation::Landlock]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -535,7 +550,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shim-config-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("mediator.toml");
-        std::fs::write(&cfg, "[listen]\nsocket_dir = \"/run/egress\"\n").unwrap();
+        std::fs::write(
+            &cfg,
+            "[listen]\nsocket_dir = \"/run/egress\"\n[[authority]]\nname = \"agent-a\"\n",
+        )
+        .unwrap();
         let s = parse(&[
             "shim",
             "--config",
@@ -566,15 +585,56 @@ mod tests {
     }
 
     #[test]
+    fn an_authority_the_config_lacks_is_named_with_the_ones_it_has() {
+        let dir = std::env::temp_dir().join(format!("shim-config-zed-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("mediator.toml");
+        let write = |authorities: &str| {
+            std::fs::write(
+                &cfg,
+                format!("[listen]\nsocket_dir = {dir:?}\n{authorities}"),
+            )
+            .unwrap();
+        };
+        write("[[authority]]\nname = \"agent-a\"\n[[authority]]\nname = \"agent-b\"\n");
+        let c = cfg.to_str().unwrap();
+        let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "authority \"zed\" is not in {c} (its authorities: agent-a, agent-b), and no \
+                 socket {} exists, as one added through the admin API would have",
+                dir.join("zed.sock").display()
+            )
+        );
+        write("");
+        let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("{c} (it lists none)")), "{e}");
+        // Added through the admin API: not in the file, but its socket exists.
+        let _l = std::os::unix::net::UnixListener::bind(dir.join("zed.sock")).unwrap();
+        let s = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"]).unwrap();
+        assert_eq!(s.channel, ChannelSpec::Socket(dir.join("zed.sock")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn config_with_tls_terminate_implies_its_ca_and_ca_cert_wins() {
         let dir = std::env::temp_dir().join(format!("shim-config-ca-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("mediator.toml");
+        // `other` is not in the file: it has a socket, as if added through the admin API.
+        let _other = std::os::unix::net::UnixListener::bind(dir.join("other.sock")).unwrap();
         std::fs::write(
             &cfg,
-            "[listen]\nsocket_dir = \"/run/egress\"\n[tls]\nca_dir = \"/var/lib/ca\"\n\
-             [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
-             [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n",
+            format!(
+                "[listen]\nsocket_dir = {dir:?}\n[tls]\nca_dir = \"/var/lib/ca\"\n\
+                 [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
+                 [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n"
+            ),
         )
         .unwrap();
         let c = cfg.to_str().unwrap();

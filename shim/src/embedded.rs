@@ -9,21 +9,40 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::relay::Denial;
+use policy::EntryKind;
+
+use crate::error::{BadFlag, Error, Result};
+use crate::report::Denial;
 
 /// The authority name of the embedded grant (what the decision log shows).
-pub const AUTHORITY: &str = "shim";
+pub(crate) const AUTHORITY: &str = "shim";
 
 /// Build and validate the one-authority mediator configuration.
 ///
 /// # Errors
-/// [`Error::Usage`] listing every entry the policy rejects (e.g. `--allow '*.com'`).
-pub fn config(
+/// [`Error::Grant`] naming every flag value the policy rejects (`--allow '*.com': ...`);
+/// [`Error::Usage`] if the grant they make together is refused.
+pub(crate) fn config(
     allow: &[String],
     deny: &[String],
     allow_private: &[String],
 ) -> Result<policy::config::Config> {
+    let problems: Vec<BadFlag> = allow
+        .iter()
+        .filter_map(|v| check_flag("--allow", v, EntryKind::Allow))
+        .chain(
+            deny.iter()
+                .filter_map(|v| check_flag("--deny", v, EntryKind::Deny)),
+        )
+        .chain(
+            allow_private
+                .iter()
+                .filter_map(|v| check_flag("--allow-private", v, EntryKind::AllowPrivate)),
+        )
+        .collect();
+    if !problems.is_empty() {
+        return Err(Error::Grant(problems));
+    }
     let mut authority = toml::Table::new();
     authority.insert("name".into(), AUTHORITY.into());
     let list = |v: &[String]| {
@@ -42,15 +61,25 @@ pub fn config(
         .map_err(|e| Error::Usage(e.to_string()))
 }
 
+/// `value` of `flag` checked alone, as the grant will parse it.
+fn check_flag(flag: &'static str, value: &str, kind: EntryKind) -> Option<BadFlag> {
+    let why = policy::check_entry(kind, value).err()?;
+    Some(BadFlag {
+        flag,
+        value: value.to_owned(),
+        why,
+    })
+}
+
 /// A running embedded mediator serving the sandbox's listener.
-pub struct Embedded {
+pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
     running: Arc<mediator::Running>,
     accept: tokio::task::JoinHandle<()>,
     memory: Arc<Mutex<Vec<String>>>,
     log_file: Option<(PathBuf, u64)>,
     /// Connections accepted from the sandbox.
-    pub connections: Arc<AtomicU64>,
+    pub(crate) connections: Arc<AtomicU64>,
 }
 
 impl Embedded {
@@ -63,7 +92,7 @@ impl Embedded {
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if the mediator
     /// refuses to start (resolver configuration, log file).
-    pub fn start(
+    pub(crate) fn start(
         config: policy::config::Config,
         listener: std::net::TcpListener,
         decision_log: Option<&Path>,
@@ -127,7 +156,7 @@ impl Embedded {
 
     /// Stop (the sandbox is gone, so connections are closing), flush the decision log and
     /// return the denials it recorded during the run.
-    pub fn finish(self) -> Vec<Denial> {
+    pub(crate) fn finish(self) -> Vec<Denial> {
         self.accept.abort();
         let log = self.running.log().clone();
         let _ = self.runtime.block_on(self.accept);
@@ -163,7 +192,7 @@ fn read_from(path: &Path, offset: u64) -> Vec<String> {
 }
 
 /// A denial from one decision-log line (design section 10), `None` for other lines.
-pub fn denial_from_log_line(line: &str) -> Option<Denial> {
+pub(crate) fn denial_from_log_line(line: &str) -> Option<Denial> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     if v.get("event")?.as_str()? != "decision" || v.get("decision")?.as_str()? != "deny" {
         return None;
@@ -205,7 +234,6 @@ pub fn denial_from_log_line(line: &str) -> Option<Denial> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]
@@ -223,6 +251,38 @@ mod tests {
     fn bad_patterns_are_rejected_with_the_entry() {
         let e = config(&["*.com".into()], &[], &[]).unwrap_err().to_string();
         assert!(e.contains("*.com"), "{e}");
+    }
+
+    #[test]
+    fn each_bad_value_is_named_with_its_flag_not_a_toml_position() {
+        let e = config(
+            &["ok.example".into(), "*.com".into()],
+            &["a..b".into()],
+            &["10.0.0.1/8".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 3, "{e}");
+        assert!(
+            lines[0].starts_with("--allow '*.com': ") && lines[0].contains("public suffix"),
+            "{e}"
+        );
+        assert!(lines[1].starts_with("--deny 'a..b': "), "{e}");
+        assert!(
+            lines[2].starts_with("--allow-private '10.0.0.1/8': CIDR has host bits set"),
+            "{e}"
+        );
+        // Nothing of the TOML document the grant is built as, nor the entry said twice.
+        for noise in ["embedded grant", "invalid ", ":2:", "authority \"shim\""] {
+            assert!(!e.contains(noise), "{noise:?} in {e}");
+        }
+    }
+
+    #[test]
+    fn a_value_with_a_quote_is_quoted_the_shell_way() {
+        let e = config(&["it's".into()], &[], &[]).unwrap_err().to_string();
+        assert!(e.starts_with(r"--allow 'it'\''s': "), "{e}");
     }
 
     #[test]

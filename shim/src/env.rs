@@ -12,7 +12,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// CA variables that name a complete bundle: they point at the system bundle plus the CA.
-pub const CA_BUNDLE_VARS: &[&str] = &[
+pub(crate) const CA_BUNDLE_VARS: &[&str] = &[
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
@@ -24,20 +24,20 @@ pub const CA_BUNDLE_VARS: &[&str] = &[
 ];
 
 /// CA variables that add to the tool's own store: they point at the CA alone.
-pub const CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+pub(crate) const CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
 
 /// The files the CA variables name (see [`crate::ca::TrustFiles`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CaFiles {
+pub(crate) struct CaFiles {
     /// The system bundle followed by the CA.
-    pub bundle: PathBuf,
+    pub(crate) bundle: PathBuf,
     /// The CA alone.
-    pub ca_only: PathBuf,
+    pub(crate) ca_only: PathBuf,
 }
 
 /// The CA variables for `files`: [`CA_BUNDLE_VARS`] name the bundle, [`CA_EXTRA_VARS`]
 /// the CA alone.
-pub fn ca_vars(files: &CaFiles) -> Vec<(OsString, OsString)> {
+pub(crate) fn ca_vars(files: &CaFiles) -> Vec<(OsString, OsString)> {
     let bundle = CA_BUNDLE_VARS.iter().map(|v| (*v, &files.bundle));
     let extra = CA_EXTRA_VARS.iter().map(|v| (*v, &files.ca_only));
     bundle
@@ -65,7 +65,7 @@ const PROXY_VARS: &[&str] = &[
 /// `socks5h` makes clients send names, not addresses they resolved themselves: the
 /// sandbox has no DNS anyway). `NO_PROXY` lists only loopback, which inside the network
 /// namespace is the sandbox's own loopback, never the host's.
-pub fn proxy_vars(port: u16) -> Vec<(String, String)> {
+pub(crate) fn proxy_vars(port: u16) -> Vec<(String, String)> {
     let http = format!("http://127.0.0.1:{port}");
     let socks = format!("socks5h://127.0.0.1:{port}");
     let no_proxy = "localhost,127.0.0.1,::1".to_owned();
@@ -105,7 +105,7 @@ fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
 
 /// The full environment for the command: `inherited` without the shim-owned variables,
 /// then `proxy_vars(port)`, then `ca_vars` of `ca` if any.
-pub fn command_env(
+pub(crate) fn command_env(
     inherited: impl IntoIterator<Item = (OsString, OsString)>,
     port: u16,
     ca: Option<&CaFiles>,
@@ -127,7 +127,6 @@ pub fn command_env(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn get<'a>(env: &'a [(OsString, OsString)], k: &str) -> Option<&'a OsStr> {

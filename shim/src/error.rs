@@ -29,6 +29,27 @@ pub enum Error {
         source: toml::de::Error,
     },
 
+    /// `--authority` names an authority that `--config` does not list, and that has no
+    /// socket either (as one added through the admin API would).
+    #[error(
+        "authority {authority:?} is not in {config} ({}), and no socket {socket} exists, as one added through the admin API would have",
+        names(listed)
+    )]
+    UnknownAuthority {
+        /// The `--authority` value.
+        authority: String,
+        /// The `--config` file.
+        config: PathBuf,
+        /// The authorities the config lists, in its order.
+        listed: Vec<String>,
+        /// The socket the authority would have.
+        socket: PathBuf,
+    },
+
+    /// Embedded-mode flags whose values the policy rejects (every one of them).
+    #[error("{}", lines(.0))]
+    Grant(Vec<BadFlag>),
+
     /// A path given in the settings could not be resolved.
     #[error("{what} {path}: {source}")]
     Path {
@@ -112,6 +133,40 @@ impl Error {
             source,
         }
     }
+}
+
+/// One value of `--allow`, `--deny` or `--allow-private` (or the profile's `allow`, `deny`,
+/// `allow_private`) that the policy rejects, shown as `--allow '*.com': why`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag} {}: {why}", shell_quote(value))]
+pub struct BadFlag {
+    /// The flag, e.g. `--allow`.
+    pub flag: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// Why the policy rejects it, and what to write instead where it knows.
+    pub why: String,
+}
+
+/// `'value'`, quoted as a POSIX shell reads it back.
+fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+fn names(listed: &[String]) -> String {
+    if listed.is_empty() {
+        "it lists none".to_owned()
+    } else {
+        format!("its authorities: {}", listed.join(", "))
+    }
+}
+
+fn lines(problems: &[BadFlag]) -> String {
+    problems
+        .iter()
+        .map(BadFlag::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The shim's result type.

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use shim::cli::{Cli, Settings};
+use shim::{Cli, Settings};
 
 fn main() -> ExitCode {
     match run() {
@@ -11,7 +11,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // Every message already names its cause; `{:#}` would repeat it.
             eprintln!("shim: {e}");
-            ExitCode::from(shim::linux::EXIT_SHIM_FAILURE as u8)
+            ExitCode::from(shim::EXIT_SHIM_FAILURE as u8)
         }
     }
 }

@@ -12,40 +12,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
-
-/// One denial the relay saw in a mediator reply.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Denial {
-    /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
-    /// decision log's `protocol` (`connect`, `http`, `socks5` or `tls`).
-    pub protocol: &'static str,
-    /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
-    pub status: u16,
-    /// The decision reason (`not_in_allowlist`, ...); `None` when the reply carries none
-    /// (SOCKS5).
-    pub reason: Option<String>,
-    /// Destination host, from the mediator's JSON body.
-    pub host: Option<String>,
-    /// Destination port, from the mediator's JSON body.
-    pub port: Option<u16>,
-    /// The mediator's `detail`.
-    pub detail: Option<String>,
-    /// The mediator's `hint`, as the relay saw it in the reply; omitted in embedded mode
-    /// (the decision log does not carry it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
-}
+use crate::report::Denial;
 
 /// What the relay counted during the run.
 #[derive(Debug, Default)]
-pub struct RelayStats {
+pub(crate) struct RelayStats {
     /// Connections accepted from the sandbox.
-    pub connections: AtomicU64,
+    pub(crate) connections: AtomicU64,
     /// Connections that could not reach the mediator socket.
-    pub channel_errors: AtomicU64,
+    pub(crate) channel_errors: AtomicU64,
     /// Denials seen in mediator replies.
-    pub denials: Mutex<Vec<Denial>>,
+    pub(crate) denials: Mutex<Vec<Denial>>,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -241,31 +218,8 @@ fn strip_length(b: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The `--report` document.
-#[derive(Debug, Serialize)]
-pub struct Report<'a> {
-    /// Always `"shim"`.
-    pub report: &'static str,
-    /// The channel (socket path) of the run.
-    pub channel: String,
-    /// The command's exit status as the shim returns it.
-    pub exit_status: i32,
-    /// Connections the sandbox opened to its proxy listener.
-    pub connections: u64,
-    /// Connections that could not reach the mediator socket.
-    pub channel_errors: u64,
-    /// Denials, in the order the relay saw them.
-    pub denials: &'a [Denial],
-    /// Where the denials come from.
-    pub source: &'static str,
-    /// Paths the command created that would have run code on the host (a new
-    /// `.git/commondir`), and where the shim moved them.
-    pub tampering: &'a [crate::linux::Tampering],
-}
-
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

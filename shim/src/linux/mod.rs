@@ -1,5 +1,5 @@
-//! The Linux backend: namespaces, filesystem view, Landlock, seccomp, capabilities, and
-//! the two processes that make a run.
+//! The Linux backend ([`Linux`], the shim's only [`Backend`]): namespaces, filesystem
+//! view, Landlock, seccomp, capabilities, and the two processes that make a run.
 //!
 //! ```text
 //! shim (host namespaces)              relay threads: sandbox loopback listener -> Unix socket
@@ -17,12 +17,10 @@ mod seccomp;
 mod sys;
 
 use std::ffi::{CString, OsString};
+use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
@@ -31,19 +29,15 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-pub use fs::{Placeholder, Tampering};
+pub(crate) use fs::Placeholder;
 
 use crate::ca::TrustFiles;
-use crate::cli::{ChannelSpec, Degradation, Settings};
+use crate::cli::Degradation;
 use crate::error::{Error, Result};
-use crate::relay::{self, RelayStats, Report};
-
-/// Exit status of the shim when it fails itself (as `docker run` and `env` do).
-pub const EXIT_SHIM_FAILURE: i32 = 125;
-/// Exit status when the command exists but cannot be executed.
-pub const EXIT_CANNOT_EXECUTE: i32 = 126;
-/// Exit status when the command is not found.
-pub const EXIT_NOT_FOUND: i32 = 127;
+use crate::report::warn_tampering;
+use crate::sandbox::{
+    Backend, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE, Job, Outcome,
+};
 
 /// Signals the shim and the inner init forward to the command.
 const FORWARDED: &[Signal] = &[
@@ -80,140 +74,69 @@ struct InnerPlan {
     handoff: OwnedFd,
 }
 
-/// Confine and run `settings.command`; returns its exit status (128+N for signal N).
-///
-/// Placeholders created for missing protected paths, and the CA files (see [`crate::ca`]),
-/// are removed before returning, and by a janitor process if the shim itself is killed.
-///
-/// # Errors
-/// Any [`Error`] that stops the sandbox from being built exactly as asked. Errors that
-/// happen inside the sandbox after `clone` are printed there and yield
-/// [`EXIT_SHIM_FAILURE`].
-pub fn run(settings: &Settings) -> Result<i32> {
-    let channel = match &settings.channel {
-        ChannelSpec::Socket(p) => {
-            check_socket(p)?;
-            Channel::Socket(p.clone())
-        }
-        ChannelSpec::Embedded {
-            allow,
-            deny,
-            allow_private,
-            decision_log,
-        } => Channel::Embedded(
-            Box::new(crate::embedded::config(allow, deny, allow_private)?),
-            decision_log.clone(),
-        ),
-    };
-    // The authority sockets' directory is masked: with --allow-unix-sockets the command
-    // could otherwise connect to any authority's socket there (or the admin socket).
-    let mut deny_read = settings.deny_read.clone();
-    if let ChannelSpec::Socket(p) = &settings.channel {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if std::fs::canonicalize(dir).is_ok_and(|d| d == Path::new("/")) {
-                return Err(Error::Usage(format!(
-                    "the mediator socket {} must be in a directory of its own (it is masked inside the sandbox), not in /",
-                    p.display()
-                )));
-            }
-            deny_read.push(dir.to_owned());
-        }
-    }
-    let trust = match &settings.ca_cert {
-        Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
-        None => None,
-    };
-    let mut plan = fs::FsPlan::default();
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .and_then(|h| std::fs::canonicalize(h).ok());
-    let read_only: Vec<PathBuf> = trust.iter().map(|t| t.dir().to_owned()).collect();
-    let planned = fs::plan(
-        &settings.allow_write,
-        &deny_read,
-        &settings.allow_read,
-        &read_only,
-        home.as_deref(),
-        &mut plan,
-    );
-    let placeholders = plan.placeholders.clone();
-    let watch = plan.watch.clone();
-    let cleanup = || {
-        report_tampering(&fs::quarantine(&watch));
-        placeholders.iter().rev().for_each(Placeholder::remove);
-        trust.iter().for_each(TrustFiles::remove);
-    };
-    let janitor = match &planned {
-        Ok(()) if !placeholders.is_empty() || !watch.is_empty() || trust.is_some() => {
-            match spawn_janitor(&placeholders, &watch, trust.as_ref()) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    cleanup();
-                    return Err(e);
+/// The Linux backend (see the module documentation).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Linux;
+
+impl Backend for Linux {
+    /// Placeholders created for missing protected paths, and the job's CA files, are
+    /// removed before returning, and by a janitor process if the shim itself is killed.
+    /// Errors that happen inside the sandbox after `clone` are printed there and yield
+    /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
+    fn run(&self, job: &Job<'_>, serve: impl FnOnce(TcpListener) -> Result<()>) -> Result<Outcome> {
+        let mut plan = fs::FsPlan::default();
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .and_then(|h| std::fs::canonicalize(h).ok());
+        let read_only: Vec<PathBuf> = job.trust.iter().map(|t| t.dir().to_owned()).collect();
+        let planned = fs::plan(
+            job.allow_write,
+            job.deny_read,
+            job.allow_read,
+            &read_only,
+            home.as_deref(),
+            &mut plan,
+        );
+        let placeholders = plan.placeholders.clone();
+        let watch = plan.watch.clone();
+        let cleanup = || {
+            warn_tampering(&fs::quarantine(&watch));
+            placeholders.iter().rev().for_each(Placeholder::remove);
+            job.trust.iter().for_each(|t| t.remove());
+        };
+        let janitor = match &planned {
+            Ok(()) if !placeholders.is_empty() || !watch.is_empty() || job.trust.is_some() => {
+                match spawn_janitor(&placeholders, &watch, job.trust) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        cleanup();
+                        return Err(e);
+                    }
                 }
             }
+            _ => None,
+        };
+        let ca = job.trust.map(TrustFiles::files);
+        let result = planned.and_then(|()| run_planned(job, plan, ca, serve));
+        cleanup();
+        if let Some(w) = janitor {
+            // Tell the janitor the placeholders are handled: a later run may already have
+            // created new ones at the same paths (and inode numbers get reused).
+            let _ = nix::unistd::write(&w, b"d");
         }
-        _ => None,
-    };
-    let ca = trust.as_ref().map(TrustFiles::files);
-    let result = planned.and_then(|()| run_planned(settings, plan, channel, ca));
-    cleanup();
-    if let Some(w) = janitor {
-        // Tell the janitor the placeholders are handled: a later run may already have
-        // created new ones at the same paths (and inode numbers get reused).
-        let _ = nix::unistd::write(&w, b"d");
+        result
     }
-    result
-}
-
-fn report_tampering(moved: &[Tampering]) {
-    for t in moved {
-        eprintln!(
-            "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
-            t.path.display(),
-            t.quarantined_as.display()
-        );
-    }
-}
-
-fn check_socket(socket: &Path) -> Result<()> {
-    let meta = std::fs::metadata(socket).map_err(|e| Error::Channel {
-        path: socket.to_owned(),
-        detail: e.to_string(),
-    })?;
-    if !meta.file_type().is_socket() {
-        return Err(Error::Channel {
-            path: socket.to_owned(),
-            detail: "not a Unix socket".into(),
-        });
-    }
-    Ok(())
-}
-
-/// Where the sandbox's proxy connections go.
-enum Channel {
-    /// Relayed to a running mediator's per-authority Unix socket.
-    Socket(PathBuf),
-    /// Served by an in-process mediator (validated config, decision-log file).
-    Embedded(Box<policy::config::Config>, Option<PathBuf>),
-}
-
-/// What serves the listener once the sandbox handed it out.
-enum Serving {
-    Relay(PathBuf, Arc<RelayStats>),
-    Embedded(crate::embedded::Embedded),
-    Nothing,
 }
 
 fn run_planned(
-    settings: &Settings,
+    job: &Job<'_>,
     fs_plan: fs::FsPlan,
-    channel: Channel,
     ca: Option<crate::env::CaFiles>,
-) -> Result<i32> {
+    serve: impl FnOnce(TcpListener) -> Result<()>,
+) -> Result<Outcome> {
     let watch = fs_plan.watch.clone();
-    let filters = seccomp::build(settings.allow_unix_sockets)?;
-    let (program, args) = command_cstrings(&settings.command)?;
+    let filters = seccomp::build(job.allow_unix_sockets)?;
+    let (program, args) = command_cstrings(job.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
@@ -233,7 +156,7 @@ fn run_planned(
     let mut inner_plan = Some(InnerPlan {
         fs: fs_plan,
         filters,
-        landlock: !settings.degraded(Degradation::Landlock),
+        landlock: !job.degraded(Degradation::Landlock),
         uid: nix::unistd::geteuid().as_raw(),
         gid: nix::unistd::getegid().as_raw(),
         cwd,
@@ -276,88 +199,28 @@ fn run_planned(
     };
     drop(inner_plan);
 
-    // The listener, bound inside the sandbox's network namespace, arrives first.
+    // The listener, bound inside the sandbox's network namespace, arrives first. If init
+    // fails before handing it over, it prints why, and its status says how it ended.
     let mut port_bytes = [0u8; 2];
     let received = sys::recv_fd(outer.as_fd(), &mut port_bytes);
     drop(outer);
-    let serving = match (received, channel) {
-        (Ok(Some((fd, 2))), Channel::Socket(socket)) => {
-            let listener = std::net::TcpListener::from(fd);
-            let stats = Arc::new(RelayStats::default());
-            let (sock, st) = (socket.clone(), Arc::clone(&stats));
-            std::thread::Builder::new()
-                .name("relay-accept".into())
-                .spawn(move || relay::serve(listener, sock, st))
-                .map_err(|e| Error::io("start the relay", e))?;
-            Serving::Relay(socket, stats)
-        }
-        (Ok(Some((fd, 2))), Channel::Embedded(config, log)) => {
-            let listener = std::net::TcpListener::from(fd);
-            match crate::embedded::Embedded::start(*config, listener, log.as_deref()) {
-                Ok(e) => Serving::Embedded(e),
-                Err(e) => {
-                    // The command may already run: stop the whole sandbox.
-                    let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
-                    let _ = nix::sys::wait::waitpid(init, None);
-                    return Err(e);
-                }
-            }
-        }
-        // Init failed before handing the listener over; it printed why. Its status says
-        // how it ended.
-        _ => Serving::Nothing,
-    };
-
-    let code = supervise(init, &mask);
-    // The sandbox is gone: nothing can create the watched paths any more.
-    let tampering = fs::quarantine(&watch);
-    report_tampering(&tampering);
-    let (channel, connections, channel_errors, denials, source) = match serving {
-        Serving::Relay(socket, stats) => (
-            socket.display().to_string(),
-            stats.connections.load(Ordering::Relaxed),
-            stats.channel_errors.load(Ordering::Relaxed),
-            stats.denials.lock().map(|d| d.clone()).unwrap_or_default(),
-            "relay: denials seen in the mediator's replies on this run's channel",
-        ),
-        Serving::Embedded(e) => {
-            let connections = e.connections.load(Ordering::Relaxed);
-            (
-                "embedded".to_owned(),
-                connections,
-                0,
-                e.finish(),
-                "decision log of the embedded mediator",
-            )
-        }
-        Serving::Nothing => (
-            String::new(),
-            0,
-            0,
-            Vec::new(),
-            "none: the sandbox did not start",
-        ),
-    };
-    if let Some(dest) = &settings.report {
-        let report = Report {
-            report: "shim",
-            channel,
-            exit_status: code,
-            connections,
-            channel_errors,
-            denials: &denials,
-            source,
-            tampering: &tampering,
-        };
-        let text = serde_json::to_string(&report)
-            .map_err(|e| Error::io("serialise the report", e.into()))?;
-        match dest {
-            None => eprintln!("{text}"),
-            Some(path) => std::fs::write(path, format!("{text}\n"))
-                .map_err(|e| Error::io(format!("write report {}", path.display()), e))?,
+    if let Ok(Some((fd, 2))) = received {
+        if let Err(e) = serve(TcpListener::from(fd)) {
+            // The command may already run: stop the whole sandbox.
+            let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(init, None);
+            return Err(e);
         }
     }
-    Ok(code)
+
+    let exit_status = supervise(init, &mask);
+    // The sandbox is gone: nothing can create the watched paths any more.
+    let tampering = fs::quarantine(&watch);
+    warn_tampering(&tampering);
+    Ok(Outcome {
+        exit_status,
+        tampering,
+    })
 }
 
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
@@ -486,7 +349,7 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
     .map_err(|e| Error::sys("socket for loopback setup", e))?;
     sys::loopback_up(probe.as_fd()).map_err(|e| Error::sys("bring up lo", e))?;
     drop(probe);
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+    let listener = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| Error::io("bind 127.0.0.1:0 in the sandbox", e))?;
     let port = listener
         .local_addr()

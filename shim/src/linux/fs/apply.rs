@@ -1,0 +1,377 @@
+//! Carrying out the filesystem plan in the inner init, inside the new mount namespace,
+//! with the new mount API (`open_tree`, `move_mount`, `mount_setattr`, `fsopen`):
+//!
+//! 1. detached copies of every writable root and re-opened read path are taken from the
+//!    pristine tree;
+//! 2. the whole tree is made read-only, nosuid and nodev (one recursive `mount_setattr`);
+//! 3. fresh read-only `/proc` and `/sys`, and a private `/dev` holding only `null`, `zero`,
+//!    `full`, `random`, `urandom`, `tty`, a new `devpts` and a private `shm`;
+//! 4. the operations, shallowest first: writable roots (the rw copies), read masks (empty
+//!    read-only tmpfs directories or mode-0 files), re-opened reads, the `.git` pin (a
+//!    mount point cannot be renamed) and read-only binds of each protected path.
+//!
+//! It decides nothing (the plan did) and never leaves the host's mount table changed:
+//! everything happens after `MS_PRIVATE` in a namespace that dies with the sandbox. Any
+//! step that fails aborts the run; none is skipped.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::mount::MsFlags;
+use nix::sys::stat::Mode;
+
+use super::plan::{FsPlan, MountOp, OpKind, depth};
+use crate::error::{Error, Result};
+use crate::linux::sys;
+
+fn c_path(p: &Path) -> Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| Error::Usage(format!("path {} contains a NUL byte", p.display())))
+}
+
+fn step<T>(what: impl FnOnce() -> String, r: std::result::Result<T, Errno>) -> Result<T> {
+    r.map_err(|e| Error::sys(what(), e))
+}
+
+/// Carry out `plan` in the current (new, private) mount namespace. Must run with
+/// `CAP_SYS_ADMIN` in the namespace's owning user namespace.
+///
+/// # Errors
+/// [`Error::MissingFeature`] when the kernel lacks the new mount API (Linux 5.12), and
+/// [`Error::Sys`] naming the step for any other failure; the caller then aborts the run.
+pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
+    step(
+        || "make / private in the sandbox's mount namespace".into(),
+        nix::mount::mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
+    )?;
+
+    // 1. Pristine copies, before anything is made read-only.
+    let mut clones: Vec<Option<OwnedFd>> = Vec::with_capacity(plan.ops.len());
+    for op in &plan.ops {
+        let fd = match op.kind {
+            OpKind::Writable | OpKind::Readable => {
+                let p = c_path(&op.path)?;
+                let fd = match sys::open_tree(None, &p, sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE) {
+                    Err(Errno::ENOSYS) => {
+                        return Err(Error::MissingFeature {
+                            feature: "new mount API (open_tree, move_mount, mount_setattr; Linux 5.12)",
+                            detail: "open_tree returned ENOSYS".into(),
+                            hint: "run on a newer kernel",
+                        });
+                    }
+                    r => step(|| format!("copy mount tree {}", op.path.display()), r)?,
+                };
+                let set = if op.kind == OpKind::Readable {
+                    sys::MOUNT_ATTR_RDONLY
+                } else {
+                    0
+                } | sys::MOUNT_ATTR_NOSUID
+                    | sys::MOUNT_ATTR_NODEV;
+                step(
+                    || format!("restrict copy of {}", op.path.display()),
+                    sys::mount_setattr_fd(fd.as_fd(), true, set, 0),
+                )?;
+                Some(fd)
+            }
+            _ => None,
+        };
+        clones.push(fd);
+    }
+    let mut devices = Vec::new();
+    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = PathBuf::from("/dev").join(name);
+        let fd = step(
+            || format!("copy {}", host.display()),
+            sys::open_tree(None, &c_path(&host)?, sys::OPEN_TREE_CLONE),
+        )?;
+        devices.push((name, fd));
+    }
+
+    // 2. Everything read-only.
+    step(
+        || "make every mount read-only (mount_setattr, Linux 5.12)".into(),
+        sys::mount_setattr_path(
+            c"/",
+            true,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            0,
+        ),
+    )?;
+
+    // 3. /proc for the new PID namespace, /sys for the new network namespace, private /dev.
+    let pseudo = sys::MOUNT_ATTR_RDONLY
+        | sys::MOUNT_ATTR_NOSUID
+        | sys::MOUNT_ATTR_NODEV
+        | sys::MOUNT_ATTR_NOEXEC;
+    let proc_fd = step(
+        || "mount a new proc".into(),
+        sys::new_fs_mount("proc", &[], pseudo),
+    )?;
+    step(
+        || "attach proc on /proc".into(),
+        sys::move_mount(proc_fd.as_fd(), None, c"/proc", 0),
+    )?;
+    let sys_fd = step(
+        || "mount a new sysfs".into(),
+        sys::new_fs_mount("sysfs", &[], pseudo),
+    )?;
+    step(
+        || "attach sysfs on /sys".into(),
+        sys::move_mount(sys_fd.as_fd(), None, c"/sys", 0),
+    )?;
+    build_dev(devices)?;
+
+    // 4. The plan.
+    let scratch = step(
+        || "create the mask tmpfs".into(),
+        sys::new_fs_mount(
+            "tmpfs",
+            &[
+                ("mode", Some("0111")),
+                ("size", Some("64k")),
+                ("nr_inodes", Some("4096")),
+            ],
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
+        ),
+    )?;
+    let empty = c"empty";
+    let f = step(
+        || "create the mask file".into(),
+        nix::fcntl::openat(
+            scratch.as_fd(),
+            empty,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ),
+    )?;
+    drop(f);
+    // (path, scratch-relative directory) of each directory mask applied so far.
+    let mut masks: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut applied: Vec<&MountOp> = Vec::new();
+    for (i, (op, clone)) in plan.ops.iter().zip(clones).enumerate() {
+        // If the deepest op above this path is a directory mask, the mount point must be
+        // made inside the mask's tmpfs first.
+        let parent_op = applied
+            .iter()
+            .rev()
+            .filter(|a| op.path.starts_with(&a.path) && a.path != op.path)
+            .max_by_key(|a| depth(&a.path));
+        if let Some(parent) = parent_op {
+            if parent.kind == OpKind::Mask {
+                if let Some((mpath, mrel)) = masks.iter().find(|(m, _)| *m == parent.path) {
+                    let rel = op
+                        .path
+                        .strip_prefix(mpath)
+                        .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
+                    make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
+                }
+            }
+        }
+        let target = c_path(&op.path)?;
+        let what = || format!("{:?} {}", op.kind, op.path.display());
+        match op.kind {
+            OpKind::Writable | OpKind::Readable => {
+                let fd = clone.ok_or_else(|| Error::Usage("missing clone".into()))?;
+                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
+            }
+            OpKind::Mask => {
+                let src = if op.is_dir {
+                    let rel = PathBuf::from(format!("m{i}"));
+                    let has_children = plan
+                        .ops
+                        .iter()
+                        .any(|o| o.path != op.path && o.path.starts_with(&op.path));
+                    let mode = if has_children { 0o111 } else { 0 };
+                    step(
+                        what,
+                        nix::sys::stat::mkdirat(
+                            scratch.as_fd(),
+                            &rel,
+                            Mode::from_bits_truncate(mode),
+                        ),
+                    )?;
+                    masks.push((op.path.clone(), rel.clone()));
+                    rel
+                } else {
+                    PathBuf::from("empty")
+                };
+                let fd = step(
+                    what,
+                    sys::open_tree(Some(scratch.as_fd()), &c_path(&src)?, sys::OPEN_TREE_CLONE),
+                )?;
+                step(
+                    what,
+                    sys::mount_setattr_fd(fd.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0),
+                )?;
+                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
+            }
+            OpKind::Pin | OpKind::Protect => {
+                let is_link =
+                    std::fs::symlink_metadata(&op.path).is_ok_and(|m| m.file_type().is_symlink());
+                let fd = if is_link {
+                    // The link itself becomes the mount point (move_mount does not follow
+                    // it), so it can be neither replaced nor re-pointed. It shows a
+                    // read-only copy of its target as seen now (masks included) when that
+                    // is a file, else the empty unreadable file.
+                    match std::fs::canonicalize(&op.path).ok().filter(|t| t.is_file()) {
+                        Some(t) => step(
+                            what,
+                            sys::open_tree(None, &c_path(&t)?, sys::OPEN_TREE_CLONE),
+                        )?,
+                        None => step(
+                            what,
+                            sys::open_tree(Some(scratch.as_fd()), empty, sys::OPEN_TREE_CLONE),
+                        )?,
+                    }
+                } else {
+                    step(
+                        what,
+                        sys::open_tree(None, &target, sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE),
+                    )?
+                };
+                if op.kind == OpKind::Protect {
+                    step(
+                        what,
+                        sys::mount_setattr_fd(fd.as_fd(), true, sys::MOUNT_ATTR_RDONLY, 0),
+                    )?;
+                }
+                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
+            }
+        }
+        applied.push(op);
+    }
+    Ok(())
+}
+
+/// Create the directories (mode 0111: traversable, not listable) and the final file or
+/// directory at `rel` inside the scratch tmpfs.
+fn make_mount_point(scratch: &OwnedFd, rel: &Path, is_dir: bool) -> Result<()> {
+    let mut cur = PathBuf::new();
+    let comps: Vec<_> = rel.components().collect();
+    for (n, c) in comps.iter().enumerate() {
+        cur.push(c);
+        let last = n + 1 == comps.len();
+        let r = if last && !is_dir {
+            nix::fcntl::openat(
+                scratch.as_fd(),
+                &cur,
+                OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map(drop)
+        } else {
+            nix::sys::stat::mkdirat(scratch.as_fd(), &cur, Mode::from_bits_truncate(0o111))
+        };
+        match r {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => {
+                return Err(Error::sys(
+                    format!("mount point {} in a read mask", cur.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Replace `/dev` with a private tmpfs holding copies of the harmless device nodes, a
+/// new `devpts` instance and a private `shm`; the tmpfs itself ends read-only.
+fn build_dev(devices: Vec<(&str, OwnedFd)>) -> Result<()> {
+    let dev = step(
+        || "create /dev tmpfs".into(),
+        sys::new_fs_mount(
+            "tmpfs",
+            &[
+                ("mode", Some("0755")),
+                ("size", Some("64k")),
+                ("nr_inodes", Some("64")),
+            ],
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        ),
+    )?;
+    for (name, _) in &devices {
+        step(
+            || format!("/dev/{name} mount point"),
+            nix::fcntl::openat(
+                dev.as_fd(),
+                *name,
+                OFlag::O_CREAT | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o666),
+            )
+            .map(drop),
+        )?;
+    }
+    for d in ["pts", "shm"] {
+        step(
+            || format!("/dev/{d}"),
+            nix::sys::stat::mkdirat(dev.as_fd(), d, Mode::from_bits_truncate(0o755)),
+        )?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ] {
+        step(
+            || format!("/dev/{link}"),
+            nix::unistd::symlinkat(target, dev.as_fd(), link),
+        )?;
+    }
+    step(
+        || "attach tmpfs on /dev".into(),
+        sys::move_mount(dev.as_fd(), None, c"/dev", 0),
+    )?;
+    for (name, fd) in &devices {
+        let target = c_path(&Path::new("/dev").join(name))?;
+        step(
+            || format!("attach /dev/{name}"),
+            sys::move_mount(fd.as_fd(), None, &target, 0),
+        )?;
+    }
+    let pts = step(
+        || "mount a new devpts".into(),
+        sys::new_fs_mount(
+            "devpts",
+            &[
+                ("newinstance", None),
+                ("ptmxmode", Some("0666")),
+                ("mode", Some("0620")),
+            ],
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NOEXEC,
+        ),
+    )?;
+    step(
+        || "attach devpts on /dev/pts".into(),
+        sys::move_mount(pts.as_fd(), None, c"/dev/pts", 0),
+    )?;
+    let shm = step(
+        || "create /dev/shm tmpfs".into(),
+        sys::new_fs_mount(
+            "tmpfs",
+            &[("mode", Some("1777")), ("size", Some("64m"))],
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
+        ),
+    )?;
+    step(
+        || "attach tmpfs on /dev/shm".into(),
+        sys::move_mount(shm.as_fd(), None, c"/dev/shm", 0),
+    )?;
+    step(
+        || "make /dev read-only".into(),
+        sys::mount_setattr_fd(dev.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0),
+    )?;
+    Ok(())
+}

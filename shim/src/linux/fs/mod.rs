@@ -1,0 +1,45 @@
+//! The sandbox's filesystem view, built in its own mount namespace, in three steps of one
+//! job each:
+//!
+//! - [`protect`]: the mandatory deny set found in every writable root (including nested
+//!   repositories), with placeholders for protected paths that do not exist yet, and the
+//!   quarantine of a `.git/commondir` that appears during the run;
+//! - [`plan`](mod@plan), in the outer shim, in the host's view: canonicalises the configured paths
+//!   and lists the mount operations, shallowest first;
+//! - [`apply`](mod@apply), in the inner init, inside the new mount namespace: carries them out.
+//!
+//! It must never leave the host's mount table changed: everything happens after
+//! `MS_PRIVATE` in a namespace that dies with the sandbox. The only host-visible effect is
+//! the placeholders (empty files or directories) created for protected paths that do not
+//! exist yet, which the outer shim (or its janitor, if the shim is killed) removes.
+
+mod apply;
+mod plan;
+mod protect;
+
+pub(crate) use apply::apply;
+pub(crate) use plan::{FsPlan, plan};
+pub(crate) use protect::{Placeholder, quarantine};
+
+#[cfg(test)]
+mod test_support {
+    use std::path::PathBuf;
+
+    /// A fresh, canonical scratch directory, removed on drop.
+    pub(super) struct TempDir(pub(super) PathBuf);
+
+    impl TempDir {
+        pub(super) fn new(tag: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("shim-fs-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Self(std::fs::canonicalize(&p).unwrap())
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The filesystem plan: from the settings' paths (canonicalised in the host's view) and
+//! the mandatory deny set ([`super::protect`]), the list of mount operations the inner
+//! init carries out ([`super::apply`](mod@super::apply)), shallowest first.
+//!
+//! It runs in the outer shim and never mounts anything; the only host-visible effect is
+//! the placeholders that [`super::protect`] creates. Ordering ([`order`]) is pure.
+
+use std::path::{Component, Path, PathBuf};
+
+use super::protect::{self, Guard, Placeholder, Protected, Protections};
+use crate::error::{Error, Result};
+
+/// What a mount operation does to its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum OpKind {
+    /// Attach a read-write copy of the pristine tree (an `--allow-write` root).
+    Writable,
+    /// Attach a read-only copy of the pristine tree (an `--allow-read` under a mask).
+    Readable,
+    /// Cover with an empty, unreadable, read-only file or directory (`--deny-read`).
+    Mask,
+    /// Bind the current view onto itself, read-write, so the path is a mount point that
+    /// cannot be renamed or removed (`.git`).
+    Pin,
+    /// Bind the current view onto itself read-only (the mandatory deny set).
+    Protect,
+}
+
+/// One step of the filesystem plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MountOp {
+    /// Canonical absolute path.
+    pub(crate) path: PathBuf,
+    /// What to do there.
+    pub(crate) kind: OpKind,
+    /// Whether the path is a directory (else a file).
+    pub(crate) is_dir: bool,
+}
+
+impl From<Protected> for MountOp {
+    fn from(p: Protected) -> Self {
+        Self {
+            path: p.path,
+            kind: match p.guard {
+                Guard::Pin => OpKind::Pin,
+                Guard::ReadOnly => OpKind::Protect,
+            },
+            is_dir: p.is_dir,
+        }
+    }
+}
+
+/// The filesystem part of the sandbox, ready to apply.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FsPlan {
+    /// Mount operations, in the order they must be applied.
+    pub(crate) ops: Vec<MountOp>,
+    /// Canonical writable roots (also the Landlock write rules).
+    pub(crate) writable_roots: Vec<PathBuf>,
+    /// Placeholders created on the host; the caller must remove them at exit.
+    pub(crate) placeholders: Vec<Placeholder>,
+    /// `.git/commondir` paths that did not exist at start: one appearing during the run is
+    /// tampering and is renamed aside at exit ([`protect::quarantine`]).
+    pub(crate) watch: Vec<PathBuf>,
+}
+
+/// How many names `p` has below `/`.
+pub(super) fn depth(p: &Path) -> usize {
+    p.components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count()
+}
+
+/// `p` canonicalised, and whether it is a directory; `None` when it does not exist and
+/// `missing_ok`. `what` names the setting in errors.
+fn canonical(what: &'static str, p: &Path, missing_ok: bool) -> Result<Option<(PathBuf, bool)>> {
+    match std::fs::canonicalize(p) {
+        Ok(c) => {
+            let is_dir = std::fs::metadata(&c)
+                .map_err(|source| Error::Path {
+                    what,
+                    path: p.to_owned(),
+                    source,
+                })?
+                .is_dir();
+            Ok(Some((c, is_dir)))
+        }
+        Err(e) if missing_ok && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::Path {
+            what,
+            path: p.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Build the plan. Creates placeholders on the host for missing protected paths (listed in
+/// the result even if a later step fails, so the caller can always clean up).
+///
+/// `home` is the caller's home directory (for the home-only placeholders). `read_only`
+/// are paths the shim itself prepared for the command (the CA directory): they are shown
+/// read-only from the host's tree whatever `allow_write` and `deny_read` say about the
+/// directories above them.
+///
+/// # Errors
+/// [`Error::Path`] when an `--allow-write` root does not exist or any configured path
+/// cannot be resolved for another reason than not existing; [`Error::Usage`] for
+/// `--allow-write /`.
+pub(crate) fn plan(
+    allow_write: &[PathBuf],
+    deny_read: &[PathBuf],
+    allow_read: &[PathBuf],
+    read_only: &[PathBuf],
+    home: Option<&Path>,
+    plan: &mut FsPlan,
+) -> Result<()> {
+    let mut ops = Vec::new();
+    for p in allow_write {
+        let Some((c, is_dir)) = canonical("--allow-write", p, false)? else {
+            continue;
+        };
+        if c == Path::new("/") {
+            return Err(Error::Usage("--allow-write / would make the whole filesystem writable; name the directories instead".into()));
+        }
+        if !plan.writable_roots.contains(&c) {
+            plan.writable_roots.push(c.clone());
+            ops.push(MountOp {
+                path: c,
+                kind: OpKind::Writable,
+                is_dir,
+            });
+        }
+    }
+    for p in deny_read {
+        if let Some((c, is_dir)) = canonical("--deny-read", p, true)? {
+            if c == Path::new("/") {
+                return Err(Error::Usage(
+                    "--deny-read / would hide the whole filesystem, including the command".into(),
+                ));
+            }
+            ops.push(MountOp {
+                path: c,
+                kind: OpKind::Mask,
+                is_dir,
+            });
+        }
+    }
+    for p in allow_read {
+        if let Some((c, is_dir)) = canonical("--allow-read", p, true)? {
+            // Re-opening only matters beneath a mask; elsewhere everything is readable.
+            if ops
+                .iter()
+                .any(|o| o.kind == OpKind::Mask && c.starts_with(&o.path))
+            {
+                ops.push(MountOp {
+                    path: c,
+                    kind: OpKind::Readable,
+                    is_dir,
+                });
+            }
+        }
+    }
+    for p in read_only {
+        if let Some((c, is_dir)) = canonical("shim-prepared path", p, false)? {
+            ops.push(MountOp {
+                path: c,
+                kind: OpKind::Readable,
+                is_dir,
+            });
+        }
+    }
+    let mut protections = Protections::default();
+    let protected = protect::protect_roots(&plan.writable_roots, home, &mut protections);
+    // The placeholders are the caller's to remove, even when protection failed half-way.
+    plan.placeholders.append(&mut protections.placeholders);
+    plan.watch.append(&mut protections.watch);
+    protected?;
+    ops.extend(protections.paths.into_iter().map(MountOp::from));
+    plan.ops = order(ops);
+    Ok(())
+}
+
+/// The order in which `ops` must be applied: shallowest first; at equal depth, kinds in
+/// [`OpKind`] order (so a mask covers a writable root at the same path, and protection is
+/// applied last); the same path and kind only once (the first listed wins).
+fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
+    ops.sort_by(|a, b| {
+        depth(&a.path)
+            .cmp(&depth(&b.path))
+            .then(a.kind.cmp(&b.kind))
+            .then(a.path.cmp(&b.path))
+    });
+    ops.dedup_by(|a, b| a.path == b.path && a.kind == b.kind);
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linux::fs::test_support::TempDir;
+
+    #[test]
+    fn plan_orders_ops_shallowest_first_and_pins_git() {
+        let t = TempDir::new("order");
+        let w = t.0.join("w");
+        std::fs::create_dir_all(w.join(".git/hooks")).unwrap();
+        std::fs::write(w.join(".git/config"), "").unwrap();
+        std::fs::create_dir_all(w.join("sub/inner/.git")).unwrap();
+        std::fs::create_dir_all(w.join("target/x/.git")).unwrap();
+        std::fs::write(w.join("target/CACHEDIR.TAG"), "").unwrap();
+        let mut plan = FsPlan::default();
+        super::plan(
+            std::slice::from_ref(&w),
+            &[w.join("secret"), t.0.join("missing")],
+            &[],
+            &[],
+            None,
+            &mut plan,
+        )
+        .unwrap();
+        let depths: Vec<usize> = plan.ops.iter().map(|o| depth(&o.path)).collect();
+        assert!(depths.windows(2).all(|d| d[0] <= d[1]), "{:?}", plan.ops);
+        assert_eq!(
+            plan.ops[0],
+            MountOp {
+                path: w.clone(),
+                kind: OpKind::Writable,
+                is_dir: true
+            }
+        );
+        assert!(plan.ops.contains(&MountOp {
+            path: w.join(".git"),
+            kind: OpKind::Pin,
+            is_dir: true
+        }));
+        assert!(plan.ops.contains(&MountOp {
+            path: w.join(".git/hooks"),
+            kind: OpKind::Protect,
+            is_dir: true
+        }));
+        assert!(
+            plan.ops.contains(&MountOp {
+                path: w.join("sub/inner/.git"),
+                kind: OpKind::Pin,
+                is_dir: true
+            }),
+            "nested repo"
+        );
+        assert!(
+            !plan
+                .ops
+                .iter()
+                .any(|o| o.path.starts_with(w.join("target"))),
+            "CACHEDIR.TAG pruned"
+        );
+        // Missing project files got placeholders; home files did not (not a home dir).
+        assert!(
+            plan.placeholders
+                .iter()
+                .any(|p| p.path == w.join(".mcp.json"))
+        );
+        assert!(
+            !plan
+                .placeholders
+                .iter()
+                .any(|p| p.path == w.join(".bashrc"))
+        );
+        for p in &plan.placeholders {
+            p.remove();
+            assert!(!p.path.exists(), "{}", p.path.display());
+        }
+    }
+
+    fn op(path: &str, kind: OpKind) -> MountOp {
+        MountOp {
+            path: path.into(),
+            kind,
+            is_dir: true,
+        }
+    }
+
+    #[test]
+    fn order_is_shallowest_first_then_by_kind_and_drops_repeats() {
+        let ordered = order(vec![
+            op("/w/.git/hooks", OpKind::Protect),
+            op("/w/.git", OpKind::Pin),
+            op("/w/secret", OpKind::Mask),
+            op("/w", OpKind::Mask),
+            op("/w", OpKind::Writable),
+            op("/w/.git", OpKind::Pin),
+            op("/w/secret/open", OpKind::Readable),
+        ]);
+        assert_eq!(
+            ordered,
+            vec![
+                // A mask at a writable root's own path covers it: applied after it.
+                op("/w", OpKind::Writable),
+                op("/w", OpKind::Mask),
+                op("/w/secret", OpKind::Mask),
+                op("/w/.git", OpKind::Pin),
+                op("/w/secret/open", OpKind::Readable),
+                op("/w/.git/hooks", OpKind::Protect),
+            ]
+        );
+    }
+
+    #[test]
+    fn allow_write_root_is_refused() {
+        let mut plan = FsPlan::default();
+        assert!(matches!(
+            super::plan(&["/".into()], &[], &[], &[], None, &mut plan),
+            Err(Error::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn missing_allow_write_is_an_error_missing_deny_is_not() {
+        let mut plan = FsPlan::default();
+        assert!(matches!(
+            super::plan(
+                &["/nonexistent-shim-test".into()],
+                &[],
+                &[],
+                &[],
+                None,
+                &mut plan
+            ),
+            Err(Error::Path { .. })
+        ));
+        let mut plan = FsPlan::default();
+        super::plan(
+            &[],
+            &["/nonexistent-shim-test".into()],
+            &[],
+            &[],
+            None,
+            &mut plan,
+        )
+        .unwrap();
+        assert!(plan.ops.is_empty());
+    }
+}

@@ -1,0 +1,141 @@
+//! The `--report` document and the records it is made of: the denials seen during a run
+//! (from the relay or the embedded mediator's decision log) and the tampering the backend
+//! undid at exit.
+//!
+//! Pure data and its output: it imports no other module of the shim, so that every part
+//! of the shim (relay, embedded mediator, OS backend) can fill it in. It never holds a
+//! secret: a denial carries only what the mediator's reply or decision log showed.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// One denial seen during the run, in a mediator reply or in the decision log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Denial {
+    /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
+    /// decision log's `protocol` (`connect`, `http`, `socks5` or `tls`).
+    pub(crate) protocol: &'static str,
+    /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
+    pub(crate) status: u16,
+    /// The decision reason (`not_in_allowlist`, ...); `None` when the reply carries none
+    /// (SOCKS5).
+    pub(crate) reason: Option<String>,
+    /// Destination host, from the mediator's JSON body.
+    pub(crate) host: Option<String>,
+    /// Destination port, from the mediator's JSON body.
+    pub(crate) port: Option<u16>,
+    /// The mediator's `detail`.
+    pub(crate) detail: Option<String>,
+    /// The mediator's `hint`, as the relay saw it in the reply; omitted in embedded mode
+    /// (the decision log does not carry it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) hint: Option<String>,
+}
+
+/// One path the command created that would have run code on the host, renamed aside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Tampering {
+    /// Where it appeared.
+    pub(crate) path: PathBuf,
+    /// Where the shim moved it.
+    pub(crate) quarantined_as: PathBuf,
+}
+
+/// Say on stderr what was moved aside, one line per path (whether or not `--report` is on).
+pub(crate) fn warn_tampering(moved: &[Tampering]) {
+    for t in moved {
+        eprintln!(
+            "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
+            t.path.display(),
+            t.quarantined_as.display()
+        );
+    }
+}
+
+/// The `--report` document.
+#[derive(Debug, Serialize)]
+pub(crate) struct Report<'a> {
+    /// Always `"shim"`.
+    pub(crate) report: &'static str,
+    /// The channel (socket path) of the run.
+    pub(crate) channel: String,
+    /// The command's exit status as the shim returns it.
+    pub(crate) exit_status: i32,
+    /// Connections the sandbox opened to its proxy listener.
+    pub(crate) connections: u64,
+    /// Connections that could not reach the mediator socket.
+    pub(crate) channel_errors: u64,
+    /// Denials, in the order they were seen.
+    pub(crate) denials: &'a [Denial],
+    /// Where the denials come from.
+    pub(crate) source: &'static str,
+    /// Paths the command created that would have run code on the host (a new
+    /// `.git/commondir`), and where the shim moved them.
+    pub(crate) tampering: &'a [Tampering],
+}
+
+impl Report<'_> {
+    /// Write the report as one JSON line: to stderr (`dest` `None`) or to the file `dest`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if it cannot be serialised or the file cannot be written.
+    pub(crate) fn write(&self, dest: Option<&Path>) -> Result<()> {
+        let text =
+            serde_json::to_string(self).map_err(|e| Error::io("serialise the report", e.into()))?;
+        match dest {
+            None => eprintln!("{text}"),
+            Some(path) => std::fs::write(path, format!("{text}\n"))
+                .map_err(|e| Error::io(format!("write report {}", path.display()), e))?,
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_is_one_json_line_with_every_field() {
+        let denials = [Denial {
+            protocol: "http",
+            status: 403,
+            reason: Some("not_in_allowlist".into()),
+            host: Some("blocked.test".into()),
+            port: Some(80),
+            detail: None,
+            hint: None,
+        }];
+        let tampering = [Tampering {
+            path: "/w/.git/commondir".into(),
+            quarantined_as: "/w/.git/commondir.shim-quarantine-1".into(),
+        }];
+        let report = Report {
+            report: "shim",
+            channel: "embedded".into(),
+            exit_status: 3,
+            connections: 1,
+            channel_errors: 0,
+            denials: &denials,
+            source: "test",
+            tampering: &tampering,
+        };
+        let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("r.json");
+        report.write(Some(&file)).unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["exit_status"], 3);
+        assert_eq!(v["denials"][0]["host"], "blocked.test");
+        // `hint` is omitted when absent (embedded mode); the other options are null.
+        assert!(v["denials"][0].get("hint").is_none());
+        assert!(v["denials"][0]["detail"].is_null());
+        assert_eq!(v["tampering"][0]["path"], "/w/.git/commondir");
+    }
+}

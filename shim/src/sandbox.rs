@@ -1,0 +1,79 @@
+//! The boundary between the portable shim and an OS backend: what the portable part
+//! ([`crate::launch`]) asks of a backend, and nothing about how a backend does it. Linux
+//! (`crate::linux`) is the only backend built (design section 17); a macOS (Seatbelt) or
+//! Windows backend would implement [`Backend`] beside it.
+//!
+//! A backend must never run the command with less than the [`Job`] asks: a protection it
+//! cannot provide is an error ([`crate::Error::MissingFeature`]) unless the job names it
+//! in `allow_degraded`. It must never expose the channel itself (a socket path, a helper
+//! process) inside the sandbox: the command reaches its authority only through the
+//! listener the backend hands to `serve`.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+use crate::ca::TrustFiles;
+use crate::cli::Degradation;
+use crate::error::Result;
+use crate::report::Tampering;
+
+/// Exit status of the shim when it fails itself (as `docker run` and `env` do).
+pub const EXIT_SHIM_FAILURE: i32 = 125;
+/// Exit status when the command exists but cannot be executed.
+pub(crate) const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit status when the command is not found.
+pub(crate) const EXIT_NOT_FOUND: i32 = 127;
+
+/// What to confine and run, with every path still as the user gave it (a backend
+/// resolves them in its own way and fails on one it cannot resolve).
+#[derive(Debug)]
+pub(crate) struct Job<'a> {
+    /// The program and its arguments (the program is looked up in `PATH`).
+    pub(crate) command: &'a [OsString],
+    /// Writable roots; everything else is read-only.
+    pub(crate) allow_write: &'a [PathBuf],
+    /// Paths the command may not read: the user's, and the channel's socket directory.
+    pub(crate) deny_read: &'a [PathBuf],
+    /// Paths beneath a `deny_read` path that are readable again (read-only).
+    pub(crate) allow_read: &'a [PathBuf],
+    /// Whether the command may create AF_UNIX sockets.
+    pub(crate) allow_unix_sockets: bool,
+    /// Protections the user gave up explicitly, for a kernel that lacks them.
+    pub(crate) allow_degraded: &'a [Degradation],
+    /// The CA files the command must trust: shown read-only inside, whatever the paths
+    /// above say, and named by the CA variables. The backend removes them at exit with its
+    /// own leftovers, and makes sure they are removed if the shim is killed.
+    pub(crate) trust: Option<&'a TrustFiles>,
+}
+
+impl Job<'_> {
+    /// Whether the user gave up `what` explicitly.
+    pub(crate) fn degraded(&self, what: Degradation) -> bool {
+        self.allow_degraded.contains(&what)
+    }
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    /// The status to leave with: the command's own, 128+N when signal N killed it, or
+    /// [`EXIT_SHIM_FAILURE`], [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] when the sandbox
+    /// failed after it was built (the backend has printed why).
+    pub(crate) exit_status: i32,
+    /// What the command left that would have run code on the host, moved aside.
+    pub(crate) tampering: Vec<Tampering>,
+}
+
+/// An OS backend: confinement of one command tree.
+pub(crate) trait Backend {
+    /// Confine and run `job.command`. Once the sandbox's loopback proxy listener exists,
+    /// hand it to `serve` (at most once, before waiting for the command); if `serve`
+    /// fails, stop the sandbox and return that error. Return when the whole command tree
+    /// is gone and every host-side leftover of the run (including `job.trust`) is removed.
+    ///
+    /// # Errors
+    /// Any error that stops the sandbox from being built exactly as `job` asks, or the
+    /// error of `serve`.
+    fn run(&self, job: &Job<'_>, serve: impl FnOnce(TcpListener) -> Result<()>) -> Result<Outcome>;
+}

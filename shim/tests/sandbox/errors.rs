@@ -1,0 +1,88 @@
+//! Runs the shim refuses, before anything starts: exit status 125 and one message that
+//! names what is wrong in the user's own terms (the flag, the value, the file).
+
+use std::process::{Command, Output};
+
+use crate::support::{SHIM, Scratch};
+use crate::{Test, TestResult};
+
+pub(crate) fn tests() -> Vec<(&'static str, Test)> {
+    cases![
+        missing_mediator_socket_is_a_clear_error,
+        a_missing_allow_write_path_is_reported_once,
+        an_authority_the_config_lacks_is_named_with_the_ones_it_has,
+        a_bad_allow_value_is_named_with_its_flag,
+    ]
+}
+
+/// `shim ARGS -- true`, which must be refused: its stderr.
+fn refused(args: &[&str]) -> Result<String, String> {
+    let out: Output = Command::new(SHIM)
+        .args(args)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.code() != Some(125) {
+        return Err(format!("{:?} {err}", out.status));
+    }
+    Ok(err)
+}
+
+fn missing_mediator_socket_is_a_clear_error() -> TestResult {
+    let err = refused(&["--mediator-socket", "/nonexistent/x.sock"])?;
+    if !err.contains("/nonexistent/x.sock") {
+        return Err(err);
+    }
+    Ok(())
+}
+
+fn a_missing_allow_write_path_is_reported_once() -> TestResult {
+    let err = refused(&[
+        "--allow",
+        "x.test",
+        "--allow-write",
+        "/nonexistent-shim-dir",
+    ])?;
+    if err.matches("os error 2").count() != 1 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+fn an_authority_the_config_lacks_is_named_with_the_ones_it_has() -> TestResult {
+    let s = Scratch::new("zed");
+    let cfg = s.path("mediator.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nsocket_dir = {:?}\n[[authority]]\nname = \"agent-a\"\n\
+             [[authority]]\nname = \"agent-b\"\n",
+            s.path("sockets")
+        ),
+    )
+    .unwrap();
+    let err = refused(&["--config", cfg.to_str().unwrap(), "--authority", "zed"])?;
+    let want = format!(
+        "shim: authority \"zed\" is not in {} (its authorities: agent-a, agent-b), and no \
+         socket {} exists, as one added through the admin API would have\n",
+        cfg.display(),
+        s.path("sockets/zed.sock").display()
+    );
+    if err != want {
+        return Err(format!("expected {want:?}, got {err:?}"));
+    }
+    Ok(())
+}
+
+fn a_bad_allow_value_is_named_with_its_flag() -> TestResult {
+    let err = refused(&["--allow", "ok.example", "--allow", "*.com"])?;
+    // The flag and the value the user typed, not a position in a TOML document.
+    if !err.starts_with("shim: --allow '*.com': ") || err.lines().count() != 1 {
+        return Err(err);
+    }
+    if err.contains("embedded grant") || err.contains(":2:") {
+        return Err(err);
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The run's lifecycle: the PID namespace shows only the sandbox, the whole tree dies
+//! with the command and with the shim (even by SIGKILL, which also leaves no placeholder
+//! or CA file behind), signals reach the command, and exit statuses pass through.
+
+use std::process::{Child, Stdio};
+
+use nix::sys::signal::Signal;
+
+use crate::support::{
+    Fixture, entries, expect, host_has_process_with_arg, marker, signal, wait_until, write_ca,
+};
+use crate::{Test, TestResult};
+
+pub(crate) fn tests() -> Vec<(&'static str, Test)> {
+    cases![
+        background_children_die_when_the_command_exits,
+        background_children_placeholders_and_ca_files_go_when_the_shim_is_killed,
+        proc_inside_shows_only_sandbox_processes,
+        exit_status_passes_through_and_signals_become_128_plus_n,
+        sigterm_to_the_shim_reaches_the_command,
+    ]
+}
+
+fn background_children_die_when_the_command_exits() -> TestResult {
+    let fx = Fixture::new("bg");
+    let marker = marker(900_000, 50_000);
+    fx.check(&[], &args!["spawn-and-exit", &marker], "ok")?;
+    if !wait_until(|| !host_has_process_with_arg(&marker), 3) {
+        return Err(format!("sleep {marker} survived the command"));
+    }
+    Ok(())
+}
+
+fn background_children_placeholders_and_ca_files_go_when_the_shim_is_killed() -> TestResult {
+    let fx = Fixture::new("kill");
+    let w = fx.mkdir("work");
+    let tmp = fx.mkdir("tmp");
+    let ca = fx.path("ca.pem");
+    write_ca(&ca);
+    let marker = marker(950_000, 40_000);
+    let mut child: Child = fx
+        .shim(
+            &args!["--allow-write", &w, "--ca-cert", &ca],
+            &["sh", "-c", &format!("sleep {marker} & sleep {marker}")],
+        )
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    if !wait_until(|| host_has_process_with_arg(&marker), 5) {
+        let _ = child.kill();
+        return Err("the command did not start".into());
+    }
+    if !w.join(".mcp.json").exists() {
+        return Err("expected a placeholder while running".into());
+    }
+    if entries(&tmp).len() != 1 {
+        return Err(format!("expected the CA directory: {:?}", entries(&tmp)));
+    }
+    signal(&child, Signal::SIGKILL);
+    let _ = child.wait();
+    if !wait_until(|| !host_has_process_with_arg(&marker), 3) {
+        return Err(format!("sleep {marker} survived SIGKILL of the shim"));
+    }
+    if !wait_until(|| entries(&w).is_empty(), 3) {
+        return Err(format!("leftover files: {:?}", entries(&w)));
+    }
+    if !wait_until(|| entries(&tmp).is_empty(), 3) {
+        return Err(format!("leftover CA files: {:?}", entries(&tmp)));
+    }
+    Ok(())
+}
+
+fn proc_inside_shows_only_sandbox_processes() -> TestResult {
+    let fx = Fixture::new("ps");
+    // init (1) and the probe (2).
+    fx.check(&[], &args!["pids"], "[1, 2]")?;
+    let out = fx.shim(&[], &["ps", "-e", "-o", "pid="]).output().unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if pids != ["1", "2"] {
+        return Err(format!("ps shows {pids:?}"));
+    }
+    Ok(())
+}
+
+fn exit_status_passes_through_and_signals_become_128_plus_n() -> TestResult {
+    let fx = Fixture::new("exit");
+    let code = |command: &[&str]| {
+        let out = fx.shim(&[], command).output().unwrap();
+        format!("{:?}", out.status.code())
+    };
+    expect("exit 7", &code(&["sh", "-c", "exit 7"]), "Some(7)")?;
+    expect(
+        "killed by SIGKILL",
+        &code(&["sh", "-c", "kill -KILL $$"]),
+        "Some(137)",
+    )?;
+    expect(
+        "command not found",
+        &code(&["/nonexistent/cmd"]),
+        "Some(127)",
+    )
+}
+
+fn sigterm_to_the_shim_reaches_the_command() -> TestResult {
+    let fx = Fixture::new("sigterm");
+    let w = fx.mkdir("work");
+    let script = format!(
+        "trap 'exit 42' TERM; touch {}/started; while :; do sleep 0.05; done",
+        w.display()
+    );
+    let mut child = fx
+        .shim(&args!["--allow-write", &w], &["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    if !wait_until(|| w.join("started").exists(), 5) {
+        let _ = child.kill();
+        return Err("did not start".into());
+    }
+    signal(&child, Signal::SIGTERM);
+    let status = child.wait().unwrap();
+    expect(
+        "status after SIGTERM",
+        &format!("{:?}", status.code()),
+        "Some(42)",
+    )
+}

@@ -1,0 +1,182 @@
+//! End-to-end tests of the shim as real processes, on the `libtest-mimic` harness (so
+//! `--list`, filters, `--exact`, `--ignored` and `--test-threads` work as with libtest).
+//!
+//! The binary plays two roles. Run normally, it drives the `shim` binary: each test
+//! builds a scratch directory, starts `shim ... -- <this binary> probe ...` and asserts on
+//! the probe's output (an errno name or `ok`) and on what the host sees afterwards. Run
+//! as `probe`, it is the confined command ([`probe`]).
+//!
+//! Every test runs twice when the suite is started as root: `as_root::NAME` in this
+//! process, and `as_user::NAME` in a copy of this binary started as uid/gid 65534 through
+//! `setpriv` (ignored, with the reason, where this machine does not allow unprivileged
+//! user namespaces). Started as another user, only `as_user::NAME` runs, in this process.
+//! Tests run one at a time unless `--test-threads` says otherwise.
+//!
+//! Network rule: every address used here is loopback, or inside the sandbox's own network
+//! namespace.
+
+#![allow(
+    // A `harness = false` binary is not compiled with `cfg(test)`, so clippy's
+    // allow-unwrap-in-tests does not reach it: the whole binary is test code.
+    clippy::unwrap_used,
+    clippy::expect_used,
+    // Children are waited for by `output()`/`status()`, or killed and waited for.
+    clippy::zombie_processes,
+    missing_docs,
+    // The probe issues raw system calls that the sandbox must refuse.
+    unsafe_code
+)]
+
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+/// `args!["write", path]`: strings and paths, as the arguments of a command (an array of
+/// `OsString`).
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        [$(::std::ffi::OsString::from($a)),*]
+    };
+}
+
+/// `cases![f, g]`: test functions with their names (`area::f`, the area being the
+/// module), each name written once.
+macro_rules! cases {
+    ($($f:ident),* $(,)?) => {
+        vec![$((
+            crate::area_name(concat!(module_path!(), "::", stringify!($f))),
+            $f as crate::Test,
+        )),*]
+    };
+}
+
+mod ca;
+mod errors;
+mod fs;
+mod lifecycle;
+mod net;
+mod privileges;
+mod probe;
+mod protect;
+mod support;
+
+/// What a test returns: `Err` says what was expected and what was seen.
+pub(crate) type TestResult = Result<(), String>;
+type Test = fn() -> TestResult;
+
+/// The argument that makes this binary run one test by name (as uid 65534).
+const RUN_ONE: &str = "run-one-unprivileged";
+
+fn all() -> Vec<(&'static str, Test)> {
+    [
+        protect::tests(),
+        fs::tests(),
+        privileges::tests(),
+        net::tests(),
+        lifecycle::tests(),
+        ca::tests(),
+        errors::tests(),
+    ]
+    .concat()
+}
+
+/// `sandbox::net::f` as `net::f`: the crate's name says nothing.
+fn area_name(path: &'static str) -> &'static str {
+    path.split_once("::").map_or(path, |(_, rest)| rest)
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match argv.first().map(String::as_str) {
+        Some("probe") => std::process::exit(probe::main(&argv[1..])),
+        Some(RUN_ONE) => std::process::exit(run_one(argv.get(1).map_or("", String::as_str))),
+        _ => {}
+    }
+    let mut args = Arguments::from_args();
+    // One at a time, as before the harness existed: some tests watch host-wide state
+    // (processes by marker, a TMPDIR's entries) within a few seconds.
+    args.test_threads.get_or_insert(1);
+    let root = nix::unistd::geteuid().is_root();
+    let mut trials = Vec::new();
+    if root {
+        for (name, test) in all() {
+            trials.push(Trial::test(format!("as_root::{name}"), move || {
+                test().map_err(Failed::from)
+            }));
+        }
+    }
+    for (name, test) in all() {
+        trials.push(Trial::ignorable_test(
+            format!("as_user::{name}"),
+            move || {
+                if root {
+                    as_unprivileged(name)
+                } else {
+                    test().map(|()| Completion::Completed).map_err(Failed::from)
+                }
+            },
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// Run the test `name` in this process (the child side of [`as_unprivileged`]).
+fn run_one(name: &str) -> i32 {
+    let Some((_, test)) = all().into_iter().find(|(n, _)| *n == name) else {
+        eprintln!("no test named {name:?}");
+        return 2;
+    };
+    match test() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
+            1
+        }
+    }
+}
+
+/// Run the test `name` in a copy of this binary as uid/gid 65534, with no home.
+fn as_unprivileged(name: &str) -> Result<Completion, Failed> {
+    static USERNS: OnceLock<bool> = OnceLock::new();
+    if !*USERNS.get_or_init(unprivileged_userns_works) {
+        return Ok(Completion::ignored_with(
+            "setpriv/unshare -Ur does not work here (no unprivileged user namespaces)",
+        ));
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(support::me())
+        .args([RUN_ONE, name])
+        .env("HOME", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("setpriv: {e}"))?;
+    if out.status.success() {
+        Ok(Completion::Completed)
+    } else {
+        Err(format!(
+            "as uid 65534 ({:?}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        )
+        .into())
+    }
+}
+
+fn unprivileged_userns_works() -> bool {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "unshare",
+            "-Ur",
+            "true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
