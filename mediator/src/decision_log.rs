@@ -104,6 +104,10 @@ pub struct Record {
     pub rule: Option<String>,
     /// Human-readable detail.
     pub detail: String,
+    /// Denials: what would make it work, as the client was told (not logged: the client's
+    /// answer carries it; a [`Tap`] sees it).
+    #[serde(skip)]
+    pub hint: String,
     /// What exactly failed, when the reason alone does not say how the client was
     /// answered (not logged: [`crate::Denial::http_status`] and
     /// [`crate::Denial::socks_rep`] derive the wire answer from it).
@@ -152,6 +156,8 @@ pub enum Sink {
     File(std::path::PathBuf),
     /// Kept in memory (tests, demo).
     Memory(Arc<Mutex<Vec<String>>>),
+    /// Not written (an embedded mediator whose caller reads its records through a [`Tap`]).
+    Discard,
 }
 
 /// Handle to the decision log; cheap to clone. The writer thread ends (after writing
@@ -237,6 +243,7 @@ impl DecisionLog {
             Sink::Stdout => Box::new(io::stdout()),
             Sink::File(path) => Box::new(open_append(path)?),
             Sink::Memory(lines) => Box::new(MemoryWriter(Arc::clone(lines), Vec::new())),
+            Sink::Discard => Box::new(io::sink()),
         };
         let queue = Arc::new(Queue::default());
         let for_writer = Arc::clone(&queue);

@@ -42,6 +42,21 @@ pub struct GrantSpec {
     pub tls_terminate: Vec<String>,
     /// Per-request rules inside terminated tunnels (`[[authority.request_rule]]`).
     pub request_rules: Vec<RequestRuleSpec>,
+    /// Who can widen this grant: decides what a denial's hint tells an agent to ask for.
+    pub advice: Advice,
+}
+
+/// Who can widen a grant, so that a denial's `hint` names the change that would make the
+/// request work in the terms of whoever makes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Advice {
+    /// An operator, in the configuration: hints name the grant's lists (`add "h:443" to the
+    /// allow list of authority "a"`).
+    #[default]
+    Operator,
+    /// Whoever runs the shim in embedded mode, whose grant is its flags: hints name the
+    /// flags (`add --allow h:443 to the shim command`).
+    ShimFlags,
 }
 
 /// One per-request rule as written (`[[authority.request_rule]]`): requests to hosts
@@ -293,6 +308,7 @@ pub struct Grant {
     request_rules: Vec<RequestRule>,
     /// Index into `deny` of the first global deny entry.
     global_deny_from: usize,
+    advice: Advice,
     allow_index: RuleIndex,
     deny_index: RuleIndex,
 }
@@ -579,6 +595,7 @@ impl Grant {
             tls_terminate,
             request_rules,
             global_deny_from,
+            advice: spec.advice,
         })
     }
 
@@ -615,9 +632,14 @@ impl Grant {
             } else {
                 (
                     format!("{target} matches deny entry \"{rule}\" of authority \"{name}\""),
-                    format!(
-                        "the grant of authority \"{name}\" denies this destination; an operator would have to replace the authority without deny entry \"{rule}\""
-                    ),
+                    match self.advice {
+                        Advice::Operator => format!(
+                            "the grant of authority \"{name}\" denies this destination; an operator would have to replace the authority without deny entry \"{rule}\""
+                        ),
+                        Advice::ShimFlags => format!(
+                            "the shim command denies this destination: remove --deny {rule} from it"
+                        ),
+                    },
                 )
             };
             return Decision::deny(Reason::DeniedByRule, detail, hint).with_rule(rule.clone());
@@ -625,11 +647,13 @@ impl Grant {
 
         let found = self.allow_index.lookup(&self.allow, target);
         let Some(i) = found.full else {
-            let hint = format!(
-                "add \"{}:{}\" to the allow list of authority \"{name}\"",
-                target.host.to_uri_host(),
-                target.port
-            );
+            let entry = format!("{}:{}", target.host.to_uri_host(), target.port);
+            let hint = match self.advice {
+                Advice::Operator => {
+                    format!("add \"{entry}\" to the allow list of authority \"{name}\"")
+                }
+                Advice::ShimFlags => format!("add --allow {entry} to the shim command"),
+            };
             let Some(first) = found.host_only else {
                 return Decision::deny(
                     Reason::NotInAllowlist,
@@ -746,11 +770,17 @@ impl Grant {
                 Some(_) => detail,
                 None => format!("{} resolved to {ip}; {detail}", target.host),
             };
-            let hint = format!(
-                "only globally reachable addresses are connected to; if this destination is intended, an operator can add \"{}\" to allow_private of authority {:?}",
-                IpNet::from(ip),
-                self.name
-            );
+            let hint = match self.advice {
+                Advice::Operator => format!(
+                    "only globally reachable addresses are connected to; if this destination is intended, an operator can add \"{}\" to allow_private of authority {:?}",
+                    IpNet::from(ip),
+                    self.name
+                ),
+                Advice::ShimFlags => format!(
+                    "only globally reachable addresses are connected to; if this destination is intended, add --allow-private {} to the shim command",
+                    IpNet::from(ip)
+                ),
+            };
             return Err(Decision::deny(reason, detail, hint));
         }
         Ok(Pin(addrs.to_vec()))

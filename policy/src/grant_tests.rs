@@ -16,6 +16,7 @@ fn grant(allow: &[&str], deny: &[&str], allow_private: &[&str], global: &[&str])
         sni_check: true,
         tls_terminate: Vec::new(),
         request_rules: Vec::new(),
+        advice: Advice::Operator,
     };
     Grant::new(&spec, &strings(global)).unwrap()
 }
@@ -310,6 +311,7 @@ fn new_reports_every_bad_entry() {
         sni_check: false,
         tls_terminate: strings(&["*.co.uk"]),
         request_rules: Vec::new(),
+        advice: Advice::Operator,
     };
     let Err(PolicyError::Config(errors)) = Grant::new(&spec, &strings(&["*.", "*:25"])) else {
         panic!("expected a config error");
@@ -577,6 +579,7 @@ fn accessors_and_tls_terminate() {
         sni_check: true,
         tls_terminate: strings(&["*.example.com"]),
         request_rules: Vec::new(),
+        advice: Advice::Operator,
     };
     let g = Grant::new(&spec, &strings(&["*:25"])).unwrap();
     assert_eq!(g.name(), "agent-b");
@@ -942,4 +945,43 @@ mod request_rules {
         )
         .unwrap();
     }
+}
+
+#[test]
+fn hints_name_the_shim_flags_when_the_shim_owns_the_grant() {
+    let spec = GrantSpec {
+        name: "shim".into(),
+        allow: strings(&["origin.test:80"]),
+        deny: strings(&["bad.origin.test"]),
+        advice: Advice::ShimFlags,
+        ..GrantSpec::default()
+    };
+    let g = Grant::new(&spec, &[]).unwrap();
+    let hint = |t: &str| g.decide(&target(t)).hint;
+    assert_eq!(
+        hint("api.example.com:443"),
+        "add --allow api.example.com:443 to the shim command"
+    );
+    assert_eq!(
+        hint("origin.test:8080"),
+        "add --allow origin.test:8080 to the shim command"
+    );
+    assert_eq!(
+        hint("bad.origin.test:80"),
+        "the shim command denies this destination: remove --deny bad.origin.test from it"
+    );
+    let private = g
+        .vet(
+            &target("origin.test:80"),
+            &["127.0.0.1".parse().unwrap()],
+            &OwnAddrs::default(),
+        )
+        .unwrap_err();
+    assert!(
+        private
+            .hint
+            .ends_with("add --allow-private 127.0.0.1/32 to the shim command"),
+        "{}",
+        private.hint
+    );
 }

@@ -26,6 +26,6 @@ pub mod upstream;
 pub use classify::{AddrClass, classify};
 pub use decision::{Decision, Reason, Verdict};
 pub use error::PolicyError;
-pub use grant::{EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_entry};
+pub use grant::{Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_entry};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use sni::{SniMismatch, check_sni};

@@ -3,16 +3,15 @@
 //! the same `policy` code as `mediator.toml`. Connections from the sandbox's loopback
 //! listener are handed to it directly: no socket file exists at all.
 
-use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use policy::EntryKind;
 
 use crate::error::{BadFlag, Error, Result};
-use crate::report::Denial;
+use crate::report::{Denial, Denials};
 
 /// The authority name of the embedded grant (what the decision log shows).
 pub(crate) const AUTHORITY: &str = "shim";
@@ -43,22 +42,29 @@ pub(crate) fn config(
     if !problems.is_empty() {
         return Err(Error::Grant(problems));
     }
-    let mut authority = toml::Table::new();
-    authority.insert("name".into(), AUTHORITY.into());
-    let list = |v: &[String]| {
-        toml::Value::Array(v.iter().map(|s| toml::Value::String(s.clone())).collect())
+    let spec = policy::GrantSpec {
+        name: AUTHORITY.to_owned(),
+        allow: allow.to_vec(),
+        deny: deny.to_vec(),
+        allow_private: allow_private.to_vec(),
+        sni_check: true,
+        // The grant is the command line: hints name the flags that would widen it.
+        advice: policy::Advice::ShimFlags,
+        ..policy::GrantSpec::default()
     };
-    authority.insert("allow".into(), list(allow));
-    authority.insert("deny".into(), list(deny));
-    authority.insert("allow_private".into(), list(allow_private));
-    let mut doc = toml::Table::new();
-    doc.insert(
-        "authority".into(),
-        toml::Value::Array(vec![toml::Value::Table(authority)]),
-    );
-    let text = toml::to_string(&doc).map_err(|e| Error::Usage(format!("embedded grant: {e}")))?;
-    policy::config::parse(&text, "embedded grant (--allow/--deny/--allow-private)")
-        .map_err(|e| Error::Usage(e.to_string()))
+    let grant = policy::Grant::new(&spec, &[]).map_err(|e| Error::Usage(e.to_string()))?;
+    // Every other section at its defaults.
+    let mut config =
+        policy::config::parse("", "embedded mode").map_err(|e| Error::Usage(e.to_string()))?;
+    config.authorities.push(policy::config::Authority {
+        grant,
+        token_sha256: None,
+        socket_mode: 0o600,
+        socket_uid: None,
+        socket_gid: None,
+        watchdog: None,
+    });
+    Ok(config)
 }
 
 /// `value` of `flag` checked alone, as the grant will parse it.
@@ -76,8 +82,7 @@ pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
     running: Arc<mediator::Running>,
     accept: tokio::task::JoinHandle<()>,
-    memory: Arc<Mutex<Vec<String>>>,
-    log_file: Option<(PathBuf, u64)>,
+    denials: Arc<Denials>,
     /// Connections accepted from the sandbox.
     pub(crate) connections: Arc<AtomicU64>,
 }
@@ -86,8 +91,9 @@ impl Embedded {
     /// Start the mediator and serve `listener`. Must be called after the sandbox is
     /// cloned (it starts threads).
     ///
-    /// `decision_log`: append the decision log to this file (else it is kept in memory
-    /// for `--report`).
+    /// `decision_log`: append the decision log to this file (else it is not written). The
+    /// run's denials are collected from the mediator's records as they are taken, for
+    /// `--report`.
     ///
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if the mediator
@@ -103,23 +109,25 @@ impl Embedded {
             .enable_all()
             .build()
             .map_err(|e| Error::io("start the embedded mediator's runtime", e))?;
-        let memory = Arc::new(Mutex::new(Vec::new()));
-        let (sink, log_file) = match decision_log {
-            Some(p) => {
-                let start = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-                (
-                    mediator::Sink::File(p.to_owned()),
-                    Some((p.to_owned(), start)),
-                )
-            }
-            None => (mediator::Sink::Memory(Arc::clone(&memory)), None),
+        let sink = match decision_log {
+            Some(p) => mediator::Sink::File(p.to_owned()),
+            None => mediator::Sink::Discard,
+        };
+        let denials = Arc::new(Denials::default());
+        let tap: mediator::Tap = {
+            let denials = Arc::clone(&denials);
+            Arc::new(move |rec: &mediator::Record| {
+                if let Some(d) = denial_of(rec) {
+                    denials.push(d);
+                }
+            })
         };
         let running = runtime
             .block_on(mediator::start(
                 config,
                 mediator::Options {
                     sink: Some(sink),
-                    tap: None,
+                    tap: Some(tap),
                 },
             ))
             .map_err(|e| Error::Channel {
@@ -148,15 +156,15 @@ impl Embedded {
             runtime,
             running,
             accept,
-            memory,
-            log_file,
+            denials,
             connections,
         })
     }
 
     /// Stop (the sandbox is gone, so connections are closing), flush the decision log and
-    /// return the denials it recorded during the run.
-    pub(crate) fn finish(self) -> Vec<Denial> {
+    /// return the denials taken during the run (at most [`crate::report::MAX_DENIALS`]) and
+    /// how many more there were.
+    pub(crate) fn finish(self) -> (Vec<Denial>, u64) {
         self.accept.abort();
         let log = self.running.log().clone();
         let _ = self.runtime.block_on(self.accept);
@@ -166,69 +174,31 @@ impl Embedded {
             });
         }
         log.flush();
-        let lines: Vec<String> = match &self.log_file {
-            None => self.memory.lock().map(|l| l.clone()).unwrap_or_default(),
-            Some((path, offset)) => read_from(path, *offset),
-        };
         self.runtime.shutdown_timeout(Duration::from_millis(200));
-        lines
-            .iter()
-            .filter_map(|l| denial_from_log_line(l))
-            .collect()
+        self.denials.take()
     }
 }
 
-fn read_from(path: &Path, offset: u64) -> Vec<String> {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    if f.seek(std::io::SeekFrom::Start(offset)).is_err() {
-        return Vec::new();
-    }
-    std::io::BufReader::new(f)
-        .lines()
-        .map_while(std::result::Result::ok)
-        .collect()
-}
-
-/// A denial from one decision-log line (design section 10), `None` for other lines.
-pub(crate) fn denial_from_log_line(line: &str) -> Option<Denial> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    if v.get("event")?.as_str()? != "decision" || v.get("decision")?.as_str()? != "deny" {
+/// The report's denial of one mediator record: a decision that denied, with the status or
+/// SOCKS5 reply code the client was answered with (the mediator's own mapping).
+fn denial_of(rec: &mediator::Record) -> Option<Denial> {
+    if rec.event != mediator::vocab::Event::Decision || rec.decision != policy::Verdict::Deny {
         return None;
     }
-    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
-    // The protocol as the decision log names it (`connect` for an HTTP CONNECT).
-    let protocol = match v.get("protocol").and_then(|p| p.as_str()) {
-        Some("socks5") => "socks5",
-        Some("connect") => "connect",
-        Some("tls") => "tls",
-        _ => "http",
+    let status = match rec.protocol {
+        mediator::Protocol::Socks5 => u16::from(mediator::denial::socks_rep(rec.reason, rec.cause)),
+        mediator::Protocol::Connect | mediator::Protocol::Http | mediator::Protocol::Tls => {
+            mediator::denial::http_status(rec.reason, rec.cause)
+        }
     };
-    // The status the client got: the mediator derives it from the reason alone.
-    let reason = v.get("reason").and_then(|r| r.as_str());
-    let status = policy::decision::Reason::ALL
-        .iter()
-        .find(|r| Some(r.as_str()) == reason)
-        .map_or(403, |r| {
-            let d = mediator::Denial::new(*r, "", "");
-            if protocol == "socks5" {
-                u16::from(d.socks_rep())
-            } else {
-                d.http_status()
-            }
-        });
     Some(Denial {
-        protocol,
+        protocol: rec.protocol.as_str(),
         status,
-        reason: s("reason"),
-        host: s("host"),
-        port: v
-            .get("port")
-            .and_then(|p| p.as_u64())
-            .and_then(|p| u16::try_from(p).ok()),
-        detail: s("detail"),
-        hint: None,
+        reason: Some(rec.reason.as_str().to_owned()),
+        host: rec.host.clone(),
+        port: rec.port,
+        detail: Some(rec.detail.clone()),
+        hint: (!rec.hint.is_empty()).then(|| rec.hint.clone()),
     })
 }
 
@@ -285,13 +255,87 @@ mod tests {
         assert!(e.starts_with(r"--allow 'it'\''s': "), "{e}");
     }
 
+    fn record(
+        protocol: mediator::Protocol,
+        reason: policy::Reason,
+        cause: mediator::Cause,
+    ) -> mediator::Record {
+        mediator::Record {
+            event: mediator::vocab::Event::Decision,
+            ts: "2026-12-01T00:00:00.000Z".into(),
+            id: 1,
+            conn: 1,
+            authority: Some(AUTHORITY.into()),
+            channel: mediator::vocab::Channel::Embedded,
+            peer: mediator::decision_log::Peer::Embedded,
+            protocol,
+            host: Some("evil.example".into()),
+            port: Some(443),
+            decision: policy::Verdict::Deny,
+            reason,
+            rule: None,
+            detail: "d".into(),
+            hint: "add --allow evil.example:443 to the shim command".into(),
+            cause,
+            pin: None,
+            route: None,
+            dns_ms: None,
+            connect_ms: None,
+            bytes_up: None,
+            bytes_down: None,
+            duration_ms: None,
+            close_reason: None,
+            method: None,
+            path: None,
+        }
+    }
+
     #[test]
-    fn denial_lines_are_recognised() {
-        let line = r#"{"event":"decision","ts":"t","id":1,"conn":1,"authority":"shim","channel":"embedded","peer":{},"protocol":"connect","host":"evil.example","port":443,"decision":"deny","reason":"not_in_allowlist","detail":"d"}"#;
-        let d = denial_from_log_line(line).unwrap();
+    fn denials_carry_the_answer_the_client_got() {
+        use mediator::{Cause, Protocol};
+        use policy::Reason;
+        let d = denial_of(&record(
+            Protocol::Connect,
+            Reason::NotInAllowlist,
+            Cause::Policy,
+        ))
+        .unwrap();
+        assert_eq!((d.protocol, d.status), ("connect", 403));
         assert_eq!(d.reason.as_deref(), Some("not_in_allowlist"));
-        assert_eq!(d.port, Some(443));
-        assert_eq!((d.protocol, d.status, d.hint), ("connect", 403, None));
-        assert!(denial_from_log_line(&line.replace("\"deny\"", "\"allow\"")).is_none());
+        assert_eq!(
+            (d.host.as_deref(), d.port),
+            (Some("evil.example"), Some(443))
+        );
+        assert_eq!(
+            d.hint.as_deref(),
+            Some("add --allow evil.example:443 to the shim command")
+        );
+        // A timeout is a 504 (HTTP) or REP 0x04 (SOCKS5), not the reason's default.
+        let t = denial_of(&record(
+            Protocol::Http,
+            Reason::UpstreamFailure,
+            Cause::ConnectTimeout,
+        ));
+        assert_eq!(t.unwrap().status, 504);
+        let t = denial_of(&record(
+            Protocol::Socks5,
+            Reason::UpstreamFailure,
+            Cause::ConnectRefused,
+        ));
+        assert_eq!(t.unwrap().status, 5);
+        let mut allow = record(Protocol::Connect, Reason::Allowed, Cause::Policy);
+        allow.decision = policy::Verdict::Allow;
+        assert!(denial_of(&allow).is_none());
+    }
+
+    #[test]
+    fn the_embedded_grant_advises_shim_flags() {
+        let c = config(&["origin.test:80".into()], &[], &[]).unwrap();
+        let target = policy::parse_authority_form("api.example.com:443").unwrap();
+        let d = c.authorities[0].grant.decide(&target);
+        assert_eq!(
+            d.hint,
+            "add --allow api.example.com:443 to the shim command"
+        );
     }
 }

@@ -54,7 +54,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             socket.display().to_string(),
             stats.connections.load(Ordering::Relaxed),
             stats.channel_errors.load(Ordering::Relaxed),
-            stats.denials.lock().map(|d| d.clone()).unwrap_or_default(),
+            stats.denials.take(),
             "relay: denials seen in the mediator's replies on this run's channel",
         ),
         Serving::Embedded(e) => {
@@ -64,14 +64,14 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
                 connections,
                 0,
                 e.finish(),
-                "decision log of the embedded mediator",
+                "the embedded mediator's decisions",
             )
         }
         Serving::Nothing => (
             String::new(),
             0,
             0,
-            Vec::new(),
+            (Vec::new(), 0),
             "none: the sandbox did not start",
         ),
     };
@@ -82,7 +82,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             exit_status: outcome.exit_status,
             connections,
             channel_errors,
-            denials: &denials,
+            denials: &denials.0,
+            denials_dropped: denials.1,
             source,
             tampering: &outcome.tampering,
         }

@@ -9,10 +9,10 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-use crate::report::Denial;
+use crate::report::{Denial, Denials};
 
 /// What the relay counted during the run.
 #[derive(Debug, Default)]
@@ -22,7 +22,7 @@ pub(crate) struct RelayStats {
     /// Connections that could not reach the mediator socket.
     pub(crate) channel_errors: AtomicU64,
     /// Denials seen in mediator replies.
-    pub(crate) denials: Mutex<Vec<Denial>>,
+    pub(crate) denials: Denials,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -71,9 +71,7 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
             match inspect_reply(&sniff) {
                 Sniff::NeedMore if sniff.len() < 16 * 1024 => {}
                 Sniff::Denied(d) => {
-                    if let Ok(mut v) = stats.denials.lock() {
-                        v.push(d);
-                    }
+                    stats.denials.push(d);
                     sniffing = false;
                 }
                 _ => sniffing = false,
@@ -85,9 +83,7 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     }
     if sniffing {
         if let Sniff::Denied(d) = inspect_reply_final(&sniff) {
-            if let Ok(mut v) = stats.denials.lock() {
-                v.push(d);
-            }
+            stats.denials.push(d);
         }
     }
     let _ = c_write.shutdown(Shutdown::Write);

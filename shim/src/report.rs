@@ -7,6 +7,8 @@
 //! secret: a denial carries only what the mediator's reply or decision log showed.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
@@ -16,7 +18,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Denial {
     /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
-    /// decision log's `protocol` (`connect`, `http`, `socks5` or `tls`).
+    /// decision's protocol (`connect`, `http`, `socks5` or `tls`).
     pub(crate) protocol: &'static str,
     /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
     pub(crate) status: u16,
@@ -29,10 +31,46 @@ pub(crate) struct Denial {
     pub(crate) port: Option<u16>,
     /// The mediator's `detail`.
     pub(crate) detail: Option<String>,
-    /// The mediator's `hint`, as the relay saw it in the reply; omitted in embedded mode
-    /// (the decision log does not carry it).
+    /// The mediator's `hint`: what would make it work, as the client was told.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hint: Option<String>,
+}
+
+/// Most denials a report lists; later ones are counted in `denials_dropped`, not kept.
+pub(crate) const MAX_DENIALS: usize = 10_000;
+
+/// The denials of one run, as they are seen (from the relay's threads or the embedded
+/// mediator's connections): at most [`MAX_DENIALS`] kept, the rest counted.
+#[derive(Debug, Default)]
+pub(crate) struct Denials {
+    kept: Mutex<Vec<Denial>>,
+    dropped: AtomicU64,
+}
+
+impl Denials {
+    /// Records one denial.
+    pub(crate) fn push(&self, d: Denial) {
+        let mut kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.len() < MAX_DENIALS {
+            kept.push(d);
+        } else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The denials kept, in order, and how many more were seen.
+    pub(crate) fn take(&self) -> (Vec<Denial>, u64) {
+        let kept = std::mem::take(
+            &mut *self
+                .kept
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        (kept, self.dropped.load(Ordering::Relaxed))
+    }
 }
 
 /// One path the command created that would have run code on the host, renamed aside.
@@ -68,8 +106,10 @@ pub(crate) struct Report<'a> {
     pub(crate) connections: u64,
     /// Connections that could not reach the mediator socket.
     pub(crate) channel_errors: u64,
-    /// Denials, in the order they were seen.
+    /// Denials, in the order they were seen (at most [`MAX_DENIALS`]).
     pub(crate) denials: &'a [Denial],
+    /// Denials seen beyond [`MAX_DENIALS`].
+    pub(crate) denials_dropped: u64,
     /// Where the denials come from.
     pub(crate) source: &'static str,
     /// Paths the command created that would have run code on the host (a new
@@ -120,6 +160,7 @@ mod tests {
             connections: 1,
             channel_errors: 0,
             denials: &denials,
+            denials_dropped: 0,
             source: "test",
             tampering: &tampering,
         };
@@ -133,9 +174,29 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["exit_status"], 3);
         assert_eq!(v["denials"][0]["host"], "blocked.test");
-        // `hint` is omitted when absent (embedded mode); the other options are null.
+        // `hint` is omitted when absent; the other options are null.
         assert!(v["denials"][0].get("hint").is_none());
         assert!(v["denials"][0]["detail"].is_null());
         assert_eq!(v["tampering"][0]["path"], "/w/.git/commondir");
+        assert_eq!(v["denials_dropped"], 0);
+    }
+
+    #[test]
+    fn denials_beyond_the_bound_are_counted_not_kept() {
+        let denials = Denials::default();
+        let one = Denial {
+            protocol: "http",
+            status: 403,
+            reason: None,
+            host: None,
+            port: None,
+            detail: None,
+            hint: None,
+        };
+        for _ in 0..MAX_DENIALS + 3 {
+            denials.push(one.clone());
+        }
+        let (kept, dropped) = denials.take();
+        assert_eq!((kept.len(), dropped), (MAX_DENIALS, 3));
     }
 }

@@ -64,6 +64,7 @@ pub(crate) fn base(
         reason: Reason::MalformedTarget,
         rule: None,
         detail: String::new(),
+        hint: String::new(),
         cause: Cause::Policy,
         pin: None,
         route: None,
@@ -180,6 +181,7 @@ fn fill_deny(rec: &mut Record, denial: &Denial) {
     rec.cause = denial.cause;
     rec.rule.clone_from(&denial.rule);
     rec.detail.clone_from(&denial.detail);
+    rec.hint.clone_from(&denial.hint);
 }
 
 /// Counts, keeps (denials) and writes one decision line.

@@ -210,6 +210,7 @@ impl Validator<'_> {
             sni_check: raw.sni_check.unwrap_or(true),
             tls_terminate: strings(raw.tls_terminate.as_ref()),
             request_rules: request_rule_specs(raw),
+            advice: crate::grant::Advice::Operator,
         };
         let grant = match Grant::build(&spec, global_deny) {
             Ok(g) => Some(g),

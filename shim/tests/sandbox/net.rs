@@ -175,7 +175,8 @@ fn embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others() -> TestR
         &denial["protocol"].to_string(),
         "\"http\"",
     )?;
-    // A CONNECT denial is labelled as the decision log labels it.
+    // A CONNECT denial is labelled as the decision log labels it, and its hint names the
+    // flag that would allow it.
     expect(
         "CONNECT denied",
         &run(
@@ -189,6 +190,6 @@ fn embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others() -> TestR
     expect(
         "CONNECT report",
         &format!("{} {} {}", d["protocol"], d["status"], d["hint"]),
-        "\"connect\" 403 null",
+        "\"connect\" 403 \"add --allow denied.test:443 to the shim command\"",
     )
 }
