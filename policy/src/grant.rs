@@ -317,9 +317,37 @@ pub struct Grant {
 /// `name`), and the full message (`invalid allow entry "*.com": ...`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EntryError {
-    pub(crate) field: &'static str,
+    pub(crate) field: GrantField,
     pub(crate) index: usize,
     pub(crate) message: String,
+}
+
+/// The field of a grant an [`EntryError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantField {
+    Name,
+    Allow,
+    Deny,
+    /// `[global] deny`, whose entries every grant holds after its own.
+    GlobalDeny,
+    AllowPrivate,
+    TlsTerminate,
+    RequestRule,
+}
+
+impl GrantField {
+    /// The key as written in the configuration (`global deny` for `[global] deny`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Name => "name",
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::GlobalDeny => "global deny",
+            Self::AllowPrivate => "allow_private",
+            Self::TlsTerminate => "tls_terminate",
+            Self::RequestRule => "request_rule",
+        }
+    }
 }
 
 /// A fast, unkeyed hasher (the FxHash mix) for the rule index. Hash flooding is not a
@@ -545,15 +573,15 @@ impl Grant {
         let mut errors = Vec::new();
         if let Err(message) = check_authority_name(&spec.name) {
             errors.push(EntryError {
-                field: "name",
+                field: GrantField::Name,
                 index: 0,
                 message,
             });
         }
-        let mut patterns = |field: &'static str, entries: &[String], usage: PatternUse| {
+        let mut patterns = |field: GrantField, entries: &[String], usage: PatternUse| {
             let mut out = Vec::with_capacity(entries.len());
             for (index, entry) in entries.iter().enumerate() {
-                match HostPattern::parse(field, entry, usage) {
+                match HostPattern::parse(field.as_str(), entry, usage) {
                     Ok(p) => out.push(p),
                     Err(e) => errors.push(EntryError {
                         field,
@@ -564,18 +592,26 @@ impl Grant {
             }
             out
         };
-        let allow = patterns("allow", &spec.allow, PatternUse::Allow);
-        let mut deny = patterns("deny", &spec.deny, PatternUse::Deny);
+        let allow = patterns(GrantField::Allow, &spec.allow, PatternUse::Allow);
+        let mut deny = patterns(GrantField::Deny, &spec.deny, PatternUse::Deny);
         let global_deny_from = deny.len();
-        deny.extend(patterns("global deny", global_deny, PatternUse::Deny));
-        let tls_terminate = patterns("tls_terminate", &spec.tls_terminate, PatternUse::Allow);
+        deny.extend(patterns(
+            GrantField::GlobalDeny,
+            global_deny,
+            PatternUse::Deny,
+        ));
+        let tls_terminate = patterns(
+            GrantField::TlsTerminate,
+            &spec.tls_terminate,
+            PatternUse::Allow,
+        );
         let request_rules = build_request_rules(&spec.request_rules, &tls_terminate, &mut errors);
         let mut allow_private = Vec::with_capacity(spec.allow_private.len());
         for (index, entry) in spec.allow_private.iter().enumerate() {
             match parse_allow_private(entry) {
                 Ok(net) => allow_private.push(net),
                 Err(e) => errors.push(EntryError {
-                    field: "allow_private",
+                    field: GrantField::AllowPrivate,
                     index,
                     message: e.to_string(),
                 }),
@@ -878,7 +914,7 @@ fn build_request_rules(
         let position = index + 1;
         let mut fail = |message: String| {
             errors.push(EntryError {
-                field: "request_rule",
+                field: GrantField::RequestRule,
                 index,
                 message: format!("request_rule[{position}]: {message}"),
             });

@@ -30,7 +30,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use policy::config::{Timeouts, Upstream};
+use policy::config::{Timeouts, Upstream, UpstreamMode};
 use policy::upstream::{Credentials, PacOnError, PacSource, ParentScheme, ParentUrl};
 use policy::{Pin, Target, parse_authority_form};
 use tokio::net::TcpStream;
@@ -302,8 +302,8 @@ impl Router {
             failed: Mutex::new(HashMap::new()),
             resolver: Arc::clone(&resolver),
         };
-        match upstream.mode.as_str() {
-            "parent" => {
+        match upstream.mode {
+            UpstreamMode::Parent => {
                 let routes = upstream
                     .parents
                     .iter()
@@ -311,7 +311,7 @@ impl Router {
                     .collect();
                 router.strategy = Strategy::Static(routes);
             }
-            "env" => {
+            UpstreamMode::Env => {
                 let found = env::EnvProxies::read(getenv)?;
                 let tunnel = found
                     .https
@@ -334,7 +334,7 @@ impl Router {
                     no_proxy: found.no_proxy,
                 };
             }
-            "pac" => {
+            UpstreamMode::Pac => {
                 for allowed in &upstream.allowed_parents {
                     for scheme in [ParentScheme::Http, ParentScheme::Socks5] {
                         let url = ParentUrl {
@@ -401,7 +401,7 @@ impl Router {
                 }
                 return Ok(router);
             }
-            _ => {}
+            UpstreamMode::Direct => {}
         }
         Ok(Arc::new(router))
     }

@@ -14,7 +14,7 @@ use toml::de::{DeTable, DeValue};
 use super::raw::RawAuthority;
 use super::validate::{Ctx, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
-use crate::grant::{Grant, GrantSpec, RequestRuleSpec};
+use crate::grant::{Grant, GrantField, GrantSpec, RequestRuleSpec};
 
 /// One validated `[[authority]]`: its frozen grant and how its channel socket is made.
 #[derive(Debug)]
@@ -216,22 +216,22 @@ impl Validator<'_> {
             Ok(g) => Some(g),
             Err(errors) => {
                 for e in errors {
-                    let list = match e.field {
-                        "allow" => raw.allow.as_ref(),
-                        "deny" => raw.deny.as_ref(),
-                        "allow_private" => raw.allow_private.as_ref(),
-                        "tls_terminate" => raw.tls_terminate.as_ref(),
-                        _ => None,
+                    let entry = |list: Option<&Vec<Spanned<String>>>| {
+                        list.and_then(|l| l.get(e.index)).map(Spanned::span)
                     };
-                    let at = match (e.field, list) {
-                        ("name", _) => raw.name.as_ref().map(Spanned::span),
-                        ("request_rule", _) => raw
+                    let at = match e.field {
+                        GrantField::Name => raw.name.as_ref().map(Spanned::span),
+                        GrantField::Allow => entry(raw.allow.as_ref()),
+                        GrantField::Deny => entry(raw.deny.as_ref()),
+                        GrantField::AllowPrivate => entry(raw.allow_private.as_ref()),
+                        GrantField::TlsTerminate => entry(raw.tls_terminate.as_ref()),
+                        GrantField::RequestRule => raw
                             .request_rule
                             .as_ref()
                             .and_then(|rules| rules.get(e.index))
                             .map(Spanned::span),
-                        (_, Some(list)) => list.get(e.index).map(Spanned::span),
-                        _ => None,
+                        // Located by the [global] table's own check.
+                        GrantField::GlobalDeny => None,
                     };
                     self.error(at.or_else(|| Some(span.clone())), label, e.message);
                 }

@@ -38,7 +38,7 @@ use raw::{
 use validate::{Ctx, Validator};
 
 pub use authority::{Authority, FieldError, parse_authority};
-pub use upstream::Upstream;
+pub use upstream::{Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
 /// A validated `mediator.toml`: every value checked and in its typed form, every grant

@@ -354,7 +354,7 @@ parent_credentials_file = "/etc/egress/parents.cred"
     )
     .unwrap();
     let u = c.upstream;
-    assert_eq!(u.mode, "pac");
+    assert_eq!(u.mode, super::UpstreamMode::Pac);
     assert_eq!(
         u.pac,
         Some(PacSource::Url("https://pac.corp.example/proxy.pac".into()))

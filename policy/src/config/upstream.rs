@@ -15,11 +15,46 @@ use crate::upstream::{
     PacOnError, PacSource, ParentSyntax, ParentUrl, parse_pac_source, parse_parent_url,
 };
 
+/// `[upstream] mode` (design section 8): how a route is chosen after the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamMode {
+    /// Straight to the pinned address (`"direct"`, the default).
+    #[default]
+    Direct,
+    /// The configured `parents`, left to right (`"parent"`).
+    Parent,
+    /// The mediator's own proxy environment, as curl reads it (`"env"`).
+    Env,
+    /// A PAC script, per destination (`"pac"`).
+    Pac,
+}
+
+impl UpstreamMode {
+    /// Every mode, in the order the documentation lists them.
+    pub const ALL: [Self; 4] = [Self::Direct, Self::Parent, Self::Env, Self::Pac];
+
+    /// The configuration string: `direct`, `parent`, `env` or `pac`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Parent => "parent",
+            Self::Env => "env",
+            Self::Pac => "pac",
+        }
+    }
+}
+
+impl std::fmt::Display for UpstreamMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `[upstream]` (design section 8): how allowed connections are routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
-    /// `"direct"`, `"parent"`, `"env"` or `"pac"`.
-    pub mode: String,
+    /// How routes are chosen.
+    pub mode: UpstreamMode,
     /// Whether CONNECTs to a parent name the pinned IP (default) or the canonical host.
     pub pin_through_parent: bool,
     /// `mode = "parent"`: the parents, tried left to right on connection-level failure.
@@ -55,7 +90,7 @@ impl Default for Upstream {
     /// `mode = "direct"` with the documented defaults.
     fn default() -> Self {
         Self {
-            mode: "direct".into(),
+            mode: UpstreamMode::Direct,
             pin_through_parent: true,
             parents: Vec::new(),
             pac: None,
@@ -77,25 +112,25 @@ impl Validator<'_> {
     /// is an error, not ignored), and the tuning values' ranges.
     pub(super) fn upstream(&mut self, raw: RawUpstream) -> Upstream {
         let what = "[upstream]";
-        let mode = raw
-            .mode
-            .as_ref()
-            .map_or("direct", |m| m.get_ref().as_str())
-            .to_owned();
-        if let Some(m) = &raw.mode {
-            if !["direct", "parent", "env", "pac"].contains(&m.get_ref().as_str()) {
-                self.error(
-                    Some(m.span()),
-                    what,
-                    format!(
-                        "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\"",
-                        m.get_ref()
-                    ),
-                );
-            }
-        }
+        let mode = match &raw.mode {
+            None => UpstreamMode::Direct,
+            Some(m) => match UpstreamMode::ALL.iter().find(|v| v.as_str() == m.get_ref()) {
+                Some(mode) => *mode,
+                None => {
+                    self.error(
+                        Some(m.span()),
+                        what,
+                        format!(
+                            "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\"",
+                            m.get_ref()
+                        ),
+                    );
+                    UpstreamMode::Direct
+                }
+            },
+        };
         let mut out = Upstream {
-            mode: mode.clone(),
+            mode,
             pin_through_parent: raw.pin_through_parent.unwrap_or(true),
             ..Upstream::default()
         };
@@ -111,7 +146,7 @@ impl Validator<'_> {
         };
 
         // parents: mode = "parent" only, and then required.
-        if mode == "parent" {
+        if mode == UpstreamMode::Parent {
             let list = raw.parents.as_ref().map(|p| p.get_ref().as_slice());
             if list.is_none_or(<[_]>::is_empty) {
                 self.error(
@@ -134,12 +169,12 @@ impl Validator<'_> {
             self.error(
                 Some(span),
                 what,
-                format!("parents is only used with mode = \"parent\", not {mode:?}"),
+                format!("parents is only used with mode = \"parent\", not \"{mode}\""),
             );
         }
 
         // pac, allowed_parents, pac_fetch_via: mode = "pac" only.
-        if mode == "pac" {
+        if mode == UpstreamMode::Pac {
             match raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
                 None => self.error(
                     raw.mode.as_ref().map(Spanned::span),
@@ -193,7 +228,7 @@ impl Validator<'_> {
                     self.error(
                         Some(span),
                         what,
-                        format!("{key} is only used with mode = \"pac\", not {mode:?}"),
+                        format!("{key} is only used with mode = \"pac\", not \"{mode}\""),
                     );
                 }
             }
