@@ -20,7 +20,7 @@ use crate::error::Error;
 
 /// The proxy settings found in the environment.
 #[derive(Debug, Clone, Default)]
-pub struct EnvProxies {
+pub(crate) struct EnvProxies {
     /// `https_proxy` / `HTTPS_PROXY`.
     pub https: Option<ParentUrl>,
     /// `http_proxy` / `HTTP_PROXY`.
@@ -39,7 +39,7 @@ impl EnvProxies {
     /// [`Error::Upstream`] naming the variable when a value cannot be used (a SOCKS4 or
     /// `https://` proxy, a bad host or port): the mediator refuses to start rather than
     /// silently connect directly.
-    pub fn read(get: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
+    pub(crate) fn read(get: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let var = |lower: &str| -> Option<(String, String)> {
             let upper = lower.to_ascii_uppercase();
             [lower.to_owned(), upper]
@@ -65,7 +65,8 @@ impl EnvProxies {
     /// The parent for a destination, or `None` for DIRECT: `tunnel` selects
     /// `HTTPS_PROXY` (else `HTTP_PROXY`), with `ALL_PROXY` as the fallback; a `NO_PROXY`
     /// match means DIRECT.
-    pub fn select(&self, tunnel: bool, target: &Target) -> Option<&ParentUrl> {
+    #[cfg(test)]
+    pub(crate) fn select(&self, tunnel: bool, target: &Target) -> Option<&ParentUrl> {
         if self.no_proxy.matches(target) {
             return None;
         }
@@ -76,7 +77,7 @@ impl EnvProxies {
 
 /// A parsed `NO_PROXY` list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NoProxy {
+pub(crate) struct NoProxy {
     all: bool,
     entries: Vec<Entry>,
 }
@@ -92,7 +93,7 @@ enum Entry {
 impl NoProxy {
     /// Parses a `NO_PROXY` value. Entries that cannot match anything (empty, a bad CIDR)
     /// are dropped.
-    pub fn parse(value: &str) -> Self {
+    pub(crate) fn parse(value: &str) -> Self {
         let value = value.trim();
         if value == "*" {
             return Self {
@@ -112,7 +113,7 @@ impl NoProxy {
     }
 
     /// Whether `target` bypasses the proxy.
-    pub fn matches(&self, target: &Target) -> bool {
+    pub(crate) fn matches(&self, target: &Target) -> bool {
         if self.all {
             return true;
         }

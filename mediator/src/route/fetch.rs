@@ -25,10 +25,10 @@ use crate::error::Error;
 use crate::resolve::Resolver;
 
 /// Largest PAC script accepted, in bytes.
-pub const MAX_PAC: usize = 1 << 20;
+pub(crate) const MAX_PAC: usize = 1 << 20;
 
 /// Everything one fetch of the PAC needs.
-pub struct Fetcher {
+pub(crate) struct Fetcher {
     source: PacSource,
     via: Option<ParentUrl>,
     tls: Arc<rustls::ClientConfig>,
@@ -51,7 +51,7 @@ impl Fetcher {
     /// # Errors
     /// [`Error::Upstream`] when an extra CA file cannot be read, or no trust anchor at all
     /// is available for an https source.
-    pub fn new(
+    pub(crate) fn new(
         source: PacSource,
         via: Option<ParentUrl>,
         extra_ca_files: &[PathBuf],
@@ -100,7 +100,7 @@ impl Fetcher {
     }
 
     /// Where the PAC comes from, for messages.
-    pub fn source(&self) -> String {
+    pub(crate) fn source(&self) -> String {
         match &self.source {
             PacSource::File(p) => p.display().to_string(),
             PacSource::Url(u) => u.clone(),
@@ -111,7 +111,7 @@ impl Fetcher {
     ///
     /// # Errors
     /// A message saying what failed (read, connect, TLS, status, size).
-    pub async fn fetch(&self) -> Result<String, String> {
+    pub(crate) async fn fetch(&self) -> Result<String, String> {
         let bytes = match &self.source {
             PacSource::File(path) => {
                 let bytes = tokio::fs::read(path)

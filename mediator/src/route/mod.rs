@@ -18,10 +18,10 @@
 //! the host. The only names this module ever resolves are parents' (operator
 //! configuration), through the mediator's resolver; it never hands a name to a socket API.
 
-pub mod env;
-pub mod fetch;
-pub mod pac;
-pub mod parent;
+pub(crate) mod env;
+pub(crate) mod fetch;
+pub(crate) mod pac;
+pub(crate) mod parent;
 
 use std::collections::HashMap;
 use std::io;
@@ -44,7 +44,7 @@ use parent::{Dest, HandshakeError};
 const STAGGER: Duration = Duration::from_millis(250);
 
 /// The `route` log value of a direct connection.
-pub const DIRECT: &str = "direct";
+pub(crate) const DIRECT: &str = "direct";
 
 /// Most PAC answers kept in the cache; a full cache drops expired entries, then all.
 const PAC_CACHE_ENTRIES: usize = 4096;
@@ -54,7 +54,7 @@ const PAC_WORKERS: usize = 2;
 
 /// Why an upstream connect failed.
 #[derive(Debug)]
-pub enum ConnectFailure {
+pub(crate) enum ConnectFailure {
     /// Every vetted address refused the connection (RST).
     Refused(io::Error),
     /// The deadline passed before any address answered.
@@ -78,7 +78,7 @@ impl std::fmt::Display for ConnectFailure {
 ///
 /// # Errors
 /// [`ConnectFailure`] for the last failure seen, or a timeout.
-pub async fn connect_pinned(
+pub(crate) async fn connect_pinned(
     pin: &Pin,
     port: u16,
     timeout: Duration,
@@ -184,7 +184,7 @@ struct ParentEntry {
 
 /// A connection made for an allowed target.
 #[derive(Debug)]
-pub struct Established {
+pub(crate) struct Established {
     /// The stream: to the destination (directly or tunnelled through a parent), or to an
     /// HTTP parent that expects absolute-form requests (see `forward`).
     pub stream: TcpStream,
@@ -201,14 +201,14 @@ pub struct Established {
 
 /// Absolute-form forwarding through an HTTP parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwardProxy {
+pub(crate) struct ForwardProxy {
     /// `Proxy-Authorization` value for the parent (`Basic ...`), from configuration only.
     pub authorization: Option<String>,
 }
 
 /// Why no route could be established.
 #[derive(Debug)]
-pub struct RouteFailure {
+pub(crate) struct RouteFailure {
     /// Human detail naming the routes tried (never credentials).
     pub detail: String,
     /// The last connection-level failure, when that is what ended the attempt.
@@ -262,8 +262,9 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// A router that connects directly only.
-    pub fn direct(resolver: Arc<Resolver>) -> Self {
+    /// A router that connects directly only (unit tests; `start` builds [`Router::new`]).
+    #[cfg(test)]
+    pub(crate) fn direct(resolver: Arc<Resolver>) -> Self {
         Self {
             strategy: Strategy::Direct,
             parents: Vec::new(),
@@ -430,7 +431,7 @@ impl Router {
     }
 
     /// The `route` log value: `"direct"` or `"parent http://host:port"` (never credentials).
-    pub fn label(&self, route: Route) -> &str {
+    pub(crate) fn label(&self, route: Route) -> &str {
         match route {
             Route::Direct => DIRECT,
             Route::Parent(i) => self
@@ -562,7 +563,7 @@ impl Router {
     /// Establishes a connection for `target` (already allowed and vetted: `pin`), trying
     /// the planned routes in order. Returns the connection or why none could be made, and
     /// the time spent connecting.
-    pub async fn connect(
+    pub(crate) async fn connect(
         &self,
         via: Via,
         target: &Target,
@@ -790,7 +791,7 @@ enum Attempt {
 /// The URL handed to the PAC: `https://host[:port]/` for tunnels (never a path or
 /// query), `http://host[:port]/` for forwarding (the path is not handed either, so that
 /// the per-host cache is exact and client-controlled text never reaches the script).
-pub fn pac_url(via: Via, target: &Target) -> String {
+pub(crate) fn pac_url(via: Via, target: &Target) -> String {
     let (scheme, default) = match via {
         Via::Tunnel => ("https", 443),
         Via::Forward => ("http", 80),
@@ -804,7 +805,7 @@ pub fn pac_url(via: Via, target: &Target) -> String {
 
 /// One entry of a PAC answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PacEntry {
+pub(crate) enum PacEntry {
     /// `DIRECT`.
     Direct,
     /// `PROXY`/`HTTP` (HTTP parent) or `SOCKS`/`SOCKS5` (SOCKS5 parent) with `host:port`.
@@ -816,7 +817,7 @@ pub enum PacEntry {
 /// Parses a PAC answer (`"PROXY a:1; SOCKS5 b:2; DIRECT"`): entries separated by `;`,
 /// keywords case-insensitive. `SOCKS` means SOCKS5 (as in Firefox; SOCKS4 is not
 /// supported); `HTTPS` (TLS to the parent) and `SOCKS4` entries are skipped.
-pub fn parse_pac_answer(answer: &str) -> Vec<PacEntry> {
+pub(crate) fn parse_pac_answer(answer: &str) -> Vec<PacEntry> {
     answer
         .split(';')
         .map(str::trim)

@@ -40,7 +40,7 @@ use crate::resolve::Resolver;
 const HELPERS: &str = include_str!("pac_helpers.js");
 
 /// Most DNS lookups one evaluation may make.
-pub const MAX_LOOKUPS: u32 = 16;
+pub(crate) const MAX_LOOKUPS: u32 = 16;
 
 /// Longest PAC answer accepted, in bytes.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -54,7 +54,7 @@ const THREAD_STACK: usize = 8 << 20;
 
 /// Why a PAC evaluation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PacError {
+pub(crate) enum PacError {
     /// The CPU-time budget ran out (`while(true){}`).
     Cpu(Duration),
     /// The memory limit was hit.
@@ -81,7 +81,7 @@ impl std::fmt::Display for PacError {
 
 /// Budgets of one evaluation.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// CPU-time budget (wall clock spent in JS, DNS lookups excluded).
     pub cpu: Duration,
     /// Memory limit of the runtime, in bytes.
@@ -92,7 +92,7 @@ pub struct Limits {
 
 /// What the resolving helpers need.
 #[derive(Debug, Clone)]
-pub struct HelperEnv {
+pub(crate) struct HelperEnv {
     /// The mediator's resolver.
     pub resolver: Arc<Resolver>,
     /// A handle on the runtime the resolver runs on.
@@ -111,7 +111,7 @@ struct Job {
 }
 
 /// A PAC script and the worker threads that evaluate it.
-pub struct Pac {
+pub(crate) struct Pac {
     script: Arc<RwLock<Script>>,
     jobs: SyncSender<Job>,
     limits: Limits,
@@ -130,7 +130,7 @@ impl Pac {
     /// # Errors
     /// [`PacError`] when the script does not compile, overruns a budget at its top level,
     /// or defines neither `FindProxyForURL` nor `FindProxyForURLEx`.
-    pub async fn start(
+    pub(crate) async fn start(
         script: String,
         limits: Limits,
         env: HelperEnv,
@@ -164,7 +164,7 @@ impl Pac {
     ///
     /// # Errors
     /// As [`Pac::start`].
-    pub async fn install(&self, script: String) -> Result<bool, PacError> {
+    pub(crate) async fn install(&self, script: String) -> Result<bool, PacError> {
         let same = self
             .script
             .read()
@@ -189,7 +189,7 @@ impl Pac {
     /// # Errors
     /// [`PacError`] for a budget overrun, an exception, a non-string answer, or when the
     /// evaluation cannot be queued or does not finish in time.
-    pub async fn find(&self, url: &str, host: &str) -> Result<String, PacError> {
+    pub(crate) async fn find(&self, url: &str, host: &str) -> Result<String, PacError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             url: url.to_owned(),

@@ -21,7 +21,7 @@ const MAX_HEAD: usize = 16 * 1024;
 /// What a CONNECT names: the vetted address (pinning through the parent) or the canonical
 /// host (the parent resolves it).
 #[derive(Debug, Clone, Copy)]
-pub enum Dest<'a> {
+pub(crate) enum Dest<'a> {
     /// A vetted address.
     Ip(IpAddr),
     /// The canonical host name (or IP literal).
@@ -30,7 +30,7 @@ pub enum Dest<'a> {
 
 impl Dest<'_> {
     /// Authority-form `host:port` (IPv6 bracketed).
-    pub fn authority(&self, port: u16) -> String {
+    pub(crate) fn authority(&self, port: u16) -> String {
         match self {
             Self::Ip(IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
             Self::Ip(ip) => format!("{ip}:{port}"),
@@ -41,25 +41,23 @@ impl Dest<'_> {
 
 /// How a handshake with a parent failed.
 #[derive(Debug)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     /// The connection broke, or the parent sent something that is not its protocol,
     /// before it answered: a connection-level failure (the next route may be tried).
     Broken(String),
     /// The parent answered and refused. `next_addr` is true when the refusal is about
     /// reaching the destination (HTTP 502/503/504, SOCKS5 REP 3..=6), so another vetted
-    /// address may be named; `auth` when it asked for (other) credentials.
+    /// address may be named.
     Refused {
-        /// Human detail, with the parent's status.
+        /// Human detail, with the parent's status (a demand for credentials says so).
         detail: String,
         /// Another vetted address may succeed.
         next_addr: bool,
-        /// The parent demanded proxy authentication (HTTP 407, SOCKS5 auth failure).
-        auth: bool,
     },
 }
 
 /// The `Proxy-Authorization` value for `creds` (RFC 7617).
-pub fn basic(creds: &Credentials) -> String {
+pub(crate) fn basic(creds: &Credentials) -> String {
     let raw = format!("{}:{}", creds.user(), creds.password());
     format!(
         "Basic {}",
@@ -78,8 +76,8 @@ fn line_safe(s: &str) -> bool {
 ///
 /// # Errors
 /// [`HandshakeError`]: `Broken` when the connection fails before a complete answer,
-/// `Refused` for a non-2xx answer (407 sets `auth`).
-pub async fn http_connect(
+/// `Refused` for a non-2xx answer.
+pub(crate) async fn http_connect(
     stream: &mut TcpStream,
     dest: Dest<'_>,
     port: u16,
@@ -111,29 +109,22 @@ pub async fn http_connect(
         return Ok(());
     }
     let reason = status_reason(&head);
-    let (detail, auth) = if status == 407 {
-        (
-            format!(
-                "parent {parent} answered 407 Proxy Authentication Required{}: {}",
-                if creds.is_some() {
-                    " (the configured credentials were refused)"
-                } else {
-                    ""
-                },
-                "configure the parent's credentials (userinfo or parent_credentials_file)"
-            ),
-            true,
+    let detail = if status == 407 {
+        format!(
+            "parent {parent} answered 407 Proxy Authentication Required{}: {}",
+            if creds.is_some() {
+                " (the configured credentials were refused)"
+            } else {
+                ""
+            },
+            "configure the parent's credentials (userinfo or parent_credentials_file)"
         )
     } else {
-        (
-            format!("parent {parent} answered {status} {reason} to CONNECT {authority}"),
-            false,
-        )
+        format!("parent {parent} answered {status} {reason} to CONNECT {authority}")
     };
     Err(HandshakeError::Refused {
         detail,
         next_addr: matches!(status, 502..=504),
-        auth,
     })
 }
 
@@ -221,7 +212,7 @@ const ATYP_IPV6: u8 = 0x04;
 /// # Errors
 /// [`HandshakeError`]: `Broken` when the connection fails or the parent does not speak
 /// SOCKS5; `Refused` for an authentication failure or a non-zero `REP`.
-pub async fn socks5_connect(
+pub(crate) async fn socks5_connect(
     stream: &mut TcpStream,
     dest: Dest<'_>,
     port: u16,
@@ -266,7 +257,6 @@ pub async fn socks5_connect(
                         status[1]
                     ),
                     next_addr: false,
-                    auth: true,
                 });
             }
         }
@@ -276,14 +266,12 @@ pub async fn socks5_connect(
                     "parent {parent} requires SOCKS5 authentication: configure the parent's credentials"
                 ),
                 next_addr: false,
-                auth: true,
             });
         }
         (m, _) => {
             return Err(HandshakeError::Refused {
                 detail: format!("parent {parent} chose no acceptable SOCKS5 method ({m:#04x})"),
                 next_addr: false,
-                auth: m == METHOD_NO_ACCEPTABLE,
             });
         }
     }
@@ -362,7 +350,6 @@ pub async fn socks5_connect(
                 dest.authority(port)
             ),
             next_addr: matches!(head[1], 0x03..=0x06),
-            auth: false,
         });
     }
     Ok(())
