@@ -55,32 +55,21 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    /// Starts DNS and origin, then a mediator configured by `configure` (the builder
-    /// passed in already has the nameserver set).
+    /// Starts DNS and origin, then the mediator `builder` describes, with the DNS server
+    /// as its nameserver.
     ///
     /// # Errors
     /// When any of the three fails to start.
-    pub async fn start(configure: impl FnOnce(MediatorBuilder) -> MediatorBuilder) -> Result<Self> {
+    pub async fn start(builder: MediatorBuilder) -> Result<Self> {
         let dns = DnsServer::start().await?;
         dns.set(ORIGIN_HOST, [LOOPBACK]);
         let origin = Origin::start().await?;
-        let mediator = configure(MediatorBuilder::new().nameserver(dns.addr()))
-            .start()
-            .await?;
+        let mediator = builder.nameserver(dns.addr()).start().await?;
         Ok(Self {
             dns,
             origin,
             mediator,
         })
-    }
-
-    /// The default fixture: `agent-a` (token [`TOKEN_A`]) may reach `origin.test` on any
-    /// port, with `allow_private = ["127.0.0.0/8"]` so the loopback origin passes.
-    ///
-    /// # Errors
-    /// As [`Self::start`].
-    pub async fn agent_a() -> Result<Self> {
-        Self::start(|b| b.authority(agent_a_spec())).await
     }
 
     /// `origin.test:<origin port>`.

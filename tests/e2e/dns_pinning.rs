@@ -5,23 +5,22 @@
 //!
 //! The DNS answers use TTL 0 so the mediator's resolver cache cannot hide a resolution.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Result;
-use e2e::{AGENT_A, Fixture, LOOPBACK, ORIGIN_HOST, QueryKind, TOKEN_A, check_deny, check_line};
+use e2e::{AGENT_A, LOOPBACK, ORIGIN_HOST, QueryKind, TOKEN_A, check_deny, check_line};
 use serde_json::{Value, json};
 
-fn private_ip() -> IpAddr {
-    "10.0.0.1".parse().unwrap()
-}
+use crate::support::agent_a;
+
+/// A private address the mediator must never dial (RFC 1918).
+const PRIVATE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     fx.dns
-        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![private_ip()]]);
+        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![PRIVATE_IP]]);
     let target = fx.origin_target();
 
     // First connection: the name answers 127.0.0.1 (allowed by allow_private).
@@ -77,8 +76,8 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_answers_with_one_private_address_are_denied() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    fx.dns.set(ORIGIN_HOST, [LOOPBACK, private_ip()]);
+    let fx = agent_a().await?;
+    fx.dns.set(ORIGIN_HOST, [LOOPBACK, PRIVATE_IP]);
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
@@ -95,7 +94,7 @@ async fn mixed_answers_with_one_private_address_are_denied() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let ula: IpAddr = "fd00::1".parse()?;
     fx.dns.set(ORIGIN_HOST, [LOOPBACK, ula]);
     let mut conn = fx.tcp_conn().await?;
@@ -109,9 +108,9 @@ async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_requests_resolve_once_each() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     fx.dns
-        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![private_ip()]]);
+        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![PRIVATE_IP]]);
     let t = fx.origin_target();
     let auth = e2e::basic_auth(AGENT_A, TOKEN_A);
     let req = format!(

@@ -6,8 +6,6 @@
 //! loopback DNS server; the mediator must refuse them, and the test connects only to the
 //! mediator.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -18,32 +16,35 @@ use e2e::{
 };
 use serde_json::{Value, json};
 
+use crate::support::mediator;
+
 /// `agent-a` with a grant that has something for every denial reason; `agent-b` may
 /// reach `origin.test` but has no `allow_private`.
 async fn fixture() -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[
-                    ORIGIN_HOST,
-                    "*.svc.test",
-                    "ported.test:443",
-                    "*.addr.test",
-                    "evil.test",
-                    "127.0.0.1",
-                    "self.test",
-                ])
-                .deny(&["bad.svc.test", "*:25"])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-        .authority(
-            AuthoritySpec::new(AGENT_B)
-                .allow(&[ORIGIN_HOST])
-                .token(TOKEN_B),
-        )
-        .global_deny(&["evil.test"])
-    })
+    let fx = Fixture::start(
+        mediator()
+            .authority(
+                AuthoritySpec::new(AGENT_A)
+                    .allow(&[
+                        ORIGIN_HOST,
+                        "*.svc.test",
+                        "ported.test:443",
+                        "*.addr.test",
+                        "evil.test",
+                        "127.0.0.1",
+                        "self.test",
+                    ])
+                    .deny(&["bad.svc.test", "*:25"])
+                    .allow_private(&["127.0.0.0/8"])
+                    .token(TOKEN_A),
+            )
+            .authority(
+                AuthoritySpec::new(AGENT_B)
+                    .allow(&[ORIGIN_HOST])
+                    .token(TOKEN_B),
+            )
+            .global_deny(&["evil.test"]),
+    )
     .await?;
     for name in [
         "a.svc.test",

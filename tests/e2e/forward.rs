@@ -3,8 +3,6 @@
 //! client receives (a forged `X-Mediator-Decision` stripped), and the requests that must
 //! be refused with 400 or 431 before anything is resolved or connected.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::Duration;
 
 use anyhow::Result;
@@ -14,13 +12,15 @@ use e2e::{
 };
 use serde_json::{Value, json};
 
+use crate::support::{agent_a, mediator};
+
 fn auth_header() -> String {
     format!("Proxy-Authorization: {}\r\n", basic_auth(AGENT_A, TOKEN_A))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let target = fx.origin_target();
     let req = format!(
         "GET http://{target}/echo?q=1 HTTP/1.1\r\n\
@@ -104,7 +104,7 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_post_forwards_the_body() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let req = format!(
         "POST http://{}/submit HTTP/1.1\r\nHost: {}\r\n{}Content-Type: text/plain\r\nContent-Length: 9\r\n\r\npayload!!",
         fx.origin_target(),
@@ -121,7 +121,7 @@ async fn absolute_form_post_forwards_the_body() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_without_credential_is_407() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let req = format!(
         "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n\r\n",
         t = fx.origin_target()
@@ -146,7 +146,7 @@ async fn absolute_form_without_credential_is_407() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     fx.dns.set("other.test", [e2e::LOOPBACK]);
     let req = format!(
         "GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n{}\r\n",
@@ -197,7 +197,7 @@ async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_host_headers_are_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\nHost: other.test\r\n{}\r\n",
@@ -208,7 +208,7 @@ async fn two_host_headers_are_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET /index.html HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -219,7 +219,7 @@ async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET https://{t}/ HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -230,7 +230,7 @@ async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET ftp://{t}/file HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -241,7 +241,7 @@ async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let p = fx.origin.port();
     let req = format!(
         "GET http://127.1:{p}/ HTTP/1.1\r\nHost: 127.1:{p}\r\n{}\r\n",
@@ -253,7 +253,7 @@ async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<()> {
     for port in ["65536", "83617", "80a", "99999999999999999999"] {
-        let fx = Fixture::agent_a().await?;
+        let fx = agent_a().await?;
         let req = format!(
             "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
             auth_header()
@@ -273,7 +273,7 @@ async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let p = fx.origin.port();
     let secret = "s3cr3t-pa55";
     let req = format!(
@@ -305,7 +305,12 @@ async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
 /// Sends a head of about `head_len` bytes (absolute-form, then CONNECT) to a mediator
 /// whose `request_head_bytes` is `limit`, and expects 431 both times.
 async fn expect_431(limit: usize, head_len: usize) -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).request_head_bytes(limit)).await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .request_head_bytes(limit),
+    )
+    .await?;
     let t = fx.origin_target();
     let filler = "a".repeat(head_len);
     let req = format!(
@@ -354,14 +359,11 @@ async fn request_head_limit_at_the_minimum_is_enforced() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()> {
     // A limit the server could not enforce is a config error, never a silent larger limit.
-    let dir = tempfile::tempdir()?;
-    let text = e2e::mediator::MediatorBuilder::new()
+    let (status, stderr) = mediator()
         .authority(agent_a_spec())
         .request_head_bytes(2048)
-        .render(dir.path());
-    let path = dir.path().join("mediator.toml");
-    std::fs::write(&path, &text)?;
-    let (status, stderr) = e2e::mediator::run_check(&path).await?;
+        .check()
+        .await?;
     anyhow::ensure!(
         !status.success(),
         "check accepted request_head_bytes = 2048"
@@ -378,11 +380,12 @@ async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()>
 /// not served under the revoked grant until the grace ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 60)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let target = fx.origin_target();
@@ -403,7 +406,7 @@ async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<
 /// the right one works again after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_on_a_kept_alive_connection_is_authenticated() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let get = |auth: &str, path: &str| {
         format!("GET http://{t}{path} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {auth}\r\n\r\n")

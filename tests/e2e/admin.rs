@@ -5,8 +5,6 @@
 //! ring, revocation closing the listener at once and live tunnels after the grace, and
 //! the admin bearer token.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -19,6 +17,8 @@ use e2e::{
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::support::mediator;
 
 /// A bounded wait for a close that must come.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
@@ -62,14 +62,14 @@ fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true).authority(
+    let fx = Fixture::start(
+        mediator().admin(true).authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[ORIGIN_HOST, "private.test", "nx.test", "127.0.0.1"])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns
         .set("private.test", [IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))]);
@@ -286,7 +286,7 @@ async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()> {
-    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let auth = Some((AGENT_A, TOKEN_A));
     // Warm up: one denial creates its series.
     let mut c = fx.tcp_conn().await?;
@@ -329,11 +329,12 @@ async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 30)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let origin = fx.origin_target();
@@ -503,11 +504,12 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 1)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let sock = m.socket_path(AGENT_A);
@@ -551,15 +553,16 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
     let token = "admin-secret-7d1";
     let dir = tempfile::tempdir()?;
     let admin_sock = dir.path().join("admin.sock");
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .listen_line(&format!("admin_token_sha256 = \"{}\"", sha256_hex(token)))
             .listen_line(&format!(
                 "admin_socket = {:?}",
                 admin_sock.to_string_lossy()
             ))
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);

@@ -7,16 +7,16 @@
 //! loopback) that records what each connection sent; it does not speak TLS, so curl's
 //! handshake fails after the mediator's verdict, which is all these tests need.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::mediator::AuthoritySpec;
 use e2e::{AGENT_A, Fixture, TOKEN_A, curl};
 use tokio::io::AsyncReadExt;
+
+use crate::support::mediator;
 
 const FRONT: &str = "front.test";
 
@@ -55,7 +55,7 @@ async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec
                         break;
                     }
                 }
-                rec.lock().unwrap().push(got);
+                rec.lock().unwrap_or_else(PoisonError::into_inner).push(got);
             });
         }
     });
@@ -67,7 +67,7 @@ async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec
 async fn first_recorded(seen: &Mutex<Vec<Vec<u8>>>) -> Result<Vec<u8>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
     loop {
-        if let Some(first) = seen.lock().unwrap().first() {
+        if let Some(first) = seen.lock().unwrap_or_else(PoisonError::into_inner).first() {
             return Ok(first.clone());
         }
         ensure!(
@@ -79,14 +79,14 @@ async fn first_recorded(seen: &Mutex<Vec<Vec<u8>>>) -> Result<Vec<u8>> {
 }
 
 async fn fixture(ip: IpAddr) -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(
+    let fx = Fixture::start(
+        mediator().authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&["front.test:443"])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set(FRONT, [ip]);
     Ok(fx)
@@ -222,14 +222,14 @@ async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
     // The SNI rule holds for every tunnel that starts with a TLS handshake, not just 443.
     let ip = origin_ip(4);
     let (seen, port) = recording_origin_on(ip, 0).await?;
-    let fx = Fixture::start(|b| {
-        b.authority(
+    let fx = Fixture::start(
+        mediator().authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[format!("front.test:{port}")])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set(FRONT, [ip]);
     let (proxy, user) = proxy_args(&fx);
@@ -272,14 +272,14 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
             let _ = s.read(&mut buf).await;
         }
     });
-    let fx = Fixture::start(|b| {
-        b.authority(
+    let fx = Fixture::start(
+        mediator().authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[format!("front.test:{port}")])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set(FRONT, [ip]);
     let mut conn = fx.tcp_conn().await?;
@@ -304,14 +304,14 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
 async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     let ip = origin_ip(5);
     let (seen, port) = recording_origin_on(ip, 0).await?;
-    let fx = Fixture::start(|b| {
-        b.authority(
+    let fx = Fixture::start(
+        mediator().authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[format!("front.test:{port}")])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set(FRONT, [ip]);
     let mut conn = fx.tcp_conn().await?;

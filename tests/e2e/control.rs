@@ -1,41 +1,39 @@
 //! Grant immutability under reload (SIGHUP), the watchdog hook (narrows only), and
 //! `mediator explain` agreeing with live traffic (design sections 1, 5, 11).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use e2e::mediator::mediator_bin;
 use e2e::{
-    AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOOPBACK, MediatorBuilder, ORIGIN_HOST,
-    TOKEN_A, Watchdog, WatchdogMode, agent_a_spec, check_deny,
+    AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOOPBACK, Mediator, MediatorBuilder,
+    ORIGIN_HOST, TOKEN_A, Watchdog, WatchdogMode, agent_a_spec, check_deny,
 };
 use serde_json::Value;
+
+use crate::support::mediator;
 
 async fn get_keepalive(conn: &mut HttpConn, path: &str) -> Result<u16> {
     let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n");
     Ok(conn.request(req.as_bytes()).await?.status)
 }
 
-fn generations(list: &Value) -> Vec<(String, u64)> {
-    list["authorities"]
+/// `(name, generation)` of each entry of a `GET /v1/authorities` listing.
+fn generations(list: &Value) -> Result<Vec<(String, u64)>> {
+    let entries = list["authorities"]
         .as_array()
-        .unwrap()
+        .with_context(|| format!("no authorities array: {list}"))?;
+    entries
         .iter()
-        .map(|a| {
-            (
-                a["name"].as_str().unwrap().to_owned(),
-                a["generation"].as_u64().unwrap(),
-            )
+        .map(|a| match (a["name"].as_str(), a["generation"].as_u64()) {
+            (Some(name), Some(generation)) => Ok((name.to_owned(), generation)),
+            _ => anyhow::bail!("entry without name and generation: {a}"),
         })
         .collect()
 }
 
 fn builder(fx_dns: std::net::SocketAddr) -> MediatorBuilder {
-    MediatorBuilder::new()
+    mediator()
         .nameserver(fx_dns)
         .admin(true)
         .timeout("revoke_grace", 60)
@@ -44,13 +42,12 @@ fn builder(fx_dns: std::net::SocketAddr) -> MediatorBuilder {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_new_one()
 -> Result<()> {
-    let v1 = |b: MediatorBuilder| {
-        b.admin(true)
-            .timeout("revoke_grace", 60)
-            .authority(agent_a_spec())
-            .authority(AuthoritySpec::new(AGENT_B).allow(&["b.test"]))
-            .authority(AuthoritySpec::new("agent-d").allow(&["d.test"]))
-    };
+    let v1 = mediator()
+        .admin(true)
+        .timeout("revoke_grace", 60)
+        .authority(agent_a_spec())
+        .authority(AuthoritySpec::new(AGENT_B).allow(&["b.test"]))
+        .authority(AuthoritySpec::new("agent-d").allow(&["d.test"]));
     let fx = Fixture::start(v1).await?;
     let m = &fx.mediator;
     let origin = fx.origin_target();
@@ -58,7 +55,7 @@ async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_
         &m.admin("GET", "/v1/authorities", None, None)
             .await?
             .json()?,
-    );
+    )?;
 
     // A live tunnel under agent-a's first grant (origin.test allowed).
     let mut tunnel = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
@@ -98,7 +95,7 @@ async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_
         &m.admin("GET", "/v1/authorities", None, None)
             .await?
             .json()?,
-    );
+    )?;
     let names: Vec<&str> = after.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, [AGENT_A, AGENT_B, "agent-c"]);
     let generation = |v: &[(String, u64)], n: &str| v.iter().find(|(x, _)| x == n).map(|(_, g)| *g);
@@ -129,7 +126,7 @@ async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<()> {
-    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
     let before = m
         .admin("GET", "/v1/authorities", None, None)
@@ -166,14 +163,14 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
         .admin("GET", "/v1/authorities", None, None)
         .await?
         .json()?;
-    assert_eq!(generations(&now), generations(&before));
+    assert_eq!(generations(&now)?, generations(&before)?);
     assert_eq!(digest(&now), digest(&before));
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tighter_global_deny_reaches_authorities_created_through_the_api() -> Result<()> {
-    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
     let body = r#"{"name":"api-x","allow":["origin.test"],"allow_private":["127.0.0.0/8"]}"#;
     let created = m.admin("POST", "/v1/authorities", Some(body), None).await?;
@@ -221,13 +218,14 @@ async fn watchdog_narrows_only_and_silence_or_errors_deny() -> Result<()> {
             .allow_private(&["127.0.0.0/8"])
             .raw(&format!("watchdog = {:?}", watchdog))
     };
-    let fx = Fixture::start(|b| {
-        b.timeout("watchdog", 1)
+    let fx = Fixture::start(
+        mediator()
+            .timeout("watchdog", 1)
             .authority(spec("w-allow", &allow_all.endpoint()))
             .authority(spec("w-deny", &deny_all.endpoint()))
             .authority(spec("w-slow", &slow.endpoint()))
-            .authority(spec("w-gone", &format!("unix:{}", gone.display())))
-    })
+            .authority(spec("w-gone", &format!("unix:{}", gone.display()))),
+    )
     .await?;
     let m = &fx.mediator;
     let origin = fx.origin_target();
@@ -290,19 +288,14 @@ async fn watchdog_narrows_only_and_silence_or_errors_deny() -> Result<()> {
     Ok(())
 }
 
-/// Runs `mediator explain --config F --authority A TARGET --resolve --json`.
-async fn explain(config: &std::path::Path, authority: &str, target: &str) -> Result<(i32, Value)> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(mediator_bin()?)
-            .args(["explain", "--config"])
-            .arg(config)
-            .args(["--authority", authority, target, "--resolve", "--json"])
-            .stdin(Stdio::null())
-            .output(),
-    )
-    .await
-    .context("explain did not finish")??;
+/// Runs `mediator explain --config <m's config> --authority A TARGET --resolve --json`.
+async fn explain(m: &Mediator, authority: &str, target: &str) -> Result<(i32, Value)> {
+    let out = m
+        .cli(
+            "explain",
+            &["--authority", authority, target, "--resolve", "--json"],
+        )
+        .await?;
     let v: Value = serde_json::from_slice(&out.stdout).with_context(|| {
         format!(
             "explain {target}: not JSON: {}\n{}",
@@ -315,8 +308,8 @@ async fn explain(config: &std::path::Path, authority: &str, target: &str) -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.global_deny(&["*:25"]).authority(
+    let fx = Fixture::start(
+        mediator().global_deny(&["*:25"]).authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[
                     ORIGIN_HOST,
@@ -331,8 +324,8 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
                 .deny(&["bad.example.test"])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set("a.example.test", [LOOPBACK]);
     fx.dns
@@ -361,9 +354,8 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
         ("[::1]:443".into(), "not_in_allowlist"),
         ("127.1:80".into(), "malformed_target"),
     ];
-    let config = fx.mediator.config_path().to_path_buf();
     for (target, want) in &rows {
-        let (code, ex) = explain(&config, AGENT_A, target).await?;
+        let (code, ex) = explain(&fx.mediator, AGENT_A, target).await?;
         let mut c = fx.tcp_conn().await?;
         let live = c.connect(target, Some((AGENT_A, TOKEN_A))).await?;
         let live_reason = if live.status == 200 {
@@ -409,7 +401,7 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
         }
     }
     // The address classes explain shows.
-    let (_, ex) = explain(&config, AGENT_A, "mixed.test:443").await?;
+    let (_, ex) = explain(&fx.mediator, AGENT_A, "mixed.test:443").await?;
     let classes: Vec<&str> = ex["addresses"]
         .as_array()
         .unwrap()
@@ -420,11 +412,9 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
     assert_eq!(ex["addresses"][0]["excepted"], true);
     assert_eq!(ex["addresses"][1]["excepted"], false);
     // Text output, and an unknown authority is an error (exit 2).
-    let out = tokio::process::Command::new(mediator_bin()?)
-        .args(["explain", "--config"])
-        .arg(&config)
-        .args(["--authority", AGENT_A, "example.test"])
-        .output()
+    let out = fx
+        .mediator
+        .cli("explain", &["--authority", AGENT_A, "example.test"])
         .await?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -433,11 +423,9 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
             && text.contains("port 443"),
         "{text}"
     );
-    let out = tokio::process::Command::new(mediator_bin()?)
-        .args(["explain", "--config"])
-        .arg(&config)
-        .args(["--authority", "nobody", "example.test"])
-        .output()
+    let out = fx
+        .mediator
+        .cli("explain", &["--authority", "nobody", "example.test"])
         .await?;
     assert_eq!(out.status.code(), Some(2));
     Ok(())

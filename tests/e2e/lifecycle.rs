@@ -2,18 +2,18 @@
 //! check` reports every problem with its location, a bad config refuses to start, and
 //! SIGTERM shuts down cleanly and removes the per-authority socket files.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::mediator::{mediator_bin, run_check};
-use e2e::{AGENT_A, AGENT_B, AuthoritySpec, Fixture, MediatorBuilder, agent_a_spec};
+use e2e::mediator::{run, run_check};
+use e2e::{AGENT_A, AGENT_B, AuthoritySpec, Fixture, agent_a_spec};
+
+use crate::support::{agent_a, bin, mediator};
 
 /// A config with five independent problems. Each entry: (a string that identifies the
 /// problem in a message, the 1-based line it is on).
-fn bad_config(dir: &std::path::Path) -> (String, Vec<(&'static str, usize)>) {
+fn bad_config(dir: &Path) -> (String, Vec<(&'static str, usize)>) {
     let sockets = dir.join("sockets");
     let lines = [
         "[listen]".to_owned(),                                   // 1
@@ -45,21 +45,16 @@ fn bad_config(dir: &std::path::Path) -> (String, Vec<(&'static str, usize)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_accepts_a_valid_config() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let text = MediatorBuilder::new()
-        .authority(agent_a_spec())
-        .authority(
-            AuthoritySpec::new(AGENT_B)
-                .allow(&["*.example.com", "example.com:443"])
-                .deny(&["*:25"]),
-        )
-        .render(dir.path());
-    let path = dir.path().join("mediator.toml");
-    std::fs::write(&path, &text)?;
-    let (status, stderr) = run_check(&path).await?;
+    let b = mediator().authority(agent_a_spec()).authority(
+        AuthoritySpec::new(AGENT_B)
+            .allow(&["*.example.com", "example.com:443"])
+            .deny(&["*:25"]),
+    );
+    let (status, stderr) = b.check().await?;
     ensure!(
         status.success(),
-        "check rejected a valid config ({status}):\n{stderr}\nconfig:\n{text}"
+        "check rejected a valid config ({status}):\n{stderr}\nconfig:\n{}",
+        b.render(Path::new("<temp dir>"))
     );
     Ok(())
 }
@@ -70,7 +65,7 @@ async fn check_lists_every_problem_with_its_location() -> Result<()> {
     let (text, problems) = bad_config(dir.path());
     let path = dir.path().join("mediator.toml");
     std::fs::write(&path, &text)?;
-    let (status, stderr) = run_check(&path).await?;
+    let (status, stderr) = run_check(bin(), &path).await?;
     ensure!(
         !status.success(),
         "check accepted a config with {} problems",
@@ -102,17 +97,9 @@ async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
     let (text, _) = bad_config(dir.path());
     let path = dir.path().join("mediator.toml");
     std::fs::write(&path, &text)?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(mediator_bin()?)
-            .arg("--config")
-            .arg(&path)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .context("mediator kept running on a bad config")??;
+    let out = run(bin(), &[Path::new("--config"), &path])
+        .await
+        .context("mediator kept running on a bad config")?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "exited 0 on a bad config");
     ensure!(
@@ -129,13 +116,13 @@ async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
-    let mut fx = Fixture::start(|b| {
-        b.authority(agent_a_spec()).authority(
+    let mut fx = Fixture::start(
+        mediator().authority(agent_a_spec()).authority(
             AuthoritySpec::new(AGENT_B)
                 .allow(&["other.test"])
                 .token("tb"),
-        )
-    })
+        ),
+    )
     .await?;
     let sockets = [
         fx.mediator.socket_path(AGENT_A),
@@ -156,7 +143,7 @@ async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
-    let mut fx = Fixture::agent_a().await?;
+    let mut fx = agent_a().await?;
     let sock = fx.mediator.socket_path(AGENT_A);
     let mut conn = e2e::HttpConn::unix(&sock).await?;
     let resp = conn.connect(&fx.origin_target(), None).await?;
@@ -196,7 +183,7 @@ async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close() -> Result<()> {
-    let mut fx = Fixture::agent_a().await?;
+    let mut fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&fx.origin_target(), Some((AGENT_A, e2e::TOKEN_A)))
@@ -224,7 +211,12 @@ async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<
     let (listener, held) = e2e::stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
 
-    let mut fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(30)).await?;
+    let mut fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .connect_timeout_secs(30),
+    )
+    .await?;
     let mut conn = fx.tcp_conn().await?;
     let target = format!("{}:{}", e2e::ORIGIN_HOST, addr.port());
     let head = format!(

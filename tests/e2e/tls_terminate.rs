@@ -7,15 +7,13 @@
 //! Clients: real curl (`--http1.1`, `--http2`) trusting only the mediator's CA, and a hyper
 //! HTTP/2 client over rustls.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, ensure};
 use bytes::Bytes;
-use e2e::mediator::{AuthoritySpec, MediatorBuilder, mediator_bin, toml_list, toml_str};
+use e2e::mediator::{AuthoritySpec, MediatorBuilder, toml_list, toml_str};
 use e2e::tls::{TestCa, TlsOrigin, h2_client, tls_through_connect};
 use e2e::{
     AGENT_A, DnsServer, HttpConn, LOG_TIMEOUT, Mediator, Origin, TOKEN_A, basic_auth, check_deny,
@@ -24,6 +22,8 @@ use e2e::{
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tempfile::TempDir;
+
+use crate::support::mediator;
 
 const API: &str = "api.test";
 
@@ -89,7 +89,7 @@ async fn start_with(
         Vec::new()
     };
     let mediator = configure(
-        MediatorBuilder::new()
+        mediator()
             .nameserver(dns.addr())
             .extra_toml(&tls_toml(&ca_dir, &extra))
             .authority(authority()),
@@ -432,12 +432,7 @@ async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
     assert_eq!(key_mode, 0o600);
 
     // `mediator ca-cert` prints exactly that certificate.
-    let out = tokio::process::Command::new(mediator_bin()?)
-        .arg("ca-cert")
-        .arg("--config")
-        .arg(env.mediator.config_path())
-        .output()
-        .await?;
+    let out = env.mediator.cli("ca-cert", &[]).await?;
     ensure!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8(out.stdout)?, first);
 
@@ -447,13 +442,13 @@ async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
         _dir: dir,
         _dns: dns,
         origin,
-        mediator,
+        mediator: first_run,
         mediator_ca,
         ca_dir,
     } = env;
-    drop(mediator);
+    drop(first_run);
     let test_ca_pem = dir.path().join("test-ca.pem");
-    let mediator = MediatorBuilder::new()
+    let mediator = mediator()
         .nameserver(dns.addr())
         .extra_toml(&tls_toml(&ca_dir, &[&test_ca_pem]))
         .authority(authority())

@@ -6,8 +6,6 @@
 //! reaching a parent. Routing comes after the decision: a denied target never reaches a
 //! parent.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use anyhow::Result;
 use e2e::parent::{ClosingParent, HttpParent, HttpParentMode, Socks5Parent};
 use e2e::socks::{REP_SUCCEEDED, Socks5, SocksTarget};
@@ -18,6 +16,8 @@ use e2e::{
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::support::mediator;
 
 fn parent_mode(b: MediatorBuilder, parents: &[String]) -> MediatorBuilder {
     let list: Vec<String> = parents.iter().map(|p| format!("{p:?}")).collect();
@@ -43,9 +43,10 @@ async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<e2e::HttpRespons
 async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
-    let fx =
-        Fixture::start(|b| parent_mode(b, std::slice::from_ref(&url)).authority(agent_a_spec()))
-            .await?;
+    let fx = Fixture::start(
+        parent_mode(mediator(), std::slice::from_ref(&url)).authority(agent_a_spec()),
+    )
+    .await?;
     let resp = get_through_tunnel(&fx, "Origin.Test").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.json()?["target"], "/inside");
@@ -77,11 +78,11 @@ async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
 async fn pin_off_names_the_canonical_host() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
-    let fx = Fixture::start(|b| {
-        parent_mode(b, std::slice::from_ref(&url))
+    let fx = Fixture::start(
+        parent_mode(mediator(), std::slice::from_ref(&url))
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, "ORIGIN.test.").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -98,7 +99,7 @@ async fn pin_off_names_the_canonical_host() -> Result<()> {
 async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "s3cret")), HttpParentMode::Serve).await?;
     let url = format!("http://corp:s3cret@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[url]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[url]).authority(agent_a_spec())).await?;
     let target = fx.origin_target();
     let mut conn = fx.tcp_conn().await?;
     let req = format!(
@@ -162,7 +163,7 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
 async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[wrong]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
@@ -186,7 +187,7 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     drop(fx);
 
     let right = format!("http://corp:right@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[right]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[right]).authority(agent_a_spec())).await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     let seen = parent.wait_requests(2).await?;
@@ -198,7 +199,7 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
 async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[wrong]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
     let target = fx.origin_target();
     let req = format!(
         "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
@@ -226,14 +227,14 @@ async fn credentials_file_supplies_parent_credentials() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cred = dir.path().join("parents.cred");
     std::fs::write(&cred, format!("# parents\n{} filed:pw\n", parent.addr()))?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())])
             .upstream_line(&format!(
                 "parent_credentials_file = {:?}",
                 cred.display().to_string()
             ))
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -244,7 +245,7 @@ async fn credentials_file_supplies_parent_credentials() -> Result<()> {
 async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
     let parent = Socks5Parent::start(Some(("su", "sp"))).await?;
     let url = format!("socks5://su:sp@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[url]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[url]).authority(agent_a_spec())).await?;
     // A SOCKS5 client of the mediator, routed through the SOCKS5 parent.
     let stream = TcpStream::connect(fx.mediator.tcp_addr()).await?;
     let mut client = Socks5::new(stream);
@@ -282,11 +283,11 @@ async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
     let parent = Socks5Parent::start(None).await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("socks5://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("socks5://{}", parent.addr())])
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -300,17 +301,17 @@ async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
 async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<()> {
     let down = ClosingParent::start().await?;
     let good = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
+    let fx = Fixture::start(
         parent_mode(
-            b,
+            mediator(),
             &[
                 format!("http://{}", down.addr()),
                 format!("http://{}", good.addr()),
             ],
         )
         .upstream_line("parent_retry_secs = 600")
-        .authority(agent_a_spec())
-    })
+        .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -343,16 +344,16 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
 async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
     let refusing = HttpParent::start_with(None, HttpParentMode::Refuse(403)).await?;
     let good = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
+    let fx = Fixture::start(
         parent_mode(
-            b,
+            mediator(),
             &[
                 format!("http://{}", refusing.addr()),
                 format!("http://{}", good.addr()),
             ],
         )
-        .authority(agent_a_spec())
-    })
+        .authority(agent_a_spec()),
+    )
     .await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
@@ -370,9 +371,9 @@ async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_targets_never_reach_a_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())]).authority(agent_a_spec())
-    })
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())]).authority(agent_a_spec()),
+    )
     .await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
@@ -386,11 +387,11 @@ async fn denied_targets_never_reach_a_parent() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())])
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let port = fx.origin.port();
     // CONNECT targets with injected lines: refused as malformed by the mediator itself.
@@ -454,13 +455,14 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
 async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy() -> Result<()> {
     let tunnels = HttpParent::start().await?;
     let plain = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"env\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"env\"")
             .env("HTTPS_PROXY", &format!("http://{}", tunnels.addr()))
             .env("http_proxy", &plain.addr().to_string())
             .env("NO_PROXY", "direct.test, .skip.test")
-            .authority(agent_a_spec().allow(&["direct.test", "a.skip.test"]))
-    })
+            .authority(agent_a_spec().allow(&["direct.test", "a.skip.test"])),
+    )
     .await?;
     fx.dns.set("direct.test", [e2e::LOOPBACK]);
     fx.dns.set("a.skip.test", [e2e::LOOPBACK]);
@@ -493,7 +495,7 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_mode_with_an_unusable_variable_refuses_to_start() -> Result<()> {
-    let err = MediatorBuilder::new()
+    let err = mediator()
         .upstream_line("mode = \"env\"")
         .env("HTTPS_PROXY", "socks4://127.0.0.1:1080")
         .authority(agent_a_spec())

@@ -5,8 +5,6 @@
 //! curl cannot use an HTTP proxy on a Unix socket, so CONNECT uses our raw client; curl
 //! does drive SOCKS5 over the socket (`socks5h://localhost/<path>`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
 
@@ -20,11 +18,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use crate::support::mediator;
+
 async fn fixture() -> Result<Fixture> {
-    Fixture::start(|b| {
-        b.authority(agent_a_spec())
-            .authority(e2e::AuthoritySpec::new(AGENT_B).allow(&["other.test"]))
-    })
+    Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .authority(e2e::AuthoritySpec::new(AGENT_B).allow(&["other.test"])),
+    )
     .await
 }
 

@@ -2,8 +2,6 @@
 //! driven by real curl, the close record's byte counts, credential failures, and the
 //! upstream failures (refused -> 502, connect timeout -> 504, NXDOMAIN -> 502).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -12,6 +10,8 @@ use e2e::{
     curl,
 };
 use serde_json::{Value, json};
+
+use crate::support::{agent_a, mediator};
 
 /// A loopback port with no listener: bind an ephemeral port, then release it.
 async fn closed_loopback_port() -> Result<u16> {
@@ -23,7 +23,7 @@ async fn closed_loopback_port() -> Result<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let proxy = format!("http://{}", fx.mediator.tcp_addr());
     let user = format!("{AGENT_A}:{TOKEN_A}");
     let url = format!("http://{}/hello?x=1", fx.origin_target());
@@ -96,7 +96,7 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let answer = conn
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
@@ -135,7 +135,7 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn.connect(&fx.origin_target(), None).await?;
     let body = check_deny(&resp, 407, "bad_credential")?;
@@ -169,7 +169,7 @@ async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&fx.origin_target(), Some((AGENT_A, "not-the-token")))
@@ -203,7 +203,7 @@ async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&fx.origin_target(), Some(("nobody", TOKEN_A)))
@@ -228,7 +228,7 @@ async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let port = closed_loopback_port().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
@@ -265,7 +265,7 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
     let (listener, held) = e2e::stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
 
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(1)).await?;
+    let fx = Fixture::start(mediator().authority(agent_a_spec()).connect_timeout_secs(1)).await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(
@@ -284,7 +284,7 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec().allow(&["nx.test"]))).await?;
+    let fx = Fixture::start(mediator().authority(agent_a_spec().allow(&["nx.test"]))).await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn.connect("nx.test:80", Some((AGENT_A, TOKEN_A))).await?;
     let body = check_deny(&resp, 502, "dns_failure")?;
@@ -315,7 +315,7 @@ async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
 /// first, in order, and count in the close record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let t = fx.origin_target();
     let request = format!(
@@ -348,7 +348,7 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
 /// is decided on its own and can open a tunnel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect("not-granted.example:443", Some((AGENT_A, TOKEN_A)))
@@ -373,7 +373,7 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
 /// to splice(2) mid-stream; every byte must arrive, in order, and be counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let answer = conn
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
@@ -425,7 +425,12 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
 /// from the connection, ends (not a fresh timeout after the first byte).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte() -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).timeout("request_head", 2)).await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .timeout("request_head", 2),
+    )
+    .await?;
     let mut conn = fx.tcp_conn().await?;
     let opened = std::time::Instant::now();
     // The first byte well inside the timeout; a fresh timeout from it would end at 3.8 s.

@@ -2,8 +2,6 @@
 //! with `--socks5-hostname`, each address type, the method and authentication failures,
 //! unsupported commands, and the `REP` codes for policy, DNS and upstream failures.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -20,15 +18,17 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::support::mediator;
+
 async fn fixture() -> Result<Fixture> {
-    Fixture::start(|b| {
-        b.authority(
+    Fixture::start(
+        mediator().authority(
             AuthoritySpec::new(AGENT_A)
                 .allow(&[ORIGIN_HOST, "127.0.0.1", "::1", "nx.test"])
                 .allow_private(&["127.0.0.0/8", "::1/128"])
                 .token(TOKEN_A),
-        )
-    })
+        ),
+    )
     .await
 }
 

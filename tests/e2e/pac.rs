@@ -4,16 +4,14 @@
 //! budgets with `pac_on_error`; the per-host cache; the URL handed to the script; fetching
 //! over HTTP with refresh and the last good copy; and failing closed at start.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use e2e::parent::{ClosingParent, HttpParent, PacServer, Socks5Parent};
-use e2e::{
-    AGENT_A, Fixture, LOOPBACK, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny,
-};
+use e2e::{AGENT_A, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny};
 use serde_json::json;
+
+use crate::support::mediator;
 
 /// A fixture in `pac` mode with the script in a file; `allowed` are `host:port` parents.
 async fn pac_fixture(
@@ -25,17 +23,19 @@ async fn pac_fixture(
     let path = dir.path().join("proxy.pac");
     std::fs::write(&path, script)?;
     let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
-    let fx = Fixture::start(|mut b| {
-        b = b
-            .upstream_line("mode = \"pac\"")
-            .upstream_line(&format!("pac = {:?}", path.display().to_string()))
-            .upstream_line(&format!("allowed_parents = [{}]", allowed.join(", ")))
-            .env("MEDIATOR_LOG", "mediator=debug");
-        for line in extra {
-            b = b.upstream_line(line);
-        }
-        b.authority(agent_a_spec().allow(&["*.corp.test", "direct.test", "intranet.test"]))
-    })
+    let mut b = mediator()
+        .upstream_line("mode = \"pac\"")
+        .upstream_line(&format!("pac = {:?}", path.display().to_string()))
+        .upstream_line(&format!("allowed_parents = [{}]", allowed.join(", ")))
+        .env("MEDIATOR_LOG", "mediator=debug");
+    for line in extra {
+        b = b.upstream_line(line);
+    }
+    let fx = Fixture::start(b.authority(agent_a_spec().allow(&[
+        "*.corp.test",
+        "direct.test",
+        "intranet.test",
+    ])))
     .await?;
     for name in ["a.corp.test", "direct.test", "intranet.test"] {
         fx.dns.set(name, [LOOPBACK]);
@@ -323,8 +323,9 @@ async fn pac_answers_are_cached_per_host_and_urls_have_no_path() -> Result<()> {
 async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()> {
     let parent = HttpParent::start().await?;
     let server = PacServer::start("function FindProxyForURL(u, h) { return 'DIRECT'; }").await?;
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"pac\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {:?}", server.url()))
             .upstream_line(&format!(
                 "allowed_parents = [{:?}]",
@@ -332,8 +333,8 @@ async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()
             ))
             .upstream_line("pac_refresh_secs = 1")
             .upstream_line("pac_cache_secs = 0")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
     assert_eq!(route_of(&fx, ORIGIN_HOST).await?, "direct");
@@ -393,7 +394,7 @@ async fn no_usable_pac_at_start_fails_closed() -> Result<()> {
         (bad.display().to_string(), "CPU budget"),
         (server.url(), "status 500"),
     ] {
-        let err = MediatorBuilder::new()
+        let err = mediator()
             .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {source:?}"))
             .authority(agent_a_spec())
@@ -420,7 +421,7 @@ async fn https_pac_is_verified_against_the_configured_trust() -> Result<()> {
     dns.set("pac.test", [LOOPBACK]);
     let url = format!("https://pac.test:{}/proxy.pac", server.port());
     let start = |trust: bool| {
-        let mut b = MediatorBuilder::new()
+        let mut b = mediator()
             .nameserver(dns.addr())
             .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {url:?}"))
@@ -454,13 +455,14 @@ async fn pac_is_fetched_through_pac_fetch_via() -> Result<()> {
     let via = HttpParent::start().await?;
     // pac.test is unknown to the mediator's resolver: only the parent can reach it.
     let url = format!("http://pac.test:{}/proxy.pac", server.port());
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"pac\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {url:?}"))
             .upstream_line(&format!("pac_fetch_via = \"http://{}\"", via.addr()))
             .upstream_line("pac_refresh_secs = 0")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let seen = via.wait_requests(1).await?;
     assert!(

@@ -2,8 +2,6 @@
 //! grants; the same destination gets opposite verdicts depending on who asks, and each
 //! decision line names the authority that asked, on both channels.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use anyhow::Result;
 use e2e::{
     AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST,
@@ -11,15 +9,17 @@ use e2e::{
 };
 use serde_json::{Value, json};
 
+use crate::support::mediator;
+
 async fn fixture() -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(agent_a_spec()).authority(
+    let fx = Fixture::start(
+        mediator().authority(agent_a_spec()).authority(
             AuthoritySpec::new(AGENT_B)
                 .allow(&["other.test"])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_B),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set("other.test", [LOOPBACK]);
     Ok(fx)
