@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{
-    AGENT_A, FORGED_DECISION, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth, check_deny,
-    check_line, check_tcp_peer,
+    AGENT_A, FORGED_DECISION, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
+    check_deny, check_tcp_peer, proxy_authorization,
 };
 use serde_json::{Value, json};
 
 use crate::support::{agent_a, mediator};
 
+/// `agent-a`'s `Proxy-Authorization` line.
 fn auth_header() -> String {
-    format!("Proxy-Authorization: {}\r\n", basic_auth(AGENT_A, TOKEN_A))
+    proxy_authorization(AGENT_A, TOKEN_A)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,8 +38,7 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
          \r\n",
         auth = auth_header()
     );
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 200, "{resp:?}\n{}", resp.text());
     for v in resp.header_all("x-mediator-decision") {
         assert!(
@@ -84,20 +84,18 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
 
     let line = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("authority", json!(AGENT_A)),
+                ("channel", json!("tcp")),
+                ("protocol", json!("http")),
+                ("port", json!(fx.origin.port())),
+                ("pin", json!("127.0.0.1")),
+                ("route", json!("direct")),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("channel", json!("tcp")),
-            ("protocol", json!("http")),
-            ("port", json!(fx.origin.port())),
-            ("decision", json!("allow")),
-            ("pin", json!("127.0.0.1")),
-            ("route", json!("direct")),
-        ],
-    )?;
     check_tcp_peer(&line)?;
     Ok(())
 }
@@ -111,7 +109,7 @@ async fn absolute_form_post_forwards_the_body() -> Result<()> {
         fx.origin_target(),
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 200, "{resp:?}");
     let echo = resp.json()?;
     assert_eq!(echo["method"], "POST");
@@ -126,20 +124,17 @@ async fn absolute_form_without_credential_is_407() -> Result<()> {
         "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n\r\n",
         t = fx.origin_target()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    let line = fx
-        .mediator
-        .wait_for_decision("bad_credential", None)
+    let resp = fx.request(&req).await?;
+    // (check_deny holds a 407 to its Proxy-Authenticate challenge.)
+    fx.mediator
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[("authority", Value::Null)],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("authority", Value::Null), ("decision", json!("deny"))],
-    )?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
@@ -147,24 +142,24 @@ async fn absolute_form_without_credential_is_407() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
     let fx = agent_a().await?;
-    fx.dns.set("other.test", [e2e::LOOPBACK]);
+    fx.dns.set("other.test", [LOOPBACK]);
     let req = format!(
         "GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n{}\r\n",
         auth_header(),
         p = fx.origin.port()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    let body = check_deny(&resp, 403, "not_in_allowlist")?;
-    assert_eq!(body["host"], "other.test");
-    assert_eq!(body["authority"], AGENT_A);
-    let line = fx
+    let resp = fx.request(&req).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("not_in_allowlist", Some("other.test"))
+        .expect_deny(
+            &resp,
+            403,
+            "not_in_allowlist",
+            Some("other.test"),
+            &[("protocol", json!("http"))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("protocol", json!("http")), ("decision", json!("deny"))],
-    )?;
+    assert_eq!(denial.body["authority"], AGENT_A);
     assert_eq!(fx.origin.connections(), 0);
     assert_eq!(
         fx.dns.queries("other.test"),
@@ -177,16 +172,16 @@ async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
 /// Sends `req` and checks the 400 `malformed_target` answer, that the decision was
 /// logged, and that the origin was never contacted.
 async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    check_deny(&resp, 400, "malformed_target")?;
-    let line = fx
-        .mediator
-        .wait_for_decision("malformed_target", None)
+    let resp = fx.request(req).await?;
+    fx.mediator
+        .expect_deny(
+            &resp,
+            400,
+            "malformed_target",
+            None,
+            &[("channel", json!("tcp"))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("decision", json!("deny")), ("channel", json!("tcp"))],
-    )?;
     assert_eq!(
         fx.origin.connections(),
         0,
@@ -258,7 +253,7 @@ async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<
             "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
             auth_header()
         );
-        let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+        let resp = fx.request(&req).await?;
         // Either our JSON 400 or hyper's own 400 for a URI it cannot parse; never a
         // decision on port 80.
         assert_eq!(resp.status, 400, "port {port}: {}", resp.text());
@@ -280,14 +275,14 @@ async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
         "CONNECT alice:{secret}@origin.test:{p} HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 400);
     assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
     let req = format!(
         "GET http://alice:{secret}@origin.test:{p}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 400);
     assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
     fx.mediator
@@ -297,8 +292,7 @@ async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
             Duration::from_secs(5),
         )
         .await?;
-    let log = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(!log.contains(secret), "secret in the decision log: {log}");
+    fx.mediator.expect_log_lacks(secret)?;
     Ok(())
 }
 
@@ -390,7 +384,7 @@ async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<
     let m = &fx.mediator;
     let target = fx.origin_target();
     let req = format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    let mut c = e2e::HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let mut c = fx.unix_conn(AGENT_A).await?;
     assert_eq!(c.request(req.as_bytes()).await?.status, 200);
     let resp = m
         .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)

@@ -6,36 +6,21 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::{
-    AGENT_A, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny, check_line, check_tcp_peer,
-    curl,
+    AGENT_A, CLOSE_FIELDS, Denial, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
+    check_deny, check_tcp_peer, closed_loopback_port, proxy_authorization,
 };
 use serde_json::{Value, json};
 
 use crate::support::{agent_a, mediator};
 
-/// A loopback port with no listener: bind an ephemeral port, then release it.
-async fn closed_loopback_port() -> Result<u16> {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = l.local_addr()?.port();
-    drop(l);
-    Ok(port)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<()> {
     let fx = agent_a().await?;
-    let proxy = format!("http://{}", fx.mediator.tcp_addr());
-    let user = format!("{AGENT_A}:{TOKEN_A}");
     let url = format!("http://{}/hello?x=1", fx.origin_target());
-    let out = curl(&[
-        "--proxy",
-        &proxy,
-        "--proxy-user",
-        &user,
-        "--proxytunnel",
-        &url,
-    ])
-    .await?;
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["--proxytunnel", &url])
+        .await?;
     ensure!(out.exit_code == 0, "curl failed: {out:?}");
     assert_eq!(out.http_connect, 200, "{out:?}");
     assert_eq!(out.http_code, 200, "{out:?}");
@@ -47,23 +32,21 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
 
     let line = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("event", json!("decision")),
+                ("authority", json!(AGENT_A)),
+                ("channel", json!("tcp")),
+                ("protocol", json!("connect")),
+                ("host", json!(ORIGIN_HOST)),
+                ("port", json!(fx.origin.port())),
+                ("reason", json!("allowed")),
+                ("pin", json!("127.0.0.1")),
+                ("route", json!("direct")),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("event", json!("decision")),
-            ("authority", json!(AGENT_A)),
-            ("channel", json!("tcp")),
-            ("protocol", json!("connect")),
-            ("host", json!(ORIGIN_HOST)),
-            ("port", json!(fx.origin.port())),
-            ("decision", json!("allow")),
-            ("reason", json!("allowed")),
-            ("pin", json!("127.0.0.1")),
-            ("route", json!("direct")),
-        ],
-    )?;
     check_tcp_peer(&line)?;
     assert!(line["dns_ms"].is_number(), "dns_ms: {line}");
     assert!(line["connect_ms"].is_number(), "connect_ms: {line}");
@@ -74,15 +57,12 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
         "rule should name the allow entry: {line}"
     );
     // No secret in the log: neither the token nor its Basic encoding.
-    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(!raw.contains(TOKEN_A), "token leaked into the decision log");
-    assert!(
-        !raw.contains(&e2e::basic_auth(AGENT_A, TOKEN_A)[6..]),
-        "credential leaked"
-    );
+    fx.mediator.expect_log_lacks(TOKEN_A)?;
+    fx.mediator
+        .expect_log_lacks(&basic_auth(AGENT_A, TOKEN_A)["Basic ".len()..])?;
 
     let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    for key in e2e::CLOSE_FIELDS {
+    for key in CLOSE_FIELDS {
         assert!(close.get(*key).is_some(), "close line lacks {key}: {close}");
     }
     assert_eq!(close["authority"], AGENT_A, "{close}");
@@ -121,13 +101,11 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
     );
     drop(conn);
 
-    let line = fx
+    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
+    let close = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_close_bytes(&line, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     assert!(close["duration_ms"].is_number(), "{close}");
     assert!(close["close_reason"].is_string(), "{close}");
     Ok(())
@@ -136,28 +114,22 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
     let fx = agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.connect(&fx.origin_target(), None).await?;
-    let body = check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\""),
-        "{resp:?}"
-    );
-    assert_eq!(body["authority"], Value::Null, "{body}");
-    let line = fx
+    let resp = fx.connect(&fx.origin_target(), None).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("bad_credential", None)
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[
+                ("authority", Value::Null),
+                ("channel", json!("tcp")),
+                ("pin", Value::Null),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", Value::Null),
-            ("channel", json!("tcp")),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-        ],
-    )?;
+    assert_eq!(denial.body["authority"], Value::Null, "{}", denial.body);
     assert_eq!(fx.origin.connections(), 0);
     assert_eq!(
         fx.dns.queries(ORIGIN_HOST),
@@ -170,33 +142,23 @@ async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
     let fx = agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
+    let resp = fx
         .connect(&fx.origin_target(), Some((AGENT_A, "not-the-token")))
         .await?;
-    check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    let line = fx
-        .mediator
-        .wait_for_decision("bad_credential", None)
+    fx.mediator
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[
+                ("channel", json!("tcp")),
+                // The attempt is attributed to the (real) authority it tried to act as.
+                ("authority", json!(AGENT_A)),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("decision", json!("deny")),
-            ("channel", json!("tcp")),
-            // The attempt is attributed to the (real) authority it tried to act as.
-            ("authority", json!(AGENT_A)),
-        ],
-    )?;
-    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(
-        !raw.contains("not-the-token"),
-        "a presented token leaked into the log"
-    );
+    fx.mediator.expect_log_lacks("not-the-token")?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
@@ -204,24 +166,20 @@ async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<()> {
     let fx = agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
+    let resp = fx
         .connect(&fx.origin_target(), Some(("nobody", TOKEN_A)))
         .await?;
-    let body = check_deny(&resp, 407, "unknown_authority")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    assert_eq!(body["authority"], Value::Null, "{body}");
-    let line = fx
+    let denial = fx
         .mediator
-        .wait_for_decision("unknown_authority", None)
+        .expect_deny(
+            &resp,
+            407,
+            "unknown_authority",
+            None,
+            &[("authority", Value::Null)],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("authority", Value::Null), ("decision", json!("deny"))],
-    )?;
+    assert_eq!(denial.body["authority"], Value::Null, "{}", denial.body);
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
@@ -229,27 +187,19 @@ async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> Result<()> {
     let fx = agent_a().await?;
-    let port = closed_loopback_port().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&format!("{ORIGIN_HOST}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert_eq!(body["host"], ORIGIN_HOST);
-    assert_eq!(body["port"], json!(port));
-    let line = fx
+    let port = closed_loopback_port()?;
+    let resp = fx.connect_a(&format!("{ORIGIN_HOST}:{port}")).await?;
+    let Denial { body, line } = fx
         .mediator
-        .wait_for_decision("upstream_failure", None)
+        .expect_deny(
+            &resp,
+            502,
+            "upstream_failure",
+            Some(ORIGIN_HOST),
+            &[("authority", json!(AGENT_A)), ("port", json!(port))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("host", json!(ORIGIN_HOST)),
-            ("port", json!(port)),
-            ("decision", json!("deny")),
-        ],
-    )?;
+    assert_eq!(body["port"], json!(port));
     // The connection was never made: no pin, or the vetted address it tried.
     assert!(
         line["pin"].is_null() || line["pin"] == "127.0.0.1",
@@ -266,16 +216,11 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
     let addr = listener.local_addr()?;
 
     let fx = Fixture::start(mediator().authority(agent_a_spec()).connect_timeout_secs(1)).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(
-            &format!("{ORIGIN_HOST}:{}", addr.port()),
-            Some((AGENT_A, TOKEN_A)),
-        )
+    let resp = fx
+        .connect_a(&format!("{ORIGIN_HOST}:{}", addr.port()))
         .await?;
-    check_deny(&resp, 504, "upstream_failure")?;
     fx.mediator
-        .wait_for_decision("upstream_failure", None)
+        .expect_deny(&resp, 504, "upstream_failure", Some(ORIGIN_HOST), &[])
         .await?;
     drop(listener);
     drop(held);
@@ -285,24 +230,22 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
     let fx = Fixture::start(mediator().authority(agent_a_spec().allow(&["nx.test"]))).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.connect("nx.test:80", Some((AGENT_A, TOKEN_A))).await?;
-    let body = check_deny(&resp, 502, "dns_failure")?;
-    assert_eq!(body["host"], "nx.test");
-    assert_eq!(body["authority"], AGENT_A);
-    let line = fx
+    let resp = fx.connect_a("nx.test:80").await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("dns_failure", Some("nx.test"))
+        .expect_deny(
+            &resp,
+            502,
+            "dns_failure",
+            Some("nx.test"),
+            &[
+                ("authority", json!(AGENT_A)),
+                ("pin", Value::Null),
+                ("port", json!(80)),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-            ("port", json!(80)),
-        ],
-    )?;
+    assert_eq!(denial.body["authority"], AGENT_A);
     assert!(
         fx.dns.queries("nx.test") >= 1,
         "the mediator never asked our DNS server"
@@ -322,8 +265,8 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
         "POST /early HTTP/1.1\r\nHost: {t}\r\nContent-Length: 5\r\nConnection: close\r\n\r\nearly"
     );
     let head = format!(
-        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {}\r\n\r\n",
-        e2e::basic_auth(AGENT_A, TOKEN_A)
+        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
     conn.send(format!("{head}{request}").as_bytes()).await?;
     let answer = conn.read_response(true).await?;
@@ -334,13 +277,10 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
     ensure!(text.contains(r#""target":"/early""#), "{text}");
     ensure!(text.contains(r#""body":"early""#), "{text}");
     drop(conn); // the tunnel ends when both sides have closed
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
+    fx.mediator
+        .expect_close_bytes(&line, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     Ok(())
 }
 
@@ -358,14 +298,9 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
         .await?;
     assert_eq!(answer.status, 200, "{answer:?}");
-    let request = format!(
-        "GET /after-denial HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        fx.origin_target()
-    );
-    conn.send(request.as_bytes()).await?;
-    let response = conn.read_to_end().await?;
-    let text = String::from_utf8_lossy(&response);
-    ensure!(text.contains(r#""target":"/after-denial""#), "{text}");
+    let inner = conn.get(&fx.origin_target(), "/after-denial", true).await?;
+    assert_eq!(inner.status, 200, "{inner:?}");
+    assert_eq!(inner.json()?["target"], "/after-denial");
     Ok(())
 }
 
@@ -410,13 +345,10 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
         echo["body"].as_str() == Some(body.as_str()),
         "the echoed body differs"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
+    fx.mediator
+        .expect_close_bytes(&line, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     Ok(())
 }
 

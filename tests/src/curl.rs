@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 
+use crate::mediator::Mediator;
+
 /// What one curl run produced.
 #[derive(Debug, Clone)]
 pub struct CurlOutput {
@@ -77,4 +79,25 @@ pub async fn curl(args: &[&str]) -> Result<CurlOutput> {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         pid,
     })
+}
+
+impl Mediator {
+    /// Runs curl with this mediator's TCP listener as its proxy (`--proxy
+    /// <scheme>://<addr>`, `scheme` being `http` or `socks5h`), as `(authority, token)`
+    /// (`--proxy-user`), then `args` (the URL last).
+    ///
+    /// # Errors
+    /// As [`curl`].
+    pub async fn curl_via(
+        &self,
+        scheme: &str,
+        (authority, token): (&str, &str),
+        args: &[&str],
+    ) -> Result<CurlOutput> {
+        let proxy = format!("{scheme}://{}", self.tcp_addr());
+        let user = format!("{authority}:{token}");
+        let mut all = vec!["--proxy", &proxy, "--proxy-user", &user];
+        all.extend_from_slice(args);
+        curl(&all).await
+    }
 }

@@ -26,6 +26,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
+use crate::wait::wait_for;
+
 /// How long the mediator gets to print its `ready` line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -612,22 +614,18 @@ impl Mediator {
         pred: impl Fn(&Value) -> bool,
         timeout: Duration,
     ) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let lines = self.decision_lines()?;
-            if let Some(v) = lines.iter().find(|v| pred(v)) {
-                return Ok(v.clone());
-            }
-            if Instant::now() >= deadline {
-                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
-                bail!(
-                    "no matching decision log line within {timeout:?}; log:\n{}\nstderr:\n{}",
-                    dump.join("\n"),
+        wait_for(
+            timeout,
+            || Ok(self.decision_lines()?.into_iter().find(|v| pred(v))),
+            || {
+                format!(
+                    "no matching decision log line; {}\nstderr:\n{}",
+                    self.log_dump(),
                     self.stderr_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                )
+            },
+        )
+        .await
     }
 
     /// Waits until at least `n` log lines satisfy `pred`, and returns all that do.
@@ -641,22 +639,26 @@ impl Mediator {
         n: usize,
         timeout: Duration,
     ) -> Result<Vec<Value>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let lines = self.decision_lines()?;
-            let matching: Vec<Value> = lines.iter().filter(|v| pred(v)).cloned().collect();
-            if matching.len() >= n {
-                return Ok(matching);
-            }
-            if Instant::now() >= deadline {
-                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
-                bail!(
-                    "only {} of {n} expected log lines within {timeout:?}; log:\n{}",
-                    matching.len(),
-                    dump.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        wait_for(
+            timeout,
+            || {
+                let matching: Vec<Value> = self
+                    .decision_lines()?
+                    .into_iter()
+                    .filter(|v| pred(v))
+                    .collect();
+                Ok((matching.len() >= n).then_some(matching))
+            },
+            || format!("fewer than {n} matching log lines; {}", self.log_dump()),
+        )
+        .await
+    }
+
+    /// The decision log as text for an error message.
+    fn log_dump(&self) -> String {
+        match std::fs::read_to_string(&self.log_path) {
+            Ok(text) => format!("log:\n{text}"),
+            Err(e) => format!("no log ({e})"),
         }
     }
 
@@ -698,23 +700,21 @@ impl Mediator {
     }
 
     async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some(child) = self.child.as_mut() else {
-                bail!("mediator already reaped");
-            };
-            if let Some(status) = child.try_wait()? {
-                self.child = None;
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                self.child = None;
-                bail!("mediator did not exit within {timeout:?}; killed it");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(child) = self.child.as_mut() else {
+            bail!("mediator already reaped");
+        };
+        let exited = wait_for(
+            timeout,
+            || Ok(child.try_wait()?),
+            || "mediator did not exit; killed it".to_owned(),
+        )
+        .await;
+        if exited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
+        self.child = None;
+        exited
     }
 }
 
