@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{
-    AGENT_A, FORGED_DECISION, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
-    check_deny, check_tcp_peer, proxy_authorization,
+    AGENT_A, FORGED_DECISION, Fixture, LOOPBACK, TOKEN_A, agent_a_spec, basic_auth, check_deny,
+    proxy_authorization,
 };
 use serde_json::{Value, json};
 
@@ -82,21 +82,7 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
     assert_eq!(headers["x-kept"], json!(["yes"]), "{echo}");
     assert_eq!(headers["user-agent"], json!(["e2e"]), "{echo}");
 
-    let line = fx
-        .mediator
-        .expect_allow(
-            ORIGIN_HOST,
-            &[
-                ("authority", json!(AGENT_A)),
-                ("channel", json!("tcp")),
-                ("protocol", json!("http")),
-                ("port", json!(fx.origin.port())),
-                ("pin", json!("127.0.0.1")),
-                ("route", json!("direct")),
-            ],
-        )
-        .await?;
-    check_tcp_peer(&line)?;
+    fx.expect_origin_allowed("http").await?;
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use e2e::socks::{
 };
 use e2e::{
     AGENT_A, Fixture, LOOPBACK, ORIGIN_HOST, Origin, SocksTarget, TOKEN_A, agent_a_spec,
-    check_tcp_peer, closed_loopback_port, expect_http_200, get_through,
+    closed_loopback_port, expect_http_200, get_through,
 };
 use serde_json::{Value, json};
 
@@ -42,21 +42,7 @@ async fn curl_socks5_hostname_with_user_pass_reaches_origin() -> Result<()> {
     ensure!(out.exit_code == 0 && out.http_code == 200, "curl: {out:?}");
     let echo: Value = serde_json::from_str(&out.body)?;
     assert_eq!(echo["target"], "/s5");
-    let line = fx
-        .mediator
-        .expect_allow(
-            ORIGIN_HOST,
-            &[
-                ("authority", json!(AGENT_A)),
-                ("channel", json!("tcp")),
-                ("protocol", json!("socks5")),
-                ("port", json!(fx.origin.port())),
-                ("pin", json!("127.0.0.1")),
-                ("route", json!("direct")),
-            ],
-        )
-        .await?;
-    check_tcp_peer(&line)?;
+    let line = fx.expect_origin_allowed("socks5").await?;
     let close = fx.mediator.wait_for_close(&line["id"]).await?;
     assert!(
         close["bytes_down"].as_u64().is_some_and(|b| b > 0),
@@ -69,13 +55,8 @@ async fn curl_socks5_hostname_with_user_pass_reaches_origin() -> Result<()> {
 async fn socks5_domain_outside_grant_gets_rep_0x02() -> Result<()> {
     let fx = fixture().await?;
     fx.dns.set("other.test", [LOOPBACK]);
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain("other.test".into(), fx.origin.port()),
-        )
+    let (_s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain("other.test".into(), fx.origin.port()))
         .await?;
     assert_eq!(reply.rep, REP_NOT_ALLOWED, "{reply:?}");
     fx.mediator
@@ -177,9 +158,8 @@ async fn socks5_bind_and_udp_associate_get_rep_0x07() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_atyp_ipv4_connects_to_allowed_literal() -> Result<()> {
     let fx = fixture().await?;
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Ip(fx.origin.addr()))
+    let (mut s, reply) = fx
+        .socks_connect_a(&SocksTarget::Ip(fx.origin.addr()))
         .await?;
     assert_eq!(reply.rep, REP_SUCCEEDED, "{reply:?}");
     expect_http_200(&get_through(s.stream(), &fx.origin.addr().to_string(), "/via-socks").await?)?;
@@ -196,10 +176,7 @@ async fn socks5_atyp_ipv4_connects_to_allowed_literal() -> Result<()> {
 async fn socks5_atyp_ipv6_connects_to_allowed_literal() -> Result<()> {
     let fx = fixture().await?;
     let origin6 = Origin::start_on("[::1]:0".parse()?).await?;
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Ip(origin6.addr()))
-        .await?;
+    let (mut s, reply) = fx.socks_connect_a(&SocksTarget::Ip(origin6.addr())).await?;
     assert_eq!(reply.rep, REP_SUCCEEDED, "{reply:?}");
     expect_http_200(&get_through(s.stream(), &origin6.addr().to_string(), "/via-socks").await?)?;
     fx.mediator
@@ -219,13 +196,8 @@ async fn socks5_atyp_ipv6_connects_to_allowed_literal() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_atyp_domain_connects_and_relays() -> Result<()> {
     let fx = fixture().await?;
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()),
-        )
+    let (mut s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()))
         .await?;
     assert_eq!(reply.rep, REP_SUCCEEDED, "{reply:?}");
     expect_http_200(&get_through(s.stream(), &fx.origin_target(), "/via-socks").await?)?;
@@ -235,9 +207,8 @@ async fn socks5_atyp_domain_connects_and_relays() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_nxdomain_gets_rep_0x04() -> Result<()> {
     let fx = fixture().await?;
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Domain("nx.test".into(), 80))
+    let (_s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain("nx.test".into(), 80))
         .await?;
     assert_eq!(reply.rep, REP_HOST_UNREACHABLE, "{reply:?}");
     fx.mediator
@@ -254,10 +225,7 @@ async fn socks5_nxdomain_gets_rep_0x04() -> Result<()> {
 async fn socks5_refused_upstream_gets_rep_0x05() -> Result<()> {
     let fx = fixture().await?;
     let dead = SocketAddr::from((LOOPBACK, closed_loopback_port()?));
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Ip(dead))
-        .await?;
+    let (_s, reply) = fx.socks_connect_a(&SocksTarget::Ip(dead)).await?;
     assert_eq!(reply.rep, REP_REFUSED, "{reply:?}");
     fx.mediator
         .expect_decision(
@@ -272,13 +240,8 @@ async fn socks5_refused_upstream_gets_rep_0x05() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_non_canonical_ip_as_domain_is_refused_malformed_target() -> Result<()> {
     let fx = fixture().await?;
-    let mut s = fx.socks().await?;
-    let reply = s
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain("127.1".into(), fx.origin.port()),
-        )
+    let (_s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain("127.1".into(), fx.origin.port()))
         .await?;
     assert_ne!(reply.rep, REP_SUCCEEDED, "{reply:?}");
     fx.mediator

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use e2e::{
     AGENT_A, CLOSE_FIELDS, Denial, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
-    check_deny, check_tcp_peer, closed_loopback_port, proxy_authorization,
+    check_deny, closed_loopback_port, proxy_authorization,
 };
 use serde_json::{Value, json};
 
@@ -30,24 +30,7 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
     assert_eq!(echo["headers"]["host"], json!([fx.origin_target()]));
     assert_eq!(fx.origin.connections(), 1);
 
-    let line = fx
-        .mediator
-        .expect_allow(
-            ORIGIN_HOST,
-            &[
-                ("event", json!("decision")),
-                ("authority", json!(AGENT_A)),
-                ("channel", json!("tcp")),
-                ("protocol", json!("connect")),
-                ("host", json!(ORIGIN_HOST)),
-                ("port", json!(fx.origin.port())),
-                ("reason", json!("allowed")),
-                ("pin", json!("127.0.0.1")),
-                ("route", json!("direct")),
-            ],
-        )
-        .await?;
-    check_tcp_peer(&line)?;
+    let line = fx.expect_origin_allowed("connect").await?;
     assert!(line["dns_ms"].is_number(), "dns_ms: {line}");
     assert!(line["connect_ms"].is_number(), "connect_ms: {line}");
     assert!(
@@ -309,11 +292,7 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
     let fx = agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let mut conn = fx.tunnel_a().await?;
     let body: String = (0..4_000_000u32)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();

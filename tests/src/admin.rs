@@ -16,8 +16,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
@@ -115,8 +114,7 @@ impl Mediator {
         let is_reload = |l: &str| l.starts_with("mediator: reload");
         let before = self.stderr_text().lines().filter(|l| is_reload(l)).count();
         std::fs::write(self.config_path(), config).context("rewriting mediator.toml")?;
-        let pid = self.pid().ok_or_else(|| anyhow!("mediator not running"))?;
-        kill(Pid::from_raw(pid as i32), Signal::SIGHUP).context("sending SIGHUP")?;
+        self.signal(Signal::SIGHUP)?;
         wait_for(
             RELOAD_TIMEOUT,
             || {

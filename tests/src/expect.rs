@@ -112,10 +112,18 @@ pub fn check_line(line: &Value, expect: &[(&str, Value)]) -> Result<()> {
             "decision line lacks `{key}`: {line}"
         );
     }
+    check_fields(line, expect)
+}
+
+/// Checks that each `(key, value)` in `expect` matches `line` (any JSON object) exactly.
+///
+/// # Errors
+/// The first mismatch, with the line in the message.
+pub fn check_fields(line: &Value, expect: &[(&str, Value)]) -> Result<()> {
     for (key, want) in expect {
         ensure!(
             &line[*key] == want,
-            "decision line `{key}`: expected {want}, got {} in {line}",
+            "`{key}`: expected {want}, got {} in {line}",
             line[*key]
         );
     }
@@ -160,6 +168,21 @@ impl Mediator {
     ) -> Result<Value> {
         let line = self.wait_for_decision(reason, host).await?;
         check_line(&line, fields)?;
+        Ok(line)
+    }
+
+    /// Waits (up to [`crate::LOG_TIMEOUT`]) for the first log line of any event that
+    /// satisfies `pred`, and checks `fields` on it ([`check_fields`]). Returns it.
+    ///
+    /// # Errors
+    /// No such line in time, or a mismatch.
+    pub async fn expect_log(
+        &self,
+        pred: impl Fn(&Value) -> bool,
+        fields: &[(&str, Value)],
+    ) -> Result<Value> {
+        let line = self.wait_for_log(pred, crate::LOG_TIMEOUT).await?;
+        check_fields(&line, fields)?;
         Ok(line)
     }
 

@@ -4,14 +4,16 @@
 
 use std::net::IpAddr;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
+use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
 use crate::dns::DnsServer;
+use crate::expect::check_tcp_peer;
 use crate::http::{HttpConn, HttpResponse};
 use crate::mediator::{Mediator, MediatorBuilder};
 use crate::origin::Origin;
-use crate::socks::Socks5;
+use crate::socks::{Socks5, SocksReply, SocksTarget};
 use crate::{AGENT_A, LOOPBACK, ORIGIN_HOST, TOKEN_A};
 
 /// A DNS server, an origin and a mediator wired together: `origin.test` resolves to
@@ -121,6 +123,60 @@ impl Fixture {
             return Ok(answer);
         }
         conn.get(&target, path, true).await
+    }
+
+    /// A tunnel to the origin: `CONNECT origin.test:<port>` as `agent-a` on a fresh TCP
+    /// connection, checked to be answered `200`.
+    ///
+    /// # Errors
+    /// Connect or read failure, or another answer.
+    pub async fn tunnel_a(&self) -> Result<HttpConn> {
+        let mut conn = self.tcp_conn().await?;
+        let answer = conn
+            .connect(&self.origin_target(), Some((AGENT_A, TOKEN_A)))
+            .await?;
+        ensure!(answer.status == 200, "CONNECT to the origin: {answer:?}");
+        Ok(conn)
+    }
+
+    /// Waits for the decision that let `agent-a` reach the origin directly over the TCP
+    /// listener with `protocol` (`connect`, `http`, `socks5`) and checks all of it that
+    /// is known: reason, authority, channel, protocol, host, port, pin `127.0.0.1`, route
+    /// `direct`, and a loopback peer. Returns the line.
+    ///
+    /// # Errors
+    /// No such line in time, or a deviation.
+    pub async fn expect_origin_allowed(&self, protocol: &str) -> Result<Value> {
+        let line = self
+            .mediator
+            .expect_allow(
+                ORIGIN_HOST,
+                &[
+                    ("authority", json!(AGENT_A)),
+                    ("channel", json!("tcp")),
+                    ("protocol", json!(protocol)),
+                    ("port", json!(self.origin.port())),
+                    ("pin", json!("127.0.0.1")),
+                    ("route", json!("direct")),
+                ],
+            )
+            .await?;
+        check_tcp_peer(&line)?;
+        Ok(line)
+    }
+
+    /// A SOCKS5 client on a fresh TCP connection, authenticated as `agent-a`, that has
+    /// sent CONNECT to `target`; with the server's reply.
+    ///
+    /// # Errors
+    /// Connect or I/O failure, or a failed authentication.
+    pub async fn socks_connect_a(
+        &self,
+        target: &SocksTarget,
+    ) -> Result<(Socks5<TcpStream>, SocksReply)> {
+        let mut client = self.socks().await?;
+        let reply = client.connect_with_auth(AGENT_A, TOKEN_A, target).await?;
+        Ok((client, reply))
     }
 
     /// A SOCKS5 client on a fresh connection to the TCP listener.

@@ -28,7 +28,8 @@ pub use crate::admin::{PromText, Watchdog, WatchdogMode};
 pub use crate::curl::{CurlOutput, curl};
 pub use crate::dns::{DnsServer, QueryKind};
 pub use crate::expect::{
-    CLOSE_FIELDS, DECISION_FIELDS, Denial, check_deny, check_line, check_tcp_peer, expect_http_200,
+    CLOSE_FIELDS, DECISION_FIELDS, Denial, PROXY_CHALLENGE, check_deny, check_fields, check_line,
+    check_tcp_peer, expect_http_200,
 };
 pub use crate::fixture::Fixture;
 pub use crate::http::{HttpConn, HttpResponse, basic_auth, get_through, proxy_authorization};
@@ -53,8 +54,14 @@ pub const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// `agent-a`: `allow = ["origin.test"]`, `allow_private = ["127.0.0.0/8"]`, token
 /// [`TOKEN_A`].
 pub fn agent_a_spec() -> AuthoritySpec {
+    agent_a_allowing(&[ORIGIN_HOST])
+}
+
+/// `agent-a` (token [`TOKEN_A`]) whose grant allows exactly `allow`, with
+/// `allow_private = ["127.0.0.0/8"]` so loopback origins pass.
+pub fn agent_a_allowing<S: AsRef<str>>(allow: &[S]) -> AuthoritySpec {
     AuthoritySpec::new(AGENT_A)
-        .allow(&[ORIGIN_HOST])
+        .allow(allow)
         .allow_private(&["127.0.0.0/8"])
         .token(TOKEN_A)
 }

@@ -692,11 +692,19 @@ impl Mediator {
     /// # Errors
     /// The signal cannot be sent, or the process outlives the deadline (it is then killed).
     pub async fn terminate(&mut self) -> Result<ExitStatus> {
+        self.signal(Signal::SIGTERM)?;
+        self.wait_exit(EXIT_TIMEOUT).await
+    }
+
+    /// Sends `signal` to the running mediator, without waiting for anything.
+    ///
+    /// # Errors
+    /// The process is already reaped, or the signal cannot be sent.
+    pub fn signal(&self, signal: Signal) -> Result<()> {
         let pid = self
             .pid()
             .ok_or_else(|| anyhow!("mediator already reaped"))?;
-        kill(Pid::from_raw(pid as i32), Signal::SIGTERM).context("sending SIGTERM")?;
-        self.wait_exit(EXIT_TIMEOUT).await
+        kill(Pid::from_raw(pid as i32), signal).with_context(|| format!("sending {signal}"))
     }
 
     async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
