@@ -6,16 +6,15 @@
 //! reaching a parent. Routing comes after the decision: a denied target never reaches a
 //! parent.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::parent::{ClosingParent, HttpParent, HttpParentMode, Socks5Parent};
-use e2e::socks::{REP_SUCCEEDED, Socks5, SocksTarget};
+use e2e::socks::{REP_SUCCEEDED, SocksTarget};
 use e2e::{
-    AGENT_A, Fixture, HttpConn, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
-    check_deny, check_line,
+    AGENT_A, Denial, Fixture, HttpResponse, LOG_TIMEOUT, LOOPBACK, MediatorBuilder, ORIGIN_HOST,
+    TOKEN_A, agent_a_spec, basic_auth, check_contains, check_deny, get_through,
+    proxy_authorization,
 };
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::support::mediator;
 
@@ -26,17 +25,19 @@ fn parent_mode(b: MediatorBuilder, parents: &[String]) -> MediatorBuilder {
 }
 
 /// CONNECT through the mediator, then one GET inside the tunnel; returns the origin's echo.
-async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<e2e::HttpResponse> {
-    let mut conn = fx.tcp_conn().await?;
-    let target = format!("{host}:{}", fx.origin.port());
-    let answer = conn.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
-    if answer.status != 200 {
-        return Ok(answer);
-    }
-    conn.request(
-        format!("GET /inside HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
+async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<HttpResponse> {
+    fx.tunnel_get(host, "/inside").await
+}
+
+/// The decision lines of the requests that were allowed, once there are `n` of them.
+async fn allowed_lines(fx: &Fixture, n: usize) -> Result<Vec<serde_json::Value>> {
+    fx.mediator
+        .wait_for_count(
+            |v| v["event"] == "decision" && v["reason"] == "allowed",
+            n,
+            LOG_TIMEOUT,
+        )
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,16 +60,15 @@ async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     );
     let line = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("route", json!(format!("parent {url}"))),
+                ("pin", json!("127.0.0.1")),
+                ("protocol", json!("connect")),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("route", json!(format!("parent {url}"))),
-            ("pin", json!("127.0.0.1")),
-            ("protocol", json!("connect")),
-        ],
-    )?;
     let close = fx.mediator.wait_for_close(&line["id"]).await?;
     assert_eq!(close["route"], json!(format!("parent {url}")), "{close}");
     Ok(())
@@ -103,8 +103,8 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
     let target = fx.origin_target();
     let mut conn = fx.tcp_conn().await?;
     let req = format!(
-        "GET http://{target}/page?q=1 HTTP/1.1\r\nHost: evil.example\r\nProxy-Authorization: {}\r\nX-Kept: yes\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://{target}/page?q=1 HTTP/1.1\r\nHost: evil.example\r\n{}X-Kept: yes\r\n\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
     let resp = conn.request(req.as_bytes()).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -131,22 +131,14 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
     let resp = conn
         .request(
             format!(
-                "GET http://{target}/again HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-                basic_auth(AGENT_A, TOKEN_A)
+                "GET http://{target}/again HTTP/1.1\r\n{}\r\n",
+                proxy_authorization(AGENT_A, TOKEN_A)
             )
             .as_bytes(),
         )
         .await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let lines = fx
-        .mediator
-        .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "allowed",
-            2,
-            e2e::LOG_TIMEOUT,
-        )
-        .await?;
-    for line in &lines {
+    for line in &allowed_lines(&fx, 2).await? {
         assert_eq!(
             line["route"],
             json!(format!("parent http://{}", parent.addr())),
@@ -163,26 +155,19 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
     let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    let Denial { body, line } = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
         .await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
+    check_contains(&body, "detail", "407")?;
+    check_contains(&body, "detail", "credentials")?;
     let detail = body["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("407"), "{detail}");
-    assert!(detail.contains("credentials"), "{detail}");
     assert!(
         !detail.contains("wrong"),
         "no password in the detail: {detail}"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("upstream_failure", Some(ORIGIN_HOST))
-        .await?;
-    assert!(
-        line["detail"].as_str().unwrap_or_default().contains("407"),
-        "{line}"
-    );
+    check_contains(&line, "detail", "407")?;
     drop(fx);
 
     let right = format!("http://corp:right@{}", parent.addr());
@@ -201,22 +186,27 @@ async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer
     let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
     let target = fx.origin_target();
     let req = format!(
-        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
+    let resp = fx.request(&req).await?;
+    let body = fx
+        .mediator
+        .expect_deny(
+            &resp,
+            502,
+            "upstream_failure",
+            Some(ORIGIN_HOST),
+            &[("protocol", json!("http"))],
+        )
+        .await?
+        .body;
+    check_contains(&body, "detail", "407")?;
     let detail = body["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("407"), "{detail}");
     assert!(
         !detail.contains("wrong"),
         "no password in the detail: {detail}"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("upstream_failure", Some(ORIGIN_HOST))
-        .await?;
-    assert_eq!(line["protocol"], "http");
     Ok(())
 }
 
@@ -246,36 +236,26 @@ async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
     let url = format!("socks5://su:sp@{}", parent.addr());
     let fx = Fixture::start(parent_mode(mediator(), &[url]).authority(agent_a_spec())).await?;
     // A SOCKS5 client of the mediator, routed through the SOCKS5 parent.
-    let stream = TcpStream::connect(fx.mediator.tcp_addr()).await?;
-    let mut client = Socks5::new(stream);
-    let reply = client
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()),
-        )
+    let (mut client, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()))
         .await?;
     assert_eq!(reply.rep, REP_SUCCEEDED);
-    let mut s = client.into_inner();
-    s.write_all(b"GET /s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = Vec::new();
-    s.read_to_end(&mut body).await?;
-    assert!(String::from_utf8_lossy(&body).contains("\"/s\""));
+    let body = get_through(client.stream(), "x", "/s").await?;
+    assert!(body.contains("\"/s\""), "{body}");
     let seen = parent.wait_requests(1).await?;
     assert_eq!(seen[0].atyp, 1, "{seen:?}");
     assert_eq!(seen[0].host, "127.0.0.1");
     assert_eq!(seen[0].port, fx.origin.port());
     assert_eq!(seen[0].credentials, Some(("su".into(), "sp".into())));
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("route", json!(format!("parent socks5://{}", parent.addr()))),
+                ("protocol", json!("socks5")),
+            ],
+        )
         .await?;
-    assert_eq!(
-        line["route"],
-        json!(format!("parent socks5://{}", parent.addr()))
-    );
-    assert_eq!(line["protocol"], json!("socks5"));
     Ok(())
 }
 
@@ -325,15 +305,7 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
         1,
         "the failed parent must be skipped for parent_retry_secs"
     );
-    let lines = fx
-        .mediator
-        .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "allowed",
-            2,
-            e2e::LOG_TIMEOUT,
-        )
-        .await?;
-    for l in lines {
+    for l in allowed_lines(&fx, 2).await? {
         assert_eq!(l["route"], json!(format!("parent http://{}", good.addr())));
     }
     Ok(())
@@ -354,15 +326,9 @@ async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
         .authority(agent_a_spec()),
     )
     .await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a(&fx.origin_target()).await?;
     let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert!(
-        body["detail"].as_str().unwrap_or_default().contains("403"),
-        "{body}"
-    );
+    check_contains(&body, "detail", "403")?;
     assert_eq!(good.accepted(), 0, "no fallback after a parent's answer");
     Ok(())
 }
@@ -374,10 +340,7 @@ async fn denied_targets_never_reach_a_parent() -> Result<()> {
         parent_mode(mediator(), &[format!("http://{}", parent.addr())]).authority(agent_a_spec()),
     )
     .await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect("blocked.example:443", Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a("blocked.example:443").await?;
     check_deny(&resp, 403, "not_in_allowlist")?;
     assert_eq!(parent.accepted(), 0);
     Ok(())
@@ -399,16 +362,15 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
         format!("origin.test%0d%0aX-Injected:%201:{port}"),
         format!("origin.test\0:{port}"),
     ] {
-        let mut conn = HttpConn::tcp(fx.mediator.tcp_addr()).await?;
         let raw = format!(
-            "CONNECT {target} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-            basic_auth(AGENT_A, TOKEN_A)
+            "CONNECT {target} HTTP/1.1\r\n{}\r\n",
+            proxy_authorization(AGENT_A, TOKEN_A)
         );
-        conn.send(raw.as_bytes()).await?;
-        let resp = conn.read_response(true).await;
-        if let Ok(r) = resp {
-            assert!(r.status >= 400, "{target:?} -> {}", r.status);
-        }
+        let resp = fx
+            .request(&raw)
+            .await
+            .with_context(|| format!("no answer to CONNECT {target:?}"))?;
+        check_deny(&resp, 400, "malformed_target").with_context(|| format!("{target:?}"))?;
     }
     // SOCKS5 domain names with CR/LF/NUL: refused before any route.
     for name in [
@@ -416,21 +378,22 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
         "origin.test\0",
         "origin.test\r",
     ] {
-        let stream = TcpStream::connect(fx.mediator.tcp_addr()).await?;
-        let mut client = Socks5::new(stream);
-        let reply = client
-            .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Domain(name.into(), port))
+        let (_client, reply) = fx
+            .socks_connect_a(&SocksTarget::Domain(name.into(), port))
             .await?;
         assert_ne!(reply.rep, REP_SUCCEEDED, "{name:?}");
     }
-    // Absolute-form with a header value trying to smuggle a line: hyper refuses it.
-    let mut conn = fx.tcp_conn().await?;
+    // Absolute-form with a header value trying to smuggle a line: the head does not
+    // parse, and the answer is the mediator's own 400.
     let raw = format!(
-        "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\nX-A: a\rX-Injected: 1\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://origin.test:{port}/ HTTP/1.1\r\n{}X-A: a\rX-Injected: 1\r\n\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    conn.send(raw.as_bytes()).await?;
-    let _ = conn.read_response(false).await;
+    let resp = fx
+        .request(&raw)
+        .await
+        .context("no answer to the smuggling absolute-form request")?;
+    check_deny(&resp, 400, "malformed_target")?;
     // One good request, so that the parent has something to show.
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200);
@@ -463,20 +426,18 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
             .authority(agent_a_spec().allow(&["direct.test", "a.skip.test"])),
     )
     .await?;
-    fx.dns.set("direct.test", [e2e::LOOPBACK]);
-    fx.dns.set("a.skip.test", [e2e::LOOPBACK]);
+    fx.resolve(&["direct.test", "a.skip.test"], LOOPBACK);
 
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert!(tunnels.wait_requests(1).await?[0].starts_with("CONNECT 127.0.0.1:"));
 
-    let mut conn = fx.tcp_conn().await?;
     let req = format!(
-        "GET http://{}/plain HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        "GET http://{}/plain HTTP/1.1\r\n{}\r\n",
         fx.origin_target(),
-        basic_auth(AGENT_A, TOKEN_A)
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    assert_eq!(conn.request(req.as_bytes()).await?.status, 200);
+    assert_eq!(fx.request(&req).await?.status, 200);
     assert!(
         plain.wait_requests(1).await?[0]
             .starts_with(&format!("GET http://{}/plain", fx.origin_target()))
@@ -485,8 +446,9 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
     for host in ["direct.test", "a.skip.test"] {
         let resp = get_through_tunnel(&fx, host).await?;
         assert_eq!(resp.status, 200, "{}", resp.text());
-        let line = fx.mediator.wait_for_decision("allowed", Some(host)).await?;
-        assert_eq!(line["route"], "direct", "{line}");
+        fx.mediator
+            .expect_allow(host, &[("route", json!("direct"))])
+            .await?;
     }
     assert_eq!(tunnels.requests().len(), 1, "NO_PROXY hosts went direct");
     Ok(())
@@ -494,14 +456,12 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_mode_with_an_unusable_variable_refuses_to_start() -> Result<()> {
-    let err = mediator()
+    let text = mediator()
         .upstream_line("mode = \"env\"")
         .env("HTTPS_PROXY", "socks4://127.0.0.1:1080")
         .authority(agent_a_spec())
-        .start()
-        .await
-        .unwrap_err();
-    let text = format!("{err:#}");
+        .start_err()
+        .await?;
     assert!(
         text.contains("HTTPS_PROXY") && text.contains("SOCKS4"),
         "{text}"

@@ -84,10 +84,9 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
     );
     drop(conn);
 
-    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
     let close = fx
         .mediator
-        .expect_close_bytes(&line, request.len(), response.len())
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
     assert!(close["duration_ms"].is_number(), "{close}");
     assert!(close["close_reason"].is_string(), "{close}");
@@ -260,9 +259,8 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
     ensure!(text.contains(r#""target":"/early""#), "{text}");
     ensure!(text.contains(r#""body":"early""#), "{text}");
     drop(conn); // the tunnel ends when both sides have closed
-    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
     fx.mediator
-        .expect_close_bytes(&line, request.len(), response.len())
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
     Ok(())
 }
@@ -324,9 +322,8 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
         echo["body"].as_str() == Some(body.as_str()),
         "the echoed body differs"
     );
-    let line = fx.mediator.expect_allow(ORIGIN_HOST, &[]).await?;
     fx.mediator
-        .expect_close_bytes(&line, request.len(), response.len())
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
     Ok(())
 }

@@ -67,6 +67,32 @@ impl Mediator {
         conn.request(raw.as_bytes()).await
     }
 
+    /// `GET <path>` on the admin API (no token), checked to be `200`, with the body parsed
+    /// as JSON.
+    ///
+    /// # Errors
+    /// As [`Self::admin`], another status, or a body that is not JSON.
+    pub async fn admin_get(&self, path: &str) -> Result<Value> {
+        let resp = self.admin("GET", path, None, None).await?;
+        anyhow::ensure!(
+            resp.status == 200,
+            "GET {path}: {} {}",
+            resp.status,
+            resp.text()
+        );
+        resp.json()
+    }
+
+    /// `DELETE /v1/authorities/<name>` (no token): revokes an authority. Returns the
+    /// response, whatever its status.
+    ///
+    /// # Errors
+    /// As [`Self::admin`].
+    pub async fn revoke(&self, name: &str) -> Result<HttpResponse> {
+        self.admin("DELETE", &format!("/v1/authorities/{name}"), None, None)
+            .await
+    }
+
     /// `GET /metrics`, parsed.
     ///
     /// # Errors

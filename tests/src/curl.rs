@@ -30,6 +30,22 @@ pub struct CurlOutput {
     pub pid: Option<u32>,
 }
 
+impl CurlOutput {
+    /// Checks the outcome of a transfer the mediator cut inside an allowed tunnel: the
+    /// proxy answered CONNECT with `200`, and curl still failed.
+    ///
+    /// # Errors
+    /// Another CONNECT answer, or a transfer that succeeded.
+    pub fn expect_cut_after_connect(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.http_connect == 200,
+            "the CONNECT itself is allowed: {self:?}"
+        );
+        anyhow::ensure!(self.exit_code != 0, "curl must fail: {self:?}");
+        Ok(())
+    }
+}
+
 /// Marker separating the body from the `-w` write-out line.
 const MARK: &str = "\n@@curl-write-out@@ ";
 

@@ -145,6 +145,19 @@ pub fn check_tcp_peer(line: &Value) -> Result<()> {
     Ok(())
 }
 
+/// Checks that `v[key]` (a deny body's or a log line's `detail`, `hint`, ...) is a string
+/// containing `needle`.
+///
+/// # Errors
+/// Not a string, or `needle` missing (the whole value is in the message).
+pub fn check_contains(v: &Value, key: &str, needle: &str) -> Result<()> {
+    ensure!(
+        v[key].as_str().is_some_and(|s| s.contains(needle)),
+        "`{key}` should contain {needle:?}: {v}"
+    );
+    Ok(())
+}
+
 /// A denial as the client and the log saw it (see [`Mediator::expect_deny`]).
 #[derive(Debug, Clone)]
 pub struct Denial {
@@ -243,6 +256,17 @@ impl Mediator {
             "bytes_down should be {down}: {close}"
         );
         Ok(close)
+    }
+
+    /// Waits for the allowed decision on `host` and for the close line of that connection,
+    /// which must have counted exactly `up` bytes from the client and `down` to it.
+    /// Returns the close line.
+    ///
+    /// # Errors
+    /// As [`Self::expect_allow`] and [`Self::expect_close_bytes`].
+    pub async fn expect_tunnel_bytes(&self, host: &str, up: usize, down: usize) -> Result<Value> {
+        let line = self.expect_allow(host, &[]).await?;
+        self.expect_close_bytes(&line, up, down).await
     }
 
     /// Checks that the raw decision log never contains `secret` (a token, a password, a

@@ -1,10 +1,13 @@
-//! Test support for the end-to-end tests: a loopback origin, a DNS server on loopback,
-//! helpers to run the real `mediator` binary, and small clients (raw HTTP over TCP or a
-//! Unix socket, SOCKS5, real curl).
+//! Test support for the end-to-end tests (`tests/e2e`, one test binary of the `mediator`
+//! package): a loopback origin, a DNS server on loopback, parent proxies, helpers to run
+//! the real `mediator` binary (whose path the caller passes in: this crate never builds
+//! it), small clients (raw HTTP over TCP or a Unix socket, SOCKS5, real curl), one
+//! [`Fixture`] that wires them together, and the shared assertions ([`expect`]).
 //!
-//! Hard rule for everything here and in `tests/`: connect only to loopback. Names that
+//! Hard rule for everything here and in `tests/e2e`: connect only to loopback. Names that
 //! must resolve "privately" are answered by [`DnsServer`]; the mediator must refuse those
-//! answers, and nothing in the tests ever connects to them itself.
+//! answers, and nothing in the tests ever connects to them itself. Every wait is for a
+//! condition, with a deadline ([`wait`]).
 
 pub mod admin;
 pub mod curl;
@@ -28,8 +31,8 @@ pub use crate::admin::{PromText, Watchdog, WatchdogMode};
 pub use crate::curl::{CurlOutput, curl};
 pub use crate::dns::{DnsServer, QueryKind};
 pub use crate::expect::{
-    CLOSE_FIELDS, DECISION_FIELDS, Denial, PROXY_CHALLENGE, check_deny, check_fields, check_line,
-    check_tcp_peer, expect_http_200,
+    CLOSE_FIELDS, DECISION_FIELDS, Denial, PROXY_CHALLENGE, check_contains, check_deny,
+    check_fields, check_line, check_tcp_peer, expect_http_200,
 };
 pub use crate::fixture::Fixture;
 pub use crate::http::{HttpConn, HttpResponse, basic_auth, get_through, proxy_authorization};

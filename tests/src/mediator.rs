@@ -345,6 +345,18 @@ impl MediatorBuilder {
         Mediator::start_with_env(&self.bin, dir, &text, &self.env).await
     }
 
+    /// Starts a mediator that must refuse to start, and returns its error in full
+    /// (`{:#}`: the context chain, with the mediator's stderr).
+    ///
+    /// # Errors
+    /// The mediator started.
+    pub async fn start_err(&self) -> Result<String> {
+        match self.start().await {
+            Ok(m) => bail!("the mediator started; stderr:\n{}", m.stderr_text()),
+            Err(e) => Ok(format!("{e:#}")),
+        }
+    }
+
     /// Writes the configuration into a fresh temp dir and runs `mediator check` on it.
     ///
     /// # Errors
