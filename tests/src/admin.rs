@@ -132,10 +132,14 @@ impl Mediator {
     }
 
     /// Writes `config` over the mediator's config file, sends SIGHUP and waits for the
-    /// mediator's next `mediator: reload ...` line, which it returns.
+    /// mediator's next `mediator: reload ...` line, which it returns with the lines that
+    /// follow it (up to 20). A line ending in `:` (a failed reload) announces its reasons
+    /// on the following lines, so then at least one of those is waited for too: the
+    /// reader gets stderr line by line, and the reasons may come a moment later.
     ///
     /// # Errors
-    /// Signal failure, or no new reload line within [`RELOAD_TIMEOUT`].
+    /// Signal failure, or no new reload line (with its first reason, for a failure)
+    /// within [`RELOAD_TIMEOUT`].
     pub async fn reload_with(&self, config: &str) -> Result<String> {
         let is_reload = |l: &str| l.starts_with("mediator: reload");
         let before = self.stderr_text().lines().filter(|l| is_reload(l)).count();
@@ -145,11 +149,17 @@ impl Mediator {
             RELOAD_TIMEOUT,
             || {
                 let text = self.stderr_text();
-                let Some(line) = text.lines().filter(|l| is_reload(l)).nth(before) else {
+                let lines: Vec<&str> = text.lines().collect();
+                let Some(at) = (0..lines.len())
+                    .filter(|i| is_reload(lines[*i]))
+                    .nth(before)
+                else {
                     return Ok(None);
                 };
-                // A failed reload prints its reasons on the following lines.
-                let rest: Vec<&str> = text.lines().skip_while(|l| *l != line).take(20).collect();
+                let rest = &lines[at..lines.len().min(at + 20)];
+                if lines[at].ends_with(':') && rest.len() < 2 {
+                    return Ok(None);
+                }
                 Ok(Some(rest.join("\n")))
             },
             || format!("no new reload line; stderr:\n{}", self.stderr_text()),
