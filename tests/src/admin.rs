@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -16,14 +16,17 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use crate::http::{HttpConn, HttpResponse};
 use crate::mediator::Mediator;
+use crate::wait::wait_for;
+
+/// How long [`Mediator::reload_with`] waits for the mediator's reload line.
+pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Mediator {
     /// The admin API's bound address from the `ready` line.
@@ -64,6 +67,32 @@ impl Mediator {
         conn.request(raw.as_bytes()).await
     }
 
+    /// `GET <path>` on the admin API (no token), checked to be `200`, with the body parsed
+    /// as JSON.
+    ///
+    /// # Errors
+    /// As [`Self::admin`], another status, or a body that is not JSON.
+    pub async fn admin_get(&self, path: &str) -> Result<Value> {
+        let resp = self.admin("GET", path, None, None).await?;
+        anyhow::ensure!(
+            resp.status == 200,
+            "GET {path}: {} {}",
+            resp.status,
+            resp.text()
+        );
+        resp.json()
+    }
+
+    /// `DELETE /v1/authorities/<name>` (no token): revokes an authority. Returns the
+    /// response, whatever its status.
+    ///
+    /// # Errors
+    /// As [`Self::admin`].
+    pub async fn revoke(&self, name: &str) -> Result<HttpResponse> {
+        self.admin("DELETE", &format!("/v1/authorities/{name}"), None, None)
+            .await
+    }
+
     /// `GET /metrics`, parsed.
     ///
     /// # Errors
@@ -88,44 +117,54 @@ impl Mediator {
         pred: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let text = self.stderr_text();
-            if let Some(line) = text.lines().find(|l| pred(l)) {
-                return Ok(line.to_owned());
-            }
-            if Instant::now() >= deadline {
-                bail!("no matching stderr line within {timeout:?}; stderr:\n{text}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for(
+            timeout,
+            || {
+                Ok(self
+                    .stderr_text()
+                    .lines()
+                    .find(|l| pred(l))
+                    .map(str::to_owned))
+            },
+            || format!("no matching stderr line; stderr:\n{}", self.stderr_text()),
+        )
+        .await
     }
 
     /// Writes `config` over the mediator's config file, sends SIGHUP and waits for the
-    /// mediator's next `mediator: reload ...` line, which it returns.
+    /// mediator's next `mediator: reload ...` line, which it returns with the lines that
+    /// follow it (up to 20). A line ending in `:` (a failed reload) announces its reasons
+    /// on the following lines, so then at least one of those is waited for too: the
+    /// reader gets stderr line by line, and the reasons may come a moment later.
     ///
     /// # Errors
-    /// Signal failure, or no new reload line within 10 s.
+    /// Signal failure, or no new reload line (with its first reason, for a failure)
+    /// within [`RELOAD_TIMEOUT`].
     pub async fn reload_with(&self, config: &str) -> Result<String> {
         let is_reload = |l: &str| l.starts_with("mediator: reload");
         let before = self.stderr_text().lines().filter(|l| is_reload(l)).count();
         std::fs::write(self.config_path(), config).context("rewriting mediator.toml")?;
-        let pid = self.pid().ok_or_else(|| anyhow!("mediator not running"))?;
-        kill(Pid::from_raw(pid as i32), Signal::SIGHUP).context("sending SIGHUP")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = self.stderr_text();
-            let mut lines = text.lines().filter(|l| is_reload(l));
-            if let Some(line) = lines.nth(before) {
-                // A failed reload prints its reasons on the following lines.
-                let rest: Vec<&str> = text.lines().skip_while(|l| *l != line).take(20).collect();
-                return Ok(rest.join("\n"));
-            }
-            if Instant::now() >= deadline {
-                bail!("no reload line within 10 s; stderr:\n{text}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.signal(Signal::SIGHUP)?;
+        wait_for(
+            RELOAD_TIMEOUT,
+            || {
+                let text = self.stderr_text();
+                let lines: Vec<&str> = text.lines().collect();
+                let Some(at) = (0..lines.len())
+                    .filter(|i| is_reload(lines[*i]))
+                    .nth(before)
+                else {
+                    return Ok(None);
+                };
+                let rest = &lines[at..lines.len().min(at + 20)];
+                if lines[at].ends_with(':') && rest.len() < 2 {
+                    return Ok(None);
+                }
+                Ok(Some(rest.join("\n")))
+            },
+            || format!("no new reload line; stderr:\n{}", self.stderr_text()),
+        )
+        .await
     }
 }
 

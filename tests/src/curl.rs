@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 
+use crate::mediator::Mediator;
+
 /// What one curl run produced.
 #[derive(Debug, Clone)]
 pub struct CurlOutput {
@@ -26,6 +28,22 @@ pub struct CurlOutput {
     pub stderr: String,
     /// The pid the child had, for matching a Unix-socket peer in the decision log.
     pub pid: Option<u32>,
+}
+
+impl CurlOutput {
+    /// Checks the outcome of a transfer the mediator cut inside an allowed tunnel: the
+    /// proxy answered CONNECT with `200`, and curl still failed.
+    ///
+    /// # Errors
+    /// Another CONNECT answer, or a transfer that succeeded.
+    pub fn expect_cut_after_connect(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.http_connect == 200,
+            "the CONNECT itself is allowed: {self:?}"
+        );
+        anyhow::ensure!(self.exit_code != 0, "curl must fail: {self:?}");
+        Ok(())
+    }
 }
 
 /// Marker separating the body from the `-w` write-out line.
@@ -77,4 +95,25 @@ pub async fn curl(args: &[&str]) -> Result<CurlOutput> {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         pid,
     })
+}
+
+impl Mediator {
+    /// Runs curl with this mediator's TCP listener as its proxy (`--proxy
+    /// <scheme>://<addr>`, `scheme` being `http` or `socks5h`), as `(authority, token)`
+    /// (`--proxy-user`), then `args` (the URL last).
+    ///
+    /// # Errors
+    /// As [`curl`].
+    pub async fn curl_via(
+        &self,
+        scheme: &str,
+        (authority, token): (&str, &str),
+        args: &[&str],
+    ) -> Result<CurlOutput> {
+        let proxy = format!("{scheme}://{}", self.tcp_addr());
+        let user = format!("{authority}:{token}");
+        let mut all = vec!["--proxy", &proxy, "--proxy-user", &user];
+        all.extend_from_slice(args);
+        curl(&all).await
+    }
 }

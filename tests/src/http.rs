@@ -36,6 +36,33 @@ pub fn basic_auth(user: &str, token: &str) -> String {
     )
 }
 
+/// The header line `Proxy-Authorization: Basic ...\r\n` for `user` and `token`, to splice
+/// into a raw request head.
+pub fn proxy_authorization(user: &str, token: &str) -> String {
+    format!("Proxy-Authorization: {}\r\n", basic_auth(user, token))
+}
+
+/// Sends `GET <path>` for `host` with `Connection: close` on a stream a test holds itself
+/// (a SOCKS5 tunnel, say), reads to EOF (within [`IO_TIMEOUT`]) and half-closes, so the
+/// tunnel ends and its close record is written. Returns the raw response.
+///
+/// # Errors
+/// I/O failure or timeout.
+pub async fn get_through<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+    host: &str,
+    path: &str,
+) -> Result<String> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    io.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(IO_TIMEOUT, io.read_to_end(&mut out))
+        .await
+        .map_err(|_| anyhow!("no EOF within {IO_TIMEOUT:?}"))??;
+    io.shutdown().await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// A parsed HTTP response.
 #[derive(Debug, Clone)]
 pub struct HttpResponse {
@@ -196,6 +223,17 @@ impl HttpConn {
         self.read_response(false).await
     }
 
+    /// Sends `GET <path>` with `Host: <host>` (and `Connection: close` when `close`) and
+    /// reads the response: a request inside a tunnel, or to an origin-form server.
+    ///
+    /// # Errors
+    /// As [`Self::request`].
+    pub async fn get(&mut self, host: &str, path: &str, close: bool) -> Result<HttpResponse> {
+        let connection = if close { "Connection: close\r\n" } else { "" };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{connection}\r\n");
+        self.request(req.as_bytes()).await
+    }
+
     /// Sends `CONNECT target HTTP/1.1` (with `Proxy-Authorization` when `auth` is
     /// `Some((authority, token))`) and reads the answer. A `2xx` answer has no body and
     /// leaves this connection as the tunnel.
@@ -209,10 +247,7 @@ impl HttpConn {
     ) -> Result<HttpResponse> {
         let mut req = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
         if let Some((user, token)) = auth {
-            req.push_str(&format!(
-                "Proxy-Authorization: {}\r\n",
-                basic_auth(user, token)
-            ));
+            req.push_str(&proxy_authorization(user, token));
         }
         req.push_str("\r\n");
         self.send(req.as_bytes()).await?;

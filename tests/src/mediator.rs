@@ -1,19 +1,21 @@
 //! Runs the real `mediator` binary with a generated configuration in a temporary
 //! directory, waits for its `ready` line, and reads its decision log.
 //!
-//! The binary is looked up as `target/<profile>/mediator` next to the directory holding
-//! the test executable (`target/<profile>/deps/`), or at `$MEDIATOR_BIN`. `cargo test
-//! --workspace` builds it; `cargo test -p e2e` alone does not, hence the explicit error.
+//! This crate never builds or looks for the binary: the caller names it. The end-to-end
+//! test binary is a test target of the `mediator` package, so Cargo builds the binary
+//! before it and hands over its path as `env!("CARGO_BIN_EXE_mediator")`, which the test
+//! binary passes to [`MediatorBuilder::new`] and [`run`].
 //!
 //! Start-up contract: once every listener is bound, the mediator prints one stderr line
 //! `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|->`. Nothing here sleeps and
 //! hopes: every wait is for a condition, bounded by a deadline.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
+use crate::wait::wait_for;
+
 /// How long the mediator gets to print its `ready` line.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -32,70 +36,6 @@ pub const EXIT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The default deadline for [`Mediator::wait_for_log`] in tests.
 pub const LOG_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Path of the `mediator` binary under test: `$MEDIATOR_BIN`, or `target/<profile>/mediator`
-/// freshly built. `cargo test --workspace` does not build other packages' binaries, so the
-/// first call in each test process runs `cargo build -p mediator --bin mediator` (a no-op
-/// when it is up to date); tests therefore never run a stale or missing binary.
-///
-/// # Errors
-/// When the build fails or the binary is still missing afterwards.
-pub fn mediator_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MEDIATOR_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("locating the test executable")?;
-    // target/debug/deps/<test>-<hash> -> target/debug/mediator
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("test executable {} has no grandparent", exe.display()))?;
-    let bin = profile_dir.join("mediator");
-    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    let built = BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "mediator", "--bin", "mediator"]);
-        // `cargo test` gives this process per-package variables (CARGO_MANIFEST_DIR, ...);
-        // some build scripts (ring) rerun when those change, so the nested build would
-        // rebuild them every time and the next outer build again. Build with the
-        // environment a shell would have.
-        for (key, _) in std::env::vars_os() {
-            let Some(key) = key.to_str() else { continue };
-            if [
-                "CARGO_PKG_",
-                "CARGO_MANIFEST_",
-                "CARGO_CRATE_",
-                "CARGO_BIN_",
-            ]
-            .iter()
-            .any(|p| key.starts_with(p))
-                || key == "CARGO_PRIMARY_PACKAGE"
-                || key == "CARGO_TARGET_TMPDIR"
-            {
-                cmd.env_remove(key);
-            }
-        }
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        match cmd.status() {
-            Ok(st) if st.success() => Ok(()),
-            Ok(st) => Err(format!("cargo build -p mediator failed: {st}")),
-            Err(e) => Err(format!("cannot run cargo to build the mediator: {e}")),
-        }
-    });
-    if let Err(e) = built {
-        bail!("{e}; build it by hand (`cargo build -p mediator`) or set $MEDIATOR_BIN");
-    }
-    if !bin.is_file() {
-        bail!(
-            "the mediator binary is missing at {} after building it; set $MEDIATOR_BIN",
-            bin.display()
-        );
-    }
-    Ok(bin)
-}
 
 /// Lowercase hex SHA-256 of `token`, the form `token_sha256` takes in the config.
 pub fn sha256_hex(token: &str) -> String {
@@ -195,6 +135,7 @@ impl AuthoritySpec {
 /// Builds a configuration and starts a [`Mediator`] with it.
 #[derive(Debug, Clone)]
 pub struct MediatorBuilder {
+    bin: PathBuf,
     authorities: Vec<AuthoritySpec>,
     tcp: bool,
     unix: bool,
@@ -210,9 +151,12 @@ pub struct MediatorBuilder {
     env: Vec<(String, String)>,
 }
 
-impl Default for MediatorBuilder {
-    fn default() -> Self {
+impl MediatorBuilder {
+    /// A builder for the `mediator` binary at `bin`, with the shared TCP listener and
+    /// per-authority Unix sockets enabled and no authorities.
+    pub fn new(bin: impl Into<PathBuf>) -> Self {
         Self {
+            bin: bin.into(),
             authorities: Vec::new(),
             tcp: true,
             unix: true,
@@ -228,13 +172,10 @@ impl Default for MediatorBuilder {
             env: Vec::new(),
         }
     }
-}
 
-impl MediatorBuilder {
-    /// A builder with the shared TCP listener and per-authority Unix sockets enabled and
-    /// no authorities.
-    pub fn new() -> Self {
-        Self::default()
+    /// The binary this builder starts.
+    pub fn bin(&self) -> &Path {
+        &self.bin
     }
 
     /// Adds an authority.
@@ -394,14 +335,37 @@ impl MediatorBuilder {
     /// Writes the configuration into a fresh temp dir and starts the mediator on it.
     ///
     /// # Errors
-    /// See [`Mediator::start_with_config`].
+    /// See [`Mediator::start_with_env`].
     pub async fn start(&self) -> Result<Mediator> {
         let dir = tempfile::Builder::new()
             .prefix("e2e-mediator-")
             .tempdir()
             .context("creating the mediator's temp dir")?;
         let text = self.render(dir.path());
-        Mediator::start_with_env(dir, &text, &self.env).await
+        Mediator::start_with_env(&self.bin, dir, &text, &self.env).await
+    }
+
+    /// Starts a mediator that must refuse to start, and returns its error in full
+    /// (`{:#}`: the context chain, with the mediator's stderr).
+    ///
+    /// # Errors
+    /// The mediator started.
+    pub async fn start_err(&self) -> Result<String> {
+        match self.start().await {
+            Ok(m) => bail!("the mediator started; stderr:\n{}", m.stderr_text()),
+            Err(e) => Ok(format!("{e:#}")),
+        }
+    }
+
+    /// Writes the configuration into a fresh temp dir and runs `mediator check` on it.
+    ///
+    /// # Errors
+    /// As [`run_check`].
+    pub async fn check(&self) -> Result<(ExitStatus, String)> {
+        let dir = tempfile::tempdir().context("creating a temp dir for the config")?;
+        let path = dir.path().join("mediator.toml");
+        std::fs::write(&path, self.render(dir.path())).context("writing mediator.toml")?;
+        run_check(&self.bin, &path).await
     }
 }
 
@@ -444,6 +408,7 @@ pub fn parse_ready(line: &str) -> Result<Ready> {
 /// A running `mediator` process. Dropping it sends SIGTERM, waits (bounded), then kills.
 #[derive(Debug)]
 pub struct Mediator {
+    bin: PathBuf,
     child: Option<Child>,
     dir: TempDir,
     config_path: PathBuf,
@@ -453,32 +418,24 @@ pub struct Mediator {
 }
 
 impl Mediator {
-    /// Writes `config` to `<dir>/mediator.toml`, spawns `mediator --config` on it and waits
-    /// for the `ready` line. The decision log is expected at `<dir>/decisions.jsonl` (where
-    /// [`MediatorBuilder`] puts it).
+    /// Writes `config` to `<dir>/mediator.toml`, spawns `<bin> --config` on it and waits
+    /// for the `ready` line, with extra environment variables `env` for the process (the
+    /// test process's own proxy variables are removed first). The decision log is
+    /// expected at `<dir>/decisions.jsonl` (where [`MediatorBuilder`] puts it).
     ///
     /// # Errors
-    /// Missing binary, spawn failure, the process exiting before `ready` (its stderr is
-    /// included), or no `ready` line within [`READY_TIMEOUT`].
-    pub async fn start_with_config(dir: TempDir, config: &str) -> Result<Self> {
-        Self::start_with_env(dir, config, &[]).await
-    }
-
-    /// [`Self::start_with_config`] with extra environment variables for the process. The
-    /// test process's own proxy variables are removed first.
-    ///
-    /// # Errors
-    /// As [`Self::start_with_config`].
+    /// Spawn failure, the process exiting before `ready` (its stderr is included), or no
+    /// `ready` line within [`READY_TIMEOUT`].
     pub async fn start_with_env(
+        bin: &Path,
         dir: TempDir,
         config: &str,
         env: &[(String, String)],
     ) -> Result<Self> {
-        let bin = mediator_bin()?;
         let config_path = dir.path().join("mediator.toml");
         std::fs::write(&config_path, config).context("writing mediator.toml")?;
         let log_path = dir.path().join("decisions.jsonl");
-        let mut child = Command::new(&bin)
+        let mut child = Command::new(bin)
             .arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())
@@ -523,6 +480,7 @@ impl Mediator {
             });
         }
         let mut me = Self {
+            bin: bin.to_owned(),
             child: Some(child),
             dir,
             config_path,
@@ -585,6 +543,21 @@ impl Mediator {
     /// The config file the mediator was started with.
     pub fn config_path(&self) -> &Path {
         &self.config_path
+    }
+
+    /// Runs `<bin> <subcommand> --config <this mediator's config> ARGS...` (e.g.
+    /// `explain`, `ca-cert`) to completion and returns its output.
+    ///
+    /// # Errors
+    /// As [`run`].
+    pub async fn cli(&self, subcommand: &str, args: &[&str]) -> Result<Output> {
+        let mut all = vec![
+            OsStr::new(subcommand),
+            OsStr::new("--config"),
+            self.config_path.as_os_str(),
+        ];
+        all.extend(args.iter().map(OsStr::new));
+        run(&self.bin, &all).await
     }
 
     /// The decision log file.
@@ -653,22 +626,18 @@ impl Mediator {
         pred: impl Fn(&Value) -> bool,
         timeout: Duration,
     ) -> Result<Value> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let lines = self.decision_lines()?;
-            if let Some(v) = lines.iter().find(|v| pred(v)) {
-                return Ok(v.clone());
-            }
-            if Instant::now() >= deadline {
-                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
-                bail!(
-                    "no matching decision log line within {timeout:?}; log:\n{}\nstderr:\n{}",
-                    dump.join("\n"),
+        wait_for(
+            timeout,
+            || Ok(self.decision_lines()?.into_iter().find(|v| pred(v))),
+            || {
+                format!(
+                    "no matching decision log line; {}\nstderr:\n{}",
+                    self.log_dump(),
                     self.stderr_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                )
+            },
+        )
+        .await
     }
 
     /// Waits until at least `n` log lines satisfy `pred`, and returns all that do.
@@ -682,22 +651,26 @@ impl Mediator {
         n: usize,
         timeout: Duration,
     ) -> Result<Vec<Value>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let lines = self.decision_lines()?;
-            let matching: Vec<Value> = lines.iter().filter(|v| pred(v)).cloned().collect();
-            if matching.len() >= n {
-                return Ok(matching);
-            }
-            if Instant::now() >= deadline {
-                let dump: Vec<String> = lines.iter().map(Value::to_string).collect();
-                bail!(
-                    "only {} of {n} expected log lines within {timeout:?}; log:\n{}",
-                    matching.len(),
-                    dump.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        wait_for(
+            timeout,
+            || {
+                let matching: Vec<Value> = self
+                    .decision_lines()?
+                    .into_iter()
+                    .filter(|v| pred(v))
+                    .collect();
+                Ok((matching.len() >= n).then_some(matching))
+            },
+            || format!("fewer than {n} matching log lines; {}", self.log_dump()),
+        )
+        .await
+    }
+
+    /// The decision log as text for an error message.
+    fn log_dump(&self) -> String {
+        match std::fs::read_to_string(&self.log_path) {
+            Ok(text) => format!("log:\n{text}"),
+            Err(e) => format!("no log ({e})"),
         }
     }
 
@@ -731,31 +704,37 @@ impl Mediator {
     /// # Errors
     /// The signal cannot be sent, or the process outlives the deadline (it is then killed).
     pub async fn terminate(&mut self) -> Result<ExitStatus> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| anyhow!("mediator already reaped"))?;
-        kill(Pid::from_raw(pid as i32), Signal::SIGTERM).context("sending SIGTERM")?;
+        self.signal(Signal::SIGTERM)?;
         self.wait_exit(EXIT_TIMEOUT).await
     }
 
+    /// Sends `signal` to the running mediator, without waiting for anything.
+    ///
+    /// # Errors
+    /// The process is already reaped, or the signal cannot be sent.
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow!("mediator already reaped"))?;
+        kill(Pid::from_raw(pid as i32), signal).with_context(|| format!("sending {signal}"))
+    }
+
     async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some(child) = self.child.as_mut() else {
-                bail!("mediator already reaped");
-            };
-            if let Some(status) = child.try_wait()? {
-                self.child = None;
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                self.child = None;
-                bail!("mediator did not exit within {timeout:?}; killed it");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let Some(child) = self.child.as_mut() else {
+            bail!("mediator already reaped");
+        };
+        let exited = wait_for(
+            timeout,
+            || Ok(child.try_wait()?),
+            || "mediator did not exit; killed it".to_owned(),
+        )
+        .await;
+        if exited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
+        self.child = None;
+        exited
     }
 }
 
@@ -784,23 +763,42 @@ impl Drop for Mediator {
     }
 }
 
-/// Runs `mediator check --config <path>` and returns its exit status and stderr.
+/// How long a one-shot run of the binary ([`run`]) may take.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `<bin> ARGS...` to completion (stdin empty, killed after [`RUN_TIMEOUT`]) and
+/// returns its output.
 ///
 /// # Errors
-/// Missing binary or spawn failure.
-pub async fn run_check(config_path: &Path) -> Result<(ExitStatus, String)> {
-    let bin = mediator_bin()?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
+/// Spawn failure, or the process outliving [`RUN_TIMEOUT`].
+pub async fn run<S: AsRef<OsStr>>(bin: &Path, args: &[S]) -> Result<Output> {
+    tokio::time::timeout(
+        RUN_TIMEOUT,
         tokio::process::Command::new(bin)
-            .arg("check")
-            .arg("--config")
-            .arg(config_path)
+            .args(args)
             .stdin(Stdio::null())
+            .kill_on_drop(true)
             .output(),
     )
     .await
-    .context("`mediator check` did not finish within 30 s")??;
+    .with_context(|| format!("`{}` did not finish within {RUN_TIMEOUT:?}", bin.display()))?
+    .with_context(|| format!("spawning {}", bin.display()))
+}
+
+/// Runs `<bin> check --config <config_path>` and returns its exit status and stderr.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_check(bin: &Path, config_path: &Path) -> Result<(ExitStatus, String)> {
+    let out = run(
+        bin,
+        &[
+            OsStr::new("check"),
+            OsStr::new("--config"),
+            config_path.as_os_str(),
+        ],
+    )
+    .await?;
     Ok((
         out.status,
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -128,8 +128,19 @@ async fn accept_loop(
 }
 
 async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    echo_response(req, false).await
+}
+
+/// The echo both origins answer with: `200`, a JSON body
+/// `{"method","target",["version",]"headers","body"}` (`version` with `with_version`, as
+/// hyper prints it), and the forged [`FORGED_DECISION`] header.
+pub(crate) async fn echo_response(
+    req: Request<Incoming>,
+    with_version: bool,
+) -> Response<Full<Bytes>> {
     let method = req.method().to_string();
     let target = req.uri().to_string();
+    let version = format!("{:?}", req.version());
     let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in req.headers() {
         headers
@@ -141,12 +152,15 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
         Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
         Err(_) => String::new(),
     };
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "method": method,
         "target": target,
         "headers": headers,
         "body": body,
     });
+    if with_version {
+        json["version"] = serde_json::Value::String(version);
+    }
     let mut response = Response::new(Full::new(Bytes::from(json.to_string())));
     let h = response.headers_mut();
     h.insert(

@@ -14,7 +14,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
@@ -27,6 +27,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, copy_bidirectional};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::wait::wait_for;
 
 /// How long helpers wait for a parent to have seen something.
 pub const PARENT_WAIT: Duration = Duration::from_secs(10);
@@ -65,17 +67,15 @@ impl Log {
 }
 
 async fn wait_requests(log: &Log, n: usize, what: &str) -> Result<Vec<String>> {
-    let deadline = Instant::now() + PARENT_WAIT;
-    loop {
-        let all = log.all();
-        if all.len() >= n {
-            return Ok(all);
-        }
-        if Instant::now() >= deadline {
-            bail!("{what} saw {} of {n} requests: {all:?}", all.len());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(
+        PARENT_WAIT,
+        || {
+            let all = log.all();
+            Ok((all.len() >= n).then_some(all))
+        },
+        || format!("{what} saw fewer than {n} requests: {:?}", log.all()),
+    )
+    .await
 }
 
 /// What an [`HttpParent`] does with requests.

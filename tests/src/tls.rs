@@ -5,7 +5,6 @@
 //! The origin's certificate comes from a CA made here with the `certs` crate; the mediator
 //! is told to trust it through `[tls] extra_ca_files`, never through the system store.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,10 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use bytes::Bytes;
 use certs::{Ca, CaOptions, LeafName};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::http::basic_auth;
-use crate::origin::FORGED_DECISION;
+use crate::origin::echo_response;
 
 /// A CA made for one test, with its certificate written to `<dir>/test-ca.pem` (the file
 /// to list in `[tls] extra_ca_files`).
@@ -108,7 +105,7 @@ impl TlsOrigin {
                     };
                     let svc = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::SeqCst);
-                        async move { Ok::<_, Infallible>(echo(req).await) }
+                        async move { Ok::<_, Infallible>(echo_response(req, true).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), svc)
@@ -138,38 +135,6 @@ impl Drop for TlsOrigin {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let method = req.method().to_string();
-    let target = req.uri().to_string();
-    let version = format!("{:?}", req.version());
-    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (name, value) in req.headers() {
-        headers
-            .entry(name.as_str().to_owned())
-            .or_default()
-            .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
-    }
-    let body = match req.into_body().collect().await {
-        Ok(c) => String::from_utf8_lossy(&c.to_bytes()).into_owned(),
-        Err(_) => String::new(),
-    };
-    let json = serde_json::json!({
-        "method": method, "target": target, "version": version,
-        "headers": headers, "body": body,
-    });
-    let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
-    let h = resp.headers_mut();
-    h.insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    h.insert(
-        "x-mediator-decision",
-        hyper::header::HeaderValue::from_static(FORGED_DECISION),
-    );
-    resp
 }
 
 /// Opens `CONNECT target` on the mediator's TCP listener with `(authority, token)`, then

@@ -6,83 +6,83 @@
 //! loopback DNS server; the mediator must refuse them, and the test connects only to the
 //! mediator.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 use e2e::{
-    AGENT_A, AGENT_B, AuthoritySpec, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B, check_deny,
-    check_line, check_tcp_peer,
+    AGENT_A, AGENT_B, AuthoritySpec, Denial, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B,
+    check_deny, check_line, check_tcp_peer,
 };
 use serde_json::{Value, json};
+
+use crate::support::mediator;
 
 /// `agent-a` with a grant that has something for every denial reason; `agent-b` may
 /// reach `origin.test` but has no `allow_private`.
 async fn fixture() -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[
-                    ORIGIN_HOST,
-                    "*.svc.test",
-                    "ported.test:443",
-                    "*.addr.test",
-                    "evil.test",
-                    "127.0.0.1",
-                    "self.test",
-                ])
-                .deny(&["bad.svc.test", "*:25"])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-        .authority(
-            AuthoritySpec::new(AGENT_B)
-                .allow(&[ORIGIN_HOST])
-                .token(TOKEN_B),
-        )
-        .global_deny(&["evil.test"])
-    })
+    let fx = Fixture::start(
+        mediator()
+            .authority(
+                AuthoritySpec::new(AGENT_A)
+                    .allow(&[
+                        ORIGIN_HOST,
+                        "*.svc.test",
+                        "ported.test:443",
+                        "*.addr.test",
+                        "evil.test",
+                        "127.0.0.1",
+                        "self.test",
+                    ])
+                    .deny(&["bad.svc.test", "*:25"])
+                    .allow_private(&["127.0.0.0/8"])
+                    .token(TOKEN_A),
+            )
+            .authority(
+                AuthoritySpec::new(AGENT_B)
+                    .allow(&[ORIGIN_HOST])
+                    .token(TOKEN_B),
+            )
+            .global_deny(&["evil.test"]),
+    )
     .await?;
-    for name in [
-        "a.svc.test",
-        "bad.svc.test",
-        "ported.test",
-        "evil.test",
-        "other.test",
-        "self.test",
-    ] {
-        fx.dns.set(name, [LOOPBACK]);
-    }
+    fx.resolve(
+        &[
+            "a.svc.test",
+            "bad.svc.test",
+            "ported.test",
+            "evil.test",
+            "other.test",
+            "self.test",
+        ],
+        LOOPBACK,
+    );
     Ok(fx)
-}
-
-/// CONNECTs to `target` as `authority` over TCP and returns the response.
-async fn connect_as(
-    fx: &Fixture,
-    target: &str,
-    authority: &str,
-    token: &str,
-) -> Result<e2e::HttpResponse> {
-    fx.tcp_conn()
-        .await?
-        .connect(target, Some((authority, token)))
-        .await
-}
-
-async fn connect_a(fx: &Fixture, target: &str) -> Result<e2e::HttpResponse> {
-    connect_as(fx, target, AGENT_A, TOKEN_A).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_outside_grant_is_403_not_in_allowlist_and_never_resolved() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
-    let resp = connect_a(&fx, &format!("other.test:{port}")).await?;
-    let body = check_deny(&resp, 403, "not_in_allowlist")?;
+    let resp = fx.connect_a(&format!("other.test:{port}")).await?;
+    let Denial { body, line } = fx
+        .mediator
+        .expect_deny(
+            &resp,
+            403,
+            "not_in_allowlist",
+            Some("other.test"),
+            &[
+                ("event", json!("decision")),
+                ("authority", json!(AGENT_A)),
+                ("channel", json!("tcp")),
+                ("protocol", json!("connect")),
+                ("port", json!(port)),
+                ("pin", Value::Null),
+            ],
+        )
+        .await?;
     assert_eq!(body["authority"], AGENT_A);
-    assert_eq!(body["host"], "other.test");
     assert_eq!(body["port"], json!(port));
     // The hint tells an agent what would make it work: the missing grant entry.
     assert!(
@@ -91,22 +91,6 @@ async fn host_outside_grant_is_403_not_in_allowlist_and_never_resolved() -> Resu
             .is_some_and(|h| h.contains("other.test")),
         "hint should name the host to add: {body}"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("not_in_allowlist", Some("other.test"))
-        .await?;
-    check_line(
-        &line,
-        &[
-            ("event", json!("decision")),
-            ("authority", json!(AGENT_A)),
-            ("channel", json!("tcp")),
-            ("protocol", json!("connect")),
-            ("port", json!(port)),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-        ],
-    )?;
     check_tcp_peer(&line)?;
     assert_eq!(
         fx.dns.queries("other.test"),
@@ -122,24 +106,21 @@ async fn deny_rule_beats_allow_wildcard_403_denied_by_rule() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
     // The wildcard itself works...
-    let ok = connect_a(&fx, &format!("a.svc.test:{port}")).await?;
+    let ok = fx.connect_a(&format!("a.svc.test:{port}")).await?;
     assert_eq!(ok.status, 200, "{ok:?} {}", ok.text());
     // ...but the deny entry wins.
-    let resp = connect_a(&fx, &format!("bad.svc.test:{port}")).await?;
-    let body = check_deny(&resp, 403, "denied_by_rule")?;
-    assert_eq!(body["host"], "bad.svc.test");
+    let resp = fx.connect_a(&format!("bad.svc.test:{port}")).await?;
     let line = fx
         .mediator
-        .wait_for_decision("denied_by_rule", Some("bad.svc.test"))
-        .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-        ],
-    )?;
+        .expect_deny(
+            &resp,
+            403,
+            "denied_by_rule",
+            Some("bad.svc.test"),
+            &[("authority", json!(AGENT_A)), ("pin", Value::Null)],
+        )
+        .await?
+        .line;
     assert!(
         line["rule"]
             .as_str()
@@ -153,30 +134,36 @@ async fn deny_rule_beats_allow_wildcard_403_denied_by_rule() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcard_deny_on_port_applies_to_every_host() -> Result<()> {
     let fx = fixture().await?;
-    let resp = connect_a(&fx, &format!("{ORIGIN_HOST}:25")).await?;
-    let body = check_deny(&resp, 403, "denied_by_rule")?;
-    assert_eq!(body["port"], json!(25));
-    let line = fx
+    let resp = fx.connect_a(&format!("{ORIGIN_HOST}:25")).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("denied_by_rule", Some(ORIGIN_HOST))
+        .expect_deny(
+            &resp,
+            403,
+            "denied_by_rule",
+            Some(ORIGIN_HOST),
+            &[("port", json!(25))],
+        )
         .await?;
-    check_line(&line, &[("port", json!(25)), ("decision", json!("deny"))])?;
+    assert_eq!(denial.body["port"], json!(25));
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_deny_beats_a_grants_allow() -> Result<()> {
     let fx = fixture().await?;
-    let resp = connect_a(&fx, &format!("evil.test:{}", fx.origin.port())).await?;
-    check_deny(&resp, 403, "denied_by_rule")?;
-    let line = fx
-        .mediator
-        .wait_for_decision("denied_by_rule", Some("evil.test"))
+    let resp = fx
+        .connect_a(&format!("evil.test:{}", fx.origin.port()))
         .await?;
-    check_line(
-        &line,
-        &[("authority", json!(AGENT_A)), ("decision", json!("deny"))],
-    )?;
+    fx.mediator
+        .expect_deny(
+            &resp,
+            403,
+            "denied_by_rule",
+            Some("evil.test"),
+            &[("authority", json!(AGENT_A))],
+        )
+        .await?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
@@ -185,22 +172,18 @@ async fn global_deny_beats_a_grants_allow() -> Result<()> {
 async fn allowed_host_on_other_port_is_403_port_not_allowed() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
-    let resp = connect_a(&fx, &format!("ported.test:{port}")).await?;
-    let body = check_deny(&resp, 403, "port_not_allowed")?;
-    assert_eq!(body["host"], "ported.test");
-    assert_eq!(body["port"], json!(port));
-    let line = fx
+    let resp = fx.connect_a(&format!("ported.test:{port}")).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("port_not_allowed", Some("ported.test"))
+        .expect_deny(
+            &resp,
+            403,
+            "port_not_allowed",
+            Some("ported.test"),
+            &[("port", json!(port)), ("pin", Value::Null)],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("port", json!(port)),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-        ],
-    )?;
+    assert_eq!(denial.body["port"], json!(port));
     assert_eq!(fx.dns.queries("ported.test"), 0);
     Ok(())
 }
@@ -215,7 +198,7 @@ async fn check_address_rows(fx: &Fixture, rows: &[(&str, &str)]) -> Result<()> {
         let name = format!("r{i}.addr.test");
         fx.dns.set(&name, [ip]);
         let outcome: Result<()> = async {
-            let resp = connect_a(fx, &format!("{name}:{port}")).await?;
+            let resp = fx.connect_a(&format!("{name}:{port}")).await?;
             // "a|b": either reason is acceptable (an embedding of a private address is
             // both private and special, section 4.2/4.3).
             let got = resp
@@ -228,17 +211,15 @@ async fn check_address_rows(fx: &Fixture, rows: &[(&str, &str)]) -> Result<()> {
             } else {
                 reason
             };
-            let body = check_deny(&resp, 403, reason)?;
-            anyhow::ensure!(body["host"] == name.as_str(), "body host {}", body["host"]);
-            let line = fx.mediator.wait_for_decision(reason, Some(&name)).await?;
-            check_line(
-                &line,
-                &[
-                    ("decision", json!("deny")),
-                    ("pin", Value::Null),
-                    ("authority", json!(AGENT_A)),
-                ],
-            )?;
+            fx.mediator
+                .expect_deny(
+                    &resp,
+                    403,
+                    reason,
+                    Some(&name),
+                    &[("pin", Value::Null), ("authority", json!(AGENT_A))],
+                )
+                .await?;
             anyhow::ensure!(fx.dns.queries(&name) >= 1, "never resolved");
             Ok(())
         }
@@ -317,21 +298,20 @@ async fn names_resolving_to_special_addresses_are_403_special_address() -> Resul
 async fn loopback_without_allow_private_is_403_private_address() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
-    let resp = connect_as(&fx, &format!("{ORIGIN_HOST}:{port}"), AGENT_B, TOKEN_B).await?;
-    let body = check_deny(&resp, 403, "private_address")?;
-    assert_eq!(body["authority"], AGENT_B);
-    let line = fx
-        .mediator
-        .wait_for_decision("private_address", Some(ORIGIN_HOST))
+    let resp = fx
+        .connect(&format!("{ORIGIN_HOST}:{port}"), Some((AGENT_B, TOKEN_B)))
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_B)),
-            ("pin", Value::Null),
-            ("decision", json!("deny")),
-        ],
-    )?;
+    let denial = fx
+        .mediator
+        .expect_deny(
+            &resp,
+            403,
+            "private_address",
+            Some(ORIGIN_HOST),
+            &[("authority", json!(AGENT_B)), ("pin", Value::Null)],
+        )
+        .await?;
+    assert_eq!(denial.body["authority"], AGENT_B);
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
@@ -341,26 +321,26 @@ async fn connect_to_the_mediators_own_listener_is_403_special_address() -> Resul
     let fx = fixture().await?;
     let own = fx.mediator.tcp_addr();
     // As an IP literal...
-    let resp = connect_a(&fx, &own.to_string()).await?;
-    let body = check_deny(&resp, 403, "special_address")?;
-    assert_eq!(body["host"], own.ip().to_string());
+    let resp = fx.connect_a(&own.to_string()).await?;
     let line = fx
         .mediator
-        .wait_for_decision("special_address", Some(&own.ip().to_string()))
-        .await?;
-    check_line(
-        &line,
-        &[("port", json!(own.port())), ("decision", json!("deny"))],
-    )?;
+        .expect_deny(
+            &resp,
+            403,
+            "special_address",
+            Some(&own.ip().to_string()),
+            &[("port", json!(own.port()))],
+        )
+        .await?
+        .line;
     assert!(
         line["detail"].as_str().is_some_and(|d| !d.is_empty()),
         "detail should say why: {line}"
     );
     // ...and through a name.
-    let resp = connect_a(&fx, &format!("self.test:{}", own.port())).await?;
-    check_deny(&resp, 403, "special_address")?;
+    let resp = fx.connect_a(&format!("self.test:{}", own.port())).await?;
     fx.mediator
-        .wait_for_decision("special_address", Some("self.test"))
+        .expect_deny(&resp, 403, "special_address", Some("self.test"), &[])
         .await?;
     Ok(())
 }
@@ -368,16 +348,13 @@ async fn connect_to_the_mediators_own_listener_is_403_special_address() -> Resul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_literal_in_grant_reaches_loopback_origin() -> Result<()> {
     let fx = fixture().await?;
-    let resp = connect_a(&fx, &format!("127.0.0.1:{}", fx.origin.port())).await?;
-    assert_eq!(resp.status, 200, "{resp:?} {}", resp.text());
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some("127.0.0.1"))
+    let resp = fx
+        .connect_a(&format!("127.0.0.1:{}", fx.origin.port()))
         .await?;
-    check_line(
-        &line,
-        &[("pin", json!("127.0.0.1")), ("decision", json!("allow"))],
-    )?;
+    assert_eq!(resp.status, 200, "{resp:?} {}", resp.text());
+    fx.mediator
+        .expect_allow("127.0.0.1", &[("pin", json!("127.0.0.1"))])
+        .await?;
     Ok(())
 }
 
@@ -421,7 +398,7 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
     for target in targets {
         let target = *target;
         let outcome: Result<()> = async {
-            let resp = connect_a(&fx, target).await?;
+            let resp = fx.connect_a(target).await?;
             check_deny(&resp, 400, "malformed_target")?;
             Ok(())
         }

@@ -2,40 +2,25 @@
 //! driven by real curl, the close record's byte counts, credential failures, and the
 //! upstream failures (refused -> 502, connect timeout -> 504, NXDOMAIN -> 502).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::{
-    AGENT_A, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny, check_line, check_tcp_peer,
-    curl,
+    AGENT_A, CLOSE_FIELDS, Denial, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
+    check_deny, closed_loopback_port, proxy_authorization,
 };
 use serde_json::{Value, json};
 
-/// A loopback port with no listener: bind an ephemeral port, then release it.
-async fn closed_loopback_port() -> Result<u16> {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let port = l.local_addr()?.port();
-    drop(l);
-    Ok(port)
-}
+use crate::support::{agent_a, mediator};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let proxy = format!("http://{}", fx.mediator.tcp_addr());
-    let user = format!("{AGENT_A}:{TOKEN_A}");
+    let fx = agent_a().await?;
     let url = format!("http://{}/hello?x=1", fx.origin_target());
-    let out = curl(&[
-        "--proxy",
-        &proxy,
-        "--proxy-user",
-        &user,
-        "--proxytunnel",
-        &url,
-    ])
-    .await?;
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["--proxytunnel", &url])
+        .await?;
     ensure!(out.exit_code == 0, "curl failed: {out:?}");
     assert_eq!(out.http_connect, 200, "{out:?}");
     assert_eq!(out.http_code, 200, "{out:?}");
@@ -45,26 +30,7 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
     assert_eq!(echo["headers"]["host"], json!([fx.origin_target()]));
     assert_eq!(fx.origin.connections(), 1);
 
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
-        .await?;
-    check_line(
-        &line,
-        &[
-            ("event", json!("decision")),
-            ("authority", json!(AGENT_A)),
-            ("channel", json!("tcp")),
-            ("protocol", json!("connect")),
-            ("host", json!(ORIGIN_HOST)),
-            ("port", json!(fx.origin.port())),
-            ("decision", json!("allow")),
-            ("reason", json!("allowed")),
-            ("pin", json!("127.0.0.1")),
-            ("route", json!("direct")),
-        ],
-    )?;
-    check_tcp_peer(&line)?;
+    let line = fx.expect_origin_allowed("connect").await?;
     assert!(line["dns_ms"].is_number(), "dns_ms: {line}");
     assert!(line["connect_ms"].is_number(), "connect_ms: {line}");
     assert!(
@@ -74,15 +40,12 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
         "rule should name the allow entry: {line}"
     );
     // No secret in the log: neither the token nor its Basic encoding.
-    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(!raw.contains(TOKEN_A), "token leaked into the decision log");
-    assert!(
-        !raw.contains(&e2e::basic_auth(AGENT_A, TOKEN_A)[6..]),
-        "credential leaked"
-    );
+    fx.mediator.expect_log_lacks(TOKEN_A)?;
+    fx.mediator
+        .expect_log_lacks(&basic_auth(AGENT_A, TOKEN_A)["Basic ".len()..])?;
 
     let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    for key in e2e::CLOSE_FIELDS {
+    for key in CLOSE_FIELDS {
         assert!(close.get(*key).is_some(), "close line lacks {key}: {close}");
     }
     assert_eq!(close["authority"], AGENT_A, "{close}");
@@ -96,7 +59,7 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let answer = conn
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
@@ -121,13 +84,10 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
     );
     drop(conn);
 
-    let line = fx
+    let close = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     assert!(close["duration_ms"].is_number(), "{close}");
     assert!(close["close_reason"].is_string(), "{close}");
     Ok(())
@@ -135,29 +95,23 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.connect(&fx.origin_target(), None).await?;
-    let body = check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\""),
-        "{resp:?}"
-    );
-    assert_eq!(body["authority"], Value::Null, "{body}");
-    let line = fx
+    let fx = agent_a().await?;
+    let resp = fx.connect(&fx.origin_target(), None).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("bad_credential", None)
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[
+                ("authority", Value::Null),
+                ("channel", json!("tcp")),
+                ("pin", Value::Null),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", Value::Null),
-            ("channel", json!("tcp")),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-        ],
-    )?;
+    assert_eq!(denial.body["authority"], Value::Null, "{}", denial.body);
     assert_eq!(fx.origin.connections(), 0);
     assert_eq!(
         fx.dns.queries(ORIGIN_HOST),
@@ -169,87 +123,65 @@ async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
+    let fx = agent_a().await?;
+    let resp = fx
         .connect(&fx.origin_target(), Some((AGENT_A, "not-the-token")))
         .await?;
-    check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    let line = fx
-        .mediator
-        .wait_for_decision("bad_credential", None)
+    fx.mediator
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[
+                ("channel", json!("tcp")),
+                // The attempt is attributed to the (real) authority it tried to act as.
+                ("authority", json!(AGENT_A)),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("decision", json!("deny")),
-            ("channel", json!("tcp")),
-            // The attempt is attributed to the (real) authority it tried to act as.
-            ("authority", json!(AGENT_A)),
-        ],
-    )?;
-    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(
-        !raw.contains("not-the-token"),
-        "a presented token leaked into the log"
-    );
+    fx.mediator.expect_log_lacks("not-the-token")?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
+    let fx = agent_a().await?;
+    let resp = fx
         .connect(&fx.origin_target(), Some(("nobody", TOKEN_A)))
         .await?;
-    let body = check_deny(&resp, 407, "unknown_authority")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    assert_eq!(body["authority"], Value::Null, "{body}");
-    let line = fx
+    let denial = fx
         .mediator
-        .wait_for_decision("unknown_authority", None)
+        .expect_deny(
+            &resp,
+            407,
+            "unknown_authority",
+            None,
+            &[("authority", Value::Null)],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("authority", Value::Null), ("decision", json!("deny"))],
-    )?;
+    assert_eq!(denial.body["authority"], Value::Null, "{}", denial.body);
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let port = closed_loopback_port().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&format!("{ORIGIN_HOST}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert_eq!(body["host"], ORIGIN_HOST);
-    assert_eq!(body["port"], json!(port));
-    let line = fx
+    let fx = agent_a().await?;
+    let port = closed_loopback_port()?;
+    let resp = fx.connect_a(&format!("{ORIGIN_HOST}:{port}")).await?;
+    let Denial { body, line } = fx
         .mediator
-        .wait_for_decision("upstream_failure", None)
+        .expect_deny(
+            &resp,
+            502,
+            "upstream_failure",
+            Some(ORIGIN_HOST),
+            &[("authority", json!(AGENT_A)), ("port", json!(port))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("host", json!(ORIGIN_HOST)),
-            ("port", json!(port)),
-            ("decision", json!("deny")),
-        ],
-    )?;
+    assert_eq!(body["port"], json!(port));
     // The connection was never made: no pin, or the vetted address it tried.
     assert!(
         line["pin"].is_null() || line["pin"] == "127.0.0.1",
@@ -265,17 +197,12 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
     let (listener, held) = e2e::stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
 
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(1)).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(
-            &format!("{ORIGIN_HOST}:{}", addr.port()),
-            Some((AGENT_A, TOKEN_A)),
-        )
+    let fx = Fixture::start(mediator().authority(agent_a_spec()).connect_timeout_secs(1)).await?;
+    let resp = fx
+        .connect_a(&format!("{ORIGIN_HOST}:{}", addr.port()))
         .await?;
-    check_deny(&resp, 504, "upstream_failure")?;
     fx.mediator
-        .wait_for_decision("upstream_failure", None)
+        .expect_deny(&resp, 504, "upstream_failure", Some(ORIGIN_HOST), &[])
         .await?;
     drop(listener);
     drop(held);
@@ -284,25 +211,23 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec().allow(&["nx.test"]))).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.connect("nx.test:80", Some((AGENT_A, TOKEN_A))).await?;
-    let body = check_deny(&resp, 502, "dns_failure")?;
-    assert_eq!(body["host"], "nx.test");
-    assert_eq!(body["authority"], AGENT_A);
-    let line = fx
+    let fx = Fixture::start(mediator().authority(agent_a_spec().allow(&["nx.test"]))).await?;
+    let resp = fx.connect_a("nx.test:80").await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("dns_failure", Some("nx.test"))
+        .expect_deny(
+            &resp,
+            502,
+            "dns_failure",
+            Some("nx.test"),
+            &[
+                ("authority", json!(AGENT_A)),
+                ("pin", Value::Null),
+                ("port", json!(80)),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("decision", json!("deny")),
-            ("pin", Value::Null),
-            ("port", json!(80)),
-        ],
-    )?;
+    assert_eq!(denial.body["authority"], AGENT_A);
     assert!(
         fx.dns.queries("nx.test") >= 1,
         "the mediator never asked our DNS server"
@@ -315,15 +240,15 @@ async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
 /// first, in order, and count in the close record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let t = fx.origin_target();
     let request = format!(
         "POST /early HTTP/1.1\r\nHost: {t}\r\nContent-Length: 5\r\nConnection: close\r\n\r\nearly"
     );
     let head = format!(
-        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {}\r\n\r\n",
-        e2e::basic_auth(AGENT_A, TOKEN_A)
+        "CONNECT {t} HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
     conn.send(format!("{head}{request}").as_bytes()).await?;
     let answer = conn.read_response(true).await?;
@@ -334,13 +259,9 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
     ensure!(text.contains(r#""target":"/early""#), "{text}");
     ensure!(text.contains(r#""body":"early""#), "{text}");
     drop(conn); // the tunnel ends when both sides have closed
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    fx.mediator
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     Ok(())
 }
 
@@ -348,7 +269,7 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
 /// is decided on its own and can open a tunnel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect("not-granted.example:443", Some((AGENT_A, TOKEN_A)))
@@ -358,14 +279,9 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
         .await?;
     assert_eq!(answer.status, 200, "{answer:?}");
-    let request = format!(
-        "GET /after-denial HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        fx.origin_target()
-    );
-    conn.send(request.as_bytes()).await?;
-    let response = conn.read_to_end().await?;
-    let text = String::from_utf8_lossy(&response);
-    ensure!(text.contains(r#""target":"/after-denial""#), "{text}");
+    let inner = conn.get(&fx.origin_target(), "/after-denial", true).await?;
+    assert_eq!(inner.status, 200, "{inner:?}");
+    assert_eq!(inner.json()?["target"], "/after-denial");
     Ok(())
 }
 
@@ -373,12 +289,8 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
 /// to splice(2) mid-stream; every byte must arrive, in order, and be counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let fx = agent_a().await?;
+    let mut conn = fx.tunnel_a().await?;
     let body: String = (0..4_000_000u32)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
@@ -410,13 +322,9 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
         echo["body"].as_str() == Some(body.as_str()),
         "the echoed body differs"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    fx.mediator
+        .expect_tunnel_bytes(ORIGIN_HOST, request.len(), response.len())
         .await?;
-    let close = fx.mediator.wait_for_close(&line["id"]).await?;
-    assert_eq!(close["bytes_up"], json!(request.len()), "{close}");
-    assert_eq!(close["bytes_down"], json!(response.len()), "{close}");
     Ok(())
 }
 
@@ -425,7 +333,12 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
 /// from the connection, ends (not a fresh timeout after the first byte).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte() -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).timeout("request_head", 2)).await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .timeout("request_head", 2),
+    )
+    .await?;
     let mut conn = fx.tcp_conn().await?;
     let opened = std::time::Instant::now();
     // The first byte well inside the timeout; a fresh timeout from it would end at 3.8 s.

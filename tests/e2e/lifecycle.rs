@@ -2,18 +2,23 @@
 //! check` reports every problem with its location, a bad config refuses to start, and
 //! SIGTERM shuts down cleanly and removes the per-authority socket files.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
-use e2e::mediator::{mediator_bin, run_check};
-use e2e::{AGENT_A, AGENT_B, AuthoritySpec, Fixture, MediatorBuilder, agent_a_spec};
+use anyhow::{Context, Result, anyhow, ensure};
+use e2e::mediator::{run, run_check};
+use e2e::{
+    AGENT_A, AGENT_B, AuthoritySpec, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec,
+    proxy_authorization, stalled_loopback_listener, wait_until,
+};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::support::{agent_a, bin, mediator};
 
 /// A config with five independent problems. Each entry: (a string that identifies the
 /// problem in a message, the 1-based line it is on).
-fn bad_config(dir: &std::path::Path) -> (String, Vec<(&'static str, usize)>) {
+fn bad_config(dir: &Path) -> (String, Vec<(&'static str, usize)>) {
     let sockets = dir.join("sockets");
     let lines = [
         "[listen]".to_owned(),                                   // 1
@@ -43,23 +48,30 @@ fn bad_config(dir: &std::path::Path) -> (String, Vec<(&'static str, usize)>) {
     (lines.join("\n") + "\n", problems)
 }
 
+/// SIGTERMs the mediator, checks that it exits cleanly and returns the close record of
+/// the (one) CONNECT tunnel.
+async fn exit_and_tunnel_close(fx: &mut Fixture) -> Result<Value> {
+    let status = fx.mediator.terminate().await?;
+    ensure!(status.success(), "exit status {status}");
+    let lines = fx.mediator.decision_lines()?;
+    lines
+        .into_iter()
+        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
+        .ok_or_else(|| anyhow!("no close record: {:?}", fx.mediator.decision_lines()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_accepts_a_valid_config() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let text = MediatorBuilder::new()
-        .authority(agent_a_spec())
-        .authority(
-            AuthoritySpec::new(AGENT_B)
-                .allow(&["*.example.com", "example.com:443"])
-                .deny(&["*:25"]),
-        )
-        .render(dir.path());
-    let path = dir.path().join("mediator.toml");
-    std::fs::write(&path, &text)?;
-    let (status, stderr) = run_check(&path).await?;
+    let b = mediator().authority(agent_a_spec()).authority(
+        AuthoritySpec::new(AGENT_B)
+            .allow(&["*.example.com", "example.com:443"])
+            .deny(&["*:25"]),
+    );
+    let (status, stderr) = b.check().await?;
     ensure!(
         status.success(),
-        "check rejected a valid config ({status}):\n{stderr}\nconfig:\n{text}"
+        "check rejected a valid config ({status}):\n{stderr}\nconfig:\n{}",
+        b.render(Path::new("<temp dir>"))
     );
     Ok(())
 }
@@ -70,7 +82,7 @@ async fn check_lists_every_problem_with_its_location() -> Result<()> {
     let (text, problems) = bad_config(dir.path());
     let path = dir.path().join("mediator.toml");
     std::fs::write(&path, &text)?;
-    let (status, stderr) = run_check(&path).await?;
+    let (status, stderr) = run_check(bin(), &path).await?;
     ensure!(
         !status.success(),
         "check accepted a config with {} problems",
@@ -102,17 +114,9 @@ async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
     let (text, _) = bad_config(dir.path());
     let path = dir.path().join("mediator.toml");
     std::fs::write(&path, &text)?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(mediator_bin()?)
-            .arg("--config")
-            .arg(&path)
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .context("mediator kept running on a bad config")??;
+    let out = run(bin(), &[Path::new("--config"), &path])
+        .await
+        .context("mediator kept running on a bad config")?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "exited 0 on a bad config");
     ensure!(
@@ -129,13 +133,13 @@ async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
-    let mut fx = Fixture::start(|b| {
-        b.authority(agent_a_spec()).authority(
+    let mut fx = Fixture::start(
+        mediator().authority(agent_a_spec()).authority(
             AuthoritySpec::new(AGENT_B)
                 .allow(&["other.test"])
                 .token("tb"),
-        )
-    })
+        ),
+    )
     .await?;
     let sockets = [
         fx.mediator.socket_path(AGENT_A),
@@ -156,39 +160,23 @@ async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
-    let mut fx = Fixture::agent_a().await?;
+    let mut fx = agent_a().await?;
     let sock = fx.mediator.socket_path(AGENT_A);
-    let mut conn = e2e::HttpConn::unix(&sock).await?;
+    let mut conn = fx.unix_conn(AGENT_A).await?;
     let resp = conn.connect(&fx.origin_target(), None).await?;
     assert_eq!(resp.status, 200);
-    let pid = fx.mediator.pid().expect("mediator pid");
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    ensure!(st.success());
+    fx.mediator.signal(Signal::SIGTERM)?;
     // It stops accepting at once: the socket file goes away...
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while sock.exists() {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "socket file still there"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(Duration::from_secs(5), "socket file gone", || {
+        !sock.exists()
+    })
+    .await?;
     // ...while the live tunnel keeps working during the grace (2 s in this config).
-    conn.send(b"GET /drain HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n")
-        .await?;
-    let inner = conn.read_response(false).await?;
+    let inner = conn.get(ORIGIN_HOST, "/drain", true).await?;
     assert_eq!(inner.status, 200, "the tunnel was cut instead of drained");
     drop(conn);
-    let status = fx.mediator.terminate().await?;
-    ensure!(status.success(), "exit status {status}");
     // Nothing lost: the drained tunnel has its close record, closed by the client.
-    let lines = fx.mediator.decision_lines()?;
-    let close = lines
-        .iter()
-        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
-        .ok_or_else(|| anyhow::anyhow!("no close record: {lines:?}"))?;
+    let close = exit_and_tunnel_close(&mut fx).await?;
     ensure!(close["close_reason"] != "shutdown", "{close}");
     ensure!(close["bytes_up"].as_u64().unwrap_or(0) > 0, "{close}");
     Ok(())
@@ -196,20 +184,14 @@ async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close() -> Result<()> {
-    let mut fx = Fixture::agent_a().await?;
+    let mut fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, e2e::TOKEN_A)))
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
         .await?;
     assert_eq!(resp.status, 200);
     // The client never closes: the grace (2 s) runs out and the tunnel is cut.
-    let status = fx.mediator.terminate().await?;
-    ensure!(status.success(), "exit status {status}");
-    let lines = fx.mediator.decision_lines()?;
-    let close = lines
-        .iter()
-        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
-        .ok_or_else(|| anyhow::anyhow!("no close record: {lines:?}"))?;
+    let close = exit_and_tunnel_close(&mut fx).await?;
     assert_eq!(close["close_reason"], "shutdown");
     drop(conn);
     Ok(())
@@ -221,27 +203,30 @@ async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close()
 async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<()> {
     // A listener with backlog 1 that never accepts: once its queue is full the kernel drops
     // further SYNs, so the mediator's connect waits (up to its 30 s timeout).
-    let (listener, held) = e2e::stalled_loopback_listener().await?;
+    let (listener, held) = stalled_loopback_listener().await?;
     let addr = listener.local_addr()?;
 
-    let mut fx = Fixture::start(|b| b.authority(agent_a_spec()).connect_timeout_secs(30)).await?;
+    let mut fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .connect_timeout_secs(30),
+    )
+    .await?;
     let mut conn = fx.tcp_conn().await?;
-    let target = format!("{}:{}", e2e::ORIGIN_HOST, addr.port());
+    let target = format!("{ORIGIN_HOST}:{}", addr.port());
     let head = format!(
-        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
-        e2e::basic_auth(AGENT_A, e2e::TOKEN_A)
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
     conn.send(head.as_bytes()).await?;
     // The name is resolved right before the connect: once the query is in, the connect is
     // (about to be) pending.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while fx.dns.queries(e2e::ORIGIN_HOST) == 0 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the mediator never resolved the target"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the mediator resolved the target",
+        || fx.dns.queries(ORIGIN_HOST) > 0,
+    )
+    .await?;
     let status = fx.mediator.terminate().await?;
     ensure!(status.success(), "exit status {status}");
     let decisions = fx.mediator.decisions()?;

@@ -2,24 +2,24 @@
 //! grants; the same destination gets opposite verdicts depending on who asks, and each
 //! decision line names the authority that asked, on both channels.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use anyhow::Result;
 use e2e::{
-    AGENT_A, AGENT_B, AuthoritySpec, Fixture, HttpConn, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST,
-    TOKEN_A, TOKEN_B, agent_a_spec, check_deny, check_line,
+    AGENT_A, AGENT_B, AuthoritySpec, Fixture, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B,
+    agent_a_spec, check_deny, check_line,
 };
 use serde_json::{Value, json};
 
+use crate::support::mediator;
+
 async fn fixture() -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(agent_a_spec()).authority(
+    let fx = Fixture::start(
+        mediator().authority(agent_a_spec()).authority(
             AuthoritySpec::new(AGENT_B)
                 .allow(&["other.test"])
                 .allow_private(&["127.0.0.0/8"])
                 .token(TOKEN_B),
-        )
-    })
+        ),
+    )
     .await?;
     fx.dns.set("other.test", [LOOPBACK]);
     Ok(fx)
@@ -51,17 +51,9 @@ async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()>
         ("other.test", (AGENT_B, TOKEN_B), (AGENT_A, TOKEN_A)),
     ] {
         let target = format!("{host}:{port}");
-        let ok = fx
-            .tcp_conn()
-            .await?
-            .connect(&target, Some(allowed_by))
-            .await?;
+        let ok = fx.connect(&target, Some(allowed_by)).await?;
         assert_eq!(ok.status, 200, "{} -> {host}: {ok:?}", allowed_by.0);
-        let no = fx
-            .tcp_conn()
-            .await?
-            .connect(&target, Some(denied_by))
-            .await?;
+        let no = fx.connect(&target, Some(denied_by)).await?;
         let body = check_deny(&no, 403, "not_in_allowlist")?;
         assert_eq!(body["authority"], denied_by.0);
     }
@@ -99,15 +91,9 @@ async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()>
 async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
     let fx = fixture().await?;
     let target = fx.origin_target();
-    let ok = HttpConn::unix(&fx.mediator.socket_path(AGENT_A))
-        .await?
-        .connect(&target, None)
-        .await?;
+    let ok = fx.connect_unix(AGENT_A, &target).await?;
     assert_eq!(ok.status, 200, "{ok:?}");
-    let no = HttpConn::unix(&fx.mediator.socket_path(AGENT_B))
-        .await?
-        .connect(&target, None)
-        .await?;
+    let no = fx.connect_unix(AGENT_B, &target).await?;
     let body = check_deny(&no, 403, "not_in_allowlist")?;
     assert_eq!(body["authority"], AGENT_B);
     fx.mediator
@@ -132,26 +118,28 @@ async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
 async fn credential_on_a_unix_socket_cannot_borrow_another_authority() -> Result<()> {
     let fx = fixture().await?;
     // agent-a's socket, presenting agent-b's valid credential for agent-b's host.
-    let resp = HttpConn::unix(&fx.mediator.socket_path(AGENT_A))
+    let resp = fx
+        .unix_conn(AGENT_A)
         .await?
         .connect(
             &format!("other.test:{}", fx.origin.port()),
             Some((AGENT_B, TOKEN_B)),
         )
         .await?;
-    let body = check_deny(&resp, 403, "not_in_allowlist")?;
+    let denial = fx
+        .mediator
+        .expect_deny(
+            &resp,
+            403,
+            "not_in_allowlist",
+            Some("other.test"),
+            &[("authority", json!(AGENT_A)), ("channel", json!("unix"))],
+        )
+        .await?;
     assert_eq!(
-        body["authority"], AGENT_A,
+        denial.body["authority"], AGENT_A,
         "the socket decides the authority"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("not_in_allowlist", Some("other.test"))
-        .await?;
-    check_line(
-        &line,
-        &[("authority", json!(AGENT_A)), ("channel", json!("unix"))],
-    )?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }

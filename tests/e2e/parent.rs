@@ -6,18 +6,17 @@
 //! reaching a parent. Routing comes after the decision: a denied target never reaches a
 //! parent.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::parent::{ClosingParent, HttpParent, HttpParentMode, Socks5Parent};
-use e2e::socks::{REP_SUCCEEDED, Socks5, SocksTarget};
+use e2e::socks::{REP_SUCCEEDED, SocksTarget};
 use e2e::{
-    AGENT_A, Fixture, HttpConn, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
-    check_deny, check_line,
+    AGENT_A, Denial, Fixture, HttpResponse, LOG_TIMEOUT, LOOPBACK, MediatorBuilder, ORIGIN_HOST,
+    TOKEN_A, agent_a_spec, basic_auth, check_contains, check_deny, get_through,
+    proxy_authorization,
 };
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::support::mediator;
 
 fn parent_mode(b: MediatorBuilder, parents: &[String]) -> MediatorBuilder {
     let list: Vec<String> = parents.iter().map(|p| format!("{p:?}")).collect();
@@ -26,26 +25,29 @@ fn parent_mode(b: MediatorBuilder, parents: &[String]) -> MediatorBuilder {
 }
 
 /// CONNECT through the mediator, then one GET inside the tunnel; returns the origin's echo.
-async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<e2e::HttpResponse> {
-    let mut conn = fx.tcp_conn().await?;
-    let target = format!("{host}:{}", fx.origin.port());
-    let answer = conn.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
-    if answer.status != 200 {
-        return Ok(answer);
-    }
-    conn.request(
-        format!("GET /inside HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
+async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<HttpResponse> {
+    fx.tunnel_get(host, "/inside").await
+}
+
+/// The decision lines of the requests that were allowed, once there are `n` of them.
+async fn allowed_lines(fx: &Fixture, n: usize) -> Result<Vec<serde_json::Value>> {
+    fx.mediator
+        .wait_for_count(
+            |v| v["event"] == "decision" && v["reason"] == "allowed",
+            n,
+            LOG_TIMEOUT,
+        )
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
-    let fx =
-        Fixture::start(|b| parent_mode(b, std::slice::from_ref(&url)).authority(agent_a_spec()))
-            .await?;
+    let fx = Fixture::start(
+        parent_mode(mediator(), std::slice::from_ref(&url)).authority(agent_a_spec()),
+    )
+    .await?;
     let resp = get_through_tunnel(&fx, "Origin.Test").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.json()?["target"], "/inside");
@@ -58,16 +60,15 @@ async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     );
     let line = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("route", json!(format!("parent {url}"))),
+                ("pin", json!("127.0.0.1")),
+                ("protocol", json!("connect")),
+            ],
+        )
         .await?;
-    check_line(
-        &line,
-        &[
-            ("route", json!(format!("parent {url}"))),
-            ("pin", json!("127.0.0.1")),
-            ("protocol", json!("connect")),
-        ],
-    )?;
     let close = fx.mediator.wait_for_close(&line["id"]).await?;
     assert_eq!(close["route"], json!(format!("parent {url}")), "{close}");
     Ok(())
@@ -77,11 +78,11 @@ async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
 async fn pin_off_names_the_canonical_host() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
-    let fx = Fixture::start(|b| {
-        parent_mode(b, std::slice::from_ref(&url))
+    let fx = Fixture::start(
+        parent_mode(mediator(), std::slice::from_ref(&url))
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, "ORIGIN.test.").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -98,12 +99,12 @@ async fn pin_off_names_the_canonical_host() -> Result<()> {
 async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "s3cret")), HttpParentMode::Serve).await?;
     let url = format!("http://corp:s3cret@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[url]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[url]).authority(agent_a_spec())).await?;
     let target = fx.origin_target();
     let mut conn = fx.tcp_conn().await?;
     let req = format!(
-        "GET http://{target}/page?q=1 HTTP/1.1\r\nHost: evil.example\r\nProxy-Authorization: {}\r\nX-Kept: yes\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://{target}/page?q=1 HTTP/1.1\r\nHost: evil.example\r\n{}X-Kept: yes\r\n\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
     let resp = conn.request(req.as_bytes()).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -130,22 +131,14 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
     let resp = conn
         .request(
             format!(
-                "GET http://{target}/again HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-                basic_auth(AGENT_A, TOKEN_A)
+                "GET http://{target}/again HTTP/1.1\r\n{}\r\n",
+                proxy_authorization(AGENT_A, TOKEN_A)
             )
             .as_bytes(),
         )
         .await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let lines = fx
-        .mediator
-        .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "allowed",
-            2,
-            e2e::LOG_TIMEOUT,
-        )
-        .await?;
-    for line in &lines {
+    for line in &allowed_lines(&fx, 2).await? {
         assert_eq!(
             line["route"],
             json!(format!("parent http://{}", parent.addr())),
@@ -153,8 +146,7 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
         );
     }
     // The decision log never shows the parent's password.
-    let raw = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(!raw.contains("s3cret"));
+    fx.mediator.expect_log_lacks("s3cret")?;
     Ok(())
 }
 
@@ -162,31 +154,24 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
 async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[wrong]).authority(agent_a_spec())).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+    let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    let Denial { body, line } = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
         .await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
+    check_contains(&body, "detail", "407")?;
+    check_contains(&body, "detail", "credentials")?;
     let detail = body["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("407"), "{detail}");
-    assert!(detail.contains("credentials"), "{detail}");
     assert!(
         !detail.contains("wrong"),
         "no password in the detail: {detail}"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("upstream_failure", Some(ORIGIN_HOST))
-        .await?;
-    assert!(
-        line["detail"].as_str().unwrap_or_default().contains("407"),
-        "{line}"
-    );
+    check_contains(&line, "detail", "407")?;
     drop(fx);
 
     let right = format!("http://corp:right@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[right]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[right]).authority(agent_a_spec())).await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     let seen = parent.wait_requests(2).await?;
@@ -198,25 +183,30 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
 async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[wrong]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[wrong]).authority(agent_a_spec())).await?;
     let target = fx.origin_target();
     let req = format!(
-        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {}\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
+    let resp = fx.request(&req).await?;
+    let body = fx
+        .mediator
+        .expect_deny(
+            &resp,
+            502,
+            "upstream_failure",
+            Some(ORIGIN_HOST),
+            &[("protocol", json!("http"))],
+        )
+        .await?
+        .body;
+    check_contains(&body, "detail", "407")?;
     let detail = body["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains("407"), "{detail}");
     assert!(
         !detail.contains("wrong"),
         "no password in the detail: {detail}"
     );
-    let line = fx
-        .mediator
-        .wait_for_decision("upstream_failure", Some(ORIGIN_HOST))
-        .await?;
-    assert_eq!(line["protocol"], "http");
     Ok(())
 }
 
@@ -226,14 +216,14 @@ async fn credentials_file_supplies_parent_credentials() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cred = dir.path().join("parents.cred");
     std::fs::write(&cred, format!("# parents\n{} filed:pw\n", parent.addr()))?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())])
             .upstream_line(&format!(
                 "parent_credentials_file = {:?}",
                 cred.display().to_string()
             ))
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -244,49 +234,39 @@ async fn credentials_file_supplies_parent_credentials() -> Result<()> {
 async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
     let parent = Socks5Parent::start(Some(("su", "sp"))).await?;
     let url = format!("socks5://su:sp@{}", parent.addr());
-    let fx = Fixture::start(|b| parent_mode(b, &[url]).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(parent_mode(mediator(), &[url]).authority(agent_a_spec())).await?;
     // A SOCKS5 client of the mediator, routed through the SOCKS5 parent.
-    let stream = TcpStream::connect(fx.mediator.tcp_addr()).await?;
-    let mut client = Socks5::new(stream);
-    let reply = client
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()),
-        )
+    let (mut client, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()))
         .await?;
     assert_eq!(reply.rep, REP_SUCCEEDED);
-    let mut s = client.into_inner();
-    s.write_all(b"GET /s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = Vec::new();
-    s.read_to_end(&mut body).await?;
-    assert!(String::from_utf8_lossy(&body).contains("\"/s\""));
+    let body = get_through(client.stream(), "x", "/s").await?;
+    assert!(body.contains("\"/s\""), "{body}");
     let seen = parent.wait_requests(1).await?;
     assert_eq!(seen[0].atyp, 1, "{seen:?}");
     assert_eq!(seen[0].host, "127.0.0.1");
     assert_eq!(seen[0].port, fx.origin.port());
     assert_eq!(seen[0].credentials, Some(("su".into(), "sp".into())));
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("route", json!(format!("parent socks5://{}", parent.addr()))),
+                ("protocol", json!("socks5")),
+            ],
+        )
         .await?;
-    assert_eq!(
-        line["route"],
-        json!(format!("parent socks5://{}", parent.addr()))
-    );
-    assert_eq!(line["protocol"], json!("socks5"));
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
     let parent = Socks5Parent::start(None).await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("socks5://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("socks5://{}", parent.addr())])
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -300,17 +280,17 @@ async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
 async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<()> {
     let down = ClosingParent::start().await?;
     let good = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
+    let fx = Fixture::start(
         parent_mode(
-            b,
+            mediator(),
             &[
                 format!("http://{}", down.addr()),
                 format!("http://{}", good.addr()),
             ],
         )
         .upstream_line("parent_retry_secs = 600")
-        .authority(agent_a_spec())
-    })
+        .authority(agent_a_spec()),
+    )
     .await?;
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -325,15 +305,7 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
         1,
         "the failed parent must be skipped for parent_retry_secs"
     );
-    let lines = fx
-        .mediator
-        .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "allowed",
-            2,
-            e2e::LOG_TIMEOUT,
-        )
-        .await?;
-    for l in lines {
+    for l in allowed_lines(&fx, 2).await? {
         assert_eq!(l["route"], json!(format!("parent http://{}", good.addr())));
     }
     Ok(())
@@ -343,26 +315,20 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
 async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
     let refusing = HttpParent::start_with(None, HttpParentMode::Refuse(403)).await?;
     let good = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
+    let fx = Fixture::start(
         parent_mode(
-            b,
+            mediator(),
             &[
                 format!("http://{}", refusing.addr()),
                 format!("http://{}", good.addr()),
             ],
         )
-        .authority(agent_a_spec())
-    })
+        .authority(agent_a_spec()),
+    )
     .await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a(&fx.origin_target()).await?;
     let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert!(
-        body["detail"].as_str().unwrap_or_default().contains("403"),
-        "{body}"
-    );
+    check_contains(&body, "detail", "403")?;
     assert_eq!(good.accepted(), 0, "no fallback after a parent's answer");
     Ok(())
 }
@@ -370,14 +336,11 @@ async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_targets_never_reach_a_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())]).authority(agent_a_spec())
-    })
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())]).authority(agent_a_spec()),
+    )
     .await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect("blocked.example:443", Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a("blocked.example:443").await?;
     check_deny(&resp, 403, "not_in_allowlist")?;
     assert_eq!(parent.accepted(), 0);
     Ok(())
@@ -386,11 +349,11 @@ async fn denied_targets_never_reach_a_parent() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        parent_mode(b, &[format!("http://{}", parent.addr())])
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{}", parent.addr())])
             .upstream_line("pin_through_parent = false")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let port = fx.origin.port();
     // CONNECT targets with injected lines: refused as malformed by the mediator itself.
@@ -399,16 +362,15 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
         format!("origin.test%0d%0aX-Injected:%201:{port}"),
         format!("origin.test\0:{port}"),
     ] {
-        let mut conn = HttpConn::tcp(fx.mediator.tcp_addr()).await?;
         let raw = format!(
-            "CONNECT {target} HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
-            basic_auth(AGENT_A, TOKEN_A)
+            "CONNECT {target} HTTP/1.1\r\n{}\r\n",
+            proxy_authorization(AGENT_A, TOKEN_A)
         );
-        conn.send(raw.as_bytes()).await?;
-        let resp = conn.read_response(true).await;
-        if let Ok(r) = resp {
-            assert!(r.status >= 400, "{target:?} -> {}", r.status);
-        }
+        let resp = fx
+            .request(&raw)
+            .await
+            .with_context(|| format!("no answer to CONNECT {target:?}"))?;
+        check_deny(&resp, 400, "malformed_target").with_context(|| format!("{target:?}"))?;
     }
     // SOCKS5 domain names with CR/LF/NUL: refused before any route.
     for name in [
@@ -416,21 +378,22 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
         "origin.test\0",
         "origin.test\r",
     ] {
-        let stream = TcpStream::connect(fx.mediator.tcp_addr()).await?;
-        let mut client = Socks5::new(stream);
-        let reply = client
-            .connect_with_auth(AGENT_A, TOKEN_A, &SocksTarget::Domain(name.into(), port))
+        let (_client, reply) = fx
+            .socks_connect_a(&SocksTarget::Domain(name.into(), port))
             .await?;
         assert_ne!(reply.rep, REP_SUCCEEDED, "{name:?}");
     }
-    // Absolute-form with a header value trying to smuggle a line: hyper refuses it.
-    let mut conn = fx.tcp_conn().await?;
+    // Absolute-form with a header value trying to smuggle a line: the head does not
+    // parse, and the answer is the mediator's own 400.
     let raw = format!(
-        "GET http://origin.test:{port}/ HTTP/1.1\r\nProxy-Authorization: {}\r\nX-A: a\rX-Injected: 1\r\n\r\n",
-        basic_auth(AGENT_A, TOKEN_A)
+        "GET http://origin.test:{port}/ HTTP/1.1\r\n{}X-A: a\rX-Injected: 1\r\n\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    conn.send(raw.as_bytes()).await?;
-    let _ = conn.read_response(false).await;
+    let resp = fx
+        .request(&raw)
+        .await
+        .context("no answer to the smuggling absolute-form request")?;
+    check_deny(&resp, 400, "malformed_target")?;
     // One good request, so that the parent has something to show.
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200);
@@ -454,28 +417,27 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
 async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy() -> Result<()> {
     let tunnels = HttpParent::start().await?;
     let plain = HttpParent::start().await?;
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"env\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"env\"")
             .env("HTTPS_PROXY", &format!("http://{}", tunnels.addr()))
             .env("http_proxy", &plain.addr().to_string())
             .env("NO_PROXY", "direct.test, .skip.test")
-            .authority(agent_a_spec().allow(&["direct.test", "a.skip.test"]))
-    })
+            .authority(agent_a_spec().allow(&["direct.test", "a.skip.test"])),
+    )
     .await?;
-    fx.dns.set("direct.test", [e2e::LOOPBACK]);
-    fx.dns.set("a.skip.test", [e2e::LOOPBACK]);
+    fx.resolve(&["direct.test", "a.skip.test"], LOOPBACK);
 
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert!(tunnels.wait_requests(1).await?[0].starts_with("CONNECT 127.0.0.1:"));
 
-    let mut conn = fx.tcp_conn().await?;
     let req = format!(
-        "GET http://{}/plain HTTP/1.1\r\nProxy-Authorization: {}\r\n\r\n",
+        "GET http://{}/plain HTTP/1.1\r\n{}\r\n",
         fx.origin_target(),
-        basic_auth(AGENT_A, TOKEN_A)
+        proxy_authorization(AGENT_A, TOKEN_A)
     );
-    assert_eq!(conn.request(req.as_bytes()).await?.status, 200);
+    assert_eq!(fx.request(&req).await?.status, 200);
     assert!(
         plain.wait_requests(1).await?[0]
             .starts_with(&format!("GET http://{}/plain", fx.origin_target()))
@@ -484,8 +446,9 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
     for host in ["direct.test", "a.skip.test"] {
         let resp = get_through_tunnel(&fx, host).await?;
         assert_eq!(resp.status, 200, "{}", resp.text());
-        let line = fx.mediator.wait_for_decision("allowed", Some(host)).await?;
-        assert_eq!(line["route"], "direct", "{line}");
+        fx.mediator
+            .expect_allow(host, &[("route", json!("direct"))])
+            .await?;
     }
     assert_eq!(tunnels.requests().len(), 1, "NO_PROXY hosts went direct");
     Ok(())
@@ -493,14 +456,12 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_mode_with_an_unusable_variable_refuses_to_start() -> Result<()> {
-    let err = MediatorBuilder::new()
+    let text = mediator()
         .upstream_line("mode = \"env\"")
         .env("HTTPS_PROXY", "socks4://127.0.0.1:1080")
         .authority(agent_a_spec())
-        .start()
-        .await
-        .unwrap_err();
-    let text = format!("{err:#}");
+        .start_err()
+        .await?;
     assert!(
         text.contains("HTTPS_PROXY") && text.contains("SOCKS4"),
         "{text}"

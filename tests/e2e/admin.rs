@@ -5,46 +5,29 @@
 //! ring, revocation closing the listener at once and live tunnels after the grace, and
 //! the admin bearer token.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::socks::REP_SUCCEEDED;
 use e2e::{
-    AGENT_A, AuthoritySpec, Fixture, HttpConn, ORIGIN_HOST, Socks5, SocksTarget, TOKEN_A,
-    agent_a_spec, basic_auth, check_deny, sha256_hex,
+    AGENT_A, Fixture, HttpConn, ORIGIN_HOST, PromText, SocksTarget, TOKEN_A, agent_a_allowing,
+    agent_a_spec, check_deny, closed_loopback_port, expect_http_200, get_through,
+    proxy_authorization, sha256_hex,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use crate::support::mediator;
 
 /// A bounded wait for a close that must come.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Sends `GET /<path>` with `Connection: close` through an established tunnel and reads
-/// to EOF.
-async fn get_through<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    io: &mut S,
-    path: &str,
-) -> Result<String> {
-    let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\nConnection: close\r\n\r\n");
-    io.write_all(req.as_bytes()).await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), io.read_to_end(&mut out)).await??;
-    // Close our side too, so the tunnel ends and its close record is written.
-    io.shutdown().await?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
-}
-
-/// One keep-alive request through a tunnel; returns the status line.
+/// One keep-alive request through a tunnel to the origin; returns the status.
 async fn get_keepalive(conn: &mut HttpConn, path: &str) -> Result<u16> {
-    let req = format!("GET /{path} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n");
-    let resp = conn.request(req.as_bytes()).await?;
-    Ok(resp.status)
+    Ok(conn.get(ORIGIN_HOST, path, false).await?.status)
 }
 
+/// An absolute-form `GET url` with `Connection: close`, as `auth` when given.
 fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
     let host = url
         .trim_start_matches("http://")
@@ -54,7 +37,7 @@ fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
         .to_owned();
     let mut r = format!("GET {url} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     if let Some((u, t)) = auth {
-        r.push_str(&format!("Proxy-Authorization: {}\r\n", basic_auth(u, t)));
+        r.push_str(&proxy_authorization(u, t));
     }
     r.push_str("\r\n");
     r
@@ -62,14 +45,12 @@ fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true).authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[ORIGIN_HOST, "private.test", "nx.test", "127.0.0.1"])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-    })
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_allowing(&[
+        ORIGIN_HOST,
+        "private.test",
+        "nx.test",
+        "127.0.0.1",
+    ])))
     .await?;
     fx.dns
         .set("private.test", [IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3))]);
@@ -86,71 +67,46 @@ async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() 
     );
 
     // 1. CONNECT allowed, 2. CONNECT not in the allow list.
-    let mut c = fx.tcp_conn().await?;
-    assert_eq!(c.connect(&origin, auth).await?.status, 200);
-    let body = get_through(c.stream(), "tunnel").await?;
-    ensure!(body.starts_with("HTTP/1.1 200"), "{body}");
-    let mut c = fx.tcp_conn().await?;
+    let mut c = fx.tunnel_a().await?;
+    expect_http_200(&get_through(c.stream(), ORIGIN_HOST, "/tunnel").await?)?;
     check_deny(
-        &c.connect("blocked.test:443", auth).await?,
+        &fx.connect_a("blocked.test:443").await?,
         403,
         "not_in_allowlist",
     )?;
     // 3. HTTP forward allowed, 4. denied.
-    let mut c = fx.tcp_conn().await?;
-    let resp = c
-        .request(forward_req(&format!("http://{origin}/fwd"), auth).as_bytes())
+    let resp = fx
+        .request(&forward_req(&format!("http://{origin}/fwd"), auth))
         .await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let mut c = fx.tcp_conn().await?;
-    let resp = c
-        .request(forward_req("http://other.test/", auth).as_bytes())
-        .await?;
+    let resp = fx.request(&forward_req("http://other.test/", auth)).await?;
     check_deny(&resp, 403, "not_in_allowlist")?;
     // 5. SOCKS5 allowed, 6. denied.
-    let mut s = Socks5::new(TcpStream::connect(m.tcp_addr()).await?);
-    let reply = s
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()),
-        )
+    let (mut s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port()))
         .await?;
     assert_eq!(reply.rep, REP_SUCCEEDED);
-    let body = get_through(s.stream(), "socks").await?;
-    ensure!(body.starts_with("HTTP/1.1 200"), "{body}");
-    let mut s = Socks5::new(TcpStream::connect(m.tcp_addr()).await?);
-    let reply = s
-        .connect_with_auth(
-            AGENT_A,
-            TOKEN_A,
-            &SocksTarget::Domain("blocked.test".into(), 443),
-        )
+    expect_http_200(&get_through(s.stream(), ORIGIN_HOST, "/socks").await?)?;
+    let (_s, reply) = fx
+        .socks_connect_a(&SocksTarget::Domain("blocked.test".into(), 443))
         .await?;
     assert_ne!(reply.rep, REP_SUCCEEDED);
     // 7. A wrong token: no authority established.
-    let mut c = fx.tcp_conn().await?;
     check_deny(
-        &c.connect(&origin, Some((AGENT_A, "wrong"))).await?,
+        &fx.connect(&origin, Some((AGENT_A, "wrong"))).await?,
         407,
         "bad_credential",
     )?;
     // 8. Private address, 9. DNS failure, 10. upstream refused.
-    let mut c = fx.tcp_conn().await?;
     check_deny(
-        &c.connect("private.test:443", auth).await?,
+        &fx.connect_a("private.test:443").await?,
         403,
         "private_address",
     )?;
-    let mut c = fx.tcp_conn().await?;
-    check_deny(&c.connect("nx.test:443", auth).await?, 502, "dns_failure")?;
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
-    let mut c = fx.tcp_conn().await?;
+    check_deny(&fx.connect_a("nx.test:443").await?, 502, "dns_failure")?;
+    let closed_port = closed_loopback_port()?;
     check_deny(
-        &c.connect(&format!("127.0.0.1:{closed_port}"), auth).await?,
+        &fx.connect_a(&format!("127.0.0.1:{closed_port}")).await?,
         502,
         "upstream_failure",
     )?;
@@ -286,12 +242,11 @@ async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()> {
-    let fx = Fixture::start(|b| b.admin(true).authority(agent_a_spec())).await?;
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let auth = Some((AGENT_A, TOKEN_A));
     // Warm up: one denial creates its series.
-    let mut c = fx.tcp_conn().await?;
     check_deny(
-        &c.connect("warmup.test:443", auth).await?,
+        &fx.connect_a("warmup.test:443").await?,
         403,
         "not_in_allowlist",
     )?;
@@ -303,7 +258,7 @@ async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()
         assert_eq!(resp.status, 403);
     }
     let after = fx.mediator.metrics().await?;
-    let metric_series = |p: &e2e::PromText| p.count("mediator_");
+    let metric_series = |p: &PromText| p.count("mediator_");
     assert_eq!(
         metric_series(&after),
         metric_series(&before),
@@ -329,21 +284,19 @@ async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 30)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let origin = fx.origin_target();
 
     assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);
     assert_eq!(m.admin("GET", "/readyz", None, None).await?.status, 200);
-    let list = m
-        .admin("GET", "/v1/authorities", None, None)
-        .await?
-        .json()?;
+    let list = m.admin_get("/v1/authorities").await?;
     let a = &list["authorities"][0];
     assert_eq!(a["name"], AGENT_A);
     assert_eq!(a["origin"], "config");
@@ -352,13 +305,10 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
     assert_eq!(a["channel"]["socket"], json!(m.socket_path(AGENT_A)));
 
     // Traffic flows: a live tunnel of agent-a over its Unix socket.
-    let mut live = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let mut live = fx.unix_conn(AGENT_A).await?;
     assert_eq!(live.connect(&origin, None).await?.status, 200);
-    assert_eq!(get_keepalive(&mut live, "before").await?, 200);
-    let list = m
-        .admin("GET", "/v1/authorities", None, None)
-        .await?
-        .json()?;
+    assert_eq!(get_keepalive(&mut live, "/before").await?, 200);
+    let list = m.admin_get("/v1/authorities").await?;
     assert_eq!(list["authorities"][0]["live_connections"], 1);
 
     // Create agent-c with a generated token.
@@ -384,14 +334,13 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
     let list = m.admin("GET", "/v1/authorities", None, None).await?.text();
     assert!(!list.contains(&token));
     // It works on both channels, and the live tunnel of agent-a is untouched.
-    let mut c = fx.tcp_conn().await?;
     assert_eq!(
-        c.connect(&origin, Some(("agent-c", &token))).await?.status,
+        fx.connect(&origin, Some(("agent-c", &token))).await?.status,
         200
     );
     let mut u = HttpConn::unix(&sock).await?;
     assert_eq!(u.connect(&origin, None).await?.status, 200);
-    assert_eq!(get_keepalive(&mut live, "during").await?, 200);
+    assert_eq!(get_keepalive(&mut live, "/during").await?, 200);
 
     // 409 for a duplicate, 400 naming the field.
     let resp = m
@@ -426,53 +375,34 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
     assert_eq!(resp.status, 400);
 
     // Denials of agent-c land in its ring.
-    let mut c = fx.tcp_conn().await?;
     check_deny(
-        &c.connect("blocked.test:443", Some(("agent-c", &token)))
+        &fx.connect("blocked.test:443", Some(("agent-c", &token)))
             .await?,
         403,
         "not_in_allowlist",
     )?;
-    let denials = m
-        .admin("GET", "/v1/authorities/agent-c/denials", None, None)
-        .await?
-        .json()?;
+    let denials = m.admin_get("/v1/authorities/agent-c/denials").await?;
     let list = denials["denials"].as_array().unwrap();
     assert_eq!(list.len(), 1, "{denials}");
     assert_eq!(list[0]["host"], "blocked.test");
     assert_eq!(list[0]["reason"], "not_in_allowlist");
     let id = list[0]["id"].as_u64().unwrap();
     let later = m
-        .admin(
-            "GET",
-            &format!("/v1/authorities/agent-c/denials?since={id}"),
-            None,
-            None,
-        )
-        .await?
-        .json()?;
+        .admin_get(&format!("/v1/authorities/agent-c/denials?since={id}"))
+        .await?;
     assert_eq!(later["denials"], json!([]));
     let earlier = m
-        .admin(
-            "GET",
-            "/v1/authorities/agent-c/denials?since=2000-01-01T00:00:00Z",
-            None,
-            None,
-        )
-        .await?
-        .json()?;
+        .admin_get("/v1/authorities/agent-c/denials?since=2000-01-01T00:00:00Z")
+        .await?;
     assert_eq!(earlier["denials"].as_array().unwrap().len(), 1);
 
     // Revoke agent-c: socket gone at once, token refused, ring gone, 404 the second time.
-    let resp = m
-        .admin("DELETE", "/v1/authorities/agent-c", None, None)
-        .await?;
+    let resp = m.revoke("agent-c").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert!(!sock.exists(), "socket of a revoked authority still there");
     assert!(HttpConn::unix(&sock).await.is_err());
-    let mut c = fx.tcp_conn().await?;
     check_deny(
-        &c.connect(&origin, Some(("agent-c", &token))).await?,
+        &fx.connect(&origin, Some(("agent-c", &token))).await?,
         407,
         "unknown_authority",
     )?;
@@ -482,43 +412,34 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
             .status,
         404
     );
-    assert_eq!(
-        m.admin("DELETE", "/v1/authorities/agent-c", None, None)
-            .await?
-            .status,
-        404
-    );
+    assert_eq!(m.revoke("agent-c").await?.status, 404);
     // A new request on a connection opened before the revocation gets no decision under
     // the revoked grant.
-    let resp = u
-        .request(format!("GET / HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n").as_bytes())
-        .await;
     // (u is a live tunnel: the request goes to the origin through it, within the grace.)
-    assert_eq!(resp?.status, 200);
+    assert_eq!(get_keepalive(&mut u, "/").await?, 200);
     // The agent-a tunnel kept working throughout; the authority count is back to 1.
-    assert_eq!(get_keepalive(&mut live, "after").await?, 200);
+    assert_eq!(get_keepalive(&mut live, "/after").await?, 200);
     assert_eq!(m.metrics().await?.get("mediator_authorities", &[]), 1.0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 1)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let sock = m.socket_path(AGENT_A);
     let mut tunnel = HttpConn::unix(&sock).await?;
     assert_eq!(tunnel.connect(&fx.origin_target(), None).await?.status, 200);
-    assert_eq!(get_keepalive(&mut tunnel, "x").await?, 200);
+    assert_eq!(get_keepalive(&mut tunnel, "/x").await?, 200);
     let decision = m.wait_for_decision("allowed", Some(ORIGIN_HOST)).await?;
 
-    let resp = m
-        .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
-        .await?;
+    let resp = m.revoke(AGENT_A).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert!(!sock.exists(), "socket file still there after revocation");
     assert!(
@@ -532,10 +453,7 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
     );
     let close = m.wait_for_close(&decision["id"]).await?;
     assert_eq!(close["close_reason"], "shutdown");
-    let list = m
-        .admin("GET", "/v1/authorities", None, None)
-        .await?
-        .json()?;
+    let list = m.admin_get("/v1/authorities").await?;
     assert_eq!(list["authorities"], json!([]));
     let p = m.metrics().await?;
     assert_eq!(p.get("mediator_authorities", &[]), 0.0);
@@ -551,15 +469,16 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
     let token = "admin-secret-7d1";
     let dir = tempfile::tempdir()?;
     let admin_sock = dir.path().join("admin.sock");
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .listen_line(&format!("admin_token_sha256 = \"{}\"", sha256_hex(token)))
             .listen_line(&format!(
                 "admin_socket = {:?}",
                 admin_sock.to_string_lossy()
             ))
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);
@@ -597,10 +516,8 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.json()?["authorities"][0]["name"], AGENT_A);
     // The channel socket of agent-a does not serve the admin API (it is a proxy).
-    let mut c = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
-    let resp = c
-        .request(b"GET /v1/authorities HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
+    let mut c = fx.unix_conn(AGENT_A).await?;
+    let resp = c.get("x", "/v1/authorities", true).await?;
     check_deny(&resp, 400, "malformed_target")?;
     let _: Value = resp.json()?;
     Ok(())

@@ -3,24 +3,25 @@
 //! client receives (a forged `X-Mediator-Decision` stripped), and the requests that must
 //! be refused with 400 or 431 before anything is resolved or connected.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{
-    AGENT_A, FORGED_DECISION, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth, check_deny,
-    check_line, check_tcp_peer,
+    AGENT_A, FORGED_DECISION, Fixture, LOOPBACK, TOKEN_A, agent_a_spec, basic_auth, check_deny,
+    proxy_authorization,
 };
 use serde_json::{Value, json};
 
+use crate::support::{agent_a, mediator};
+
+/// `agent-a`'s `Proxy-Authorization` line.
 fn auth_header() -> String {
-    format!("Proxy-Authorization: {}\r\n", basic_auth(AGENT_A, TOKEN_A))
+    proxy_authorization(AGENT_A, TOKEN_A)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let target = fx.origin_target();
     let req = format!(
         "GET http://{target}/echo?q=1 HTTP/1.1\r\n\
@@ -37,8 +38,7 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
          \r\n",
         auth = auth_header()
     );
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 200, "{resp:?}\n{}", resp.text());
     for v in resp.header_all("x-mediator-decision") {
         assert!(
@@ -82,36 +82,20 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
     assert_eq!(headers["x-kept"], json!(["yes"]), "{echo}");
     assert_eq!(headers["user-agent"], json!(["e2e"]), "{echo}");
 
-    let line = fx
-        .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
-        .await?;
-    check_line(
-        &line,
-        &[
-            ("authority", json!(AGENT_A)),
-            ("channel", json!("tcp")),
-            ("protocol", json!("http")),
-            ("port", json!(fx.origin.port())),
-            ("decision", json!("allow")),
-            ("pin", json!("127.0.0.1")),
-            ("route", json!("direct")),
-        ],
-    )?;
-    check_tcp_peer(&line)?;
+    fx.expect_origin_allowed("http").await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_post_forwards_the_body() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let req = format!(
         "POST http://{}/submit HTTP/1.1\r\nHost: {}\r\n{}Content-Type: text/plain\r\nContent-Length: 9\r\n\r\npayload!!",
         fx.origin_target(),
         fx.origin_target(),
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 200, "{resp:?}");
     let echo = resp.json()?;
     assert_eq!(echo["method"], "POST");
@@ -121,50 +105,47 @@ async fn absolute_form_post_forwards_the_body() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_without_credential_is_407() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let req = format!(
         "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n\r\n",
         t = fx.origin_target()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    check_deny(&resp, 407, "bad_credential")?;
-    assert_eq!(
-        resp.header("proxy-authenticate"),
-        Some("Basic realm=\"mediator\"")
-    );
-    let line = fx
-        .mediator
-        .wait_for_decision("bad_credential", None)
+    let resp = fx.request(&req).await?;
+    // (check_deny holds a 407 to its Proxy-Authenticate challenge.)
+    fx.mediator
+        .expect_deny(
+            &resp,
+            407,
+            "bad_credential",
+            None,
+            &[("authority", Value::Null)],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("authority", Value::Null), ("decision", json!("deny"))],
-    )?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    fx.dns.set("other.test", [e2e::LOOPBACK]);
+    let fx = agent_a().await?;
+    fx.dns.set("other.test", [LOOPBACK]);
     let req = format!(
         "GET http://other.test:{p}/ HTTP/1.1\r\nHost: other.test:{p}\r\n{}\r\n",
         auth_header(),
         p = fx.origin.port()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    let body = check_deny(&resp, 403, "not_in_allowlist")?;
-    assert_eq!(body["host"], "other.test");
-    assert_eq!(body["authority"], AGENT_A);
-    let line = fx
+    let resp = fx.request(&req).await?;
+    let denial = fx
         .mediator
-        .wait_for_decision("not_in_allowlist", Some("other.test"))
+        .expect_deny(
+            &resp,
+            403,
+            "not_in_allowlist",
+            Some("other.test"),
+            &[("protocol", json!("http"))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("protocol", json!("http")), ("decision", json!("deny"))],
-    )?;
+    assert_eq!(denial.body["authority"], AGENT_A);
     assert_eq!(fx.origin.connections(), 0);
     assert_eq!(
         fx.dns.queries("other.test"),
@@ -177,16 +158,16 @@ async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
 /// Sends `req` and checks the 400 `malformed_target` answer, that the decision was
 /// logged, and that the origin was never contacted.
 async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
-    check_deny(&resp, 400, "malformed_target")?;
-    let line = fx
-        .mediator
-        .wait_for_decision("malformed_target", None)
+    let resp = fx.request(req).await?;
+    fx.mediator
+        .expect_deny(
+            &resp,
+            400,
+            "malformed_target",
+            None,
+            &[("channel", json!("tcp"))],
+        )
         .await?;
-    check_line(
-        &line,
-        &[("decision", json!("deny")), ("channel", json!("tcp"))],
-    )?;
     assert_eq!(
         fx.origin.connections(),
         0,
@@ -197,7 +178,7 @@ async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_host_headers_are_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\nHost: other.test\r\n{}\r\n",
@@ -208,7 +189,7 @@ async fn two_host_headers_are_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET /index.html HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -219,7 +200,7 @@ async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET https://{t}/ HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -230,7 +211,7 @@ async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let req = format!(
         "GET ftp://{t}/file HTTP/1.1\r\nHost: {t}\r\n{}\r\n",
@@ -241,7 +222,7 @@ async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let p = fx.origin.port();
     let req = format!(
         "GET http://127.1:{p}/ HTTP/1.1\r\nHost: 127.1:{p}\r\n{}\r\n",
@@ -253,12 +234,12 @@ async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<()> {
     for port in ["65536", "83617", "80a", "99999999999999999999"] {
-        let fx = Fixture::agent_a().await?;
+        let fx = agent_a().await?;
         let req = format!(
             "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
             auth_header()
         );
-        let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+        let resp = fx.request(&req).await?;
         // Either our JSON 400 or hyper's own 400 for a URI it cannot parse; never a
         // decision on port 80.
         assert_eq!(resp.status, 400, "port {port}: {}", resp.text());
@@ -273,21 +254,21 @@ async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let p = fx.origin.port();
     let secret = "s3cr3t-pa55";
     let req = format!(
         "CONNECT alice:{secret}@origin.test:{p} HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 400);
     assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
     let req = format!(
         "GET http://alice:{secret}@origin.test:{p}/ HTTP/1.1\r\nHost: origin.test\r\n{}\r\n",
         auth_header()
     );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 400);
     assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
     fx.mediator
@@ -297,15 +278,19 @@ async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
             Duration::from_secs(5),
         )
         .await?;
-    let log = std::fs::read_to_string(fx.mediator.log_path())?;
-    assert!(!log.contains(secret), "secret in the decision log: {log}");
+    fx.mediator.expect_log_lacks(secret)?;
     Ok(())
 }
 
 /// Sends a head of about `head_len` bytes (absolute-form, then CONNECT) to a mediator
 /// whose `request_head_bytes` is `limit`, and expects 431 both times.
 async fn expect_431(limit: usize, head_len: usize) -> Result<()> {
-    let fx = Fixture::start(|b| b.authority(agent_a_spec()).request_head_bytes(limit)).await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .request_head_bytes(limit),
+    )
+    .await?;
     let t = fx.origin_target();
     let filler = "a".repeat(head_len);
     let req = format!(
@@ -354,14 +339,11 @@ async fn request_head_limit_at_the_minimum_is_enforced() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()> {
     // A limit the server could not enforce is a config error, never a silent larger limit.
-    let dir = tempfile::tempdir()?;
-    let text = e2e::mediator::MediatorBuilder::new()
+    let (status, stderr) = mediator()
         .authority(agent_a_spec())
         .request_head_bytes(2048)
-        .render(dir.path());
-    let path = dir.path().join("mediator.toml");
-    std::fs::write(&path, &text)?;
-    let (status, stderr) = e2e::mediator::run_check(&path).await?;
+        .check()
+        .await?;
     anyhow::ensure!(
         !status.success(),
         "check accepted request_head_bytes = 2048"
@@ -378,16 +360,17 @@ async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()>
 /// not served under the revoked grant until the grace ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<()> {
-    let fx = Fixture::start(|b| {
-        b.admin(true)
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
             .timeout("revoke_grace", 60)
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let m = &fx.mediator;
     let target = fx.origin_target();
     let req = format!("GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\n\r\n");
-    let mut c = e2e::HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let mut c = fx.unix_conn(AGENT_A).await?;
     assert_eq!(c.request(req.as_bytes()).await?.status, 200);
     let resp = m
         .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
@@ -403,7 +386,7 @@ async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<
 /// the right one works again after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_on_a_kept_alive_connection_is_authenticated() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let t = fx.origin_target();
     let get = |auth: &str, path: &str| {
         format!("GET http://{t}{path} HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {auth}\r\n\r\n")

@@ -7,43 +7,43 @@
 //! Clients: real curl (`--http1.1`, `--http2`) trusting only the mediator's CA, and a hyper
 //! HTTP/2 client over rustls.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, ensure};
 use bytes::Bytes;
-use e2e::mediator::{AuthoritySpec, MediatorBuilder, mediator_bin, toml_list, toml_str};
+use e2e::mediator::{MediatorBuilder, toml_list, toml_str};
 use e2e::tls::{TestCa, TlsOrigin, h2_client, tls_through_connect};
 use e2e::{
-    AGENT_A, DnsServer, HttpConn, LOG_TIMEOUT, Mediator, Origin, TOKEN_A, basic_auth, check_deny,
-    curl,
+    AGENT_A, CurlOutput, Fixture, TOKEN_A, agent_a_allowing, check_deny, proxy_authorization,
 };
 use http_body_util::{BodyExt, Full};
-use serde_json::Value;
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use serde_json::{Value, json};
 use tempfile::TempDir;
+
+use crate::support::mediator;
 
 const API: &str = "api.test";
 
+/// The common fixture, plus a TLS origin for `api.test` and the mediator's CA.
 struct Env {
-    _dir: TempDir,
-    _dns: DnsServer,
+    fx: Fixture,
     origin: TlsOrigin,
-    mediator: Mediator,
+    /// The configuration the mediator was started with (to start it again).
+    builder: MediatorBuilder,
     /// The mediator's CA certificate (what a child trusts).
     mediator_ca: PathBuf,
     ca_dir: PathBuf,
+    _dir: TempDir,
 }
 
 /// `agent-a` may reach `api.test` (our loopback TLS origin), whose TLS is terminated;
 /// request rules: GET and HEAD under `/public/` only.
-fn authority() -> AuthoritySpec {
-    AuthoritySpec::new(AGENT_A)
-        .allow(&[API])
-        .allow_private(&["127.0.0.0/8"])
-        .token(TOKEN_A)
+fn authority() -> e2e::AuthoritySpec {
+    agent_a_allowing(&[API])
         .raw(&format!("tls_terminate = {}", toml_list(&[API])))
         .raw("\n[[authority.request_rule]]")
         .raw(&format!("host = {}", toml_str(API)))
@@ -60,18 +60,15 @@ fn tls_toml(ca_dir: &Path, extra: &[&Path]) -> String {
     )
 }
 
-/// Starts DNS (`api.test` -> 127.0.0.1), a TLS origin whose certificate comes from a test CA
-/// (trusted by the mediator via `extra_ca_files` when `trust_origin_ca`), and the mediator.
-async fn start(trust_origin_ca: bool) -> Result<Env> {
-    start_on(trust_origin_ca, SocketAddr::from(([127, 0, 0, 1], 0))).await
+/// Where the TLS origin listens unless a test needs an address of its own.
+fn any_loopback_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// As [`start`], with the origin bound to `bind` (and `api.test` resolving to its IP).
-async fn start_on(trust_origin_ca: bool, bind: SocketAddr) -> Result<Env> {
-    start_with(trust_origin_ca, bind, |b| b).await
-}
-
-/// As [`start_on`], with the mediator builder further configured by `configure`.
+/// Starts a TLS origin for `api.test` on `bind` whose certificate comes from a test CA
+/// (trusted by the mediator via `extra_ca_files` when `trust_origin_ca`), then the
+/// fixture with `api.test` resolving to the origin's IP and the mediator `configure`d
+/// further.
 async fn start_with(
     trust_origin_ca: bool,
     bind: SocketAddr,
@@ -80,30 +77,32 @@ async fn start_with(
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;
     let origin = TlsOrigin::start_on(&test_ca.ca, API, bind).await?;
-    let dns = DnsServer::start().await?;
-    dns.set(API, [bind.ip()]);
     let ca_dir = dir.path().join("mediator-ca");
     let extra: Vec<&Path> = if trust_origin_ca {
         vec![test_ca.pem_path.as_path()]
     } else {
         Vec::new()
     };
-    let mediator = configure(
-        MediatorBuilder::new()
-            .nameserver(dns.addr())
+    let builder = configure(
+        mediator()
             .extra_toml(&tls_toml(&ca_dir, &extra))
             .authority(authority()),
-    )
-    .start()
-    .await?;
+    );
+    let fx = Fixture::start(builder.clone()).await?;
+    fx.dns.set(API, [bind.ip()]);
     Ok(Env {
-        _dir: dir,
-        _dns: dns,
+        fx,
         origin,
-        mediator,
+        builder,
         mediator_ca: ca_dir.join("ca.pem"),
         ca_dir,
+        _dir: dir,
     })
+}
+
+/// [`start_with`] on any loopback port, the mediator as configured above.
+async fn start(trust_origin_ca: bool) -> Result<Env> {
+    start_with(trust_origin_ca, any_loopback_port(), |b| b).await
 }
 
 impl Env {
@@ -118,30 +117,65 @@ impl Env {
         format!("{API}:{}", self.origin.port())
     }
 
-    /// curl through the mediator's TCP listener, trusting only the mediator's CA, with
-    /// `-i` (response headers in the body).
-    async fn curl(&self, extra: &[&str], url: &str) -> Result<e2e::CurlOutput> {
-        let proxy = format!("http://{}", self.mediator.tcp_addr());
-        let user = format!("{AGENT_A}:{TOKEN_A}");
+    /// curl through the mediator's TCP listener (`scheme`: `http` or `socks5h`) as
+    /// `agent-a`, trusting only the mediator's CA, with `args` (the URL last).
+    async fn curl_via(&self, scheme: &str, args: &[&str]) -> Result<CurlOutput> {
         let ca = self.mediator_ca.display().to_string();
-        let mut args = vec![
-            "--proxy",
-            &proxy,
-            "--proxy-user",
-            &user,
-            "--cacert",
-            &ca,
-            "-i",
-            "--suppress-connect-headers",
-        ];
+        let mut all = vec!["--cacert", ca.as_str()];
+        all.extend_from_slice(args);
+        self.fx
+            .mediator
+            .curl_via(scheme, (AGENT_A, TOKEN_A), &all)
+            .await
+    }
+
+    /// [`Self::curl_via`] an HTTP proxy, with `-i` (response headers in the body) and
+    /// `extra` before the `url`.
+    async fn curl(&self, extra: &[&str], url: &str) -> Result<CurlOutput> {
+        let mut args = vec!["-i", "--suppress-connect-headers"];
         args.extend_from_slice(extra);
         args.push(url);
-        curl(&args).await
+        self.curl_via("http", &args).await
+    }
+
+    /// A hyper HTTP/2 client inside a CONNECT tunnel to the origin, speaking TLS with SNI
+    /// `api.test` and trusting only the mediator's CA: the handshake verifies, with webpki
+    /// against that CA alone, that the leaf names exactly the tunnel host.
+    async fn h2(&self) -> Result<SendRequest<Full<Bytes>>> {
+        let tls = tls_through_connect(
+            self.fx.mediator.tcp_addr(),
+            (AGENT_A, TOKEN_A),
+            &self.target(),
+            API,
+            &self.mediator_ca,
+            &[b"h2"],
+        )
+        .await?;
+        h2_client(tls).await
     }
 }
 
+/// An HTTP/2 request with `body`, for [`Env::h2`].
+fn h2_request(
+    method: &str,
+    uri: String,
+    body: &'static str,
+) -> Result<hyper::Request<Full<Bytes>>> {
+    Ok(hyper::Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Full::new(Bytes::from_static(body.as_bytes())))?)
+}
+
+/// The JSON body of an HTTP/2 response.
+async fn h2_json(resp: hyper::Response<Incoming>) -> Result<Value> {
+    Ok(serde_json::from_slice(
+        &resp.into_body().collect().await?.to_bytes(),
+    )?)
+}
+
 /// The JSON body after the header block of `curl -i` output.
-fn body_json(out: &e2e::CurlOutput) -> Result<Value> {
+fn body_json(out: &CurlOutput) -> Result<Value> {
     let body = out
         .body
         .split_once("\r\n\r\n")
@@ -150,7 +184,7 @@ fn body_json(out: &e2e::CurlOutput) -> Result<Value> {
 }
 
 /// The value of header `name` in `curl -i` output.
-fn header<'a>(out: &'a e2e::CurlOutput, name: &str) -> Option<&'a str> {
+fn header<'a>(out: &'a CurlOutput, name: &str) -> Option<&'a str> {
     out.body
         .split("\r\n\r\n")
         .next()?
@@ -180,33 +214,32 @@ async fn http1_request_is_terminated_forwarded_and_logged_with_the_query_redacte
         !out.body.contains("forged-by-origin"),
         "an upstream X-Mediator-Decision is stripped: {out:?}"
     );
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["event"] == "decision" && v["protocol"] == "tls",
-            LOG_TIMEOUT,
+            &[
+                ("decision", json!("allow")),
+                ("reason", json!("allowed")),
+                ("authority", json!(AGENT_A)),
+                ("host", json!(API)),
+                ("port", json!(env.origin.port())),
+                ("method", json!("GET")),
+                ("path", json!("/public/hello?<redacted>")),
+                ("rule", json!("request_rule[1] api.test")),
+                ("pin", json!("127.0.0.1")),
+            ],
         )
         .await?;
-    assert_eq!(line["decision"], "allow");
-    assert_eq!(line["reason"], "allowed");
-    assert_eq!(line["authority"], AGENT_A);
-    assert_eq!(line["host"], API);
-    assert_eq!(line["port"], env.origin.port());
-    assert_eq!(line["method"], "GET");
-    assert_eq!(line["path"], "/public/hello?<redacted>");
-    assert_eq!(line["rule"], "request_rule[1] api.test");
-    assert_eq!(line["pin"], "127.0.0.1");
     // The tunnel itself was decided as a CONNECT.
-    let connect = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["event"] == "decision" && v["protocol"] == "connect",
-            LOG_TIMEOUT,
+            &[("reason", json!("allowed"))],
         )
         .await?;
-    assert_eq!(connect["reason"], "allowed");
-    let log = std::fs::read_to_string(env.mediator.log_path())?;
-    ensure!(!log.contains("s3cret"), "no query value in the log: {log}");
+    env.fx.mediator.expect_log_lacks("s3cret")?;
     Ok(())
 }
 
@@ -261,16 +294,17 @@ async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_
         before,
         "a denied request never reaches the origin"
     );
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["protocol"] == "tls" && v["decision"] == "deny",
-            LOG_TIMEOUT,
+            &[
+                ("reason", json!("denied_by_rule")),
+                ("method", json!("POST")),
+                ("path", json!("/public/a")),
+            ],
         )
         .await?;
-    assert_eq!(line["reason"], "denied_by_rule");
-    assert_eq!(line["method"], "POST");
-    assert_eq!(line["path"], "/public/a");
     Ok(())
 }
 
@@ -278,36 +312,20 @@ async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_
 async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_connection()
 -> Result<()> {
     let env = start(true).await?;
-    let tls = tls_through_connect(
-        env.mediator.tcp_addr(),
-        (AGENT_A, TOKEN_A),
-        &env.target(),
-        API,
-        &env.mediator_ca,
-        &[b"h2"],
-    )
-    .await?;
     // The leaf names exactly the tunnel host and chains to the mediator's CA (the
-    // handshake above verified it with webpki against that CA alone).
-    let mut h2 = h2_client(tls).await?;
-    let send = |method: &str, uri: String, body: &'static str| {
-        hyper::Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap()
-    };
+    // handshake verifies it with webpki against that CA alone).
+    let mut h2 = env.h2().await?;
 
     let resp = h2
-        .send_request(send("GET", env.url("/public/one"), ""))
+        .send_request(h2_request("GET", env.url("/public/one"), "")?)
         .await?;
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("x-mediator-decision").is_none());
-    let echo: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
+    let echo: Value = h2_json(resp).await?;
     assert_eq!(echo["method"], "GET");
 
     let resp = h2
-        .send_request(send("POST", env.url("/public/one"), "payload"))
+        .send_request(h2_request("POST", env.url("/public/one"), "payload")?)
         .await?;
     assert_eq!(resp.status(), 403);
     assert_eq!(
@@ -315,28 +333,28 @@ async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_conn
         "deny; reason=denied_by_rule"
     );
     assert_eq!(resp.headers()["content-type"], "application/json");
-    let body: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
+    let body: Value = h2_json(resp).await?;
     assert_eq!(body["reason"], "denied_by_rule");
 
     let resp = h2
-        .send_request(send("GET", env.url("/private"), ""))
+        .send_request(h2_request("GET", env.url("/private"), "")?)
         .await?;
     assert_eq!(resp.status(), 403, "GET outside /public/ is denied too");
 
     // Domain fronting through the terminated leg: :authority of another host.
     let resp = h2
-        .send_request(send(
+        .send_request(h2_request(
             "GET",
             format!("https://blocked.test:{}/public/x", env.origin.port()),
             "",
-        ))
+        )?)
         .await?;
     assert_eq!(resp.status(), 421);
     assert_eq!(
         resp.headers()["x-mediator-decision"],
         "deny; reason=sni_mismatch"
     );
-    let body: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
+    let body: Value = h2_json(resp).await?;
     ensure!(
         body["detail"]
             .as_str()
@@ -346,7 +364,7 @@ async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_conn
 
     // The connection is still good after the denials.
     let resp = h2
-        .send_request(send("HEAD", env.url("/public/two"), ""))
+        .send_request(h2_request("HEAD", env.url("/public/two"), "")?)
         .await?;
     assert_eq!(resp.status(), 200);
     Ok(())
@@ -380,12 +398,9 @@ async fn domain_fronting_with_the_host_header_or_sni_of_another_host_is_refused(
             &format!("https://blocked.test:{port}/public/x"),
         )
         .await?;
-    ensure!(out.exit_code != 0, "{out:?}");
-    ensure!(
-        out.http_connect == 200,
-        "the CONNECT itself is allowed: {out:?}"
-    );
+    out.expect_cut_after_connect()?;
     let line = env
+        .fx
         .mediator
         .wait_for_decision("sni_mismatch", Some(API))
         .await?;
@@ -432,42 +447,21 @@ async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
     assert_eq!(key_mode, 0o600);
 
     // `mediator ca-cert` prints exactly that certificate.
-    let out = tokio::process::Command::new(mediator_bin()?)
-        .arg("ca-cert")
-        .arg("--config")
-        .arg(env.mediator.config_path())
-        .output()
-        .await?;
+    let out = env.fx.mediator.cli("ca-cert", &[]).await?;
     ensure!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8(out.stdout)?, first);
 
     // A second mediator on the same ca_dir loads the same CA, and a client that trusts the
     // first run's certificate works against it.
-    let Env {
-        _dir: dir,
-        _dns: dns,
-        origin,
-        mediator,
-        mediator_ca,
-        ca_dir,
-    } = env;
-    drop(mediator);
-    let test_ca_pem = dir.path().join("test-ca.pem");
-    let mediator = MediatorBuilder::new()
-        .nameserver(dns.addr())
-        .extra_toml(&tls_toml(&ca_dir, &[&test_ca_pem]))
-        .authority(authority())
+    let mut env = env;
+    drop(env.fx.mediator);
+    env.fx.mediator = env
+        .builder
+        .clone()
+        .nameserver(env.fx.dns.addr())
         .start()
         .await?;
-    assert_eq!(std::fs::read_to_string(&mediator_ca)?, first);
-    let env = Env {
-        _dir: dir,
-        _dns: dns,
-        origin,
-        mediator,
-        mediator_ca,
-        ca_dir,
-    };
+    assert_eq!(std::fs::read_to_string(&env.mediator_ca)?, first);
     let out = env.curl(&[], &env.url("/public/again")).await?;
     ensure!(out.exit_code == 0 && out.http_code == 200, "{out:?}");
     Ok(())
@@ -476,42 +470,25 @@ async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_tunnels_are_terminated_under_the_same_rules() -> Result<()> {
     let env = start(true).await?;
-    let proxy = format!("socks5h://{}", env.mediator.tcp_addr());
-    let user = format!("{AGENT_A}:{TOKEN_A}");
-    let ca = env.mediator_ca.display().to_string();
-    let base = [
-        "--proxy",
-        proxy.as_str(),
-        "--proxy-user",
-        user.as_str(),
-        "--cacert",
-        ca.as_str(),
-    ];
-    let mut args = base.to_vec();
     let url = env.url("/public/s");
-    args.push(&url);
-    let out = curl(&args).await?;
+    let out = env.curl_via("socks5h", &[&url]).await?;
     ensure!(out.exit_code == 0 && out.http_code == 200, "{out:?}");
-    let mut args = base.to_vec();
-    args.extend(["-X", "DELETE", url.as_str()]);
-    let out = curl(&args).await?;
+    let out = env.curl_via("socks5h", &["-X", "DELETE", &url]).await?;
     ensure!(out.http_code == 403, "{out:?}");
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["protocol"] == "tls" && v["method"] == "DELETE",
-            LOG_TIMEOUT,
+            &[("reason", json!("denied_by_rule"))],
         )
         .await?;
-    assert_eq!(line["reason"], "denied_by_rule");
-    let tunnel = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["event"] == "decision" && v["protocol"] == "socks5",
-            LOG_TIMEOUT,
+            &[("reason", json!("allowed"))],
         )
         .await?;
-    assert_eq!(tunnel["reason"], "allowed");
     Ok(())
 }
 
@@ -519,7 +496,7 @@ async fn socks5_tunnels_are_terminated_under_the_same_rules() -> Result<()> {
 async fn port_443_tunnel_passes_the_sni_gate_and_is_then_terminated() -> Result<()> {
     // On 443 the SNI gate reads the ClientHello first; termination must replay it. The
     // origin has an address of its own so that no other test competes for port 443.
-    let env = start_on(true, SocketAddr::from(([127, 66, 1, 1], 443))).await?;
+    let env = start_with(true, SocketAddr::from(([127, 66, 1, 1], 443)), |b| b).await?;
     for http in ["--http1.1", "--http2"] {
         let out = env.curl(&[http], &env.url("/public/443")).await?;
         ensure!(
@@ -579,17 +556,17 @@ async fn path_rule_escapes_are_refused_inside_the_tunnel() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Result<()> {
     let env = start(true).await?;
-    // A plain HTTP origin on 127.0.0.1, which api.test resolves to.
-    let plain = Origin::start().await?;
+    // The fixture's plain HTTP origin on 127.0.0.1, which api.test resolves to.
+    let plain = &env.fx.origin;
     let host = format!("{API}:{}", plain.port());
-    let auth = basic_auth(AGENT_A, TOKEN_A);
+    let auth = proxy_authorization(AGENT_A, TOKEN_A);
     let req = |method: &str, path: &str| {
         format!(
             "{method} http://{host}{path} HTTP/1.1\r\nHost: {host}\r\n\
-             Proxy-Authorization: {auth}\r\nContent-Length: 0\r\n\r\n"
+             {auth}Content-Length: 0\r\n\r\n"
         )
     };
-    let mut c = HttpConn::tcp(env.mediator.tcp_addr()).await?;
+    let mut c = env.fx.tcp_conn().await?;
     let r = c.request(req("GET", "/public/a").as_bytes()).await?;
     assert_eq!(r.status, 200, "{}", r.text());
     // The same client connection, whose upstream connection is kept: still judged.
@@ -631,36 +608,36 @@ async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Res
         "denied requests never reach the origin"
     );
 
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["protocol"] == "http" && v["method"] == "POST",
-            LOG_TIMEOUT,
+            &[
+                ("decision", json!("deny")),
+                ("reason", json!("denied_by_rule")),
+                ("path", json!("/admin")),
+                ("rule", json!("request_rule[1] api.test")),
+            ],
         )
         .await?;
-    assert_eq!(line["decision"], "deny");
-    assert_eq!(line["reason"], "denied_by_rule");
-    assert_eq!(line["path"], "/admin");
-    assert_eq!(line["rule"], "request_rule[1] api.test");
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["protocol"] == "http" && v["path"] == "/public/b?<redacted>",
-            LOG_TIMEOUT,
+            &[("decision", json!("allow")), ("method", json!("GET"))],
         )
         .await?;
-    assert_eq!(line["decision"], "allow");
-    assert_eq!(line["method"], "GET");
 
     // What the reviewer ran: curl with an absolute-form POST.
-    let proxy = format!("http://{}", env.mediator.tcp_addr());
-    let user = format!("{AGENT_A}:{TOKEN_A}");
     let url = format!("http://{host}/admin");
-    let out = curl(&["--proxy", &proxy, "--proxy-user", &user, "-X", "POST", &url]).await?;
+    let out = env
+        .fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-X", "POST", &url])
+        .await?;
     ensure!(out.http_code == 403, "{out:?}");
     assert_eq!(plain.requests(), 2);
-    let log = std::fs::read_to_string(env.mediator.log_path())?;
-    ensure!(!log.contains("s3cret"), "no query value in the log: {log}");
+    env.fx.mediator.expect_log_lacks("s3cret")?;
     Ok(())
 }
 
@@ -669,53 +646,38 @@ async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_revoked() -> Result<()>
 {
-    let env = start_with(true, SocketAddr::from(([127, 0, 0, 1], 0)), |b| {
+    let env = start_with(true, any_loopback_port(), |b| {
         b.admin(true).timeout("revoke_grace", 60)
     })
     .await?;
-    let tls = tls_through_connect(
-        env.mediator.tcp_addr(),
-        (AGENT_A, TOKEN_A),
-        &env.target(),
-        API,
-        &env.mediator_ca,
-        &[b"h2"],
-    )
-    .await?;
-    let mut h2 = h2_client(tls).await?;
-    let get = |path: &str| {
-        hyper::Request::builder()
-            .method("GET")
-            .uri(env.url(path))
-            .body(Full::new(Bytes::new()))
-            .unwrap()
-    };
-    let resp = h2.send_request(get("/public/before")).await?;
+    let mut h2 = env.h2().await?;
+    let get = |path: &str| h2_request("GET", env.url(path), "");
+    let resp = h2.send_request(get("/public/before")?).await?;
     assert_eq!(resp.status(), 200);
     let before = env.origin.requests();
 
     let resp = env
+        .fx
         .mediator
         .admin("DELETE", &format!("/v1/authorities/{AGENT_A}"), None, None)
         .await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
 
-    let resp = h2.send_request(get("/public/after")).await?;
+    let resp = h2.send_request(get("/public/after")?).await?;
     assert_eq!(resp.status(), 407);
     assert_eq!(
         resp.headers()["x-mediator-decision"],
         "deny; reason=unknown_authority"
     );
-    let body: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
+    let body: Value = h2_json(resp).await?;
     assert_eq!(body["reason"], "unknown_authority");
     assert_eq!(env.origin.requests(), before, "nothing reached the origin");
-    let line = env
+    env.fx
         .mediator
-        .wait_for_log(
+        .expect_log(
             |v| v["protocol"] == "tls" && v["reason"] == "unknown_authority",
-            LOG_TIMEOUT,
+            &[("path", json!("/public/after"))],
         )
         .await?;
-    assert_eq!(line["path"], "/public/after");
     Ok(())
 }

@@ -7,18 +7,21 @@
 //! loopback) that records what each connection sent; it does not speak TLS, so curl's
 //! handshake fails after the mediator's verdict, which is all these tests need.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::mediator::AuthoritySpec;
-use e2e::{AGENT_A, Fixture, TOKEN_A, curl};
+use e2e::{AGENT_A, CurlOutput, Fixture, TOKEN_A, agent_a_allowing, wait_for};
+use serde_json::json;
 use tokio::io::AsyncReadExt;
 
+use crate::support::mediator;
+
 const FRONT: &str = "front.test";
+
+/// What a recording origin saw: the bytes of each connection, in the order they ended.
+type Recorded = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Each test has an origin address of its own, so tests running in parallel never
 /// compete for port 443.
@@ -26,18 +29,14 @@ fn origin_ip(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 66, 0, n))
 }
 
-/// Listens on `ip`:443 and records the bytes of each connection (until EOF or 3 s).
-async fn recording_origin(ip: IpAddr) -> Result<Arc<Mutex<Vec<Vec<u8>>>>> {
-    Ok(recording_origin_on(ip, 443).await?.0)
-}
-
-/// As [`recording_origin`] on `ip`:`port` (0: any free port); returns the bound port.
-async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec<u8>>>>, u16)> {
+/// Listens on `ip`:`port` (0: any free port) and records the bytes of each connection
+/// (until EOF or 3 s); returns the record and the bound port.
+async fn recording_origin(ip: IpAddr, port: u16) -> Result<(Recorded, u16)> {
     let listener = tokio::net::TcpListener::bind((ip, port))
         .await
         .with_context(|| format!("binding {ip}:{port} (port 443 needs root)"))?;
     let port = listener.local_addr()?.port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Recorded::default();
     let rec = Arc::clone(&seen);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
@@ -55,7 +54,7 @@ async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec
                         break;
                     }
                 }
-                rec.lock().unwrap().push(got);
+                rec.lock().unwrap_or_else(PoisonError::into_inner).push(got);
             });
         }
     });
@@ -65,73 +64,62 @@ async fn recording_origin_on(ip: IpAddr, port: u16) -> Result<(Arc<Mutex<Vec<Vec
 /// The bytes of the first connection the recording origin saw end (waits up to 8 s; the
 /// origin itself records after EOF or 3 s).
 async fn first_recorded(seen: &Mutex<Vec<Vec<u8>>>) -> Result<Vec<u8>> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        if let Some(first) = seen.lock().unwrap().first() {
-            return Ok(first.clone());
-        }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "origin never saw the connection end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(
+        Duration::from_secs(8),
+        || {
+            let seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+            Ok(seen.first().cloned())
+        },
+        || "origin never saw the connection end".to_owned(),
+    )
+    .await
 }
 
-async fn fixture(ip: IpAddr) -> Result<Fixture> {
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&["front.test:443"])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-    })
-    .await?;
+/// `agent-a` may reach only `front.test:<port>`, which resolves to `ip`.
+async fn fixture(ip: IpAddr, port: u16) -> Result<Fixture> {
+    let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
+    let fx = Fixture::start(mediator().authority(grant)).await?;
     fx.dns.set(FRONT, [ip]);
     Ok(fx)
 }
 
-fn proxy_args(fx: &Fixture) -> (String, String) {
-    (
-        format!("http://{}", fx.mediator.tcp_addr()),
-        format!("{AGENT_A}:{TOKEN_A}"),
-    )
+/// curl through the mediator as `agent-a`, not verifying the (non-TLS) origin and giving
+/// up after 5 s, with `args` (the URL last).
+async fn curl_tls(fx: &Fixture, args: &[&str]) -> Result<CurlOutput> {
+    let mut all = vec!["--insecure", "--max-time", "5"];
+    all.extend_from_slice(args);
+    fx.mediator.curl_via("http", (AGENT_A, TOKEN_A), &all).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_byte() -> Result<()> {
     let ip = origin_ip(1);
-    let seen = recording_origin(ip).await?;
-    let fx = fixture(ip).await?;
-    let (proxy, user) = proxy_args(&fx);
+    let (seen, _) = recording_origin(ip, 443).await?;
+    let fx = fixture(ip, 443).await?;
     // CONNECT front.test:443 (allowed), then a ClientHello naming evil.test.
-    let out = curl(&[
-        "--proxy",
-        &proxy,
-        "--proxy-user",
-        &user,
-        "--insecure",
-        "--max-time",
-        "5",
-        "--connect-to",
-        "evil.test:443:front.test:443",
-        "https://evil.test/",
-    ])
+    let out = curl_tls(
+        &fx,
+        &[
+            "--connect-to",
+            "evil.test:443:front.test:443",
+            "https://evil.test/",
+        ],
+    )
     .await?;
-    ensure!(out.exit_code != 0, "curl must fail: {out:?}");
-    ensure!(
-        out.http_connect == 200,
-        "the CONNECT itself is allowed: {out:?}"
-    );
+    out.expect_cut_after_connect()?;
     let line = fx
         .mediator
-        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .expect_decision(
+            "sni_mismatch",
+            Some(FRONT),
+            &[
+                ("decision", json!("deny")),
+                ("authority", json!(AGENT_A)),
+                ("protocol", json!("connect")),
+                ("port", json!(443)),
+            ],
+        )
         .await?;
-    assert_eq!(line["decision"], "deny");
-    assert_eq!(line["authority"], AGENT_A);
-    assert_eq!(line["protocol"], "connect");
-    assert_eq!(line["port"], 443);
     let detail = line["detail"].as_str().unwrap_or_default();
     ensure!(
         detail.contains("evil.test"),
@@ -157,20 +145,9 @@ async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_by
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Result<()> {
     let ip = origin_ip(2);
-    let seen = recording_origin(ip).await?;
-    let fx = fixture(ip).await?;
-    let (proxy, user) = proxy_args(&fx);
-    let out = curl(&[
-        "--proxy",
-        &proxy,
-        "--proxy-user",
-        &user,
-        "--insecure",
-        "--max-time",
-        "5",
-        "https://front.test/",
-    ])
-    .await?;
+    let (seen, _) = recording_origin(ip, 443).await?;
+    let fx = fixture(ip, 443).await?;
+    let out = curl_tls(&fx, &["https://front.test/"]).await?;
     ensure!(out.http_connect == 200, "{out:?}");
     let hello = first_recorded(&seen).await?;
     ensure!(
@@ -192,8 +169,8 @@ async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> Result<()> {
     let ip = origin_ip(3);
-    let seen = recording_origin(ip).await?;
-    let fx = fixture(ip).await?;
+    let (seen, _) = recording_origin(ip, 443).await?;
+    let fx = fixture(ip, 443).await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect("front.test:443", Some((AGENT_A, TOKEN_A)))
@@ -221,33 +198,11 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
 async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
     // The SNI rule holds for every tunnel that starts with a TLS handshake, not just 443.
     let ip = origin_ip(4);
-    let (seen, port) = recording_origin_on(ip, 0).await?;
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[format!("front.test:{port}")])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-    })
-    .await?;
-    fx.dns.set(FRONT, [ip]);
-    let (proxy, user) = proxy_args(&fx);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let fx = fixture(ip, port).await?;
     let connect_to = format!("evil.test:443:front.test:{port}");
-    let out = curl(&[
-        "--proxy",
-        &proxy,
-        "--proxy-user",
-        &user,
-        "--insecure",
-        "--max-time",
-        "5",
-        "--connect-to",
-        &connect_to,
-        "https://evil.test/",
-    ])
-    .await?;
-    ensure!(out.exit_code != 0, "curl must fail: {out:?}");
+    let out = curl_tls(&fx, &["--connect-to", &connect_to, "https://evil.test/"]).await?;
+    out.expect_cut_after_connect()?;
     let line = fx
         .mediator
         .wait_for_decision("sni_mismatch", Some(FRONT))
@@ -272,16 +227,7 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
             let _ = s.read(&mut buf).await;
         }
     });
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[format!("front.test:{port}")])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-    })
-    .await?;
-    fx.dns.set(FRONT, [ip]);
+    let fx = fixture(ip, port).await?;
     let mut conn = fx.tcp_conn().await?;
     let resp = conn
         .connect(&format!("front.test:{port}"), Some((AGENT_A, TOKEN_A)))
@@ -303,17 +249,8 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     let ip = origin_ip(5);
-    let (seen, port) = recording_origin_on(ip, 0).await?;
-    let fx = Fixture::start(|b| {
-        b.authority(
-            AuthoritySpec::new(AGENT_A)
-                .allow(&[format!("front.test:{port}")])
-                .allow_private(&["127.0.0.0/8"])
-                .token(TOKEN_A),
-        )
-    })
-    .await?;
-    fx.dns.set(FRONT, [ip]);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let fx = fixture(ip, port).await?;
     let mut conn = fx.tcp_conn().await?;
     let answer = conn
         .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))

@@ -4,16 +4,16 @@
 //! budgets with `pac_on_error`; the per-host cache; the URL handed to the script; fetching
 //! over HTTP with refresh and the last good copy; and failing closed at start.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, ensure};
 use e2e::parent::{ClosingParent, HttpParent, PacServer, Socks5Parent};
 use e2e::{
-    AGENT_A, Fixture, LOOPBACK, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec, check_deny,
+    Fixture, LOOPBACK, ORIGIN_HOST, agent_a_spec, check_contains, check_deny, retry_for, wait_until,
 };
 use serde_json::json;
+
+use crate::support::mediator;
 
 /// A fixture in `pac` mode with the script in a file; `allowed` are `host:port` parents.
 async fn pac_fixture(
@@ -25,39 +25,31 @@ async fn pac_fixture(
     let path = dir.path().join("proxy.pac");
     std::fs::write(&path, script)?;
     let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
-    let fx = Fixture::start(|mut b| {
-        b = b
-            .upstream_line("mode = \"pac\"")
-            .upstream_line(&format!("pac = {:?}", path.display().to_string()))
-            .upstream_line(&format!("allowed_parents = [{}]", allowed.join(", ")))
-            .env("MEDIATOR_LOG", "mediator=debug");
-        for line in extra {
-            b = b.upstream_line(line);
-        }
-        b.authority(agent_a_spec().allow(&["*.corp.test", "direct.test", "intranet.test"]))
-    })
-    .await?;
-    for name in ["a.corp.test", "direct.test", "intranet.test"] {
-        fx.dns.set(name, [LOOPBACK]);
+    let mut b = mediator()
+        .upstream_line("mode = \"pac\"")
+        .upstream_line(&format!("pac = {:?}", path.display().to_string()))
+        .upstream_line(&format!("allowed_parents = [{}]", allowed.join(", ")))
+        .env("MEDIATOR_LOG", "mediator=debug");
+    for line in extra {
+        b = b.upstream_line(line);
     }
+    let fx = Fixture::start(b.authority(agent_a_spec().allow(&[
+        "*.corp.test",
+        "direct.test",
+        "intranet.test",
+    ])))
+    .await?;
+    fx.resolve(&["a.corp.test", "direct.test", "intranet.test"], LOOPBACK);
     Ok((fx, dir))
 }
+
+/// How long a test waits for a PAC refresh (every second here) to take effect.
+const PAC_REFRESH_WAIT: Duration = Duration::from_secs(15);
 
 /// CONNECT `host:<origin port>` and one GET inside; returns the status seen by the client
 /// (the CONNECT answer's when it was not 200).
 async fn tunnel_status(fx: &Fixture, host: &str) -> Result<u16> {
-    let mut conn = fx.tcp_conn().await?;
-    let target = format!("{host}:{}", fx.origin.port());
-    let answer = conn.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
-    if answer.status != 200 {
-        return Ok(answer.status);
-    }
-    let resp = conn
-        .request(
-            format!("GET / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    Ok(resp.status)
+    Ok(fx.tunnel_get(host, "/").await?.status)
 }
 
 async fn route_of(fx: &Fixture, host: &str) -> Result<String> {
@@ -65,18 +57,36 @@ async fn route_of(fx: &Fixture, host: &str) -> Result<String> {
     Ok(line["route"].as_str().unwrap_or_default().to_owned())
 }
 
-async fn wait_stderr(fx: &Fixture, needle: &str) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = fx.mediator.stderr_text();
-        if text.contains(needle) {
-            return Ok(text);
-        }
-        if Instant::now() >= deadline {
-            bail!("stderr lacks {needle:?}:\n{text}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Waits for a stderr line (the debug log) containing `needle`.
+async fn wait_stderr(fx: &Fixture, needle: &str) -> Result<()> {
+    fx.mediator
+        .wait_for_stderr(|l| l.contains(needle), Duration::from_secs(10))
+        .await
+        .map(drop)
+}
+
+/// Opens tunnels to the origin, each of which must work, until `used()` says the new
+/// PAC answered one (a refresh installs it within [`PAC_REFRESH_WAIT`]).
+async fn tunnel_until_used(
+    fx: &Fixture,
+    what: &str,
+    used: impl Fn() -> Result<bool>,
+) -> Result<()> {
+    retry_for(
+        PAC_REFRESH_WAIT,
+        async || {
+            let status = tunnel_status(fx, ORIGIN_HOST).await?;
+            ensure!(status == 200, "a tunnel while waiting for {what}: {status}");
+            Ok(used()?.then_some(()))
+        },
+        || {
+            format!(
+                "{what} was never used; stderr:\n{}",
+                fx.mediator.stderr_text()
+            )
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,18 +176,9 @@ async fn pac_may_name_only_allowed_parents() -> Result<()> {
     );
     let (fx, _dir) = pac_fixture(&script, &[allowed.addr().to_string()], &[]).await?;
     // Only a parent that is not allowed: no route, denied.
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a(&fx.origin_target()).await?;
     let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("allowed_parents"),
-        "{body}"
-    );
+    check_contains(&body, "detail", "allowed_parents")?;
     // The not-allowed entry is skipped and the list goes on.
     assert_eq!(tunnel_status(&fx, "direct.test").await?, 200);
     assert_eq!(route_of(&fx, "direct.test").await?, "direct");
@@ -201,33 +202,14 @@ async fn infinite_loop_and_huge_allocation_are_cut_off() -> Result<()> {
     let (fx, _dir) =
         pac_fixture(script, &[], &["pac_budget_ms = 100", "pac_memory_mb = 8"]).await?;
     let started = Instant::now();
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    let body = check_deny(&resp, 502, "upstream_failure")?;
+    check_contains(&body, "detail", "CPU budget")?;
+    let resp = fx
+        .connect_a(&format!("direct.test:{}", fx.origin.port()))
         .await?;
     let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("CPU budget"),
-        "{body}"
-    );
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(
-            &format!("direct.test:{}", fx.origin.port()),
-            Some((AGENT_A, TOKEN_A)),
-        )
-        .await?;
-    let body = check_deny(&resp, 502, "upstream_failure")?;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("memory limit"),
-        "{body}"
-    );
+    check_contains(&body, "detail", "memory limit")?;
     assert!(started.elapsed() < Duration::from_secs(10));
     wait_stderr(&fx, "PAC evaluation failed").await?;
     // The engine is still usable afterwards.
@@ -276,24 +258,15 @@ async fn pac_answers_are_cached_per_host_and_urls_have_no_path() -> Result<()> {
         script.replace("ORIGIN_PORT", &fx.origin.port().to_string()),
     )?;
     // Wait for the refresh to install it (the answer changes).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
-        let lines = fx.mediator.decisions()?;
-        if lines
+    let via_parent = json!(format!("parent http://{}", parent.addr()));
+    tunnel_until_used(&fx, "the refreshed PAC", || {
+        Ok(fx
+            .mediator
+            .decisions()?
             .iter()
-            .any(|l| l["route"] == json!(format!("parent http://{}", parent.addr())))
-        {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "the refreshed PAC was never used: {}",
-                fx.mediator.stderr_text()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .any(|l| l["route"] == via_parent))
+    })
+    .await?;
     let before = fx
         .mediator
         .stderr_text()
@@ -323,8 +296,9 @@ async fn pac_answers_are_cached_per_host_and_urls_have_no_path() -> Result<()> {
 async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()> {
     let parent = HttpParent::start().await?;
     let server = PacServer::start("function FindProxyForURL(u, h) { return 'DIRECT'; }").await?;
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"pac\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {:?}", server.url()))
             .upstream_line(&format!(
                 "allowed_parents = [{:?}]",
@@ -332,18 +306,20 @@ async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()
             ))
             .upstream_line("pac_refresh_secs = 1")
             .upstream_line("pac_cache_secs = 0")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
     assert_eq!(route_of(&fx, ORIGIN_HOST).await?, "direct");
     // A broken refresh (500, then a syntax error) keeps the last good copy.
-    server.set(None);
-    let seen = server.fetches();
-    wait_until(|| server.fetches() > seen + 1).await?;
-    server.set(Some("function FindProxyForURL(u, h) { return "));
-    let seen = server.fetches();
-    wait_until(|| server.fetches() > seen + 1).await?;
+    for broken in [None, Some("function FindProxyForURL(u, h) { return ")] {
+        server.set(broken);
+        let seen = server.fetches();
+        wait_until(PAC_REFRESH_WAIT, "two more PAC fetches", || {
+            server.fetches() > seen + 1
+        })
+        .await?;
+    }
     assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
     let lines = fx.mediator.decisions()?;
     assert!(lines.iter().all(|l| l["route"] == "direct"), "{lines:?}");
@@ -352,28 +328,7 @@ async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()
         "function FindProxyForURL(u, h) {{ return 'PROXY {}'; }}",
         parent.addr()
     )));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
-        if parent.accepted() > 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!("the new PAC was never used: {}", fx.mediator.stderr_text());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
-async fn wait_until(cond: impl Fn() -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !cond() {
-        if Instant::now() >= deadline {
-            bail!("condition not met in time");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    tunnel_until_used(&fx, "the new PAC", || Ok(parent.accepted() > 0)).await?;
     Ok(())
 }
 
@@ -393,14 +348,12 @@ async fn no_usable_pac_at_start_fails_closed() -> Result<()> {
         (bad.display().to_string(), "CPU budget"),
         (server.url(), "status 500"),
     ] {
-        let err = MediatorBuilder::new()
+        let text = mediator()
             .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {source:?}"))
             .authority(agent_a_spec())
-            .start()
-            .await
-            .unwrap_err();
-        let text = format!("{err:#}");
+            .start_err()
+            .await?;
         assert!(
             text.contains("no usable PAC at start") && text.contains(needle),
             "{source}: {text}"
@@ -420,7 +373,7 @@ async fn https_pac_is_verified_against_the_configured_trust() -> Result<()> {
     dns.set("pac.test", [LOOPBACK]);
     let url = format!("https://pac.test:{}/proxy.pac", server.port());
     let start = |trust: bool| {
-        let mut b = MediatorBuilder::new()
+        let mut b = mediator()
             .nameserver(dns.addr())
             .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {url:?}"))
@@ -433,13 +386,13 @@ async fn https_pac_is_verified_against_the_configured_trust() -> Result<()> {
         }
         b
     };
-    let untrusted = format!("{:#}", start(false).start().await.unwrap_err());
+    let untrusted = start(false).start_err().await?;
     assert!(
         untrusted.contains("no usable PAC at start") && untrusted.contains("TLS"),
         "{untrusted}"
     );
     assert_eq!(server.requests(), 0, "no request without a verified server");
-    let trusted = format!("{:#}", start(true).start().await.unwrap_err());
+    let trusted = start(true).start_err().await?;
     assert!(
         trusted.contains("no usable PAC at start") && trusted.contains("PAC script error"),
         "{trusted}"
@@ -454,13 +407,14 @@ async fn pac_is_fetched_through_pac_fetch_via() -> Result<()> {
     let via = HttpParent::start().await?;
     // pac.test is unknown to the mediator's resolver: only the parent can reach it.
     let url = format!("http://pac.test:{}/proxy.pac", server.port());
-    let fx = Fixture::start(|b| {
-        b.upstream_line("mode = \"pac\"")
+    let fx = Fixture::start(
+        mediator()
+            .upstream_line("mode = \"pac\"")
             .upstream_line(&format!("pac = {url:?}"))
             .upstream_line(&format!("pac_fetch_via = \"http://{}\"", via.addr()))
             .upstream_line("pac_refresh_secs = 0")
-            .authority(agent_a_spec())
-    })
+            .authority(agent_a_spec()),
+    )
     .await?;
     let seen = via.wait_requests(1).await?;
     assert!(

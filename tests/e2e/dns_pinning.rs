@@ -5,23 +5,22 @@
 //!
 //! The DNS answers use TTL 0 so the mediator's resolver cache cannot hide a resolution.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
-
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Result;
-use e2e::{AGENT_A, Fixture, LOOPBACK, ORIGIN_HOST, QueryKind, TOKEN_A, check_deny, check_line};
+use e2e::{AGENT_A, LOOPBACK, ORIGIN_HOST, QueryKind, TOKEN_A, check_deny, proxy_authorization};
 use serde_json::{Value, json};
 
-fn private_ip() -> IpAddr {
-    "10.0.0.1".parse().unwrap()
-}
+use crate::support::agent_a;
+
+/// A private address the mediator must never dial (RFC 1918).
+const PRIVATE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     fx.dns
-        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![private_ip()]]);
+        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![PRIVATE_IP]]);
     let target = fx.origin_target();
 
     // First connection: the name answers 127.0.0.1 (allowed by allow_private).
@@ -30,12 +29,8 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
     assert_eq!(resp.status, 200, "{resp:?} {}", resp.text());
     let allowed = fx
         .mediator
-        .wait_for_decision("allowed", Some(ORIGIN_HOST))
+        .expect_allow(ORIGIN_HOST, &[("pin", json!("127.0.0.1"))])
         .await?;
-    check_line(
-        &allowed,
-        &[("pin", json!("127.0.0.1")), ("decision", json!("allow"))],
-    )?;
     assert_eq!(
         fx.dns.queries_of(ORIGIN_HOST, QueryKind::A),
         1,
@@ -43,22 +38,18 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
     );
 
     // Second lookup: the name now answers 10.0.0.1, which the mediator must refuse to dial.
-    let mut second = fx.tcp_conn().await?;
-    let resp = second.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
-    let body = check_deny(&resp, 403, "private_address")?;
-    assert_eq!(body["host"], ORIGIN_HOST);
+    let resp = fx.connect_a(&target).await?;
     let denied = fx
         .mediator
-        .wait_for_decision("private_address", Some(ORIGIN_HOST))
-        .await?;
-    check_line(
-        &denied,
-        &[
-            ("pin", Value::Null),
-            ("decision", json!("deny")),
-            ("authority", json!(AGENT_A)),
-        ],
-    )?;
+        .expect_deny(
+            &resp,
+            403,
+            "private_address",
+            Some(ORIGIN_HOST),
+            &[("pin", Value::Null), ("authority", json!(AGENT_A))],
+        )
+        .await?
+        .line;
     assert_ne!(allowed["id"], denied["id"]);
 
     assert_eq!(
@@ -77,31 +68,28 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_answers_with_one_private_address_are_denied() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
-    fx.dns.set(ORIGIN_HOST, [LOOPBACK, private_ip()]);
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+    let fx = agent_a().await?;
+    fx.dns.set(ORIGIN_HOST, [LOOPBACK, PRIVATE_IP]);
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    fx.mediator
+        .expect_deny(
+            &resp,
+            403,
+            "private_address",
+            Some(ORIGIN_HOST),
+            &[("pin", Value::Null)],
+        )
         .await?;
-    check_deny(&resp, 403, "private_address")?;
-    let line = fx
-        .mediator
-        .wait_for_decision("private_address", Some(ORIGIN_HOST))
-        .await?;
-    check_line(&line, &[("pin", Value::Null), ("decision", json!("deny"))])?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     let ula: IpAddr = "fd00::1".parse()?;
     fx.dns.set(ORIGIN_HOST, [LOOPBACK, ula]);
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
-        .await?;
+    let resp = fx.connect_a(&fx.origin_target()).await?;
     check_deny(&resp, 403, "private_address")?;
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
@@ -109,17 +97,15 @@ async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_requests_resolve_once_each() -> Result<()> {
-    let fx = Fixture::agent_a().await?;
+    let fx = agent_a().await?;
     fx.dns
-        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![private_ip()]]);
+        .set_sequence(ORIGIN_HOST, vec![vec![LOOPBACK], vec![PRIVATE_IP]]);
     let t = fx.origin_target();
-    let auth = e2e::basic_auth(AGENT_A, TOKEN_A);
-    let req = format!(
-        "GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\nProxy-Authorization: {auth}\r\nConnection: close\r\n\r\n"
-    );
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let auth = proxy_authorization(AGENT_A, TOKEN_A);
+    let req = format!("GET http://{t}/ HTTP/1.1\r\nHost: {t}\r\n{auth}Connection: close\r\n\r\n");
+    let resp = fx.request(&req).await?;
     assert_eq!(resp.status, 200, "{resp:?}");
-    let resp = fx.tcp_conn().await?.request(req.as_bytes()).await?;
+    let resp = fx.request(&req).await?;
     check_deny(&resp, 403, "private_address")?;
     assert_eq!(fx.dns.queries_of(ORIGIN_HOST, QueryKind::A), 2);
     assert_eq!(fx.origin.requests(), 1);

@@ -1,0 +1,30 @@
+//! End-to-end tests of the egress mediator: each module drives the real `mediator`
+//! binary over real sockets (HTTP CONNECT, absolute-form HTTP, SOCKS5, the admin API), with
+//! real curl as a client and a DNS server, origins and parent proxies on loopback from the
+//! `e2e` support crate (`tests/src`). Nothing here connects anywhere but loopback.
+//!
+//! One test binary, a test target of the `mediator` package (see `mediator/Cargo.toml`),
+//! so that Cargo builds the binary first and names it in `CARGO_BIN_EXE_mediator`
+//! ([`support::bin`]). Run one area with `cargo test -p mediator --test e2e -- socks5::`.
+//!
+//! Tests run in parallel threads of this one process. None changes process-wide state
+//! (environment, working directory, signal dispositions): a mediator's environment is set
+//! on its `Command`. Each test binds its own ephemeral loopback ports; the tests that need
+//! port 443 use addresses of their own in 127.0.0.0/8.
+
+mod support;
+
+mod admin;
+mod attribution;
+mod control;
+mod dns_pinning;
+mod forward;
+mod grant_denials;
+mod lifecycle;
+mod pac;
+mod parent;
+mod sni;
+mod socks5;
+mod tcp_connect;
+mod tls_terminate;
+mod unix_channel;
