@@ -112,7 +112,7 @@ pub async fn explain(
         Ok(t) => t,
         Err(e) => {
             out.detail = e.to_string();
-            out.hint = "use a canonical host: a DNS name or dotted-quad IPv4 / bracketed IPv6, optionally with :port".into();
+            out.hint = "give the target as HOST[:PORT]: a DNS name, a dotted-quad IPv4 address or a bracketed IPv6 address; the port defaults to 443".into();
             return Ok(out);
         }
     };

@@ -111,3 +111,23 @@ async fn absolute_form_requests_resolve_once_each() -> Result<()> {
     assert_eq!(fx.origin.requests(), 1);
     Ok(())
 }
+
+/// A label with an underscore is a legal host (design section 4.1): it is resolved by DNS
+/// like any other name (the resolver's name is built from the canonical labels, never
+/// re-checked as if it had to be an IDNA hostname) and reaches the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_an_underscore_label_resolves_and_connects() -> Result<()> {
+    const UNDERSCORE: &str = "under_score.example.test";
+    let fx = e2e::Fixture::start(
+        crate::support::mediator().authority(e2e::agent_a_spec().allow(&[UNDERSCORE])),
+    )
+    .await?;
+    fx.dns.set(UNDERSCORE, [LOOPBACK]);
+    let resp = fx.tunnel_get(UNDERSCORE, "/underscore").await?;
+    assert_eq!(resp.status, 200, "{resp:?} {}", resp.text());
+    fx.mediator
+        .expect_allow(UNDERSCORE, &[("pin", json!("127.0.0.1"))])
+        .await?;
+    assert_eq!(fx.dns.queries_of(UNDERSCORE, QueryKind::A), 1);
+    Ok(())
+}

@@ -16,6 +16,7 @@ mod support;
 
 mod admin;
 mod attribution;
+mod cli;
 mod control;
 mod dns_pinning;
 mod forward;

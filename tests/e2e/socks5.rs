@@ -11,8 +11,9 @@ use e2e::socks::{
     REP_COMMAND_NOT_SUPPORTED, REP_HOST_UNREACHABLE, REP_NOT_ALLOWED, REP_REFUSED, REP_SUCCEEDED,
 };
 use e2e::{
-    AGENT_A, Fixture, LOOPBACK, ORIGIN_HOST, Origin, SocksTarget, TOKEN_A, agent_a_spec,
-    closed_loopback_port, expect_http_200, get_through,
+    AGENT_A, Fixture, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST, Origin, Socks5, SocksTarget, TOKEN_A,
+    Watchdog, WatchdogMode, agent_a_spec, closed_loopback_port, expect_http_200, get_through,
+    wait_until,
 };
 use serde_json::{Value, json};
 
@@ -252,5 +253,44 @@ async fn socks5_non_canonical_ip_as_domain_is_refused_malformed_target() -> Resu
         )
         .await?;
     assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+/// The client goes away between its request and the mediator's success reply: the
+/// connection was allowed and opened upstream, so its close record must still be written
+/// (a missing close record is lost accounting). The watchdog holds the decision until the
+/// client is gone, so the reply's write is sure to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_reply_the_client_cannot_take_still_gets_its_close_record() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let watchdog = Watchdog::start(dir.path(), "gate", WatchdogMode::Gate(gate.clone()))?;
+    let fx = Fixture::start(
+        mediator().authority(agent_a_spec().raw(&format!("watchdog = {:?}", watchdog.endpoint()))),
+    )
+    .await?;
+    let stream = tokio::net::UnixStream::connect(fx.mediator.socket_path(AGENT_A)).await?;
+    let mut socks = Socks5::new(stream);
+    ensure!(socks.greet(&[METHOD_NO_AUTH]).await? == METHOD_NO_AUTH);
+    // Send the request without waiting for the reply: the decision is held at the gate.
+    let mut request = vec![0x05, 0x01, 0x00, 0x03, u8::try_from(ORIGIN_HOST.len())?];
+    request.extend_from_slice(ORIGIN_HOST.as_bytes());
+    request.extend_from_slice(&fx.origin.port().to_be_bytes());
+    tokio::io::AsyncWriteExt::write_all(socks.stream(), &request).await?;
+    wait_until(LOG_TIMEOUT, "the watchdog is asked", || {
+        !watchdog.questions().is_empty()
+    })
+    .await?;
+    drop(socks);
+    gate.notify_one();
+    let allow = fx
+        .mediator
+        .expect_allow(ORIGIN_HOST, &[("protocol", json!("socks5"))])
+        .await?;
+    let close = fx.mediator.wait_for_close(&allow["id"]).await?;
+    ensure!(
+        close["close_reason"] == "client_closed" && close["bytes_up"] == 0,
+        "{close}"
+    );
     Ok(())
 }

@@ -431,6 +431,12 @@ async fn upstream_certificate_not_trusted_is_a_clear_502() -> Result<()> {
         detail.contains("certificate") && detail.contains(API),
         "the detail says what failed: {detail}"
     );
+    // In words, not rustls' variant names.
+    ensure!(
+        detail.contains("signed by an issuer that is not trusted")
+            && !detail.contains("InvalidCertificate"),
+        "the detail says why in words: {detail}"
+    );
     assert_eq!(env.origin.requests(), 0);
     Ok(())
 }

@@ -255,6 +255,9 @@ pub enum WatchdogMode {
     DenyAll(String),
     /// Allow, but only after this delay.
     SlowAllow(Duration),
+    /// Allow, once the test opens the gate (`Notify::notify_one`): holds a decision at
+    /// the watchdog step for exactly as long as the test needs.
+    Gate(Arc<tokio::sync::Notify>),
 }
 
 /// A watchdog on a Unix socket: answers every question per its [`WatchdogMode`] and keeps
@@ -304,6 +307,10 @@ impl Watchdog {
                                 WatchdogMode::SlowAllow(d) => {
                                     tokio::time::sleep(*d).await;
                                     serde_json::json!({"decision": "allow", "reason": "slow"})
+                                }
+                                WatchdogMode::Gate(gate) => {
+                                    gate.notified().await;
+                                    serde_json::json!({"decision": "allow", "reason": "opened"})
                                 }
                             };
                             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(

@@ -785,7 +785,8 @@ pub async fn run<S: AsRef<OsStr>>(bin: &Path, args: &[S]) -> Result<Output> {
     .with_context(|| format!("spawning {}", bin.display()))
 }
 
-/// Runs `<bin> check --config <config_path>` and returns its exit status and stderr.
+/// Runs `<bin> check --config <config_path>` and returns its exit status and its output:
+/// stdout (the `OK` line), then stderr (the problems).
 ///
 /// # Errors
 /// As [`run`].
@@ -801,6 +802,10 @@ pub async fn run_check(bin: &Path, config_path: &Path) -> Result<(ExitStatus, St
     .await?;
     Ok((
         out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     ))
 }

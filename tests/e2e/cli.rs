@@ -1,0 +1,85 @@
+//! The messages of `mediator explain` and `mediator check` that a newcomer reads: a URL
+//! given as a target, a name that live traffic would deny after resolving it, the count of
+//! authorities.
+
+use anyhow::{Result, ensure};
+use e2e::{AGENT_A, Fixture, agent_a_spec};
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::support::mediator;
+
+/// A name that resolves to a private address (RFC 1918) the grant does not except.
+const PRIVATE_NAME: &str = "private.test";
+
+async fn fixture() -> Result<Fixture> {
+    let fx = Fixture::start(mediator().authority(agent_a_spec().allow(&[PRIVATE_NAME]))).await?;
+    fx.dns
+        .set(PRIVATE_NAME, [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]);
+    Ok(fx)
+}
+
+/// `mediator explain` with `args`: its exit code and stdout.
+async fn explain(fx: &Fixture, args: &[&str]) -> Result<(i32, String)> {
+    let mut all = vec!["--authority", AGENT_A];
+    all.extend_from_slice(args);
+    let out = fx.mediator.cli("explain", &all).await?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_a_url_is_not_a_target() -> Result<()> {
+    let fx = fixture().await?;
+    let (code, text) = explain(&fx, &["http://origin.test:8081/"]).await?;
+    ensure!(code == 1, "exit {code}: {text}");
+    ensure!(
+        text.contains("reason:    malformed_target")
+            && text.contains("is a URL; a target is host:port")
+            && text.contains("\"origin.test:8081\""),
+        "{text}"
+    );
+    ensure!(!text.contains("must be bracketed"), "{text}");
+    ensure!(
+        text.contains("hint:      give the target as HOST[:PORT]"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_resolves_by_default_as_live_traffic_does() -> Result<()> {
+    let fx = fixture().await?;
+    // By default the name is resolved and its address vetted: denied, as live traffic is.
+    let (code, text) = explain(&fx, &[&format!("{PRIVATE_NAME}:443")]).await?;
+    ensure!(code == 1, "exit {code}: {text}");
+    ensure!(
+        text.contains("decision:  deny") && text.contains("reason:    private_address"),
+        "{text}"
+    );
+    ensure!(text.contains("address:   10.0.0.1 private"), "{text}");
+    // --no-resolve answers with the name decision alone, and says it did not resolve.
+    let (code, text) = explain(&fx, &[&format!("{PRIVATE_NAME}:443"), "--no-resolve"]).await?;
+    ensure!(code == 0, "exit {code}: {text}");
+    ensure!(
+        text.contains("decision:  allow") && text.contains("not resolved (--no-resolve)"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_counts_authorities_in_words() -> Result<()> {
+    let (status, out) = mediator().authority(agent_a_spec()).check().await?;
+    ensure!(status.success(), "{out}");
+    ensure!(out.contains(": OK (1 authority)"), "{out}");
+    let (status, out) = mediator()
+        .authority(agent_a_spec())
+        .authority(e2e::AuthoritySpec::new("agent-b"))
+        .check()
+        .await?;
+    ensure!(
+        status.success() && out.contains(": OK (2 authorities)"),
+        "{out}"
+    );
+    Ok(())
+}
