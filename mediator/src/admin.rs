@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /healthz` | 200 while the process serves |
-//! | `GET /readyz` | 200 when listening, 503 while shutting down |
+//! | `GET /readyz` | 200 when accepting, 503 while shutting down or at `max_connections` |
 //! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, live connections |
 //! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`); 201, 400 naming each bad field, 409 duplicate |
 //! | `DELETE /v1/authorities/<name>` | revoke; 200, 404 |
@@ -29,11 +29,13 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::authorities::{Live, Since};
 use crate::conn::accept::{Listener, accept_loop};
 use crate::control::{Control, CreateError};
+use crate::limits::ADMIN_CONNECTIONS;
 
 /// Largest request body accepted, in bytes.
 const MAX_BODY: usize = 64 * 1024;
@@ -63,11 +65,29 @@ impl Admin {
 
 /// Serves the admin API on `listener` (its TCP listener or its own Unix socket) until
 /// `stop` is cancelled.
+/// At most [`ADMIN_CONNECTIONS`] admin connections are served at once; more wait in the
+/// listen backlog (they never take a client connection's descriptors).
 pub(crate) async fn serve<L: Listener>(listener: L, admin: Arc<Admin>, stop: CancellationToken) {
     let connections = stop.clone();
-    accept_loop(listener, stop, "the admin API", |io, _peer| {
-        tokio::spawn(serve_conn(io, Arc::clone(&admin), connections.clone()));
-    })
+    let permits = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
+    let room = || {
+        let permits = Arc::clone(&permits);
+        async move { permits.acquire_owned().await.ok() }
+    };
+    accept_loop(
+        listener,
+        stop,
+        "the admin API",
+        room,
+        |io, _peer, permit| {
+            let admin = Arc::clone(&admin);
+            let stop = connections.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                serve_conn(io, admin, stop).await;
+            });
+        },
+    )
     .await;
 }
 
@@ -116,6 +136,9 @@ async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
+            for live in shared.authorities.list() {
+                shared.metrics.set_open(live.name(), live.counts.open());
+            }
             let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -127,6 +150,11 @@ async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
         (&Method::GET, ["readyz"]) => {
             if shared.signals.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+            } else if shared.limiter.is_pressured() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "at max_connections: not accepting new connections\n",
+                )
             } else {
                 text(StatusCode::OK, "ready\n")
             }
@@ -227,6 +255,12 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "watchdog": a.watchdog.as_ref().map_or_else(String::new, ToString::to_string),
         },
         "live_connections": admin.control.shared().metrics.active_of(live.name()),
+        "limits": {
+            "max_connections": live.counts.cap(),
+            "connect_rate": live.counts.rate().0,
+            "connect_burst": live.counts.rate().1,
+            "open_connections": live.counts.open(),
+        },
     })
 }
 

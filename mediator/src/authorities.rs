@@ -19,6 +19,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use crate::limits::{AuthorityCounts, InForce};
 use crate::signal::Signals;
 use crate::vocab::{Protocol, serialize_reason};
 
@@ -100,6 +101,8 @@ pub(crate) struct Live {
     pub(crate) created: String,
     /// Its Unix socket, if it has one.
     pub(crate) socket: Option<PathBuf>,
+    /// Its open connections and connect-rate bucket (design section 13).
+    pub(crate) counts: Arc<AuthorityCounts>,
     /// Cancelled when the authority's listener must stop (revocation), or the mediator
     /// drains.
     stop: CancellationToken,
@@ -117,14 +120,17 @@ impl Live {
         origin: Origin,
         socket: Option<PathBuf>,
         signals: &Signals,
+        in_force: &InForce,
     ) -> Self {
         let digest = grant_digest(&authority);
+        let counts = Arc::new(AuthorityCounts::new(&authority.limits, in_force));
         Self {
             authority,
             generation,
             origin,
             digest,
             created: crate::decision_log::now_rfc3339(),
+            counts,
             socket,
             stop: signals.draining.child_token(),
             closing: signals.closing.child_token(),

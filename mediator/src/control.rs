@@ -166,6 +166,7 @@ impl Control {
             origin,
             socket.clone(),
             &self.shared.signals,
+            self.shared.limiter.in_force(),
         ));
         if let Err(live) = self.shared.authorities.insert(Arc::clone(&live)) {
             // Unreachable while `op` is held, but never leave a socket behind.

@@ -26,6 +26,12 @@ pub enum Cause {
     /// A request inside a terminated tunnel names another host than the tunnel's
     /// (RFC 9110 section 15.5.20: `421 Misdirected Request`).
     Misdirected,
+    /// A limit (design section 13): the client may retry after this many seconds
+    /// (`Retry-After`, RFC 9110 section 10.2.3).
+    Limited {
+        /// Whole seconds, at least 1.
+        retry_after: u32,
+    },
 }
 
 /// One denial, ready to be written in any protocol's wire format.
@@ -86,6 +92,25 @@ impl Denial {
     /// 403.
     pub fn http_status(&self) -> u16 {
         http_status(self.reason, self.cause)
+    }
+
+    /// The `Retry-After` of a limit's denial, in seconds.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self.cause {
+            Cause::Limited { retry_after } => Some(retry_after),
+            Cause::Policy
+            | Cause::DnsTimeout
+            | Cause::ConnectRefused
+            | Cause::ConnectTimeout
+            | Cause::ConnectError
+            | Cause::Misdirected => None,
+        }
+    }
+
+    /// Whether the client's connection is closed after this answer (a limit's: the
+    /// connection is answered, then closed).
+    pub fn closes_connection(&self) -> bool {
+        self.reason == Reason::RateLimited
     }
 
     /// The SOCKS5 REP code that answers it (RFC 1928 section 6): `0x02` not allowed by
@@ -174,6 +199,12 @@ mod tests {
             (Reason::SniMismatch, Cause::Policy, 403, 0x02),
             (Reason::SniMismatch, Cause::Misdirected, 421, 0x02),
             (Reason::WatchdogDenied, Cause::Policy, 403, 0x02),
+            (
+                Reason::RateLimited,
+                Cause::Limited { retry_after: 3 },
+                429,
+                0x02,
+            ),
         ];
         for (reason, cause, status, rep) in rows {
             let denial = d(reason, cause);

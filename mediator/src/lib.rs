@@ -24,6 +24,7 @@ pub mod denial;
 pub mod error;
 pub mod explain;
 mod front;
+mod limits;
 mod metrics;
 mod redact;
 #[allow(unsafe_code)] // the SIOCOUTQ ioctl (send-queue length), one SAFETY-commented block
@@ -44,5 +45,5 @@ pub use control::ReloadReport;
 pub use decision_log::{DecisionLog, Record, Sink, Tap};
 pub use denial::{Cause, Denial};
 pub use error::Error;
-pub use server::{Options, Running, start};
+pub use server::{Options, Running, limits_of, start};
 pub use vocab::{CloseReason, Protocol};

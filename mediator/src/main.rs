@@ -154,6 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         path.display(),
                         if n == 1 { "authority" } else { "authorities" }
                     );
+                    println!("limits: {}", mediator::limits_of(&cfg));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -195,10 +196,11 @@ async fn serve(config: policy::config::Config, text: String, path: PathBuf) -> a
     running.set_baseline(&text);
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     eprintln!(
-        "ready tcp={} admin={} socket_dir={}",
+        "ready tcp={} admin={} socket_dir={} {}",
         show(running.tcp_addr().map(|a| a.to_string())),
         show(running.admin_addr().map(|a| a.to_string())),
         show(socket_dir.map(|d| d.display().to_string())),
+        running.limits(),
     );
     loop {
         tokio::select! {

@@ -15,6 +15,8 @@
 //! | `mediator_dns_duration_seconds` | histogram | |
 //! | `mediator_upstream_errors_total` | counter | `kind` ([`UpstreamErrorKind`]) |
 //! | `mediator_authorities` | gauge | |
+//! | `mediator_limited_total` | counter | `authority`, `limit` (`connections`, `rate`, `unidentified`, `global`) |
+//! | `mediator_open_connections` | gauge | `authority` (client connections it holds) |
 //! | `process_*` | (process collector) | |
 
 use std::time::Duration;
@@ -25,6 +27,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::limits::LimitKind;
 use crate::vocab::Protocol;
 
 /// The `authority` label value of decisions that no authority could be attributed to.
@@ -89,6 +92,8 @@ pub(crate) struct Metrics {
     upstream_errors: IntCounterVec,
     authorities: IntGauge,
     routed: IntCounterVec,
+    limited: IntCounterVec,
+    open: IntGaugeVec,
 }
 
 impl Metrics {
@@ -153,6 +158,25 @@ impl Metrics {
             ),
             &["authority", "route"],
         )?;
+        let limited = IntCounterVec::new(
+            Opts::new(
+                "mediator_limited_total",
+                "Connections refused or shed by a limit (design section 13), by authority (\"-\" for the unidentified pool and the global limit) and limit.",
+            ),
+            &["authority", "limit"],
+        )?;
+        let open = IntGaugeVec::new(
+            Opts::new(
+                "mediator_open_connections",
+                "Client connections each authority holds (what its max_connections counts).",
+            ),
+            &["authority"],
+        )?;
+        registry.register(Box::new(limited.clone()))?;
+        registry.register(Box::new(open.clone()))?;
+        for kind in [LimitKind::Unidentified, LimitKind::Global] {
+            limited.with_label_values(&[NO_AUTHORITY, kind.as_str()]);
+        }
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(active.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
@@ -177,6 +201,8 @@ impl Metrics {
             upstream_errors,
             authorities,
             routed,
+            limited,
+            open,
         })
     }
 
@@ -184,6 +210,10 @@ impl Metrics {
     /// dashboards before its first connection).
     pub(crate) fn prime(&self, authority: &str) {
         self.active.with_label_values(&[authority]);
+        self.open.with_label_values(&[authority]);
+        for kind in [LimitKind::Connections, LimitKind::Rate] {
+            self.limited.with_label_values(&[authority, kind.as_str()]);
+        }
         for direction in ["up", "down"] {
             self.bytes.with_label_values(&[authority, direction]);
         }
@@ -237,6 +267,19 @@ impl Metrics {
     /// Observes one name resolution.
     pub(crate) fn observe_dns(&self, took: Duration) {
         self.dns.observe(took.as_secs_f64());
+    }
+
+    /// Counts one connection refused or shed by `limit` (`authority`: a configured name,
+    /// or `None` for the unidentified pool and the global limit).
+    pub(crate) fn limited(&self, authority: Option<&str>, limit: LimitKind) {
+        self.limited
+            .with_label_values(&[authority.unwrap_or(NO_AUTHORITY), limit.as_str()])
+            .inc();
+    }
+
+    /// Sets the client connections `authority` holds.
+    pub(crate) fn set_open(&self, authority: &str, n: u32) {
+        self.open.with_label_values(&[authority]).set(i64::from(n));
     }
 
     /// Counts one upstream failure.

@@ -10,7 +10,7 @@ use std::any::Any;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::fcntl::{OFlag, SpliceFFlags, splice};
@@ -463,6 +463,42 @@ struct Pipe {
     write: OwnedFd,
     /// The pipe's capacity: the most one splice into it may move.
     chunk: usize,
+    /// Its place in [`PIPE_BUDGET`], given back on drop.
+    _budget: PipeBudget,
+}
+
+/// Pipes (descriptor pairs) spliced tunnels may hold at once, process-wide (descriptors
+/// are a process-wide resource): beyond it a direction keeps copying, so bulk transfers
+/// can never take the descriptors that accepts and upstream connects need. Set at start
+/// from the open-files limit ([`set_pipe_budget`]).
+static PIPE_BUDGET: AtomicIsize = AtomicIsize::new(1024);
+
+/// Sets how many pipes spliced tunnels may hold at once.
+pub(crate) fn set_pipe_budget(pipes: u32) {
+    PIPE_BUDGET.store(
+        isize::try_from(pipes).unwrap_or(isize::MAX),
+        Ordering::Release,
+    );
+}
+
+/// One place in [`PIPE_BUDGET`].
+struct PipeBudget;
+
+impl PipeBudget {
+    fn take() -> Option<Self> {
+        if PIPE_BUDGET.fetch_sub(1, Ordering::AcqRel) > 0 {
+            Some(Self)
+        } else {
+            PIPE_BUDGET.fetch_add(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
+impl Drop for PipeBudget {
+    fn drop(&mut self) {
+        PIPE_BUDGET.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// Capacity asked for each pipe, and so the most bytes one `splice(2)` moves (and the most
@@ -485,13 +521,19 @@ impl Pipe {
     /// A pipe of [`PIPE_SIZE`] (or at least [`PIPE_MIN`]); `None` when the system cannot
     /// give one (descriptors, pipe quota), and the direction keeps copying.
     fn new() -> Option<Self> {
+        let budget = PipeBudget::take()?;
         let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC).ok()?;
         let size = i32::try_from(PIPE_SIZE).unwrap_or(i32::MAX);
         let capacity = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(size))
             .or_else(|_| nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_GETPIPE_SZ))
             .ok()?;
         let chunk = usize::try_from(capacity).ok()?;
-        (chunk >= PIPE_MIN).then_some(Self { read, write, chunk })
+        (chunk >= PIPE_MIN).then_some(Self {
+            read,
+            write,
+            chunk,
+            _budget: budget,
+        })
     }
 }
 

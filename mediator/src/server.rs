@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin};
 use crate::authorities::Origin;
-use crate::conn::Ctx;
-use crate::conn::accept::{serve_tcp, spawn_conn};
+use crate::conn::accept::{attributed_ctx, serve_tcp, spawn_conn};
 use crate::control::{Control, CreateError, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer, Sink, Tap};
 use crate::error::Error;
+use crate::limits::{InForce, Limiter, raise_nofile};
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
 use crate::route::Router;
@@ -50,7 +50,9 @@ pub struct Running {
 }
 
 /// Binds every listener of `config` (shared TCP, per-authority Unix sockets, admin API on
-/// TCP and/or its own Unix socket) and starts serving on the current tokio runtime.
+/// TCP and/or its own Unix socket) and starts serving on the current tokio runtime. The
+/// process's soft open-files limit is raised to its hard limit first, and the limits are
+/// derived from it (design section 13).
 ///
 /// # Errors
 /// [`Error`] when a listener cannot be bound, the resolver cannot be configured, the
@@ -87,6 +89,17 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         None => None,
     };
     let own = OwnAddrs(tcp_addr.into_iter().chain(admin_addr).collect());
+    let in_force = limits_in_force(&config);
+    if in_force.overcommitted() {
+        tracing::warn!(
+            "[limits] max_connections = {} needs about {} open files; the limit is {}: \
+             connections may fail with EMFILE before the limit is reached",
+            in_force.max_connections,
+            u64::from(in_force.max_connections) * 2 + 128,
+            in_force.nofile
+        );
+    }
+    crate::relay::set_pipe_budget(in_force.pipes);
 
     let shared = Arc::new(Shared::new(Parts {
         metrics,
@@ -97,6 +110,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         own,
         timeouts: config.timeouts,
         limits: config.limits,
+        limiter: Arc::new(Limiter::new(in_force)),
     }));
     let control = Arc::new(Control::new(
         Arc::clone(&shared),
@@ -148,6 +162,38 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     })
 }
 
+/// Raises the soft open-files limit to the hard limit and derives the limits in force
+/// from it (design section 13).
+fn limits_in_force(config: &Config) -> InForce {
+    let nofile = raise_nofile();
+    InForce::derive(&config.limits, nofile, listeners(config))
+}
+
+/// The limits `config` would run with here (the soft open-files limit raised to the hard
+/// one, as a start does), the derived ones marked: what `mediator check` prints.
+pub fn limits_of(config: &Config) -> String {
+    InForce::derive(
+        &config.limits,
+        crate::limits::nofile_hard(),
+        listeners(config),
+    )
+    .to_string()
+}
+
+/// The listening sockets `config` makes: the TCP and admin listeners, the admin socket,
+/// and one Unix socket per authority.
+fn listeners(config: &Config) -> usize {
+    let sockets = if config.listen.socket_dir.is_some() {
+        config.authorities.len()
+    } else {
+        0
+    };
+    usize::from(config.listen.tcp.is_some())
+        + usize::from(config.listen.admin.is_some())
+        + usize::from(config.listen.admin_socket.is_some())
+        + sockets
+}
+
 /// The resolver of `[resolver]` (nameservers or the system configuration, and `hosts`).
 fn resolver_of(config: &Config) -> Result<Resolver, Error> {
     Resolver::new(
@@ -189,6 +235,12 @@ impl Running {
             .and_then(|l| l.socket.clone())
     }
 
+    /// The limits in force, derived values included, as `key=value` fields
+    /// (`max_connections=4950 authority_connections=1237 ...`, the `ready` line's).
+    pub fn limits(&self) -> String {
+        self.shared.limiter.in_force().fields()
+    }
+
     /// The decision log.
     pub fn log(&self) -> &DecisionLog {
         &self.shared.log
@@ -222,11 +274,7 @@ impl Running {
         let Some(live) = self.shared.authorities.get(authority) else {
             return false;
         };
-        let ctx = Ctx::new(
-            self.shared.next_id(),
-            Peer::Embedded,
-            Some(Arc::clone(&live.authority)),
-        );
+        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded);
         spawn_conn(&self.shared, io, ctx);
         true
     }

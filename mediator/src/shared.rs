@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 
 use crate::authorities::Registry;
 use crate::decision_log::DecisionLog;
+use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
 use crate::route::{self, Router};
@@ -30,6 +31,7 @@ pub(crate) struct Parts {
     pub(crate) own: OwnAddrs,
     pub(crate) timeouts: Timeouts,
     pub(crate) limits: Limits,
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 /// State shared by every connection of one mediator.
@@ -52,8 +54,10 @@ pub(crate) struct Shared {
     pub(crate) own: OwnAddrs,
     /// Timeouts.
     pub(crate) timeouts: Timeouts,
-    /// Limits.
+    /// Limits as configured.
     pub(crate) limits: Limits,
+    /// The connection counts and the limits in force (design section 13).
+    pub(crate) limiter: Arc<Limiter>,
     /// Shutdown signals.
     pub(crate) signals: Signals,
     next_id: AtomicU64,
@@ -86,6 +90,7 @@ impl Shared {
             own,
             timeouts,
             limits,
+            limiter,
         } = parts;
         Self {
             authorities: Registry::new(),
@@ -97,6 +102,7 @@ impl Shared {
             own,
             timeouts,
             limits,
+            limiter,
             signals: Signals::new(),
             next_id: AtomicU64::new(1),
             active: AtomicUsize::new(0),
@@ -158,5 +164,10 @@ pub(crate) fn for_tests(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared
         own: OwnAddrs::default(),
         timeouts: config.timeouts,
         limits: config.limits,
+        limiter: Arc::new(Limiter::new(crate::limits::InForce::derive(
+            &config.limits,
+            4096,
+            0,
+        ))),
     }))
 }

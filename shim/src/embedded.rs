@@ -63,6 +63,7 @@ pub(crate) fn config(
         socket_uid: None,
         socket_gid: None,
         watchdog: None,
+        limits: policy::config::AuthorityLimits::default(),
     });
     Ok(config)
 }

@@ -10,6 +10,7 @@
 //! `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|->`. Nothing here sleeps and
 //! hopes: every wait is for a condition, bounded by a deadline.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
@@ -378,9 +379,13 @@ pub struct Ready {
     pub admin: Option<SocketAddr>,
     /// Directory of the per-authority sockets, if any.
     pub socket_dir: Option<PathBuf>,
+    /// The limits in force (design section 13), by key (`max_connections`,
+    /// `authority_connections`, `unidentified_connections`, `open_files`).
+    pub limits: BTreeMap<String, u64>,
 }
 
-/// Parses `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|->`.
+/// Parses `ready tcp=<addr|-> admin=<addr|-> socket_dir=<path|-> KEY=N...` (the limits in
+/// force).
 ///
 /// # Errors
 /// When the line does not have that shape or an address does not parse.
@@ -399,7 +404,11 @@ pub fn parse_ready(line: &str) -> Result<Ready> {
             "tcp" => ready.tcp = v.map(str::parse).transpose().context("ready tcp=")?,
             "admin" => ready.admin = v.map(str::parse).transpose().context("ready admin=")?,
             "socket_dir" => ready.socket_dir = v.map(PathBuf::from),
-            _ => {}
+            other => {
+                if let Some(n) = v.and_then(|v| v.parse::<u64>().ok()) {
+                    ready.limits.insert(other.to_owned(), n);
+                }
+            }
         }
     }
     Ok(ready)

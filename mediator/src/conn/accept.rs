@@ -7,9 +7,11 @@
 //! of its own, counted live until it ends, and starts in [`crate::front::dispatch`].
 
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
@@ -17,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::Ctx;
 use crate::authorities::Live;
 use crate::decision_log::Peer;
+use crate::limits::{Attributed, Door, LimitKind};
 use crate::shared::Shared;
 
 /// How long the loop waits after a failed `accept` (e.g. `EMFILE`) before trying again.
@@ -64,23 +67,31 @@ impl Listener for UnixListener {
 }
 
 /// Accepts on `listener` until `stop` is cancelled (the listener is then dropped, so
-/// closed), handing each connection to `serve`. `what` names the listener in warnings.
-pub(crate) async fn accept_loop<L, F>(
+/// closed), handing each connection to `serve` with what `room` gave. Before each accept,
+/// `room` is awaited (a full mediator stops accepting rather than run out of
+/// descriptors). `what` names the listener in warnings.
+pub(crate) async fn accept_loop<L, F, R, T>(
     listener: L,
     stop: CancellationToken,
     what: &str,
+    mut room: impl FnMut() -> R,
     mut serve: F,
 ) where
     L: Listener,
-    F: FnMut(L::Io, Peer),
+    F: FnMut(L::Io, Peer, T),
+    R: Future<Output = T>,
 {
     loop {
+        let place = tokio::select! {
+            place = room() => place,
+            () = stop.cancelled() => return,
+        };
         let accepted = tokio::select! {
             a = listener.accept_one() => a,
             () = stop.cancelled() => return,
         };
         match accepted {
-            Ok((io, peer)) => serve(io, peer),
+            Ok((io, peer)) => serve(io, peer, place),
             Err(e) => {
                 tracing::warn!("accept on {what} failed: {e}");
                 tokio::select! {
@@ -92,29 +103,65 @@ pub(crate) async fn accept_loop<L, F>(
     }
 }
 
+/// Waits for room for one more connection from `door` (counting `limit="global"` once an
+/// episode).
+async fn room(shared: &Shared, door: Door) {
+    shared
+        .limiter
+        .room(door, || shared.metrics.limited(None, LimitKind::Global))
+        .await;
+}
+
 /// Serves an authority's Unix socket until it is revoked or the mediator drains: each
-/// connection is that authority's.
+/// connection is that authority's, counted against its limits at once.
 pub(crate) async fn serve_authority(listener: UnixListener, live: Arc<Live>, shared: Arc<Shared>) {
     let what = format!("the socket of {}", live.name());
-    let authority = Arc::clone(&live.authority);
-    accept_loop(listener, live.stop_signal(), &what, |io, peer| {
-        let ctx = Ctx::new(shared.next_id(), peer, Some(Arc::clone(&authority)));
+    let room = || async {
+        room(&shared, Door::Channel).await;
+        // Its own over-limit connections being answered: only its socket waits.
+        live.counts.refusals_room().await;
+    };
+    accept_loop(listener, live.stop_signal(), &what, room, |io, peer, ()| {
+        let ctx = attributed_ctx(&shared, &live, peer);
         spawn_conn(&shared, io, ctx);
     })
     .await;
 }
 
-/// Serves the shared TCP listener until the mediator drains: the authority of each
-/// connection comes from its credential.
+/// The context of a connection that arrived on `live`'s own channel (its socket, or
+/// in-process), counted against the authority's limits (a refusal is answered by the
+/// front-end).
+pub(crate) fn attributed_ctx(shared: &Shared, live: &Live, peer: Peer) -> Ctx {
+    let conn = shared.next_id();
+    let admission = shared
+        .limiter
+        .admit(conn, Door::Channel, &CancellationToken::new(), || {});
+    if let Attributed::Refused(kind, _) = admission.attribute(&live.counts, live.name()) {
+        shared.metrics.limited(Some(live.name()), kind);
+    }
+    Ctx::new(conn, peer, Some(Arc::clone(&live.authority)), admission)
+}
+
+/// Serves the shared TCP listener until the mediator drains: each connection starts
+/// unidentified (sheddable when the pool is full); its credential names its authority.
 pub(crate) async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
     let stop = shared.signals.draining.clone();
-    accept_loop(listener, stop, "the TCP listener", |io, peer| {
-        spawn_conn(&shared, io, Ctx::new(shared.next_id(), peer, None));
+    let room = || room(&shared, Door::Tcp);
+    accept_loop(listener, stop, "the TCP listener", room, |io, peer, ()| {
+        let conn = shared.next_id();
+        let shed = CancellationToken::new();
+        let admission = shared.limiter.admit(conn, Door::Tcp, &shed, || {
+            shared.metrics.limited(None, LimitKind::Unidentified);
+        });
+        spawn_conn(&shared, io, Ctx::new(conn, peer, None, admission));
     })
     .await;
 }
 
-/// Runs one client connection in a task of its own, counted live while it runs.
+/// Runs one client connection in a task of its own, counted live while it runs. The task
+/// ends when the connection does, or at once when it is shed from the unidentified pool.
+/// A panic ends this connection only: it is caught here and logged (the connection's
+/// owners, unwound, still write their records).
 pub(crate) fn spawn_conn<S>(shared: &Arc<Shared>, io: S, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -123,7 +170,26 @@ where
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
         let _guard = guard;
-        crate::front::dispatch(io, shared, ctx).await;
+        let conn = ctx.conn;
+        let shed = ctx.admission.shed_signal().clone();
+        let serving = AssertUnwindSafe(crate::front::dispatch(io, shared, ctx)).catch_unwind();
+        tokio::select! {
+            outcome = serving => {
+                if let Err(panic) = outcome {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".to_owned());
+                    tracing::error!(
+                        "connection {conn} panicked and was closed ({what}); other connections are unaffected"
+                    );
+                }
+            }
+            () = shed.cancelled() => {
+                tracing::debug!("connection {conn} shed from the unidentified pool");
+            }
+        }
     });
 }
 

@@ -148,7 +148,13 @@ mod tests {
             dns: Some(Duration::from_millis(1)),
             connect: None,
         };
-        let ctx = Ctx::new(7, Peer::Embedded, None);
+        let admission = shared.limiter.admit(
+            7,
+            crate::limits::Door::Channel,
+            &tokio_util::sync::CancellationToken::new(),
+            || {},
+        );
+        let ctx = Ctx::new(7, Peer::Embedded, None, admission);
         let label = TargetLabel {
             host: Some("a.test".into()),
             port: Some(443),

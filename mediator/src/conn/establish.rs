@@ -24,6 +24,7 @@ use super::identify::revoked;
 use super::record::{self, Allowed, Timing};
 use super::{Ctx, TargetLabel};
 use crate::denial::{Cause, Denial};
+use crate::limits::Attributed;
 use crate::metrics::UpstreamErrorKind;
 use crate::resolve::{ResolveFailure, Resolver};
 use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, Via};
@@ -163,6 +164,16 @@ async fn steps(
         log(Err(&denial), Timing::default());
         return Err(denial);
     };
+    // The authority's limits (design section 13): a TCP connection is counted against
+    // them from its first request; a channel's, from its accept (a refusal waits here).
+    match ctx.admission.attribute(&live.counts, live.name()) {
+        Attributed::Admitted => {}
+        Attributed::Refused(kind, denial) => {
+            shared.metrics.limited(Some(live.name()), kind);
+            log(Err(&denial), Timing::default());
+            return Err(denial);
+        }
+    }
     let grant = &authority.grant;
     let vetting = decide_and_vet(&shared.resolver, &shared.own, grant, target).await;
     let dns = vetting.resolved.as_ref().map(|r| {

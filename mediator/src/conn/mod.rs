@@ -33,6 +33,7 @@ use policy::Target;
 use policy::config::Authority;
 
 use crate::decision_log::Peer;
+use crate::limits::Admission;
 
 /// Who is on the other end of one client connection.
 #[derive(Debug, Clone)]
@@ -48,16 +49,25 @@ pub(crate) struct Ctx {
     /// terminated (the lines then carry `method` and `path`, as the `tls` lines of its
     /// tunnels do). `None` elsewhere.
     pub(crate) request: Option<RequestLine>,
+    /// The connection's place in the limits (design section 13), shared by every clone of
+    /// the context: it is given back when the last one is dropped.
+    pub(crate) admission: Arc<Admission>,
 }
 
 impl Ctx {
     /// A connection's context before anything was read from it.
-    pub(crate) fn new(conn: u64, peer: Peer, authority: Option<Arc<Authority>>) -> Self {
+    pub(crate) fn new(
+        conn: u64,
+        peer: Peer,
+        authority: Option<Arc<Authority>>,
+        admission: Arc<Admission>,
+    ) -> Self {
         Self {
             conn,
             peer,
             authority,
             request: None,
+            admission,
         }
     }
 

@@ -25,8 +25,10 @@ pub(crate) async fn dispatch<S>(mut io: S, shared: Arc<Shared>, ctx: Ctx)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // One request-head deadline for the whole head, however it is split across reads.
-    let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
+    // One request-head deadline for the whole head, however it is split across reads
+    // (shorter for a connection admitted under pressure or only to be refused).
+    let timeout = ctx.admission.head_timeout(shared.timeouts.request_head);
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut first = BytesMut::with_capacity(2048);
     match tokio::time::timeout_at(deadline, io.read_buf(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {}

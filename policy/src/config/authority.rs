@@ -12,7 +12,7 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use super::raw::RawAuthority;
-use super::validate::{Ctx, Validator, covers, parse_sha256};
+use super::validate::{Ctx, MAX_CONNECTIONS, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
 use crate::grant::{Grant, GrantField, GrantSpec, RequestRuleSpec};
 
@@ -31,6 +31,21 @@ pub struct Authority {
     pub socket_gid: Option<u32>,
     /// The watchdog that may narrow this authority's allowed decisions, if any.
     pub watchdog: Option<WatchdogEndpoint>,
+    /// How much of the mediator this authority may hold (design section 13).
+    pub limits: AuthorityLimits,
+}
+
+/// An authority's own limits (design section 13).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuthorityLimits {
+    /// Open client connections of this authority (`max_connections`); `None`: the
+    /// mediator's `[limits] authority_connections`.
+    pub max_connections: Option<u32>,
+    /// New connections per second (`connect_rate`), refilled continuously; 0: unlimited.
+    pub connect_rate: u32,
+    /// The token bucket's size (`connect_burst`): how many new connections may come at
+    /// once; `connect_rate` when not given.
+    pub connect_burst: u32,
 }
 
 /// One problem with an authority table given on its own (see [`parse_authority`]): the key
@@ -275,6 +290,8 @@ impl Validator<'_> {
             },
         };
 
+        let limits = self.authority_limits(raw, label);
+
         Some(Authority {
             grant: grant?,
             token_sha256,
@@ -282,7 +299,51 @@ impl Validator<'_> {
             socket_uid: raw.socket_uid,
             socket_gid: raw.socket_gid,
             watchdog,
+            limits,
         })
+    }
+
+    /// `max_connections`, `connect_rate` and `connect_burst` of one authority.
+    fn authority_limits(&mut self, raw: &RawAuthority, label: &str) -> AuthorityLimits {
+        /// New connections per second an authority may be given at most.
+        const MAX_RATE: u32 = 100_000;
+        let max_connections = self
+            .count(
+                &raw.max_connections,
+                label,
+                "max_connections",
+                MAX_CONNECTIONS,
+            )
+            .filter(|&n| n > 0);
+        let connect_rate = self
+            .count(&raw.connect_rate, label, "connect_rate", MAX_RATE)
+            .unwrap_or(0);
+        let burst = self.count(&raw.connect_burst, label, "connect_burst", MAX_RATE);
+        let connect_burst = match (burst, connect_rate) {
+            (Some(0), _) => {
+                self.error(
+                    raw.connect_burst.as_ref().map(Spanned::span),
+                    label,
+                    "connect_burst = 0 would refuse every connection; give at least 1, or omit it (it defaults to connect_rate)",
+                );
+                0
+            }
+            (Some(_), 0) => {
+                self.error(
+                    raw.connect_burst.as_ref().map(Spanned::span),
+                    label,
+                    "connect_burst needs connect_rate (new connections per second) to be set",
+                );
+                0
+            }
+            (Some(b), _) => b,
+            (None, rate) => rate,
+        };
+        AuthorityLimits {
+            max_connections,
+            connect_rate,
+            connect_burst,
+        }
     }
 }
 

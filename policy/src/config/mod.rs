@@ -37,7 +37,7 @@ use raw::{
 };
 use validate::{Ctx, Validator};
 
-pub use authority::{Authority, FieldError, parse_authority};
+pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use upstream::{Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
@@ -112,12 +112,22 @@ pub struct Timeouts {
     pub watchdog: Duration,
 }
 
-/// `[limits]`: bounds on what a client may send.
+/// `[limits]`: bounds on what a client may send and on how much of the mediator all
+/// clients together, one authority, and the not-yet-identified TCP clients may hold
+/// (design section 13). A count of 0 means "derive it from the open-files limit at start"
+/// (the mediator's `limits` module says how).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest request head accepted, in bytes (8192..=1048576, default 65536); a larger
     /// head gets 431 (RFC 6585 section 5).
     pub request_head_bytes: usize,
+    /// Open client connections in all (0 = derived).
+    pub max_connections: u32,
+    /// The default cap of open client connections per authority (0 = derived); an
+    /// authority's own `max_connections` overrides it.
+    pub authority_connections: u32,
+    /// TCP client connections whose authority is not known yet (0 = derived).
+    pub unidentified_connections: u32,
 }
 
 /// `[log] decisions`: where decision lines go (default stdout).

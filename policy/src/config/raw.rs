@@ -81,6 +81,9 @@ pub(super) struct RawTimeouts {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
     pub(super) request_head_bytes: Option<Spanned<u64>>,
+    pub(super) max_connections: Option<Spanned<i64>>,
+    pub(super) authority_connections: Option<Spanned<i64>>,
+    pub(super) unidentified_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +114,9 @@ pub(super) struct RawAuthority {
     pub(super) socket_uid: Option<u32>,
     pub(super) socket_gid: Option<u32>,
     pub(super) request_rule: Option<Vec<Spanned<RawRequestRule>>>,
+    pub(super) max_connections: Option<Spanned<i64>>,
+    pub(super) connect_rate: Option<Spanned<i64>>,
+    pub(super) connect_burst: Option<Spanned<i64>>,
 }
 
 /// `[[authority.request_rule]]`.

@@ -265,7 +265,7 @@ x = 1
             "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `max_connections`, `connect_rate`, `connect_burst`",
             "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
             "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
             "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
@@ -613,5 +613,42 @@ path_prefixes = ["public"]
         errors[0]
             .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`"),
         "{errors:?}"
+    );
+}
+
+#[test]
+fn limit_keys_are_counts_and_a_burst_needs_a_rate() {
+    let c = parse(
+        "[limits]\nmax_connections = 500\nunidentified_connections = 40\n[[authority]]\nname = \"a\"\nmax_connections = 7\nconnect_rate = 5\n[[authority]]\nname = \"b\"\nconnect_rate = 2\nconnect_burst = 10\n",
+        "m.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.limits.max_connections,
+            c.limits.authority_connections,
+            c.limits.unidentified_connections
+        ),
+        (500, 0, 40)
+    );
+    let a = &c.authorities[0].limits;
+    assert_eq!(
+        (a.max_connections, a.connect_rate, a.connect_burst),
+        (Some(7), 5, 5)
+    );
+    let b = &c.authorities[1].limits;
+    assert_eq!(
+        (b.max_connections, b.connect_rate, b.connect_burst),
+        (None, 2, 10)
+    );
+    assert_eq!(
+        errors(
+            "[limits]\nmax_connections = -1\n[[authority]]\nname = \"a\"\nconnect_burst = 3\n[[authority]]\nname = \"b\"\nconnect_rate = 1\nconnect_burst = 0\n"
+        ),
+        vec![
+            "m.toml:2:19: [limits]: max_connections = -1 is out of range 0..=1000000",
+            "m.toml:5:17: authority \"a\": connect_burst needs connect_rate (new connections per second) to be set",
+            "m.toml:9:17: authority \"b\": connect_burst = 0 would refuse every connection; give at least 1, or omit it (it defaults to connect_rate)",
+        ]
     );
 }

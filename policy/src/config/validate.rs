@@ -59,6 +59,9 @@ pub(super) struct Validator<'a> {
 
 /// Largest timeout accepted, in seconds (one day): keeps deadlines far from `Instant`
 /// overflow and catches unit mistakes (milliseconds written as seconds).
+/// The largest connection count a limit key takes.
+pub(super) const MAX_CONNECTIONS: u32 = 1_000_000;
+
 pub(super) const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 impl<'a> Validator<'a> {
@@ -378,7 +381,41 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        Limits { request_head_bytes }
+        let mut count = |key: &str, v: &Option<Spanned<i64>>| {
+            self.count(v, "[limits]", key, MAX_CONNECTIONS).unwrap_or(0)
+        };
+        Limits {
+            request_head_bytes,
+            max_connections: count("max_connections", &raw.max_connections),
+            authority_connections: count("authority_connections", &raw.authority_connections),
+            unidentified_connections: count(
+                "unidentified_connections",
+                &raw.unidentified_connections,
+            ),
+        }
+    }
+
+    /// A count key in `0..=max`, or `None` (with an error when it is out of range).
+    pub(super) fn count(
+        &mut self,
+        v: &Option<Spanned<i64>>,
+        what: &str,
+        key: &str,
+        max: u32,
+    ) -> Option<u32> {
+        let v = v.as_ref()?;
+        let n = *v.get_ref();
+        match u32::try_from(n).ok().filter(|&n| n <= max) {
+            Some(n) => Some(n),
+            None => {
+                self.error(
+                    Some(v.span()),
+                    what,
+                    format!("{key} = {n} is out of range 0..={max}"),
+                );
+                None
+            }
+        }
     }
 
     pub(super) fn log(&mut self, raw: RawLog) -> Log {

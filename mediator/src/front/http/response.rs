@@ -64,6 +64,13 @@ pub(crate) fn deny_response(
     if let Ok(v) = HeaderValue::from_str(&format!("deny; reason={}", denial.reason.as_str())) {
         h.insert(DECISION_HEADER, v);
     }
+    if let Some(secs) = denial.retry_after() {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if denial.closes_connection() {
+        // Answered, then closed (design section 13): hyper closes after this response.
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
         h.insert(
             header::PROXY_AUTHENTICATE,
@@ -110,7 +117,11 @@ async fn encode_raw(resp: Response<Body>) -> Vec<u8> {
         parts.status.canonical_reason().unwrap_or("")
     )
     .into_bytes();
-    for (name, value) in &parts.headers {
+    for (name, value) in parts
+        .headers
+        .iter()
+        .filter(|(n, _)| *n != header::CONNECTION)
+    {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -188,6 +199,16 @@ mod tests {
         );
         let d = Denial::new(Reason::UpstreamFailure, "", "").with_cause(Cause::ConnectTimeout);
         assert_eq!(deny_response(None, &label(), &d).status(), 504);
+    }
+
+    #[test]
+    fn a_limit_says_when_to_retry_and_closes_the_connection() {
+        let d = Denial::new(Reason::RateLimited, "over", "wait")
+            .with_cause(Cause::Limited { retry_after: 7 });
+        let resp = deny_response(Some("a"), &label(), &d);
+        assert_eq!(resp.status(), 429);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "7");
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
     }
 
     #[test]

@@ -1,0 +1,757 @@
+//! Limits and fairness (design section 13): how much of the mediator all clients
+//! together, one authority, and the TCP clients not identified yet may hold, so that no
+//! authority and no unauthenticated flood can take it out of service for another.
+//!
+//! - Every accepted client connection holds an [`Admission`] for its whole life. The
+//!   accept loops wait for room ([`Limiter::room`]) instead of accepting past
+//!   `max_connections`: the TCP listener stops at 7/8 of it, so the rest stays for the
+//!   authorities' Unix sockets, which stop at the full count.
+//! - A TCP connection starts *unidentified*, in a pool of `unidentified_connections`: when
+//!   the pool is full, its oldest member (a connection that has not identified itself) is
+//!   shed to admit the new one, and while the pool is more than half full new members get
+//!   a short head timeout. A client that sends its head at once is identified within
+//!   milliseconds and leaves the pool long before its turn to be shed.
+//! - Attributed to an authority (at accept on its Unix socket, at its credential on TCP),
+//!   a connection counts against the authority's `max_connections` and takes a token from
+//!   its `connect_rate` bucket; over either it is answered `rate_limited` (HTTP 429 with
+//!   `Retry-After`, SOCKS5 REP 0x02), then closed.
+//! - Descriptors: at start the soft open-files limit is raised to the hard limit, and
+//!   what is configured as 0 is derived from it ([`InForce::derive`]): a tunnel costs two
+//!   descriptors and up to two pipes for splice; spliced pipes take from their own budget
+//!   ([`crate::relay`]), so a bulk transfer can never take the descriptor an upstream
+//!   connect needs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use policy::Reason;
+use policy::config::{AuthorityLimits, Limits};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::denial::{Cause, Denial};
+
+/// Descriptors kept out of every connection budget: the decision log, listeners, the
+/// resolver's sockets, PAC fetches, the watchdog, metrics.
+const RESERVED_FDS: u64 = 128;
+/// Concurrent admin API connections (outside `max_connections`, inside the reserve).
+pub(crate) const ADMIN_CONNECTIONS: usize = 64;
+/// Refusals in flight per authority: over-limit connections being answered. Past this,
+/// the authority's own socket stops accepting until they are answered (its clients wait;
+/// no other authority's socket does).
+pub(crate) const REFUSALS_IN_FLIGHT: u32 = 16;
+/// The head timeout of a connection admitted under pressure (the unidentified pool more
+/// than half full) or only to be refused.
+const PRESSURE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The limits in force, every 0 of the configuration replaced by its derived value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InForce {
+    /// The soft open-files limit the counts were derived from.
+    pub(crate) nofile: u64,
+    /// Open client connections in all.
+    pub(crate) max_connections: u32,
+    /// The default cap per authority.
+    pub(crate) authority_connections: u32,
+    /// TCP connections not identified yet.
+    pub(crate) unidentified_connections: u32,
+    /// Descriptor pairs spliced tunnels may hold in pipes.
+    pub(crate) pipes: u32,
+    /// Which of the three counts were derived (not configured).
+    derived: [bool; 3],
+}
+
+impl InForce {
+    /// The limits of `limits` for a process allowed `nofile` open files that holds
+    /// `listeners` listening sockets:
+    ///
+    /// - `max_connections = (nofile - 128 - 64 - listeners) / 4` (at least 16): a tunnel
+    ///   costs two descriptors, and as many again may go to splice pipes;
+    /// - `authority_connections = max_connections / 4` (at least 4): one authority can
+    ///   hold at most a quarter;
+    /// - `unidentified_connections = max_connections / 4` (at least 8): so can an
+    ///   unauthenticated flood, which leaves half for everyone else;
+    /// - pipes: as many descriptor pairs as `max_connections`.
+    pub(crate) fn derive(limits: &Limits, nofile: u64, listeners: usize) -> Self {
+        let reserve = RESERVED_FDS + ADMIN_CONNECTIONS as u64 + listeners as u64;
+        let budget = nofile.saturating_sub(reserve) / 4;
+        let derived_max = u32::try_from(budget).unwrap_or(u32::MAX).max(16);
+        let pick = |configured: u32, derived: u32| {
+            if configured == 0 {
+                (derived, true)
+            } else {
+                (configured, false)
+            }
+        };
+        let (max_connections, d0) = pick(limits.max_connections, derived_max);
+        let (authority_connections, d1) =
+            pick(limits.authority_connections, (max_connections / 4).max(4));
+        let (unidentified_connections, d2) = pick(
+            limits.unidentified_connections,
+            (max_connections / 4).max(8),
+        );
+        Self {
+            nofile,
+            max_connections,
+            authority_connections,
+            unidentified_connections,
+            pipes: derived_max,
+            derived: [d0, d1, d2],
+        }
+    }
+
+    /// The TCP listener stops accepting at this many open client connections.
+    fn tcp_mark(&self) -> usize {
+        let max = self.max_connections as usize;
+        max - max / 8
+    }
+
+    /// Whether the descriptors cannot carry `max_connections` tunnels (a configured
+    /// value too large for the open-files limit).
+    pub(crate) fn overcommitted(&self) -> bool {
+        u64::from(self.max_connections) * 2 + RESERVED_FDS > self.nofile
+    }
+}
+
+impl InForce {
+    /// The counts as `key=value` fields, no spaces inside a field (for the `ready` line).
+    pub(crate) fn fields(&self) -> String {
+        format!(
+            "max_connections={} authority_connections={} unidentified_connections={} open_files={}",
+            self.max_connections,
+            self.authority_connections,
+            self.unidentified_connections,
+            self.nofile
+        )
+    }
+}
+
+/// The counts with the derived ones marked (`mediator check`).
+impl fmt::Display for InForce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mark = |d: bool| if d { " (derived)" } else { "" };
+        write!(
+            f,
+            "max_connections = {}{}, authority_connections = {}{}, unidentified_connections = {}{} (open files: {})",
+            self.max_connections,
+            mark(self.derived[0]),
+            self.authority_connections,
+            mark(self.derived[1]),
+            self.unidentified_connections,
+            mark(self.derived[2]),
+            self.nofile,
+        )
+    }
+}
+
+/// The open-files limit a start would run with: the hard limit, which the soft one is
+/// raised to (for `mediator check`, which changes nothing).
+pub(crate) fn nofile_hard() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit};
+    getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(_, hard)| hard)
+}
+
+/// Raises the soft open-files limit (`RLIMIT_NOFILE`) to the hard limit; returns the soft
+/// limit in force afterwards (unchanged if the raise is refused).
+pub(crate) fn raise_nofile() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!("cannot raise the open-files limit from {soft} to {hard}: {e}");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!("cannot read the open-files limit: {e}; assuming 1024");
+            1024
+        }
+    }
+}
+
+/// Which listener a connection came from (their accept loops stop at different marks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// The shared TCP listener.
+    Tcp,
+    /// An authority's Unix socket (or an in-process connection).
+    Channel,
+}
+
+/// The `limit` label of `mediator_limited_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitKind {
+    /// An authority's cap on open connections.
+    Connections,
+    /// An authority's connect rate.
+    Rate,
+    /// An unidentified TCP connection shed to admit a newer one.
+    Unidentified,
+    /// `max_connections` reached: the listeners stopped accepting (once per episode).
+    Global,
+}
+
+impl LimitKind {
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Rate => "rate",
+            Self::Unidentified => "unidentified",
+            Self::Global => "global",
+        }
+    }
+}
+
+/// The mediator-wide counts.
+#[derive(Debug)]
+pub(crate) struct Limiter {
+    in_force: InForce,
+    open: AtomicUsize,
+    /// Woken when `open` falls below a listener's mark.
+    room: Notify,
+    /// At (or near) `max_connections`: listeners wait, `/readyz` answers 503.
+    pressured: AtomicBool,
+    /// Unidentified TCP connections by id (ids grow, so the first is the oldest), each
+    /// with the token that sheds it.
+    unidentified: Mutex<BTreeMap<u64, CancellationToken>>,
+}
+
+impl Limiter {
+    /// The counts for `in_force`.
+    pub(crate) fn new(in_force: InForce) -> Self {
+        Self {
+            in_force,
+            open: AtomicUsize::new(0),
+            room: Notify::new(),
+            pressured: AtomicBool::new(false),
+            unidentified: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The limits in force.
+    pub(crate) fn in_force(&self) -> &InForce {
+        &self.in_force
+    }
+
+    /// Open client connections now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Whether the mediator is at its connection limit (its listeners wait).
+    pub(crate) fn is_pressured(&self) -> bool {
+        self.pressured.load(Ordering::Acquire)
+    }
+
+    fn mark(&self, door: Door) -> usize {
+        match door {
+            Door::Tcp => self.in_force.tcp_mark(),
+            Door::Channel => self.in_force.max_connections as usize,
+        }
+    }
+
+    /// Waits until a connection from `door` may be accepted. The first wait of an episode
+    /// says so on stderr and counts `limit="global"`; `on_pressure` is called then.
+    pub(crate) async fn room(&self, door: Door, on_pressure: impl FnOnce()) {
+        let mark = self.mark(door);
+        let mut on_pressure = Some(on_pressure);
+        loop {
+            let notified = self.room.notified();
+            if self.open() < mark {
+                return;
+            }
+            if !self.pressured.swap(true, Ordering::AcqRel) {
+                eprintln!(
+                    "mediator: {} open client connections reached the limit (max_connections = {}); \
+                     not accepting new ones until some close; /readyz answers 503 meanwhile",
+                    self.open(),
+                    self.in_force.max_connections
+                );
+                if let Some(f) = on_pressure.take() {
+                    f();
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Counts a new client connection from `door` and returns its admission (for a TCP
+    /// connection: unidentified, in the pool, sheddable through `shed`).
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        conn: u64,
+        door: Door,
+        shed: &CancellationToken,
+        on_shed: impl FnOnce(),
+    ) -> Arc<Admission> {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        let mut head_timeout = None;
+        let state = match door {
+            Door::Channel => State::Channel,
+            Door::Tcp => {
+                let mut pool = self
+                    .unidentified
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let cap = self.in_force.unidentified_connections as usize;
+                if pool.len() >= cap {
+                    if let Some((_, oldest)) = pool.pop_first() {
+                        oldest.cancel();
+                        on_shed();
+                    }
+                }
+                if pool.len() >= cap / 2 {
+                    head_timeout = Some(PRESSURE_HEAD_TIMEOUT);
+                }
+                pool.insert(conn, shed.clone());
+                State::Unidentified
+            }
+        };
+        Arc::new(Admission {
+            limiter: Arc::clone(self),
+            conn,
+            shed: shed.clone(),
+            head_timeout,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn leave_pool(&self, conn: u64) {
+        self.unidentified
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&conn);
+    }
+
+    fn release(&self) {
+        let before = self.open.fetch_sub(1, Ordering::AcqRel);
+        // Wake waiting listeners only around the marks, not on every close.
+        if before >= self.in_force.tcp_mark() {
+            self.room.notify_waiters();
+            if before <= self.in_force.tcp_mark() && self.pressured.swap(false, Ordering::AcqRel) {
+                eprintln!(
+                    "mediator: below the connection limit again ({} open); accepting",
+                    before - 1
+                );
+            }
+        }
+    }
+}
+
+/// One authority's counts and token bucket, kept by its live entry.
+#[derive(Debug)]
+pub(crate) struct AuthorityCounts {
+    cap: u32,
+    /// `true` when `cap` is the mediator's default (for the denial's detail).
+    default_cap: bool,
+    rate: u32,
+    burst: u32,
+    open: AtomicU32,
+    refusing: AtomicU32,
+    /// Woken when a refusal is answered.
+    refused: Notify,
+    bucket: Mutex<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl AuthorityCounts {
+    /// The counts of an authority with `limits`, under the mediator's `in_force`.
+    pub(crate) fn new(limits: &AuthorityLimits, in_force: &InForce) -> Self {
+        Self {
+            cap: limits
+                .max_connections
+                .unwrap_or(in_force.authority_connections),
+            default_cap: limits.max_connections.is_none(),
+            rate: limits.connect_rate,
+            burst: limits.connect_burst.max(1),
+            open: AtomicU32::new(0),
+            refusing: AtomicU32::new(0),
+            refused: Notify::new(),
+            bucket: Mutex::new(Bucket {
+                tokens: f64::from(limits.connect_burst.max(1)),
+                at: Instant::now(),
+            }),
+        }
+    }
+
+    /// Open connections attributed to the authority.
+    pub(crate) fn open(&self) -> u32 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Its cap on open connections.
+    pub(crate) fn cap(&self) -> u32 {
+        self.cap
+    }
+
+    /// Its connect rate (new connections per second, 0 = unlimited) and burst.
+    pub(crate) fn rate(&self) -> (u32, u32) {
+        (self.rate, self.burst)
+    }
+
+    /// Waits until fewer than [`REFUSALS_IN_FLIGHT`] of its connections are being
+    /// refused (its socket's accept loop calls this).
+    pub(crate) async fn refusals_room(&self) {
+        loop {
+            let notified = self.refused.notified();
+            if self.refusing.load(Ordering::Acquire) < REFUSALS_IN_FLIGHT {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes a slot and a token for a new connection of authority `name`.
+    fn take(&self, name: &str) -> Result<(), (LimitKind, Denial)> {
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        if open >= self.cap {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            let key = if self.default_cap {
+                format!("[limits] authority_connections = {}", self.cap)
+            } else {
+                format!("max_connections = {}", self.cap)
+            };
+            return Err((
+                LimitKind::Connections,
+                Denial::new(
+                    Reason::RateLimited,
+                    format!("authority \"{name}\" has {open} open connections, its limit ({key})"),
+                    "close connections it no longer needs (idle keep-alive or tunnels), or ask an operator to raise max_connections",
+                )
+                .with_cause(Cause::Limited { retry_after: 1 }),
+            ));
+        }
+        if self.rate > 0 {
+            let mut b = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let refill = now.duration_since(b.at).as_secs_f64() * f64::from(self.rate);
+            b.tokens = (b.tokens + refill).min(f64::from(self.burst));
+            b.at = now;
+            if b.tokens < 1.0 {
+                let wait = (1.0 - b.tokens) / f64::from(self.rate);
+                drop(b);
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                // Whole seconds, rounded up (RFC 9110 section 10.2.3).
+                let retry_after = u32::try_from(wait.ceil() as u64).unwrap_or(u32::MAX).max(1);
+                return Err((
+                    LimitKind::Rate,
+                    Denial::new(
+                        Reason::RateLimited,
+                        format!(
+                            "authority \"{name}\" opens new connections faster than its connect_rate = {} per second (connect_burst = {})",
+                            self.rate, self.burst
+                        ),
+                        format!("retry after {retry_after} s, or ask an operator to raise connect_rate"),
+                    )
+                    .with_cause(Cause::Limited { retry_after }),
+                ));
+            }
+            b.tokens -= 1.0;
+        }
+        Ok(())
+    }
+
+    fn give_back(&self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn refusal_done(&self) {
+        self.refusing.fetch_sub(1, Ordering::AcqRel);
+        self.refused.notify_waiters();
+    }
+}
+
+/// Where one connection stands.
+#[derive(Debug)]
+enum State {
+    /// A Unix socket or in-process connection, not yet counted against its authority.
+    Channel,
+    /// A TCP connection in the unidentified pool.
+    Unidentified,
+    /// Counted against this authority.
+    Admitted(Arc<AuthorityCounts>),
+    /// Over a limit: to be answered with this denial, then closed.
+    Refused(Arc<AuthorityCounts>, LimitKind, Denial),
+}
+
+/// One client connection's place in the limits, held (through its context) until the
+/// connection ends; dropping the last handle gives everything back.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    limiter: Arc<Limiter>,
+    conn: u64,
+    shed: CancellationToken,
+    head_timeout: Option<Duration>,
+    state: Mutex<State>,
+}
+
+/// What an attribution found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Attributed {
+    /// Counted (now or before) against the authority.
+    Admitted,
+    /// Over a limit: answer this (`rate_limited`), then close.
+    Refused(LimitKind, Denial),
+}
+
+impl Admission {
+    /// Cancelled when the connection is shed from the unidentified pool.
+    pub(crate) fn shed_signal(&self) -> &CancellationToken {
+        &self.shed
+    }
+
+    /// The request-head timeout of this connection: `default`, or shorter when it was
+    /// admitted under pressure or is only to be refused.
+    pub(crate) fn head_timeout(&self, default: Duration) -> Duration {
+        let refused = matches!(*self.lock(), State::Refused(..));
+        match self.head_timeout {
+            Some(short) => default.min(short),
+            None if refused => default.min(PRESSURE_HEAD_TIMEOUT),
+            None => default,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts the connection against `counts` (the authority named `name`), taking a
+    /// token from its rate: at accept on its socket, or at the first credential on TCP.
+    /// Attributing again to the same authority changes nothing; a refused connection
+    /// stays refused.
+    pub(crate) fn attribute(&self, counts: &Arc<AuthorityCounts>, name: &str) -> Attributed {
+        let mut state = self.lock();
+        match &*state {
+            State::Admitted(c) if Arc::ptr_eq(c, counts) => return Attributed::Admitted,
+            State::Refused(_, kind, denial) => {
+                // Already answered or being answered: the same denial.
+                return Attributed::Refused(*kind, denial.clone());
+            }
+            State::Channel | State::Unidentified | State::Admitted(_) => {}
+        }
+        match counts.take(name) {
+            Ok(()) => {
+                let before = std::mem::replace(&mut *state, State::Admitted(Arc::clone(counts)));
+                drop(state);
+                self.leave(before);
+                Attributed::Admitted
+            }
+            Err((kind, denial)) => {
+                counts.refusing.fetch_add(1, Ordering::AcqRel);
+                let before = std::mem::replace(
+                    &mut *state,
+                    State::Refused(Arc::clone(counts), kind, denial.clone()),
+                );
+                drop(state);
+                self.leave(before);
+                Attributed::Refused(kind, denial)
+            }
+        }
+    }
+
+    /// Gives back what `state` held (the pool place, or a previous authority's slot).
+    fn leave(&self, state: State) {
+        match state {
+            State::Unidentified => self.limiter.leave_pool(self.conn),
+            State::Admitted(c) => c.give_back(),
+            State::Refused(c, ..) => c.refusal_done(),
+            State::Channel => {}
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        let state = std::mem::replace(
+            self.state.get_mut().unwrap_or_else(PoisonError::into_inner),
+            State::Channel,
+        );
+        self.leave(state);
+        self.limiter.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max: u32, per: u32, unid: u32) -> Limits {
+        Limits {
+            request_head_bytes: 65536,
+            max_connections: max,
+            authority_connections: per,
+            unidentified_connections: unid,
+        }
+    }
+
+    #[test]
+    fn zeros_are_derived_from_the_open_files_limit() {
+        let f = InForce::derive(&limits(0, 0, 0), 20_000, 8);
+        assert_eq!(f.max_connections, (20_000 - 128 - 64 - 8) / 4);
+        assert_eq!(f.authority_connections, f.max_connections / 4);
+        assert_eq!(f.unidentified_connections, f.max_connections / 4);
+        assert!(!f.overcommitted());
+        let text = f.to_string();
+        assert!(text.contains("max_connections = 4950 (derived)"), "{text}");
+        assert!(
+            f.fields()
+                .contains("max_connections=4950 authority_connections=1237")
+        );
+        // Configured values stay; what is still 0 is derived from them.
+        let f = InForce::derive(&limits(1000, 0, 50), 1024, 2);
+        assert_eq!((f.max_connections, f.authority_connections), (1000, 250));
+        assert_eq!(f.unidentified_connections, 50);
+        assert!(
+            f.overcommitted(),
+            "1000 tunnels need 2000 descriptors of 1024"
+        );
+        // A tiny limit still leaves a working mediator.
+        let f = InForce::derive(&limits(0, 0, 0), 64, 1);
+        assert_eq!(
+            (
+                f.max_connections,
+                f.authority_connections,
+                f.unidentified_connections
+            ),
+            (16, 4, 8)
+        );
+    }
+
+    fn limiter(max: u32, per: u32, unid: u32) -> Arc<Limiter> {
+        Arc::new(Limiter::new(InForce::derive(
+            &limits(max, per, unid),
+            100_000,
+            1,
+        )))
+    }
+
+    #[test]
+    fn an_authority_cap_refuses_with_a_detail_and_gives_slots_back() {
+        let lim = limiter(100, 2, 10);
+        let counts = Arc::new(AuthorityCounts::new(
+            &AuthorityLimits::default(),
+            lim.in_force(),
+        ));
+        let admit = |id| lim.admit(id, Door::Channel, &CancellationToken::new(), || {});
+        let (a, b, c) = (admit(1), admit(2), admit(3));
+        assert_eq!(a.attribute(&counts, "a"), Attributed::Admitted);
+        assert_eq!(b.attribute(&counts, "a"), Attributed::Admitted);
+        let Attributed::Refused(kind, denial) = c.attribute(&counts, "a") else {
+            panic!("a third connection over a cap of 2 was admitted");
+        };
+        assert_eq!(kind, LimitKind::Connections);
+        assert_eq!(
+            (denial.reason, denial.http_status()),
+            (Reason::RateLimited, 429)
+        );
+        assert!(
+            denial.detail.contains("authority_connections = 2"),
+            "{}",
+            denial.detail
+        );
+        // Asked again, a refused connection stays refused with the same denial.
+        assert_eq!(
+            c.attribute(&counts, "a"),
+            Attributed::Refused(LimitKind::Connections, denial)
+        );
+        assert_eq!((counts.open(), lim.open()), (2, 3));
+        drop(a);
+        let d = admit(4);
+        assert_eq!(d.attribute(&counts, "a"), Attributed::Admitted);
+        drop((b, c, d));
+        assert_eq!((counts.open(), lim.open()), (0, 0));
+        assert_eq!(counts.refusing.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn the_rate_bucket_holds_and_says_when_to_retry() {
+        let lim = limiter(100, 100, 10);
+        let own = AuthorityLimits {
+            max_connections: None,
+            connect_rate: 1,
+            connect_burst: 2,
+        };
+        let counts = Arc::new(AuthorityCounts::new(&own, lim.in_force()));
+        let conns: Vec<_> = (0..3)
+            .map(|i| lim.admit(i, Door::Channel, &CancellationToken::new(), || {}))
+            .collect();
+        assert_eq!(conns[0].attribute(&counts, "a"), Attributed::Admitted);
+        assert_eq!(conns[1].attribute(&counts, "a"), Attributed::Admitted);
+        let Attributed::Refused(LimitKind::Rate, denial) = conns[2].attribute(&counts, "a") else {
+            panic!("the burst of 2 let a third through");
+        };
+        assert_eq!(denial.cause, Cause::Limited { retry_after: 1 });
+        assert!(
+            denial.detail.contains("connect_rate = 1"),
+            "{}",
+            denial.detail
+        );
+    }
+
+    #[test]
+    fn a_full_unidentified_pool_sheds_its_oldest_member() {
+        let lim = limiter(100, 10, 2);
+        let tokens: Vec<_> = (0..3).map(|_| CancellationToken::new()).collect();
+        let shed = AtomicUsize::new(0);
+        let on_shed = || {
+            shed.fetch_add(1, Ordering::Relaxed);
+        };
+        let a = lim.admit(1, Door::Tcp, &tokens[0], on_shed);
+        let b = lim.admit(2, Door::Tcp, &tokens[1], on_shed);
+        assert!(!tokens[0].is_cancelled());
+        // Half full or more: the newcomer gets the short head timeout.
+        assert_eq!(
+            b.head_timeout(Duration::from_secs(10)),
+            PRESSURE_HEAD_TIMEOUT
+        );
+        let c = lim.admit(3, Door::Tcp, &tokens[2], on_shed);
+        assert!(tokens[0].is_cancelled() && !tokens[1].is_cancelled());
+        assert_eq!(shed.load(Ordering::Relaxed), 1);
+        // Identified connections leave the pool and can no longer be shed.
+        let counts = Arc::new(AuthorityCounts::new(
+            &AuthorityLimits::default(),
+            lim.in_force(),
+        ));
+        assert_eq!(b.attribute(&counts, "a"), Attributed::Admitted);
+        let d = lim.admit(4, Door::Tcp, &CancellationToken::new(), on_shed);
+        assert!(!tokens[1].is_cancelled());
+        drop((a, b, c, d));
+        assert_eq!(lim.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn listeners_wait_at_their_mark_and_resume_below_it() {
+        let lim = limiter(16, 4, 8);
+        let held: Vec<_> = (0..14)
+            .map(|i| lim.admit(i, Door::Channel, &CancellationToken::new(), || {}))
+            .collect();
+        // TCP stops at 14 (16 - 16/8); the Unix sockets still have room.
+        let pressured = AtomicBool::new(false);
+        tokio::time::timeout(Duration::from_secs(1), lim.room(Door::Channel, || {}))
+            .await
+            .unwrap();
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(50),
+            lim.room(Door::Tcp, || pressured.store(true, Ordering::Relaxed)),
+        )
+        .await;
+        assert!(waiting.is_err() && lim.is_pressured());
+        assert!(pressured.load(Ordering::Relaxed));
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(1), lim.room(Door::Tcp, || {}))
+            .await
+            .unwrap();
+        assert!(!lim.is_pressured());
+    }
+}
