@@ -1,6 +1,6 @@
-// Example PAC for the egress mediator ([upstream] mode = "pac"; README "Behind a
-// corporate proxy"). The mediator calls it only for connections its grants already
-// allowed and whose addresses it already vetted; the answer only chooses how to get there.
+// Example PAC for the egress mediator ([upstream] mode = "pac"; docs/routing.md). The
+// mediator calls it only for connections its grants already allowed and whose addresses it
+// already vetted; the answer only chooses how to get there.
 //
 // The mediator hands over "https://host[:port]/" for tunnels (CONNECT, SOCKS5) and
 // "http://host[:port]/" for plain HTTP: never a path or query. Every parent named here

@@ -4,6 +4,7 @@
 //! what each client saw next to the decision-log lines the request produced.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +17,16 @@ use crate::decision_log::Sink;
 use crate::error::Error;
 
 const TOKEN: &str = "demo-token";
+
+/// Prints one line of the report; a reader that went away (`mediator demo | head`) ends the
+/// demo quietly instead of a panic on the broken pipe.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            return Ok(());
+        }
+    };
+}
 
 /// The embedded example configuration; `@DIR@` and `@HASH@` are filled in at run time.
 pub const DEMO_CONFIG: &str = r#"
@@ -75,9 +86,9 @@ pub async fn run() -> Result<(), Error> {
         base64_encode("demo-agent:wrong")
     );
 
-    println!("mediator demo: origin on {origin_addr}, mediator TCP listener on {tcp},");
-    println!("Unix sockets in {}", dir.path().display());
-    println!("config:{}", text.replace(&hash, "<sha256 of demo-token>"));
+    say!("mediator demo: origin on {origin_addr}, mediator TCP listener on {tcp},");
+    say!("Unix sockets in {}", dir.path().display());
+    say!("config:{}", text.replace(&hash, "<sha256 of demo-token>"));
 
     let mut seen = 0usize;
     let steps: Vec<(String, Step)> = vec![
@@ -151,14 +162,14 @@ pub async fn run() -> Result<(), Error> {
         ),
     ];
     for (i, (title, step)) in steps.into_iter().enumerate() {
-        println!("\n== {}. {title}", i + 1);
+        say!("\n== {}. {title}", i + 1);
         let saw = match tokio::time::timeout(Duration::from_secs(10), step.run()).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => format!("client error: {e}"),
             Err(_) => "client timed out".into(),
         };
         for line in saw.lines() {
-            println!("   client saw | {line}");
+            say!("   client saw | {line}");
         }
         // Wait (bounded) for the step's log lines: the log is written asynchronously.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -175,13 +186,13 @@ pub async fn run() -> Result<(), Error> {
         running.log().flush();
         if let Ok(l) = lines.lock() {
             for line in &l[seen..] {
-                println!("   decision log | {line}");
+                say!("   decision log | {line}");
             }
             seen = l.len();
         }
     }
     running.shutdown().await;
-    println!(
+    say!(
         "\nDone: allowed requests reached the origin; every denial names its authority, reason and a hint."
     );
     Ok(())

@@ -26,6 +26,14 @@ pub enum Cause {
     /// A request inside a terminated tunnel names another host than the tunnel's
     /// (RFC 9110 section 15.5.20: `421 Misdirected Request`).
     Misdirected,
+    /// The denial came after the front-end's success reply: the client saw its CONNECT
+    /// `200` (SOCKS5 REP 0x00), then the tunnel was cut (the SNI gate, TLS termination's
+    /// SNI rule). The status and REP it was answered with are the success ones.
+    AfterReply,
+    /// A SOCKS5 command other than CONNECT (BIND, UDP ASSOCIATE: REP 0x07).
+    CommandNotSupported,
+    /// A SOCKS5 address type other than IPv4, domain and IPv6 (REP 0x08).
+    AddressTypeNotSupported,
     /// A limit (design section 13): the client may retry after this many seconds
     /// (`Retry-After`, RFC 9110 section 10.2.3).
     Limited {
@@ -66,6 +74,18 @@ impl Denial {
         }
     }
 
+    /// The `sni_mismatch` denial of a tunnel to `target` (design section 6).
+    pub fn sni_mismatch(detail: impl Into<String>, target: &policy::Target) -> Self {
+        Self::new(
+            Reason::SniMismatch,
+            detail,
+            format!(
+                "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
+                target.host
+            ),
+        )
+    }
+
     /// The same denial with `cause`.
     #[must_use]
     pub fn with_cause(mut self, cause: Cause) -> Self {
@@ -103,7 +123,10 @@ impl Denial {
             | Cause::ConnectRefused
             | Cause::ConnectTimeout
             | Cause::ConnectError
-            | Cause::Misdirected => None,
+            | Cause::Misdirected
+            | Cause::AfterReply
+            | Cause::CommandNotSupported
+            | Cause::AddressTypeNotSupported => None,
         }
     }
 
@@ -127,9 +150,11 @@ impl From<Decision> for Denial {
     }
 }
 
-/// The HTTP status of a denial with `reason` and `cause` (see [`Denial::http_status`]).
+/// The HTTP status of a denial with `reason` and `cause` (see [`Denial::http_status`]): for
+/// a denial after the success reply, the success status the client saw.
 pub fn http_status(reason: Reason, cause: Cause) -> u16 {
     match (reason, cause) {
+        (_, Cause::AfterReply) => 200,
         (Reason::MalformedTarget, _) => 400,
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
         (Reason::RateLimited, _) => 429,
@@ -154,6 +179,9 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
 /// The SOCKS5 REP code of a denial with `reason` and `cause` (see [`Denial::socks_rep`]).
 pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
     match (reason, cause) {
+        (_, Cause::AfterReply) => 0x00,
+        (_, Cause::CommandNotSupported) => 0x07,
+        (_, Cause::AddressTypeNotSupported) => 0x08,
         (Reason::DnsFailure, _) => 0x04,
         (Reason::UpstreamFailure, Cause::ConnectRefused) => 0x05,
         (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ConnectError) => 0x04,

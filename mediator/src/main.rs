@@ -178,13 +178,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(serve(config, text, path))?;
+            let log = rt.block_on(serve(config, text, path))?;
+            // Connections still running after the shutdown grace are dropped with the
+            // runtime: each still writes its close record, which must reach the log
+            // before the process exits.
+            drop(rt);
+            log.flush();
             Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-async fn serve(config: policy::config::Config, text: String, path: PathBuf) -> anyhow::Result<()> {
+/// Runs the mediator until SIGTERM or SIGINT (SIGHUP reloads); returns its decision log,
+/// for the last flush.
+async fn serve(
+    config: policy::config::Config,
+    text: String,
+    path: PathBuf,
+) -> anyhow::Result<mediator::DecisionLog> {
     use tokio::signal::unix::{SignalKind, signal};
     let socket_dir = config.listen.socket_dir.clone();
     // Handlers first: a signal that arrives right after the ready line must not kill
@@ -210,8 +221,9 @@ async fn serve(config: policy::config::Config, text: String, path: PathBuf) -> a
         }
     }
     eprintln!("mediator: shutting down");
+    let log = running.log().clone();
     running.shutdown().await;
-    Ok(())
+    Ok(log)
 }
 
 /// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole.

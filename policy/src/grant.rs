@@ -667,7 +667,12 @@ impl Grant {
                 )
             } else {
                 (
-                    format!("{target} matches deny entry \"{rule}\" of authority \"{name}\""),
+                    match self.advice {
+                        Advice::Operator => format!(
+                            "{target} matches deny entry \"{rule}\" of authority \"{name}\""
+                        ),
+                        Advice::ShimFlags => format!("{target} matches the shim's --deny {rule}"),
+                    },
                     match self.advice {
                         Advice::Operator => format!(
                             "the grant of authority \"{name}\" denies this destination; an operator would have to replace the authority without deny entry \"{rule}\""
@@ -691,14 +696,16 @@ impl Grant {
                 Advice::ShimFlags => format!("add --allow {entry} to the shim command"),
             };
             let Some(first) = found.host_only else {
-                return Decision::deny(
-                    Reason::NotInAllowlist,
-                    format!(
+                let detail = match self.advice {
+                    Advice::Operator => format!(
                         "{} is not in the allow list of authority \"{name}\"",
                         target.host
                     ),
-                    hint,
-                );
+                    Advice::ShimFlags => {
+                        format!("{} is not allowed by the shim's --allow flags", target.host)
+                    }
+                };
+                return Decision::deny(Reason::NotInAllowlist, detail, hint);
             };
             let mut on_other_ports: Vec<usize> = Vec::new();
             self.allow_index
@@ -710,12 +717,20 @@ impl Grant {
                 .collect();
             return Decision::deny(
                 Reason::PortNotAllowed,
-                format!(
-                    "{} matches allow entries {} of authority \"{name}\", but not on port {}",
-                    target.host,
-                    rules.join(", "),
-                    target.port
-                ),
+                match self.advice {
+                    Advice::Operator => format!(
+                        "{} matches allow entries {} of authority \"{name}\", but not on port {}",
+                        target.host,
+                        rules.join(", "),
+                        target.port
+                    ),
+                    Advice::ShimFlags => format!(
+                        "{} matches the shim's --allow {}, but not on port {}",
+                        target.host,
+                        rules.join(", "),
+                        target.port
+                    ),
+                },
                 hint,
             )
             .with_rule(self.allow[first].source.clone());

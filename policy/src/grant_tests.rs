@@ -958,6 +958,19 @@ fn hints_name_the_shim_flags_when_the_shim_owns_the_grant() {
     };
     let g = Grant::new(&spec, &[]).unwrap();
     let hint = |t: &str| g.decide(&target(t)).hint;
+    let detail = |t: &str| g.decide(&target(t)).detail;
+    assert_eq!(
+        detail("api.example.com:443"),
+        "api.example.com is not allowed by the shim's --allow flags"
+    );
+    assert_eq!(
+        detail("origin.test:8080"),
+        "origin.test matches the shim's --allow \"origin.test:80\", but not on port 8080"
+    );
+    assert_eq!(
+        detail("bad.origin.test:80"),
+        "bad.origin.test:80 matches the shim's --deny bad.origin.test"
+    );
     assert_eq!(
         hint("api.example.com:443"),
         "add --allow api.example.com:443 to the shim command"

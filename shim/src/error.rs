@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 /// Everything that can stop the shim from confining and running a command.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum Error {
     /// The flags or the profile ask for something inconsistent or unsupported.
     #[error("invalid settings: {0}")]

@@ -173,7 +173,14 @@ impl Channel {
 fn check_socket(socket: &Path) -> Result<()> {
     let meta = std::fs::metadata(socket).map_err(|e| Error::Channel {
         path: socket.to_owned(),
-        detail: e.to_string(),
+        detail: if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "{e}: the mediator makes this socket while it runs; is it running with this \
+                 socket_dir (`mediator --config FILE`), and is the authority in its config?"
+            )
+        } else {
+            e.to_string()
+        },
     })?;
     if !meta.file_type().is_socket() {
         return Err(Error::Channel {

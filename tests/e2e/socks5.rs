@@ -153,6 +153,30 @@ async fn socks5_bind_and_udp_associate_get_rep_0x07() -> Result<()> {
         assert_eq!(reply.rep, REP_COMMAND_NOT_SUPPORTED, "cmd {cmd}: {reply:?}");
     }
     assert_eq!(fx.origin.connections(), 0);
+    // Each refusal is a decision: logged, attributed, and counted.
+    let lines = fx
+        .mediator
+        .wait_for_count(
+            |v| {
+                v["event"] == "decision"
+                    && v["reason"] == "malformed_target"
+                    && v["protocol"] == "socks5"
+                    && v["authority"] == AGENT_A
+                    && v["host"] == ORIGIN_HOST
+            },
+            2,
+            LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(
+        lines[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("BIND"))
+            && lines[1]["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("UDP ASSOCIATE")),
+        "{lines:?}"
+    );
     Ok(())
 }
 

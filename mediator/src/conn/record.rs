@@ -1,8 +1,8 @@
-//! Decision lines (design section 10): the one place a [`Record`] is built. Each line is
-//! counted in `mediator_decisions_total` first (so a visible line is always counted),
-//! a denial is kept in the ring of the connection's (still live) authority for the admin
-//! API, then the line is written. Close records are built here too ([`base`]) and written
-//! by their owner, [`super::close::Opened`].
+//! Decision lines (design section 10): every [`Record`] starts in [`base`], and every
+//! decision line is written here. Each line is counted in `mediator_decisions_total` first
+//! (so a visible line is always counted), a denial is kept in the ring of the connection's
+//! (still live) authority for the admin API, then the line is written. Close records start
+//! in [`base`] too and are written by their one owner, [`super::close::Opened`].
 //!
 //! Nothing here sees a secret: details are redacted by their producers and by
 //! [`deny`], and no header value is ever put in a record.

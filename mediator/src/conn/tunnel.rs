@@ -12,17 +12,18 @@
 //! rule (fronting cannot move to 8443), anything else passes as an opaque tunnel, and a
 //! server that speaks first (SSH, SMTP) is never waited on. The bytes read are forwarded
 //! unchanged or, when the grant terminates TLS for the target, replayed into the
-//! terminating acceptor (`crate::tls`), which applies the same SNI rule to what it accepts.
+//! terminating acceptor (`crate::front::tls`), which applies the same SNI rule to what it
+//! accepts.
 
 use std::sync::Arc;
 
-use policy::{Reason, Target, check_sni};
+use policy::{Target, check_sni};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::TargetLabel;
 use super::establish::Connected;
 use super::record;
-use crate::denial::Denial;
+use crate::denial::{Cause, Denial};
 use crate::relay::{RelayOutcome, relay};
 use crate::shared::Shared;
 use crate::sni::{self, Hello};
@@ -37,7 +38,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// Runs one allowed tunnel to completion and writes its close record. `early` holds bytes
 /// the client sent after its request and that were already read (they come first in the
 /// tunnel). After the SNI gate, a target matching the grant's `tls_terminate` is handed to
-/// [`crate::tls::terminate`] (with the ClientHello bytes the gate read); any other tunnel
+/// [`crate::front::tls::terminate`] (with the ClientHello bytes the gate read); any other tunnel
 /// is relayed.
 pub(crate) async fn run<C>(
     mut client: C,
@@ -109,7 +110,7 @@ pub(crate) async fn run<C>(
     }
     if terminate {
         // Boxed: termination is rare and its future is large.
-        Box::pin(crate::tls::terminate(
+        Box::pin(crate::front::tls::terminate(
             client, prefix, connected, target, shared,
         ))
         .await;
@@ -182,7 +183,9 @@ async fn sni_gate<C: AsyncRead + Unpin>(
 ) -> Gate {
     let deadline = tokio::time::Instant::now() + shared.timeouts.request_head;
     let mut chunk = [0u8; 4096];
-    let deny = |detail: String| Gate::Deny(sni_denial(detail, target));
+    let deny = |detail: String| {
+        Gate::Deny(Denial::sni_mismatch(detail, target).with_cause(Cause::AfterReply))
+    };
     loop {
         // Off 443 a stream is held to the SNI rule only if it really starts like a TLS
         // record (RFC 8446 section 5.1: type 22, legacy version 0x03 0x00..=0x04): a binary
@@ -224,18 +227,6 @@ async fn sni_gate<C: AsyncRead + Unpin>(
             Ok(Err(_)) => return Gate::Closed,
         }
     }
-}
-
-/// The `sni_mismatch` denial for a tunnel to `target`.
-pub(crate) fn sni_denial(detail: String, target: &Target) -> Denial {
-    Denial::new(
-        Reason::SniMismatch,
-        detail,
-        format!(
-            "the TLS server name (SNI) must equal the tunnel host {}; connect to the host you name",
-            target.host
-        ),
-    )
 }
 
 /// Whether `buf` (the first bytes of a tunnel) can still be the start of a TLS handshake

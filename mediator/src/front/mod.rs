@@ -1,10 +1,12 @@
 //! The protocol front-ends (design section 6): they translate a wire format to and from
 //! the connection's steps (`crate::conn`), and decide nothing themselves. One socket
 //! serves both: the first byte `0x05` means SOCKS5 ([`socks`]), anything else HTTP/1.1
-//! ([`http`]: CONNECT and absolute-form forwarding).
+//! ([`http`]: CONNECT and absolute-form forwarding). A tunnel whose host's TLS is
+//! terminated is served, after its SNI gate, by [`tls`].
 
 pub(crate) mod http;
 pub(crate) mod socks;
+pub(crate) mod tls;
 
 use std::sync::Arc;
 

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::conn::establish::establish;
 use crate::conn::identify::authenticate;
 use crate::conn::{Ctx, TargetLabel, record, tunnel};
-use crate::denial::Denial;
+use crate::denial::{Cause, Denial};
 use crate::redact::escape_raw;
 use crate::relay::RelayOutcome;
 use crate::shared::Shared;
@@ -33,8 +33,10 @@ const METHOD_USERPASS: u8 = 0x02;
 const METHOD_NO_ACCEPTABLE: u8 = 0xFF;
 /// RFC 1929 section 2: the subnegotiation version.
 const USERPASS_VER: u8 = 0x01;
-/// RFC 1928 section 4: CONNECT.
+/// RFC 1928 section 4: commands.
 const CMD_CONNECT: u8 = 0x01;
+const CMD_BIND: u8 = 0x02;
+const CMD_UDP_ASSOCIATE: u8 = 0x03;
 /// RFC 1928 section 5: address types.
 const ATYP_IPV4: u8 = 0x01;
 const ATYP_DOMAIN: u8 = 0x03;
@@ -42,7 +44,6 @@ const ATYP_IPV6: u8 = 0x04;
 /// RFC 1928 section 6: reply codes.
 const REP_SUCCEEDED: u8 = 0x00;
 const REP_GENERAL_FAILURE: u8 = 0x01;
-const REP_COMMAND_NOT_SUPPORTED: u8 = 0x07;
 const REP_ATYP_NOT_SUPPORTED: u8 = 0x08;
 
 /// A SOCKS5 request target as sent on the wire, before canonicalisation.
@@ -220,29 +221,54 @@ where
             io.read_exact(&mut name).await?;
             WireAddr::Domain(name)
         }
-        _ => {
-            reply(io, REP_ATYP_NOT_SUPPORTED, None).await?;
+        atyp => {
+            let denial = Denial::new(
+                Reason::MalformedTarget,
+                format!("SOCKS5 address type {atyp:#04x} is not supported"),
+                "send an IPv4 address (ATYP 0x01), a domain name (0x03) or an IPv6 address (0x04), RFC 1928 section 5",
+            )
+            .with_cause(Cause::AddressTypeNotSupported);
+            let denial = record::deny(
+                shared,
+                ctx,
+                Protocol::Socks5,
+                &TargetLabel::default(),
+                denial,
+            );
+            reply(io, denial.socks_rep(), None).await?;
             return Ok(None);
         }
     };
     let mut port = [0u8; 2];
     io.read_exact(&mut port).await?;
     let port = u16::from_be_bytes(port);
+    let raw_label = TargetLabel {
+        host: Some(match &wire {
+            WireAddr::V4(a) => a.to_string(),
+            WireAddr::V6(a) => a.to_string(),
+            WireAddr::Domain(d) => escape_raw(d),
+        }),
+        port: Some(port),
+    };
     if req[1] != CMD_CONNECT {
-        reply(io, REP_COMMAND_NOT_SUPPORTED, None).await?;
+        let name = match req[1] {
+            CMD_BIND => "BIND",
+            CMD_UDP_ASSOCIATE => "UDP ASSOCIATE",
+            _ => "unknown",
+        };
+        let denial = Denial::new(
+            Reason::MalformedTarget,
+            format!("SOCKS5 command {name} ({:#04x}) is not supported", req[1]),
+            "only CONNECT (0x01) is served (RFC 1928 section 4)",
+        )
+        .with_cause(Cause::CommandNotSupported);
+        let denial = record::deny(shared, ctx, Protocol::Socks5, &raw_label, denial);
+        reply(io, denial.socks_rep(), None).await?;
         return Ok(None);
     }
     match to_target(&wire, port) {
         Ok(target) => Ok(Some(target)),
         Err(why) => {
-            let raw_label = TargetLabel {
-                host: Some(match &wire {
-                    WireAddr::V4(a) => a.to_string(),
-                    WireAddr::V6(a) => a.to_string(),
-                    WireAddr::Domain(d) => escape_raw(d),
-                }),
-                port: Some(port),
-            };
             let denial = Denial::new(
                 Reason::MalformedTarget,
                 why,

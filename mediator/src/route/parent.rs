@@ -357,7 +357,6 @@ pub(crate) async fn socks5_connect(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

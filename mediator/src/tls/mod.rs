@@ -10,10 +10,9 @@
 //! terminated leg gets `421`), skip upstream certificate verification, or connect anywhere
 //! but the tunnel's pinned upstream stream (so the route is the tunnel's route).
 //!
-//! [`TlsState`] is built once at start; [`terminate`] runs one tunnel.
+//! [`TlsState`] is built once at start; `front::tls` runs one terminated tunnel with it.
 
-mod serve;
-mod words;
+pub(crate) mod words;
 
 use std::num::NonZeroUsize;
 use std::path::Path;
@@ -26,21 +25,19 @@ use rustls::pki_types::pem::PemObject as _;
 
 use crate::error::Error;
 
-pub(crate) use serve::terminate;
-
 /// How many leaves the cache keeps (one per terminated host; issuing one takes about a
 /// millisecond, so this only bounds memory).
 const LEAF_CACHE: usize = 1024;
 
 /// ALPN protocols offered on both legs, preferred first (RFC 7301; RFC 9113 section 3.2).
-const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+pub(crate) const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// The CA, its leaf cache, and the upstream client configuration.
 #[derive(Debug)]
 pub(crate) struct TlsState {
-    leaves: LeafCache,
-    upstream: Arc<rustls::ClientConfig>,
-    provider: Arc<CryptoProvider>,
+    pub(crate) leaves: LeafCache,
+    pub(crate) upstream: Arc<rustls::ClientConfig>,
+    pub(crate) provider: Arc<CryptoProvider>,
 }
 
 impl TlsState {

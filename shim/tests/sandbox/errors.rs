@@ -31,7 +31,8 @@ fn refused(args: &[&str]) -> Result<String, String> {
 
 fn missing_mediator_socket_is_a_clear_error() -> TestResult {
     let err = refused(&["--mediator-socket", "/nonexistent/x.sock"])?;
-    if !err.contains("/nonexistent/x.sock") {
+    // Names the socket and says what makes it: a running mediator.
+    if !err.contains("/nonexistent/x.sock") || !err.contains("is it running") {
         return Err(err);
     }
     Ok(())

@@ -17,7 +17,7 @@ use policy::config::Authority;
 use policy::{Reason, Target, parse_authority_form};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::credentials::identify;
+use super::credentials::authority_of;
 use super::response::{Body, deny_response, empty, raw_label, refuse};
 use crate::conn::establish::{Connected, establish};
 use crate::conn::{Ctx, TargetLabel, tunnel};
@@ -54,7 +54,7 @@ pub(crate) async fn connect_fast<S: AsyncWrite + Unpin>(
     for v in proxy_authorization {
         headers.append(header::PROXY_AUTHORIZATION, v);
     }
-    let authority = match identify(shared, ctx, &headers) {
+    let authority = match authority_of(shared, ctx, &headers) {
         Ok(a) => a,
         Err(denial) => {
             return Fast::Denied(refuse(

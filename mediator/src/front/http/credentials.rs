@@ -38,7 +38,7 @@ pub(crate) fn parse_basic(value: &[u8]) -> Option<(String, Vec<u8>)> {
 ///
 /// # Errors
 /// The [`Denial`] of a missing, malformed, unknown or wrong credential (not yet logged).
-pub(crate) fn identify(
+pub(crate) fn authority_of(
     shared: &Shared,
     ctx: &Ctx,
     headers: &HeaderMap,
@@ -68,24 +68,24 @@ fn missing() -> Denial {
 pub(crate) struct Verified(Mutex<Option<(HeaderValue, Arc<Authority>)>>);
 
 impl Verified {
-    /// [`identify`], skipping the token hash when this connection already proved the very
+    /// [`authority_of`], skipping the token hash when this connection already proved the very
     /// same `Proxy-Authorization` value for an authority whose grant is still live. A
     /// different value, or a revoked or replaced authority, is verified in full again.
     ///
     /// # Errors
-    /// As [`identify`].
-    pub(crate) fn identify(
+    /// As [`authority_of`].
+    pub(crate) fn authority_of(
         &self,
         shared: &Shared,
         ctx: &Ctx,
         headers: &HeaderMap,
     ) -> Result<Arc<Authority>, Denial> {
         if ctx.authority.is_some() {
-            return identify(shared, ctx, headers);
+            return authority_of(shared, ctx, headers);
         }
         let mut values = headers.get_all(header::PROXY_AUTHORIZATION).iter();
         let (Some(value), None) = (values.next(), values.next()) else {
-            return identify(shared, ctx, headers);
+            return authority_of(shared, ctx, headers);
         };
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((known, authority)) = cache.as_ref() {
@@ -93,7 +93,7 @@ impl Verified {
                 return Ok(Arc::clone(authority));
             }
         }
-        let result = identify(shared, ctx, headers);
+        let result = authority_of(shared, ctx, headers);
         *cache = result.as_ref().ok().map(|a| (value.clone(), Arc::clone(a)));
         result
     }

@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use policy::config::Authority;
 use policy::{Reason, Target, canonicalize_host, parse_authority_form};
+use tokio_util::sync::CancellationToken;
 
 use super::response::{Body, DECISION_HEADER, deny_response, raw_label, refuse};
 use super::rewrite::{forward_request, strip_hop_by_hop};
@@ -45,8 +46,22 @@ pub(crate) struct Pooled {
     forward: Option<ForwardProxy>,
 }
 
-/// The upstream connection a client connection keeps, if any.
-pub(crate) type Pool = Arc<Mutex<Option<Pooled>>>;
+/// The upstream connection a client connection keeps, if any, and the signal that the
+/// client connection has ended (so an upstream connection closed because of it is logged
+/// `client_closed`, not `upstream_closed`).
+#[derive(Default)]
+pub(crate) struct Pool {
+    kept: Mutex<Option<Pooled>>,
+    client_gone: CancellationToken,
+}
+
+impl Pool {
+    /// A guard that says the client connection has ended when it is dropped (held by the
+    /// task serving the client connection).
+    pub(crate) fn client_guard(&self) -> tokio_util::sync::DropGuard {
+        self.client_gone.clone().drop_guard()
+    }
+}
 
 /// Decides and forwards one absolute-form request of `ctx`'s authority.
 pub(crate) async fn forward(
@@ -54,7 +69,7 @@ pub(crate) async fn forward(
     shared: Arc<Shared>,
     ctx: Ctx,
     authority: Arc<Authority>,
-    pool: Pool,
+    pool: Arc<Pool>,
 ) -> Response<Body> {
     let name = authority.grant.name();
     let uri = req.uri().clone();
@@ -139,6 +154,7 @@ pub(crate) async fn forward(
     // Reuse this client connection's upstream connection when it goes to the same target
     // for the same (live) authority.
     let pooled = pool
+        .kept
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take()
@@ -168,7 +184,7 @@ pub(crate) async fn forward(
             record::reuse(&shared, &ctx, Protocol::Http, &label, allow);
             p
         }
-        None => match open(&shared, &ctx, &authority, &target, &label).await {
+        None => match open(&shared, &ctx, &authority, &target, &label, &pool).await {
             Ok(opened) => opened,
             Err(resp) => return resp,
         },
@@ -197,7 +213,7 @@ pub(crate) async fn forward(
             refuse(&shared, &ctx, Protocol::Http, &label, denial)
         }
         Ok(resp) => {
-            *pool.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
+            *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(DECISION_HEADER);
@@ -209,7 +225,7 @@ pub(crate) async fn forward(
                 format!("{target}: upstream request failed: {e}"),
                 "the destination closed the connection or sent an invalid response",
             );
-            deny_response(Some(name), &label, &denial)
+            refuse(&shared, &ctx, Protocol::Http, &label, denial)
         }
     }
 }
@@ -246,6 +262,7 @@ async fn open(
     authority: &Arc<Authority>,
     target: &Target,
     label: &TargetLabel,
+    pool: &Pool,
 ) -> Result<Pooled, Response<Body>> {
     let Connected {
         stream,
@@ -268,15 +285,21 @@ async fn open(
                     format!("{target}: HTTP handshake failed: {e}"),
                     "the destination did not speak HTTP/1.1",
                 );
-                return Err(deny_response(ctx.authority_name(), label, &denial));
+                return Err(refuse(shared, ctx, Protocol::Http, label, denial));
             }
         };
     let (pin, route) = (opened.facts().pin, opened.facts().route);
     let guard = shared.enter();
+    let client_gone = pool.client_gone.clone();
     tokio::spawn(async move {
         let _guard = guard;
         let close_reason = tokio::select! {
-            r = conn => if r.is_ok() { CloseReason::UpstreamClosed } else { CloseReason::Error },
+            r = conn => match r {
+                // The client connection ended and dropped its sender.
+                Ok(()) if client_gone.is_cancelled() => CloseReason::ClientClosed,
+                Ok(()) => CloseReason::UpstreamClosed,
+                Err(_) => CloseReason::Error,
+            },
             () = closing.cancelled() => CloseReason::Shutdown,
         };
         let (up, down) = counters.get();

@@ -28,7 +28,7 @@ use policy::Reason;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::connect::{Fast, connect_fast};
-use self::credentials::{Verified, identify};
+use self::credentials::{Verified, authority_of};
 use self::forward::Pool;
 use self::preflight::{Head, MIN_BUF, Preflight, preflight};
 use self::response::{Body, raw_label, refuse, write_raw_response};
@@ -63,7 +63,7 @@ pub(crate) async fn serve<S>(
             if let Some(v) = proxy_authorization {
                 headers.insert(header::PROXY_AUTHORIZATION, v);
             }
-            let ctx = match identify(&shared, &ctx, &headers) {
+            let ctx = match authority_of(&shared, &ctx, &headers) {
                 Ok(a) => ctx.attributed(&a),
                 Err(_) => ctx,
             };
@@ -115,7 +115,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let ctx = Arc::new(ctx);
-    let pool: Pool = Arc::new(Mutex::new(None));
+    let pool = Arc::new(Pool::default());
+    // Dropped when this client connection ends: its upstream connection then closes as
+    // `client_closed`.
+    let _client = pool.client_guard();
     let verified = Arc::new(Verified::default());
     let first = Arc::new(Mutex::new(first));
     let svc = {
@@ -166,7 +169,7 @@ async fn handle(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     ctx: &Ctx,
-    pool: Pool,
+    pool: Arc<Pool>,
     verified: &Verified,
 ) -> Response<Body> {
     let protocol = if req.method() == Method::CONNECT {
@@ -174,7 +177,7 @@ async fn handle(
     } else {
         Protocol::Http
     };
-    let authority = match verified.identify(&shared, ctx, req.headers()) {
+    let authority = match verified.authority_of(&shared, ctx, req.headers()) {
         Ok(a) => a,
         Err(denial) => return refuse(&shared, ctx, protocol, &raw_label(req.uri()), denial),
     };

@@ -1,6 +1,13 @@
-//! One terminated tunnel: accept the client's TLS (the one SNI rule applies), open TLS to
-//! the pinned upstream, serve and judge every request, write one decision line per request;
-//! the tunnel's owner writes its close record.
+//! TLS termination (design section 9), one tunnel: accept the client's TLS with a leaf for
+//! exactly the tunnel host (the one SNI rule applies), open TLS to the tunnel's pinned
+//! upstream stream (verified against the system store plus `[tls] extra_ca_files`), serve
+//! every request inside with hyper (h1 and h2), judge each (`Host`/`:authority` must be the
+//! tunnel host, else `421`; the request rules), and write one `tls` decision line per
+//! request. The tunnel's [`Opened`](crate::conn::close::Opened) writes its close record.
+//!
+//! It must never present a certificate for any name but the tunnel host, forward a request
+//! for another host, skip upstream verification, or connect anywhere but the tunnel's own
+//! upstream stream (so the route is the tunnel's route).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,11 +29,9 @@ use tokio::sync::Mutex;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
-use super::{ALPN, TlsState};
 use crate::conn::establish::Connected;
 use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
-use crate::conn::tunnel::sni_denial;
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::Counting;
 use crate::denial::{Cause, Denial};
@@ -36,6 +41,7 @@ use crate::redact::{escape_raw, logged_path};
 use crate::relay::RelayOutcome;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
+use crate::tls::{ALPN, TlsState};
 use crate::vocab::CloseReason;
 
 /// Runs one terminated tunnel to completion; its [`Connected::opened`] writes the close
@@ -125,7 +131,7 @@ pub(crate) async fn terminate<C>(
     let hello = start.client_hello();
     let names: Vec<&str> = hello.server_name().into_iter().collect();
     if let Err(why) = check_sni(&names, target) {
-        deny(sni_denial(why.to_string(), target));
+        deny(Denial::sni_mismatch(why.to_string(), target).with_cause(Cause::AfterReply));
         opened.finish(ended(CloseReason::SniMismatch, bytes()));
         return;
     }
@@ -207,7 +213,10 @@ pub(crate) async fn terminate<C>(
             // The upstream connection ended: finish what is in flight, then close, so the
             // client opens a new tunnel rather than getting errors.
             conn.as_mut().graceful_shutdown();
-            let _ = conn.as_mut().await;
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = closing.cancelled() => {}
+            }
             CloseReason::UpstreamClosed
         }
     };
@@ -296,7 +305,7 @@ async fn connect_upstream(
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(format!(
             "TLS to {target} failed: {}",
-            super::words::handshake_error(&e)
+            crate::tls::words::handshake_error(&e)
         )),
         Err(_) => Err(format!("TLS to {target} timed out")),
     }
