@@ -501,8 +501,16 @@ pub(crate) struct Admission {
 pub(crate) enum Attributed {
     /// Counted (now or before) against the authority.
     Admitted,
-    /// Over a limit: answer this (`rate_limited`), then close.
-    Refused(LimitKind, Denial),
+    /// Over a limit: answer this (`rate_limited`), then close. `fresh` when this call
+    /// found it (to be counted), not an earlier one.
+    Refused {
+        /// The limit.
+        kind: LimitKind,
+        /// The answer.
+        denial: Denial,
+        /// Found by this call.
+        fresh: bool,
+    },
 }
 
 impl Admission {
@@ -535,8 +543,12 @@ impl Admission {
         match &*state {
             State::Admitted(c) if Arc::ptr_eq(c, counts) => return Attributed::Admitted,
             State::Refused(_, kind, denial) => {
-                // Already answered or being answered: the same denial.
-                return Attributed::Refused(*kind, denial.clone());
+                // Already refused (at accept, say): the same denial, not counted again.
+                return Attributed::Refused {
+                    kind: *kind,
+                    denial: denial.clone(),
+                    fresh: false,
+                };
             }
             State::Channel | State::Unidentified | State::Admitted(_) => {}
         }
@@ -555,7 +567,11 @@ impl Admission {
                 );
                 drop(state);
                 self.leave(before);
-                Attributed::Refused(kind, denial)
+                Attributed::Refused {
+                    kind,
+                    denial,
+                    fresh: true,
+                }
             }
         }
     }
@@ -647,7 +663,12 @@ mod tests {
         let (a, b, c) = (admit(1), admit(2), admit(3));
         assert_eq!(a.attribute(&counts, "a"), Attributed::Admitted);
         assert_eq!(b.attribute(&counts, "a"), Attributed::Admitted);
-        let Attributed::Refused(kind, denial) = c.attribute(&counts, "a") else {
+        let Attributed::Refused {
+            kind,
+            denial,
+            fresh: true,
+        } = c.attribute(&counts, "a")
+        else {
             panic!("a third connection over a cap of 2 was admitted");
         };
         assert_eq!(kind, LimitKind::Connections);
@@ -663,7 +684,11 @@ mod tests {
         // Asked again, a refused connection stays refused with the same denial.
         assert_eq!(
             c.attribute(&counts, "a"),
-            Attributed::Refused(LimitKind::Connections, denial)
+            Attributed::Refused {
+                kind: LimitKind::Connections,
+                denial,
+                fresh: false
+            }
         );
         assert_eq!((counts.open(), lim.open()), (2, 3));
         drop(a);
@@ -688,7 +713,12 @@ mod tests {
             .collect();
         assert_eq!(conns[0].attribute(&counts, "a"), Attributed::Admitted);
         assert_eq!(conns[1].attribute(&counts, "a"), Attributed::Admitted);
-        let Attributed::Refused(LimitKind::Rate, denial) = conns[2].attribute(&counts, "a") else {
+        let Attributed::Refused {
+            kind: LimitKind::Rate,
+            denial,
+            ..
+        } = conns[2].attribute(&counts, "a")
+        else {
             panic!("the burst of 2 let a third through");
         };
         assert_eq!(denial.cause, Cause::Limited { retry_after: 1 });

@@ -309,3 +309,89 @@ impl Running {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, UnixStream};
+
+    use super::*;
+
+    /// Sends `CONNECT target` on `socket` and returns the stream and the status line.
+    async fn connect(socket: &std::path::Path, target: &str) -> (UnixStream, String) {
+        let mut s = UnixStream::connect(socket).await.unwrap();
+        s.write_all(format!("CONNECT {target} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = vec![0u8; 19];
+        s.read_exact(&mut head).await.unwrap();
+        (s, String::from_utf8_lossy(&head).into_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_ends_its_own_connection_only_and_leaves_its_close_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let origin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = origin.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = origin.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 1];
+                    while s.read_exact(&mut b).await.is_ok() && s.write_all(&b).await.is_ok() {}
+                });
+            }
+        });
+        let text = format!(
+            "[listen]\nsocket_dir = {:?}\n[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts = {{ \"panic.test\" = [\"127.0.0.1\"], \"ok.test\" = [\"127.0.0.1\"] }}\n[[authority]]\nname = \"a\"\nallow = [\"panic.test\", \"ok.test\"]\nallow_private = [\"127.0.0.1/32\"]\n",
+            dir.path().display()
+        );
+        let config = policy::config::parse(&text, "test.toml").unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let running = start(
+            config,
+            Options {
+                sink: Some(Sink::Memory(Arc::clone(&lines))),
+                tap: None,
+            },
+        )
+        .await
+        .unwrap();
+        let socket = running.socket_path("a").unwrap();
+
+        // The first tunnel's task panics once its first bytes pass the SNI gate: its
+        // connection closes.
+        let (mut broken, status) = connect(&socket, &format!("panic.test:{port}")).await;
+        assert_eq!(status, "HTTP/1.1 200 OK\r\n\r\n");
+        broken.write_all(b"hello").await.unwrap();
+        let mut rest = Vec::new();
+        let n = broken.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(n, 0, "the panicking connection is closed");
+        // Another connection of the same authority is served as before.
+        let (mut ok, status) = connect(&socket, &format!("ok.test:{port}")).await;
+        assert_eq!(status, "HTTP/1.1 200 OK\r\n\r\n");
+        ok.write_all(b"x").await.unwrap();
+        let mut echo = [0u8; 1];
+        ok.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"x");
+        // The panicking connection still has its close record, `error`.
+        running.log().flush();
+        let close = lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| v["event"] == "close" && v["host"] == "panic.test");
+        let close = close.expect("a close record for the panicking connection");
+        assert_eq!(close["close_reason"], "error", "{close}");
+        drop(ok);
+        // Both connections end: nothing of the panicking one stays counted as live.
+        assert!(
+            running.shared.wait_idle(Duration::from_secs(5)).await,
+            "still live: {}",
+            running.shared.active()
+        );
+        running.shutdown().await;
+    }
+}

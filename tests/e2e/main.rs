@@ -22,6 +22,7 @@ mod dns_pinning;
 mod forward;
 mod grant_denials;
 mod lifecycle;
+mod limits;
 mod pac;
 mod parent;
 mod sni;

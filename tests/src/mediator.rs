@@ -150,6 +150,8 @@ pub struct MediatorBuilder {
     timeouts_extra: Vec<String>,
     upstream: Vec<String>,
     env: Vec<(String, String)>,
+    limits_extra: Vec<String>,
+    soft_nofile: Option<u64>,
 }
 
 impl MediatorBuilder {
@@ -171,7 +173,24 @@ impl MediatorBuilder {
             timeouts_extra: Vec::new(),
             upstream: Vec::new(),
             env: Vec::new(),
+            limits_extra: Vec::new(),
+            soft_nofile: None,
         }
+    }
+
+    /// Adds a `[limits]` line (`"max_connections = 16"`).
+    #[must_use]
+    pub fn limits_line(mut self, line: &str) -> Self {
+        self.limits_extra.push(line.to_owned());
+        self
+    }
+
+    /// Starts the mediator with this soft open-files limit (its hard limit stays this
+    /// process's), as a systemd service gets 1024: through `prlimit --nofile=SOFT:HARD`.
+    #[must_use]
+    pub fn soft_nofile(mut self, soft: u64) -> Self {
+        self.soft_nofile = Some(soft);
+        self
     }
 
     /// The binary this builder starts.
@@ -314,8 +333,14 @@ impl MediatorBuilder {
         for line in &self.timeouts_extra {
             let _ = writeln!(out, "{line}");
         }
+        if self.request_head_bytes.is_some() || !self.limits_extra.is_empty() {
+            let _ = writeln!(out, "\n[limits]");
+        }
         if let Some(n) = self.request_head_bytes {
-            let _ = writeln!(out, "\n[limits]\nrequest_head_bytes = {n}");
+            let _ = writeln!(out, "request_head_bytes = {n}");
+        }
+        for line in &self.limits_extra {
+            let _ = writeln!(out, "{line}");
         }
         if !self.global_deny.is_empty() {
             let _ = writeln!(out, "\n[global]\ndeny = {}", toml_list(&self.global_deny));
@@ -343,7 +368,11 @@ impl MediatorBuilder {
             .tempdir()
             .context("creating the mediator's temp dir")?;
         let text = self.render(dir.path());
-        Mediator::start_with_env(&self.bin, dir, &text, &self.env).await
+        let launcher = match self.soft_nofile {
+            None => Launcher::Direct,
+            Some(soft) => Launcher::SoftNofile(soft),
+        };
+        Mediator::start_with(&self.bin, launcher, dir, &text, &self.env).await
     }
 
     /// Starts a mediator that must refuse to start, and returns its error in full
@@ -414,6 +443,15 @@ pub fn parse_ready(line: &str) -> Result<Ready> {
     Ok(ready)
 }
 
+/// How the `mediator` process is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// The binary itself.
+    Direct,
+    /// Through `prlimit --nofile=SOFT:HARD` (this process's hard limit).
+    SoftNofile(u64),
+}
+
 /// A running `mediator` process. Dropping it sends SIGTERM, waits (bounded), then kills.
 #[derive(Debug)]
 pub struct Mediator {
@@ -441,10 +479,35 @@ impl Mediator {
         config: &str,
         env: &[(String, String)],
     ) -> Result<Self> {
+        Self::start_with(bin, Launcher::Direct, dir, config, env).await
+    }
+
+    /// [`Self::start_with_env`], started by `launcher`.
+    ///
+    /// # Errors
+    /// As [`Self::start_with_env`].
+    pub async fn start_with(
+        bin: &Path,
+        launcher: Launcher,
+        dir: TempDir,
+        config: &str,
+        env: &[(String, String)],
+    ) -> Result<Self> {
         let config_path = dir.path().join("mediator.toml");
         std::fs::write(&config_path, config).context("writing mediator.toml")?;
         let log_path = dir.path().join("decisions.jsonl");
-        let mut child = Command::new(bin)
+        let mut command = match launcher {
+            Launcher::Direct => Command::new(bin),
+            Launcher::SoftNofile(soft) => {
+                let (_, hard) =
+                    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                        .context("reading the open-files limit")?;
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(bin);
+                c
+            }
+        };
+        let mut child = command
             .arg("--config")
             .arg(&config_path)
             .stdin(Stdio::null())

@@ -136,7 +136,7 @@ pub(crate) fn attributed_ctx(shared: &Shared, live: &Live, peer: Peer) -> Ctx {
     let admission = shared
         .limiter
         .admit(conn, Door::Channel, &CancellationToken::new(), || {});
-    if let Attributed::Refused(kind, _) = admission.attribute(&live.counts, live.name()) {
+    if let Attributed::Refused { kind, .. } = admission.attribute(&live.counts, live.name()) {
         shared.metrics.limited(Some(live.name()), kind);
     }
     Ctx::new(conn, peer, Some(Arc::clone(&live.authority)), admission)

@@ -168,8 +168,14 @@ async fn steps(
     // them from its first request; a channel's, from its accept (a refusal waits here).
     match ctx.admission.attribute(&live.counts, live.name()) {
         Attributed::Admitted => {}
-        Attributed::Refused(kind, denial) => {
-            shared.metrics.limited(Some(live.name()), kind);
+        Attributed::Refused {
+            kind,
+            denial,
+            fresh,
+        } => {
+            if fresh {
+                shared.metrics.limited(Some(live.name()), kind);
+            }
             log(Err(&denial), Timing::default());
             return Err(denial);
         }
