@@ -230,8 +230,9 @@ enum Strategy {
     Pac(Box<PacRouting>),
 }
 
-/// Cached PAC answers: per (use, target), until when, and the routes.
-type PacCache = HashMap<(Via, Target), (Instant, Arc<[Route]>)>;
+/// Cached PAC answers: per (use, target), until when, the script generation they were
+/// computed under, and the routes.
+type PacCache = HashMap<(Via, Target), (Instant, u64, Arc<[Route]>)>;
 
 struct PacRouting {
     pac: Arc<pac::Pac>,
@@ -475,10 +476,13 @@ impl Router {
         target: &Target,
     ) -> Result<Arc<[Route]>, String> {
         let key = (via, target.clone());
+        // Read before evaluating: an answer computed while a new script is installed is
+        // tagged with the old generation and never served after the change.
+        let generation = p.pac.generation();
         if !p.ttl.is_zero() {
             if let Ok(cache) = p.cache.lock() {
-                if let Some((expires, routes)) = cache.get(&key) {
-                    if *expires > Instant::now() {
+                if let Some((expires, made_under, routes)) = cache.get(&key) {
+                    if *expires > Instant::now() && *made_under == generation {
                         return Ok(Arc::clone(routes));
                     }
                 }
@@ -511,12 +515,17 @@ impl Router {
             if let (Ok(routes), Ok(mut cache)) = (&routes, p.cache.lock()) {
                 if cache.len() >= PAC_CACHE_ENTRIES {
                     let now = Instant::now();
-                    cache.retain(|_, (expires, _)| *expires > now);
+                    cache.retain(|_, (expires, made_under, _)| {
+                        *expires > now && *made_under == generation
+                    });
                     if cache.len() >= PAC_CACHE_ENTRIES {
                         cache.clear();
                     }
                 }
-                cache.insert(key, (Instant::now() + p.ttl, Arc::clone(routes)));
+                cache.insert(
+                    key,
+                    (Instant::now() + p.ttl, generation, Arc::clone(routes)),
+                );
             }
         }
         routes
@@ -769,15 +778,6 @@ impl Router {
         let (r, _) = connect_addrs(&addrs, timeout).await;
         r.map_err(Attempt::Connection)
     }
-
-    /// Drops every cached PAC answer (after a new script was installed).
-    fn clear_pac_cache(&self) {
-        if let Strategy::Pac(p) = &self.strategy {
-            if let Ok(mut c) = p.cache.lock() {
-                c.clear();
-            }
-        }
-    }
 }
 
 /// One route attempt's failure.
@@ -891,8 +891,8 @@ fn read_credentials(path: &Path) -> Result<HashMap<Target, Credentials>, Error> 
     Ok(out)
 }
 
-/// Re-fetches the PAC every `every`; a good new script replaces the old one (and clears
-/// the cache), a failed fetch or a bad script keeps the last good copy. Ends when the
+/// Re-fetches the PAC every `every`; a good new script replaces the old one (answers
+/// cached under the old one are no longer served), a failed fetch or a bad script keeps the last good copy. Ends when the
 /// router is dropped.
 async fn refresh(router: std::sync::Weak<Router>, fetcher: fetch::Fetcher, every: Duration) {
     loop {
@@ -906,8 +906,9 @@ async fn refresh(router: std::sync::Weak<Router>, fetcher: fetch::Fetcher, every
         match fetcher.fetch().await {
             Ok(script) => match p.pac.install(script).await {
                 Ok(true) => {
+                    // Cached answers of the old script are ignored from now on (they
+                    // carry its generation) and dropped when the cache fills.
                     tracing::info!("PAC refreshed from {}", fetcher.source());
-                    router.clear_pac_cache();
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(

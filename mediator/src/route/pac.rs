@@ -184,6 +184,12 @@ impl Pac {
         Ok(true)
     }
 
+    /// The installed script's generation (1 at start, +1 per installed change): cached
+    /// answers carry the generation they were computed under and are ignored after a change.
+    pub(crate) fn generation(&self) -> u64 {
+        self.script.read().map(|s| s.generation).unwrap_or(0)
+    }
+
     /// Evaluates the script for `url` and `host`; returns its answer string.
     ///
     /// # Errors
