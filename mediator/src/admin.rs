@@ -12,8 +12,12 @@
 //! | `DELETE /v1/authorities/<name>` | revoke; 200, 404 |
 //! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
 //!
-//! With `[listen] admin_token_sha256`, every path but `/healthz` and `/readyz` needs
-//! `Authorization: Bearer <token>` (compared by SHA-256 in constant time); else 401.
+//! `/healthz`, `/readyz` and `/metrics` are always open. With `[listen]
+//! admin_token_sha256`, every other path needs `Authorization: Bearer <token>` (compared
+//! by SHA-256 in constant time; else 401). Without a token, reads are open and writes
+//! (`POST`, `DELETE`) are served on the admin Unix socket (mode 0600) only: on the TCP
+//! listener, which any local process can reach, they get 403 unless
+//! `admin_allow_anonymous_writes = true` (warned at start).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -50,15 +54,22 @@ type Body = Full<Bytes>;
 pub(crate) struct Admin {
     control: Arc<Control>,
     token_sha256: Option<[u8; 32]>,
+    anonymous_writes: bool,
 }
 
 impl Admin {
     /// An admin API over `control`, requiring a bearer token whose SHA-256 is
-    /// `token_sha256` when given.
-    pub(crate) fn new(control: Arc<Control>, token_sha256: Option<[u8; 32]>) -> Self {
+    /// `token_sha256` when given (see [`access`] for what needs it; `anonymous_writes`
+    /// opens writes on the TCP listener when there is no token).
+    pub(crate) fn new(
+        control: Arc<Control>,
+        token_sha256: Option<[u8; 32]>,
+        anonymous_writes: bool,
+    ) -> Self {
         Self {
             control,
             token_sha256,
+            anonymous_writes,
         }
     }
 }
@@ -67,7 +78,12 @@ impl Admin {
 /// `stop` is cancelled.
 /// At most [`ADMIN_CONNECTIONS`] admin connections are served at once; more wait in the
 /// listen backlog (they never take a client connection's descriptors).
-pub(crate) async fn serve<L: Listener>(listener: L, admin: Arc<Admin>, stop: CancellationToken) {
+pub(crate) async fn serve<L: Listener>(
+    listener: L,
+    door: AdminDoor,
+    admin: Arc<Admin>,
+    stop: CancellationToken,
+) {
     let connections = stop.clone();
     let permits = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
     let room = || {
@@ -84,20 +100,20 @@ pub(crate) async fn serve<L: Listener>(listener: L, admin: Arc<Admin>, stop: Can
             let stop = connections.clone();
             tokio::spawn(async move {
                 let _permit = permit;
-                serve_conn(io, admin, stop).await;
+                serve_conn(io, admin, door, stop).await;
             });
         },
     )
     .await;
 }
 
-async fn serve_conn<S>(io: S, admin: Arc<Admin>, stop: CancellationToken)
+async fn serve_conn<S>(io: S, admin: Arc<Admin>, door: AdminDoor, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service_fn(move |req| {
         let admin = Arc::clone(&admin);
-        async move { Ok::<_, Infallible>(handle(req, &admin).await) }
+        async move { Ok::<_, Infallible>(handle(req, &admin, door).await) }
     });
     let mut builder = http1::Builder::new();
     builder
@@ -118,19 +134,31 @@ where
     }
 }
 
-async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
+async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    if !matches!(path.as_str(), "/healthz" | "/readyz") && !authorized(admin, &req) {
-        let mut resp = error(
-            StatusCode::UNAUTHORIZED,
-            "this admin API needs Authorization: Bearer <token>",
-        );
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer realm=\"mediator-admin\""),
-        );
-        return resp;
+    match access(admin, &req, door) {
+        Access::Granted => {}
+        Access::NeedsToken => {
+            let mut resp = error(
+                StatusCode::UNAUTHORIZED,
+                "this admin API needs Authorization: Bearer <token>",
+            );
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"mediator-admin\""),
+            );
+            return resp;
+        }
+        Access::WritesClosed => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "creating and revoking authorities on the TCP admin listener needs a token: \
+                 set [listen] admin_token_sha256 (and send Authorization: Bearer <token>), \
+                 use the admin Unix socket (admin_socket), or opt out with \
+                 admin_allow_anonymous_writes = true",
+            );
+        }
     }
     let shared = admin.control.shared();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -213,6 +241,48 @@ async fn handle(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
         }
         _ => error(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// Which admin listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminDoor {
+    /// The TCP admin listener (loopback: any local process can reach it).
+    Tcp,
+    /// The admin Unix socket (mode 0600: its owner only).
+    Unix,
+}
+
+/// Whether a request may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Granted,
+    /// `401`: a token is configured and this request lacks it.
+    NeedsToken,
+    /// `403`: a write on the TCP listener with no token configured (and no opt-out).
+    WritesClosed,
+}
+
+/// The admin API's access rule (design section 10): `/healthz`, `/readyz` and `/metrics`
+/// are always open; with a token configured, everything else needs it; without one,
+/// reads are open and writes (`POST`, `DELETE`) are open on the Unix socket only, unless
+/// `admin_allow_anonymous_writes` opens them on TCP too.
+fn access(admin: &Admin, req: &Request<Incoming>, door: AdminDoor) -> Access {
+    if matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
+        return Access::Granted;
+    }
+    if admin.token_sha256.is_some() {
+        return if authorized(admin, req) {
+            Access::Granted
+        } else {
+            Access::NeedsToken
+        };
+    }
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    if write && door == AdminDoor::Tcp && !admin.anonymous_writes {
+        Access::WritesClosed
+    } else {
+        Access::Granted
     }
 }
 

@@ -30,6 +30,11 @@ pub enum Cause {
     /// `200` (SOCKS5 REP 0x00), then the tunnel was cut (the SNI gate, TLS termination's
     /// SNI rule). The status and REP it was answered with are the success ones.
     AfterReply,
+    /// A credential on the shared TCP listener was missing, malformed, for an unknown
+    /// authority, or wrong: the client is answered with the same `407` whatever the case
+    /// ([`Denial::public`]), so it cannot learn which authority names exist; the decision
+    /// log keeps the real reason and detail.
+    CredentialRejected,
     /// A SOCKS5 command other than CONNECT (BIND, UDP ASSOCIATE: REP 0x07).
     CommandNotSupported,
     /// A SOCKS5 address type other than IPv4, domain and IPv6 (REP 0x08).
@@ -125,9 +130,26 @@ impl Denial {
             | Cause::ConnectError
             | Cause::Misdirected
             | Cause::AfterReply
+            | Cause::CredentialRejected
             | Cause::CommandNotSupported
             | Cause::AddressTypeNotSupported => None,
         }
+    }
+
+    /// What the client is told: the denial itself, except for a rejected credential,
+    /// which is always the same `bad_credential` answer (design section 5: no authority
+    /// enumeration through the answers).
+    pub fn public(&self) -> std::borrow::Cow<'_, Self> {
+        if self.cause != Cause::CredentialRejected {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(Self::new(
+            Reason::BadCredential,
+            "the proxy credential was missing or not accepted",
+            "send the authority name as proxy user and its token as password \
+             (Proxy-Authorization: Basic base64(authority:token), or SOCKS5 username/password); \
+             your operator has them",
+        ))
     }
 
     /// Whether the client's connection is closed after this answer (a limit's: the
@@ -207,6 +229,24 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_rejected_credential_gets_the_same_answer() {
+        let unknown = Denial::new(Reason::UnknownAuthority, "no such authority \"alice\"", "x")
+            .with_cause(Cause::CredentialRejected)
+            .claiming(None);
+        let wrong = Denial::new(Reason::BadCredential, "wrong token for \"bob\"", "y")
+            .with_cause(Cause::CredentialRejected)
+            .claiming(Some("bob".into()));
+        let (a, b) = (unknown.public(), wrong.public());
+        assert_eq!(a.as_ref(), b.as_ref());
+        assert_eq!(a.reason, Reason::BadCredential);
+        assert!(!a.detail.contains("alice") && !b.detail.contains("bob"));
+        assert_eq!(a.http_status(), 407);
+        // Other denials are told as they are.
+        let other = Denial::new(Reason::NotInAllowlist, "d", "h");
+        assert_eq!(other.public().as_ref(), &other);
+    }
 
     #[test]
     fn every_reason_and_cause_maps_to_the_contract_codes() {

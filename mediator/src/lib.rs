@@ -45,5 +45,5 @@ pub use control::ReloadReport;
 pub use decision_log::{DecisionLog, Record, Sink, Tap};
 pub use denial::{Cause, Denial};
 pub use error::Error;
-pub use server::{Options, Running, limits_of, start};
+pub use server::{Options, Running, check_resources, limits_of, start};
 pub use vocab::{CloseReason, Protocol};

@@ -148,12 +148,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let path = cli.config.context("--config FILE is required")?;
             match mediator::config::load(&path) {
                 Ok(cfg) => {
+                    // What a start would load too: the CA, the PAC, credential files.
+                    let rt = tokio::runtime::Runtime::new()?;
+                    let notes = match rt.block_on(mediator::check_resources(&cfg)) {
+                        Ok(notes) => notes,
+                        Err(e) => {
+                            eprintln!("{}: {:#}", path.display(), anyhow::Error::from(e));
+                            eprintln!(
+                                "mediator: the configuration is valid, but a start would fail"
+                            );
+                            return Ok(ExitCode::from(1));
+                        }
+                    };
                     let n = cfg.authorities.len();
                     println!(
                         "{}: OK ({n} {})",
                         path.display(),
                         if n == 1 { "authority" } else { "authorities" }
                     );
+                    for note in notes {
+                        println!("{note}");
+                    }
                     println!("limits: {}", mediator::limits_of(&cfg));
                     Ok(ExitCode::SUCCESS)
                 }

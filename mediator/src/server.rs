@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Admin};
+use crate::admin::{self, Admin, AdminDoor};
 use crate::authorities::Origin;
 use crate::conn::accept::{attributed_ctx, serve_tcp, spawn_conn};
 use crate::control::{Control, CreateError, ReloadReport};
@@ -140,16 +140,40 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     if let Some(l) = tcp {
         tokio::spawn(serve_tcp(l, Arc::clone(&shared)));
     }
+    let anonymous_writes = config.listen.admin_allow_anonymous_writes;
+    if anonymous_writes && config.listen.admin_token_sha256.is_none() {
+        if let Some(addr) = admin_addr {
+            tracing::warn!(
+                "admin_allow_anonymous_writes = true: any local process that can reach {addr} \
+                 can create and revoke authorities (set admin_token_sha256 instead)"
+            );
+            eprintln!(
+                "mediator: WARNING: admin_allow_anonymous_writes = true: any local process can \
+                 create and revoke authorities through the admin API on {addr}"
+            );
+        }
+    }
     let admin_api = Arc::new(Admin::new(
         Arc::clone(&control),
         config.listen.admin_token_sha256,
+        anonymous_writes,
     ));
     let admin_stop = CancellationToken::new();
     if let Some(l) = admin {
-        tokio::spawn(admin::serve(l, Arc::clone(&admin_api), admin_stop.clone()));
+        tokio::spawn(admin::serve(
+            l,
+            AdminDoor::Tcp,
+            Arc::clone(&admin_api),
+            admin_stop.clone(),
+        ));
     }
     if let Some(l) = admin_unix {
-        tokio::spawn(admin::serve(l, admin_api, admin_stop.clone()));
+        tokio::spawn(admin::serve(
+            l,
+            AdminDoor::Unix,
+            admin_api,
+            admin_stop.clone(),
+        ));
     }
     Ok(Running {
         shared,
@@ -167,6 +191,31 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
 fn limits_in_force(config: &Config) -> InForce {
     let nofile = raise_nofile();
     InForce::derive(&config.limits, nofile, listeners(config))
+}
+
+/// Loads what a start would load, changing nothing and binding nothing (`mediator
+/// check`): the CA (or that a start could create it) and the extra CA files, the router
+/// (the parent credentials file, the proxy environment, the PAC fetched and evaluated).
+/// Returns notes for the operator.
+///
+/// # Errors
+/// The first problem a start would stop at.
+pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
+    let mut notes = Vec::new();
+    notes.extend(TlsState::check(&config.tls)?);
+    Router::new(
+        &config.upstream,
+        &config.tls.extra_ca_files,
+        Arc::new(resolver_of(config)?),
+        &config.timeouts,
+        |key| std::env::var(key).ok(),
+    )
+    .await?;
+    notes.push(format!(
+        "[upstream] mode = \"{}\": usable",
+        config.upstream.mode
+    ));
+    Ok(notes)
 }
 
 /// The limits `config` would run with here (the soft open-files limit raised to the hard

@@ -401,11 +401,14 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert!(!sock.exists(), "socket of a revoked authority still there");
     assert!(HttpConn::unix(&sock).await.is_err());
+    // The client sees the uniform credential refusal; the log says the name is gone.
     check_deny(
         &fx.connect(&origin, Some(("agent-c", &token))).await?,
         407,
-        "unknown_authority",
+        "bad_credential",
     )?;
+    m.wait_for_decision("unknown_authority", Some(ORIGIN_HOST))
+        .await?;
     assert_eq!(
         m.admin("GET", "/v1/authorities/agent-c/denials", None, None)
             .await?
@@ -481,10 +484,17 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
     )
     .await?;
     let m = &fx.mediator;
-    assert_eq!(m.admin("GET", "/healthz", None, None).await?.status, 200);
+    // Health, readiness and metrics stay open; everything else needs the token.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(
+            m.admin("GET", path, None, None).await?.status,
+            200,
+            "{path}"
+        );
+    }
     for (method, path) in [
-        ("GET", "/metrics"),
         ("GET", "/v1/authorities"),
+        ("POST", "/v1/authorities"),
         ("DELETE", "/v1/authorities/agent-a"),
     ] {
         let resp = m.admin(method, path, None, None).await?;
@@ -520,5 +530,75 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
     let resp = c.get("x", "/v1/authorities", true).await?;
     check_deny(&resp, 400, "malformed_target")?;
     let _: Value = resp.json()?;
+    Ok(())
+}
+
+/// By default (no admin token, no opt-out) any local process can reach the TCP admin
+/// listener, so it may read but not create or revoke authorities; the admin Unix socket
+/// (mode 0600) may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_writes_on_tcp_need_a_token_by_default() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin_sock = dir.path().join("admin.sock");
+    let fx = Fixture::start(
+        mediator()
+            .admin_secure()
+            .listen_line(&format!(
+                "admin_socket = {:?}",
+                admin_sock.to_string_lossy()
+            ))
+            .authority(agent_a_spec()),
+    )
+    .await?;
+    let m = &fx.mediator;
+    let body = json!({"name": "agent-z", "allow": [ORIGIN_HOST]}).to_string();
+    let created = m
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    ensure!(created.status == 403, "{created:?} {}", created.text());
+    ensure!(
+        created.text().contains("admin_token_sha256"),
+        "the refusal says what to configure: {}",
+        created.text()
+    );
+    let revoked = m.revoke(AGENT_A).await?;
+    ensure!(revoked.status == 403, "{revoked:?}");
+    // Nothing changed; reads stay open.
+    let list = m.admin_get("/v1/authorities").await?;
+    ensure!(
+        list["authorities"].as_array().map(Vec::len) == Some(1),
+        "{list}"
+    );
+    ensure!(
+        !m.stderr_text()
+            .contains("admin_allow_anonymous_writes = true"),
+        "no warning without the opt-out"
+    );
+    // The admin Unix socket is its owner's: it may write.
+    let mut c = HttpConn::unix(&admin_sock).await?;
+    let resp = c
+        .request(
+            format!(
+                "POST /v1/authorities HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await?;
+    ensure!(resp.status == 201, "{resp:?} {}", resp.text());
+    Ok(())
+}
+
+/// Opting out of the default is loud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_admin_writes_are_warned_at_start() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    ensure!(
+        fx.mediator
+            .stderr_text()
+            .contains("WARNING: admin_allow_anonymous_writes = true"),
+        "{}",
+        fx.mediator.stderr_text()
+    );
     Ok(())
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::{
-    AGENT_A, CLOSE_FIELDS, Denial, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_spec, basic_auth,
-    check_deny, closed_loopback_port, proxy_authorization,
+    AGENT_A, CLOSE_FIELDS, Denial, Fixture, LOG_TIMEOUT, ORIGIN_HOST, TOKEN_A, agent_a_spec,
+    basic_auth, check_deny, closed_loopback_port, proxy_authorization,
 };
 use serde_json::{Value, json};
 
@@ -151,18 +151,73 @@ async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<(
     let resp = fx
         .connect(&fx.origin_target(), Some(("nobody", TOKEN_A)))
         .await?;
-    let denial = fx
+    // The client is told only that its credential failed (no authority enumeration);
+    // the decision log says which failure, and the name tried.
+    let body = check_deny(&resp, 407, "bad_credential")?;
+    assert_eq!(body["authority"], Value::Null, "{body}");
+    let line = fx
         .mediator
-        .expect_deny(
-            &resp,
-            407,
-            "unknown_authority",
-            None,
-            &[("authority", Value::Null)],
-        )
+        .expect_decision("unknown_authority", None, &[("authority", Value::Null)])
         .await?;
-    assert_eq!(denial.body["authority"], Value::Null, "{}", denial.body);
+    assert!(
+        line["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("\"nobody\"")),
+        "{line}"
+    );
     assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
+/// A missing credential, an unknown name, a known name without a token and a wrong
+/// token get exactly the same answer: a client cannot learn which authorities exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_failed_authentication_gets_the_same_answer() -> Result<()> {
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .authority(e2e::AuthoritySpec::new("tokenless").allow(&[ORIGIN_HOST])),
+    )
+    .await?;
+    let target = fx.origin_target();
+    let mut answers = Vec::new();
+    for auth in [
+        None,
+        Some(("nobody", TOKEN_A)),
+        Some(("tokenless", TOKEN_A)),
+        Some((AGENT_A, "wrong-token")),
+    ] {
+        let resp = fx.connect(&target, auth).await?;
+        let body = check_deny(&resp, 407, "bad_credential")?;
+        answers.push((resp.header("proxy-authenticate").map(str::to_owned), body));
+    }
+    for pair in answers.windows(2) {
+        assert_eq!(pair[0], pair[1], "answers differ");
+    }
+    // The log keeps the difference: who was impersonated, and how.
+    let lines = fx
+        .mediator
+        .wait_for_count(|v| v["decision"] == "deny", 4, LOG_TIMEOUT)
+        .await?;
+    let reasons: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|v| v["decision"] == "deny")
+        .map(|v| {
+            (
+                v["reason"].as_str().unwrap_or(""),
+                v["authority"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("bad_credential", "-"),
+            ("unknown_authority", "-"),
+            ("unknown_authority", "tokenless"),
+            ("bad_credential", AGENT_A),
+        ]
+    );
     Ok(())
 }
 

@@ -152,6 +152,7 @@ pub struct MediatorBuilder {
     env: Vec<(String, String)>,
     limits_extra: Vec<String>,
     soft_nofile: Option<u64>,
+    admin_secure: bool,
 }
 
 impl MediatorBuilder {
@@ -175,6 +176,7 @@ impl MediatorBuilder {
             env: Vec::new(),
             limits_extra: Vec::new(),
             soft_nofile: None,
+            admin_secure: false,
         }
     }
 
@@ -248,10 +250,23 @@ impl MediatorBuilder {
         self
     }
 
-    /// Whether to configure `[listen] admin = "127.0.0.1:0"` (default off).
+    /// Whether to configure `[listen] admin = "127.0.0.1:0"` (default off). With no
+    /// admin token configured (`admin_token_sha256` in [`Self::listen_line`]), the tests'
+    /// admin API also takes writes without one (`admin_allow_anonymous_writes = true`), so
+    /// tests of the control plane can create and revoke authorities; see
+    /// [`Self::admin_secure`] for the default.
     #[must_use]
     pub fn admin(mut self, on: bool) -> Self {
         self.admin = on;
+        self
+    }
+
+    /// The admin API as a config without the opt-out has it: writes on its TCP listener
+    /// need a token.
+    #[must_use]
+    pub fn admin_secure(mut self) -> Self {
+        self.admin = true;
+        self.admin_secure = true;
         self
     }
 
@@ -305,6 +320,13 @@ impl MediatorBuilder {
         }
         if self.admin {
             let _ = writeln!(out, "admin = \"127.0.0.1:0\"");
+            let token = self
+                .listen_extra
+                .iter()
+                .any(|l| l.starts_with("admin_token_sha256"));
+            if !token && !self.admin_secure {
+                let _ = writeln!(out, "admin_allow_anonymous_writes = true");
+            }
         }
         for line in &self.listen_extra {
             let _ = writeln!(out, "{line}");

@@ -5,7 +5,9 @@
 //!
 //! It must never tell an authority it did not verify: the token is hashed with SHA-256 and
 //! compared with the stored hash in constant time, and a failed attempt is attributed only
-//! to a configured name (for the log), never to the connection.
+//! to a configured name (for the log), never to the connection. Nor may it tell a client
+//! which names exist: every rejected credential is answered alike (`Cause::CredentialRejected`,
+//! see `Denial::public`); only the decision log says which case it was.
 
 use std::sync::Arc;
 
@@ -14,7 +16,8 @@ use policy::config::Authority;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::denial::Denial;
+use crate::denial::{Cause, Denial};
+use crate::redact::escape_raw;
 use crate::shared::Shared;
 
 /// The authority named `name` whose token is `token`.
@@ -38,9 +41,13 @@ pub(crate) fn authenticate(
         let _ = digest.ct_eq(&[0u8; 32]);
         return Err(Denial::new(
             Reason::UnknownAuthority,
-            "the credential names an authority that does not exist",
+            format!(
+                "the credential names \"{}\", which is not an authority",
+                escape_raw(name.as_bytes())
+            ),
             "use the authority name your security team configured as the proxy user name",
-        ));
+        )
+        .with_cause(Cause::CredentialRejected));
     };
     let claimed = Some(auth.grant.name().to_owned());
     let Some(stored) = auth.token_sha256 else {
@@ -52,6 +59,7 @@ pub(crate) fn authenticate(
             ),
             "use the authority's Unix socket, or configure token_sha256 for it",
         )
+        .with_cause(Cause::CredentialRejected)
         .claiming(claimed));
     };
     if bool::from(digest.ct_eq(&stored)) {
@@ -62,13 +70,14 @@ pub(crate) fn authenticate(
             "wrong token for this authority",
             "check the proxy password (the token whose SHA-256 is configured)",
         )
+        .with_cause(Cause::CredentialRejected)
         .claiming(claimed))
     }
 }
 
-/// A missing credential on the shared TCP listener.
+/// A missing or malformed credential on the shared TCP listener.
 pub(crate) fn missing_credential(how: &'static str, hint: &'static str) -> Denial {
-    Denial::new(Reason::BadCredential, how, hint)
+    Denial::new(Reason::BadCredential, how, hint).with_cause(Cause::CredentialRejected)
 }
 
 /// A connection attributed to an authority that was revoked (or replaced by a new

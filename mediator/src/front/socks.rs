@@ -144,7 +144,8 @@ where
             Reason::BadCredential,
             "SOCKS5 client offered no username/password method (RFC 1929)",
             "connect with a user name (the authority) and password (its token)",
-        );
+        )
+        .with_cause(Cause::CredentialRejected);
         record::deny(
             shared,
             ctx,
@@ -176,7 +177,8 @@ where
                     Reason::UnknownAuthority,
                     "user name is not UTF-8",
                     "use the authority name as user name",
-                )),
+                )
+                .with_cause(Cause::CredentialRejected)),
             };
             match result {
                 Ok(a) => ctx.authority = Some(a),

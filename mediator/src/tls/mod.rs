@@ -69,6 +69,51 @@ impl TlsState {
     pub(crate) fn ca_pem(&self) -> &str {
         self.leaves.ca().cert_pem()
     }
+
+    /// What [`Self::load`] would find, changing nothing (`mediator check`): the CA is
+    /// loaded and checked when its files exist; when neither exists, the directory must
+    /// be one a start could create it in. The extra CA files are read.
+    ///
+    /// # Errors
+    /// As [`Self::load`], and a `ca_dir` that a start could not create the CA in.
+    pub(crate) fn check(cfg: &policy::config::Tls) -> Result<Option<String>, Error> {
+        let Some(dir) = &cfg.ca_dir else {
+            return Ok(None);
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        client_config(&provider, &cfg.extra_ca_files)?;
+        let cert = dir.join(certs::CA_CERT_FILE);
+        let key = dir.join(certs::CA_KEY_FILE);
+        if cert.exists() || key.exists() {
+            load_ca(dir)?;
+            return Ok(Some(format!(
+                "[tls] ca_dir: the CA in {} is usable",
+                dir.display()
+            )));
+        }
+        // The first start creates it: the nearest existing ancestor must be writable.
+        let mut probe = dir.as_path();
+        while !probe.exists() {
+            match probe.parent() {
+                Some(p) => probe = p,
+                None => break,
+            }
+        }
+        match nix::unistd::access(
+            probe,
+            nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+        ) {
+            Ok(()) => Ok(Some(format!(
+                "[tls] ca_dir: no CA in {} yet; the first start creates one there",
+                dir.display()
+            ))),
+            Err(e) => Err(Error::Tls(format!(
+                "[tls] ca_dir: no CA in {} and {} is not writable ({e}): the first start could not create one",
+                dir.display(),
+                probe.display()
+            ))),
+        }
+    }
 }
 
 /// Loads the CA in `dir`, creating it (ECDSA P-256) if the directory holds none: what

@@ -79,8 +79,14 @@ pub struct Listen {
     /// Optional Unix socket of the admin API (its own path, never a channel socket; mode
     /// 0600).
     pub admin_socket: Option<PathBuf>,
-    /// SHA-256 of the admin API's bearer token; `None` means no token is required.
+    /// SHA-256 of the admin API's bearer token. With one, every admin endpoint but
+    /// `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer <token>`.
     pub admin_token_sha256: Option<[u8; 32]>,
+    /// Without a token, let anyone who can reach the TCP admin listener create and revoke
+    /// authorities (`admin_allow_anonymous_writes = true`, warned at start). Off: mutating
+    /// endpoints on the TCP admin listener need the token (the admin Unix socket, mode
+    /// 0600, is guarded by its file permissions).
+    pub admin_allow_anonymous_writes: bool,
 }
 
 /// `[resolver]`: where names are resolved. The default is the system configuration with
@@ -223,6 +229,7 @@ impl Validator<'_> {
                 admin: None,
                 admin_socket: None,
                 admin_token_sha256: None,
+                admin_allow_anonymous_writes: false,
             }),
         };
         let resolver = match section("resolver") {

@@ -30,6 +30,7 @@ pub(super) struct RawListen {
     pub(super) admin: Option<Spanned<String>>,
     pub(super) admin_socket: Option<Spanned<String>>,
     pub(super) admin_token_sha256: Option<Spanned<String>>,
+    pub(super) admin_allow_anonymous_writes: Option<bool>,
 }
 
 #[derive(Deserialize)]

@@ -247,7 +247,7 @@ x = 1
     assert_eq!(
         errors(text),
         vec![
-            "m.toml:3:1: [listen]: unknown field `bogus`, expected one of `socket_dir`, `tcp`, `admin`, `admin_socket`, `admin_token_sha256`",
+            "m.toml:3:1: [listen]: unknown field `bogus`, expected one of `socket_dir`, `tcp`, `admin`, `admin_socket`, `admin_token_sha256`, `admin_allow_anonymous_writes`",
             "m.toml:4:7: [listen]: tcp \"localhost:3128\" is not an ip:port address (write \"127.0.0.1:3128\" or \"[::1]:3128\")",
             "m.toml:5:9: [listen]: admin \"0.0.0.0:9901\" is not a loopback address; the admin API must not be reachable from other hosts",
             "m.toml:8:7: [timeouts]: invalid type: string \"five\", expected u64",

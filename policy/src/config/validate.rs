@@ -202,6 +202,7 @@ impl<'a> Validator<'a> {
             admin,
             admin_socket,
             admin_token_sha256,
+            admin_allow_anonymous_writes: raw.admin_allow_anonymous_writes.unwrap_or(false),
         })
     }
 

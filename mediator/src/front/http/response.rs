@@ -35,12 +35,14 @@ pub(crate) fn refuse(
     deny_response(ctx.authority_name(), label, &denial)
 }
 
-/// The JSON denial of design section 6.
+/// The JSON denial of design section 6 (a rejected credential's in its uniform form).
 pub(crate) fn deny_response(
     authority: Option<&str>,
     label: &TargetLabel,
     denial: &Denial,
 ) -> Response<Body> {
+    let denial = denial.public();
+    let denial = denial.as_ref();
     let body = serde_json::json!({
         "error": "egress_denied",
         "authority": authority,
