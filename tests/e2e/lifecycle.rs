@@ -241,3 +241,81 @@ async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<
     drop((listener, held));
     Ok(())
 }
+
+/// `mediator check` loads what a start loads (design section 11): for each broken
+/// resource, check fails naming it, and a start on the same config fails too; with every
+/// resource sound, check passes and says what it loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_loads_what_a_start_loads() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let broken_ca = dir.path().join("broken-ca");
+    std::fs::create_dir(&broken_ca)?;
+    std::fs::write(broken_ca.join("ca.pem"), "not a certificate\n")?;
+    std::fs::write(broken_ca.join("ca-key.pem"), "not a key\n")?;
+    std::fs::write(
+        p("bad.pac"),
+        "function FindProxyForURL(url, host) { return ; ;; (\n",
+    )?;
+    std::fs::write(
+        p("good.pac"),
+        "function FindProxyForURL(url, host) { return \"DIRECT\"; }\n",
+    )?;
+    std::fs::write(p("parents.cred"), "127.0.0.1:3128 user:pw\n")?;
+    let pac = |file: &str| {
+        mediator()
+            .upstream_line("mode = \"pac\"")
+            .upstream_line(&format!("pac = {:?}", p(file)))
+            .upstream_line("allowed_parents = [\"127.0.0.1:3128\"]")
+    };
+    let cases: Vec<(&str, e2e::mediator::MediatorBuilder, String)> = vec![
+        (
+            "an unreadable CA",
+            mediator().extra_toml(&format!(
+                "[tls]\nca_dir = {:?}",
+                broken_ca.display().to_string()
+            )),
+            broken_ca.display().to_string(),
+        ),
+        (
+            "a missing extra CA file",
+            mediator().extra_toml(&format!("[tls]\nextra_ca_files = [{:?}]", p("none.pem"))),
+            p("none.pem"),
+        ),
+        (
+            "a PAC that does not parse",
+            pac("bad.pac"),
+            "PAC".to_owned(),
+        ),
+        ("a missing PAC file", pac("none.pac"), p("none.pac")),
+        (
+            "a missing parent credentials file",
+            pac("good.pac")
+                .upstream_line(&format!("parent_credentials_file = {:?}", p("none.cred"))),
+            p("none.cred"),
+        ),
+    ];
+    for (what, b, named) in cases {
+        let b = b.authority(agent_a_spec());
+        let (status, stderr) = b.check().await?;
+        ensure!(
+            !status.success() && stderr.contains("a start would fail") && stderr.contains(&named),
+            "check on {what}: {status}, expected a failure naming {named:?}:\n{stderr}"
+        );
+        let err = b.start_err().await.with_context(|| what.to_owned())?;
+        ensure!(
+            err.contains(&named),
+            "start on {what} failed without naming {named:?}:\n{err}"
+        );
+    }
+    let sound = pac("good.pac")
+        .upstream_line(&format!(
+            "parent_credentials_file = {:?}",
+            p("parents.cred")
+        ))
+        .authority(agent_a_spec());
+    let (status, out) = sound.check().await?;
+    ensure!(status.success(), "check on a sound config: {status}\n{out}");
+    ensure!(out.contains("mode = \"pac\": usable"), "{out}");
+    Ok(())
+}

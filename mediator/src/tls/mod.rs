@@ -51,6 +51,9 @@ impl TlsState {
     /// expired, not a CA, ...), or an extra CA file cannot be read or holds no certificate.
     pub(crate) fn load(cfg: &policy::config::Tls) -> Result<Option<Self>, Error> {
         let Some(dir) = &cfg.ca_dir else {
+            // Without a CA the files only serve an https PAC fetch, but a configured file
+            // that cannot be used is an error either way, never silently unused.
+            check_extra_ca_files(cfg)?;
             return Ok(None);
         };
         let ca = load_ca(dir)?;
@@ -78,6 +81,7 @@ impl TlsState {
     /// As [`Self::load`], and a `ca_dir` that a start could not create the CA in.
     pub(crate) fn check(cfg: &policy::config::Tls) -> Result<Option<String>, Error> {
         let Some(dir) = &cfg.ca_dir else {
+            check_extra_ca_files(cfg)?;
             return Ok(None);
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -124,6 +128,18 @@ impl TlsState {
 pub fn load_ca(dir: &Path) -> Result<Ca, Error> {
     Ca::load_or_create(dir, &CaOptions::default())
         .map_err(|e| Error::Tls(format!("[tls] ca_dir: {e}")))
+}
+
+/// Reads every `[tls] extra_ca_files` entry (when there are any).
+///
+/// # Errors
+/// As [`client_config`].
+fn check_extra_ca_files(cfg: &policy::config::Tls) -> Result<(), Error> {
+    if !cfg.extra_ca_files.is_empty() {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        client_config(&provider, &cfg.extra_ca_files)?;
+    }
+    Ok(())
 }
 
 fn client_config(
