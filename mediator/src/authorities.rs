@@ -5,13 +5,16 @@
 //!
 //! A connection keeps the `Arc<Authority>` it was attributed to; [`Registry::is_live`]
 //! compares that exact grant (by identity, not by name) with the live one, so a connection
-//! of a revoked or replaced authority can never be served by the new grant, nor keep
-//! getting new decisions from the old one.
+//! of a revoked authority can never be served by a later one of the same name, nor keep
+//! getting new decisions from the old one. Only a reload that re-creates an authority
+//! under a changed table, on an unchanged channel, names a *successor*
+//! ([`Registry::succeed`]): its connections are then judged again under the successor's
+//! grant (`crate::conn::standing`), and continue under it only if still allowed.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use policy::Reason;
 use policy::config::Authority;
@@ -109,6 +112,9 @@ pub(crate) struct Live {
     /// Cancelled when the authority's live connections must close: revoke grace over, or
     /// shutdown grace over.
     closing: CancellationToken,
+    /// Cancelled when a reload has re-created the authority (its successor is registered
+    /// first): its connections are then judged again under the new grant.
+    replaced: CancellationToken,
     denials: Mutex<DenialRing>,
 }
 
@@ -134,6 +140,7 @@ impl Live {
             socket,
             stop: signals.draining.child_token(),
             closing: signals.closing.child_token(),
+            replaced: CancellationToken::new(),
             denials: Mutex::new(DenialRing::default()),
         }
     }
@@ -152,6 +159,17 @@ impl Live {
     /// shutdown grace over).
     pub(crate) fn closing_signal(&self) -> CancellationToken {
         self.closing.clone()
+    }
+
+    /// Cancelled when a reload has re-created the authority under a successor
+    /// ([`Registry::successor_of`] names it by then).
+    pub(crate) fn replaced_signal(&self) -> CancellationToken {
+        self.replaced.clone()
+    }
+
+    /// Says that a successor is registered: the connections judge themselves again.
+    pub(crate) fn mark_replaced(&self) {
+        self.replaced.cancel();
     }
 
     /// Stops the listener.
@@ -212,6 +230,11 @@ pub(crate) fn grant_digest(a: &Authority) -> String {
 pub(crate) struct Registry {
     map: RwLock<HashMap<String, Arc<Live>>>,
     generations: AtomicU64,
+    /// Reload replacements: (a replaced authority, the entry that replaced it). Weak both
+    /// ways, so an entry never keeps a grant alive, and one whose old grant is gone (no
+    /// connection holds it) is pruned; a live `Weak` also pins the allocation, so identity
+    /// comparisons cannot be fooled by a reused address.
+    successors: Mutex<Vec<(Weak<Authority>, Weak<Live>)>>,
 }
 
 impl Registry {
@@ -243,6 +266,40 @@ impl Registry {
     /// Whether exactly this authority (not merely one of the same name) is live.
     pub(crate) fn is_live(&self, authority: &Authority) -> bool {
         self.live_of(authority).is_some()
+    }
+
+    /// Registers `new` as the successor of the replaced `old` (a reload re-created it on
+    /// an unchanged channel). Prunes entries whose old grant no connection holds.
+    pub(crate) fn succeed(&self, old: &Arc<Authority>, new: &Arc<Live>) {
+        let mut list = self
+            .successors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        list.retain(|(a, _)| a.strong_count() > 0);
+        list.push((Arc::downgrade(old), Arc::downgrade(new)));
+    }
+
+    /// The live entry `authority` is now served under: its own while it is live, else the
+    /// one that (through one reload or several) replaced it. `None` for an authority that
+    /// was revoked (not replaced), or whose successor was revoked in turn.
+    pub(crate) fn current_of(&self, authority: &Arc<Authority>) -> Option<Arc<Live>> {
+        let list = self
+            .successors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut current = Arc::clone(authority);
+        // Each step follows one replacement; a chain is never longer than the list.
+        for _ in 0..=list.len() {
+            if let Some(live) = self.live_of(&current) {
+                return Some(live);
+            }
+            let next = list
+                .iter()
+                .find(|(a, _)| a.as_ptr() == Arc::as_ptr(&current))
+                .and_then(|(_, l)| l.upgrade())?;
+            current = Arc::clone(&next.authority);
+        }
+        None
     }
 
     /// Every live authority, by name.

@@ -78,8 +78,9 @@ pub(crate) struct Control {
     tcp: Option<SocketAddr>,
     revoke_grace: Duration,
     global_deny: Mutex<Vec<String>>,
-    /// Raw fingerprints of the authorities that came from the configuration file, and of
-    /// its other sections, as last applied (the baseline a reload diffs against).
+    /// Fingerprints of the authorities that came from the configuration file as last
+    /// applied, and of its other sections as running (from start: a reload does not apply
+    /// them): the baseline a reload diffs against.
     baseline: Mutex<Option<Baseline>>,
     /// Serialises control operations.
     op: Mutex<()>,
@@ -207,25 +208,75 @@ impl Control {
     }
 
     fn revoke_locked(&self, name: &str, why: &str) -> Option<Arc<Live>> {
+        let live = self.withdraw_locked(name)?;
+        self.close_after_grace(&live, why);
+        Some(live)
+    }
+
+    /// Takes the authority named `name` out of the live set: no new decision under its
+    /// grant, listener stopped, socket file removed. Its connections are left to
+    /// [`Self::close_after_grace`].
+    fn withdraw_locked(&self, name: &str) -> Option<Arc<Live>> {
         let live = self.shared.authorities.remove(name)?;
         live.stop_listener();
         remove_socket(live.socket.as_ref());
         self.shared
             .metrics
             .set_authorities(self.shared.authorities.len());
+        Some(live)
+    }
+
+    /// Closes the live connections of a withdrawn authority after the revoke grace (those
+    /// that moved to a successor meanwhile are no longer its).
+    fn close_after_grace(&self, live: &Arc<Live>, why: &str) {
         let grace = self.revoke_grace;
-        let closing = Arc::clone(&live);
+        let closing = Arc::clone(live);
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             closing.close_connections();
+            tracing::info!(
+                target: TARGET,
+                "authority {:?} generation {}: revoke grace over; its remaining connections are cut",
+                closing.name(),
+                closing.generation
+            );
         });
         tracing::info!(
             target: TARGET,
-            "authority {name:?} {why} (generation {}); listener closed, live connections close in {} s",
+            "authority {:?} {why} (generation {}); listener closed, live connections close in {} s",
+            live.name(),
             live.generation,
             grace.as_secs()
         );
-        Some(live)
+    }
+
+    /// A reload's change of one authority: the old entry withdrawn, `authority` added in
+    /// its place (new generation), and, when the channel is unchanged, registered as the
+    /// old one's successor, so that each live connection of the old generation is judged
+    /// again under the new grant (design section 5; `crate::conn::standing`): still
+    /// allowed, it continues under the new generation; else it is cut after the grace.
+    /// Returns the old generation (if one was live) and the outcome of the add.
+    fn replace_locked(
+        &self,
+        name: &str,
+        authority: Authority,
+        origin: Origin,
+        why: &str,
+    ) -> (Option<u64>, Result<Arc<Live>, CreateError>) {
+        let old = self.withdraw_locked(name);
+        let added = self.add_locked(authority, origin);
+        if let Some(old) = &old {
+            if let Ok(new) = &added {
+                if same_channel(&old.authority, &new.authority) {
+                    self.shared.authorities.succeed(&old.authority, new);
+                }
+            }
+            // Before the grace can start: every connection judges itself again first
+            // (one with no successor is cut when the grace ends, and says so).
+            old.mark_replaced();
+            self.close_after_grace(old, why);
+        }
+        (old.map(|l| l.generation), added)
     }
 
     /// Creates an authority from the flat JSON of one `[[authority]]` table
@@ -387,10 +438,13 @@ impl Control {
                         continue;
                     }
                 };
-                let old_generation = self
-                    .revoke_locked(&name, "revoked by reload ([global] deny changed)")
-                    .map(|l| l.generation);
-                match self.add_locked(authority, Origin::Api) {
+                let (old_generation, added) = self.replace_locked(
+                    &name,
+                    authority,
+                    Origin::Api,
+                    "replaced by reload ([global] deny changed)",
+                );
+                match added {
                     Ok(live) => {
                         if let Some(g) = old_generation {
                             report.changed.push((name.clone(), g, live.generation));
@@ -437,11 +491,17 @@ impl Control {
                 report.unchanged.push(name.clone());
                 continue;
             }
-            let old_generation = current.and_then(|_| {
-                self.revoke_locked(name, "revoked by reload (its table changed)")
-                    .map(|l| l.generation)
-            });
-            match self.add_locked(authority, Origin::Config) {
+            let (old_generation, added) = if current.is_some() {
+                self.replace_locked(
+                    name,
+                    authority,
+                    Origin::Config,
+                    "replaced by reload (its table changed)",
+                )
+            } else {
+                (None, self.add_locked(authority, Origin::Config))
+            };
+            match added {
                 Ok(live) => match old_generation {
                     Some(g) => report.changed.push((name.clone(), g, live.generation)),
                     None => report.added.push((name.clone(), live.generation)),
@@ -457,7 +517,14 @@ impl Control {
                 }
             }
         }
-        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(new);
+        // The authorities now run as the file says; the other sections still run as they
+        // did at start (a reload does not apply them), so the next reload compares with
+        // those: a change stays reported until a restart applies it, and a change undone
+        // is no longer reported.
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline {
+            authorities: new.authorities,
+            sections: old.sections,
+        });
         tracing::info!(
             target: TARGET,
             "reload applied: added {:?}, removed {:?}, changed {:?}, unchanged {:?}",
@@ -475,6 +542,15 @@ impl Control {
         }
         report
     }
+}
+
+/// Whether two authorities of one name are reached the same way: the same socket settings
+/// (a peer that could open the old socket could open the new one). The credential of the
+/// TCP listener is compared per connection, by `crate::conn::standing`.
+fn same_channel(old: &Authority, new: &Authority) -> bool {
+    old.socket_mode == new.socket_mode
+        && old.socket_uid == new.socket_uid
+        && old.socket_gid == new.socket_gid
 }
 
 fn remove_socket(path: Option<&PathBuf>) {

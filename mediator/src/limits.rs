@@ -576,6 +576,25 @@ impl Admission {
         }
     }
 
+    /// Moves the connection's slot to `to`, its authority's successor after a reload
+    /// (`crate::conn::standing`): counted there at once, without a rate token and even
+    /// above the cap (it is not a new connection), and given back to the old generation.
+    /// Nothing changes for a connection that holds no slot (refused) or already holds one
+    /// in `to`.
+    pub(crate) fn transfer(&self, to: &Arc<AuthorityCounts>) {
+        let mut state = self.lock();
+        let State::Admitted(from) = &*state else {
+            return;
+        };
+        if Arc::ptr_eq(from, to) {
+            return;
+        }
+        to.open.fetch_add(1, Ordering::AcqRel);
+        let before = std::mem::replace(&mut *state, State::Admitted(Arc::clone(to)));
+        drop(state);
+        self.leave(before);
+    }
+
     /// Gives back what `state` held (the pool place, or a previous authority's slot).
     fn leave(&self, state: State) {
         match state {

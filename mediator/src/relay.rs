@@ -52,7 +52,9 @@ impl RelayOutcome {
 
 /// Relays until both directions have ended, the idle timeout passes, or `closing` turns
 /// true. When `client` is a plain socket (see [`socket_of`]) the bytes move with
-/// [`relay_sockets`]; otherwise through buffers.
+/// [`relay_sockets`]; otherwise through buffers. A tunnel the mediator cuts (idle, or
+/// `closing`) is reset on both TCP sides, never ended with a FIN the client could take
+/// for the origin's end of a complete transfer.
 pub(crate) async fn relay<C>(
     client: C,
     upstream: TcpStream,
@@ -62,10 +64,21 @@ pub(crate) async fn relay<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    match socket_of(&client) {
-        Some(sock) => relay_sockets(sock, Sock::Tcp(&upstream), idle, closing).await,
-        None => relay_streams(client, upstream, idle, closing).await,
+    let mut upstream = upstream;
+    let mut outcome = match socket_of(&client) {
+        Some(sock) => {
+            let mut outcome = relay_sockets(sock, Sock::Tcp(&upstream), idle, closing).await;
+            if outcome.close_reason.is_cut() {
+                outcome.down -= sock.reset_on_close().min(outcome.down);
+            }
+            outcome
+        }
+        None => relay_streams(client, &mut upstream, idle, closing).await,
+    };
+    if outcome.close_reason.is_cut() {
+        outcome.up -= Sock::Tcp(&upstream).reset_on_close().min(outcome.up);
     }
+    outcome
 }
 
 /// Relays between two streams through one buffer per direction.
@@ -131,6 +144,14 @@ pub(crate) enum Sock<'a> {
     Unix(&'a UnixStream),
 }
 
+/// [`Sock::reset_on_close`] through a handle from [`Sock::reset_handle`]: the reset comes
+/// when the last descriptor of the socket closes.
+pub(crate) fn reset_fd_on_close(fd: &OwnedFd) {
+    if let Err(e) = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO)) {
+        tracing::debug!("SO_LINGER 0: {e}");
+    }
+}
+
 /// The plain socket under `stream`: a [`TcpStream`] or [`UnixStream`], bare or wrapped in a
 /// [`Rewind`] whose replayed bytes are all consumed. `None` for anything else (TLS, an
 /// upgraded hyper connection, an in-process pipe), which is relayed through buffers.
@@ -152,6 +173,33 @@ pub(crate) fn socket_of<S: 'static>(stream: &S) -> Option<Sock<'_>> {
 }
 
 impl Sock<'_> {
+    /// Makes the coming close of a TCP socket a reset (`SO_LINGER` 0: RST, unsent bytes
+    /// dropped), so that the peer sees a cut as an error, never as the other side's end.
+    /// Returns the bytes the reset drops (those not yet sent), which the close record
+    /// must not count as delivered. A Unix stream socket has no reset; it is
+    /// closed as it is (0).
+    pub(crate) fn reset_on_close(self) -> u64 {
+        let Self::Tcp(s) = self else {
+            return 0;
+        };
+        let dropped = unsent(s.as_fd());
+        if let Err(e) = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)) {
+            tracing::debug!("SO_LINGER 0: {e}");
+            return 0;
+        }
+        dropped
+    }
+
+    /// A second descriptor of a TCP socket, for [`reset_fd_on_close`] once the socket
+    /// itself is out of reach (wrapped in TLS, say). `None` for a Unix socket, or when the
+    /// descriptor cannot be duplicated.
+    pub(crate) fn reset_handle(self) -> Option<OwnedFd> {
+        match self {
+            Self::Tcp(s) => s.as_fd().try_clone_to_owned().ok(),
+            Self::Unix(_) => None,
+        }
+    }
+
     async fn ready(self, interest: Interest) -> io::Result<()> {
         match self {
             Self::Tcp(s) => s.ready(interest).await.map(drop),
@@ -281,6 +329,28 @@ nix::ioctl_read_bad!(
     libc::TIOCOUTQ,
     libc::c_int
 );
+
+nix::ioctl_read_bad!(
+    /// `SIOCOUTQNSD` (tcp(7)): bytes in a TCP socket's send queue not yet sent.
+    siocoutqnsd,
+    libc::SIOCOUTQNSD,
+    libc::c_int
+);
+
+/// Bytes written to a TCP socket that were not yet sent (0 if the kernel will not say):
+/// what a reset drops. Bytes sent but not yet acknowledged still reach the peer before
+/// the reset.
+fn unsent(fd: BorrowedFd<'_>) -> u64 {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: `fd` is a live socket (borrowed for the call) and `queued` is a valid,
+    // writable c_int, which is all SIOCOUTQNSD writes.
+    let ok = unsafe { siocoutqnsd(fd.as_raw_fd(), &mut queued) }.is_ok();
+    if ok {
+        u64::try_from(queued).unwrap_or(0)
+    } else {
+        0
+    }
+}
 
 /// Bytes written to the socket that its peer has not yet taken (0 if the kernel will not
 /// say).

@@ -79,6 +79,12 @@ impl CloseReason {
         }
     }
 
+    /// Whether the mediator ended the connection itself (idle, shutdown or revocation):
+    /// such an end is a reset, never a clean close.
+    pub fn is_cut(self) -> bool {
+        matches!(self, Self::IdleTimeout | Self::Shutdown)
+    }
+
     /// The verdict and reason a close record carries: a tunnel the SNI gate cut ends
     /// denied; every other close ends the allowed connection it closes.
     pub fn verdict(self) -> (policy::Verdict, policy::Reason) {

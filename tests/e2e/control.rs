@@ -91,7 +91,20 @@ async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_
     assert!(!m.socket_path("agent-d").exists());
     assert!(m.socket_path("agent-c").exists());
 
-    // The live tunnel keeps its original grant's verdict: still relaying to origin.test.
+    // The live tunnel is judged again under the new grant: no longer allowed, it is cut
+    // when the (long) grace ends, and until then still relays to origin.test.
+    let judged = m
+        .wait_for_log(
+            |l| {
+                l["decision"] == "deny"
+                    && l["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.starts_with("judged again after a reload"))
+            },
+            Duration::from_secs(10),
+        )
+        .await?;
+    ensure!(judged["reason"] == "not_in_allowlist", "{judged}");
     assert_eq!(
         tunnel.get(ORIGIN_HOST, "/still-v1", false).await?.status,
         200
@@ -139,6 +152,29 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
     let now = m.admin_get("/v1/authorities").await?;
     assert_eq!(generations(&now)?, generations(&before)?);
     assert_eq!(digest(&now), digest(&before));
+    Ok(())
+}
+
+/// The "needs a restart" note compares the reloaded file with what runs: a change to
+/// another section stays reported on every reload until a restart applies it, and is no
+/// longer reported once undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_note_compares_with_what_runs() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    let running = std::fs::read_to_string(m.config_path())?;
+    let changed = running.replace("request_head = 10", "request_head = 11");
+    ensure!(
+        changed != running,
+        "the fixture sets request_head = 10:\n{running}"
+    );
+    let note = "changes to [timeouts] need a restart";
+    let line = m.reload_with(&changed).await?;
+    ensure!(line.contains(note), "{line}");
+    let line = m.reload_with(&changed).await?;
+    ensure!(line.contains(note), "still not applied: {line}");
+    let line = m.reload_with(&running).await?;
+    ensure!(!line.contains("need a restart"), "undone: {line}");
     Ok(())
 }
 

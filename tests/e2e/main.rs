@@ -25,6 +25,7 @@ mod lifecycle;
 mod limits;
 mod pac;
 mod parent;
+mod rejudge;
 mod sni;
 mod socks5;
 mod tcp_connect;

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::DropGuard;
+
 use super::record::{self, ms};
 use super::{Ctx, TargetLabel};
 use crate::relay::RelayOutcome;
@@ -45,6 +47,9 @@ pub(crate) struct Opened {
     protocol: Protocol,
     label: TargetLabel,
     facts: Facts,
+    /// Stops the connection's standing watcher (`super::standing`) when the connection
+    /// closes.
+    keeper: Option<DropGuard>,
     /// Set once the record is written.
     written: bool,
 }
@@ -70,8 +75,15 @@ impl Opened {
             protocol,
             label,
             facts,
+            keeper: None,
             written: false,
         }
+    }
+
+    /// The same, holding the guard of its standing watcher until it closes.
+    pub(crate) fn keeping(mut self, keeper: DropGuard) -> Self {
+        self.keeper = Some(keeper);
+        self
     }
 
     /// The facts its close record will repeat.

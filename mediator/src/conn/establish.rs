@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::close::{Facts, Opened};
 use super::identify::revoked;
 use super::record::{self, Allowed, Timing};
+use super::standing::{self, Standing, Subject};
 use super::{Ctx, TargetLabel};
 use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
@@ -29,7 +30,7 @@ use crate::metrics::UpstreamErrorKind;
 use crate::resolve::{ResolveFailure, Resolver};
 use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, Via};
 use crate::shared::Shared;
-use crate::vocab::Protocol;
+use crate::vocab::{Channel, Protocol};
 use crate::watchdog;
 
 /// An established upstream connection for an allowed decision.
@@ -39,9 +40,12 @@ pub(crate) struct Connected {
     pub(crate) stream: TcpStream,
     /// The owner of its close record.
     pub(crate) opened: Opened,
-    /// Cancelled when this connection must close: its authority was revoked and the
-    /// revoke grace is over, or the shutdown grace is over.
+    /// Cancelled when this connection must be cut: its authority was revoked (or judged
+    /// it no longer allowed after a reload) and the revoke grace is over, or the shutdown
+    /// grace is over.
     pub(crate) closing: CancellationToken,
+    /// The authority it runs under (a reload may move it to a successor).
+    pub(crate) standing: Arc<Standing>,
     /// `Some` when `stream` goes to an HTTP parent that takes absolute-form requests
     /// (plain HTTP routed through a parent): send them there, with this authorization.
     pub(crate) forward_proxy: Option<ForwardProxy>,
@@ -148,21 +152,37 @@ async fn steps(
     protocol: Protocol,
     target: &Target,
 ) -> Result<Connected, Denial> {
+    // The grant decided with must be the live authority's own (never another's). A
+    // channel's connection accepted before a reload re-created its authority (same
+    // channel) is decided under the successor; on the TCP listener the credential was
+    // just verified against the live set.
+    let live = ctx
+        .authority
+        .as_ref()
+        .and_then(|a| match ctx.peer.channel() {
+            Channel::Tcp => shared.authorities.live_of(a),
+            Channel::Unix | Channel::Embedded => shared.authorities.current_of(a),
+        });
+    let Some(live) = live else {
+        let denial = revoked(ctx.authority_name().unwrap_or("-"));
+        record::decision(
+            shared,
+            ctx,
+            shared.next_id(),
+            protocol,
+            &TargetLabel::from(target),
+            Err(&denial),
+            Timing::default(),
+        );
+        return Err(denial);
+    };
+    let ctx = &ctx.attributed(&live.authority);
+    let authority = &live.authority;
     let id = shared.next_id();
     let started = Instant::now();
     let label = TargetLabel::from(target);
     let log = |result: Result<Allowed<'_>, &Denial>, timing: Timing| {
         record::decision(shared, ctx, id, protocol, &label, result, timing);
-    };
-    // The grant decided with must be the live authority's own (never another's).
-    let live = ctx
-        .authority
-        .as_ref()
-        .and_then(|a| shared.authorities.live_of(a));
-    let (Some(authority), Some(live)) = (ctx.authority.as_ref(), live) else {
-        let denial = revoked(ctx.authority_name().unwrap_or("-"));
-        log(Err(&denial), Timing::default());
-        return Err(denial);
     };
     // The authority's limits (design section 13): a TCP connection is counted against
     // them from its first request; a channel's, from its accept (a refusal waits here).
@@ -234,6 +254,17 @@ async fn steps(
                 dns,
                 connect: Some(took),
             };
+            let (standing, keeper) = standing::start(
+                shared,
+                live,
+                Subject {
+                    ctx: ctx.clone(),
+                    protocol,
+                    target: target.clone(),
+                    pin,
+                    route,
+                },
+            );
             Ok(Connected {
                 stream,
                 opened: Opened::new(
@@ -242,8 +273,10 @@ async fn steps(
                     protocol,
                     label.clone(),
                     facts,
-                ),
-                closing: live.closing_signal(),
+                )
+                .keeping(keeper),
+                closing: standing.cut_signal(),
+                standing,
                 forward_proxy: forward,
             })
         }
@@ -270,7 +303,7 @@ fn count_resolution(shared: &Shared, target: &Target, r: &Resolution) {
 }
 
 /// The authority's watchdog, when it has one: only an answer of allow passes.
-async fn ask_watchdog(
+pub(crate) async fn ask_watchdog(
     shared: &Shared,
     authority: &Authority,
     protocol: Protocol,

@@ -13,7 +13,8 @@
 //!    connected to, and one decision line written. `mediator explain` runs the same
 //!    decision steps.
 //! 4. [`tunnel`]: after the front-end's success reply, the SNI gate, then the relay (or TLS
-//!    termination).
+//!    termination). Beside every allowed connection, [`standing`] watches its authority:
+//!    a revocation cuts it after the grace, a reload judges it again under the new grant.
 //! 5. [`close`]: the connection's close record, written by its owner exactly once, on
 //!    every path ([`close::Opened`] writes one when dropped unfinished).
 //!
@@ -25,6 +26,7 @@ pub(crate) mod close;
 pub(crate) mod establish;
 pub(crate) mod identify;
 pub(crate) mod record;
+pub(crate) mod standing;
 pub(crate) mod tunnel;
 
 use std::sync::Arc;

@@ -167,6 +167,26 @@ pub(crate) fn tls_request(
     emit(shared, ctx, &rec);
 }
 
+/// Logs the outcome of judging an open connection again after a reload replaced its
+/// authority (`super::standing`): an allow (it continues under the new generation) or a
+/// denial (it is cut when the grace ends), `detail` saying which.
+pub(crate) fn rejudged(
+    shared: &Shared,
+    ctx: &Ctx,
+    protocol: Protocol,
+    label: &TargetLabel,
+    result: Result<Allowed<'_>, &Denial>,
+    detail: String,
+) {
+    let mut rec = base(ctx, shared.next_id(), Event::Decision, protocol, label);
+    match result {
+        Ok(allow) => fill_allow(&mut rec, allow),
+        Err(denial) => fill_deny(&mut rec, denial),
+    }
+    rec.detail = detail;
+    emit(shared, ctx, &rec);
+}
+
 fn fill_allow(rec: &mut Record, allow: Allowed<'_>) {
     rec.decision = Verdict::Allow;
     rec.reason = Reason::Allowed;

@@ -12,6 +12,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use crate::conn::standing::Standing;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri, Version};
@@ -19,7 +20,6 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use policy::config::Authority;
 use policy::{Reason, Target, canonicalize_host, check_sni};
 use rustls::pki_types::ServerName;
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
@@ -38,7 +38,7 @@ use crate::denial::{Cause, Denial};
 use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
 use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
 use crate::redact::{escape_raw, logged_path};
-use crate::relay::RelayOutcome;
+use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::{ALPN, TlsState};
@@ -62,6 +62,7 @@ pub(crate) async fn terminate<C>(
         stream: upstream_tcp,
         opened,
         closing,
+        standing,
         ..
     } = connected;
     let ctx = opened.ctx().clone();
@@ -73,10 +74,6 @@ pub(crate) async fn terminate<C>(
     };
     let deny = |denial: Denial| {
         record::deny(&shared, &ctx, protocol, &label, denial);
-    };
-    let Some(authority) = ctx.authority.clone() else {
-        opened.finish(RelayOutcome::ended(CloseReason::Error));
-        return;
     };
     let Some(tls) = shared.tls.clone() else {
         deny(Denial::new(
@@ -102,6 +99,9 @@ pub(crate) async fn terminate<C>(
         }
     };
 
+    // A cut resets the client's TCP socket (`crate::relay`): a second descriptor reaches
+    // it under TLS, and the reset comes when both are closed, as this function returns.
+    let reset = socket_of(&client).and_then(Sock::reset_handle);
     // Client leg. Counting sees "written" as bytes to the client (down) and "read" as bytes
     // from it (up).
     let counting = Counting::new(Rewind::new(prefix, client));
@@ -177,7 +177,7 @@ pub(crate) async fn terminate<C>(
     let env = Arc::new(Env {
         shared: Arc::clone(&shared),
         ctx: ctx.clone(),
-        authority,
+        standing,
         target: target.clone(),
         label: label.clone(),
         pin: opened.facts().pin,
@@ -207,6 +207,9 @@ pub(crate) async fn terminate<C>(
         () = closing.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
+            if let Some(fd) = &reset {
+                reset_fd_on_close(fd);
+            }
             CloseReason::Shutdown
         }
         () = upstream_gone.cancelled() => {
@@ -227,7 +230,8 @@ pub(crate) async fn terminate<C>(
 struct Env {
     shared: Arc<Shared>,
     ctx: Ctx,
-    authority: Arc<Authority>,
+    /// The authority the tunnel runs under (a reload may move it to a successor).
+    standing: Arc<Standing>,
     target: Target,
     label: TargetLabel,
     pin: std::net::SocketAddr,
@@ -345,15 +349,19 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
         method: req.method().as_str().to_owned(),
         path: logged_path(req.uri()),
     };
-    let name = env.authority.grant.name();
+    // The tunnel's authority now: a reload that kept the tunnel moved it to the new grant.
+    let authority = env.standing.authority();
+    let ctx = env.ctx.attributed(&authority);
+    let name = authority.grant.name();
     let refuse = |denial: Denial| {
-        record::tls_request(&env.shared, &env.ctx, &env.label, &request, Err(&denial));
+        record::tls_request(&env.shared, &ctx, &env.label, &request, Err(&denial));
         deny_response(Some(name), &env.label, &denial)
     };
 
-    // A revoked or replaced authority takes no new decision, even on a connection that
-    // stays open until the revoke grace ends (as `establish` refuses new ones).
-    if !env.shared.authorities.is_live(&env.authority) {
+    // A revoked authority (or one whose reload judged the tunnel no longer allowed) takes
+    // no new decision, even on a tunnel that stays open until the revoke grace ends (as
+    // `establish` refuses new ones).
+    if !env.shared.authorities.is_live(&authority) {
         return refuse(revoked(name));
     }
     if let Err(detail) = check_authority(&req, &env.target) {
@@ -370,7 +378,7 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
         );
     }
     let decision =
-        env.authority
+        authority
             .grant
             .decide_request(&env.target, req.method().as_str(), req.uri().path());
     if !decision.is_allow() {
@@ -401,7 +409,7 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
         pin: env.pin,
         route: env.shared.route_label(env.route),
     };
-    record::tls_request(&env.shared, &env.ctx, &env.label, &request, Ok(allow));
+    record::tls_request(&env.shared, &ctx, &env.label, &request, Ok(allow));
     let head = request.method == "HEAD";
     match upstream.send(upstream_req).await {
         Ok(resp) => {

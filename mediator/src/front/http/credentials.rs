@@ -33,8 +33,8 @@ pub(crate) fn parse_basic(value: &[u8]) -> Option<(String, Vec<u8>)> {
     Some((name, token))
 }
 
-/// The authority bound to the channel, or named by `Proxy-Authorization: Basic` on the
-/// shared TCP listener.
+/// The authority bound to the channel (or the one a reload replaced it with), or named by
+/// `Proxy-Authorization: Basic` on the shared TCP listener.
 ///
 /// # Errors
 /// The [`Denial`] of a missing, malformed, unknown or wrong credential (not yet logged).
@@ -44,7 +44,13 @@ pub(crate) fn authority_of(
     headers: &HeaderMap,
 ) -> Result<Arc<Authority>, Denial> {
     if let Some(a) = &ctx.authority {
-        return Ok(Arc::clone(a));
+        // A channel's connection opened before a reload re-created its authority is
+        // decided under the successor (same channel); a revoked one keeps its old grant,
+        // which `establish` then refuses.
+        return Ok(shared
+            .authorities
+            .current_of(a)
+            .map_or_else(|| Arc::clone(a), |live| Arc::clone(&live.authority)));
     }
     let mut values = headers.get_all(header::PROXY_AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {

@@ -269,6 +269,7 @@ async fn open(
         opened,
         closing,
         forward_proxy,
+        ..
     } = match establish(shared, ctx, Protocol::Http, target).await {
         Ok(c) => c,
         Err(denial) => return Err(deny_response(ctx.authority_name(), label, &denial)),
