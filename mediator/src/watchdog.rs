@@ -18,11 +18,13 @@ use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use policy::config::WatchdogEndpoint;
+use policy::config::{Authority, WatchdogEndpoint};
+use policy::{Reason, Target};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::denial::Denial;
 use crate::redact::escape_raw;
 use crate::vocab::Protocol;
 
@@ -137,6 +139,37 @@ where
         return Err(format!("HTTP status {status}"));
     }
     serde_json::from_slice(&bytes).map_err(|e| format!("the answer is not the expected JSON: {e}"))
+}
+
+/// Asks `authority`'s watchdog, when it has one, about one connection to `target`; only an
+/// answer of allow passes (silence, an error or a late answer deny).
+///
+/// # Errors
+/// The `watchdog_denied` [`Denial`], its detail saying what the watchdog answered.
+pub(crate) async fn consult(
+    authority: &Authority,
+    protocol: Protocol,
+    target: &Target,
+    timeout: Duration,
+) -> Result<(), Denial> {
+    let Some(endpoint) = &authority.watchdog else {
+        return Ok(());
+    };
+    let host = target.host.as_text();
+    let question = Question {
+        authority: authority.grant.name(),
+        host: &host,
+        port: target.port,
+        protocol,
+    };
+    match ask(endpoint, &question, timeout).await {
+        Verdict::Allow => Ok(()),
+        Verdict::Deny(detail) => Err(Denial::new(
+            Reason::WatchdogDenied,
+            detail,
+            "the grant allows this destination but the authority's watchdog refused it; ask its operator",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use policy::config::Authority;
 use policy::{Grant, OwnAddrs, Pin, Reason, Target};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -213,7 +212,9 @@ async fn steps(
             return Err(denial);
         }
     };
-    if let Err(denial) = ask_watchdog(shared, authority, protocol, target).await {
+    if let Err(denial) =
+        watchdog::consult(authority, protocol, target, shared.timeouts.watchdog).await
+    {
         let denial = denial.with_rule(rule);
         log(Err(&denial), Timing { dns, connect: None });
         return Err(denial);
@@ -299,33 +300,6 @@ fn count_resolution(shared: &Shared, target: &Target, r: &Resolution) {
             ResolveFailure::Timeout => UpstreamErrorKind::DnsTimeout,
             ResolveFailure::Other(_) => UpstreamErrorKind::DnsError,
         });
-    }
-}
-
-/// The authority's watchdog, when it has one: only an answer of allow passes.
-pub(crate) async fn ask_watchdog(
-    shared: &Shared,
-    authority: &Authority,
-    protocol: Protocol,
-    target: &Target,
-) -> Result<(), Denial> {
-    let Some(endpoint) = &authority.watchdog else {
-        return Ok(());
-    };
-    let host = target.host.as_text();
-    let question = watchdog::Question {
-        authority: authority.grant.name(),
-        host: &host,
-        port: target.port,
-        protocol,
-    };
-    match watchdog::ask(endpoint, &question, shared.timeouts.watchdog).await {
-        watchdog::Verdict::Allow => Ok(()),
-        watchdog::Verdict::Deny(detail) => Err(Denial::new(
-            Reason::WatchdogDenied,
-            detail,
-            "the grant allows this destination but the authority's watchdog refused it; ask its operator",
-        )),
     }
 }
 

@@ -26,7 +26,6 @@ use policy::Target;
 use policy::config::Authority;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::establish::ask_watchdog;
 use super::record::{self, Allowed};
 use super::{Ctx, TargetLabel};
 use crate::authorities::Live;
@@ -211,7 +210,7 @@ async fn judge_again(
         return Err(Denial::from(d));
     }
     if new.watchdog != old.watchdog {
-        ask_watchdog(shared, new, subject.protocol, target).await?;
+        crate::watchdog::consult(new, subject.protocol, target, shared.timeouts.watchdog).await?;
     }
     Ok((Arc::clone(&next), decision.rule))
 }
