@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::rewind::Rewind;
+use crate::route::UpstreamStream;
 use crate::vocab::CloseReason;
 
 /// First buffer size per direction: a chatty tunnel never needs more.
@@ -51,20 +52,23 @@ impl RelayOutcome {
 }
 
 /// Relays until both directions have ended, the idle timeout passes, or `closing` turns
-/// true. When `client` is a plain socket (see [`socket_of`]) the bytes move with
-/// [`relay_sockets`]; otherwise through buffers.
+/// true. When `client` is a plain socket (see [`socket_of`]) and the upstream is plain TCP
+/// the bytes move with [`relay_sockets`]; otherwise (TLS on either side) through buffers.
 pub(crate) async fn relay<C>(
     client: C,
-    upstream: TcpStream,
+    upstream: UpstreamStream,
     idle: Duration,
     closing: CancellationToken,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    match socket_of(&client) {
-        Some(sock) => relay_sockets(sock, Sock::Tcp(&upstream), idle, closing).await,
-        None => relay_streams(client, upstream, idle, closing).await,
+    match (socket_of(&client), upstream) {
+        (Some(sock), UpstreamStream::Plain(tcp)) => {
+            relay_sockets(sock, Sock::Tcp(&tcp), idle, closing).await
+        }
+        (None, UpstreamStream::Plain(tcp)) => relay_streams(client, tcp, idle, closing).await,
+        (_, UpstreamStream::Tls(tls)) => relay_streams(client, tls, idle, closing).await,
     }
 }
 
@@ -680,7 +684,13 @@ mod tests {
                 socket_of(&client).is_some(),
                 "a consumed Rewind is a plain socket"
             );
-            relay(client, upstream, Duration::from_secs(60), rx).await
+            relay(
+                client,
+                UpstreamStream::Plain(upstream),
+                Duration::from_secs(60),
+                rx,
+            )
+            .await
         });
         let up: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
         let down: Vec<u8> = (0..7_000_000u32).map(|i| (i % 241) as u8).collect();
@@ -725,7 +735,12 @@ mod tests {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(60),
+            rx,
+        ));
         let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
         let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
         let mut expected = before.clone();
@@ -760,7 +775,12 @@ mod tests {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, _upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(600), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(600),
+            rx,
+        ));
         // SO_LINGER 0: close sends a reset.
         socket2::SockRef::from(&client_peer)
             .set_linger(Some(Duration::ZERO))
@@ -780,7 +800,12 @@ mod tests {
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let tx = CancellationToken::new();
         let rx = tx.clone();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(60),
+            rx,
+        ));
         let feeder = tokio::spawn(async move {
             let chunk = vec![7u8; 1 << 20];
             // Until the relay goes away.
@@ -825,7 +850,7 @@ mod tests {
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
         let idle = Duration::from_millis(1000);
-        let task = tokio::spawn(relay(client, upstream, idle, rx));
+        let task = tokio::spawn(relay(client, UpstreamStream::Plain(upstream), idle, rx));
         let feeder = tokio::spawn(async move {
             let chunk = vec![1u8; 1 << 20];
             for _ in 0..64 {
@@ -873,10 +898,15 @@ mod tests {
         let (client, mut client_peer) = UnixStream::pair().unwrap();
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task =
-            tokio::spawn(
-                async move { relay(client, upstream, Duration::from_millis(300), rx).await },
-            );
+        let task = tokio::spawn(async move {
+            relay(
+                client,
+                UpstreamStream::Plain(upstream),
+                Duration::from_millis(300),
+                rx,
+            )
+            .await
+        });
         client_peer.write_all(b"request").await.unwrap();
         client_peer.shutdown().await.unwrap();
         let mut got = Vec::new();

@@ -294,10 +294,10 @@ fn server_config(
 
 async fn connect_upstream(
     tls: &TlsState,
-    tcp: tokio::net::TcpStream,
+    tcp: crate::route::UpstreamStream,
     target: &Target,
     shared: &Shared,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+) -> Result<tokio_rustls::client::TlsStream<crate::route::UpstreamStream>, String> {
     let name = ServerName::try_from(target.host.as_text())
         .map_err(|e| format!("{} is not a TLS server name: {e}", target.host))?;
     let connector = TlsConnector::from(Arc::clone(&tls.upstream));
@@ -313,7 +313,7 @@ async fn connect_upstream(
 
 /// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN.
 async fn start_upstream_http(
-    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    stream: tokio_rustls::client::TlsStream<crate::route::UpstreamStream>,
     gone: CancellationToken,
 ) -> Result<Upstream, String> {
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
