@@ -24,6 +24,7 @@ mod grant_denials;
 mod lifecycle;
 mod pac;
 mod parent;
+mod parent_https;
 mod sni;
 mod socks5;
 mod tcp_connect;

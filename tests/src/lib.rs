@@ -15,6 +15,7 @@ pub mod dns;
 pub mod expect;
 pub mod fixture;
 pub mod http;
+pub mod kerberos;
 pub mod mediator;
 pub mod origin;
 pub mod parent;
