@@ -22,6 +22,7 @@ mod dns_pinning;
 mod forward;
 mod grant_denials;
 mod lifecycle;
+mod negotiate;
 mod pac;
 mod parent;
 mod parent_https;

@@ -62,7 +62,7 @@ impl Kdc {
         std::fs::write(
             dir.path().join("krb5.conf"),
             format!(
-                "[libdefaults]\n default_realm = {REALM}\n dns_lookup_kdc = false\n dns_lookup_realm = false\n dns_canonicalize_hostname = false\n rdns = false\n udp_preference_limit = 1\n\
+                "[libdefaults]\n default_realm = {REALM}\n dns_lookup_kdc = false\n dns_lookup_realm = false\n dns_canonicalize_hostname = false\n rdns = false\n udp_preference_limit = 1\n clockskew = 1\n\
                  [realms]\n {REALM} = {{\n  kdc = 127.0.0.1:{port}\n }}\n\
                  [logging]\n kdc = FILE:{d}/kdc.log\n"
             ),
@@ -226,19 +226,26 @@ impl Kdc {
         Ok(ccache)
     }
 
-    /// Waits until the ccache holds no valid ticket any more (`klist -s` fails).
+    /// Waits until the ccache's ticket has expired for the KDC too: `kvno` for `service`
+    /// (`HTTP/host`) with it fails (the realm's clock skew allowance is 1 s).
     ///
     /// # Errors
-    /// Still valid after `within`.
-    pub async fn wait_expired(&self, ccache: &str, within: Duration) -> Result<()> {
+    /// Still accepted after `within`.
+    pub async fn wait_expired(&self, ccache: &str, service: &str, within: Duration) -> Result<()> {
         let deadline = tokio::time::Instant::now() + within;
+        let principal = format!("{service}@{REALM}");
         loop {
-            let status = self
-                .command("klist")
-                .args(["-s", "-c", ccache])
-                .status()
+            let out = self
+                .command("kvno")
+                .args(["-c", ccache, &principal])
+                .output()
                 .await?;
-            if !status.success() {
+            let text = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() {
+                ensure!(
+                    text.contains("expired"),
+                    "kvno failed for another reason than expiry: {text}"
+                );
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
