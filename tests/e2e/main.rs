@@ -28,6 +28,7 @@ mod parent;
 mod parent_https;
 mod sni;
 mod socks5;
+mod system;
 mod tcp_connect;
 mod tls_terminate;
 mod unix_channel;

@@ -508,9 +508,13 @@ impl Router {
                 let said = reading.to_string();
                 let (strategy, fetcher) = self.setting(reading.setting).await?;
                 let text = format!("{said} -> {}", self.describe_strategy(&strategy));
-                tracing::info!("upstream system: {text}");
-                if let Ok(mut s) = self.system.lock() {
-                    *s = Some(text);
+                let first = self
+                    .system
+                    .lock()
+                    .map(|mut s| s.replace(text.clone()).is_none());
+                if first.unwrap_or(false) {
+                    // At start (a re-read says it on its own line).
+                    eprintln!("mediator: upstream system: {text}");
                 }
                 Ok((strategy, fetcher))
             }
