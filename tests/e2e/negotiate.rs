@@ -1,6 +1,7 @@
 //! Negotiate (Kerberos, RFC 4559) parent authentication, for real: an MIT KDC started by
-//! the test on loopback with a throwaway realm, a parent that demands Negotiate and checks
-//! tokens with GSSAPI and its service keytab, and curl through the mediator. The mediator
+//! the test on loopback with a throwaway realm, a parent that demands Negotiate (Squid with
+//! its `negotiate_kerberos_auth` helper, or a recording parent that checks tokens with
+//! GSSAPI and its service keytab), and curl through the mediator. The mediator
 //! gets `KRB5_CONFIG` for the realm and its credentials from `kerberos_ccache` (a `kinit`
 //! ccache) or `kerberos_keytab` (a client keytab). Wrong, expired or missing credentials
 //! are `upstream_failure` with a detail that names the parent and what failed; no token
@@ -9,6 +10,7 @@
 use anyhow::Result;
 use e2e::kerberos::{Acceptor, Kdc, REALM};
 use e2e::parent::{HttpParent, HttpParentMode};
+use e2e::squid::Squid;
 use e2e::tls::TestCa;
 use e2e::{
     AGENT_A, Fixture, LOOPBACK, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec,
@@ -107,6 +109,62 @@ async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
     assert!(token.len() > 100, "a real SPNEGO token: {token}");
     fx.mediator.expect_log_lacks(&token)?;
     fx.mediator.expect_log_lacks(&token[..40])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_with_negotiate_kerberos_auth_lets_the_mediator_through() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let squid = Squid::start_negotiate(&kdc, PARENT_HOST, &keytab, &[ORIGIN_HOST]).await?;
+    let url = format!("http://{PARENT_HOST}:{}", squid.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let port = fx.origin.port();
+    // A tunnel: Squid answers 407, the mediator retries with the token.
+    let target = format!("http://{}/tunnel", fx.origin_target());
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-sS", "-p", &target])
+        .await?;
+    assert_eq!(out.exit_code, 0, "curl: {out:?}");
+    assert!(out.body.contains("/tunnel"), "{out:?}");
+    squid
+        .wait_access(&["TCP_DENIED/407", &format!("CONNECT 127.0.0.1:{port}")])
+        .await?;
+    squid
+        .wait_access(&["TCP_TUNNEL/200", &format!("alice@{REALM}")])
+        .await?;
+    // Plain HTTP: absolute-form, the token with the first request, two requests on the
+    // authenticated connection.
+    let first = format!("http://{}/plain-1", fx.origin_target());
+    let second = format!("http://{}/plain-2", fx.origin_target());
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-sS", &first, &second])
+        .await?;
+    assert_eq!(out.exit_code, 0, "curl: {out:?}");
+    assert!(
+        out.body.contains("/plain-1") && out.body.contains("/plain-2"),
+        "{out:?}"
+    );
+    squid
+        .wait_access(&["/plain-2", &format!("alice@{REALM}")])
+        .await?;
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("protocol", json!("connect")),
+                ("route", json!(format!("parent {url}"))),
+            ],
+        )
+        .await?;
     Ok(())
 }
 

@@ -20,6 +20,7 @@ pub mod mediator;
 pub mod origin;
 pub mod parent;
 pub mod socks;
+pub mod squid;
 pub mod tls;
 pub mod wait;
 

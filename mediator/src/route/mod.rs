@@ -4,8 +4,12 @@
 //!
 //! Modes (`[upstream] mode`): `direct` connects to the pinned addresses; `parent` tries
 //! the configured parents left to right; `env` uses the mediator's proxy environment read
-//! at start ([`mod@env`]); `pac` evaluates a PAC script per destination ([`pac`]) and honours
-//! its `;`-separated list. A list falls back to its next entry only on a connection-level
+//! at start (`env`); `pac` evaluates a PAC script per destination (`pac`) and honours
+//! its `;`-separated list; `system` reads the desktop's settings ([`system`]) at start and
+//! on SIGHUP and then routes as `env` or `pac` would. Parents speak HTTP (in plain text or
+//! inside TLS: `https`) or SOCKS5 (`parent`), and authenticate with Basic or Negotiate
+//! (Kerberos: `negotiate`). The strategy in force can be replaced (a re-read); the parents
+//! are append-only, so a [`Route`] kept by an open connection always names the same one. A list falls back to its next entry only on a connection-level
 //! failure (connect refused or timed out, the connection broken before the parent
 //! answered); a parent that answers (407, 403, SOCKS5 REP) ends the attempt. A parent that
 //! failed at the connection level is skipped for `parent_retry_secs` (tried last rather
@@ -14,7 +18,7 @@
 //! Through a parent, a tunnel's CONNECT names the vetted IP when `pin_through_parent` is
 //! on (each vetted address in turn while the parent says it cannot reach it), else the
 //! canonical host. Plain HTTP through an HTTP parent is sent in absolute-form to the
-//! parent (the caller does that; see [`Established::forward`]), which necessarily names
+//! parent (the caller does that; see `Established::forward`), which necessarily names
 //! the host. The only names this module ever resolves are parents' (operator
 //! configuration), through the mediator's resolver; it never hands a name to a socket API.
 
@@ -150,7 +154,7 @@ fn classify(err: Option<io::Error>) -> ConnectFailure {
 }
 
 /// The route a connection took: DIRECT or one of the router's parents. `Copy`, so that a
-/// connection's close record can repeat it; [`Router::label`] gives its log text.
+/// connection's close record can repeat it; the router's `label` gives its log text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
     /// Straight to the pinned address.

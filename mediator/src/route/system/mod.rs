@@ -1,7 +1,7 @@
 //! `[upstream] mode = "system"`: the proxy settings the host's own programs would use, read
 //! at start and on SIGHUP, in this order: GNOME (`org.gnome.system.proxy`, from dconf
-//! databases read as files, no session bus: [`gnome`]), then KDE (`kioslaverc`:
-//! [`kde`]), then the environment as `mode = "env"` reads it. The first source that holds
+//! databases read as files, no session bus: `gnome`), then KDE (`kioslaverc`:
+//! `kde`), then the environment as `mode = "env"` reads it. The first source that holds
 //! a setting decides, even when it says "no proxy". A found PAC URL is used as `mode =
 //! "pac"` would use it; automatic discovery (WPAD) never is: a source that asks for it is
 //! an error, and so is any setting the mediator cannot honour (fail closed: the mediator
@@ -124,7 +124,7 @@ pub(crate) fn read(
 /// decided, what it said, and the routing it gives.
 ///
 /// # Errors
-/// [`Error::Upstream`] as [`read`].
+/// [`Error::Upstream`], as when the mediator reads the settings at start.
 pub fn summary(
     sources: &SystemSources,
     getenv: &dyn Fn(&str) -> Option<String>,
