@@ -546,6 +546,70 @@ mod tests {
         assert_eq!(status_reason(b"HTTP/1.1 403 Go\x1b away\r\n"), "Go away");
     }
 
+    fn answer(head: &str) -> Answer {
+        Answer {
+            status: parse_status(head.as_bytes()).unwrap(),
+            head: head.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn answers_say_what_they_offer_and_how_their_body_ends() {
+        let r = answer(
+            "HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic realm=\"x\"\r\nproxy-authenticate: NEGOTIATE\r\nContent-Length: 12\r\n\r\n",
+        );
+        assert_eq!(r.negotiate(), Some(""));
+        assert_eq!(r.offered(), "Basic, NEGOTIATE");
+        assert_eq!(r.body(), BodyLength::Known(12));
+        let r = answer("HTTP/1.1 200 OK\r\nProxy-Authenticate: Negotiate YWJj\r\n\r\n");
+        assert_eq!(r.negotiate(), Some("YWJj"));
+        let r = answer(
+            "HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic\r\nContent-Length: 1\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(r.negotiate(), None);
+        assert_eq!(r.body(), BodyLength::Unusable);
+        for unusable in [
+            "HTTP/1.1 407 A\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 407 A\r\n\r\n",
+            "HTTP/1.0 407 A\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 407 A\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "HTTP/1.1 407 A\r\nContent-Length: -1\r\n\r\n",
+        ] {
+            assert_eq!(
+                answer(unusable).body(),
+                BodyLength::Unusable,
+                "{unusable:?}"
+            );
+        }
+        assert_eq!(answer("HTTP/1.1 407 A\r\n\r\n").offered(), "no scheme");
+        let refusal = answer("HTTP/1.1 407 A\r\nProxy-Authenticate: Basic\r\n\r\n").refusal(
+            "192.0.2.1:443",
+            true,
+            "http://p:1",
+        );
+        let HandshakeError::Refused { detail, next_addr } = refusal else {
+            panic!("{refusal:?}");
+        };
+        assert!(!next_addr);
+        assert!(
+            detail.contains("configured credentials were refused"),
+            "{detail}"
+        );
+        assert!(detail.contains("it offers Basic"), "{detail}");
+    }
+
+    /// Through TLS the head is read byte by byte: the tunnel's first bytes stay unread.
+    #[tokio::test]
+    async fn a_head_inside_a_stream_without_peek_is_read_exactly() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        b.write_all(b"HTTP/1.1 200 OK\r\n\r\ntunnel").await.unwrap();
+        let head = read_head_bytewise(&mut a).await.unwrap();
+        assert_eq!(head, b"HTTP/1.1 200 OK\r\n\r\n");
+        let mut rest = [0u8; 6];
+        a.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"tunnel");
+    }
+
     #[test]
     fn authorities_are_canonical() {
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
