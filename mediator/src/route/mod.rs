@@ -1362,6 +1362,26 @@ mod tests {
     }
 
     #[test]
+    fn parents_are_append_only_and_bounded() {
+        let parents = Parents::new();
+        let url = |s: &str| {
+            policy::upstream::parse_parent_url(s, policy::upstream::ParentSyntax::Config).unwrap()
+        };
+        let a = parents.add(url("http://a.corp:1")).unwrap();
+        let b = parents.add(url("https://a.corp:1")).unwrap();
+        assert_ne!(a, b, "another scheme is another parent");
+        assert_eq!(parents.add(url("http://a.corp:1")).unwrap(), a);
+        let Route::Parent(i) = b else { panic!() };
+        assert_eq!(parents.get(i).unwrap().label, "parent https://a.corp:1");
+        for n in 2..MAX_PARENTS {
+            parents.add(url(&format!("http://p{n}.corp:1"))).unwrap();
+        }
+        let e = parents.add(url("http://one-too-many.corp:1")).unwrap_err();
+        assert!(e.to_string().contains("restart the mediator"), "{e}");
+        assert_eq!(parents.get(i).unwrap().label, "parent https://a.corp:1");
+    }
+
+    #[test]
     fn pac_urls_have_no_path() {
         assert_eq!(
             pac_url(Via::Tunnel, &t("example.com:443")),
