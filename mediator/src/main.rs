@@ -116,10 +116,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &target,
                 !no_resolve,
             ))?;
+            let upstream = (config.upstream.mode == policy::config::UpstreamMode::System)
+                .then(|| system_upstream(&config).unwrap_or_else(|e| e));
             if json {
-                println!("{}", serde_json::to_string_pretty(&e)?);
+                let mut v = serde_json::to_value(&e)?;
+                if let (Some(line), Some(obj)) = (&upstream, v.as_object_mut()) {
+                    obj.insert("upstream".into(), line.clone().into());
+                }
+                println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 print!("{}", mediator::explain::render_text(&e));
+                if let Some(line) = &upstream {
+                    println!("{line}");
+                }
             }
             Ok(if e.decision == policy::Verdict::Allow {
                 ExitCode::SUCCESS
@@ -170,6 +179,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         println!("{note}");
                     }
                     println!("limits: {}", mediator::limits_of(&cfg));
+                    if cfg.upstream.mode == policy::config::UpstreamMode::System {
+                        match system_upstream(&cfg) {
+                            Ok(line) => println!("{line}"),
+                            Err(e) => {
+                                eprintln!("{e}");
+                                return Ok(ExitCode::from(1));
+                            }
+                        }
+                    }
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -202,6 +220,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `upstream: system: <source>: <what it said> -> <routing>`, or why it cannot be used.
+fn system_upstream(cfg: &policy::config::Config) -> Result<String, String> {
+    mediator::route::system::summary(&cfg.upstream.system, &|k| std::env::var(k).ok())
+        .map(|s| format!("upstream: system: {s}"))
+        .map_err(|e| format!("upstream: system: {e}"))
 }
 
 /// Runs the mediator until SIGTERM or SIGINT (SIGHUP reloads); returns its decision log,

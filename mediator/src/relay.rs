@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::rewind::Rewind;
+use crate::route::UpstreamStream;
 use crate::vocab::CloseReason;
 
 /// First buffer size per direction: a chatty tunnel never needs more.
@@ -51,34 +52,48 @@ impl RelayOutcome {
 }
 
 /// Relays until both directions have ended, the idle timeout passes, or `closing` turns
-/// true. When `client` is a plain socket (see [`socket_of`]) the bytes move with
-/// [`relay_sockets`]; otherwise through buffers. A tunnel the mediator cuts (idle, or
-/// `closing`) is reset on both TCP sides, never ended with a FIN the client could take
-/// for the origin's end of a complete transfer.
+/// true. When `client` is a plain socket (see [`socket_of`]) and the upstream is plain TCP
+/// the bytes move with [`relay_sockets`]; otherwise (TLS on either side) through buffers.
+/// A tunnel the mediator cuts (idle, or `closing`) is reset on every TCP side it can
+/// reach, never ended with a FIN the client could take for the origin's end of a
+/// complete transfer; the close record then counts only the bytes that were sent.
 pub(crate) async fn relay<C>(
     client: C,
-    upstream: TcpStream,
+    upstream: UpstreamStream,
     idle: Duration,
     closing: CancellationToken,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
 {
-    let mut upstream = upstream;
-    let mut outcome = match socket_of(&client) {
-        Some(sock) => {
-            let mut outcome = relay_sockets(sock, Sock::Tcp(&upstream), idle, closing).await;
+    match upstream {
+        UpstreamStream::Plain(mut tcp) => {
+            let mut outcome = match socket_of(&client) {
+                Some(sock) => {
+                    let mut outcome = relay_sockets(sock, Sock::Tcp(&tcp), idle, closing).await;
+                    if outcome.close_reason.is_cut() {
+                        outcome.down -= sock.reset_on_close().min(outcome.down);
+                    }
+                    outcome
+                }
+                None => relay_streams(client, &mut tcp, idle, closing).await,
+            };
             if outcome.close_reason.is_cut() {
-                outcome.down -= sock.reset_on_close().min(outcome.down);
+                outcome.up -= Sock::Tcp(&tcp).reset_on_close().min(outcome.up);
             }
             outcome
         }
-        None => relay_streams(client, &mut upstream, idle, closing).await,
-    };
-    if outcome.close_reason.is_cut() {
-        outcome.up -= Sock::Tcp(&upstream).reset_on_close().min(outcome.up);
+        UpstreamStream::Tls(tls) => {
+            // The client's socket is reached through a second descriptor once the relay
+            // has taken (and dropped) the stream; the reset comes when that one closes.
+            let client_fd = socket_of(&client).and_then(Sock::reset_handle);
+            let mut outcome = relay_streams(client, tls, idle, closing).await;
+            if let (true, Some(fd)) = (outcome.close_reason.is_cut(), &client_fd) {
+                outcome.down -= reset_fd_on_close(fd).min(outcome.down);
+            }
+            outcome
+        }
     }
-    outcome
 }
 
 /// Relays between two streams through one buffer per direction.
@@ -146,10 +161,14 @@ pub(crate) enum Sock<'a> {
 
 /// [`Sock::reset_on_close`] through a handle from [`Sock::reset_handle`]: the reset comes
 /// when the last descriptor of the socket closes.
-pub(crate) fn reset_fd_on_close(fd: &OwnedFd) {
+/// Returns the bytes the reset drops (not yet sent).
+pub(crate) fn reset_fd_on_close(fd: &OwnedFd) -> u64 {
+    let dropped = unsent(fd.as_fd());
     if let Err(e) = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO)) {
         tracing::debug!("SO_LINGER 0: {e}");
+        return 0;
     }
+    dropped
 }
 
 /// The plain socket under `stream`: a [`TcpStream`] or [`UnixStream`], bare or wrapped in a
@@ -750,7 +769,13 @@ mod tests {
                 socket_of(&client).is_some(),
                 "a consumed Rewind is a plain socket"
             );
-            relay(client, upstream, Duration::from_secs(60), rx).await
+            relay(
+                client,
+                UpstreamStream::Plain(upstream),
+                Duration::from_secs(60),
+                rx,
+            )
+            .await
         });
         let up: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
         let down: Vec<u8> = (0..7_000_000u32).map(|i| (i % 241) as u8).collect();
@@ -795,7 +820,12 @@ mod tests {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(60),
+            rx,
+        ));
         let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
         let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
         let mut expected = before.clone();
@@ -830,7 +860,12 @@ mod tests {
         let (client, client_peer) = tcp_pair().await;
         let (upstream, _upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(600), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(600),
+            rx,
+        ));
         // SO_LINGER 0: close sends a reset.
         socket2::SockRef::from(&client_peer)
             .set_linger(Some(Duration::ZERO))
@@ -850,7 +885,12 @@ mod tests {
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let tx = CancellationToken::new();
         let rx = tx.clone();
-        let task = tokio::spawn(relay(client, upstream, Duration::from_secs(60), rx));
+        let task = tokio::spawn(relay(
+            client,
+            UpstreamStream::Plain(upstream),
+            Duration::from_secs(60),
+            rx,
+        ));
         let feeder = tokio::spawn(async move {
             let chunk = vec![7u8; 1 << 20];
             // Until the relay goes away.
@@ -895,7 +935,7 @@ mod tests {
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
         let idle = Duration::from_millis(1000);
-        let task = tokio::spawn(relay(client, upstream, idle, rx));
+        let task = tokio::spawn(relay(client, UpstreamStream::Plain(upstream), idle, rx));
         let feeder = tokio::spawn(async move {
             let chunk = vec![1u8; 1 << 20];
             for _ in 0..64 {
@@ -943,10 +983,15 @@ mod tests {
         let (client, mut client_peer) = UnixStream::pair().unwrap();
         let (upstream, mut upstream_peer) = tcp_pair().await;
         let rx = CancellationToken::new();
-        let task =
-            tokio::spawn(
-                async move { relay(client, upstream, Duration::from_millis(300), rx).await },
-            );
+        let task = tokio::spawn(async move {
+            relay(
+                client,
+                UpstreamStream::Plain(upstream),
+                Duration::from_millis(300),
+                rx,
+            )
+            .await
+        });
         client_peer.write_all(b"request").await.unwrap();
         client_peer.shutdown().await.unwrap();
         let mut got = Vec::new();

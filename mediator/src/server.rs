@@ -310,6 +310,8 @@ impl Running {
     /// Applies a new configuration parsed from `text`: authorities added, revoked, or
     /// (changed) revoked and re-created; other sections need a restart.
     pub fn reload(&self, config: Config, text: &str) -> ReloadReport {
+        // `[upstream] mode = "system"`: the desktop settings are read again too.
+        self.shared.router.reread();
         self.control.reload(config, text)
     }
 

@@ -2,7 +2,8 @@
 //! and PAC sources, parsed once into types that cannot hold a value a request line could
 //! be injected through. Pure: no I/O, no environment.
 //!
-//! A parent is `http://[user:pass@]host:port` or `socks5://[user:pass@]host:port`. The
+//! A parent is `http://[user:pass@]host:port`, `https://[user:pass@]host:port` (TLS to the
+//! parent) or `socks5://[user:pass@]host:port`. The
 //! host is canonicalised like every destination (so it holds no CR, LF, NUL, space, `@`,
 //! `/`), the port is required, and the credentials are percent-decoded and then refused if
 //! they hold any control character, so nothing built from a [`ParentUrl`] can split a
@@ -18,16 +19,68 @@ use crate::host::{Target, parse_authority_form};
 pub enum ParentScheme {
     /// HTTP/1.1: `CONNECT` for tunnels, absolute-form for plain HTTP (RFC 9110 9.3.6).
     Http,
+    /// HTTP/1.1 as [`Self::Http`], inside TLS to the parent (verified against the system
+    /// store plus `[tls] extra_ca_files`, SNI = the parent's name).
+    Https,
     /// SOCKS5 (RFC 1928), username/password per RFC 1929 when credentials are given.
     Socks5,
 }
 
 impl ParentScheme {
-    /// `"http"` or `"socks5"`.
+    /// `"http"`, `"https"` or `"socks5"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Http => "http",
+            Self::Https => "https",
             Self::Socks5 => "socks5",
+        }
+    }
+
+    /// Whether the parent speaks HTTP (plain or inside TLS): CONNECT and absolute-form.
+    pub fn is_http(self) -> bool {
+        matches!(self, Self::Http | Self::Https)
+    }
+
+    /// Every scheme, in the order the documentation lists them.
+    pub const ALL: [Self; 3] = [Self::Http, Self::Https, Self::Socks5];
+}
+
+/// How the mediator authenticates to a parent (`parent_auth`, or a
+/// `parent_credentials_file` line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ParentAuth {
+    /// `Proxy-Authorization: Basic` (RFC 7617) for HTTP parents, RFC 1929 for SOCKS5,
+    /// when credentials are configured; nothing otherwise. The default.
+    #[default]
+    Basic,
+    /// `Proxy-Authorization: Negotiate` (SPNEGO/Kerberos, RFC 4559) with the host's
+    /// Kerberos credentials, after the parent's `407`. HTTP(S) parents only.
+    Negotiate,
+}
+
+impl ParentAuth {
+    /// `"basic"` or `"negotiate"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Basic => "basic",
+            Self::Negotiate => "negotiate",
+        }
+    }
+
+    /// Parses a `parent_auth` value.
+    ///
+    /// # Errors
+    /// A message saying what to write (NTLM is named as not supported).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "basic" => Ok(Self::Basic),
+            "negotiate" => Ok(Self::Negotiate),
+            "ntlm" => {
+                Err("NTLM is not supported; use \"negotiate\" (Kerberos) or \"basic\"".into())
+            }
+            other => Err(format!(
+                "unknown parent_auth {other:?}; write \"basic\" or \"negotiate\""
+            )),
         }
     }
 }
@@ -84,15 +137,31 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// A parent proxy: scheme, canonical `host:port`, optional credentials.
+/// A parent proxy: scheme, canonical `host:port`, optional credentials, how to
+/// authenticate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParentUrl {
-    /// HTTP or SOCKS5.
+    /// HTTP, HTTPS or SOCKS5.
     pub scheme: ParentScheme,
     /// The parent's canonical host and port.
     pub addr: Target,
-    /// Credentials from the URL's userinfo, if any.
+    /// Credentials from the URL's userinfo, if any (used by [`ParentAuth::Basic`]).
     pub credentials: Option<Credentials>,
+    /// How to authenticate ([`ParentAuth::Basic`] unless `parent_auth` or the credentials
+    /// file says otherwise).
+    pub auth: ParentAuth,
+}
+
+impl ParentUrl {
+    /// A parent without credentials, [`ParentAuth::Basic`].
+    pub fn new(scheme: ParentScheme, addr: Target) -> Self {
+        Self {
+            scheme,
+            addr,
+            credentials: None,
+            auth: ParentAuth::Basic,
+        }
+    }
 }
 
 impl fmt::Display for ParentUrl {
@@ -108,19 +177,21 @@ pub enum ParentSyntax {
     /// `mediator.toml`: the scheme and the port are required.
     Config,
     /// Proxy environment variables as curl reads them: no scheme means `http`,
-    /// `socks5h` is `socks5`, and a missing port is 1080 (curl's default proxy port).
+    /// `socks5h` is `socks5`, and a missing port is 1080 (curl's default proxy port; 443
+    /// for `https://`).
     Environment,
 }
 
 /// curl's default proxy port, used for environment values without a port.
 const DEFAULT_ENV_PORT: u16 = 1080;
 
-/// Parses a parent proxy URL (`http://[user:pass@]host:port`, `socks5://...`); a trailing
-/// `/` is accepted. The userinfo is percent-decoded (RFC 3986 section 2.1).
+/// Parses a parent proxy URL (`http://[user:pass@]host:port`, `https://...`,
+/// `socks5://...`); a trailing `/` is accepted. The userinfo is percent-decoded (RFC 3986
+/// section 2.1).
 ///
 /// # Errors
-/// A message naming what is wrong: unknown or unsupported scheme (`https://` parents and
-/// SOCKS4 are not supported), a path or query, a bad host or port, bad credentials.
+/// A message naming what is wrong: unknown or unsupported scheme (SOCKS4 is not
+/// supported), a path or query, a bad host or port, bad credentials.
 /// Messages never contain the password.
 pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, String> {
     let lenient = syntax == ParentSyntax::Environment;
@@ -138,18 +209,13 @@ pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, 
         "http" => ParentScheme::Http,
         "socks5" => ParentScheme::Socks5,
         "socks5h" if lenient => ParentScheme::Socks5,
-        "https" => {
-            return Err(
-                "TLS to a parent proxy (https://) is not supported; use http:// or socks5://"
-                    .into(),
-            );
-        }
+        "https" => ParentScheme::Https,
         "socks" | "socks4" | "socks4a" => {
             return Err("SOCKS4 is not supported; use socks5://".into());
         }
         other => {
             return Err(format!(
-                "unknown scheme {other:?}; use http:// or socks5://"
+                "unknown scheme {other:?}; use http://, https:// or socks5://"
             ));
         }
     };
@@ -164,8 +230,12 @@ pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, 
     let addr = match parse_authority_form(hostport) {
         Ok(t) => t,
         Err(_) if lenient && !hostport.is_empty() && !has_port(hostport) => {
-            parse_authority_form(&format!("{hostport}:{DEFAULT_ENV_PORT}"))
-                .map_err(|e| e.to_string())?
+            let port = if scheme == ParentScheme::Https {
+                443
+            } else {
+                DEFAULT_ENV_PORT
+            };
+            parse_authority_form(&format!("{hostport}:{port}")).map_err(|e| e.to_string())?
         }
         Err(e) => return Err(e.to_string()),
     };
@@ -183,6 +253,7 @@ pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, 
         scheme,
         addr,
         credentials,
+        auth: ParentAuth::Basic,
     })
 }
 
@@ -227,7 +298,7 @@ pub enum PacSource {
 ///
 /// # Errors
 /// A message saying what to write instead.
-pub(crate) fn parse_pac_source(input: &str) -> Result<PacSource, String> {
+pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
     let lower = input.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
         let after = &input[input.find("://").map_or(0, |i| i + 3)..];
@@ -274,11 +345,14 @@ mod tests {
         let c = p.credentials.as_ref().unwrap();
         assert_eq!((c.user(), c.password()), ("u@x", "p:w"));
         assert!(!format!("{p:?}").contains("p:w"));
+        let p = parse_parent_url("https://u:p@Proxy.Corp:8443", ParentSyntax::Config).unwrap();
+        assert_eq!(p.scheme, ParentScheme::Https);
+        assert_eq!(p.to_string(), "https://proxy.corp:8443");
+        assert_eq!(p.auth, ParentAuth::Basic);
         let p = parse_parent_url("socks5://[::1]:1080", ParentSyntax::Config).unwrap();
         assert_eq!(p.to_string(), "socks5://[::1]:1080");
         for bad in [
             "proxy:8080",
-            "https://proxy:8080",
             "socks4://proxy:1080",
             "ftp://proxy:21",
             "http://proxy",
@@ -305,6 +379,19 @@ mod tests {
         );
         assert_eq!(env("http://[::1]").unwrap(), "http://[::1]:1080");
         assert!(env("socks4://p:1").is_err());
+        assert_eq!(env("https://p.corp").unwrap(), "https://p.corp:443");
+    }
+
+    #[test]
+    fn parent_auth_values() {
+        assert_eq!(ParentAuth::parse("negotiate"), Ok(ParentAuth::Negotiate));
+        assert_eq!(ParentAuth::parse("basic"), Ok(ParentAuth::Basic));
+        assert!(
+            ParentAuth::parse("ntlm")
+                .unwrap_err()
+                .contains("not supported")
+        );
+        assert!(ParentAuth::parse("Negotiate").is_err());
     }
 
     #[test]

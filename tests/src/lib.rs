@@ -15,10 +15,12 @@ pub mod dns;
 pub mod expect;
 pub mod fixture;
 pub mod http;
+pub mod kerberos;
 pub mod mediator;
 pub mod origin;
 pub mod parent;
 pub mod socks;
+pub mod squid;
 pub mod tls;
 pub mod wait;
 

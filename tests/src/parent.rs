@@ -1,7 +1,9 @@
 //! Parent proxies on loopback for the routing tests (design section 8), each recording
 //! exactly what it received:
 //! - [`HttpParent`]: HTTP/1.1 `CONNECT` and absolute-form forwarding, optional Basic auth
-//!   (a wrong or missing credential gets `407`), or a fixed refusal status;
+//!   (a wrong or missing credential gets `407`), Negotiate (Kerberos, RFC 4559: `407`
+//!   offering Negotiate, then the token checked by GSSAPI with a service keytab), or a
+//!   fixed refusal status; in plain text or inside TLS (an HTTPS parent);
 //! - [`Socks5Parent`]: SOCKS5 `CONNECT` (RFC 1928), optional username/password (RFC 1929);
 //! - [`ClosingParent`]: accepts and closes at once (a connection-level failure);
 //! - [`PacServer`]: serves a PAC script over HTTP, replaceable at run time.
@@ -24,10 +26,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, copy_bidirectional};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, copy_bidirectional};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::kerberos::Acceptor;
 use crate::wait::wait_for;
 
 /// How long helpers wait for a parent to have seen something.
@@ -48,9 +51,24 @@ fn loopback_target(host: &str, port: u16) -> Option<SocketAddr> {
 struct Log {
     accepted: AtomicUsize,
     requests: Mutex<Vec<String>>,
+    notes: Mutex<Vec<String>>,
 }
 
 impl Log {
+    fn note(&self, n: String) {
+        self.notes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(n);
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.notes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     fn push(&self, r: String) {
         self.requests
             .lock()
@@ -86,6 +104,11 @@ pub enum HttpParentMode {
     Serve,
     /// Answer every request with this status (e.g. 403), then close.
     Refuse(u16),
+    /// Demand Negotiate: a request without a token gets `407` offering Negotiate (the
+    /// connection stays open); a token that verifies (noted as `principal NAME`) lets the
+    /// request through with the mutual-authentication token on the answer; a token that
+    /// does not gets `407` and the connection is closed (noted as `refused: WHY`).
+    Negotiate(Acceptor),
 }
 
 /// A recording HTTP parent proxy on `127.0.0.1:0`.
@@ -111,6 +134,31 @@ impl HttpParent {
     /// # Errors
     /// When the listener cannot be bound.
     pub async fn start_with(auth: Option<(&str, &str)>, mode: HttpParentMode) -> Result<Self> {
+        Self::start_full(auth, mode, None).await
+    }
+
+    /// Starts an HTTPS parent: TLS with a certificate for exactly `name` issued by `ca`,
+    /// then HTTP as [`Self::start_with`] inside.
+    ///
+    /// # Errors
+    /// Issue or bind failure.
+    pub async fn start_tls(ca: &certs::Ca, name: &str, mode: HttpParentMode) -> Result<Self> {
+        let leaf = ca.issue(&certs::LeafName::parse(name)?)?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(leaf.chain, leaf.key)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        Self::start_full(None, mode, Some(acceptor)).await
+    }
+
+    async fn start_full(
+        auth: Option<(&str, &str)>,
+        mode: HttpParentMode,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the test HTTP parent")?;
@@ -131,8 +179,19 @@ impl HttpParent {
                     };
                     log.accepted.fetch_add(1, Ordering::SeqCst);
                     let (log, expected, mode) = (Arc::clone(&log), expected.clone(), mode.clone());
+                    let tls = tls.clone();
                     tokio::spawn(async move {
-                        let _ = serve_http(stream, &log, expected.as_deref(), &mode).await;
+                        match tls {
+                            None => {
+                                let _ = serve_http(stream, &log, expected.as_deref(), &mode).await;
+                            }
+                            Some(acceptor) => match acceptor.accept(stream).await {
+                                Ok(tls) => {
+                                    let _ = serve_http(tls, &log, expected.as_deref(), &mode).await;
+                                }
+                                Err(e) => log.note(format!("tls handshake failed: {e}")),
+                            },
+                        }
                     });
                 }
             })
@@ -163,6 +222,33 @@ impl HttpParent {
     pub async fn wait_requests(&self, n: usize) -> Result<Vec<String>> {
         wait_requests(&self.log, n, "the HTTP parent").await
     }
+
+    /// What the parent noted: `principal NAME` for each accepted Negotiate token,
+    /// `refused: WHY` for each refused one, `tls handshake failed: WHY`.
+    pub fn notes(&self) -> Vec<String> {
+        self.log.notes()
+    }
+
+    /// Waits until a note containing `needle` was made; returns every note.
+    ///
+    /// # Errors
+    /// None within [`PARENT_WAIT`].
+    pub async fn wait_note(&self, needle: &str) -> Result<Vec<String>> {
+        wait_for(
+            PARENT_WAIT,
+            || {
+                let all = self.log.notes();
+                Ok(all.iter().any(|n| n.contains(needle)).then_some(all))
+            },
+            || {
+                format!(
+                    "the HTTP parent noted no {needle:?}: {:?}",
+                    self.log.notes()
+                )
+            },
+        )
+        .await
+    }
 }
 
 impl Drop for HttpParent {
@@ -173,7 +259,7 @@ impl Drop for HttpParent {
 
 /// Reads one request head (up to and including the blank line), byte by byte so that
 /// nothing after it is consumed.
-async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -188,15 +274,78 @@ async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>> {
     Ok(head)
 }
 
-async fn serve_http(
-    mut stream: TcpStream,
+/// The value of the `Proxy-Authorization` field of a request head.
+fn proxy_authorization_of(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("proxy-authorization")
+            .then(|| value.trim().to_owned())
+    })
+}
+
+/// Negotiate (RFC 4559) on one connection: `407` until a request carries a token, then
+/// that token checked. Returns the verified request's head and the header to add to its
+/// success answer; `None` when the connection is done (refused).
+async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    log: &Log,
+    acceptor: &Acceptor,
+    mut head: Vec<u8>,
+) -> Result<Option<(Vec<u8>, String)>> {
+    const BODY: &str = "auth required";
+    loop {
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let token = proxy_authorization_of(&text)
+            .and_then(|v| v.strip_prefix("Negotiate ").map(str::to_owned));
+        let Some(token) = token else {
+            let resp = format!(
+                "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Negotiate\r\nProxy-Authenticate: Basic realm=\"test\"\r\nContent-Length: {}\r\n\r\n{BODY}",
+                BODY.len()
+            );
+            stream.write_all(resp.as_bytes()).await?;
+            head = read_head(stream).await?;
+            log.push(String::from_utf8_lossy(&head).into_owned());
+            continue;
+        };
+        return match acceptor.accept(&token).await {
+            Ok(accepted) => {
+                log.note(format!("principal {}", accepted.principal));
+                let extra = accepted
+                    .reply
+                    .map(|r| format!("Proxy-Authenticate: Negotiate {r}\r\n"))
+                    .unwrap_or_default();
+                Ok(Some((head, extra)))
+            }
+            Err(e) => {
+                log.note(format!("refused: {e:#}"));
+                stream
+                    .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Negotiate\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await?;
+                Ok(None)
+            }
+        };
+    }
+}
+
+async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     log: &Log,
     expected: Option<&str>,
     mode: &HttpParentMode,
 ) -> Result<()> {
-    let head = read_head(&mut stream).await?;
+    let mut head = read_head(&mut stream).await?;
+    log.push(String::from_utf8_lossy(&head).into_owned());
+    let mut established = String::new();
+    if let HttpParentMode::Negotiate(acceptor) = mode {
+        match negotiate(&mut stream, log, acceptor, head).await? {
+            Some((h, extra)) => {
+                head = h;
+                established = extra;
+            }
+            None => return Ok(()),
+        }
+    }
     let text = String::from_utf8_lossy(&head).into_owned();
-    log.push(text.clone());
     if let HttpParentMode::Refuse(status) = mode {
         let resp = format!(
             "HTTP/1.1 {status} Refused by test parent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -205,11 +354,7 @@ async fn serve_http(
         return Ok(());
     }
     if let Some(expected) = expected {
-        let given = text.lines().find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("proxy-authorization")
-                .then(|| value.trim().to_owned())
-        });
+        let given = proxy_authorization_of(&text);
         if given.as_deref() != Some(expected) {
             stream
                 .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"parent\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -243,7 +388,9 @@ async fn serve_http(
             return Ok(());
         };
         stream
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .write_all(
+                format!("HTTP/1.1 200 Connection established\r\n{established}\r\n").as_bytes(),
+            )
             .await?;
         let _ = copy_bidirectional(&mut stream, &mut upstream).await;
         return Ok(());

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::{Grant, OwnAddrs, Pin, Reason, Target};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::close::{Facts, Opened};
@@ -27,7 +26,7 @@ use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
 use crate::metrics::UpstreamErrorKind;
 use crate::resolve::{ResolveFailure, Resolver};
-use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, Via};
+use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, UpstreamStream, Via};
 use crate::shared::Shared;
 use crate::vocab::{Channel, Protocol};
 use crate::watchdog;
@@ -35,8 +34,8 @@ use crate::watchdog;
 /// An established upstream connection for an allowed decision.
 #[derive(Debug)]
 pub(crate) struct Connected {
-    /// The upstream stream.
-    pub(crate) stream: TcpStream,
+    /// The upstream stream (TCP, or TLS to an HTTPS parent).
+    pub(crate) stream: UpstreamStream,
     /// The owner of its close record.
     pub(crate) opened: Opened,
     /// Cancelled when this connection must be cut: its authority was revoked (or judged

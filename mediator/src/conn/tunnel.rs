@@ -150,7 +150,7 @@ enum First {
 
 async fn client_first<C: AsyncRead + Unpin>(
     client: &mut C,
-    upstream: &tokio::net::TcpStream,
+    upstream: &crate::route::UpstreamStream,
     shared: &Shared,
 ) -> First {
     let mut chunk = vec![0u8; 4096];

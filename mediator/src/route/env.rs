@@ -36,8 +36,8 @@ impl EnvProxies {
     /// `|k| std::env::var(k).ok()`). An empty value counts as unset.
     ///
     /// # Errors
-    /// [`Error::Upstream`] naming the variable when a value cannot be used (a SOCKS4 or
-    /// `https://` proxy, a bad host or port): the mediator refuses to start rather than
+    /// [`Error::Upstream`] naming the variable when a value cannot be used (a SOCKS4
+    /// proxy, a bad host or port): the mediator refuses to start rather than
     /// silently connect directly.
     pub(crate) fn read(get: impl Fn(&str) -> Option<String>) -> Result<Self, Error> {
         let var = |lower: &str| -> Option<(String, String)> {
@@ -80,6 +80,18 @@ impl EnvProxies {
 pub(crate) struct NoProxy {
     all: bool,
     entries: Vec<Entry>,
+    /// The value as given, for messages.
+    text: String,
+}
+
+impl std::fmt::Display for NoProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.text.is_empty() {
+            f.write_str("-")
+        } else {
+            f.write_str(&self.text)
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,10 +107,16 @@ impl NoProxy {
     /// are dropped.
     pub(crate) fn parse(value: &str) -> Self {
         let value = value.trim();
+        let text: String = value
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(512)
+            .collect();
         if value == "*" {
             return Self {
                 all: true,
                 entries: Vec::new(),
+                text,
             };
         }
         let entries = value
@@ -109,6 +127,7 @@ impl NoProxy {
         Self {
             all: false,
             entries,
+            text,
         }
     }
 

@@ -18,9 +18,10 @@ use policy::{Target, canonicalize_host};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 
+use super::https::ParentTls;
 use super::parent::{self, Dest};
+use super::stream::UpstreamStream;
 use crate::error::Error;
 use crate::resolve::Resolver;
 
@@ -34,6 +35,7 @@ pub(crate) struct Fetcher {
     tls: Arc<rustls::ClientConfig>,
     resolver: Arc<Resolver>,
     timeout: Duration,
+    parent_tls: Option<ParentTls>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -57,6 +59,7 @@ impl Fetcher {
         extra_ca_files: &[PathBuf],
         resolver: Arc<Resolver>,
         connect_timeout: Duration,
+        parent_tls: Option<ParentTls>,
     ) -> Result<Self, Error> {
         let mut roots = rustls::RootCertStore::empty();
         let https =
@@ -96,6 +99,7 @@ impl Fetcher {
             tls: Arc::new(tls),
             resolver,
             timeout: connect_timeout,
+            parent_tls,
         })
     }
 
@@ -154,7 +158,8 @@ impl Fetcher {
                     .map(|ip| SocketAddr::new(ip, port))
                     .collect();
                 let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
-                (r.map_err(|e| format!("{target}: {e}"))?.0, None)
+                let tcp = r.map_err(|e| format!("{target}: {e}"))?.0;
+                (UpstreamStream::Plain(tcp), None)
             }
             Some(via) => self.through(via, &target, https).await?,
         };
@@ -199,7 +204,7 @@ impl Fetcher {
         via: &ParentUrl,
         target: &Target,
         https: bool,
-    ) -> Result<(TcpStream, Option<Option<String>>), String> {
+    ) -> Result<(UpstreamStream, Option<Option<String>>), String> {
         let (resolved, _) = self.resolver.resolve(&via.addr.host).await;
         let addrs: Vec<SocketAddr> = resolved
             .map_err(|e| format!("cannot resolve pac_fetch_via {via}: {e}"))?
@@ -207,13 +212,22 @@ impl Fetcher {
             .map(|ip| SocketAddr::new(ip, via.addr.port))
             .collect();
         let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
-        let (mut stream, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
+        let (tcp, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
+        let mut stream = match (&self.parent_tls, via.scheme) {
+            (Some(tls), ParentScheme::Https) => tls.connect(via, tcp).await?,
+            (None, ParentScheme::Https) => {
+                return Err(format!("pac_fetch_via {via}: no TLS client"));
+            }
+            _ => UpstreamStream::Plain(tcp),
+        };
         let shown = via.to_string();
         let creds = via.credentials.as_ref();
         let dest = Dest::Host(&target.host);
         match via.scheme {
-            ParentScheme::Http if !https => Ok((stream, Some(creds.map(parent::basic)))),
-            ParentScheme::Http => {
+            ParentScheme::Http | ParentScheme::Https if !https => {
+                Ok((stream, Some(creds.map(parent::basic))))
+            }
+            ParentScheme::Http | ParentScheme::Https => {
                 parent::http_connect(&mut stream, dest, target.port, creds, &shown)
                     .await
                     .map_err(handshake_text)?;

@@ -4,8 +4,12 @@
 //!
 //! Modes (`[upstream] mode`): `direct` connects to the pinned addresses; `parent` tries
 //! the configured parents left to right; `env` uses the mediator's proxy environment read
-//! at start ([`mod@env`]); `pac` evaluates a PAC script per destination ([`pac`]) and honours
-//! its `;`-separated list. A list falls back to its next entry only on a connection-level
+//! at start (`env`); `pac` evaluates a PAC script per destination (`pac`) and honours
+//! its `;`-separated list; `system` reads the desktop's settings ([`system`]) at start and
+//! on SIGHUP and then routes as `env` or `pac` would. Parents speak HTTP (in plain text or
+//! inside TLS: `https`) or SOCKS5 (`parent`), and authenticate with Basic or Negotiate
+//! (Kerberos: `negotiate`). The strategy in force can be replaced (a re-read); the parents
+//! are append-only, so a [`Route`] kept by an open connection always names the same one. A list falls back to its next entry only on a connection-level
 //! failure (connect refused or timed out, the connection broken before the parent
 //! answered); a parent that answers (407, 403, SOCKS5 REP) ends the attempt. A parent that
 //! failed at the connection level is skipped for `parent_retry_secs` (tried last rather
@@ -14,14 +18,18 @@
 //! Through a parent, a tunnel's CONNECT names the vetted IP when `pin_through_parent` is
 //! on (each vetted address in turn while the parent says it cannot reach it), else the
 //! canonical host. Plain HTTP through an HTTP parent is sent in absolute-form to the
-//! parent (the caller does that; see [`Established::forward`]), which necessarily names
+//! parent (the caller does that; see `Established::forward`), which necessarily names
 //! the host. The only names this module ever resolves are parents' (operator
 //! configuration), through the mediator's resolver; it never hands a name to a socket API.
 
 pub(crate) mod env;
 pub(crate) mod fetch;
+pub(crate) mod https;
+pub(crate) mod negotiate;
 pub(crate) mod pac;
 pub(crate) mod parent;
+pub(crate) mod stream;
+pub mod system;
 
 use std::collections::HashMap;
 use std::io;
@@ -31,14 +39,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use policy::config::{Timeouts, Upstream, UpstreamMode};
-use policy::upstream::{Credentials, PacOnError, PacSource, ParentScheme, ParentUrl};
+use policy::upstream::{Credentials, PacOnError, PacSource, ParentAuth, ParentScheme, ParentUrl};
 use policy::{Pin, Target, parse_authority_form};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::resolve::Resolver;
-use parent::{Dest, HandshakeError};
+use parent::{BodyLength, Dest, HandshakeError};
+pub(crate) use stream::UpstreamStream;
 
 /// Delay before racing the next vetted address (RFC 8305 section 5 recommends 250 ms).
 const STAGGER: Duration = Duration::from_millis(250);
@@ -145,7 +154,7 @@ fn classify(err: Option<io::Error>) -> ConnectFailure {
 }
 
 /// The route a connection took: DIRECT or one of the router's parents. `Copy`, so that a
-/// connection's close record can repeat it; [`Router::label`] gives its log text.
+/// connection's close record can repeat it; the router's `label` gives its log text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Route {
     /// Straight to the pinned address.
@@ -185,9 +194,10 @@ struct ParentEntry {
 /// A connection made for an allowed target.
 #[derive(Debug)]
 pub(crate) struct Established {
-    /// The stream: to the destination (directly or tunnelled through a parent), or to an
-    /// HTTP parent that expects absolute-form requests (see `forward`).
-    pub stream: TcpStream,
+    /// The stream: to the destination (directly or tunnelled through a parent, inside TLS
+    /// for an HTTPS parent), or to an HTTP(S) parent that expects absolute-form requests
+    /// (see `forward`).
+    pub stream: UpstreamStream,
     /// The vetted address: the one connected to, or named to the parent. With
     /// `pin_through_parent = false` (and absolute-form through an HTTP parent) the parent
     /// resolves the name itself; this is then the first vetted address.
@@ -199,11 +209,41 @@ pub(crate) struct Established {
     pub forward: Option<ForwardProxy>,
 }
 
-/// Absolute-form forwarding through an HTTP parent.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Absolute-form forwarding through an HTTP(S) parent.
+#[derive(Debug, Clone)]
 pub(crate) struct ForwardProxy {
-    /// `Proxy-Authorization` value for the parent (`Basic ...`), from configuration only.
-    pub authorization: Option<String>,
+    /// `Proxy-Authorization: Basic ...` for every request, from configuration only.
+    basic: Option<String>,
+    /// `Proxy-Authorization: Negotiate ...` for the first request on the connection only
+    /// (a Kerberos token is good once; the parent then holds the connection authenticated,
+    /// RFC 4559 section 6).
+    negotiate: Option<Arc<Mutex<Option<String>>>>,
+}
+
+impl ForwardProxy {
+    /// Forwarding with `Proxy-Authorization: basic` (or none) on every request.
+    pub(crate) fn basic(basic: Option<String>) -> Self {
+        Self {
+            basic,
+            negotiate: None,
+        }
+    }
+
+    /// Forwarding whose first request carries this Negotiate value.
+    fn negotiate(value: String) -> Self {
+        Self {
+            basic: None,
+            negotiate: Some(Arc::new(Mutex::new(Some(value)))),
+        }
+    }
+
+    /// The `Proxy-Authorization` value for the next request, if any. Never logged.
+    pub(crate) fn authorization(&self) -> Option<String> {
+        match &self.negotiate {
+            Some(once) => once.lock().ok().and_then(|mut v| v.take()),
+            None => self.basic.clone(),
+        }
+    }
 }
 
 /// Why no route could be established.
@@ -220,14 +260,15 @@ enum Strategy {
     Direct,
     /// `parent`: these routes in order.
     Static(Vec<Route>),
-    /// `env`: routes for tunnels and for forwarding, and the `NO_PROXY` list.
+    /// `env` (and a desktop's manual setting): routes for tunnels and for forwarding, and
+    /// the hosts that bypass them.
     Env {
         tunnel: Option<Route>,
         forward: Option<Route>,
         no_proxy: env::NoProxy,
     },
-    /// `pac`.
-    Pac(Box<PacRouting>),
+    /// `pac` (and a desktop's PAC setting).
+    Pac(Arc<PacRouting>),
 }
 
 /// Cached PAC answers: per (use, target), until when, the script generation they were
@@ -241,20 +282,105 @@ struct PacRouting {
     on_error: PacOnError,
 }
 
+/// Most distinct parents a router registers over its life (configuration names a
+/// handful; `mode = "system"` re-reads add the ones that changed).
+const MAX_PARENTS: usize = 256;
+
+/// The parents a router may use, append-only, so that a [`Route::Parent`] index (kept by
+/// open connections and their close records) always names the same parent.
+struct Parents {
+    slots: Box<[std::sync::OnceLock<ParentEntry>]>,
+    /// Serialises registration; the slots are read without it.
+    adding: Mutex<usize>,
+}
+
+impl Parents {
+    fn new() -> Self {
+        Self {
+            slots: (0..MAX_PARENTS)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            adding: Mutex::new(0),
+        }
+    }
+
+    fn get(&self, i: u16) -> Option<&ParentEntry> {
+        self.slots
+            .get(usize::from(i))
+            .and_then(std::sync::OnceLock::get)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u16, &ParentEntry)> {
+        self.slots
+            .iter()
+            .map_while(std::sync::OnceLock::get)
+            .enumerate()
+            .filter_map(|(i, p)| u16::try_from(i).ok().map(|i| (i, p)))
+    }
+
+    /// The route of `url`, registering it if new (equal scheme, address, credentials and
+    /// auth share one entry).
+    fn add(&self, url: ParentUrl) -> Result<Route, Error> {
+        let mut len = self
+            .adding
+            .lock()
+            .map_err(|_| Error::Upstream("parent table poisoned".into()))?;
+        if let Some((i, _)) = self.iter().find(|(_, p)| p.url == url) {
+            return Ok(Route::Parent(i));
+        }
+        let i = *len;
+        let slot = self.slots.get(i).ok_or_else(|| {
+            Error::Upstream(format!(
+                "more than {MAX_PARENTS} distinct parents since start; restart the mediator"
+            ))
+        })?;
+        let label = format!("parent {url}");
+        let _ = slot.set(ParentEntry { url, label });
+        *len += 1;
+        Ok(Route::Parent(u16::try_from(i).unwrap_or(u16::MAX)))
+    }
+}
+
+/// A parent credentials file line's auth: `user:password` (Basic) or `negotiate`.
+#[derive(Debug, Clone)]
+enum FileAuth {
+    Basic(Credentials),
+    Negotiate,
+}
+
+/// What `[upstream]` says beyond the mode, to (re)build a strategy.
+struct Settings {
+    upstream: Upstream,
+    creds: HashMap<Target, FileAuth>,
+    extra_ca_files: Vec<std::path::PathBuf>,
+    connect_timeout: Duration,
+    dns_timeout: Duration,
+    getenv: Box<GetEnv>,
+}
+
+/// Reads one environment variable (the process environment in production).
+type GetEnv = dyn Fn(&str) -> Option<String> + Send + Sync;
+
 /// Chooses and establishes routes (design section 8). Built once at start from
-/// `[upstream]`; shared by every connection.
+/// `[upstream]`; shared by every connection. With `mode = "system"` its strategy is
+/// re-read on SIGHUP ([`Router::reread`]).
 pub struct Router {
-    strategy: Strategy,
-    parents: Vec<ParentEntry>,
+    strategy: std::sync::RwLock<Arc<Strategy>>,
+    parents: Parents,
     pin_through_parent: bool,
     retry: Duration,
     failed: Mutex<HashMap<u16, Instant>>,
     resolver: Arc<Resolver>,
+    tls: Option<https::ParentTls>,
+    negotiator: Option<negotiate::Negotiator>,
+    settings: Option<Settings>,
+    /// `mode = "system"`: what the last good reading said.
+    system: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let labels: Vec<&str> = self.parents.iter().map(|p| p.label.as_str()).collect();
+        let labels: Vec<&str> = self.parents.iter().map(|(_, p)| p.label.as_str()).collect();
         f.debug_struct("Router")
             .field("parents", &labels)
             .field("pin_through_parent", &self.pin_through_parent)
@@ -267,164 +393,310 @@ impl Router {
     #[cfg(test)]
     pub(crate) fn direct(resolver: Arc<Resolver>) -> Self {
         Self {
-            strategy: Strategy::Direct,
-            parents: Vec::new(),
+            strategy: std::sync::RwLock::new(Arc::new(Strategy::Direct)),
+            parents: Parents::new(),
             pin_through_parent: true,
             retry: Duration::ZERO,
             failed: Mutex::new(HashMap::new()),
             resolver,
+            tls: None,
+            negotiator: None,
+            settings: None,
+            system: Mutex::new(None),
         }
     }
 
     /// Builds the router for `upstream`: reads the parent credentials file, the proxy
-    /// environment (`env` mode, through `getenv`), and fetches and checks the PAC (`pac`
-    /// mode, then keeps refreshing it every `pac_refresh` while the router lives).
-    /// `extra_ca_files` are trusted (besides the system store) when fetching an https PAC.
+    /// environment (`env` mode, through `getenv`), the desktop settings (`system` mode),
+    /// and fetches and checks the PAC (`pac` mode or a desktop's PAC, then keeps
+    /// refreshing it every `pac_refresh` while it is in use). `extra_ca_files` are trusted
+    /// (besides the system store) for https PACs and HTTPS parents.
     ///
     /// # Errors
     /// [`Error::Upstream`]: an unreadable or malformed credentials file, an unusable proxy
-    /// variable, or no usable PAC at start (fail closed: the mediator does not start).
+    /// variable or desktop setting, or no usable PAC at start (fail closed: the mediator
+    /// does not start).
     pub async fn new(
         upstream: &Upstream,
         extra_ca_files: &[std::path::PathBuf],
         resolver: Arc<Resolver>,
         timeouts: &Timeouts,
-        getenv: impl Fn(&str) -> Option<String>,
+        getenv: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     ) -> Result<Arc<Self>, Error> {
-        let (connect_timeout, dns_timeout) = (timeouts.connect, timeouts.dns);
         let creds = match &upstream.parent_credentials_file {
             Some(path) => read_credentials(path)?,
             None => HashMap::new(),
         };
-        let mut router = Self {
-            strategy: Strategy::Direct,
-            parents: Vec::new(),
+        let routed = upstream.mode != UpstreamMode::Direct;
+        let negotiates = creds.values().any(|a| matches!(a, FileAuth::Negotiate))
+            || upstream
+                .parent_auth
+                .values()
+                .any(|a| *a == ParentAuth::Negotiate);
+        let router = Self {
+            strategy: std::sync::RwLock::new(Arc::new(Strategy::Direct)),
+            parents: Parents::new(),
             pin_through_parent: upstream.pin_through_parent,
             retry: upstream.parent_retry,
             failed: Mutex::new(HashMap::new()),
-            resolver: Arc::clone(&resolver),
+            resolver,
+            tls: if routed {
+                Some(https::ParentTls::new(extra_ca_files)?)
+            } else {
+                None
+            },
+            negotiator: if negotiates {
+                Some(negotiate::Negotiator::new(&upstream.kerberos).map_err(Error::Upstream)?)
+            } else {
+                None
+            },
+            settings: Some(Settings {
+                upstream: upstream.clone(),
+                creds,
+                extra_ca_files: extra_ca_files.to_vec(),
+                connect_timeout: timeouts.connect,
+                dns_timeout: timeouts.dns,
+                getenv: Box::new(getenv),
+            }),
+            system: Mutex::new(None),
         };
+        let router = Arc::new(router);
+        let (strategy, refresh) = router.build().await?;
+        router.install(strategy, refresh);
+        Ok(router)
+    }
+
+    /// Builds the strategy `[upstream]` says (reading the sources `env` and `system`
+    /// modes name); a PAC's refresher is returned to be started once installed.
+    async fn build(&self) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
+        let Some(cfg) = &self.settings else {
+            return Ok((Strategy::Direct, None));
+        };
+        let upstream = &cfg.upstream;
         match upstream.mode {
+            UpstreamMode::Direct => Ok((Strategy::Direct, None)),
             UpstreamMode::Parent => {
                 let routes = upstream
                     .parents
                     .iter()
-                    .map(|p| router.add_parent(p.clone(), &creds))
-                    .collect();
-                router.strategy = Strategy::Static(routes);
+                    .map(|p| self.add_parent(p.clone()))
+                    .collect::<Result<_, _>>()?;
+                Ok((Strategy::Static(routes), None))
             }
             UpstreamMode::Env => {
-                let found = env::EnvProxies::read(getenv)?;
-                let tunnel = found
-                    .https
-                    .clone()
-                    .or_else(|| found.all.clone())
-                    .map(|p| router.add_parent(p, &creds));
-                let forward = found
-                    .http
-                    .clone()
-                    .or_else(|| found.all.clone())
-                    .map(|p| router.add_parent(p, &creds));
-                tracing::info!(
-                    "upstream env: tunnels via {}, http via {}",
-                    router.show(tunnel),
-                    router.show(forward)
-                );
-                router.strategy = Strategy::Env {
-                    tunnel,
-                    forward,
-                    no_proxy: found.no_proxy,
-                };
+                let found = env::EnvProxies::read(&cfg.getenv)?;
+                let reading = system::from_env(found, "the environment".into());
+                let strategy = self.setting(reading.setting).await?.0;
+                tracing::info!("upstream env: {}", self.describe_strategy(&strategy));
+                Ok((strategy, None))
             }
             UpstreamMode::Pac => {
-                for allowed in &upstream.allowed_parents {
-                    for scheme in [ParentScheme::Http, ParentScheme::Socks5] {
-                        let url = ParentUrl {
-                            scheme,
-                            addr: allowed.clone(),
-                            credentials: None,
-                        };
-                        router.add_parent(url, &creds);
-                    }
-                }
                 let Some(source) = upstream.pac.clone() else {
                     return Err(Error::Upstream(
                         "mode = \"pac\" without a pac source".into(),
                     ));
                 };
-                let fetcher = fetch::Fetcher::new(
-                    source.clone(),
-                    upstream.pac_fetch_via.clone().map(|mut via| {
-                        if via.credentials.is_none() {
-                            via.credentials = creds.get(&via.addr).cloned();
-                        }
-                        via
-                    }),
-                    extra_ca_files,
-                    Arc::clone(&resolver),
-                    connect_timeout,
-                )?;
-                let script = fetcher.fetch().await.map_err(|e| {
-                    Error::Upstream(format!(
-                        "no usable PAC at start: {} : {e}",
-                        show_source(&source)
-                    ))
-                })?;
-                let limits = pac::Limits {
-                    cpu: upstream.pac_budget,
-                    memory: upstream.pac_memory,
-                    dns_timeout,
-                };
-                let env = pac::HelperEnv {
-                    resolver: Arc::clone(&resolver),
-                    handle: tokio::runtime::Handle::current(),
-                };
-                let engine = pac::Pac::start(script, limits, env, PAC_WORKERS)
-                    .await
-                    .map_err(|e| {
-                        Error::Upstream(format!(
-                            "no usable PAC at start: {}: {e}",
-                            show_source(&source)
-                        ))
-                    })?;
-                router.strategy = Strategy::Pac(Box::new(PacRouting {
-                    pac: Arc::new(engine),
-                    cache: Mutex::new(HashMap::new()),
-                    ttl: upstream.pac_cache,
-                    on_error: upstream.pac_on_error,
-                }));
-                let router = Arc::new(router);
-                if !upstream.pac_refresh.is_zero() {
-                    tokio::spawn(refresh(
-                        Arc::downgrade(&router),
-                        fetcher,
-                        upstream.pac_refresh,
-                    ));
-                }
-                return Ok(router);
+                self.pac(source).await
             }
-            UpstreamMode::Direct => {}
+            UpstreamMode::System => {
+                let paths = system::Paths::of(&upstream.system)?;
+                let reading = system::read(&paths, &cfg.getenv)?;
+                let said = reading.to_string();
+                let (strategy, fetcher) = self.setting(reading.setting).await?;
+                let text = format!("{said} -> {}", self.describe_strategy(&strategy));
+                let first = self
+                    .system
+                    .lock()
+                    .map(|mut s| s.replace(text.clone()).is_none());
+                if first.unwrap_or(false) {
+                    // At start (a re-read says it on its own line).
+                    eprintln!("mediator: upstream system: {text}");
+                }
+                Ok((strategy, fetcher))
+            }
         }
-        Ok(Arc::new(router))
     }
 
-    /// Registers a parent (credentials from the file when the URL has none); returns its
-    /// route. Parents equal in scheme and address share one entry.
-    fn add_parent(&mut self, mut url: ParentUrl, creds: &HashMap<Target, Credentials>) -> Route {
-        if url.credentials.is_none() {
-            url.credentials = creds.get(&url.addr).cloned();
+    /// The strategy of a desktop or environment setting.
+    async fn setting(
+        &self,
+        setting: system::Setting,
+    ) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
+        match setting {
+            system::Setting::Direct => Ok((Strategy::Direct, None)),
+            system::Setting::Manual {
+                tunnel,
+                forward,
+                no_proxy,
+            } => Ok((
+                Strategy::Env {
+                    tunnel: tunnel.map(|p| self.add_parent(*p)).transpose()?,
+                    forward: forward.map(|p| self.add_parent(*p)).transpose()?,
+                    no_proxy,
+                },
+                None,
+            )),
+            system::Setting::Pac(source) => Box::pin(self.pac(source)).await,
         }
-        if let Some(i) = self
-            .parents
-            .iter()
-            .position(|p| p.url.scheme == url.scheme && p.url.addr == url.addr)
-        {
-            return Route::Parent(u16::try_from(i).unwrap_or(u16::MAX));
+    }
+
+    /// Fetches and checks a PAC, with `allowed_parents` registered for it.
+    async fn pac(&self, source: PacSource) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
+        let Some(cfg) = &self.settings else {
+            return Ok((Strategy::Direct, None));
+        };
+        let upstream = &cfg.upstream;
+        for allowed in &upstream.allowed_parents {
+            for scheme in ParentScheme::ALL {
+                self.add_parent(ParentUrl::new(scheme, allowed.clone()))?;
+            }
         }
-        let label = format!("parent {url}");
-        self.parents.push(ParentEntry { url, label });
-        // Parents come from configuration (a handful), never from requests.
-        Route::Parent(u16::try_from(self.parents.len() - 1).unwrap_or(u16::MAX))
+        let via = upstream
+            .pac_fetch_via
+            .clone()
+            .map(|via| self.with_auth(via));
+        let fetcher = fetch::Fetcher::new(
+            source.clone(),
+            via,
+            &cfg.extra_ca_files,
+            Arc::clone(&self.resolver),
+            cfg.connect_timeout,
+            self.tls.clone(),
+        )?;
+        let script = fetcher.fetch().await.map_err(|e| {
+            Error::Upstream(format!(
+                "no usable PAC at start: {} : {e}",
+                show_source(&source)
+            ))
+        })?;
+        let limits = pac::Limits {
+            cpu: upstream.pac_budget,
+            memory: upstream.pac_memory,
+            dns_timeout: cfg.dns_timeout,
+        };
+        let env = pac::HelperEnv {
+            resolver: Arc::clone(&self.resolver),
+            handle: tokio::runtime::Handle::current(),
+        };
+        let engine = pac::Pac::start(script, limits, env, PAC_WORKERS)
+            .await
+            .map_err(|e| {
+                Error::Upstream(format!(
+                    "no usable PAC at start: {}: {e}",
+                    show_source(&source)
+                ))
+            })?;
+        let routing = PacRouting {
+            pac: Arc::new(engine),
+            cache: Mutex::new(HashMap::new()),
+            ttl: upstream.pac_cache,
+            on_error: upstream.pac_on_error,
+        };
+        Ok((Strategy::Pac(Arc::new(routing)), Some(fetcher)))
+    }
+
+    /// Makes `strategy` the one in force; a PAC's refresher starts with it and ends when
+    /// it is replaced.
+    fn install(self: &Arc<Self>, strategy: Strategy, fetcher: Option<fetch::Fetcher>) {
+        let every = self
+            .settings
+            .as_ref()
+            .map_or(Duration::ZERO, |s| s.upstream.pac_refresh);
+        let strategy = Arc::new(strategy);
+        if let (Strategy::Pac(routing), Some(fetcher)) = (&*strategy, fetcher) {
+            if !every.is_zero() {
+                tokio::spawn(refresh(Arc::downgrade(routing), fetcher, every));
+            }
+        }
+        if let Ok(mut s) = self.strategy.write() {
+            *s = strategy;
+        }
+    }
+
+    /// `mode = "system"`: reads the desktop settings again (SIGHUP) and installs what they
+    /// say; a reading that fails keeps the routing in force (and says why). Other modes:
+    /// nothing (their settings change with a restart).
+    pub fn reread(self: &Arc<Self>) {
+        let is_system = self
+            .settings
+            .as_ref()
+            .is_some_and(|s| s.upstream.mode == UpstreamMode::System);
+        if !is_system {
+            return;
+        }
+        let router = Arc::clone(self);
+        tokio::spawn(async move {
+            match router.build().await {
+                Ok((strategy, fetcher)) => {
+                    router.install(strategy, fetcher);
+                    eprintln!(
+                        "mediator: upstream system settings re-read: {}",
+                        router.system_reading().unwrap_or_default()
+                    );
+                }
+                Err(e) => eprintln!(
+                    "mediator: upstream system settings re-read failed; the routing in force is kept: {e}"
+                ),
+            }
+        });
+    }
+
+    /// `mode = "system"`: which source was used, what it said and the routing it gave.
+    pub fn system_reading(&self) -> Option<String> {
+        self.system.lock().ok().and_then(|s| s.clone())
+    }
+
+    /// The routing a strategy gives, in words.
+    fn describe_strategy(&self, strategy: &Strategy) -> String {
+        match strategy {
+            Strategy::Direct => "direct".into(),
+            Strategy::Static(routes) => routes
+                .iter()
+                .map(|r| self.label(*r))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Strategy::Env {
+                tunnel,
+                forward,
+                no_proxy,
+            } => format!(
+                "tunnels via {}, http via {}, no proxy for {no_proxy}",
+                self.show(*tunnel),
+                self.show(*forward)
+            ),
+            Strategy::Pac(_) => "the PAC".into(),
+        }
+    }
+
+    /// `url` with the configured auth (`parent_auth`, then the credentials file) applied
+    /// where the URL itself says nothing.
+    fn with_auth(&self, mut url: ParentUrl) -> ParentUrl {
+        let Some(cfg) = &self.settings else {
+            return url;
+        };
+        if let Some(auth) = cfg.upstream.parent_auth.get(&url.addr) {
+            url.auth = *auth;
+        }
+        match cfg.creds.get(&url.addr) {
+            Some(FileAuth::Negotiate) if url.credentials.is_none() => {
+                url.auth = ParentAuth::Negotiate;
+            }
+            Some(FileAuth::Basic(c)) if url.credentials.is_none() => {
+                url.credentials = Some(c.clone());
+            }
+            _ => {}
+        }
+        if !url.scheme.is_http() {
+            // Negotiate is an HTTP scheme; a SOCKS5 parent on the same address uses RFC 1929.
+            url.auth = ParentAuth::Basic;
+        }
+        url
+    }
+
+    /// Registers a parent (auth and credentials from the configuration where the URL has
+    /// none); returns its route.
+    fn add_parent(&self, url: ParentUrl) -> Result<Route, Error> {
+        self.parents.add(self.with_auth(url))
     }
 
     fn show(&self, route: Option<Route>) -> &str {
@@ -435,10 +707,14 @@ impl Router {
     pub(crate) fn label(&self, route: Route) -> &str {
         match route {
             Route::Direct => DIRECT,
-            Route::Parent(i) => self
-                .parents
-                .get(usize::from(i))
-                .map_or("parent ?", |p| p.label.as_str()),
+            Route::Parent(i) => self.parents.get(i).map_or("parent ?", |p| p.label.as_str()),
+        }
+    }
+
+    fn current(&self) -> Arc<Strategy> {
+        match self.strategy.read() {
+            Ok(s) => Arc::clone(&s),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         }
     }
 
@@ -448,7 +724,8 @@ impl Router {
     /// A detail when the PAC failed and `pac_on_error = "deny"`, or when it named no
     /// usable route.
     pub async fn plan(&self, via: Via, target: &Target) -> Result<Arc<[Route]>, String> {
-        match &self.strategy {
+        let strategy = self.current();
+        match &*strategy {
             Strategy::Direct => Ok(Arc::from([Route::Direct])),
             Strategy::Static(routes) => Ok(Arc::from(routes.as_slice())),
             Strategy::Env {
@@ -542,9 +819,9 @@ impl Router {
                     let found = self
                         .parents
                         .iter()
-                        .position(|p| p.url.scheme == scheme && p.url.addr == target);
+                        .find(|(_, p)| p.url.scheme == scheme && p.url.addr == target);
                     match found {
-                        Some(i) => u16::try_from(i).ok().map(Route::Parent),
+                        Some((i, _)) => Some(Route::Parent(i)),
                         None => {
                             tracing::warn!(
                                 url = %url,
@@ -614,7 +891,7 @@ impl Router {
                 Route::Direct => {
                     let (r, _) = connect_pinned(pin, target.port, timeout).await;
                     r.map(|(stream, addr)| Established {
-                        stream,
+                        stream: UpstreamStream::Plain(stream),
                         pin: addr,
                         route,
                         forward: None,
@@ -622,7 +899,7 @@ impl Router {
                     .map_err(Attempt::Connection)
                 }
                 Route::Parent(i) => {
-                    let Some(entry) = self.parents.get(usize::from(i)) else {
+                    let Some(entry) = self.parents.get(i) else {
                         continue;
                     };
                     self.via_parent(entry, route, via, target, pin, timeout)
@@ -695,15 +972,21 @@ impl Router {
         let url = &entry.url;
         let shown = url.to_string();
         let creds = url.credentials.as_ref();
-        if via == Via::Forward && url.scheme == ParentScheme::Http {
-            let (stream, _) = self.connect_parent(url, timeout).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        if via == Via::Forward && url.scheme.is_http() {
+            let stream = self.connect_parent(url, timeout).await?;
+            let forward = match url.auth {
+                ParentAuth::Basic => ForwardProxy::basic(creds.map(parent::basic)),
+                ParentAuth::Negotiate => {
+                    let (value, _) = self.negotiate_start(url).await?;
+                    ForwardProxy::negotiate(value)
+                }
+            };
             return Ok(Established {
                 stream,
                 pin: first_pin,
                 route,
-                forward: Some(ForwardProxy {
-                    authorization: creds.map(parent::basic),
-                }),
+                forward: Some(forward),
             });
         }
         // The destinations to name: every vetted address in turn (pinning), or the host.
@@ -715,18 +998,21 @@ impl Router {
         } else {
             vec![(Dest::Host(&target.host), first_pin)]
         };
-        let deadline = tokio::time::Instant::now() + timeout;
         let mut refusal = String::new();
         for (dest, addr) in dests {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let (mut stream, _) = self.connect_parent(url, remaining).await?;
+            let mut stream = self.connect_parent(url, remaining).await?;
             let shake = async {
-                match url.scheme {
-                    ParentScheme::Http => {
+                match (url.scheme, url.auth) {
+                    (ParentScheme::Socks5, _) => {
+                        parent::socks5_connect(&mut stream, dest, target.port, creds, &shown).await
+                    }
+                    (_, ParentAuth::Basic) => {
                         parent::http_connect(&mut stream, dest, target.port, creds, &shown).await
                     }
-                    ParentScheme::Socks5 => {
-                        parent::socks5_connect(&mut stream, dest, target.port, creds, &shown).await
+                    (_, ParentAuth::Negotiate) => {
+                        self.negotiate_connect(&mut stream, url, dest, target.port, deadline)
+                            .await
                     }
                 }
             };
@@ -758,13 +1044,110 @@ impl Router {
         Err(Attempt::Answered(refusal))
     }
 
-    /// Opens TCP to a parent: its name through the mediator's resolver (parents are
-    /// operator configuration, not vetted like destinations), then Happy Eyeballs.
+    /// The first Negotiate token for `url`'s host.
+    async fn negotiate_start(
+        &self,
+        url: &ParentUrl,
+    ) -> Result<(String, negotiate::Pending), Attempt> {
+        let Some(n) = &self.negotiator else {
+            return Err(Attempt::Answered(format!(
+                "parent {url}: parent_auth = \"negotiate\" but no Kerberos client is set up"
+            )));
+        };
+        n.start(&url.addr.host).await.map_err(|e| {
+            Attempt::Answered(format!("parent {url} demands Negotiate (Kerberos): {e}"))
+        })
+    }
+
+    /// CONNECT through a parent that takes Negotiate (RFC 4559): the request without
+    /// credentials; on `407` offering Negotiate, the token (on the same connection when
+    /// the refusal's body can be skipped, else on a new one); then the parent's answer,
+    /// whose mutual-authentication token, if any, must verify.
+    async fn negotiate_connect(
+        &self,
+        stream: &mut UpstreamStream,
+        url: &ParentUrl,
+        dest: Dest<'_>,
+        port: u16,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), HandshakeError> {
+        let shown = url.to_string();
+        let authority = dest.authority(port);
+        let answer = parent::send_connect(stream, dest, port, None, &shown).await?;
+        if (200..300).contains(&answer.status) {
+            return Ok(());
+        }
+        if answer.status != 407 {
+            return Err(answer.refusal(&authority, false, &shown));
+        }
+        if answer.negotiate().is_none() {
+            return Err(HandshakeError::Refused {
+                detail: format!(
+                    "parent {shown} answered 407 without offering Negotiate (it offers {}): parent_auth = \"negotiate\" does not fit this parent",
+                    answer.offered()
+                ),
+                next_addr: false,
+            });
+        }
+        match answer.body() {
+            BodyLength::Known(n) => parent::discard(stream, n)
+                .await
+                .map_err(|e| HandshakeError::Broken(format!("{shown}: {e}")))?,
+            BodyLength::Unusable => {
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                *stream = self
+                    .connect_parent(url, remaining)
+                    .await
+                    .map_err(|a| HandshakeError::Broken(a.to_string()))?;
+            }
+        }
+        let (value, pending) =
+            self.negotiate_start(url)
+                .await
+                .map_err(|a| HandshakeError::Refused {
+                    detail: a.to_string(),
+                    next_addr: false,
+                })?;
+        let answer = parent::send_connect(stream, dest, port, Some(&value), &shown).await?;
+        drop(value);
+        if answer.status == 407 {
+            return Err(HandshakeError::Refused {
+                detail: format!(
+                    "parent {shown} refused the Kerberos (Negotiate) credentials: it answered 407 again after the token; check that the ticket is for HTTP@{} and that the parent accepts this client",
+                    url.addr.host.as_text()
+                ),
+                next_addr: false,
+            });
+        }
+        if !(200..300).contains(&answer.status) {
+            return Err(answer.refusal(&authority, false, &shown));
+        }
+        if let Some(token) = answer.negotiate().filter(|t| !t.is_empty()) {
+            let token = negotiate::decode(token).ok_or_else(|| HandshakeError::Refused {
+                detail: format!("parent {shown}: its Negotiate answer is not base64"),
+                next_addr: false,
+            })?;
+            pending.finish(token).await.map_err(|e| HandshakeError::Refused {
+                detail: format!(
+                    "parent {shown}: Kerberos mutual authentication failed (the parent is not the service HTTP@{}): {e}",
+                    url.addr.host.as_text()
+                ),
+                next_addr: false,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Opens a stream to a parent: its name through the mediator's resolver (parents are
+    /// operator configuration, not vetted like destinations), then Happy Eyeballs, then
+    /// TLS for an HTTPS parent. A TLS failure (a certificate that does not verify) is a
+    /// connection-level failure of that parent: the next route is tried.
     async fn connect_parent(
         &self,
         url: &ParentUrl,
         timeout: Duration,
-    ) -> Result<(TcpStream, SocketAddr), Attempt> {
+    ) -> Result<UpstreamStream, Attempt> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let (resolved, _) = self.resolver.resolve(&url.addr.host).await;
         let addrs: Vec<SocketAddr> = resolved
             .map_err(|e| {
@@ -776,7 +1159,23 @@ impl Router {
             .map(|ip| SocketAddr::new(ip, url.addr.port))
             .collect();
         let (r, _) = connect_addrs(&addrs, timeout).await;
-        r.map_err(Attempt::Connection)
+        let (tcp, _) = r.map_err(Attempt::Connection)?;
+        if url.scheme != ParentScheme::Https {
+            return Ok(UpstreamStream::Plain(tcp));
+        }
+        let Some(tls) = &self.tls else {
+            return Err(Attempt::Answered(format!("parent {url}: no TLS client")));
+        };
+        match tokio::time::timeout_at(deadline, tls.connect(url, tcp)).await {
+            Err(_) => Err(Attempt::Connection(ConnectFailure::Timeout)),
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(why)) => {
+                tracing::warn!("{why}");
+                Err(Attempt::Connection(ConnectFailure::Other(
+                    io::Error::other(why),
+                )))
+            }
+        }
     }
 }
 
@@ -786,6 +1185,15 @@ enum Attempt {
     Connection(ConnectFailure),
     /// The parent answered (refused, demanded credentials): stop here.
     Answered(String),
+}
+
+impl std::fmt::Display for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connection(c) => c.fmt(f),
+            Self::Answered(d) => f.write_str(d),
+        }
+    }
 }
 
 /// The URL handed to the PAC: `https://host[:port]/` for tunnels (never a path or
@@ -808,15 +1216,16 @@ pub(crate) fn pac_url(via: Via, target: &Target) -> String {
 pub(crate) enum PacEntry {
     /// `DIRECT`.
     Direct,
-    /// `PROXY`/`HTTP` (HTTP parent) or `SOCKS`/`SOCKS5` (SOCKS5 parent) with `host:port`.
+    /// `PROXY`/`HTTP` (HTTP parent), `HTTPS` (TLS to the parent) or `SOCKS`/`SOCKS5`
+    /// (SOCKS5 parent) with `host:port`.
     Proxy(ParentScheme, Target),
-    /// An entry this build does not use (SOCKS4, HTTPS parents, garbage), with why.
+    /// An entry this build does not use (SOCKS4, garbage), with why.
     Skipped(String),
 }
 
 /// Parses a PAC answer (`"PROXY a:1; SOCKS5 b:2; DIRECT"`): entries separated by `;`,
 /// keywords case-insensitive. `SOCKS` means SOCKS5 (as in Firefox; SOCKS4 is not
-/// supported); `HTTPS` (TLS to the parent) and `SOCKS4` entries are skipped.
+/// supported, its entries are skipped); `HTTPS` is an HTTP parent spoken to over TLS.
 pub(crate) fn parse_pac_answer(answer: &str) -> Vec<PacEntry> {
     answer
         .split(';')
@@ -834,11 +1243,7 @@ pub(crate) fn parse_pac_answer(answer: &str) -> Vec<PacEntry> {
                 "SOCKS4" => {
                     return PacEntry::Skipped(format!("{entry:?}: SOCKS4 is not supported"));
                 }
-                "HTTPS" => {
-                    return PacEntry::Skipped(format!(
-                        "{entry:?}: TLS to a parent (HTTPS) is not supported"
-                    ));
-                }
+                "HTTPS" => ParentScheme::Https,
                 _ => return PacEntry::Skipped(format!("{entry:?}: unknown entry")),
             };
             match (arg, extra) {
@@ -859,9 +1264,9 @@ fn show_source(src: &PacSource) -> String {
     }
 }
 
-/// Reads `parent_credentials_file`: lines `host:port user:password` (`#` comments and
-/// blank lines ignored).
-fn read_credentials(path: &Path) -> Result<HashMap<Target, Credentials>, Error> {
+/// Reads `parent_credentials_file`: lines `host:port user:password` or `host:port
+/// negotiate` (`#` comments and blank lines ignored).
+fn read_credentials(path: &Path) -> Result<HashMap<Target, FileAuth>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::Upstream(format!(
             "cannot read parent_credentials_file {}: {e}",
@@ -880,27 +1285,30 @@ fn read_credentials(path: &Path) -> Result<HashMap<Target, Credentials>, Error> 
             .ok_or_else(|| Error::Upstream(format!("{at}: write \"host:port user:password\"")))?;
         let target =
             parse_authority_form(addr).map_err(|e| Error::Upstream(format!("{at}: {e}")))?;
-        let (user, pass) = userpass
-            .trim()
-            .split_once(':')
-            .ok_or_else(|| Error::Upstream(format!("{at}: write \"host:port user:password\"")))?;
+        if userpass.trim() == "negotiate" {
+            out.insert(target, FileAuth::Negotiate);
+            continue;
+        }
+        let (user, pass) = userpass.trim().split_once(':').ok_or_else(|| {
+            Error::Upstream(format!(
+                "{at}: write \"host:port user:password\" or \"host:port negotiate\""
+            ))
+        })?;
         let creds = Credentials::new(user.to_owned(), pass.to_owned())
             .map_err(|e| Error::Upstream(format!("{at}: {e}")))?;
-        out.insert(target, creds);
+        out.insert(target, FileAuth::Basic(creds));
     }
     Ok(out)
 }
 
 /// Re-fetches the PAC every `every`; a good new script replaces the old one (answers
-/// cached under the old one are no longer served), a failed fetch or a bad script keeps the last good copy. Ends when the
-/// router is dropped.
-async fn refresh(router: std::sync::Weak<Router>, fetcher: fetch::Fetcher, every: Duration) {
+/// cached under the old one are no longer served), a failed fetch or a bad script keeps
+/// the last good copy. Ends when the PAC is no longer in use (the router dropped, or a
+/// re-read installed another routing).
+async fn refresh(routing: std::sync::Weak<PacRouting>, fetcher: fetch::Fetcher, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let Some(router) = router.upgrade() else {
-            return;
-        };
-        let Strategy::Pac(p) = &router.strategy else {
+        let Some(p) = routing.upgrade() else {
             return;
         };
         match fetcher.fetch().await {
@@ -942,9 +1350,7 @@ mod tests {
                 PacEntry::Proxy(ParentScheme::Http, t("proxy.corp:8080")),
                 PacEntry::Proxy(ParentScheme::Socks5, t("127.0.0.1:1080")),
                 PacEntry::Direct,
-                PacEntry::Skipped(
-                    "\"HTTPS s:443\": TLS to a parent (HTTPS) is not supported".into()
-                ),
+                PacEntry::Proxy(ParentScheme::Https, t("s:443")),
                 PacEntry::Skipped("\"SOCKS4 x:1\": SOCKS4 is not supported".into()),
                 PacEntry::Proxy(ParentScheme::Http, t("h:80")),
                 PacEntry::Skipped("\"bogus\": unknown entry".into()),
@@ -955,6 +1361,26 @@ mod tests {
             ]
         );
         assert_eq!(parse_pac_answer(""), vec![]);
+    }
+
+    #[test]
+    fn parents_are_append_only_and_bounded() {
+        let parents = Parents::new();
+        let url = |s: &str| {
+            policy::upstream::parse_parent_url(s, policy::upstream::ParentSyntax::Config).unwrap()
+        };
+        let a = parents.add(url("http://a.corp:1")).unwrap();
+        let b = parents.add(url("https://a.corp:1")).unwrap();
+        assert_ne!(a, b, "another scheme is another parent");
+        assert_eq!(parents.add(url("http://a.corp:1")).unwrap(), a);
+        let Route::Parent(i) = b else { panic!() };
+        assert_eq!(parents.get(i).unwrap().label, "parent https://a.corp:1");
+        for n in 2..MAX_PARENTS {
+            parents.add(url(&format!("http://p{n}.corp:1"))).unwrap();
+        }
+        let e = parents.add(url("http://one-too-many.corp:1")).unwrap_err();
+        assert!(e.to_string().contains("restart the mediator"), "{e}");
+        assert_eq!(parents.get(i).unwrap().label, "parent https://a.corp:1");
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Handshakes with a parent proxy over an open TCP stream: HTTP/1.1 `CONNECT` (RFC 9110
-//! section 9.3.6) and SOCKS5 `CONNECT` (RFC 1928, username/password per RFC 1929).
+//! Handshakes with a parent proxy over an open stream (TCP, or TLS to an HTTPS parent):
+//! HTTP/1.1 `CONNECT` (RFC 9110 section 9.3.6) and SOCKS5 `CONNECT` (RFC 1928,
+//! username/password per RFC 1929). The Negotiate steps (RFC 4559) are driven by the
+//! router with [`send_connect`] and [`Answer`].
 //!
 //! Everything written to a parent is built here from canonical values only: the target is
 //! a vetted [`IpAddr`] or a [`CanonicalHost`] (which cannot hold CR, LF, NUL or space), the
@@ -12,11 +14,16 @@ use std::net::IpAddr;
 use base64::Engine as _;
 use policy::CanonicalHost;
 use policy::upstream::Credentials;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use super::stream::UpstreamStream;
 
 /// Largest parent response head read (status line and headers).
 const MAX_HEAD: usize = 16 * 1024;
+
+/// Largest refusal body read to keep a connection for the next authentication step.
+const MAX_DISCARD: u64 = 64 * 1024;
 
 /// What a CONNECT names: the vetted address (pinning through the parent) or the canonical
 /// host (the parent resolves it).
@@ -71,23 +78,139 @@ fn line_safe(s: &str) -> bool {
     s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-/// Sends `CONNECT dest HTTP/1.1` and reads the parent's answer head. On a 2xx the stream
-/// is a tunnel to the destination; nothing past the head has been read.
+/// A parent's answer head to `CONNECT`: its status and header lines (never the body).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    /// The status code.
+    pub(crate) status: u16,
+    head: Vec<u8>,
+}
+
+/// How the body of a parent's non-2xx answer is delimited (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyLength {
+    /// `Content-Length: n` and the connection stays open: read `n` bytes and reuse it.
+    Known(u64),
+    /// Chunked, delimited by the close, or `Connection: close`: open a new connection.
+    Unusable,
+}
+
+impl Answer {
+    /// The header fields, `(name, value)` with the value trimmed.
+    fn fields(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::str::from_utf8(&self.head)
+            .unwrap_or_default()
+            .split("\r\n")
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim(), v.trim()))
+    }
+
+    /// `Some(token)` when a `Proxy-Authenticate` field offers `Negotiate` (RFC 4559
+    /// section 4): the token is empty for a bare offer.
+    pub(crate) fn negotiate(&self) -> Option<&str> {
+        self.fields()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("proxy-authenticate"))
+            .find_map(|(_, v)| {
+                let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
+                scheme
+                    .eq_ignore_ascii_case("negotiate")
+                    .then_some(rest.trim())
+            })
+    }
+
+    /// The authentication schemes the parent offered (`Proxy-Authenticate`), for messages.
+    pub(crate) fn offered(&self) -> String {
+        let schemes: Vec<String> = self
+            .fields()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("proxy-authenticate"))
+            .filter_map(|(_, v)| v.split([' ', ',']).next())
+            .map(|s| {
+                s.chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .take(32)
+                    .collect()
+            })
+            .filter(|s: &String| !s.is_empty())
+            .collect();
+        if schemes.is_empty() {
+            "no scheme".to_owned()
+        } else {
+            schemes.join(", ")
+        }
+    }
+
+    /// How the answer's body is delimited.
+    pub(crate) fn body(&self) -> BodyLength {
+        let mut length = None;
+        for (name, value) in self.fields() {
+            if name.eq_ignore_ascii_case("transfer-encoding")
+                || (name.eq_ignore_ascii_case("connection")
+                    && value
+                        .split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("close")))
+            {
+                return BodyLength::Unusable;
+            }
+            if name.eq_ignore_ascii_case("content-length") {
+                match (length, value.parse::<u64>()) {
+                    (None, Ok(n)) => length = Some(n),
+                    (Some(a), Ok(b)) if a == b => {}
+                    _ => return BodyLength::Unusable,
+                }
+            }
+        }
+        if self.head.starts_with(b"HTTP/1.0") {
+            return BodyLength::Unusable;
+        }
+        length.map_or(BodyLength::Unusable, BodyLength::Known)
+    }
+
+    /// The refusal this non-2xx answer means for `CONNECT authority`.
+    pub(crate) fn refusal(&self, authority: &str, basic: bool, parent: &str) -> HandshakeError {
+        let status = self.status;
+        let detail = if status == 407 {
+            format!(
+                "parent {parent} answered 407 Proxy Authentication Required{} (it offers {}): {}",
+                if basic {
+                    " (the configured credentials were refused)"
+                } else {
+                    ""
+                },
+                self.offered(),
+                "configure the parent's credentials (userinfo or parent_credentials_file) or parent_auth"
+            )
+        } else {
+            format!(
+                "parent {parent} answered {status} {} to CONNECT {authority}",
+                status_reason(&self.head)
+            )
+        };
+        HandshakeError::Refused {
+            detail,
+            next_addr: matches!(status, 502..=504),
+        }
+    }
+}
+
+/// Sends `CONNECT dest HTTP/1.1` (with `Proxy-Authorization: authorization` when given)
+/// and reads the parent's answer head. Nothing past the head is read: on a 2xx the stream
+/// is a tunnel to the destination.
 ///
 /// # Errors
-/// [`HandshakeError`]: `Broken` when the connection fails before a complete answer,
-/// `Refused` for a non-2xx answer.
-pub(crate) async fn http_connect(
-    stream: &mut TcpStream,
+/// [`HandshakeError::Broken`] when the connection fails before a complete answer, or the
+/// answer is not HTTP.
+pub(crate) async fn send_connect(
+    stream: &mut UpstreamStream,
     dest: Dest<'_>,
     port: u16,
-    creds: Option<&Credentials>,
+    authorization: Option<&str>,
     parent: &str,
-) -> Result<(), HandshakeError> {
+) -> Result<Answer, HandshakeError> {
     let authority = dest.authority(port);
     let mut req = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
-    if let Some(c) = creds {
-        req.push_str(&format!("Proxy-Authorization: {}\r\n", basic(c)));
+    if let Some(value) = authorization {
+        req.push_str(&format!("Proxy-Authorization: {value}\r\n"));
     }
     req.push_str("\r\n");
     if !req.trim_end_matches("\r\n").split("\r\n").all(line_safe) {
@@ -105,32 +228,84 @@ pub(crate) async fn http_connect(
     let status = parse_status(&head).ok_or_else(|| {
         HandshakeError::Broken(format!("{parent}: not an HTTP answer to CONNECT"))
     })?;
-    if (200..300).contains(&status) {
+    Ok(Answer { status, head })
+}
+
+/// `CONNECT` with Basic credentials (or none): on a 2xx the stream is a tunnel to the
+/// destination; nothing past the head has been read.
+///
+/// # Errors
+/// [`HandshakeError`]: `Broken` when the connection fails before a complete answer,
+/// `Refused` for a non-2xx answer.
+pub(crate) async fn http_connect(
+    stream: &mut UpstreamStream,
+    dest: Dest<'_>,
+    port: u16,
+    creds: Option<&Credentials>,
+    parent: &str,
+) -> Result<(), HandshakeError> {
+    let authorization = creds.map(basic);
+    let answer = send_connect(stream, dest, port, authorization.as_deref(), parent).await?;
+    if (200..300).contains(&answer.status) {
         return Ok(());
     }
-    let reason = status_reason(&head);
-    let detail = if status == 407 {
-        format!(
-            "parent {parent} answered 407 Proxy Authentication Required{}: {}",
-            if creds.is_some() {
-                " (the configured credentials were refused)"
-            } else {
-                ""
-            },
-            "configure the parent's credentials (userinfo or parent_credentials_file)"
-        )
-    } else {
-        format!("parent {parent} answered {status} {reason} to CONNECT {authority}")
-    };
-    Err(HandshakeError::Refused {
-        detail,
-        next_addr: matches!(status, 502..=504),
-    })
+    Err(answer.refusal(&dest.authority(port), creds.is_some(), parent))
+}
+
+/// Reads and drops `n` body bytes of a refusal (at most [`MAX_DISCARD`]).
+///
+/// # Errors
+/// A larger body, or the connection failed.
+pub(crate) async fn discard(stream: &mut UpstreamStream, n: u64) -> Result<(), String> {
+    if n > MAX_DISCARD {
+        return Err(format!("a {n}-byte answer body (more than {MAX_DISCARD})"));
+    }
+    let mut left = n;
+    let mut buf = [0u8; 4096];
+    while left > 0 {
+        let want = usize::try_from(left.min(4096)).unwrap_or(4096);
+        let got = stream
+            .read(&mut buf[..want])
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
+        if got == 0 {
+            return Err("connection closed in the answer body".into());
+        }
+        left -= got as u64;
+    }
+    Ok(())
 }
 
 /// Reads bytes up to and including the blank line ending a response head, never past it
-/// (so tunnelled bytes stay in the socket): peeks, then consumes exactly what is needed.
-async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
+/// (so tunnelled bytes stay unread): on TCP it peeks, then consumes exactly what is
+/// needed; inside TLS (no peek) it reads one byte at a time from the decrypted buffer.
+async fn read_head(stream: &mut UpstreamStream) -> Result<Vec<u8>, String> {
+    match stream {
+        UpstreamStream::Plain(tcp) => read_head_tcp(tcp).await,
+        UpstreamStream::Tls(tls) => read_head_bytewise(tls.as_mut()).await,
+    }
+}
+
+async fn read_head_bytewise<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>, String> {
+    let mut head: Vec<u8> = Vec::with_capacity(256);
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = stream
+            .read(&mut byte)
+            .await
+            .map_err(|e| format!("read failed: {}", crate::tls::words::handshake_error(&e)))?;
+        if n == 0 {
+            return Err("connection closed before the answer".into());
+        }
+        head.push(byte[0]);
+        if head.len() > MAX_HEAD {
+            return Err(format!("answer head larger than {MAX_HEAD} bytes"));
+        }
+    }
+    Ok(head)
+}
+
+async fn read_head_tcp(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
     let mut head: Vec<u8> = Vec::with_capacity(256);
     let mut buf = [0u8; 2048];
     loop {
@@ -212,8 +387,8 @@ const ATYP_IPV6: u8 = 0x04;
 /// # Errors
 /// [`HandshakeError`]: `Broken` when the connection fails or the parent does not speak
 /// SOCKS5; `Refused` for an authentication failure or a non-zero `REP`.
-pub(crate) async fn socks5_connect(
-    stream: &mut TcpStream,
+pub(crate) async fn socks5_connect<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     dest: Dest<'_>,
     port: u16,
     creds: Option<&Credentials>,
@@ -371,6 +546,70 @@ mod tests {
         assert_eq!(status_reason(b"HTTP/1.1 403 Go\x1b away\r\n"), "Go away");
     }
 
+    fn answer(head: &str) -> Answer {
+        Answer {
+            status: parse_status(head.as_bytes()).unwrap(),
+            head: head.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn answers_say_what_they_offer_and_how_their_body_ends() {
+        let r = answer(
+            "HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic realm=\"x\"\r\nproxy-authenticate: NEGOTIATE\r\nContent-Length: 12\r\n\r\n",
+        );
+        assert_eq!(r.negotiate(), Some(""));
+        assert_eq!(r.offered(), "Basic, NEGOTIATE");
+        assert_eq!(r.body(), BodyLength::Known(12));
+        let r = answer("HTTP/1.1 200 OK\r\nProxy-Authenticate: Negotiate YWJj\r\n\r\n");
+        assert_eq!(r.negotiate(), Some("YWJj"));
+        let r = answer(
+            "HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic\r\nContent-Length: 1\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(r.negotiate(), None);
+        assert_eq!(r.body(), BodyLength::Unusable);
+        for unusable in [
+            "HTTP/1.1 407 A\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 407 A\r\n\r\n",
+            "HTTP/1.0 407 A\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 407 A\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "HTTP/1.1 407 A\r\nContent-Length: -1\r\n\r\n",
+        ] {
+            assert_eq!(
+                answer(unusable).body(),
+                BodyLength::Unusable,
+                "{unusable:?}"
+            );
+        }
+        assert_eq!(answer("HTTP/1.1 407 A\r\n\r\n").offered(), "no scheme");
+        let refusal = answer("HTTP/1.1 407 A\r\nProxy-Authenticate: Basic\r\n\r\n").refusal(
+            "192.0.2.1:443",
+            true,
+            "http://p:1",
+        );
+        let HandshakeError::Refused { detail, next_addr } = refusal else {
+            panic!("{refusal:?}");
+        };
+        assert!(!next_addr);
+        assert!(
+            detail.contains("configured credentials were refused"),
+            "{detail}"
+        );
+        assert!(detail.contains("it offers Basic"), "{detail}");
+    }
+
+    /// Through TLS the head is read byte by byte: the tunnel's first bytes stay unread.
+    #[tokio::test]
+    async fn a_head_inside_a_stream_without_peek_is_read_exactly() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        b.write_all(b"HTTP/1.1 200 OK\r\n\r\ntunnel").await.unwrap();
+        let head = read_head_bytewise(&mut a).await.unwrap();
+        assert_eq!(head, b"HTTP/1.1 200 OK\r\n\r\n");
+        let mut rest = [0u8; 6];
+        a.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"tunnel");
+    }
+
     #[test]
     fn authorities_are_canonical() {
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
@@ -397,7 +636,7 @@ mod tests {
                 .unwrap();
             req
         });
-        let mut c = TcpStream::connect(addr).await.unwrap();
+        let mut c = UpstreamStream::Plain(TcpStream::connect(addr).await.unwrap());
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         let creds = Credentials::new("u".into(), "p".into()).unwrap();
         http_connect(&mut c, Dest::Ip(ip), 443, Some(&creds), "http://p:1")

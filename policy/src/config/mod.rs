@@ -38,7 +38,7 @@ use raw::{
 use validate::{Ctx, Validator};
 
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
-pub use upstream::{Upstream, UpstreamMode};
+pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
 /// A validated `mediator.toml`: every value checked and in its typed form, every grant
@@ -164,10 +164,13 @@ pub struct Tls {
 /// `socket_uid` and `socket_gid`; and `[global] deny = [...]`, applied to every authority.
 /// Timeouts are whole seconds at most 86400; `shutdown_grace` and `revoke_grace` may be 0,
 /// the others must be at least 1. `[upstream] mode` is `"direct"`, `"parent"` (needs
-/// `parents`, each `http://` or `socks5://[user:pass@]host:port`), `"env"` or `"pac"`
-/// (needs `pac`, an absolute path or an `http(s)://` URL; `allowed_parents` are
-/// `host:port`); `parents` is refused outside `parent` mode and `pac`, `allowed_parents`
-/// and `pac_fetch_via` outside `pac` mode; the tuning keys are listed on [`Upstream`].
+/// `parents`, each `http://`, `https://` or `socks5://[user:pass@]host:port`), `"env"`,
+/// `"pac"` (needs `pac`, an absolute path or an `http(s)://` URL; `allowed_parents` are
+/// `host:port`) or `"system"` (`system_user`, `dconf_databases`, `kioslaverc_files`);
+/// `parents` is refused outside `parent` mode, `pac` outside `pac` mode, and
+/// `allowed_parents` and `pac_fetch_via` outside `pac` and `system` modes; `parent_auth`
+/// maps `host:port` to `"basic"` or `"negotiate"`; the tuning keys are listed on
+/// [`Upstream`].
 /// `[listen] admin` must be a
 /// loopback address. `token_sha256` is 64 hex digits (either case). `watchdog` is empty,
 /// `unix:/absolute/path` or an `http://` URL.

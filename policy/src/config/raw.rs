@@ -56,6 +56,12 @@ pub(super) struct RawUpstream {
     pub(super) pac_memory_mb: Option<Spanned<u64>>,
     pub(super) pac_on_error: Option<Spanned<String>>,
     pub(super) pac_fetch_via: Option<Spanned<String>>,
+    pub(super) parent_auth: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
+    pub(super) kerberos_ccache: Option<Spanned<String>>,
+    pub(super) kerberos_keytab: Option<Spanned<String>>,
+    pub(super) system_user: Option<Spanned<String>>,
+    pub(super) dconf_databases: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) kioslaverc_files: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize)]

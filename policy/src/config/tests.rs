@@ -321,14 +321,78 @@ fn upstream_modes() {
     assert_eq!(
         errors("[upstream]\nmode = \"socks\"\n"),
         vec![
-            "m.toml:2:8: [upstream]: unknown mode \"socks\"; expected one of \"direct\", \"parent\", \"env\", \"pac\""
+            "m.toml:2:8: [upstream]: unknown mode \"socks\"; expected one of \"direct\", \"parent\", \"env\", \"pac\", \"system\""
         ]
     );
     assert_eq!(
         errors("[upstream]\npac = \"/etc/p.pac\"\nallowed_parents = [\"p:1\"]\n"),
         vec![
             "m.toml:2:7: [upstream]: pac is only used with mode = \"pac\", not \"direct\"",
-            "m.toml:3:19: [upstream]: allowed_parents is only used with mode = \"pac\", not \"direct\"",
+            "m.toml:3:19: [upstream]: allowed_parents is only used with mode = \"pac\" or \"system\", not \"direct\"",
+        ]
+    );
+}
+
+#[test]
+fn upstream_system_and_negotiate_keys() {
+    let c = parse(
+        r#"[upstream]
+mode = "system"
+system_user = "alice"
+dconf_databases = ["/home/alice/.config/dconf/user", "/etc/dconf/db/local"]
+kioslaverc_files = ["/home/alice/.config/kioslaverc"]
+allowed_parents = ["proxy.corp.example:8080"]
+parent_auth = { "Proxy.Corp.Example:8080" = "negotiate" }
+kerberos_ccache = "FILE:/var/lib/egress/krb5cc"
+kerberos_keytab = "/etc/egress/mediator.keytab"
+"#,
+        "m.toml",
+    )
+    .unwrap();
+    let u = &c.upstream;
+    assert_eq!(u.mode, crate::config::UpstreamMode::System);
+    assert_eq!(u.system.user.as_deref(), Some("alice"));
+    assert_eq!(u.system.dconf.as_ref().map(Vec::len), Some(2));
+    assert_eq!(
+        u.parent_auth
+            .get(&crate::parse_authority_form("proxy.corp.example:8080").unwrap()),
+        Some(&crate::upstream::ParentAuth::Negotiate)
+    );
+    assert_eq!(
+        u.kerberos.ccache.as_deref(),
+        Some("FILE:/var/lib/egress/krb5cc")
+    );
+    assert_eq!(
+        u.kerberos.keytab.as_deref(),
+        Some("/etc/egress/mediator.keytab")
+    );
+    let c = parse(
+        "[upstream]\nmode = \"parent\"\nparents = [\"https://p.corp:8443\"]\nparent_auth = { \"p.corp:8443\" = \"negotiate\" }\n",
+        "m.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        c.upstream.parents[0].auth,
+        crate::upstream::ParentAuth::Negotiate
+    );
+    assert_eq!(
+        errors(
+            "[upstream]\nmode = \"parent\"\nparents = [\"socks5://s:1080\"]\nparent_auth = { \"s:1080\" = \"negotiate\", \"n:1\" = \"ntlm\" }\nkerberos_ccache = \"krb5cc\"\nsystem_user = \"bob\"\n"
+        ),
+        vec![
+            "m.toml:4:28: [upstream]: parent_auth for s:1080: \"negotiate\" is for http:// and https:// parents, not socks5://",
+            "m.toml:4:49: [upstream]: parent_auth: NTLM is not supported; use \"negotiate\" (Kerberos) or \"basic\"",
+            "m.toml:5:19: [upstream]: kerberos_ccache: write a ccache name (\"FILE:/path\", \"DIR:/path\", \"KEYRING:persistent:1000\") or an absolute path",
+            "m.toml:6:15: [upstream]: system_user is only used with mode = \"system\", not \"parent\"",
+        ]
+    );
+    assert_eq!(
+        errors(
+            "[upstream]\nmode = \"system\"\nsystem_user = \"../x\"\ndconf_databases = [\"db/user\"]\n"
+        ),
+        vec![
+            "m.toml:3:15: [upstream]: system_user \"../x\" is not a user name",
+            "m.toml:4:20: [upstream]: dconf_databases entry \"db/user\" must be an absolute path",
         ]
     );
 }
@@ -385,7 +449,7 @@ parent_credentials_file = "/etc/egress/parents.cred"
         errors(
             r#"[upstream]
 mode = "parent"
-parents = ["http://user:s3cret@p:80/x", "https://p:443", "p:3128"]
+parents = ["http://user:s3cret@p:80/x", "socks4://p:44", "p:3128"]
 pac_budget_ms = 0
 pac_on_error = "maybe"
 parent_credentials_file = "rel"
@@ -393,7 +457,7 @@ parent_credentials_file = "rel"
         ),
         vec![
             "m.toml:3:12: [upstream]: parent \"http://user:***@p:80/x\": a parent URL has no path, query or fragment: write scheme://host:port",
-            "m.toml:3:41: [upstream]: parent \"https://p:443\": TLS to a parent proxy (https://) is not supported; use http:// or socks5://",
+            "m.toml:3:41: [upstream]: parent \"socks4://p:44\": SOCKS4 is not supported; use socks5://",
             "m.toml:3:58: [upstream]: parent \"p:3128\": write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\"",
             "m.toml:4:17: [upstream]: pac_budget_ms = 0 is out of range 1..=10000",
             "m.toml:5:16: [upstream]: pac_on_error \"maybe\": write \"deny\" or \"direct\"",

@@ -3,6 +3,7 @@
 //! sources are parsed here, once, into the types of [`crate::upstream`]; this file never
 //! fetches a PAC or connects to a parent.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use super::raw::RawUpstream;
 use super::validate::{MAX_TIMEOUT_SECS, Validator};
 use crate::host::{Target, parse_authority_form};
 use crate::upstream::{
-    PacOnError, PacSource, ParentSyntax, ParentUrl, parse_pac_source, parse_parent_url,
+    PacOnError, PacSource, ParentAuth, ParentSyntax, ParentUrl, parse_pac_source, parse_parent_url,
 };
 
 /// `[upstream] mode` (design section 8): how a route is chosen after the decision.
@@ -27,21 +28,66 @@ pub enum UpstreamMode {
     Env,
     /// A PAC script, per destination (`"pac"`).
     Pac,
+    /// What the host's own programs would use (`"system"`): the GNOME (GSettings/dconf)
+    /// proxy settings, else KDE's `kioslaverc`, else the environment as [`Self::Env`];
+    /// read at start and on SIGHUP.
+    System,
 }
 
 impl UpstreamMode {
     /// Every mode, in the order the documentation lists them.
-    pub const ALL: [Self; 4] = [Self::Direct, Self::Parent, Self::Env, Self::Pac];
+    pub const ALL: [Self; 5] = [
+        Self::Direct,
+        Self::Parent,
+        Self::Env,
+        Self::Pac,
+        Self::System,
+    ];
 
-    /// The configuration string: `direct`, `parent`, `env` or `pac`.
+    /// The configuration string: `direct`, `parent`, `env`, `pac` or `system`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Direct => "direct",
             Self::Parent => "parent",
             Self::Env => "env",
             Self::Pac => "pac",
+            Self::System => "system",
         }
     }
+
+    /// Whether a PAC may be in use (so `allowed_parents` and `pac_fetch_via` apply).
+    fn may_use_pac(self) -> bool {
+        matches!(self, Self::Pac | Self::System)
+    }
+}
+
+/// The host's Kerberos credentials for `parent_auth = "negotiate"` (MIT krb5 credential
+/// store keys `ccache` and `client_keytab`, with the semantics of `KRB5CCNAME` and
+/// `KRB5_CLIENT_KTNAME`). Unset keys leave the library's defaults (those variables of the
+/// mediator's environment, then the default ccache).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Kerberos {
+    /// `kerberos_ccache`: a credential cache name (`FILE:/path`, `DIR:/path`, `KEYRING:...`,
+    /// or an absolute path, meaning `FILE:`).
+    pub ccache: Option<String>,
+    /// `kerberos_keytab`: a client keytab (absolute path or `FILE:/path`) from which
+    /// initial credentials (for the ccache's principal, else the keytab's first) are
+    /// obtained when the ccache has none or only expired ones.
+    pub keytab: Option<String>,
+}
+
+/// Where `mode = "system"` reads the desktop's proxy settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SystemSources {
+    /// `system_user`: read this user's own settings (their dconf user database and
+    /// `kioslaverc`) before the system defaults.
+    pub user: Option<String>,
+    /// `dconf_databases`: the dconf (GVDB) databases to read, highest priority first,
+    /// instead of those the dconf profile names.
+    pub dconf: Option<Vec<PathBuf>>,
+    /// `kioslaverc_files`: the KDE `kioslaverc` files to read, highest priority first,
+    /// instead of the user's and `/etc/xdg/kioslaverc`.
+    pub kioslaverc: Option<Vec<PathBuf>>,
 }
 
 impl std::fmt::Display for UpstreamMode {
@@ -84,6 +130,13 @@ pub struct Upstream {
     /// `pac_fetch_via`: a parent through which an `http(s)://` PAC is fetched (never the
     /// PAC's own answer).
     pub pac_fetch_via: Option<ParentUrl>,
+    /// `parent_auth`: how to authenticate to a parent, by its canonical `host:port`
+    /// (parents not listed: Basic when credentials are configured).
+    pub parent_auth: HashMap<Target, ParentAuth>,
+    /// `kerberos_ccache`, `kerberos_keytab`.
+    pub kerberos: Kerberos,
+    /// `mode = "system"`: where the desktop settings are read.
+    pub system: SystemSources,
 }
 
 impl Default for Upstream {
@@ -103,6 +156,9 @@ impl Default for Upstream {
             pac_memory: 16 << 20,
             pac_on_error: PacOnError::Deny,
             pac_fetch_via: None,
+            parent_auth: HashMap::new(),
+            kerberos: Kerberos::default(),
+            system: SystemSources::default(),
         }
     }
 }
@@ -121,7 +177,7 @@ impl Validator<'_> {
                         Some(m.span()),
                         what,
                         format!(
-                            "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\"",
+                            "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\", \"system\"",
                             m.get_ref()
                         ),
                     );
@@ -173,7 +229,8 @@ impl Validator<'_> {
             );
         }
 
-        // pac, allowed_parents, pac_fetch_via: mode = "pac" only.
+        // pac: mode = "pac" only; allowed_parents, pac_fetch_via: "pac" and "system" (whose
+        // settings may name a PAC).
         if mode == UpstreamMode::Pac {
             match raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
                 None => self.error(
@@ -190,6 +247,14 @@ impl Validator<'_> {
                     ),
                 },
             }
+        } else if let Some(span) = nonempty_str(&raw.pac) {
+            self.error(
+                Some(span),
+                what,
+                format!("pac is only used with mode = \"pac\", not \"{mode}\""),
+            );
+        }
+        if mode.may_use_pac() {
             let list = raw.allowed_parents.as_ref().map(|p| p.get_ref().as_slice());
             for p in list.unwrap_or_default() {
                 match parse_authority_form(p.get_ref()) {
@@ -203,7 +268,10 @@ impl Validator<'_> {
             }
             if let Some(v) = &raw.pac_fetch_via {
                 match parse_parent_url(v.get_ref(), ParentSyntax::Config) {
-                    Ok(url) if matches!(out.pac, Some(PacSource::Url(_))) => {
+                    Ok(url)
+                        if mode == UpstreamMode::System
+                            || matches!(out.pac, Some(PacSource::Url(_))) =>
+                    {
                         out.pac_fetch_via = Some(url);
                     }
                     Ok(_) => self.error(
@@ -220,7 +288,6 @@ impl Validator<'_> {
             }
         } else {
             for (key, span) in [
-                ("pac", nonempty_str(&raw.pac)),
                 ("allowed_parents", nonempty_list(&raw.allowed_parents)),
                 ("pac_fetch_via", nonempty_str(&raw.pac_fetch_via)),
             ] {
@@ -228,11 +295,15 @@ impl Validator<'_> {
                     self.error(
                         Some(span),
                         what,
-                        format!("{key} is only used with mode = \"pac\", not \"{mode}\""),
+                        format!(
+                            "{key} is only used with mode = \"pac\" or \"system\", not \"{mode}\""
+                        ),
                     );
                 }
             }
         }
+        self.system_sources(&raw, mode, &mut out);
+        self.parent_auth(&raw, &mut out);
 
         let mut range = |v: &Option<Spanned<u64>>, key: &str, min: u64, max: u64| {
             let v = v.as_ref()?;
@@ -296,6 +367,166 @@ impl Validator<'_> {
             }
         }
         out
+    }
+}
+
+impl Validator<'_> {
+    /// `system_user`, `dconf_databases`, `kioslaverc_files`: `mode = "system"` only.
+    fn system_sources(&mut self, raw: &RawUpstream, mode: UpstreamMode, out: &mut Upstream) {
+        let what = "[upstream]";
+        if mode != UpstreamMode::System {
+            let spans = [
+                ("system_user", raw.system_user.as_ref().map(Spanned::span)),
+                (
+                    "dconf_databases",
+                    raw.dconf_databases.as_ref().map(Spanned::span),
+                ),
+                (
+                    "kioslaverc_files",
+                    raw.kioslaverc_files.as_ref().map(Spanned::span),
+                ),
+            ];
+            for (key, span) in spans {
+                if let Some(span) = span {
+                    self.error(
+                        Some(span),
+                        what,
+                        format!("{key} is only used with mode = \"system\", not \"{mode}\""),
+                    );
+                }
+            }
+            return;
+        }
+        if let Some(u) = &raw.system_user {
+            let name = u.get_ref();
+            let ok = !name.is_empty()
+                && name.len() <= 32
+                && !name.starts_with('-')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if ok {
+                out.system.user = Some(name.clone());
+            } else {
+                self.error(
+                    Some(u.span()),
+                    what,
+                    format!("system_user {name:?} is not a user name"),
+                );
+            }
+        }
+        let mut paths = |list: &Option<Spanned<Vec<Spanned<String>>>>, key: &str| {
+            let list = list.as_ref()?;
+            let mut out = Vec::new();
+            for p in list.get_ref() {
+                if p.get_ref().starts_with('/') {
+                    out.push(PathBuf::from(p.get_ref()));
+                } else {
+                    self.error(
+                        Some(p.span()),
+                        what,
+                        format!("{key} entry {:?} must be an absolute path", p.get_ref()),
+                    );
+                }
+            }
+            Some(out)
+        };
+        out.system.dconf = paths(&raw.dconf_databases, "dconf_databases");
+        out.system.kioslaverc = paths(&raw.kioslaverc_files, "kioslaverc_files");
+    }
+
+    /// `parent_auth = { "host:port" = "negotiate" }` and the `kerberos_*` keys.
+    fn parent_auth(&mut self, raw: &RawUpstream, out: &mut Upstream) {
+        let what = "[upstream]";
+        let mut entries: Vec<_> = raw.parent_auth.iter().flatten().collect();
+        entries.sort_by_key(|(k, _)| k.span().start);
+        for (key, value) in entries {
+            let target = match parse_authority_form(key.get_ref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.error(
+                        Some(key.span()),
+                        what,
+                        format!("parent_auth key: {e}; write \"host:port\""),
+                    );
+                    continue;
+                }
+            };
+            match ParentAuth::parse(value.get_ref()) {
+                Ok(auth) => {
+                    let socks = out
+                        .parents
+                        .iter()
+                        .any(|p| p.addr == target && !p.scheme.is_http());
+                    if auth == ParentAuth::Negotiate && socks {
+                        self.error(
+                            Some(value.span()),
+                            what,
+                            format!(
+                                "parent_auth for {target}: \"negotiate\" is for http:// and https:// parents, not socks5://"
+                            ),
+                        );
+                    }
+                    if out.parent_auth.insert(target.clone(), auth).is_some() {
+                        self.error(
+                            Some(key.span()),
+                            what,
+                            format!("parent_auth names {target} twice"),
+                        );
+                    }
+                }
+                Err(why) => self.error(Some(value.span()), what, format!("parent_auth: {why}")),
+            }
+        }
+        for p in &mut out.parents {
+            if let Some(auth) = out.parent_auth.get(&p.addr) {
+                p.auth = *auth;
+            }
+        }
+        if let Some(via) = &mut out.pac_fetch_via {
+            if let Some(auth) = out.parent_auth.get(&via.addr) {
+                via.auth = *auth;
+            }
+        }
+        let text = |v: &Option<Spanned<String>>, key: &str, this: &mut Self| -> Option<String> {
+            let v = v.as_ref()?;
+            let s = v.get_ref();
+            if s.is_empty() || s.chars().any(char::is_control) {
+                this.error(
+                    Some(v.span()),
+                    what,
+                    format!("{key} must be non-empty, without control characters"),
+                );
+                return None;
+            }
+            Some(s.clone())
+        };
+        if let Some(c) = text(&raw.kerberos_ccache, "kerberos_ccache", self) {
+            // "TYPE:residual" or an absolute path (FILE:).
+            let typed = c
+                .split_once(':')
+                .is_some_and(|(t, _)| !t.is_empty() && t.bytes().all(|b| b.is_ascii_uppercase()));
+            if typed || c.starts_with('/') {
+                out.kerberos.ccache = Some(c);
+            } else {
+                self.error(
+                    raw.kerberos_ccache.as_ref().map(Spanned::span),
+                    what,
+                    "kerberos_ccache: write a ccache name (\"FILE:/path\", \"DIR:/path\", \"KEYRING:persistent:1000\") or an absolute path",
+                );
+            }
+        }
+        if let Some(k) = text(&raw.kerberos_keytab, "kerberos_keytab", self) {
+            if k.starts_with('/') || k.starts_with("FILE:/") {
+                out.kerberos.keytab = Some(k);
+            } else {
+                self.error(
+                    raw.kerberos_keytab.as_ref().map(Spanned::span),
+                    what,
+                    "kerberos_keytab: write an absolute path (or \"FILE:/path\")",
+                );
+            }
+        }
     }
 }
 

@@ -51,9 +51,9 @@ pub(crate) fn forward_request<B>(
     parts.headers.remove(header::HOST);
     let host = HeaderValue::from_str(&host).map_err(|e| format!("bad host: {e}"))?;
     parts.headers.insert(header::HOST, host);
-    if let Some(auth) = forward.and_then(|f| f.authorization.as_deref()) {
+    if let Some(auth) = forward.and_then(ForwardProxy::authorization) {
         let value =
-            HeaderValue::from_str(auth).map_err(|e| format!("bad parent credentials: {e}"))?;
+            HeaderValue::from_str(&auth).map_err(|e| format!("bad parent credentials: {e}"))?;
         parts.headers.insert(header::PROXY_AUTHORIZATION, value);
     }
     Ok(Request::from_parts(parts, body))
@@ -155,9 +155,7 @@ mod tests {
         assert!(direct.headers().get(header::PROXY_AUTHORIZATION).is_none());
 
         let req = Request::builder().uri("/x").body(()).unwrap();
-        let parent = ForwardProxy {
-            authorization: Some("Basic cGFyZW50".into()),
-        };
+        let parent = ForwardProxy::basic(Some("Basic cGFyZW50".into()));
         let via = forward_request(req, &target("[2001:db8::1]:80"), Some(&parent)).unwrap();
         assert_eq!(via.uri(), "http://[2001:db8::1]/x");
         assert_eq!(via.headers()[header::HOST], "[2001:db8::1]");

@@ -1,0 +1,340 @@
+//! Negotiate (Kerberos, RFC 4559) parent authentication, for real: an MIT KDC started by
+//! the test on loopback with a throwaway realm, a parent that demands Negotiate (Squid with
+//! its `negotiate_kerberos_auth` helper, or a recording parent that checks tokens with
+//! GSSAPI and its service keytab), and curl through the mediator. The mediator
+//! gets `KRB5_CONFIG` for the realm and its credentials from `kerberos_ccache` (a `kinit`
+//! ccache) or `kerberos_keytab` (a client keytab). Wrong, expired or missing credentials
+//! are `upstream_failure` with a detail that names the parent and what failed; no token
+//! ever reaches the log.
+
+use anyhow::Result;
+use e2e::kerberos::{Acceptor, Kdc, REALM};
+use e2e::parent::{HttpParent, HttpParentMode};
+use e2e::squid::Squid;
+use e2e::tls::TestCa;
+use e2e::{
+    AGENT_A, Fixture, LOOPBACK, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec,
+    check_contains, proxy_authorization,
+};
+use serde_json::json;
+
+use crate::support::mediator;
+
+/// The parent's name: its service principal is `HTTP/proxy.e2e.test`.
+const PARENT_HOST: &str = "proxy.e2e.test";
+
+/// A realm with the user `alice` (password `alice-pw`) and the parent's service principal,
+/// and the parent's keytab.
+async fn realm() -> Result<(Kdc, std::path::PathBuf)> {
+    let kdc = Kdc::start().await?;
+    kdc.add_user("alice", "alice-pw").await?;
+    kdc.add_service(PARENT_HOST).await?;
+    let keytab = kdc
+        .keytab(&format!("HTTP/{PARENT_HOST}"), "parent.keytab")
+        .await?;
+    Ok((kdc, keytab))
+}
+
+/// `mode = "parent"` through `url` with Negotiate, the realm's `krb5.conf`, and `creds`
+/// (`kerberos_ccache = ...` / `kerberos_keytab = ...` lines).
+fn negotiate_mediator(kdc: &Kdc, url: &str, creds: &[String]) -> MediatorBuilder {
+    let host_port = url.split_once("://").map_or(url, |(_, r)| r);
+    let mut b = mediator()
+        .upstream_line("mode = \"parent\"")
+        .upstream_line(&format!("parents = [{url:?}]"))
+        .upstream_line(&format!(
+            "parent_auth = {{ {host_port:?} = \"negotiate\" }}"
+        ))
+        .env("KRB5_CONFIG", &kdc.krb5_conf().display().to_string())
+        .authority(agent_a_spec());
+    for line in creds {
+        b = b.upstream_line(line);
+    }
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let parent =
+        HttpParent::start_with(None, HttpParentMode::Negotiate(Acceptor::new(&keytab))).await?;
+    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let target = format!("http://{}/through-kerberos", fx.origin_target());
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-sS", "-p", &target])
+        .await?;
+    assert_eq!(out.exit_code, 0, "curl: {out:?}");
+    assert!(out.body.contains("/through-kerberos"), "{out:?}");
+    let notes = parent.wait_note("principal").await?;
+    assert!(
+        notes.contains(&format!("principal alice@{REALM}")),
+        "the parent saw alice's ticket: {notes:?}"
+    );
+    let seen = parent.wait_requests(2).await?;
+    assert!(
+        !seen[0].to_ascii_lowercase().contains("proxy-authorization"),
+        "the first CONNECT carries no credentials: {:?}",
+        seen[0]
+    );
+    assert!(
+        seen[1].contains("Proxy-Authorization: Negotiate "),
+        "the retry carries the token: {:?}",
+        seen[1]
+    );
+    let token = seen[1]
+        .lines()
+        .find_map(|l| l.strip_prefix("Proxy-Authorization: Negotiate "))
+        .unwrap_or_default()
+        .to_owned();
+    let line = fx
+        .mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("route", json!(format!("parent {url}"))),
+                ("protocol", json!("connect")),
+            ],
+        )
+        .await?;
+    fx.mediator.wait_for_close(&line["id"]).await?;
+    assert!(token.len() > 100, "a real SPNEGO token: {token}");
+    fx.mediator.expect_log_lacks(&token)?;
+    fx.mediator.expect_log_lacks(&token[..40])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squid_with_negotiate_kerberos_auth_lets_the_mediator_through() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let squid = Squid::start_negotiate(&kdc, PARENT_HOST, &keytab, &[ORIGIN_HOST]).await?;
+    let url = format!("http://{PARENT_HOST}:{}", squid.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let port = fx.origin.port();
+    // A tunnel: Squid answers 407, the mediator retries with the token.
+    let target = format!("http://{}/tunnel", fx.origin_target());
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-sS", "-p", &target])
+        .await?;
+    assert_eq!(out.exit_code, 0, "curl: {out:?}");
+    assert!(out.body.contains("/tunnel"), "{out:?}");
+    squid
+        .wait_access(&["TCP_DENIED/407", &format!("CONNECT 127.0.0.1:{port}")])
+        .await?;
+    squid
+        .wait_access(&["TCP_TUNNEL/200", &format!("alice@{REALM}")])
+        .await?;
+    // Plain HTTP: absolute-form, the token with the first request, two requests on the
+    // authenticated connection.
+    let first = format!("http://{}/plain-1", fx.origin_target());
+    let second = format!("http://{}/plain-2", fx.origin_target());
+    let out = fx
+        .mediator
+        .curl_via("http", (AGENT_A, TOKEN_A), &["-sS", &first, &second])
+        .await?;
+    assert_eq!(out.exit_code, 0, "curl: {out:?}");
+    assert!(
+        out.body.contains("/plain-1") && out.body.contains("/plain-2"),
+        "{out:?}"
+    );
+    squid
+        .wait_access(&["/plain-2", &format!("alice@{REALM}")])
+        .await?;
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("protocol", json!("connect")),
+                ("route", json!(format!("parent {url}"))),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_keytab_and_plain_http_through_an_https_kerberos_parent() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    // The mediator's own principal, with a client keytab and no ccache of its own yet
+    // (KRB5_CLIENT_KTNAME semantics: initial credentials come from the keytab).
+    kdc.add_user("mediator", "unused-pw").await?;
+    let client_keytab = kdc.keytab("mediator", "mediator.keytab").await?;
+    let ca_dir = tempfile::tempdir()?;
+    let ca = TestCa::create(ca_dir.path())?;
+    let parent = HttpParent::start_tls(
+        &ca.ca,
+        PARENT_HOST,
+        HttpParentMode::Negotiate(Acceptor::new(&keytab)),
+    )
+    .await?;
+    let url = format!("https://{PARENT_HOST}:{}", parent.addr().port());
+    let ccache = format!("FILE:{}", kdc.path("mediator.ccache").display());
+    let fx = Fixture::start(
+        negotiate_mediator(
+            &kdc,
+            &url,
+            &[
+                format!(
+                    "kerberos_keytab = {:?}",
+                    client_keytab.display().to_string()
+                ),
+                format!("kerberos_ccache = {ccache:?}"),
+            ],
+        )
+        .extra_toml(&format!(
+            "[tls]\nextra_ca_files = [{:?}]\n",
+            ca.pem_path.display().to_string()
+        )),
+    )
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    // Plain HTTP: absolute-form to the parent, the token on the connection's first request.
+    let target = fx.origin_target();
+    let mut conn = fx.tcp_conn().await?;
+    let req = format!(
+        "GET http://{target}/plain HTTP/1.1\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
+    );
+    let resp = conn.request(req.as_bytes()).await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let notes = parent.wait_note("principal").await?;
+    assert!(
+        notes.contains(&format!("principal mediator@{REALM}")),
+        "{notes:?}"
+    );
+    // A tunnel: the 407 dance inside the parent's TLS.
+    let resp = fx.tunnel_get("origin.test", "/tunnel").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = parent.wait_requests(3).await?;
+    assert!(
+        seen[0].starts_with(&format!("GET http://{target}/plain")),
+        "{seen:?}"
+    );
+    assert!(
+        seen[0]
+            .to_ascii_lowercase()
+            .contains("proxy-authorization: negotiate "),
+        "{seen:?}"
+    );
+    assert!(seen[1].starts_with("CONNECT "), "{seen:?}");
+    fx.mediator
+        .expect_allow(ORIGIN_HOST, &[("route", json!(format!("parent {url}")))])
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_the_parent_cannot_accept_is_refused_with_a_clear_detail() -> Result<()> {
+    let (kdc, stale_keytab) = realm().await?;
+    // A new key for the service: the KDC now issues tickets the parent's (old) keytab
+    // cannot decrypt.
+    kdc.keytab(&format!("HTTP/{PARENT_HOST}"), "rotated.keytab")
+        .await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let parent = HttpParent::start_with(
+        None,
+        HttpParentMode::Negotiate(Acceptor::new(&stale_keytab)),
+    )
+    .await?;
+    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = fx
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(
+        &denial.body,
+        "detail",
+        "refused the Kerberos (Negotiate) credentials",
+    )?;
+    let notes = parent.wait_note("refused").await?;
+    assert!(
+        !notes.iter().any(|n| n.starts_with("principal")),
+        "{notes:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_or_missing_credentials_are_refused_before_the_parent_sees_a_token() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "short.ccache", "3s").await?;
+    kdc.wait_expired(
+        &ccache,
+        &format!("HTTP/{PARENT_HOST}"),
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
+    let parent =
+        HttpParent::start_with(None, HttpParentMode::Negotiate(Acceptor::new(&keytab))).await?;
+    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = fx
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(&denial.body, "detail", "demands Negotiate (Kerberos)")?;
+    check_contains(&denial.body, "detail", "expired")?;
+
+    // No credentials at all: a ccache that does not exist.
+    let missing = format!("FILE:{}", kdc.path("nobody.ccache").display());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {missing:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = fx
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(&denial.body, "detail", "no usable Kerberos credentials")?;
+    let seen = parent.requests();
+    assert!(
+        seen.iter()
+            .all(|r| !r.contains("Proxy-Authorization: Negotiate")),
+        "no token was sent: {seen:?}"
+    );
+    Ok(())
+}

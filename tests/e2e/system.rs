@@ -1,0 +1,247 @@
+//! `[upstream] mode = "system"`: the desktop's proxy settings, from fixture files only
+//! (never the machine's own): a GNOME dconf database compiled by the test with `dconf
+//! compile` from a keyfile, a KDE `kioslaverc`, then the environment. The first source
+//! that holds a setting decides; a PAC URL is used as `mode = "pac"` would use it, WPAD
+//! never; `mediator check` and `explain` say which source was used and what it said;
+//! SIGHUP reads the settings again.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+use e2e::parent::{HttpParent, PacServer};
+use e2e::{AGENT_A, Fixture, MediatorBuilder, ORIGIN_HOST, agent_a_spec};
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+use crate::support::mediator;
+
+/// Compiles the dconf keyfile `keyfile` (GVariant text values) into the database
+/// `<dir>/<name>` with `dconf compile` (package dconf-cli).
+async fn dconf_db(dir: &Path, name: &str, keyfile: &str) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.d"));
+    std::fs::create_dir_all(&src)?;
+    std::fs::write(src.join("00-proxy"), keyfile)?;
+    let out = dir.join(name);
+    let status = tokio::process::Command::new("dconf")
+        .arg("compile")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .await
+        .context("running dconf compile (install dconf-cli)")?;
+    ensure!(status.success(), "dconf compile failed");
+    Ok(out)
+}
+
+/// `mode = "system"` reading exactly `dconf` and `kioslaverc` (fixture paths).
+fn system_mode(dconf: &[&Path], kioslaverc: &[&Path]) -> MediatorBuilder {
+    let list = |paths: &[&Path]| {
+        let quoted: Vec<String> = paths
+            .iter()
+            .map(|p| format!("{:?}", p.display().to_string()))
+            .collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    mediator()
+        .upstream_line("mode = \"system\"")
+        .upstream_line(&format!("dconf_databases = {}", list(dconf)))
+        .upstream_line(&format!("kioslaverc_files = {}", list(kioslaverc)))
+        .authority(agent_a_spec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tunnels = HttpParent::start().await?;
+    let plain = HttpParent::start().await?;
+    let db = dconf_db(
+        dir.path(),
+        "local",
+        &format!(
+            "[system/proxy]\nmode='manual'\nignore-hosts=['*.internal.test', 'localhost']\n\n\
+             [system/proxy/https]\nhost='127.0.0.1'\nport={}\n\n\
+             [system/proxy/http]\nhost='127.0.0.1'\nport={}\n",
+            tunnels.addr().port(),
+            plain.addr().port()
+        ),
+    )
+    .await?;
+    let kde = dir.path().join("kioslaverc");
+    std::fs::write(&kde, "[Proxy Settings]\nProxyType=0\n")?;
+    let builder = system_mode(&[&db], &[&kde]);
+    let (status, out) = builder.check().await?;
+    assert!(status.success(), "{out}");
+    let tunnel_url = format!("http://{}", tunnels.addr());
+    assert!(
+        out.contains(&format!("upstream: system: GNOME (dconf {})", db.display()))
+            && out.contains("mode 'manual'")
+            && out.contains(&format!("tunnels via parent {tunnel_url}")),
+        "check says which source was used and what it said: {out}"
+    );
+    let fx = Fixture::start(builder).await?;
+    let resp = fx.tunnel_get("origin.test", "/gnome").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    tunnels.wait_requests(1).await?;
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[("route", json!(format!("parent {tunnel_url}")))],
+        )
+        .await?;
+    let out = fx
+        .mediator
+        .cli("explain", &["--authority", AGENT_A, "origin.test:443"])
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("upstream: system: GNOME"), "{text}");
+    // Plain HTTP goes to GNOME's HTTP proxy.
+    let curl = fx
+        .mediator
+        .curl_via(
+            "http",
+            (AGENT_A, e2e::TOKEN_A),
+            &["-sS", &format!("http://{}/plain", fx.origin_target())],
+        )
+        .await?;
+    assert_eq!(curl.http_code, 200, "{curl:?}");
+    plain.wait_requests(1).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start().await?;
+    let pac = PacServer::start(&format!(
+        "function FindProxyForURL(url, host) {{ return \"PROXY {}\"; }}",
+        parent.addr()
+    ))
+    .await?;
+    let db = dconf_db(
+        dir.path(),
+        "auto",
+        &format!(
+            "[system/proxy]\nmode='auto'\nautoconfig-url='{}'\n",
+            pac.url()
+        ),
+    )
+    .await?;
+    let fx = Fixture::start(
+        system_mode(&[&db], &[])
+            .upstream_line(&format!("allowed_parents = [\"{}\"]", parent.addr())),
+    )
+    .await?;
+    let resp = fx.tunnel_get("origin.test", "/pac").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    parent.wait_requests(1).await?;
+
+    let wpad = dconf_db(dir.path(), "wpad", "[system/proxy]\nmode='auto'\n").await?;
+    let err = system_mode(&[&wpad], &[]).start_err().await?;
+    assert!(
+        err.contains("WPAD") && err.contains(&wpad.display().to_string()),
+        "a WPAD setting stops the start and says why: {err}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let kde_parent = HttpParent::start().await?;
+    let env_parent = HttpParent::start().await?;
+    // A GNOME database that sets nothing about proxies does not decide.
+    let db = dconf_db(
+        dir.path(),
+        "other",
+        "[org/gnome/desktop/interface]\nclock-format='24h'\n",
+    )
+    .await?;
+    let kde = dir.path().join("kioslaverc");
+    std::fs::write(
+        &kde,
+        format!(
+            "[Proxy Settings]\nProxyType=1\nhttpsProxy=http://127.0.0.1 {}\nNoProxyFor=localhost\n",
+            kde_parent.addr().port()
+        ),
+    )?;
+    let env_url = format!("http://{}", env_parent.addr());
+    let fx = Fixture::start(system_mode(&[&db], &[&kde]).env("HTTPS_PROXY", &env_url)).await?;
+    let resp = fx.tunnel_get("origin.test", "/kde").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    kde_parent.wait_requests(1).await?;
+    assert!(env_parent.requests().is_empty());
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("upstream system: KDE") && l.contains("httpsProxy="),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+
+    let missing = dir.path().join("no-such-kioslaverc");
+    let builder = system_mode(&[&db], &[&missing]).env("HTTPS_PROXY", &env_url);
+    let fx = Fixture::start(builder).await?;
+    let resp = fx.tunnel_get("origin.test", "/env").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    env_parent.wait_requests(1).await?;
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[("route", json!(format!("parent {env_url}")))],
+        )
+        .await?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("upstream system: the environment"),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_settings_again() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let first = HttpParent::start().await?;
+    let second = HttpParent::start().await?;
+    let kde = dir.path().join("kioslaverc");
+    let write = |port: u16| {
+        std::fs::write(
+            &kde,
+            format!("[Proxy Settings]\nProxyType=1\nhttpsProxy=http://127.0.0.1:{port}\n"),
+        )
+    };
+    write(first.addr().port())?;
+    let fx = Fixture::start(system_mode(&[], &[&kde])).await?;
+    let resp = fx.tunnel_get("origin.test", "/one").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    first.wait_requests(1).await?;
+
+    // A bad setting keeps the routing in force.
+    std::fs::write(&kde, "[Proxy Settings]\nProxyType=3\n")?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("re-read failed; the routing in force is kept") && l.contains("WPAD"),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let resp = fx.tunnel_get("origin.test", "/still-one").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    first.wait_requests(2).await?;
+
+    write(second.addr().port())?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    let second_url = format!("http://{}", second.addr());
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("upstream system settings re-read") && l.contains(&second_url),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    // The line is printed once the new routing is installed.
+    let resp = fx.tunnel_get("origin.test", "/two").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    second.wait_requests(1).await?;
+    assert_eq!(first.requests().len(), 2, "{:?}", first.requests());
+    Ok(())
+}
