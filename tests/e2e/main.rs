@@ -24,6 +24,7 @@ mod grant_denials;
 mod lifecycle;
 mod pac;
 mod parent;
+mod service;
 mod sni;
 mod socks5;
 mod tcp_connect;

@@ -150,6 +150,7 @@ pub struct MediatorBuilder {
     timeouts_extra: Vec<String>,
     upstream: Vec<String>,
     env: Vec<(String, String)>,
+    args: Vec<String>,
 }
 
 impl MediatorBuilder {
@@ -171,6 +172,7 @@ impl MediatorBuilder {
             timeouts_extra: Vec::new(),
             upstream: Vec::new(),
             env: Vec::new(),
+            args: Vec::new(),
         }
     }
 
@@ -265,6 +267,13 @@ impl MediatorBuilder {
         self
     }
 
+    /// Adds a command-line argument after `--config FILE` (e.g. `--watch-config`).
+    #[must_use]
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_owned());
+        self
+    }
+
     /// Appends raw TOML after the generated tables (before the authorities).
     #[must_use]
     pub fn extra_toml(mut self, toml: &str) -> Self {
@@ -343,7 +352,7 @@ impl MediatorBuilder {
             .tempdir()
             .context("creating the mediator's temp dir")?;
         let text = self.render(dir.path());
-        Mediator::start_with_env(&self.bin, dir, &text, &self.env).await
+        Mediator::start_with(&self.bin, dir, &text, &self.env, &self.args).await
     }
 
     /// Starts a mediator that must refuse to start, and returns its error in full
@@ -441,12 +450,27 @@ impl Mediator {
         config: &str,
         env: &[(String, String)],
     ) -> Result<Self> {
+        Self::start_with(bin, dir, config, env, &[]).await
+    }
+
+    /// [`Self::start_with_env`], with `args` after `--config FILE`.
+    ///
+    /// # Errors
+    /// As [`Self::start_with_env`].
+    pub async fn start_with(
+        bin: &Path,
+        dir: TempDir,
+        config: &str,
+        env: &[(String, String)],
+        args: &[String],
+    ) -> Result<Self> {
         let config_path = dir.path().join("mediator.toml");
         std::fs::write(&config_path, config).context("writing mediator.toml")?;
         let log_path = dir.path().join("decisions.jsonl");
         let mut child = Command::new(bin)
             .arg("--config")
             .arg(&config_path)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -514,6 +538,21 @@ impl Mediator {
         };
         me.ready = parse_ready(&line)?;
         Ok(me)
+    }
+
+    /// Stops this mediator (SIGTERM, checked to exit cleanly) and starts a new one in the
+    /// same directory with the config file as it is now (same socket dir, same decision
+    /// log, appended), with no extra environment or arguments: a restart.
+    ///
+    /// # Errors
+    /// The old process does not exit cleanly, or the new one does not start.
+    pub async fn restart(mut self) -> Result<Self> {
+        let status = self.terminate().await?;
+        anyhow::ensure!(status.success(), "exit status {status} before the restart");
+        let config = std::fs::read_to_string(&self.config_path).context("reading mediator.toml")?;
+        let placeholder = tempfile::tempdir().context("creating a temp dir")?;
+        let dir = std::mem::replace(&mut self.dir, placeholder);
+        Self::start_with(&self.bin, dir, &config, &[], &[]).await
     }
 
     /// The parsed `ready` line.
