@@ -41,12 +41,20 @@ grep -q '^FROM scratch AS runtime' "$ctx/Containerfile" || {
   exit 1
 }
 
+# The image this tag named before, removed below once nothing else names it (so that
+# repeated builds do not pile up untagged images).
+previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
+
 # Docker format: OCI images cannot carry HEALTHCHECK.
 buildah bud --quiet --format docker --layers=false \
   --build-arg VERSION="$version" \
   --build-arg GIT_REVISION="$revision" \
   --build-arg SOURCE="$source_url" \
   -f "$ctx/Containerfile" -t "$image" "$ctx" >&2
-size=$(buildah inspect --type image --format '{{.Size}}' "$image" 2>/dev/null || true)
-echo "build-image.sh: built $image (version $version, revision $revision${size:+, $size bytes})" >&2
+current=$(buildah inspect --type image --format '{{.FromImageID}}' "$image")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  buildah rmi "$previous" >/dev/null 2>&1 || true   # still tagged elsewhere: kept
+fi
+size=$(du -sh "$ctx/out/rootfs" | cut -f1)
+echo "build-image.sh: built $image (version $version, revision $revision, root filesystem $size)" >&2
 echo "$image"
