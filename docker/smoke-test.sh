@@ -82,6 +82,13 @@ ok "image USER is $user"
 entry=$("${podman[@]}" image inspect --format '{{json .Config.Entrypoint}}' "$image")
 [ "$entry" = '["/usr/local/bin/mediator"]' ] || fail "image ENTRYPOINT is $entry"
 ok "image ENTRYPOINT is $entry"
+# The labels name what the binary inside says it is.
+inside=$("${podman[@]}" run --rm --network none --read-only "$image" --version 2>/dev/null) || fail "--version in the image"
+label_rev=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencontainers.image.revision"}}' "$image")
+label_ver=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "$image")
+echo "$inside" | grep -qx "revision $label_rev" || fail "label revision $label_rev, binary says: $inside"
+echo "$inside" | head -n 1 | grep -q "^mediator $label_ver " || fail "label version $label_ver, binary says: $inside"
+ok "labels version $label_ver, revision $label_rev match the binary's --version"
 if "${podman[@]}" run --rm --network none --entrypoint /bin/sh "$image" -c true >/dev/null 2>&1; then
   fail "the image has a shell"
 fi
@@ -150,7 +157,8 @@ done
 [ -n "$found" ] || fail "the decision log lacks the allow and deny lines: $(cat "$work/decisions.jsonl")"
 ok "decision log (stdout) has the allow and the deny line, every line JSON"
 
-"${podman[@]}" stop -t 20 "$name" >/dev/null
+"${podman[@]}" stop -t 20 "$name" >/dev/null 2>"$work/podman-stop.err" \
+  || fail "podman stop failed: $(cat "$work/podman-stop.err")"
 code=$("${podman[@]}" inspect --format '{{.State.ExitCode}}' "$name")
 [ "$code" = 0 ] || fail "exit code $code after SIGTERM"
 "${podman[@]}" logs "$name" 2>&1 >/dev/null | grep -q "mediator: shutting down" || fail "no shutdown line on stderr"
