@@ -25,14 +25,21 @@ fn main() {
         Ok(r) if !r.trim().is_empty() => r.trim().to_owned(),
         _ => {
             // Rerun when HEAD moves: the HEAD file (a branch switch), the branch's ref
-            // (a commit) and packed-refs (a ref that was packed).
+            // (a commit) and packed-refs (a ref that was packed). A branch that is only
+            // in packed-refs (a fresh clone) has no ref file yet: watch the directory its
+            // first commit will create the file in.
             for path in ["HEAD", "packed-refs"]
                 .into_iter()
                 .map(str::to_owned)
                 .chain(git(&["symbolic-ref", "-q", "HEAD"]))
             {
                 if let Some(p) = git(&["rev-parse", "--git-path", &path]) {
-                    let p = PathBuf::from(p);
+                    let mut p = PathBuf::from(p);
+                    while !p.exists() {
+                        if !p.pop() || p.as_os_str().is_empty() {
+                            break;
+                        }
+                    }
                     if p.exists() {
                         println!("cargo:rerun-if-changed={}", p.display());
                     }
