@@ -8,7 +8,7 @@
 //! | `GET /healthz` | 200 while the process serves |
 //! | `GET /readyz` | 200 when accepting, 503 while shutting down or at `max_connections` |
 //! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, live connections |
-//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`); 201, 400 naming each bad field, 409 duplicate |
+//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`); 201 (with `"persisted": false`: it lives in this process only), 400 naming each bad field, 409 duplicate |
 //! | `DELETE /v1/authorities/<name>` | revoke; 200, 404 |
 //! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
 //!
@@ -40,6 +40,11 @@ use crate::authorities::{Live, Since};
 use crate::conn::accept::{Listener, accept_loop};
 use crate::control::{Control, CreateError};
 use crate::limits::ADMIN_CONNECTIONS;
+
+/// What a `POST /v1/authorities` answer says of the authority's lifetime.
+const PER_PROCESS: &str = "this authority lives in this mediator process only: it and its \
+     token are gone when the mediator restarts, and other replicas do not have it; to keep \
+     it, add its [[authority]] table to the config file";
 
 /// Largest request body accepted, in bytes.
 const MAX_BODY: usize = 64 * 1024;
@@ -356,12 +361,17 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
     match admin.control.create_from_json(&value) {
         Ok(created) => {
             let mut out = describe(admin, &created.live);
-            if let (Some(token), Value::Object(map)) = (created.token, &mut out) {
-                map.insert("token".into(), Value::String(token));
-                map.insert(
-                    "token_note".into(),
-                    Value::String("shown once: the mediator keeps only its SHA-256".into()),
-                );
+            if let Value::Object(map) = &mut out {
+                if let Some(token) = created.token {
+                    map.insert("token".into(), Value::String(token));
+                    map.insert(
+                        "token_note".into(),
+                        Value::String("shown once: the mediator keeps only its SHA-256".into()),
+                    );
+                }
+                // Design 16: authorities created here are per process.
+                map.insert("persisted".into(), Value::Bool(false));
+                map.insert("persistence_note".into(), Value::String(PER_PROCESS.into()));
             }
             json_response(StatusCode::CREATED, &out)
         }

@@ -8,10 +8,14 @@
 //! load a line costs neither a thread wake-up nor a write of its own, and a line still
 //! reaches the sink within milliseconds. It never logs secrets: tokens and
 //! `Proxy-Authorization` values never reach a [`Record`].
+//!
+//! A file sink can be reopened ([`DecisionLog::reopen`], SIGUSR1, for logrotate): the
+//! writer switches files between two batches, so every line lands whole in the old file
+//! (renamed away) or in the new one, and none is lost.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -153,7 +157,7 @@ pub enum Sink {
     /// Standard output.
     Stdout,
     /// Appended to this file (created with mode 0600 if absent).
-    File(std::path::PathBuf),
+    File(PathBuf),
     /// Kept in memory (tests, demo).
     Memory(Arc<Mutex<Vec<String>>>),
     /// Not written (an embedded mediator whose caller reads its records through a [`Tap`]).
@@ -166,6 +170,17 @@ pub enum Sink {
 pub struct DecisionLog {
     handle: Arc<Handle>,
     tap: Option<Tap>,
+    /// The file of a [`Sink::File`] (what [`Self::reopen`] opens again).
+    path: Option<Arc<PathBuf>>,
+}
+
+/// What [`DecisionLog::reopen`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reopened {
+    /// The file was opened again by its path: later lines go there.
+    File(PathBuf),
+    /// The log is not a file (stdout, memory): nothing to reopen.
+    NotAFile,
 }
 
 impl std::fmt::Debug for DecisionLog {
@@ -215,6 +230,11 @@ struct State {
     flush_wanted: bool,
     /// Every handle is gone.
     closed: bool,
+    /// Reopens asked for so far ([`DecisionLog::reopen`]).
+    reopen_asked: u64,
+    /// Reopens done so far, and the error of the last one (`None`: it worked).
+    reopen_done: u64,
+    reopen_error: Option<String>,
 }
 
 impl Queue {
@@ -247,13 +267,59 @@ impl DecisionLog {
         };
         let queue = Arc::new(Queue::default());
         let for_writer = Arc::clone(&queue);
+        let path = match &sink {
+            Sink::File(p) => Some(Arc::new(p.clone())),
+            _ => None,
+        };
+        let reopen_path = path.clone();
         std::thread::Builder::new()
             .name("decision-log".into())
-            .spawn(move || writer(&for_writer, out))?;
+            .spawn(move || {
+                writer(
+                    &for_writer,
+                    out,
+                    reopen_path.as_deref().map(PathBuf::as_path),
+                )
+            })?;
         Ok(Self {
             handle: Arc::new(Handle(queue)),
             tap: None,
+            path,
         })
+    }
+
+    /// Opens the log file again by its path (after logrotate renamed it) and writes later
+    /// lines there. Every line queued before the call is written to the old file first, so
+    /// no line is lost or split between files. Blocks until the writer has switched.
+    ///
+    /// # Errors
+    /// [`Error::DecisionLog`] when the file cannot be opened again; the log then goes on
+    /// writing to the file it had (renamed or not), so still no line is lost.
+    pub fn reopen(&self) -> Result<Reopened, Error> {
+        let Some(path) = &self.path else {
+            return Ok(Reopened::NotAFile);
+        };
+        let queue = &self.handle.0;
+        let mut state = queue.lock();
+        state.reopen_asked += 1;
+        let ticket = state.reopen_asked;
+        if state.writer_asleep {
+            state.writer_asleep = false;
+            queue.writer.notify_one();
+        }
+        while state.reopen_done < ticket {
+            state = queue
+                .progress
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        match state.reopen_error.clone() {
+            None => Ok(Reopened::File(path.as_ref().clone())),
+            Some(e) => Err(Error::DecisionLog {
+                path: path.as_ref().clone(),
+                source: io::Error::other(e),
+            }),
+        }
     }
 
     /// The same log, calling `tap` with every record before it is queued.
@@ -314,26 +380,30 @@ impl DecisionLog {
 }
 
 fn open_append(path: &Path) -> Result<std::fs::File, Error> {
+    open_file(path).map_err(|source| Error::DecisionLog {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn open_file(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .open(path)
-        .map_err(|source| Error::DecisionLog {
-            path: path.to_path_buf(),
-            source,
-        })
 }
 
 /// The writer thread: takes the queued bytes in one go, writes and flushes them, lingers,
-/// and repeats; returns once the log is closed and everything queued is written.
-fn writer(queue: &Queue, mut out: Box<dyn Write + Send>) {
+/// and repeats; returns once the log is closed and everything queued is written. A reopen
+/// asked for is done right after the batch taken with it (never inside a batch).
+fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
     let mut batch = Vec::new();
     loop {
-        let mark = {
+        let (mark, reopen) = {
             let mut state = queue.lock();
-            while state.buf.is_empty() && !state.closed {
+            while state.buf.is_empty() && !state.closed && state.reopen_asked == state.reopen_done {
                 if state.written == state.appended {
                     // Nothing in flight: wake any flush waiting on an empty queue.
                     state.flush_wanted = false;
@@ -346,21 +416,37 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>) {
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
             state.writer_asleep = false;
-            if state.buf.is_empty() {
+            let reopen = (state.reopen_asked != state.reopen_done).then_some(state.reopen_asked);
+            if state.buf.is_empty() && reopen.is_none() {
                 return; // closed and drained
             }
             batch.clear();
             std::mem::swap(&mut batch, &mut state.buf);
             // Producers blocked on a full queue may go on.
             queue.progress.notify_all();
-            state.appended
+            (state.appended, reopen)
         };
-        if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
-            tracing::error!("decision log write failed: {e}");
+        if !batch.is_empty() {
+            if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
+                tracing::error!("decision log write failed: {e}");
+            }
         }
+        // Between batches: the old file has every line taken so far.
+        let reopened = reopen.map(|ticket| match path.map(open_file) {
+            Some(Ok(file)) => {
+                out = Box::new(file);
+                (ticket, None)
+            }
+            Some(Err(e)) => (ticket, Some(e.to_string())),
+            None => (ticket, None),
+        });
         let flush_wanted = {
             let mut state = queue.lock();
             state.written = mark;
+            if let Some((ticket, error)) = reopened {
+                state.reopen_done = ticket;
+                state.reopen_error = error;
+            }
             queue.progress.notify_all();
             std::mem::take(&mut state.flush_wanted)
         };

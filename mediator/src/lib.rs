@@ -33,6 +33,7 @@ pub mod resolve;
 mod rewind;
 pub mod route;
 mod server;
+pub mod service;
 mod shared;
 mod signal;
 mod sni;
@@ -42,7 +43,7 @@ pub mod vocab;
 mod watchdog;
 
 pub use control::ReloadReport;
-pub use decision_log::{DecisionLog, Record, Sink, Tap};
+pub use decision_log::{DecisionLog, Record, Reopened, Sink, Tap};
 pub use denial::{Cause, Denial};
 pub use error::Error;
 pub use server::{Options, Running, check_resources, limits_of, start};

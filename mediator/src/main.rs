@@ -1,5 +1,6 @@
-//! The `mediator` binary: run (SIGHUP reloads the authorities), check a config, explain a
-//! decision, run the demo, hash a token.
+//! The `mediator` binary: run (SIGHUP reloads the authorities, SIGUSR1 reopens the
+//! decision log), check a config, explain a decision, run the demo, hash a token, probe a
+//! running mediator's health, print shell completions and man pages.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -11,11 +12,20 @@ use sha2::{Digest, Sha256};
 
 /// Attributable egress mediator.
 #[derive(Debug, Parser)]
-#[command(name = "mediator", version, about)]
+#[command(
+    name = "mediator",
+    version = mediator::service::VERSION,
+    long_version = mediator::service::LONG_VERSION,
+    about
+)]
 struct Cli {
     /// Configuration file (mediator.toml); required unless a subcommand says otherwise.
     #[arg(long, short = 'c', global = true)]
     config: Option<PathBuf>,
+    /// Reload when the config file's content changes (it is read every 2 s), as SIGHUP
+    /// does: for a config mounted from a Kubernetes ConfigMap.
+    #[arg(long)]
+    watch_config: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -52,6 +62,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask a running mediator's admin API `/healthz` (or `/readyz`): exit 0 on 200, 1
+    /// otherwise. For container health checks and probes (the image has no curl).
+    Health {
+        /// The admin API: `ip:port`, or the path of its Unix socket. Default: `[listen]
+        /// admin` (else `admin_socket`) of --config.
+        #[arg(long, value_name = "ADDR")]
+        admin: Option<String>,
+        /// Ask `/readyz` (accepting new connections) instead of `/healthz` (alive).
+        #[arg(long)]
+        ready: bool,
+        /// Give up after this many seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 3)]
+        timeout: u64,
+    },
+    /// Print a shell completion script to standard output.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page mediator(1) (roff) to standard output; with --out-dir, write it
+    /// and one page per subcommand (mediator-check.1, ...) there instead.
+    Man {
+        /// Directory to write the pages into.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -76,6 +112,29 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Some(Command::Health {
+            admin,
+            ready,
+            timeout,
+        }) => health(admin, cli.config, ready, timeout),
+        Some(Command::Completions { shell }) => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "mediator", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Man { out_dir }) => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match out_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("cannot create {}", dir.display()))?;
+                    clap_mangen::generate_to(cmd, &dir)
+                        .with_context(|| format!("cannot write man pages to {}", dir.display()))?;
+                }
+                None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::HashToken) => {
             let mut token = Vec::new();
             std::io::stdin().read_to_end(&mut token)?;
@@ -211,7 +270,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let rt = tokio::runtime::Runtime::new()?;
-            let log = rt.block_on(serve(config, text, path))?;
+            let log = rt.block_on(serve(config, text, path, cli.watch_config))?;
             // Connections still running after the shutdown grace are dropped with the
             // runtime: each still writes its close record, which must reach the log
             // before the process exits.
@@ -229,45 +288,141 @@ fn system_upstream(cfg: &policy::config::Config) -> Result<String, String> {
         .map_err(|e| format!("upstream: system: {e}"))
 }
 
-/// Runs the mediator until SIGTERM or SIGINT (SIGHUP reloads); returns its decision log,
-/// for the last flush.
+/// `mediator health`: the admin address from `--admin` or the config; exit 0 on 200.
+fn health(
+    admin: Option<String>,
+    config: Option<PathBuf>,
+    ready: bool,
+    timeout: u64,
+) -> anyhow::Result<ExitCode> {
+    use mediator::service::health::{AdminAddr, Probe, probe};
+    let addr = match (admin, config) {
+        (Some(a), _) => AdminAddr::parse(&a)?,
+        (None, Some(path)) => {
+            let listen = mediator::config::load(&path)?.listen;
+            match (listen.admin, listen.admin_socket) {
+                (Some(a), _) => AdminAddr::Tcp(a),
+                (None, Some(p)) => AdminAddr::Unix(p),
+                (None, None) => anyhow::bail!(
+                    "{}: no [listen] admin or admin_socket to ask",
+                    path.display()
+                ),
+            }
+        }
+        (None, None) => anyhow::bail!("give --admin ADDR or --config FILE"),
+    };
+    let which = if ready { Probe::Ready } else { Probe::Health };
+    match probe(&addr, which, std::time::Duration::from_secs(timeout)) {
+        Ok(a) if a.status == 200 => {
+            println!("{addr} {}: {} {}", which.path(), a.status, a.body);
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(a) => {
+            eprintln!("mediator: {addr} {}: {} {}", which.path(), a.status, a.body);
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => {
+            eprintln!("mediator: {addr} {}: {e}", which.path());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Runs the mediator until SIGTERM, SIGINT or SIGQUIT (SIGHUP reloads, SIGUSR1 reopens the
+/// decision log, SIGUSR2 is ignored; SIGPIPE is ignored by the Rust runtime, so a closed
+/// stdout is a write error, not a kill); returns its decision log, for the last flush.
 async fn serve(
     config: policy::config::Config,
     text: String,
     path: PathBuf,
+    watch_config: bool,
 ) -> anyhow::Result<mediator::DecisionLog> {
+    use mediator::service::{notify, watch};
     use tokio::signal::unix::{SignalKind, signal};
     let socket_dir = config.listen.socket_dir.clone();
     // Handlers first: a signal that arrives right after the ready line must not kill
     // the process with its default action (leaving socket files behind).
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut quit = signal(SignalKind::quit())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
     let running = mediator::start(config, mediator::Options::default()).await?;
     running.set_baseline(&text);
     let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    eprintln!(
+    let ready = format!(
         "ready tcp={} admin={} socket_dir={} {}",
         show(running.tcp_addr().map(|a| a.to_string())),
         show(running.admin_addr().map(|a| a.to_string())),
         show(socket_dir.map(|d| d.display().to_string())),
         running.limits(),
     );
+    eprintln!("{ready}");
+    // `start` returned: every listener is bound and every configured authority is live.
+    notify::ready(&ready);
+    let mut watch = watch_config.then(|| watch::ConfigWatch::new(&path, &text));
+    let mut tick = tokio::time::interval(watch::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => reload(&running, &path),
+            _ = quit.recv() => break,
+            _ = hup.recv() => {
+                reload(&running, &path);
+                // The file just read is the baseline now: no second reload for it.
+                if let Some(w) = watch.as_mut() {
+                    w.changed();
+                }
+            }
+            _ = usr1.recv() => reopen(running.log()).await,
+            _ = usr2.recv() => eprintln!(
+                "mediator: SIGUSR2 ignored (SIGHUP reloads, SIGUSR1 reopens the decision log)"
+            ),
+            _ = tick.tick(), if watch.is_some() => {
+                if watch.as_mut().is_some_and(watch::ConfigWatch::changed) {
+                    eprintln!("mediator: {} changed; reloading", path.display());
+                    reload(&running, &path);
+                }
+            }
         }
     }
     eprintln!("mediator: shutting down");
+    notify::stopping();
     let log = running.log().clone();
     running.shutdown().await;
     Ok(log)
 }
 
-/// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole.
+/// SIGUSR1 (logrotate): reopen the decision log file by its path; every line goes to the
+/// old file or the new one, none is lost.
+async fn reopen(log: &mediator::DecisionLog) {
+    let log = log.clone();
+    match tokio::task::spawn_blocking(move || log.reopen()).await {
+        Ok(Ok(mediator::Reopened::File(p))) => {
+            eprintln!("mediator: decision log reopened: {}", p.display());
+        }
+        Ok(Ok(mediator::Reopened::NotAFile)) => {
+            eprintln!("mediator: SIGUSR1: the decision log is not a file; nothing to reopen");
+        }
+        Ok(Err(e)) => eprintln!(
+            "mediator: cannot reopen the decision log ({:#}); still writing to the file it had",
+            anyhow::Error::from(e)
+        ),
+        Err(e) => eprintln!("mediator: cannot reopen the decision log: {e}"),
+    }
+}
+
+/// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole. The
+/// service manager is told a reload runs (`RELOADING=1`, then `READY=1`).
 fn reload(running: &mediator::Running, path: &std::path::Path) {
+    mediator::service::notify::reloading();
+    reload_file(running, path);
+    mediator::service::notify::reloaded("ready (reloaded)");
+}
+
+fn reload_file(running: &mediator::Running, path: &std::path::Path) {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {

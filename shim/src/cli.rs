@@ -13,7 +13,19 @@ use crate::error::{Error, Result};
 /// `shim`: confine one command (and everything it starts) and bind it to its authority's
 /// mediator channel.
 #[derive(Debug, Parser)]
-#[command(name = "shim", version, about, long_about = None)]
+#[command(
+    name = "shim",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (git ", env!("GIT_REVISION_SHORT"), ")"),
+    long_version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (git ",
+        env!("GIT_REVISION_SHORT"),
+        ")\nrevision ",
+        env!("GIT_REVISION")
+    ),
+    about,
+    long_about = None
+)]
 pub struct Cli {
     /// The authority's Unix socket (`<socket_dir>/<authority>.sock` of a running mediator).
     #[arg(long, value_name = "PATH")]

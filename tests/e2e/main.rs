@@ -28,6 +28,7 @@ mod pac;
 mod parent;
 mod parent_https;
 mod rejudge;
+mod service;
 mod sni;
 mod socks5;
 mod system;

@@ -153,6 +153,7 @@ pub struct MediatorBuilder {
     limits_extra: Vec<String>,
     soft_nofile: Option<u64>,
     admin_secure: bool,
+    args: Vec<String>,
 }
 
 impl MediatorBuilder {
@@ -177,6 +178,7 @@ impl MediatorBuilder {
             limits_extra: Vec::new(),
             soft_nofile: None,
             admin_secure: false,
+            args: Vec::new(),
         }
     }
 
@@ -299,6 +301,13 @@ impl MediatorBuilder {
         self
     }
 
+    /// Adds a command-line argument after `--config FILE` (e.g. `--watch-config`).
+    #[must_use]
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_owned());
+        self
+    }
+
     /// Appends raw TOML after the generated tables (before the authorities).
     #[must_use]
     pub fn extra_toml(mut self, toml: &str) -> Self {
@@ -394,7 +403,7 @@ impl MediatorBuilder {
             None => Launcher::Direct,
             Some(soft) => Launcher::SoftNofile(soft),
         };
-        Mediator::start_with(&self.bin, launcher, dir, &text, &self.env).await
+        Mediator::start_with(&self.bin, launcher, dir, &text, &self.env, &self.args).await
     }
 
     /// Starts a mediator that must refuse to start, and returns its error in full
@@ -501,10 +510,10 @@ impl Mediator {
         config: &str,
         env: &[(String, String)],
     ) -> Result<Self> {
-        Self::start_with(bin, Launcher::Direct, dir, config, env).await
+        Self::start_with(bin, Launcher::Direct, dir, config, env, &[]).await
     }
 
-    /// [`Self::start_with_env`], started by `launcher`.
+    /// [`Self::start_with_env`], started by `launcher`, with `args` after `--config FILE`.
     ///
     /// # Errors
     /// As [`Self::start_with_env`].
@@ -514,6 +523,7 @@ impl Mediator {
         dir: TempDir,
         config: &str,
         env: &[(String, String)],
+        args: &[String],
     ) -> Result<Self> {
         let config_path = dir.path().join("mediator.toml");
         std::fs::write(&config_path, config).context("writing mediator.toml")?;
@@ -532,6 +542,7 @@ impl Mediator {
         let mut child = command
             .arg("--config")
             .arg(&config_path)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -599,6 +610,21 @@ impl Mediator {
         };
         me.ready = parse_ready(&line)?;
         Ok(me)
+    }
+
+    /// Stops this mediator (SIGTERM, checked to exit cleanly) and starts a new one in the
+    /// same directory with the config file as it is now (same socket dir, same decision
+    /// log, appended), with no extra environment or arguments: a restart.
+    ///
+    /// # Errors
+    /// The old process does not exit cleanly, or the new one does not start.
+    pub async fn restart(mut self) -> Result<Self> {
+        let status = self.terminate().await?;
+        anyhow::ensure!(status.success(), "exit status {status} before the restart");
+        let config = std::fs::read_to_string(&self.config_path).context("reading mediator.toml")?;
+        let placeholder = tempfile::tempdir().context("creating a temp dir")?;
+        let dir = std::mem::replace(&mut self.dir, placeholder);
+        Self::start_with(&self.bin, Launcher::Direct, dir, &config, &[], &[]).await
     }
 
     /// The parsed `ready` line.

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Assembles the runtime image's root filesystem from built binaries: the binaries (debug
+# sections stripped), the shared libraries they load (and the dynamic loader), a
+# passwd/group naming the non-root user, the CA bundle for upstream TLS, and the
+# directories that volumes mount over.
+# Nothing else: no shell, no package manager, no coreutils.
+#
+# Used by both ways of building the image, so they cannot differ:
+#   docker/Dockerfile (build stage, after `cargo build --release`)
+#   docker/build-image.sh (on the host, from target/release)
+#
+# usage: docker/rootfs.sh OUT_DIR MEDIATOR_BINARY SHIM_BINARY
+#
+# OUT_DIR/rootfs is the tree owned by root; OUT_DIR/state holds the directories the
+# mediator writes (owned by the mediator user: the runtime stage copies it with --chown,
+# since COPY does not keep ownership).
+set -euo pipefail
+
+out=$1
+mediator=$2
+shim=$3
+uid=65532   # the conventional "nonroot" uid of distroless images
+gid=65532
+
+rm -rf "$out"
+state=$out/state
+out=$out/rootfs
+mkdir -p "$out/usr/local/bin" "$out/etc/ssl/certs" "$out/tmp" "$state"
+# The release profile keeps line tables (92 MB for the mediator); the image keeps the
+# symbols (function names in a panic's backtrace) and drops the debug sections.
+strip --strip-debug -o "$out/usr/local/bin/mediator" "$mediator"
+strip --strip-debug -o "$out/usr/local/bin/shim" "$shim"
+chmod 0755 "$out/usr/local/bin/mediator" "$out/usr/local/bin/shim"
+
+# Every shared object the binaries load, at the path the loader looks for it (ldd prints
+# "name => /path (addr)" for libraries and "/path (addr)" for the loader itself).
+for bin in "$mediator" "$shim"; do
+  if ! ldd "$bin" >/dev/null 2>&1; then
+    echo "rootfs.sh: $bin is static: no libraries to copy" >&2
+    continue
+  fi
+  ldd "$bin" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } $1 ~ /^\// { print $1 }'
+done | sort -u | while read -r lib; do
+  mkdir -p "$out$(dirname "$lib")"
+  # Follow symlinks: the image holds the real file under the name the loader asks for.
+  cp -L "$lib" "$out$lib"
+done
+
+# The loader's canonical path must exist for the binaries' PT_INTERP.
+interp=$(readelf -l "$mediator" 2>/dev/null | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+if [ -n "$interp" ] && [ ! -e "$out$interp" ]; then
+  mkdir -p "$out$(dirname "$interp")"
+  cp -L "$interp" "$out$interp"
+fi
+
+cat > "$out/etc/passwd" <<PASSWD
+root:x:0:0:root:/root:/sbin/nologin
+mediator:x:$uid:$gid:egress mediator:/nonexistent:/sbin/nologin
+nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
+PASSWD
+cat > "$out/etc/group" <<GROUP
+root:x:0:
+mediator:x:$gid:
+nogroup:x:65534:
+GROUP
+
+# Upstream TLS is verified against the system trust store (rustls-native-certs reads this
+# bundle); without it every verified upstream handshake fails closed.
+bundle=/etc/ssl/certs/ca-certificates.crt
+if [ ! -s "$bundle" ]; then
+  echo "rootfs.sh: $bundle is missing (apt-get install -y ca-certificates)" >&2
+  exit 1
+fi
+cp -L "$bundle" "$out/etc/ssl/certs/ca-certificates.crt"
+
+# Mount points: sockets (a tmpfs or a hostPath), the CA (persistent), the config (read-only).
+install -d -m 0755 "$out/etc/egress-mediator"
+install -d -m 0750 "$state/run/egress-mediator" "$state/var/lib/egress-mediator"
+chmod 1777 "$out/tmp"
+echo "rootfs.sh: $(find "$out" -type f | wc -l) files, $(du -sh "$out" | cut -f1) in $out" >&2

@@ -1,0 +1,582 @@
+//! Running as a service (design section 16): the signals a service manager or logrotate
+//! sends (SIGUSR1 reopens the decision log without losing a line, SIGUSR2 is ignored,
+//! SIGQUIT shuts down cleanly), readiness notification (`sd_notify`), the config-file
+//! watch, `mediator health`, `--version`, completions and man pages, the lifetime of
+//! authorities created through the admin API, and the operator guide's config reference
+//! against the config schema.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use e2e::mediator::run;
+use e2e::{AGENT_A, AGENT_B, Fixture, LOG_TIMEOUT, ORIGIN_HOST, TOKEN_A, wait_for, wait_until};
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::support::{agent_a, bin, mediator};
+
+/// Every complete line of a decision log file, parsed; a line that is not JSON fails.
+fn log_lines(path: &Path) -> Result<Vec<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    ensure!(
+        text.is_empty() || text.ends_with('\n'),
+        "{} ends inside a line",
+        path.display()
+    );
+    text.lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l:?}")))
+        .collect()
+}
+
+/// Waits for a stderr line of the mediator that contains `needle`.
+async fn wait_stderr(fx: &e2e::Mediator, needle: &str) -> Result<()> {
+    wait_until(LOG_TIMEOUT, &format!("stderr line {needle:?}"), || {
+        fx.stderr_text().contains(needle)
+    })
+    .await
+    .with_context(|| format!("stderr:\n{}", fx.stderr_text()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigusr1_reopens_the_decision_log_without_losing_a_line() -> Result<()> {
+    let fx = agent_a().await?;
+    let m = &fx.mediator;
+    let log = m.log_path().to_owned();
+    let rotated = log.with_extension("jsonl.1");
+    let target = fx.origin_target();
+
+    // Requests keep coming while the file is renamed and the log reopened; each one is a
+    // decision line (and a close line): none may be lost or split between the files.
+    const REQUESTS: usize = 300;
+    let sender = {
+        let addr = m.tcp_addr();
+        let target = target.clone();
+        tokio::spawn(async move {
+            let mut answered = 0usize;
+            for _ in 0..REQUESTS {
+                let mut c = e2e::HttpConn::tcp(addr).await?;
+                let r = c.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
+                ensure!(r.status == 200, "CONNECT answered {}", r.status);
+                answered += 1;
+            }
+            Ok::<_, anyhow::Error>(answered)
+        })
+    };
+    m.wait_for_count(|v| v["event"] == "decision", 50, LOG_TIMEOUT)
+        .await?;
+    std::fs::rename(&log, &rotated).context("rotating the log")?;
+    m.signal(Signal::SIGUSR1)?;
+    wait_stderr(m, &format!("decision log reopened: {}", log.display())).await?;
+    let answered = sender.await??;
+    assert_eq!(answered, REQUESTS);
+
+    // Every decision (and its close record) is in exactly one of the two files.
+    let complete = || -> Result<Option<(Vec<Value>, Vec<Value>)>> {
+        let (old, new) = (log_lines(&rotated)?, log_lines(&log)?);
+        let closes = old
+            .iter()
+            .chain(&new)
+            .filter(|v| v["event"] == "close")
+            .count();
+        Ok((closes >= REQUESTS).then_some((old, new)))
+    };
+    let (old, new) = wait_for(LOG_TIMEOUT, complete, || {
+        format!("fewer than {REQUESTS} close records in the two files")
+    })
+    .await?;
+    assert!(!old.is_empty(), "the rotated file got no line");
+    assert!(!new.is_empty(), "the reopened file got no line");
+    for event in ["decision", "close"] {
+        let ids: Vec<u64> = old
+            .iter()
+            .chain(&new)
+            .filter(|v| v["event"] == event)
+            .map(|v| v["id"].as_u64().unwrap())
+            .collect();
+        let distinct: BTreeSet<u64> = ids.iter().copied().collect();
+        assert_eq!(ids.len(), REQUESTS, "{event} lines");
+        assert_eq!(distinct.len(), REQUESTS, "{event} ids repeat");
+    }
+    let mode = std::fs::metadata(&log)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the reopened file's mode");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_that_fails_keeps_writing_to_the_old_file() -> Result<()> {
+    let fx = agent_a().await?;
+    let m = &fx.mediator;
+    let log = m.log_path().to_owned();
+    // The log's path becomes a directory: it cannot be opened for appending.
+    let rotated = log.with_extension("jsonl.1");
+    std::fs::rename(&log, &rotated).or_else(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            std::fs::write(&rotated, "")
+        } else {
+            Err(e)
+        }
+    })?;
+    std::fs::create_dir(&log)?;
+    m.signal(Signal::SIGUSR1)?;
+    wait_stderr(m, "cannot reopen the decision log").await?;
+    assert!(
+        m.stderr_text().contains("still writing to the file it had"),
+        "{}",
+        m.stderr_text()
+    );
+    let r = fx.connect_a(&fx.origin_target()).await?;
+    assert_eq!(r.status, 200);
+    wait_for(
+        LOG_TIMEOUT,
+        || {
+            Ok(log_lines(&rotated)?
+                .into_iter()
+                .find(|v| v["event"] == "decision"))
+        },
+        || "no decision line in the old file".to_owned(),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_is_ignored_and_sigquit_shuts_down_cleanly() -> Result<()> {
+    let mut fx = agent_a().await?;
+    let sock = fx.mediator.socket_path(AGENT_A);
+    assert!(sock.exists());
+    fx.mediator.signal(Signal::SIGUSR2)?;
+    wait_stderr(&fx.mediator, "SIGUSR2 ignored").await?;
+    // Still serving after it.
+    assert_eq!(fx.connect_a(&fx.origin_target()).await?.status, 200);
+    fx.mediator.signal(Signal::SIGQUIT)?;
+    wait_stderr(&fx.mediator, "mediator: shutting down").await?;
+    wait_until(
+        Duration::from_secs(15),
+        "the socket file is removed",
+        || !sock.exists(),
+    )
+    .await?;
+    // Already exiting: terminate() reaps it.
+    let status = fx.mediator.terminate().await?;
+    assert!(status.success(), "exit status {status}");
+    Ok(())
+}
+
+/// Receives one datagram from the notify socket within the log timeout.
+async fn notification(sock: &UnixDatagram) -> Result<String> {
+    wait_for(
+        LOG_TIMEOUT,
+        || {
+            let mut buf = [0u8; 4096];
+            match sock.recv(&mut buf) {
+                Ok(n) => Ok(Some(String::from_utf8_lossy(&buf[..n]).into_owned())),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        },
+        || "no notification".to_owned(),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_manager_is_notified_ready_reloading_and_stopping() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&path)?;
+    sock.set_nonblocking(true)?;
+    let mut fx = Fixture::start(
+        mediator()
+            .authority(e2e::agent_a_spec())
+            .env("NOTIFY_SOCKET", &path.to_string_lossy()),
+    )
+    .await?;
+
+    let ready = notification(&sock).await?;
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    let status = ready
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUS="))
+        .ok_or_else(|| anyhow!("no STATUS= in {ready:?}"))?;
+    let tcp = e2e::mediator::parse_ready(status)?
+        .tcp
+        .ok_or_else(|| anyhow!("no tcp= in {status:?}"))?;
+    assert_eq!(tcp, fx.mediator.tcp_addr());
+    // READY=1 means served: the listener and the authority's socket take connections.
+    assert_eq!(fx.connect_a(&fx.origin_target()).await?.status, 200);
+    assert_eq!(
+        fx.connect_unix(AGENT_A, &fx.origin_target()).await?.status,
+        200
+    );
+
+    fx.mediator.signal(Signal::SIGHUP)?;
+    let reloading = notification(&sock).await?;
+    assert!(
+        reloading.lines().any(|l| l == "RELOADING=1"),
+        "{reloading:?}"
+    );
+    assert!(
+        reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "{reloading:?}"
+    );
+    let again = notification(&sock).await?;
+    assert!(again.lines().any(|l| l == "READY=1"), "{again:?}");
+
+    fx.mediator.signal(Signal::SIGTERM)?;
+    let stopping = notification(&sock).await?;
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    let status = fx.mediator.terminate().await?;
+    assert!(status.success(), "exit status {status}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_config_reloads_when_the_file_is_replaced() -> Result<()> {
+    let fx = Fixture::start(
+        mediator()
+            .authority(e2e::agent_a_spec())
+            .arg("--watch-config"),
+    )
+    .await?;
+    let m = &fx.mediator;
+    let path = m.config_path().to_owned();
+    let text = std::fs::read_to_string(&path)?;
+    let added = format!(
+        "{text}\n[[authority]]\nname = \"{AGENT_B}\"\nallow = [\"{ORIGIN_HOST}\"]\nallow_private = [\"127.0.0.0/8\"]\n"
+    );
+    // As the kubelet updates a ConfigMap volume: a new file renamed over the old path.
+    let fresh = path.with_extension("new");
+    std::fs::write(&fresh, &added)?;
+    std::fs::rename(&fresh, &path)?;
+    wait_stderr(m, &format!("{} changed; reloading", path.display())).await?;
+    wait_stderr(m, "reload applied: added=agent-b@").await?;
+    assert_eq!(
+        fx.connect_unix(AGENT_B, &fx.origin_target()).await?.status,
+        200
+    );
+    // A file that does not validate changes nothing.
+    std::fs::write(&fresh, format!("{added}\nbogus = 1\n"))?;
+    std::fs::rename(&fresh, &path)?;
+    wait_stderr(m, "reload failed; the running authorities are unchanged").await?;
+    assert_eq!(
+        fx.connect_unix(AGENT_B, &fx.origin_target()).await?.status,
+        200
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_the_admin_api() -> Result<()> {
+    let fx = Fixture::start(mediator().authority(e2e::agent_a_spec()).admin(true)).await?;
+    let admin = fx.mediator.admin_addr()?.to_string();
+    let out = run(bin(), &["health", "--admin", &admin]).await?;
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{admin} /healthz: 200 ok")
+    );
+    let out = run(bin(), &["health", "--admin", &admin, "--ready"]).await?;
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" /readyz: 200 ready"));
+
+    // Nothing listening: exit 1, saying what failed.
+    let closed = e2e::closed_loopback_port()?;
+    let out = run(
+        bin(),
+        &["health", "--admin", &format!("127.0.0.1:{closed}")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("refused"),
+        "{out:?}"
+    );
+    // No address to ask: a usage error.
+    let out = run(bin(), &["health"]).await?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_finds_the_admin_socket_in_the_config() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let admin_sock = dir.path().join("admin.sock");
+    let fx = Fixture::start(
+        mediator()
+            .authority(e2e::agent_a_spec())
+            .listen_line(&format!(
+                "admin_socket = {:?}",
+                admin_sock.to_string_lossy()
+            )),
+    )
+    .await?;
+    let config = fx.mediator.config_path().to_string_lossy().into_owned();
+    let out = run(bin(), &["health", "--config", &config]).await?;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains(&format!("unix:{} /healthz: 200 ok", admin_sock.display())),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_names_the_git_revision() -> Result<()> {
+    let out = run(bin(), &["--version"]).await?;
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    let revision = lines
+        .next()
+        .and_then(|l| l.strip_prefix("revision "))
+        .ok_or_else(|| anyhow!("no revision line in {text:?}"))?;
+    assert_eq!(
+        first,
+        format!(
+            "mediator {} (git {})",
+            env!("CARGO_PKG_VERSION"),
+            &revision[..revision.len().min(12)]
+        )
+    );
+    // Built from a checkout: the revision is its HEAD (40 hex digits).
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    if let Some(head) = head.ok().filter(|o| o.status.success()) {
+        if std::env::var_os("GIT_REVISION").is_none() {
+            assert_eq!(revision, String::from_utf8_lossy(&head.stdout).trim());
+        }
+    }
+    assert!(
+        revision == "unknown"
+            || (revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{revision:?}"
+    );
+    let short = run(bin(), &["-V"]).await?;
+    assert_eq!(String::from_utf8_lossy(&short.stdout).trim(), first);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_man_pages_come_from_the_cli() -> Result<()> {
+    let out = run(bin(), &["completions", "bash"]).await?;
+    assert!(out.status.success(), "{out:?}");
+    let bash = String::from_utf8_lossy(&out.stdout);
+    for word in ["_mediator()", "health", "explain", "--watch-config"] {
+        assert!(bash.contains(word), "bash completion lacks {word}");
+    }
+    let out = run(bin(), &["completions", "zsh"]).await?;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("#compdef mediator"));
+
+    let out = run(bin(), &["man"]).await?;
+    assert!(out.status.success(), "{out:?}");
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq") || page.contains(".TH mediator 1"),
+        "{page}"
+    );
+    assert!(page.contains(".TH mediator 1"));
+    assert!(page.contains("health"));
+
+    let dir = tempfile::tempdir()?;
+    let out = run(bin(), &["man", "--out-dir", &dir.path().to_string_lossy()]).await?;
+    assert!(out.status.success(), "{out:?}");
+    for page in [
+        "mediator.1",
+        "mediator-health.1",
+        "mediator-check.1",
+        "mediator-explain.1",
+    ] {
+        let text =
+            std::fs::read_to_string(dir.path().join(page)).with_context(|| format!("no {page}"))?;
+        assert!(text.contains(".TH "), "{page} is no man page");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_authorities_are_per_process_and_say_so() -> Result<()> {
+    let Fixture {
+        dns,
+        origin,
+        mediator: m,
+    } = Fixture::start(mediator().authority(e2e::agent_a_spec()).admin(true)).await?;
+    let target = format!("{ORIGIN_HOST}:{}", origin.port());
+    let body = json!({
+        "name": "agent-c",
+        "allow": [ORIGIN_HOST],
+        "allow_private": ["127.0.0.0/8"],
+        "generate_token": true,
+    })
+    .to_string();
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    assert_eq!(resp.status, 201, "{}", resp.text());
+    let created = resp.json()?;
+    // The answer says plainly that it will not survive a restart.
+    assert_eq!(created["persisted"], false);
+    let note = created["persistence_note"].as_str().unwrap_or_default();
+    assert!(note.contains("gone when the mediator restarts"), "{note}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    let sock = m.socket_path("agent-c");
+    let mut c = e2e::HttpConn::tcp(m.tcp_addr()).await?;
+    assert_eq!(
+        c.connect(&target, Some(("agent-c", &token))).await?.status,
+        200
+    );
+    drop(c);
+
+    let m = m.restart().await?;
+    // After the restart: the config's authority is back, the API's one is gone with its
+    // socket and its token.
+    let resp = m
+        .admin("GET", "/v1/authorities/agent-c", None, None)
+        .await?;
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert!(!sock.exists(), "{} is still there", sock.display());
+    let list = m.admin_get("/v1/authorities").await?;
+    let names: Vec<&str> = list["authorities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(names, [AGENT_A]);
+    let mut c = e2e::HttpConn::tcp(m.tcp_addr()).await?;
+    let r = c.connect(&target, Some(("agent-c", &token))).await?;
+    assert_eq!(r.status, 407, "{}", r.text());
+    let mut c = e2e::HttpConn::tcp(m.tcp_addr()).await?;
+    assert_eq!(
+        c.connect(&target, Some((AGENT_A, TOKEN_A))).await?.status,
+        200
+    );
+    drop((dns, origin));
+    Ok(())
+}
+
+/// The keys a section accepts, from the mediator's own answer to an unknown key
+/// (`unknown field `x`, expected one of `a`, `b`, ...`): the schema itself, not a copy.
+async fn schema_keys(dir: &Path, section: &str, body: &str) -> Result<BTreeSet<String>> {
+    let path = dir.join("probe.toml");
+    std::fs::write(&path, format!("{section}\n{body}\nzz_not_a_key = 1\n"))?;
+    let out = run(bin(), &["check", "--config", &path.to_string_lossy()]).await?;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    // serde says "expected one of `a`, `b`, `c`" for several keys, "expected `a`" for one
+    // ...
+    let list = err
+        .split("expected one of ")
+        .nth(1)
+        .or_else(|| err.split("expected ").nth(1))
+        .ok_or_else(|| anyhow!("no key list for {section}: {err}"))?;
+    // ... and "expected `a` or `b`" for two.
+    Ok(list
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split(", ")
+        .flat_map(|k| k.split(" or "))
+        .map(|k| k.trim().trim_matches('`').to_owned())
+        .filter(|k| !k.is_empty())
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_guide_documents_every_config_key() -> Result<()> {
+    let guide = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md"),
+    )?;
+    // The reference: one table per section, whose rows start with | `key` |.
+    let section_of = |heading: &str| -> BTreeSet<String> {
+        let Some(start) = guide.find(&format!("#### `{heading}`")) else {
+            return BTreeSet::new();
+        };
+        guide[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.starts_with('#'))
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_owned)
+            .collect()
+    };
+    let dir = tempfile::tempdir()?;
+    let sections = [
+        ("[listen]", "[listen]", ""),
+        ("[resolver]", "[resolver]", ""),
+        ("[upstream]", "[upstream]", ""),
+        ("[tls]", "[tls]", ""),
+        ("[timeouts]", "[timeouts]", ""),
+        ("[limits]", "[limits]", ""),
+        ("[log]", "[log]", ""),
+        ("[global]", "[global]", ""),
+        ("[[authority]]", "[[authority]]", "name = \"a\""),
+        (
+            "[[authority.request_rule]]",
+            "[[authority]]\nname = \"a\"\n[[authority.request_rule]]",
+            "",
+        ),
+    ];
+    let mut problems = Vec::new();
+    // Every top-level section has its table (the loader lists them for an unknown one).
+    let path = dir.path().join("probe.toml");
+    std::fs::write(&path, "[zz_not_a_section]\n")?;
+    let out = run(bin(), &["check", "--config", &path.to_string_lossy()]).await?;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let tops = err
+        .split("expected one of ")
+        .nth(1)
+        .ok_or_else(|| anyhow!("no section list: {err}"))?;
+    for top in tops.lines().next().unwrap_or_default().split(", ") {
+        let heading = if top == "authority" {
+            "[[authority]]".to_owned()
+        } else {
+            format!("[{top}]")
+        };
+        if !sections.iter().any(|(h, _, _)| *h == heading) {
+            problems.push(format!("section {heading}: not covered by this test"));
+        }
+    }
+    for (heading, section, body) in sections {
+        let schema = schema_keys(dir.path(), section, body).await?;
+        let documented = section_of(heading);
+        for k in schema.difference(&documented) {
+            problems.push(format!(
+                "{heading} {k}: in the schema, not in docs/operating.md"
+            ));
+        }
+        for k in documented.difference(&schema) {
+            problems.push(format!(
+                "{heading} {k}: in docs/operating.md, not in the schema"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_config_passes_check() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for file in ["examples/mediator.toml", "docker/compose/mediator.toml"] {
+        let path = root.join(file);
+        let out = run(bin(), &["check", "--config", &path.to_string_lossy()]).await?;
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
