@@ -12,6 +12,7 @@
 //! The library exists for the `shim` binary: its public surface is what `main` needs.
 
 mod ca;
+mod capture;
 mod cli;
 mod embedded;
 mod env;

@@ -76,6 +76,7 @@ pub(crate) fn base(
         close_reason: None,
         method: ctx.request.as_ref().map(|r| r.method.clone()),
         path: ctx.request.as_ref().map(|r| r.path.clone()),
+        capture: ctx.capture,
     }
 }
 
