@@ -118,12 +118,9 @@ async fn a_connect_marked_by_the_shims_capture_is_logged_capture_true() -> Resul
     let fx = fixture().await?;
     let mut conn = fx.unix_conn(AGENT_A).await?;
     let t = fx.origin_target();
-    let resp = conn
-        .request(
-            format!("CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nX-Mediator-Capture: 1\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
+    let head = format!("CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nX-Mediator-Capture: 1\r\n\r\n");
+    conn.send(head.as_bytes()).await?;
+    let resp = conn.read_response(true).await?;
     assert_eq!(resp.status, 200, "{resp:?}");
     fx.mediator
         .expect_allow(

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! shim (host namespaces)              relay threads: sandbox loopback listener -> Unix socket
-//!  `- init  (PID 1 of new user, mount, PID, IPC, network namespaces; no capabilities
-//!      |     after setup; reaps, forwards signals; its death kills the namespace)
+//!                                     capture thread: smoltcp on the sandbox's TUN device
+//!  `- init  (PID 1 of new user, mount, PID, IPC, network namespaces; makes the TUN device
+//!      |     and its routes; no capabilities after setup; reaps, forwards signals; its
+//!      |     death kills the namespace)
 //!      `- COMMAND (new session, caps dropped, no_new_privs, Landlock, seccomp)
 //! ```
 //!
