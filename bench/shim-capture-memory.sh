@@ -72,7 +72,7 @@ for _ in $(seq 1200); do [ -e "$work/rw/ready" ] && break; sleep 0.05; done
 sleep 0.5
 after=$(rss)
 wait "$shim_pid" || true
-allowed=$(grep -c '"decision":"allow".*"capture":true' "$work/decisions.json" || true)
+allowed=$(grep '"event":"decision"' "$work/decisions.json" | grep -c '"decision":"allow".*"capture":true' || true)
 python3 - "$before" "$after" "$n" "$allowed" <<'PY'
 import sys
 before, after, n, allowed = (int(x) for x in sys.argv[1:])

@@ -86,6 +86,18 @@ impl Capture {
         denials: Arc<Denials>,
         record: bool,
     ) -> Result<Self> {
+        // Each captured connection holds one descriptor here (its channel connection): the
+        // soft open-files limit goes up to the hard one, as the mediator's does. The
+        // sandbox was started before, with the caller's limits.
+        if let Ok((_, hard)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                hard,
+                hard,
+            );
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

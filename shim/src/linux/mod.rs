@@ -89,6 +89,9 @@ impl Backend for Linux {
     /// Errors that happen inside the sandbox after `clone` are printed there and yield
     /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
+        if job.capture.is_some() {
+            sys::large_allocations_by_mmap();
+        }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)

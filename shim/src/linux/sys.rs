@@ -387,6 +387,19 @@ pub(crate) fn recv_fds(
     }
 }
 
+/// Serve allocations of 64 KiB and more with their own `mmap` (glibc's `M_MMAP_THRESHOLD`,
+/// fixed): capture's per-connection socket buffers (64 KiB each) then cost memory only
+/// for the pages a connection has used, not their whole size from the start. A no-op
+/// where the C library has no such knob.
+pub(crate) fn large_allocations_by_mmap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's policy for later allocations; it
+    // takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
+    }
+}
+
 /// Take ownership of `fd`, a descriptor a library handed over with `into_raw_fd`.
 pub(crate) fn own_fd(fd: RawFd) -> OwnedFd {
     // SAFETY: the caller passes a descriptor it owns and gives up (IntoRawFd's contract:
