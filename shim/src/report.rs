@@ -8,9 +8,11 @@
 //! It never holds a secret: a denial carries only what the mediator's reply or decision
 //! log showed.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -75,7 +77,15 @@ pub(crate) struct Denials {
     dropped: AtomicU64,
     /// Say each denial on stderr as it is recorded.
     live: bool,
+    /// The lines said in the last [`REPEAT_WINDOW`] (at most [`RECENT_LINES`]), so that a
+    /// client that tries a name's IPv4 and then its IPv6 address is told once.
+    recent: Mutex<VecDeque<(String, Instant)>>,
 }
+
+/// A line said again within this time is not said again.
+const REPEAT_WINDOW: Duration = Duration::from_secs(2);
+/// Most recent lines remembered for that.
+const RECENT_LINES: usize = 32;
 
 impl Denials {
     /// An empty list; with `live`, each denial is also said on stderr when it is recorded
@@ -90,7 +100,7 @@ impl Denials {
     /// Records one denial.
     pub(crate) fn push(&self, d: Denial) {
         if self.live {
-            eprintln!("{}", d.line());
+            self.say(d.line());
         }
         let mut kept = self
             .kept
@@ -101,6 +111,24 @@ impl Denials {
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Print `line` on stderr unless it was printed within [`REPEAT_WINDOW`].
+    fn say(&self, line: String) {
+        let now = Instant::now();
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.retain(|(_, at)| now.duration_since(*at) < REPEAT_WINDOW);
+        if recent.iter().any(|(l, _)| *l == line) {
+            return;
+        }
+        eprintln!("{line}");
+        if recent.len() == RECENT_LINES {
+            recent.pop_front();
+        }
+        recent.push_back((line, now));
     }
 
     /// The denials kept, in order, and how many more were seen.
