@@ -209,6 +209,15 @@ impl Profile {
     }
 }
 
+/// Where a mediator's admin API listens (read from `--config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AdminEndpoint {
+    /// `[listen] admin`: a loopback TCP address.
+    Tcp(std::net::SocketAddr),
+    /// `[listen] admin_socket`: a Unix socket path.
+    Unix(PathBuf),
+}
+
 /// Transparent capture (design section 15).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CaptureMode {
@@ -286,6 +295,9 @@ pub struct Settings {
     pub(crate) capture: CaptureMode,
     /// Print one line on stderr per denial as it happens.
     pub(crate) live_denials: bool,
+    /// Socket mode from `--config`: the mediator's admin API and the authority's name, to
+    /// read the run's denials from (see [`crate::feed`]).
+    pub(crate) admin: Option<(AdminEndpoint, String)>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
 }
@@ -317,11 +329,13 @@ impl Settings {
         let config = cli.config.or(profile.config);
         let authority = cli.authority.or(profile.authority);
         let mut config_ca = None;
+        let mut admin = None;
         let socket = match (socket, config, authority) {
             (Some(s), None, _) => Some(s),
             (None, Some(c), Some(a)) => {
-                let (socket, ca) = from_config(&c, &a)?;
+                let (socket, ca, endpoint) = from_config(&c, &a)?;
                 config_ca = ca;
+                admin = endpoint.map(|e| (e, a));
                 Some(socket)
             }
             (None, None, None) => None,
@@ -401,6 +415,7 @@ impl Settings {
                 (false, false, None) => CaptureMode::Auto,
             },
             live_denials: !(cli.quiet_denials || profile.quiet_denials),
+            admin,
             command: cli.command,
         })
     }
@@ -409,8 +424,12 @@ impl Settings {
 /// From a mediator config (only these keys are read; the mediator validates the rest):
 /// the socket `<listen.socket_dir>/<authority>.sock`, and, when the authority's
 /// `tls_terminate` is not empty, the CA certificate `<[tls] ca_dir>/ca.pem` (read later,
-/// never created here).
-fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert>)> {
+/// never created here), and the admin API's endpoint (`[listen] admin_socket`, else
+/// `admin`) when it names one.
+fn from_config(
+    config: &Path,
+    authority: &str,
+) -> Result<(PathBuf, Option<CaCert>, Option<AdminEndpoint>)> {
     if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
         return Err(Error::Usage(format!(
             "--authority {authority:?} is not a valid authority name"
@@ -435,6 +454,18 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             ))
         })?;
     let socket = Path::new(dir).join(format!("{authority}.sock"));
+    let listen = value.get("listen");
+    let admin = listen
+        .and_then(|l| l.get("admin_socket"))
+        .and_then(|p| p.as_str())
+        .map(|p| AdminEndpoint::Unix(PathBuf::from(p)))
+        .or_else(|| {
+            listen
+                .and_then(|l| l.get("admin"))
+                .and_then(|a| a.as_str())
+                .and_then(|a| a.parse().ok())
+                .map(AdminEndpoint::Tcp)
+        });
     let tables = || {
         value
             .get("authority")
@@ -467,7 +498,7 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
                 .is_some_and(|t| !t.is_empty())
         });
     if !terminates {
-        return Ok((socket, None));
+        return Ok((socket, None, admin));
     }
     let ca_dir = value
         .get("tls")
@@ -487,7 +518,7 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             authority: authority.to_owned(),
         },
     };
-    Ok((socket, Some(ca)))
+    Ok((socket, Some(ca), admin))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::capture::{Addresses, Capture, Dial, Summary};
 use crate::cli::{CaptureMode, ChannelSpec, Settings};
 use crate::embedded::Embedded;
 use crate::error::{Error, Result};
+use crate::feed::Feed;
 use crate::relay::{self, RelayStats};
 use crate::report::{Denials, FILESYSTEM, Report};
 use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
@@ -54,21 +55,38 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));
+    // Socket mode with a known admin API: the run's denials come from there (from now on).
+    let admin = match (&channel, &settings.admin) {
+        (Channel::Socket(_), Some((endpoint, authority))) => Some(Admin {
+            endpoint: endpoint.clone(),
+            authority: authority.clone(),
+            since: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        }),
+        _ => None,
+    };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
-        serving = Some(channel.serve(handoff, capture, &denials)?);
+        serving = Some(channel.serve(handoff, capture, &denials, admin)?);
         Ok(())
     })?;
     let (channel, connections, channel_errors, source, summary) = match serving {
         Some(s) => {
             let errors = s.capture_errors();
             let summary = s.capture.finish();
+            let from_admin = s.feed.is_some();
+            if let Some(feed) = s.feed {
+                feed.finish();
+            }
             let (channel, connections, relay_errors, source) = match s.channel {
                 Served::Relay(socket, stats) => (
                     socket.display().to_string(),
                     stats.connections.load(Ordering::Relaxed),
                     stats.channel_errors.load(Ordering::Relaxed),
-                    "relay: denials seen in the mediator's replies on this run's channel (and capture's stub resolver)",
+                    if from_admin {
+                        "the mediator's admin API: the denials of this run's connections"
+                    } else {
+                        "relay: denials seen in the mediator's replies on this run's channel"
+                    },
                 ),
                 Served::Embedded(e) => {
                     let connections = e.connections.load(Ordering::Relaxed);
@@ -183,13 +201,22 @@ impl Channel {
         handoff: Handoff,
         capture: Option<CaptureJob>,
         denials: &Arc<Denials>,
+        admin: Option<Admin>,
     ) -> Result<Serving> {
+        let feed = match admin {
+            Some(a) => Some(
+                Feed::start(a.endpoint, a.authority, a.since, Arc::clone(denials))
+                    .map_err(|e| Error::io("start the denial feed", e))?,
+            ),
+            None => None,
+        };
         let (channel, dial, grant) = match self {
             Self::Socket(socket) => {
                 let stats = Arc::new(RelayStats {
                     connections: AtomicU64::new(0),
                     channel_errors: AtomicU64::new(0),
                     denials: Arc::clone(denials),
+                    record: feed.is_none(),
                 });
                 let (sock, st) = (socket.clone(), Arc::clone(&stats));
                 let listener = handoff.listener;
@@ -213,8 +240,9 @@ impl Channel {
         };
         let capture = match (handoff.capture, capture) {
             (CaptureState::Up(tun), Some(job)) => {
-                // Socket mode: the mediator's answers are the only place its denials show.
-                let record = grant.is_none();
+                // Socket mode without the admin API: the mediator's answers are the only
+                // place its denials show.
+                let record = grant.is_none() && feed.is_none();
                 CaptureRun::Running(Capture::start(
                     tun,
                     job.addrs,
@@ -232,8 +260,20 @@ impl Channel {
             }
             _ => CaptureRun::Done(Summary::without("off", None)),
         };
-        Ok(Serving { channel, capture })
+        Ok(Serving {
+            channel,
+            capture,
+            feed,
+        })
     }
+}
+
+/// Where socket mode reads the run's denials from (see [`crate::feed`]).
+struct Admin {
+    endpoint: crate::cli::AdminEndpoint,
+    authority: String,
+    /// The run's start (RFC 3339).
+    since: String,
 }
 
 fn check_socket(socket: &Path) -> Result<()> {
@@ -261,6 +301,7 @@ fn check_socket(socket: &Path) -> Result<()> {
 struct Serving {
     channel: Served,
     capture: CaptureRun,
+    feed: Option<Feed>,
 }
 
 impl Serving {

@@ -18,6 +18,7 @@ mod cli;
 mod embedded;
 mod env;
 mod error;
+mod feed;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;

@@ -24,6 +24,9 @@ pub(crate) struct RelayStats {
     pub(crate) channel_errors: AtomicU64,
     /// Denials seen in mediator replies (the run's one list).
     pub(crate) denials: Arc<Denials>,
+    /// Record them (`false` when the mediator's admin API is the source, see
+    /// [`crate::feed`]).
+    pub(crate) record: bool,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -72,7 +75,9 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
             match inspect_reply(&sniff) {
                 Sniff::NeedMore if sniff.len() < 16 * 1024 => {}
                 Sniff::Denied(d) => {
-                    stats.denials.push(d);
+                    if stats.record {
+                        stats.denials.push(d);
+                    }
                     sniffing = false;
                 }
                 _ => sniffing = false,
@@ -84,7 +89,9 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     }
     if sniffing {
         if let Sniff::Denied(d) = inspect_reply_final(&sniff) {
-            stats.denials.push(d);
+            if stats.record {
+                stats.denials.push(d);
+            }
         }
     }
     let _ = c_write.shutdown(Shutdown::Write);

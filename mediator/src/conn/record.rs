@@ -211,6 +211,12 @@ fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
                 reason: rec.reason,
                 rule: rec.rule.clone(),
                 detail: rec.detail.clone(),
+                hint: rec.hint.clone(),
+                status: match rec.protocol {
+                    Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
+                    _ => crate::denial::http_status(rec.reason, rec.cause),
+                },
+                peer: rec.peer,
             });
         }
     }

@@ -32,6 +32,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_tun_device_is_the_only_route_out,
         explicit_capture_without_a_tun_device_fails_with_the_reason,
         the_default_without_a_tun_device_says_so_once_and_runs,
+        socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api,
     ]
 }
 
@@ -575,4 +576,101 @@ fn the_default_without_a_tun_device_says_so_once_and_runs() -> TestResult {
         &report["capture"]["state"].to_string(),
         "\"unavailable\"",
     )
+}
+
+/// A stand-in for a mediator whose config names an admin socket: its authority socket
+/// answers every SOCKS5 request with REP 0x02 (no reason on the wire); its admin API lists
+/// two denials, one of the shim's own process (with the reason and hint) and one of
+/// another process. Returns the config file and where the shim's pid goes.
+fn stand_in_with_admin(dir: &Path) -> (PathBuf, Arc<std::sync::atomic::AtomicU32>) {
+    std::fs::create_dir_all(dir.join("sockets")).unwrap();
+    let channel = UnixListener::bind(dir.join("sockets/agent.sock")).unwrap();
+    std::thread::spawn(move || {
+        for c in channel.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 512];
+            let _ = c.read(&mut buf); // greeting
+            let _ = c.write_all(&[5, 0]);
+            let _ = c.read(&mut buf); // request
+            let _ = c.write_all(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        }
+    });
+    let admin_path = dir.join("admin.sock");
+    let admin = UnixListener::bind(&admin_path).unwrap();
+    let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let p = Arc::clone(&pid);
+    std::thread::spawn(move || {
+        for c in admin.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 2048];
+            let _ = c.read(&mut buf);
+            let mine = p.load(std::sync::atomic::Ordering::SeqCst);
+            let body = format!(
+                r#"{{"authority":"agent","denials":[{{"id":7,"ts":"2026-01-01T00:00:00.000Z","protocol":"socks5","host":"blocked.test","port":443,"reason":"denied_by_rule","rule":"blocked.test","detail":"blocked.test:443 matches deny entry","hint":"the grant denies this destination","status":2,"peer":{{"pid":{mine},"uid":0,"gid":0}}}},{{"id":8,"ts":"2026-01-01T00:00:00.000Z","protocol":"connect","host":"other-run.test","port":443,"reason":"not_in_allowlist","rule":null,"detail":"d","hint":"h","status":403,"peer":{{"pid":1,"uid":0,"gid":0}}}}],"dropped":0}}"#
+            );
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let config = dir.join("mediator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nsocket_dir = \"{}\"\nadmin_socket = \"{}\"\n\n[[authority]]\nname = \"agent\"\nallow = [\"x.test\"]\n",
+            dir.join("sockets").display(),
+            admin_path.display()
+        ),
+    )
+    .unwrap();
+    (config, pid)
+}
+
+fn socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api() -> TestResult {
+    let s = Scratch::new("cap-admin");
+    let (config, pid) = stand_in_with_admin(&s.0);
+    let child = Command::new(SHIM)
+        .arg("--config")
+        .arg(&config)
+        .args(["--authority", "agent", "--report-file"])
+        .arg(s.path("report.json"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "curl -sS -m 5 -x \"$ALL_PROXY\" http://blocked.test:443/ 2>&1 | head -1",
+        ])
+        .current_dir(&s.0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    pid.store(child.id(), std::sync::atomic::Ordering::SeqCst);
+    let out = child.wait_with_output().unwrap();
+    let report = read_json(&s.path("report.json"))?;
+    let denials = report["denials"].as_array().cloned().unwrap_or_default();
+    if denials.len() != 1 {
+        return Err(format!(
+            "expected this run's one denial from the admin API: {denials:?}; {}",
+            all_output(&out)
+        ));
+    }
+    let d = &denials[0];
+    expect(
+        "denial",
+        &format!(
+            "{} {} {} {} {}",
+            d["protocol"], d["status"], d["reason"], d["host"], d["port"]
+        ),
+        "\"socks5\" 2 \"denied_by_rule\" \"blocked.test\" 443",
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line =
+        "mediator: denied blocked.test:443 (denied_by_rule): the grant denies this destination";
+    if stderr.matches(line).count() != 1 {
+        return Err(format!("expected the denial said once: {stderr}"));
+    }
+    Ok(())
 }
