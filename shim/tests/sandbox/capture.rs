@@ -3,7 +3,9 @@
 //! device and user-space stack to the authority's channel, decided and logged there
 //! (`capture: true`); names outside an embedded grant get NXDOMAIN; a denial resets the
 //! connection at once; other UDP is dropped and counted; without a TUN device, an explicit
-//! `--capture` is an error and the default says so once and runs without it.
+//! `--capture` is an error and the default says so once and runs without it. Socket mode's
+//! report of the run's denials from the mediator's admin API is here too (its flows are
+//! the captured ones and the proxy's alike).
 //!
 //! Network rule: the origins are on 127.0.0.1 (reached by the mediator, outside the
 //! sandbox); inside, only synthetic addresses of the sandbox's own namespace are targets.
