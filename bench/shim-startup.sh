@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Startup cost of confinement: `shim ... -- true` with filesystem rules (a writable repo
 # root with its mandatory deny set, a read mask), seccomp, Landlock and the channel
-# binding, against a per-authority socket (standalone-mediator mode) and in embedded mode.
-# Goal (issue 3): median under 20 ms. Prints the medians; RUNS=N to change the run count.
+# binding, against a per-authority socket (standalone-mediator mode) and in embedded mode,
+# with transparent capture (the default: TUN device, netlink, stub resolver) and without.
+# Goal: median under 20 ms, capture on. Prints the medians; RUNS=N to change the run count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +30,11 @@ cd "$work/repo"
 hyperfine -N --warmup 10 --runs "${RUNS:-100}" --export-json "$work/result.json" \
     -n "bare true" "true" \
     -n "shim (socket)" "$shim --mediator-socket $work/authority.sock --allow-write $work/repo --deny-read $work/secret -- true" \
-    -n "shim (embedded)" "$shim --allow example.com --allow-write $work/repo --deny-read $work/secret -- true" >&2
+    -n "shim (embedded)" "$shim --allow example.com --allow-write $work/repo --deny-read $work/secret -- true" \
+    -n "socket, no capture" "$shim --no-capture --mediator-socket $work/authority.sock --allow-write $work/repo --deny-read $work/secret -- true" \
+    -n "embedded, no capture" "$shim --no-capture --allow example.com --allow-write $work/repo --deny-read $work/secret -- true" >&2
 python3 - "$work/result.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]:
-    print(f'{r["command"]:>16}: median {r["median"]*1000:6.2f} ms  (mean {r["mean"]*1000:.2f} ± {r["stddev"]*1000:.2f} ms)')
+    print(f'{r["command"]:>20}: median {r["median"]*1000:6.2f} ms  (mean {r["mean"]*1000:.2f} ± {r["stddev"]*1000:.2f} ms)')
 PY

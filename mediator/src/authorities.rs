@@ -22,6 +22,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use crate::decision_log::Peer;
 use crate::limits::{AuthorityCounts, InForce};
 use crate::signal::Signals;
 use crate::vocab::{Protocol, serialize_reason};
@@ -59,6 +60,12 @@ pub(crate) struct DenialEntry {
     pub(crate) rule: Option<String>,
     /// Human detail.
     pub(crate) detail: String,
+    /// What would make it work, as the client was told.
+    pub(crate) hint: String,
+    /// The answer the client got: the HTTP status, or the SOCKS5 REP code.
+    pub(crate) status: u16,
+    /// The connection's peer, as in the decision log (the shim keeps its own run's).
+    pub(crate) peer: Peer,
 }
 
 /// A bounded ring of denials; the oldest are dropped (and counted) when full.

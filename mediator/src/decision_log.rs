@@ -144,6 +144,11 @@ pub struct Record {
     /// The same requests' path, its query replaced by `?<redacted>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// `true` on the lines of a connection the shim captured transparently (design section
+    /// 15); omitted otherwise. On a Unix socket it is the client's own claim (the
+    /// `X-Mediator-Capture` header of its CONNECT); in embedded mode the shim sets it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub capture: bool,
 }
 
 /// Called with every record before it is queued (the shim's embedded mode collects its

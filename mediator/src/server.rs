@@ -330,6 +330,20 @@ impl Running {
         true
     }
 
+    /// [`Self::serve_embedded`] for a connection the shim captured transparently (design
+    /// section 15): its lines carry `capture: true`.
+    pub fn serve_captured<S>(&self, io: S, authority: &str) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(live) = self.shared.authorities.get(authority) else {
+            return false;
+        };
+        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded).captured();
+        spawn_conn(&self.shared, io, ctx);
+        true
+    }
+
     /// Graceful shutdown: stop accepting and remove the socket files at once (the admin
     /// API keeps answering, `/readyz` with 503), let live connections drain for
     /// `shutdown_grace`, then close what is left (each still gets its close record), flush

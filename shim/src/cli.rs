@@ -94,6 +94,25 @@ pub struct Cli {
     #[arg(long, value_enum, value_name = "WHAT")]
     pub(crate) allow_degraded: Vec<Degradation>,
 
+    /// Transparent capture, required: clients that ignore HTTP_PROXY are mediated too (a
+    /// TUN device is the sandbox's default route). It is on by default where the kernel
+    /// allows it; with this flag, a TUN device that cannot be made is an error.
+    #[arg(long, conflicts_with = "no_capture")]
+    pub(crate) capture: bool,
+
+    /// No transparent capture: clients that ignore HTTP_PROXY have no network.
+    #[arg(long)]
+    pub(crate) no_capture: bool,
+
+    /// Print no line on stderr for each denial as it happens.
+    #[arg(long)]
+    pub(crate) quiet_denials: bool,
+
+    /// Embedded mode: the mediator resolves NAME to ADDR (as curl's --resolve), for a
+    /// local origin (repeatable; a non-public ADDR also needs --allow-private).
+    #[arg(long, value_name = "NAME=ADDR")]
+    pub(crate) resolve: Vec<String>,
+
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -154,6 +173,14 @@ pub(crate) struct Profile {
     /// As `--allow-degraded`.
     #[serde(default)]
     pub(crate) allow_degraded: Vec<Degradation>,
+    /// `true` as `--capture`, `false` as `--no-capture`; absent: the default.
+    pub(crate) capture: Option<bool>,
+    /// As `--quiet-denials`.
+    #[serde(default)]
+    pub(crate) quiet_denials: bool,
+    /// As `--resolve`.
+    #[serde(default)]
+    pub(crate) resolve: Vec<String>,
 }
 
 impl Profile {
@@ -194,6 +221,26 @@ impl Profile {
     }
 }
 
+/// Where a mediator's admin API listens (read from `--config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AdminEndpoint {
+    /// `[listen] admin`: a loopback TCP address.
+    Tcp(std::net::SocketAddr),
+    /// `[listen] admin_socket`: a Unix socket path.
+    Unix(PathBuf),
+}
+
+/// Transparent capture (design section 15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CaptureMode {
+    /// The default: on where the kernel allows it, else said once on stderr.
+    Auto,
+    /// `--capture`: on, or the run stops with the reason.
+    Required,
+    /// `--no-capture`.
+    Off,
+}
+
 /// Where the command's proxy traffic goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ChannelSpec {
@@ -209,6 +256,8 @@ pub(crate) enum ChannelSpec {
         allow_private: Vec<String>,
         /// Where the decision log goes (`None`: kept in memory for `--report`).
         decision_log: Option<PathBuf>,
+        /// `--resolve NAME=ADDR` values, as given.
+        resolve: Vec<String>,
     },
 }
 
@@ -254,6 +303,13 @@ pub struct Settings {
     pub(crate) allow_degraded: Vec<Degradation>,
     /// The CA the command must trust (`None`: no CA variable is set or changed).
     pub(crate) ca_cert: Option<CaCert>,
+    /// Transparent capture.
+    pub(crate) capture: CaptureMode,
+    /// Print one line on stderr per denial as it happens.
+    pub(crate) live_denials: bool,
+    /// Socket mode from `--config`: the mediator's admin API and the authority's name, to
+    /// read the run's denials from (see [`crate::feed`]).
+    pub(crate) admin: Option<(AdminEndpoint, String)>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
 }
@@ -285,11 +341,13 @@ impl Settings {
         let config = cli.config.or(profile.config);
         let authority = cli.authority.or(profile.authority);
         let mut config_ca = None;
+        let mut admin = None;
         let socket = match (socket, config, authority) {
             (Some(s), None, _) => Some(s),
             (None, Some(c), Some(a)) => {
-                let (socket, ca) = from_config(&c, &a)?;
+                let (socket, ca, endpoint) = from_config(&c, &a)?;
                 config_ca = ca;
+                admin = endpoint.map(|e| (e, a));
                 Some(socket)
             }
             (None, None, None) => None,
@@ -302,7 +360,13 @@ impl Settings {
                 return Err(Error::Usage("--config and --authority go together".into()));
             }
         };
+        let resolve: Vec<String> = profile.resolve.into_iter().chain(cli.resolve).collect();
         let embedded_rules = !(allow.is_empty() && deny.is_empty() && allow_private.is_empty());
+        if socket.is_some() && !resolve.is_empty() {
+            return Err(Error::Usage(
+                "--resolve is for embedded mode; a standalone mediator resolves with its own [resolver] config".into(),
+            ));
+        }
         let decision_log = cli.decision_log.or(profile.decision_log);
         if socket.is_some() && decision_log.is_some() {
             return Err(Error::Usage(
@@ -322,6 +386,7 @@ impl Settings {
                 deny,
                 allow_private,
                 decision_log,
+                resolve,
             },
             None => {
                 return Err(Error::Usage(
@@ -354,6 +419,15 @@ impl Settings {
             report,
             allow_degraded,
             ca_cert,
+            capture: match (cli.capture, cli.no_capture, profile.capture) {
+                (true, _, _) => CaptureMode::Required,
+                (_, true, _) => CaptureMode::Off,
+                (false, false, Some(true)) => CaptureMode::Required,
+                (false, false, Some(false)) => CaptureMode::Off,
+                (false, false, None) => CaptureMode::Auto,
+            },
+            live_denials: !(cli.quiet_denials || profile.quiet_denials),
+            admin,
             command: cli.command,
         })
     }
@@ -362,8 +436,12 @@ impl Settings {
 /// From a mediator config (only these keys are read; the mediator validates the rest):
 /// the socket `<listen.socket_dir>/<authority>.sock`, and, when the authority's
 /// `tls_terminate` is not empty, the CA certificate `<[tls] ca_dir>/ca.pem` (read later,
-/// never created here).
-fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert>)> {
+/// never created here), and the admin API's endpoint (`[listen] admin_socket`, else
+/// `admin`) when it names one.
+fn from_config(
+    config: &Path,
+    authority: &str,
+) -> Result<(PathBuf, Option<CaCert>, Option<AdminEndpoint>)> {
     if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
         return Err(Error::Usage(format!(
             "--authority {authority:?} is not a valid authority name"
@@ -388,6 +466,18 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             ))
         })?;
     let socket = Path::new(dir).join(format!("{authority}.sock"));
+    let listen = value.get("listen");
+    let admin = listen
+        .and_then(|l| l.get("admin_socket"))
+        .and_then(|p| p.as_str())
+        .map(|p| AdminEndpoint::Unix(PathBuf::from(p)))
+        .or_else(|| {
+            listen
+                .and_then(|l| l.get("admin"))
+                .and_then(|a| a.as_str())
+                .and_then(|a| a.parse().ok())
+                .map(AdminEndpoint::Tcp)
+        });
     let tables = || {
         value
             .get("authority")
@@ -420,7 +510,7 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
                 .is_some_and(|t| !t.is_empty())
         });
     if !terminates {
-        return Ok((socket, None));
+        return Ok((socket, None, admin));
     }
     let ca_dir = value
         .get("tls")
@@ -440,7 +530,7 @@ fn from_config(config: &Path, authority: &str) -> Result<(PathBuf, Option<CaCert
             authority: authority.to_owned(),
         },
     };
-    Ok((socket, Some(ca)))
+    Ok((socket, Some(ca), admin))
 }
 
 #[cfg(test)]
@@ -481,6 +571,26 @@ mod tests {
         assert_eq!(s.report, Some(None));
         assert_eq!(s.command, vec![OsString::from("ls"), OsString::from("-l")]);
         assert!(!s.allow_unix_sockets);
+    }
+
+    #[test]
+    fn capture_flags_and_their_default() {
+        let mode = |extra: &[&str]| {
+            let mut a = vec!["shim", "--mediator-socket", "/s"];
+            a.extend_from_slice(extra);
+            a.extend(["--", "true"]);
+            parse(&a).map(|s| (s.capture, s.live_denials))
+        };
+        assert_eq!(mode(&[]).unwrap(), (CaptureMode::Auto, true));
+        assert_eq!(mode(&["--capture"]).unwrap().0, CaptureMode::Required);
+        assert_eq!(mode(&["--no-capture"]).unwrap().0, CaptureMode::Off);
+        assert!(!mode(&["--quiet-denials"]).unwrap().1);
+        assert!(Cli::try_parse_from(["shim", "--capture", "--no-capture", "--", "true"]).is_err());
+        // --resolve belongs to embedded mode.
+        assert!(matches!(
+            mode(&["--resolve", "origin.test=127.0.0.1"]),
+            Err(Error::Usage(_))
+        ));
     }
 
     #[test]

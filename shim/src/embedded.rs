@@ -25,7 +25,8 @@ pub(crate) fn config(
     allow: &[String],
     deny: &[String],
     allow_private: &[String],
-) -> Result<policy::config::Config> {
+    resolve: &[String],
+) -> Result<(policy::config::Config, policy::Grant)> {
     let problems: Vec<BadFlag> = allow
         .iter()
         .filter_map(|v| check_flag("--allow", v, EntryKind::Allow))
@@ -38,6 +39,7 @@ pub(crate) fn config(
                 .iter()
                 .filter_map(|v| check_flag("--allow-private", v, EntryKind::AllowPrivate)),
         )
+        .chain(resolve.iter().filter_map(|v| resolve_entry(v).err()))
         .collect();
     if !problems.is_empty() {
         return Err(Error::Grant(problems));
@@ -53,9 +55,17 @@ pub(crate) fn config(
         ..policy::GrantSpec::default()
     };
     let grant = policy::Grant::new(&spec, &[]).map_err(|e| Error::Usage(e.to_string()))?;
+    // The same grant again, for the capture's stub resolver (a grant is never shared by
+    // mutation, and this one is built from the same validated spec).
+    let names = policy::Grant::new(&spec, &[]).map_err(|e| Error::Usage(e.to_string()))?;
     // Every other section at its defaults.
     let mut config =
         policy::config::parse("", "embedded mode").map_err(|e| Error::Usage(e.to_string()))?;
+    for v in resolve {
+        if let Ok((name, addr)) = resolve_entry(v) {
+            config.resolver.hosts.entry(name).or_default().push(addr);
+        }
+    }
     config.authorities.push(policy::config::Authority {
         grant,
         token_sha256: None,
@@ -65,7 +75,30 @@ pub(crate) fn config(
         watchdog: None,
         limits: policy::config::AuthorityLimits::default(),
     });
-    Ok(config)
+    Ok((config, names))
+}
+
+/// One `--resolve NAME=ADDR`: the canonical name and the address.
+fn resolve_entry(value: &str) -> std::result::Result<(String, std::net::IpAddr), BadFlag> {
+    let bad = |why: String| BadFlag {
+        flag: "--resolve",
+        value: value.to_owned(),
+        why,
+    };
+    let (name, addr) = value
+        .split_once('=')
+        .ok_or_else(|| bad("expected NAME=ADDR, e.g. origin.test=127.0.0.1".into()))?;
+    let host = policy::canonicalize_host(name).map_err(|e| bad(e.to_string()))?;
+    let Some(name) = host.name() else {
+        return Err(bad("NAME must be a host name, not an address".into()));
+    };
+    let name = name.to_owned();
+    let addr = addr
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| bad(format!("{addr:?} is not an IP address")))?;
+    Ok((name, addr))
 }
 
 /// `value` of `flag` checked alone, as the grant will parse it.
@@ -83,7 +116,6 @@ pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
     running: Arc<mediator::Running>,
     accept: tokio::task::JoinHandle<()>,
-    denials: Arc<Denials>,
     /// Connections accepted from the sandbox.
     pub(crate) connections: Arc<AtomicU64>,
 }
@@ -103,6 +135,7 @@ impl Embedded {
         config: policy::config::Config,
         listener: std::net::TcpListener,
         decision_log: Option<&Path>,
+        denials: Arc<Denials>,
     ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -114,7 +147,6 @@ impl Embedded {
             Some(p) => mediator::Sink::File(p.to_owned()),
             None => mediator::Sink::Discard,
         };
-        let denials = Arc::new(Denials::default());
         let tap: mediator::Tap = {
             let denials = Arc::clone(&denials);
             Arc::new(move |rec: &mediator::Record| {
@@ -157,15 +189,22 @@ impl Embedded {
             runtime,
             running,
             accept,
-            denials,
             connections,
         })
     }
 
-    /// Stop (the sandbox is gone, so connections are closing), flush the decision log and
-    /// return the denials taken during the run (at most [`crate::report::MAX_DENIALS`]) and
-    /// how many more there were.
-    pub(crate) fn finish(self) -> (Vec<Denial>, u64) {
+    /// How capture reaches this mediator (its connections are marked `capture: true`).
+    pub(crate) fn dial(&self) -> crate::capture::Dial {
+        crate::capture::Dial::Embedded {
+            running: Arc::clone(&self.running),
+            handle: self.runtime.handle().clone(),
+            authority: AUTHORITY,
+        }
+    }
+
+    /// Stop (the sandbox is gone, so connections are closing) and flush the decision log.
+    /// Capture must be finished first (its connections hold the mediator).
+    pub(crate) fn finish(self) {
         self.accept.abort();
         let log = self.running.log().clone();
         let _ = self.runtime.block_on(self.accept);
@@ -176,7 +215,6 @@ impl Embedded {
         }
         log.flush();
         self.runtime.shutdown_timeout(Duration::from_millis(200));
-        self.denials.take()
     }
 }
 
@@ -213,14 +251,22 @@ mod tests {
             &["example.com".into(), "*.example.org:443".into()],
             &[],
             &["127.0.0.1/32".into()],
+            &["Origin.Test=127.0.0.1".into()],
         )
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(c.authorities.len(), 1);
+        assert_eq!(
+            c.resolver.hosts.get("origin.test"),
+            Some(&vec!["127.0.0.1".parse().unwrap()])
+        );
     }
 
     #[test]
     fn bad_patterns_are_rejected_with_the_entry() {
-        let e = config(&["*.com".into()], &[], &[]).unwrap_err().to_string();
+        let e = config(&["*.com".into()], &[], &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("*.com"), "{e}");
     }
 
@@ -230,11 +276,12 @@ mod tests {
             &["ok.example".into(), "*.com".into()],
             &["a..b".into()],
             &["10.0.0.1/8".into()],
+            &["1.2.3.4=5.6.7.8".into()],
         )
         .unwrap_err()
         .to_string();
         let lines: Vec<&str> = e.lines().collect();
-        assert_eq!(lines.len(), 3, "{e}");
+        assert_eq!(lines.len(), 4, "{e}");
         assert!(
             lines[0].starts_with("--allow '*.com': ") && lines[0].contains("public suffix"),
             "{e}"
@@ -242,6 +289,10 @@ mod tests {
         assert!(lines[1].starts_with("--deny 'a..b': "), "{e}");
         assert!(
             lines[2].starts_with("--allow-private '10.0.0.1/8': CIDR has host bits set"),
+            "{e}"
+        );
+        assert!(
+            lines[3].starts_with("--resolve '1.2.3.4=5.6.7.8': NAME must be a host name"),
             "{e}"
         );
         // Nothing of the TOML document the grant is built as, nor the entry said twice.
@@ -252,7 +303,9 @@ mod tests {
 
     #[test]
     fn a_value_with_a_quote_is_quoted_the_shell_way() {
-        let e = config(&["it's".into()], &[], &[]).unwrap_err().to_string();
+        let e = config(&["it's".into()], &[], &[], &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with(r"--allow 'it'\''s': "), "{e}");
     }
 
@@ -288,6 +341,7 @@ mod tests {
             close_reason: None,
             method: None,
             path: None,
+            capture: false,
         }
     }
 
@@ -331,7 +385,7 @@ mod tests {
 
     #[test]
     fn the_embedded_grant_advises_shim_flags() {
-        let c = config(&["origin.test:80".into()], &[], &[]).unwrap();
+        let c = config(&["origin.test:80".into()], &[], &[], &[]).unwrap().0;
         let target = policy::parse_authority_form("api.example.com:443").unwrap();
         let d = c.authorities[0].grant.decide(&target);
         assert_eq!(

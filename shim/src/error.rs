@@ -89,6 +89,12 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// `--capture` was asked for, but the TUN device could not be made.
+    #[error(
+        "transparent capture (--capture) is not possible here: {0}; run with --no-capture to go without it (clients that ignore HTTP_PROXY then have no network)"
+    )]
+    Capture(String),
+
     /// Landlock could not be configured.
     #[error("Landlock: {0}")]
     Landlock(String),

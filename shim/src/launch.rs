@@ -6,19 +6,20 @@
 //! can check itself (the channel, the socket's directory, the CA file) it checks before
 //! the backend starts.
 
-use std::net::TcpListener;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ca::TrustFiles;
-use crate::cli::{ChannelSpec, Settings};
+use crate::capture::{Addresses, Capture, Dial, Summary};
+use crate::cli::{CaptureMode, ChannelSpec, Settings};
 use crate::embedded::Embedded;
 use crate::error::{Error, Result};
+use crate::feed::Feed;
 use crate::relay::{self, RelayStats};
-use crate::report::Report;
-use crate::sandbox::{Backend, Job};
+use crate::report::{Denials, FILESYSTEM, Report};
+use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
 
 /// Confine and run `settings.command` with `backend`; returns the status to leave with.
 ///
@@ -35,6 +36,13 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
         None => None,
     };
+    let capture = match settings.capture {
+        CaptureMode::Off => None,
+        mode => Some(CaptureJob {
+            addrs: Addresses::generate(),
+            required: mode == CaptureMode::Required,
+        }),
+    };
     let job = Job {
         command: &settings.command,
         allow_write: &settings.allow_write,
@@ -43,39 +51,68 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         allow_unix_sockets: settings.allow_unix_sockets,
         allow_degraded: &settings.allow_degraded,
         trust: trust.as_ref(),
+        capture,
     };
-    let mut serving = Serving::Nothing;
-    let outcome = backend.run(&job, |listener| {
-        serving = channel.serve(listener)?;
+    // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
+    let denials = Arc::new(Denials::new(settings.live_denials));
+    // Socket mode with a known admin API: the run's denials come from there (from now on).
+    let admin = match (&channel, &settings.admin) {
+        (Channel::Socket(_), Some((endpoint, authority))) => Some(Admin {
+            endpoint: endpoint.clone(),
+            authority: authority.clone(),
+            since: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        }),
+        _ => None,
+    };
+    let mut serving = None;
+    let outcome = backend.run(&job, |handoff| {
+        serving = Some(channel.serve(handoff, capture, &denials, admin)?);
         Ok(())
     })?;
-    let (channel, connections, channel_errors, denials, source) = match serving {
-        Serving::Relay(socket, stats) => (
-            socket.display().to_string(),
-            stats.connections.load(Ordering::Relaxed),
-            stats.channel_errors.load(Ordering::Relaxed),
-            stats.denials.take(),
-            "relay: denials seen in the mediator's replies on this run's channel",
-        ),
-        Serving::Embedded(e) => {
-            let connections = e.connections.load(Ordering::Relaxed);
-            (
-                "embedded".to_owned(),
-                connections,
-                0,
-                e.finish(),
-                "the embedded mediator's decisions",
-            )
+    let (channel, connections, channel_errors, source, summary) = match serving {
+        Some(s) => {
+            let errors = s.capture_errors();
+            let summary = s.capture.finish();
+            let from_admin = s.feed.is_some();
+            if let Some(feed) = s.feed {
+                feed.finish();
+            }
+            let (channel, connections, relay_errors, source) = match s.channel {
+                Served::Relay(socket, stats) => (
+                    socket.display().to_string(),
+                    stats.connections.load(Ordering::Relaxed),
+                    stats.channel_errors.load(Ordering::Relaxed),
+                    if from_admin {
+                        "the mediator's admin API: the denials of this run's connections"
+                    } else {
+                        "relay: denials seen in the mediator's replies on this run's channel"
+                    },
+                ),
+                Served::Embedded(e) => {
+                    let connections = e.connections.load(Ordering::Relaxed);
+                    e.finish();
+                    (
+                        "embedded".to_owned(),
+                        connections,
+                        0,
+                        "the embedded mediator's decisions (and capture's stub resolver)",
+                    )
+                }
+            };
+            (channel, connections, relay_errors + errors, source, summary)
         }
-        Serving::Nothing => (
+        None => (
             String::new(),
             0,
             0,
-            (Vec::new(), 0),
             "none: the sandbox did not start",
+            Summary::without("off", None),
         ),
     };
+    let denials = denials.take();
     if let Some(dest) = &settings.report {
+        let capture = serde_json::to_value(&summary)
+            .map_err(|e| Error::io("serialise the report", e.into()))?;
         Report {
             report: "shim",
             channel,
@@ -86,6 +123,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             denials_dropped: denials.1,
             source,
             tampering: &outcome.tampering,
+            capture: &capture,
+            filesystem: FILESYSTEM,
         }
         .write(dest.as_deref())?;
     }
@@ -118,8 +157,13 @@ fn deny_read(settings: &Settings) -> Result<Vec<PathBuf>> {
 enum Channel {
     /// Relayed to a running mediator's per-authority Unix socket.
     Socket(PathBuf),
-    /// Served by an in-process mediator (validated config, decision-log file).
-    Embedded(Box<policy::config::Config>, Option<PathBuf>),
+    /// Served by an in-process mediator (validated config, decision-log file, and the
+    /// same grant for capture's stub resolver).
+    Embedded(
+        Box<policy::config::Config>,
+        Option<PathBuf>,
+        Arc<policy::Grant>,
+    ),
 }
 
 impl Channel {
@@ -139,35 +183,97 @@ impl Channel {
                 deny,
                 allow_private,
                 decision_log,
-            } => Self::Embedded(
-                Box::new(crate::embedded::config(allow, deny, allow_private)?),
-                decision_log.clone(),
-            ),
+                resolve,
+            } => {
+                let (config, grant) = crate::embedded::config(allow, deny, allow_private, resolve)?;
+                Self::Embedded(Box::new(config), decision_log.clone(), Arc::new(grant))
+            }
         })
     }
 
-    /// Start serving the sandbox's listener.
+    /// Start serving the sandbox's listener, and its TUN device when capture is up.
     ///
     /// # Errors
-    /// [`Error::Io`] if the relay thread cannot start; the errors of [`Embedded::start`].
-    fn serve(self, listener: TcpListener) -> Result<Serving> {
-        match self {
+    /// [`Error::Io`] if the relay or capture thread cannot start; the errors of
+    /// [`Embedded::start`].
+    fn serve(
+        self,
+        handoff: Handoff,
+        capture: Option<CaptureJob>,
+        denials: &Arc<Denials>,
+        admin: Option<Admin>,
+    ) -> Result<Serving> {
+        let feed = match admin {
+            Some(a) => Some(
+                Feed::start(a.endpoint, a.authority, a.since, Arc::clone(denials))
+                    .map_err(|e| Error::io("start the denial feed", e))?,
+            ),
+            None => None,
+        };
+        let (channel, dial, grant) = match self {
             Self::Socket(socket) => {
-                let stats = Arc::new(RelayStats::default());
+                let stats = Arc::new(RelayStats {
+                    connections: AtomicU64::new(0),
+                    channel_errors: AtomicU64::new(0),
+                    denials: Arc::clone(denials),
+                    record: feed.is_none(),
+                });
                 let (sock, st) = (socket.clone(), Arc::clone(&stats));
+                let listener = handoff.listener;
                 std::thread::Builder::new()
                     .name("relay-accept".into())
                     .spawn(move || relay::serve(listener, sock, st))
                     .map_err(|e| Error::io("start the relay", e))?;
-                Ok(Serving::Relay(socket, stats))
+                let dial = Dial::Socket(socket.clone());
+                (Served::Relay(socket, stats), dial, None)
             }
-            Self::Embedded(config, log) => Ok(Serving::Embedded(Embedded::start(
-                *config,
-                listener,
-                log.as_deref(),
-            )?)),
-        }
+            Self::Embedded(config, log, grant) => {
+                let e = Embedded::start(
+                    *config,
+                    handoff.listener,
+                    log.as_deref(),
+                    Arc::clone(denials),
+                )?;
+                let dial = e.dial();
+                (Served::Embedded(e), dial, Some(grant))
+            }
+        };
+        let capture = match (handoff.capture, capture) {
+            (CaptureState::Up(tun), Some(job)) => {
+                // Socket mode without the admin API: the mediator's answers are the only
+                // place its denials show.
+                let record = grant.is_none() && feed.is_none();
+                CaptureRun::Running(Capture::start(
+                    tun,
+                    job.addrs,
+                    dial,
+                    grant,
+                    Arc::clone(denials),
+                    record,
+                )?)
+            }
+            (CaptureState::Unavailable(why), _) => {
+                eprintln!(
+                    "shim: transparent capture is off: {why}; clients that ignore HTTP_PROXY have no network (proxy-aware clients are unaffected; --capture makes this an error, --no-capture silences it)"
+                );
+                CaptureRun::Done(Summary::without("unavailable", Some(why)))
+            }
+            _ => CaptureRun::Done(Summary::without("off", None)),
+        };
+        Ok(Serving {
+            channel,
+            capture,
+            feed,
+        })
     }
+}
+
+/// Where socket mode reads the run's denials from (see [`crate::feed`]).
+struct Admin {
+    endpoint: crate::cli::AdminEndpoint,
+    authority: String,
+    /// The run's start (RFC 3339).
+    since: String,
 }
 
 fn check_socket(socket: &Path) -> Result<()> {
@@ -191,10 +297,40 @@ fn check_socket(socket: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What serves the listener once the sandbox handed it out.
-enum Serving {
+/// What serves the sandbox once it handed its listener (and TUN device) out.
+struct Serving {
+    channel: Served,
+    capture: CaptureRun,
+    feed: Option<Feed>,
+}
+
+impl Serving {
+    /// Captured connections that could not reach the channel.
+    fn capture_errors(&self) -> u64 {
+        match &self.capture {
+            CaptureRun::Running(c) => c.channel_errors(),
+            CaptureRun::Done(_) => 0,
+        }
+    }
+}
+
+/// The proxy listener's server.
+enum Served {
     Relay(PathBuf, Arc<RelayStats>),
     Embedded(Embedded),
-    /// The sandbox failed before handing the listener out (the backend said why).
-    Nothing,
+}
+
+/// Capture, running or not.
+enum CaptureRun {
+    Running(Capture),
+    Done(Summary),
+}
+
+impl CaptureRun {
+    fn finish(self) -> Summary {
+        match self {
+            Self::Running(c) => c.finish(),
+            Self::Done(s) => s,
+        }
+    }
 }

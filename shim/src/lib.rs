@@ -1,9 +1,10 @@
 //! The shim: confine one child process tree on Linux (user, mount, PID, IPC and network
 //! namespaces; a filesystem view with read masks, write roots and a mandatory deny set;
 //! Landlock; seccomp; no capabilities) and bind it to its authority's mediator channel
-//! through a loopback listener inside the sandbox, relayed by the shim outside it.
+//! through a loopback listener inside the sandbox, relayed by the shim outside it, and
+//! (transparent capture) a TUN device served by a user-space TCP/IP stack in the shim.
 //!
-//! Design section 12 is the contract. The OS-specific part is a backend behind the
+//! Design sections 12 and 15 are the contract. The OS-specific part is a backend behind the
 //! `sandbox` boundary; `linux` is the only one, and this root is the only place that names
 //! it. The rest (`cli` flags and profile, `env`, `ca` files, `launch`, `relay`, `embedded`
 //! mediator, `report`) is portable, so that other backends (macOS Seatbelt, Windows) can
@@ -12,10 +13,12 @@
 //! The library exists for the `shim` binary: its public surface is what `main` needs.
 
 mod ca;
+mod capture;
 mod cli;
 mod embedded;
 mod env;
 mod error;
+mod feed;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;

@@ -3,7 +3,8 @@
 //!
 //! The relay never interprets what it carries, except to notice the mediator's denial
 //! replies in the first response of each connection for `--report` (an HTTP response with
-//! `X-Mediator-Decision: deny; ...` and its JSON body, or a SOCKS5 reply code 0x02).
+//! `X-Mediator-Decision: deny; ...` and its JSON body, or a SOCKS5 failure reply). Capture
+//! reads its CONNECT answers with the same [`inspect_reply`].
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -15,14 +16,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::report::{Denial, Denials};
 
 /// What the relay counted during the run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RelayStats {
     /// Connections accepted from the sandbox.
     pub(crate) connections: AtomicU64,
     /// Connections that could not reach the mediator socket.
     pub(crate) channel_errors: AtomicU64,
-    /// Denials seen in mediator replies.
-    pub(crate) denials: Denials,
+    /// Denials seen in mediator replies (the run's one list).
+    pub(crate) denials: Arc<Denials>,
+    /// Record them (`false` when the mediator's admin API is the source, see
+    /// [`crate::feed`]).
+    pub(crate) record: bool,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -71,7 +75,9 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
             match inspect_reply(&sniff) {
                 Sniff::NeedMore if sniff.len() < 16 * 1024 => {}
                 Sniff::Denied(d) => {
-                    stats.denials.push(d);
+                    if stats.record {
+                        stats.denials.push(d);
+                    }
                     sniffing = false;
                 }
                 _ => sniffing = false,
@@ -83,7 +89,9 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     }
     if sniffing {
         if let Sniff::Denied(d) = inspect_reply_final(&sniff) {
-            stats.denials.push(d);
+            if stats.record {
+                stats.denials.push(d);
+            }
         }
     }
     let _ = c_write.shutdown(Shutdown::Write);
@@ -92,32 +100,54 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     }
 }
 
+/// What the first bytes of a mediator reply say.
 #[derive(Debug, PartialEq)]
-enum Sniff {
+pub(crate) enum Sniff {
+    /// Not enough bytes yet.
     NeedMore,
+    /// A success reply, or not a reply of the mediator's.
     NotDenied,
+    /// A denial, as far as the reply tells.
     Denied(Denial),
 }
 
+/// The meaning of a SOCKS5 reply code (RFC 1928 section 6), for a failure.
+fn socks_meaning(rep: u8) -> Option<&'static str> {
+    Some(match rep {
+        0x01 => "general SOCKS server failure",
+        0x02 => "connection not allowed by ruleset",
+        0x03 => "network unreachable",
+        0x04 => "host unreachable",
+        0x05 => "connection refused",
+        0x06 => "TTL expired",
+        0x07 => "command not supported",
+        0x08 => "address type not supported",
+        _ => return None,
+    })
+}
+
 /// Look at the first bytes the mediator sent on a connection.
-fn inspect_reply(b: &[u8]) -> Sniff {
+pub(crate) fn inspect_reply(b: &[u8]) -> Sniff {
     if b.first() == Some(&0x05) {
         // SOCKS5: method selection (2 bytes), then the reply: VER REP RSV ATYP ...
         if b.len() < 4 {
             return Sniff::NeedMore;
         }
-        return match b[3] {
-            0x00 => Sniff::NotDenied,
-            0x02 => Sniff::Denied(Denial {
+        let rep = b[3];
+        return match socks_meaning(rep) {
+            None => Sniff::NotDenied,
+            // REP carries no reason: say what it means and where the reason is.
+            Some(meaning) => Sniff::Denied(Denial {
                 protocol: "socks5",
-                status: 2,
+                status: u16::from(rep),
                 reason: None,
                 host: None,
                 port: None,
-                detail: None,
+                detail: Some(format!(
+                    "SOCKS5 REP 0x{rep:02x} ({meaning}); a SOCKS5 reply carries no reason: the mediator's decision log has it"
+                )),
                 hint: None,
             }),
-            _ => Sniff::NotDenied,
         };
     }
     if !b.starts_with(b"HTTP/1.") {
@@ -260,6 +290,11 @@ mod tests {
             Sniff::Denied(_)
         ));
         assert_eq!(inspect_reply(&[5, 0, 5, 0, 0, 1]), Sniff::NotDenied);
+        let Sniff::Denied(d) = inspect_reply(&[5, 0, 5, 4, 0, 1]) else {
+            panic!("REP 0x04 is a failure");
+        };
+        assert_eq!(d.status, 4);
+        assert!(d.detail.unwrap().contains("host unreachable"));
         assert_eq!(inspect_reply(&[5, 0]), Sniff::NeedMore);
     }
 }

@@ -1,14 +1,18 @@
 //! The `--report` document and the records it is made of: the denials seen during a run
-//! (from the relay or the embedded mediator's decision log) and the tampering the backend
-//! undid at exit.
+//! (from the relay, the embedded mediator's decision log, and capture's stub resolver and
+//! CONNECT answers), each also said on stderr as it happens unless `--quiet-denials`, and
+//! the tampering the backend undid at exit.
 //!
-//! Pure data and its output: it imports no other module of the shim, so that every part
-//! of the shim (relay, embedded mediator, OS backend) can fill it in. It never holds a
-//! secret: a denial carries only what the mediator's reply or decision log showed.
+//! Pure data and its output: it imports no module of the shim but the error type, so that
+//! every part of the shim (relay, embedded mediator, capture, OS backend) can fill it in.
+//! It never holds a secret: a denial carries only what the mediator's reply or decision
+//! log showed.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -18,9 +22,11 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct Denial {
     /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
-    /// decision's protocol (`connect`, `http`, `socks5` or `tls`).
+    /// decision's protocol (`connect`, `http`, `socks5` or `tls`). Capture: `connect` (its
+    /// CONNECT was refused) or `dns` (the stub resolver answered NXDOMAIN).
     pub(crate) protocol: &'static str,
-    /// HTTP status (403, 407, 400, 502, 504), or the SOCKS5 reply code.
+    /// HTTP status (403, 407, 400, 502, 504), the SOCKS5 reply code, or the DNS RCODE
+    /// (3, NXDOMAIN).
     pub(crate) status: u16,
     /// The decision reason (`not_in_allowlist`, ...); `None` when the reply carries none
     /// (SOCKS5).
@@ -36,6 +42,30 @@ pub(crate) struct Denial {
     pub(crate) hint: Option<String>,
 }
 
+impl Denial {
+    /// The line said on stderr as it happens:
+    /// `mediator: denied api.example.com:443 (not_in_allowlist): add ...`.
+    pub(crate) fn line(&self) -> String {
+        let target = match (&self.host, self.port) {
+            (Some(h), Some(p)) if h.contains(':') => format!(" [{h}]:{p}"),
+            (Some(h), Some(p)) => format!(" {h}:{p}"),
+            (Some(h), None) => format!(" {h}"),
+            (None, _) => String::new(),
+        };
+        let reason = self.reason.as_deref().map_or_else(
+            || format!("{} {}", self.protocol, self.status),
+            str::to_owned,
+        );
+        let advice = self
+            .hint
+            .as_deref()
+            .or(self.detail.as_deref())
+            .filter(|s| !s.is_empty())
+            .map_or_else(String::new, |s| format!(": {s}"));
+        format!("mediator: denied{target} ({reason}){advice}")
+    }
+}
+
 /// Most denials a report lists; later ones are counted in `denials_dropped`, not kept.
 pub(crate) const MAX_DENIALS: usize = 10_000;
 
@@ -45,11 +75,33 @@ pub(crate) const MAX_DENIALS: usize = 10_000;
 pub(crate) struct Denials {
     kept: Mutex<Vec<Denial>>,
     dropped: AtomicU64,
+    /// Say each denial on stderr as it is recorded.
+    live: bool,
+    /// The lines said in the last [`REPEAT_WINDOW`] (at most [`RECENT_LINES`]), so that a
+    /// client that tries a name's IPv4 and then its IPv6 address is told once.
+    recent: Mutex<VecDeque<(String, Instant)>>,
 }
 
+/// A line said again within this time is not said again.
+const REPEAT_WINDOW: Duration = Duration::from_secs(2);
+/// Most recent lines remembered for that.
+const RECENT_LINES: usize = 32;
+
 impl Denials {
+    /// An empty list; with `live`, each denial is also said on stderr when it is recorded
+    /// (the command's stderr: it is the shim's).
+    pub(crate) fn new(live: bool) -> Self {
+        Self {
+            live,
+            ..Self::default()
+        }
+    }
+
     /// Records one denial.
     pub(crate) fn push(&self, d: Denial) {
+        if self.live {
+            self.say(d.line());
+        }
         let mut kept = self
             .kept
             .lock()
@@ -59,6 +111,24 @@ impl Denials {
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Print `line` on stderr unless it was printed within [`REPEAT_WINDOW`].
+    fn say(&self, line: String) {
+        let now = Instant::now();
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        recent.retain(|(_, at)| now.duration_since(*at) < REPEAT_WINDOW);
+        if recent.iter().any(|(l, _)| *l == line) {
+            return;
+        }
+        eprintln!("{line}");
+        if recent.len() == RECENT_LINES {
+            recent.pop_front();
+        }
+        recent.push_back((line, now));
     }
 
     /// The denials kept, in order, and how many more were seen.
@@ -115,7 +185,14 @@ pub(crate) struct Report<'a> {
     /// Paths the command created that would have run code on the host (a new
     /// `.git/commondir`), and where the shim moved them.
     pub(crate) tampering: &'a [Tampering],
+    /// Transparent capture: its state, connections, and what it dropped.
+    pub(crate) capture: &'a serde_json::Value,
+    /// What the report says of filesystem denials.
+    pub(crate) filesystem: &'static str,
 }
+
+/// The report's statement on filesystem denials.
+pub(crate) const FILESYSTEM: &str = "not included: the kernel refuses writes (EROFS, EACCES) and masked reads inside the sandbox without telling the shim; the command sees each refusal as an error";
 
 impl Report<'_> {
     /// Write the report as one JSON line: to stderr (`dest` `None`) or to the file `dest`.
@@ -163,6 +240,8 @@ mod tests {
             denials_dropped: 0,
             source: "test",
             tampering: &tampering,
+            capture: &serde_json::json!({"state": "off"}),
+            filesystem: FILESYSTEM,
         };
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -179,6 +258,38 @@ mod tests {
         assert!(v["denials"][0]["detail"].is_null());
         assert_eq!(v["tampering"][0]["path"], "/w/.git/commondir");
         assert_eq!(v["denials_dropped"], 0);
+    }
+
+    #[test]
+    fn a_denial_is_one_line_an_agent_can_act_on() {
+        let d = Denial {
+            protocol: "connect",
+            status: 403,
+            reason: Some("not_in_allowlist".into()),
+            host: Some("api.example.com".into()),
+            port: Some(443),
+            detail: Some("api.example.com is not allowed".into()),
+            hint: Some("add --allow api.example.com:443 to the shim command".into()),
+        };
+        assert_eq!(
+            d.line(),
+            "mediator: denied api.example.com:443 (not_in_allowlist): add --allow api.example.com:443 to the shim command"
+        );
+        let socks = Denial {
+            protocol: "socks5",
+            status: 2,
+            reason: None,
+            host: None,
+            port: None,
+            detail: Some("SOCKS5 REP 0x02".into()),
+            hint: None,
+        };
+        assert_eq!(socks.line(), "mediator: denied (socks5 2): SOCKS5 REP 0x02");
+        let v6 = Denial {
+            host: Some("::1".into()),
+            ..d
+        };
+        assert!(v6.line().starts_with("mediator: denied [::1]:443 "));
     }
 
     #[test]

@@ -11,9 +11,11 @@
 
 use std::ffi::OsString;
 use std::net::TcpListener;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use crate::ca::TrustFiles;
+use crate::capture::Addresses;
 use crate::cli::Degradation;
 use crate::error::Result;
 use crate::report::Tampering;
@@ -45,6 +47,39 @@ pub(crate) struct Job<'a> {
     /// above say, and named by the CA variables. The backend removes them at exit with its
     /// own leftovers, and makes sure they are removed if the shim is killed.
     pub(crate) trust: Option<&'a TrustFiles>,
+    /// Transparent capture (design section 15): `None` with `--no-capture`.
+    pub(crate) capture: Option<CaptureJob>,
+}
+
+/// What capture asks of a backend: a TUN device as the sandbox's default route, its own
+/// addresses from `addrs`, its descriptor handed to `serve` and `/etc/resolv.conf` naming
+/// the stub resolver. Nothing else of the sandbox changes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CaptureJob {
+    /// This run's addresses.
+    pub(crate) addrs: Addresses,
+    /// `--capture` was given: a TUN device that cannot be made stops the run.
+    pub(crate) required: bool,
+}
+
+/// Whether the sandbox got its TUN device.
+#[derive(Debug)]
+pub(crate) enum CaptureState {
+    /// Not asked for (`--no-capture`).
+    Off,
+    /// The TUN device, to serve.
+    Up(OwnedFd),
+    /// Asked for by default, but the kernel refused: why (the run goes on without it).
+    Unavailable(String),
+}
+
+/// What a backend hands to `serve` once the sandbox exists.
+#[derive(Debug)]
+pub(crate) struct Handoff {
+    /// The sandbox's loopback proxy listener.
+    pub(crate) listener: TcpListener,
+    /// The TUN device, if capture is up.
+    pub(crate) capture: CaptureState,
 }
 
 impl Job<'_> {
@@ -67,13 +102,14 @@ pub(crate) struct Outcome {
 
 /// An OS backend: confinement of one command tree.
 pub(crate) trait Backend {
-    /// Confine and run `job.command`. Once the sandbox's loopback proxy listener exists,
-    /// hand it to `serve` (at most once, before waiting for the command); if `serve`
+    /// Confine and run `job.command`. Once the sandbox's loopback proxy listener (and its
+    /// TUN device, with capture) exists, hand them to `serve` (at most once, before
+    /// waiting for the command); if `serve`
     /// fails, stop the sandbox and return that error. Return when the whole command tree
     /// is gone and every host-side leftover of the run (including `job.trust`) is removed.
     ///
     /// # Errors
     /// Any error that stops the sandbox from being built exactly as `job` asks, or the
     /// error of `serve`.
-    fn run(&self, job: &Job<'_>, serve: impl FnOnce(TcpListener) -> Result<()>) -> Result<Outcome>;
+    fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome>;
 }

@@ -103,6 +103,35 @@ async fn connect_over_unix_socket_needs_no_credential_and_logs_peer_pid() -> Res
         )
         .await?;
     check_unix_peer(&line, std::process::id())?;
+    // Not captured: no `capture` field at all.
+    ensure!(
+        line.get("capture").is_none(),
+        "capture on a plain CONNECT: {line}"
+    );
+    Ok(())
+}
+
+/// The shim marks the CONNECT of a transparently captured connection (design section 15):
+/// the mark is logged as `capture: true` (the client's own claim), and decides nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_marked_by_the_shims_capture_is_logged_capture_true() -> Result<()> {
+    let fx = fixture().await?;
+    let mut conn = fx.unix_conn(AGENT_A).await?;
+    let t = fx.origin_target();
+    let head = format!("CONNECT {t} HTTP/1.1\r\nHost: {t}\r\nX-Mediator-Capture: 1\r\n\r\n");
+    conn.send(head.as_bytes()).await?;
+    let resp = conn.read_response(true).await?;
+    assert_eq!(resp.status, 200, "{resp:?}");
+    fx.mediator
+        .expect_allow(
+            ORIGIN_HOST,
+            &[
+                ("channel", json!("unix")),
+                ("protocol", json!("connect")),
+                ("capture", json!(true)),
+            ],
+        )
+        .await?;
     Ok(())
 }
 

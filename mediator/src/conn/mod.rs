@@ -54,6 +54,9 @@ pub(crate) struct Ctx {
     /// The connection's place in the limits (design section 13), shared by every clone of
     /// the context: it is given back when the last one is dropped.
     pub(crate) admission: Arc<Admission>,
+    /// The shim captured this connection transparently (design section 15): the `capture`
+    /// log field. Informational only: no decision depends on it.
+    pub(crate) capture: bool,
 }
 
 impl Ctx {
@@ -70,6 +73,15 @@ impl Ctx {
             authority,
             request: None,
             admission,
+            capture: false,
+        }
+    }
+
+    /// The same connection, marked as captured by the shim (the `capture` log field).
+    pub(crate) fn captured(self) -> Self {
+        Self {
+            capture: true,
+            ..self
         }
     }
 

@@ -76,6 +76,7 @@ pub(crate) fn base(
         close_reason: None,
         method: ctx.request.as_ref().map(|r| r.method.clone()),
         path: ctx.request.as_ref().map(|r| r.path.clone()),
+        capture: ctx.capture,
     }
 }
 
@@ -230,6 +231,12 @@ fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
                 reason: rec.reason,
                 rule: rec.rule.clone(),
                 detail: rec.detail.clone(),
+                hint: rec.hint.clone(),
+                status: match rec.protocol {
+                    Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
+                    _ => crate::denial::http_status(rec.reason, rec.cause),
+                },
+                peer: rec.peer,
             });
         }
     }

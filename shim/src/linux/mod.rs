@@ -3,13 +3,16 @@
 //!
 //! ```text
 //! shim (host namespaces)              relay threads: sandbox loopback listener -> Unix socket
-//!  `- init  (PID 1 of new user, mount, PID, IPC, network namespaces; no capabilities
-//!      |     after setup; reaps, forwards signals; its death kills the namespace)
+//!                                     capture thread: smoltcp on the sandbox's TUN device
+//!  `- init  (PID 1 of new user, mount, PID, IPC, network namespaces; makes the TUN device
+//!      |     and its routes; no capabilities after setup; reaps, forwards signals; its
+//!      |     death kills the namespace)
 //!      `- COMMAND (new session, caps dropped, no_new_privs, Landlock, seccomp)
 //! ```
 //!
 //! The outer shim never enters the sandbox; the sandbox never sees the Unix socket.
 
+mod capture;
 mod fs;
 mod landlock;
 mod seccomp;
@@ -36,7 +39,8 @@ use crate::cli::Degradation;
 use crate::error::{Error, Result};
 use crate::report::warn_tampering;
 use crate::sandbox::{
-    Backend, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE, Job, Outcome,
+    Backend, CaptureJob, CaptureState, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE,
+    Handoff, Job, Outcome,
 };
 
 /// Signals the shim and the inner init forward to the command.
@@ -71,6 +75,7 @@ struct InnerPlan {
     args: Vec<CString>,
     env: Vec<(OsString, OsString)>,
     ca: Option<crate::env::CaFiles>,
+    capture: Option<CaptureJob>,
     handoff: OwnedFd,
 }
 
@@ -83,7 +88,10 @@ impl Backend for Linux {
     /// removed before returning, and by a janitor process if the shim itself is killed.
     /// Errors that happen inside the sandbox after `clone` are printed there and yield
     /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
-    fn run(&self, job: &Job<'_>, serve: impl FnOnce(TcpListener) -> Result<()>) -> Result<Outcome> {
+    fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
+        if job.capture.is_some() {
+            sys::large_allocations_by_mmap();
+        }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)
@@ -132,7 +140,7 @@ fn run_planned(
     job: &Job<'_>,
     fs_plan: fs::FsPlan,
     ca: Option<crate::env::CaFiles>,
-    serve: impl FnOnce(TcpListener) -> Result<()>,
+    serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<Outcome> {
     let watch = fs_plan.watch.clone();
     let filters = seccomp::build(job.allow_unix_sockets)?;
@@ -164,6 +172,7 @@ fn run_planned(
         args,
         env: std::env::vars_os().collect(),
         ca,
+        capture: job.capture,
         handoff: inner,
     });
     let keep_fd = inner_plan.as_ref().map(|p| p.handoff.as_raw_fd());
@@ -199,13 +208,14 @@ fn run_planned(
     };
     drop(inner_plan);
 
-    // The listener, bound inside the sandbox's network namespace, arrives first. If init
-    // fails before handing it over, it prints why, and its status says how it ended.
-    let mut port_bytes = [0u8; 2];
-    let received = sys::recv_fd(outer.as_fd(), &mut port_bytes);
+    // The listener, bound inside the sandbox's network namespace, arrives first (with the
+    // TUN device when capture is on). If init fails before handing it over, it prints
+    // why, and its status says how it ended.
+    let mut payload = [0u8; 1024];
+    let received = sys::recv_fds(outer.as_fd(), &mut payload);
     drop(outer);
-    if let Ok(Some((fd, 2))) = received {
-        if let Err(e) = serve(TcpListener::from(fd)) {
+    if let Ok(Some((fds, n))) = received {
+        if let Err(e) = handoff_of(fds, &payload[..n]).and_then(serve) {
             // The command may already run: stop the whole sandbox.
             let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
             let _ = nix::sys::wait::waitpid(init, None);
@@ -221,6 +231,42 @@ fn run_planned(
         exit_status,
         tampering,
     })
+}
+
+/// What init handed over: `[listener, tun?]`, and the payload `port (2 bytes), capture
+/// state (0 off, 1 up, 2 unavailable), why it is unavailable (UTF-8)`.
+fn handoff_of(fds: Vec<OwnedFd>, payload: &[u8]) -> Result<Handoff> {
+    let bad = || Error::Usage("the sandbox's hand-off message is malformed".into());
+    let mut fds = fds.into_iter();
+    let listener = TcpListener::from(fds.next().ok_or_else(bad)?);
+    let capture = match (payload.get(2), fds.next()) {
+        (Some(1), Some(tun)) => CaptureState::Up(tun),
+        (Some(2), None) => CaptureState::Unavailable(
+            String::from_utf8_lossy(payload.get(3..).unwrap_or_default()).into_owned(),
+        ),
+        (Some(0), None) => CaptureState::Off,
+        _ => return Err(bad()),
+    };
+    Ok(Handoff { listener, capture })
+}
+
+/// The payload of the hand-off (see [`handoff_of`]).
+fn handoff_payload(port: u16, capture: &std::result::Result<Option<OwnedFd>, String>) -> Vec<u8> {
+    let mut p = port.to_be_bytes().to_vec();
+    match capture {
+        Ok(None) => p.push(0),
+        Ok(Some(_)) => p.push(1),
+        Err(why) => {
+            p.push(2);
+            // The receive buffer is 1 KiB.
+            let mut end = why.len().min(1000);
+            while !why.is_char_boundary(end) {
+                end -= 1;
+            }
+            p.extend_from_slice(&why.as_bytes()[..end]);
+        }
+    }
+    p
 }
 
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
@@ -355,12 +401,35 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
         .local_addr()
         .map_err(|e| Error::io("listener address", e))?
         .port();
-    sys::send_fd(plan.handoff.as_fd(), listener.as_fd(), &port.to_be_bytes())
+    // Capture: the TUN device, while /dev/net/tun is still visible and init still holds
+    // CAP_NET_ADMIN in this namespace. Asked for explicitly, a failure stops the run;
+    // by default the outer shim says once that opaque clients have no network.
+    let tun = match &plan.capture {
+        None => Ok(None),
+        Some(c) => match capture::create(&c.addrs) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if c.required => return Err(e),
+            Err(Error::Capture(why)) => Err(why),
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    let payload = handoff_payload(port, &tun);
+    let mut fds = vec![listener.as_fd()];
+    if let Ok(Some(t)) = &tun {
+        fds.push(t.as_fd());
+    }
+    sys::send_fds(plan.handoff.as_fd(), &fds, &payload)
         .map_err(|e| Error::sys("hand the listener to the shim", e))?;
+    drop(fds);
     drop(listener);
     drop(plan.handoff);
 
     fs::apply(&plan.fs)?;
+    if let (Ok(Some(_)), Some(c)) = (&tun, &plan.capture) {
+        // The stub resolver, read-only like the rest of the tree.
+        fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
+    }
+    drop(tun);
 
     let env = crate::env::command_env(plan.env, port, plan.ca.as_ref());
     let env: Vec<CString> = env

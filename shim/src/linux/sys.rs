@@ -336,33 +336,33 @@ pub(crate) fn loopback_up(sock: BorrowedFd<'_>) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Send `fd` and a small payload over a connected Unix socket (SCM_RIGHTS).
-pub(crate) fn send_fd(
+/// Send `fds` and a small payload over a connected Unix socket (SCM_RIGHTS).
+pub(crate) fn send_fds(
     sock: BorrowedFd<'_>,
-    fd: BorrowedFd<'_>,
+    fds: &[BorrowedFd<'_>],
     payload: &[u8],
 ) -> Result<(), Errno> {
     use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
-    let fds = [fd.as_raw_fd()];
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let iov = [std::io::IoSlice::new(payload)];
     sendmsg::<UnixAddr>(
         sock.as_raw_fd(),
         &iov,
-        &[ControlMessage::ScmRights(&fds)],
+        &[ControlMessage::ScmRights(&raw)],
         MsgFlags::empty(),
         None,
     )
     .map(drop)
 }
 
-/// Receive one descriptor and its payload sent by [`send_fd`]. `Ok(None)` on EOF (the
-/// peer exited without sending).
-pub(crate) fn recv_fd(
+/// Receive the descriptors (at most two) and the payload sent by [`send_fds`], in the
+/// order they were sent. `Ok(None)` on EOF (the peer exited without sending).
+pub(crate) fn recv_fds(
     sock: BorrowedFd<'_>,
     payload: &mut [u8],
-) -> Result<Option<(OwnedFd, usize)>, Errno> {
+) -> Result<Option<(Vec<OwnedFd>, usize)>, Errno> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
-    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
     let mut iov = [std::io::IoSliceMut::new(payload)];
     let msg = recvmsg::<UnixAddr>(
         sock.as_raw_fd(),
@@ -371,23 +371,40 @@ pub(crate) fn recv_fd(
         MsgFlags::MSG_CMSG_CLOEXEC,
     )?;
     let n = msg.bytes;
-    let mut received = None;
+    let mut received = Vec::new();
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = c {
             for fd in fds {
                 // SAFETY: SCM_RIGHTS just installed `fd` in our table; nobody else owns it.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if received.is_none() {
-                    received = Some(owned);
-                }
+                received.push(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
     }
-    match received {
-        Some(fd) => Ok(Some((fd, n))),
-        None if n == 0 => Ok(None),
-        None => Err(Errno::EPROTO),
+    match received.len() {
+        0 if n == 0 => Ok(None),
+        0 => Err(Errno::EPROTO),
+        _ => Ok(Some((received, n))),
     }
+}
+
+/// Serve allocations of 64 KiB and more with their own `mmap` (glibc's `M_MMAP_THRESHOLD`,
+/// fixed): capture's per-connection socket buffers (64 KiB each) then cost memory only
+/// for the pages a connection has used, not their whole size from the start. A no-op
+/// where the C library has no such knob.
+pub(crate) fn large_allocations_by_mmap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's policy for later allocations; it
+    // takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
+    }
+}
+
+/// Take ownership of `fd`, a descriptor a library handed over with `into_raw_fd`.
+pub(crate) fn own_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: the caller passes a descriptor it owns and gives up (IntoRawFd's contract:
+    // the value that owned it is gone), so this is its only owner.
+    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 /// Close every descriptor from 3 up except `keep`.

@@ -52,6 +52,7 @@ macro_rules! cases {
 }
 
 mod ca;
+mod capture;
 mod errors;
 mod fs;
 mod lifecycle;
@@ -68,6 +69,24 @@ type Test = fn() -> TestResult;
 /// The argument that makes this binary run one test by name (as uid 65534).
 const RUN_ONE: &str = "run-one-unprivileged";
 
+/// A test that cannot run here returns `Err` starting with this, then the reason; it is
+/// reported as ignored with that reason.
+pub(crate) const IGNORED: &str = "ignored: ";
+
+/// The exit status of [`run_one`] for an ignored test (its reason on stderr).
+const EXIT_IGNORED: i32 = 77;
+
+/// A test's result as libtest-mimic takes it.
+fn completion(r: TestResult) -> Result<Completion, Failed> {
+    match r {
+        Ok(()) => Ok(Completion::Completed),
+        Err(e) => match e.strip_prefix(IGNORED) {
+            Some(reason) => Ok(Completion::ignored_with(reason)),
+            None => Err(Failed::from(e)),
+        },
+    }
+}
+
 fn all() -> Vec<(&'static str, Test)> {
     [
         protect::tests(),
@@ -76,6 +95,7 @@ fn all() -> Vec<(&'static str, Test)> {
         net::tests(),
         lifecycle::tests(),
         ca::tests(),
+        capture::tests(),
         errors::tests(),
     ]
     .concat()
@@ -101,9 +121,10 @@ fn main() {
     let mut trials = Vec::new();
     if root {
         for (name, test) in all() {
-            trials.push(Trial::test(format!("as_root::{name}"), move || {
-                test().map_err(Failed::from)
-            }));
+            trials.push(Trial::ignorable_test(
+                format!("as_root::{name}"),
+                move || completion(test()),
+            ));
         }
     }
     for (name, test) in all() {
@@ -113,7 +134,7 @@ fn main() {
                 if root {
                     as_unprivileged(name)
                 } else {
-                    test().map(|()| Completion::Completed).map_err(Failed::from)
+                    completion(test())
                 }
             },
         ));
@@ -131,7 +152,11 @@ fn run_one(name: &str) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{e}");
-            1
+            if e.starts_with(IGNORED) {
+                EXIT_IGNORED
+            } else {
+                1
+            }
         }
     }
 }
@@ -154,6 +179,10 @@ fn as_unprivileged(name: &str) -> Result<Completion, Failed> {
         .map_err(|e| format!("setpriv: {e}"))?;
     if out.status.success() {
         Ok(Completion::Completed)
+    } else if out.status.code() == Some(EXIT_IGNORED) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let reason = stderr.trim().strip_prefix(IGNORED).unwrap_or(stderr.trim());
+        Ok(Completion::ignored_with(format!("as uid 65534: {reason}")))
     } else {
         Err(format!(
             "as uid 65534 ({:?}): {}{}",

@@ -12,7 +12,7 @@ use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
     cases![
-        only_lo_exists_and_no_route_leaves_the_namespace,
+        without_capture_only_lo_exists_and_no_route_leaves_the_namespace,
         host_loopback_listener_is_unreachable_from_inside,
         relay_reaches_the_unix_socket_server_outside,
         proxy_variables_point_at_the_sandbox_listener,
@@ -22,10 +22,10 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
     ]
 }
 
-fn only_lo_exists_and_no_route_leaves_the_namespace() -> TestResult {
+fn without_capture_only_lo_exists_and_no_route_leaves_the_namespace() -> TestResult {
     let fx = Fixture::new("net");
-    fx.check(&[], &args!["ifaces"], "lo")?;
-    fx.check(&[], &args!["routes"], "v4=0 v6=0")?;
+    fx.check(&args!["--no-capture"], &args!["ifaces"], "lo")?;
+    fx.check(&args!["--no-capture"], &args!["routes"], "v4=0 v6=0")?;
     fx.check(&[], &args!["unshare-net"], "err:EPERM")
 }
 

@@ -135,6 +135,25 @@ pub(crate) fn main(args: &[String]) -> i32 {
                 .count();
             format!("v4={v4} v6={v6}")
         }
+        "route-ifaces" => {
+            // The interfaces any IPv4 or IPv6 route of the main table leaves by (not lo).
+            let mut v: Vec<String> = std::fs::read_to_string("/proc/net/route")
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                .chain(
+                    std::fs::read_to_string("/proc/net/ipv6_route")
+                        .unwrap_or_default()
+                        .lines()
+                        .filter_map(|l| l.split_whitespace().last().map(str::to_owned)),
+                )
+                .filter(|i| i != "lo")
+                .collect();
+            v.sort();
+            v.dedup();
+            v.join(",")
+        }
         "connect" => {
             match TcpStream::connect_timeout(&a(1).parse().unwrap(), Duration::from_secs(2)) {
                 Ok(_) => "ok".into(),

@@ -77,12 +77,19 @@ pub(crate) async fn serve<S>(
             return;
         }
     };
+    // The shim's mark on a CONNECT it made for a captured connection: the client's own
+    // claim, logged as `capture`, never decided on.
+    let ctx = match &head {
+        Head::Connect { capture: true, .. } => ctx.captured(),
+        _ => ctx,
+    };
     let (buf, first) = match head {
         Head::Connect {
             mut buf,
             head_len,
             target,
             proxy_authorization,
+            capture: _,
         } => match connect_fast(&mut io, &shared, &ctx, &target, proxy_authorization).await {
             Fast::Allowed(connected, target) => {
                 // The head buffer must not outlive the head: a tunnel keeps only its

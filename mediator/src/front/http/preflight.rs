@@ -16,6 +16,10 @@ use crate::conn::TargetLabel;
 use crate::redact::escape_raw;
 use crate::vocab::Protocol;
 
+/// The request header by which the shim marks a CONNECT it made for a transparently
+/// captured connection (design section 15).
+pub(crate) const CAPTURE_HEADER: &str = "x-mediator-capture";
+
 /// hyper refuses buffers smaller than this.
 pub(crate) const MIN_BUF: usize = 8192;
 
@@ -52,6 +56,9 @@ pub(crate) enum Head {
         target: String,
         /// Every `Proxy-Authorization` value.
         proxy_authorization: Vec<HeaderValue>,
+        /// The head carries `X-Mediator-Capture: 1`: the client says the shim captured
+        /// this connection (design section 15; logged, never decided on).
+        capture: bool,
     },
     /// Anything else (or a head hyper must judge, e.g. one too large): served by hyper.
     Other(Vec<u8>),
@@ -118,11 +125,16 @@ fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
                     .filter(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
                     .filter_map(|h| HeaderValue::from_bytes(h.value).ok())
                     .collect();
+                let capture = req
+                    .headers
+                    .iter()
+                    .any(|h| h.name.eq_ignore_ascii_case(CAPTURE_HEADER) && h.value == b"1");
                 return Ok(Preflight::Pass(Head::Connect {
                     buf,
                     head_len,
                     target,
                     proxy_authorization,
+                    capture,
                 }));
             }
             return Ok(Preflight::Pass(Head::Other(buf)));
@@ -181,13 +193,38 @@ mod tests {
             head_len,
             target,
             proxy_authorization,
+            capture,
         })) = judged(raw)
         else {
             panic!("not a CONNECT pass");
         };
+        assert!(!capture);
         assert_eq!(target, "a.test:443");
         assert_eq!(&buf[head_len..], b"\x16\x03");
         assert_eq!(proxy_authorization, [HeaderValue::from_static("Basic x")]);
+    }
+
+    #[test]
+    fn the_capture_header_marks_a_connect() {
+        for (raw, want) in [
+            (
+                &b"CONNECT a.test:80 HTTP/1.1\r\nX-Mediator-Capture: 1\r\n\r\n"[..],
+                true,
+            ),
+            (
+                b"CONNECT a.test:80 HTTP/1.1\r\nx-mediator-capture: 1\r\n\r\n",
+                true,
+            ),
+            (
+                b"CONNECT a.test:80 HTTP/1.1\r\nX-Mediator-Capture: yes\r\n\r\n",
+                false,
+            ),
+        ] {
+            let Ok(Preflight::Pass(Head::Connect { capture, .. })) = judged(raw) else {
+                panic!("not a CONNECT pass");
+            };
+            assert_eq!(capture, want, "{}", String::from_utf8_lossy(raw));
+        }
     }
 
     #[test]

@@ -253,6 +253,55 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
     Ok(())
 }
 
+/// Show `content` at `path`, read-only: a file of a small private tmpfs mounted over it
+/// (the path itself, not a symlink's target, becomes the mount point). A missing `path`
+/// is left alone. Called after [`apply`], in the sandbox's mount namespace.
+///
+/// # Errors
+/// [`Error::Sys`] naming the step that failed.
+pub(crate) fn cover_file(path: &Path, content: &str) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    let what = || format!("cover {}", path.display());
+    let fs = step(
+        what,
+        sys::new_fs_mount(
+            "tmpfs",
+            &[
+                ("mode", Some("0755")),
+                ("size", Some("16k")),
+                ("nr_inodes", Some("4")),
+            ],
+            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
+        ),
+    )?;
+    let name = c"file";
+    let f = step(
+        what,
+        nix::fcntl::openat(
+            fs.as_fd(),
+            name,
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o644),
+        ),
+    )?;
+    let mut written = 0;
+    while written < content.len() {
+        written += step(what, nix::unistd::write(&f, &content.as_bytes()[written..]))?;
+    }
+    drop(f);
+    let file = step(
+        what,
+        sys::open_tree(Some(fs.as_fd()), name, sys::OPEN_TREE_CLONE),
+    )?;
+    step(
+        what,
+        sys::mount_setattr_fd(file.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0),
+    )?;
+    step(what, sys::move_mount(file.as_fd(), None, &c_path(path)?, 0))
+}
+
 /// Create the directories (mode 0111: traversable, not listable) and the final file or
 /// directory at `rel` inside the scratch tmpfs.
 fn make_mount_point(scratch: &OwnedFd, rel: &Path, is_dir: bool) -> Result<()> {

@@ -17,7 +17,7 @@ mod apply;
 mod plan;
 mod protect;
 
-pub(crate) use apply::apply;
+pub(crate) use apply::{apply, cover_file};
 pub(crate) use plan::{FsPlan, plan};
 pub(crate) use protect::{Placeholder, quarantine};
 

@@ -1,0 +1,386 @@
+//! One captured TCP connection (design section 15): name its destination (the host a
+//! synthetic address stands for, or the literal address), ask the authority's channel
+//! with `CONNECT host:port` marked `X-Mediator-Capture: 1`, and then either let the
+//! child's connection complete and carry its bytes (half-closes passed on both ways), or
+//! reset it at once with the mediator's denial recorded.
+//!
+//! It never decides anything itself: the mediator decides, vets, pins, routes and logs,
+//! exactly as for a proxy-aware client. Its only refusals are for addresses of the
+//! synthetic range that no name was given (nothing to ask for) and for a channel that
+//! cannot be reached.
+
+use std::future::poll_fn;
+use std::io::ErrorKind;
+use std::net::{IpAddr, Shutdown};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use smoltcp::socket::tcp;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::addrs::Addresses;
+use super::dns::Stub;
+use super::drops::{Drops, Kind};
+use super::names::Names;
+use super::stack::{Conn, NewFlow, Shared};
+use crate::relay::{Sniff, inspect_reply};
+use crate::report::Denials;
+
+/// How long the channel may take to answer a CONNECT (the mediator's own DNS and connect
+/// timeouts are shorter).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most bytes of a CONNECT answer read (the head and a denial's JSON body).
+const MAX_ANSWER: usize = 16 * 1024;
+/// The DNS-over-TCP stub's idle limit.
+const DNS_IDLE: Duration = Duration::from_secs(10);
+
+/// How a captured connection reaches its authority's channel.
+pub(crate) enum Dial {
+    /// A running mediator's per-authority Unix socket.
+    Socket(PathBuf),
+    /// The embedded mediator, which marks the connection itself.
+    Embedded {
+        /// The mediator.
+        running: Arc<mediator::Running>,
+        /// Its runtime (its connections run there).
+        handle: tokio::runtime::Handle,
+        /// The one authority it serves.
+        authority: &'static str,
+    },
+}
+
+impl Dial {
+    async fn open(&self) -> std::io::Result<UnixStream> {
+        match self {
+            Self::Socket(path) => UnixStream::connect(path).await,
+            Self::Embedded {
+                running,
+                handle,
+                authority,
+            } => {
+                let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+                ours.set_nonblocking(true)?;
+                theirs.set_nonblocking(true)?;
+                {
+                    let _in_mediator = handle.enter();
+                    let theirs = UnixStream::from_std(theirs)?;
+                    if !running.serve_captured(theirs, authority) {
+                        return Err(std::io::Error::other("the embedded authority is gone"));
+                    }
+                }
+                UnixStream::from_std(ours)
+            }
+        }
+    }
+}
+
+/// What every flow of a run shares.
+pub(crate) struct Flows {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) addrs: Addresses,
+    pub(crate) names: Arc<Names>,
+    pub(crate) drops: Arc<Drops>,
+    pub(crate) stub: Arc<Stub>,
+    pub(crate) dial: Dial,
+    pub(crate) denials: Arc<Denials>,
+    /// Record the mediator's denials seen in its answers (socket mode; the embedded
+    /// mediator's decision log records them itself).
+    pub(crate) record: bool,
+    /// Captured TCP connections asked for on the channel.
+    pub(crate) connections: AtomicU64,
+    /// Of those, the ones refused (denied, or the channel failed).
+    pub(crate) refused: AtomicU64,
+    /// Connections that could not reach the channel.
+    pub(crate) channel_errors: AtomicU64,
+}
+
+/// Where a flow goes.
+enum Destination {
+    /// A host for the mediator, as `CONNECT` names it (`name:port`, `1.2.3.4:port`,
+    /// `[v6]:port`).
+    Mediator(String),
+    /// The stub resolver over TCP.
+    Dns,
+    /// An address of the synthetic range with no name: nothing to ask for.
+    Unmapped,
+}
+
+fn destination(flows: &Flows, flow: NewFlow) -> Destination {
+    let ip = flow.dst.ip();
+    let port = flow.dst.port();
+    if let Some(i) = flows.addrs.index_of(ip) {
+        return match flows.names.host(i) {
+            Some(host) => Destination::Mediator(format!("{host}:{port}")),
+            None => Destination::Unmapped,
+        };
+    }
+    if flows.addrs.is_dns(ip) && port == 53 {
+        return Destination::Dns;
+    }
+    if flows.addrs.is_ours(ip) {
+        return Destination::Unmapped;
+    }
+    Destination::Mediator(match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    })
+}
+
+/// Serve one new connection until it ends.
+pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
+    let (upstream, early) = match destination(&flows, flow) {
+        Destination::Unmapped => {
+            flows.shared.refuse(flow);
+            flows.drops.count(
+                Kind::UnmappedTcp,
+                6,
+                flow.dst.ip(),
+                Some(flow.dst.port()),
+                None,
+            );
+            return;
+        }
+        Destination::Dns => {
+            let Ok((ours, theirs)) = UnixStream::pair() else {
+                flows.shared.refuse(flow);
+                return;
+            };
+            tokio::spawn(dns_over_tcp(theirs, Arc::clone(&flows.stub)));
+            (ours, Vec::new())
+        }
+        Destination::Mediator(target) => {
+            flows.connections.fetch_add(1, Ordering::Relaxed);
+            match ask(&flows, &target).await {
+                Some(pair) => pair,
+                None => {
+                    flows.refused.fetch_add(1, Ordering::Relaxed);
+                    flows.shared.refuse(flow);
+                    return;
+                }
+            }
+        }
+    };
+    let Some(conn) = flows.shared.accept(flow) else {
+        return;
+    };
+    relay(conn, upstream, early).await;
+}
+
+/// `CONNECT target` on a new channel connection: the connection and any bytes that came
+/// after the success reply, or `None` (the denial recorded) when it was refused.
+async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
+    let Ok(mut up) = flows.dial.open().await else {
+        flows.channel_errors.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let request =
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nX-Mediator-Capture: 1\r\n\r\n");
+    let answer = tokio::time::timeout(ANSWER_TIMEOUT, async {
+        up.write_all(request.as_bytes()).await?;
+        read_answer(&mut up).await
+    })
+    .await;
+    let Ok(Ok((status_ok, buf, head_len))) = answer else {
+        flows.channel_errors.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    if status_ok {
+        return Some((up, buf[head_len..].to_vec()));
+    }
+    if flows.record {
+        if let Sniff::Denied(mut d) = inspect_reply(&buf) {
+            d.protocol = "connect";
+            flows.denials.push(d);
+        }
+    }
+    None
+}
+
+/// Read a CONNECT answer: whether it is a 2xx, the bytes read, and the head's length. A
+/// refusal's body (the JSON denial) is read as far as its Content-Length says.
+async fn read_answer(up: &mut UnixStream) -> std::io::Result<(bool, Vec<u8>, usize)> {
+    let mut buf = Vec::with_capacity(1024);
+    let head_len = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        if buf.len() >= MAX_ANSWER || up.read_buf(&mut buf).await? == 0 {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut resp = httparse::Response::new(&mut headers);
+    let _ = resp.parse(&buf[..head_len]);
+    let code = resp.code.unwrap_or(0);
+    if (200..300).contains(&code) {
+        return Ok((true, buf, head_len));
+    }
+    let length = resp
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .unwrap_or(0)
+        .min(MAX_ANSWER);
+    while buf.len() < head_len + length {
+        if up.read_buf(&mut buf).await? == 0 {
+            break;
+        }
+    }
+    Ok((false, buf, head_len))
+}
+
+/// The DNS-over-TCP stub (RFC 1035 section 4.2.2: each message after a two-byte length).
+async fn dns_over_tcp(mut s: UnixStream, stub: Arc<Stub>) {
+    loop {
+        let mut len = [0u8; 2];
+        match tokio::time::timeout(DNS_IDLE, s.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        if s.read_exact(&mut msg).await.is_err() {
+            return;
+        }
+        let Some(reply) = stub.answer(&msg) else {
+            return;
+        };
+        let Ok(n) = u16::try_from(reply.len()) else {
+            return;
+        };
+        let mut out = n.to_be_bytes().to_vec();
+        out.extend_from_slice(&reply);
+        if s.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// How one direction of the relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Its sender finished (FIN or EOF), passed on.
+    Finished,
+    /// An error or a reset: the whole connection is reset.
+    Broken,
+}
+
+/// Carry bytes both ways until both directions end; a break resets the child.
+async fn relay(conn: Conn, up: UnixStream, early: Vec<u8>) {
+    if !early.is_empty() {
+        // At most MAX_ANSWER bytes: the send buffer has room for them.
+        let _ = conn.with(|s| s.send_slice(&early));
+    }
+    let upward = poll_fn(|cx| child_to_channel(&conn, &up, cx));
+    let downward = poll_fn(|cx| channel_to_child(&conn, &up, cx));
+    let (a, b) = tokio::join!(upward, downward);
+    if a == End::Broken || b == End::Broken {
+        conn.abort();
+    }
+}
+
+fn handshaking(s: &tcp::Socket<'_>) -> bool {
+    matches!(s.state(), tcp::State::Listen | tcp::State::SynReceived)
+}
+
+/// The child's bytes to the channel; the child's FIN becomes a write shutdown.
+fn child_to_channel(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<End> {
+    loop {
+        let step = conn.poll_with(cx, |s, cx| {
+            if handshaking(s) {
+                s.register_recv_waker(cx.waker());
+                return Poll::Pending;
+            }
+            if s.can_recv() {
+                match up.poll_write_ready(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(Some(End::Broken)),
+                    Poll::Ready(Ok(())) => {}
+                }
+                let moved = s.recv(|data| match up.try_write(data) {
+                    Ok(n) => (n, true),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => (0, true),
+                    Err(_) => (0, false),
+                });
+                return Poll::Ready(match moved {
+                    Ok(true) => None,
+                    _ => Some(End::Broken),
+                });
+            }
+            if !s.may_recv() {
+                return Poll::Ready(Some(if s.state() == tcp::State::Closed {
+                    End::Broken
+                } else {
+                    End::Finished
+                }));
+            }
+            s.register_recv_waker(cx.waker());
+            Poll::Pending
+        });
+        match step {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => {}
+            Poll::Ready(Some(end)) => {
+                let _ = socket2::SockRef::from(up).shutdown(Shutdown::Write);
+                return Poll::Ready(end);
+            }
+        }
+    }
+}
+
+/// The channel's bytes to the child; its EOF becomes the child's FIN.
+fn channel_to_child(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<End> {
+    loop {
+        let step = conn.poll_with(cx, |s, cx| {
+            if handshaking(s) {
+                s.register_send_waker(cx.waker());
+                return Poll::Pending;
+            }
+            if !s.may_send() {
+                return Poll::Ready(Some(if s.state() == tcp::State::Closed {
+                    End::Broken
+                } else {
+                    End::Finished
+                }));
+            }
+            if !s.can_send() {
+                s.register_send_waker(cx.waker());
+                return Poll::Pending;
+            }
+            match up.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => return Poll::Ready(Some(End::Broken)),
+                Poll::Ready(Ok(())) => {}
+            }
+            let moved = s.send(|buf| match up.try_read(buf) {
+                Ok(0) => (0, Some(End::Finished)),
+                Ok(n) => (n, None),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => (0, None),
+                Err(_) => (0, Some(End::Broken)),
+            });
+            Poll::Ready(match moved {
+                Ok(None) => None,
+                Ok(Some(End::Finished)) => {
+                    s.close();
+                    Some(End::Finished)
+                }
+                Ok(Some(End::Broken)) | Err(_) => Some(End::Broken),
+            })
+        });
+        match step {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => {}
+            Poll::Ready(Some(end)) => return Poll::Ready(end),
+        }
+    }
+}

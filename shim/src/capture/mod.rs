@@ -1,0 +1,178 @@
+//! Transparent capture (design section 15): clients that ignore `HTTP_PROXY` are mediated
+//! too. The backend makes a TUN device the default route of the sandbox's network
+//! namespace and hands its descriptor out; here, in the shim (outside the sandbox), a
+//! user-space TCP/IP stack (smoltcp, [`stack`]) serves it:
+//!
+//! - [`dns`]: the stub resolver the sandbox's `/etc/resolv.conf` names, answering A/AAAA
+//!   with synthetic addresses ([`addrs`]) mapped back to names ([`names`]);
+//! - [`flow`]: each TCP connection becomes `CONNECT host:port` on the authority's channel,
+//!   so the mediator decides, vets, pins, routes and logs it (`capture: true`); a denial
+//!   resets the child's connection at once;
+//! - [`drops`]: UDP other than DNS, ICMP and every other protocol are dropped and counted.
+//!
+//! It runs on a thread of its own with its own runtime, and never enters the sandbox.
+
+mod addrs;
+mod dns;
+mod drops;
+mod flow;
+mod names;
+mod stack;
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub(crate) use addrs::Addresses;
+pub(crate) use drops::Dropped;
+pub(crate) use flow::Dial;
+pub(crate) use stack::MTU;
+
+use crate::error::{Error, Result};
+use crate::report::Denials;
+
+/// A running capture: the stack's thread and what it counts.
+pub(crate) struct Capture {
+    thread: std::thread::JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    flows: Arc<flow::Flows>,
+}
+
+/// What capture did during the run, for `--report`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Summary {
+    /// `on`, `off` (`--no-capture`) or `unavailable` (the TUN device could not be made).
+    pub(crate) state: &'static str,
+    /// Why it is unavailable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    /// Captured TCP connections asked for on the channel.
+    pub(crate) connections: u64,
+    /// Of those, the ones refused (denied by the mediator, or the channel failed); each
+    /// denial is in `denials`.
+    pub(crate) refused: u64,
+    /// What was dropped in the namespace, per destination.
+    pub(crate) dropped: Vec<Dropped>,
+}
+
+impl Summary {
+    /// The summary of a run without capture.
+    pub(crate) fn without(state: &'static str, reason: Option<String>) -> Self {
+        Self {
+            state,
+            reason,
+            connections: 0,
+            refused: 0,
+            dropped: Vec::new(),
+        }
+    }
+}
+
+impl Capture {
+    /// Serve the sandbox's TUN device `tun` with `addrs`, carrying connections through
+    /// `dial`. `grant` (embedded mode) makes the stub answer NXDOMAIN for names outside
+    /// it; `record` makes the flows record the mediator's denials they see (socket mode).
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the thread or its runtime cannot start.
+    pub(crate) fn start(
+        tun: OwnedFd,
+        addrs: Addresses,
+        dial: Dial,
+        grant: Option<Arc<policy::Grant>>,
+        denials: Arc<Denials>,
+        record: bool,
+    ) -> Result<Self> {
+        // Each captured connection holds one descriptor here (its channel connection): the
+        // soft open-files limit goes up to the hard one, as the mediator's does. The
+        // sandbox was started before, with the caller's limits.
+        if let Ok((_, hard)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            let _ = nix::sys::resource::setrlimit(
+                nix::sys::resource::Resource::RLIMIT_NOFILE,
+                hard,
+                hard,
+            );
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the capture runtime", e))?;
+        let names = Arc::new(names::Names::default());
+        let drops = Arc::new(drops::Drops::default());
+        let stub = Arc::new(dns::Stub::new(
+            addrs,
+            Arc::clone(&names),
+            grant,
+            Arc::clone(&denials),
+        ));
+        let (shared, mut new_flows, flow_tx) = stack::build(addrs);
+        let flows = Arc::new(flow::Flows {
+            shared: Arc::clone(&shared),
+            addrs,
+            names: Arc::clone(&names),
+            drops: Arc::clone(&drops),
+            stub: Arc::clone(&stub),
+            dial,
+            denials,
+            record,
+            connections: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            channel_errors: AtomicU64::new(0),
+        });
+        let parts = stack::Parts {
+            addrs,
+            stub,
+            names,
+            drops,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let f = Arc::clone(&flows);
+        let thread = std::thread::Builder::new()
+            .name("capture".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let stack = tokio::spawn(stack::run(shared, tun, flow_tx, parts));
+                    let dispatch = async {
+                        while let Some(flow) = new_flows.recv().await {
+                            tokio::spawn(flow::run(Arc::clone(&f), flow));
+                        }
+                    };
+                    tokio::select! {
+                        () = dispatch => {}
+                        _ = stopped => {}
+                    }
+                    stack.abort();
+                });
+                runtime.shutdown_timeout(Duration::from_millis(200));
+            })
+            .map_err(|e| Error::io("start the capture thread", e))?;
+        Ok(Self {
+            thread,
+            stop,
+            flows,
+        })
+    }
+
+    /// Stop (the sandbox is gone) and say what happened.
+    pub(crate) fn finish(self) -> Summary {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+        Summary {
+            state: "on",
+            reason: None,
+            connections: self.flows.connections.load(Ordering::Relaxed),
+            refused: self.flows.refused.load(Ordering::Relaxed),
+            dropped: self.flows.drops.list(),
+        }
+    }
+
+    /// Captured connections that could not reach the channel.
+    pub(crate) fn channel_errors(&self) -> u64 {
+        self.flows.channel_errors.load(Ordering::Relaxed)
+    }
+}

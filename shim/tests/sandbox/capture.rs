@@ -1,0 +1,678 @@
+//! Transparent capture (design section 15): a client that ignores the proxy variables
+//! (`curl --noproxy '*'`, a Python raw socket, `getent`) is carried by the shim's TUN
+//! device and user-space stack to the authority's channel, decided and logged there
+//! (`capture: true`); names outside an embedded grant get NXDOMAIN; a denial resets the
+//! connection at once; other UDP is dropped and counted; without a TUN device, an explicit
+//! `--capture` is an error and the default says so once and runs without it. Socket mode's
+//! report of the run's denials from the mediator's admin API is here too (its flows are
+//! the captured ones and the proxy's alike).
+//!
+//! Network rule: the origins are on 127.0.0.1 (reached by the mediator, outside the
+//! sandbox); inside, only synthetic addresses of the sandbox's own namespace are targets.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::{SHIM, Scratch, expect, read_json, stdout};
+use crate::{IGNORED, Test, TestResult};
+
+pub(crate) fn tests() -> Vec<(&'static str, Test)> {
+    cases![
+        curl_without_proxy_reaches_an_allowed_origin_and_the_log_says_capture,
+        a_raw_socket_client_is_carried_byte_exact_with_half_close,
+        a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
+        socket_mode_marks_the_connect_and_a_denial_resets_at_once,
+        getent_shows_synthetic_addresses,
+        udp_to_a_synthetic_address_is_dropped_and_counted,
+        tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
+        the_tun_device_is_the_only_route_out,
+        explicit_capture_without_a_tun_device_fails_with_the_reason,
+        the_default_without_a_tun_device_says_so_once_and_runs,
+        socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api,
+    ]
+}
+
+/// The Python the tests run inside (a system one, readable by any user).
+const PYTHON: &str = "/usr/bin/python3";
+
+/// `Err(IGNORED...)` when this user cannot open `/dev/net/tun` (capture then degrades,
+/// which other tests cover).
+fn tun_usable() -> TestResult {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!(
+            "{IGNORED}/dev/net/tun is not usable by uid {} here ({e}); capture degrades (tested by the_default_without_a_tun_device_says_so_once_and_runs)",
+            nix::unistd::geteuid()
+        )),
+    }
+}
+
+/// An HTTP origin on 127.0.0.1 answering every request with `hi`.
+fn http_origin() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi");
+        }
+    });
+    port
+}
+
+/// An echo origin on 127.0.0.1: bytes back until EOF, then its own FIN.
+fn echo_origin() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if c.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = c.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+/// The shim in embedded mode with `grant`, its decision log and report in `s`, running
+/// `sh -c script`.
+fn embedded(s: &Scratch, grant: &[OsString], script: &str) -> Output {
+    Command::new(SHIM)
+        .args(grant)
+        .arg("--decision-log")
+        .arg(s.path("log.json"))
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .args(["--", "sh", "-c", script])
+        .current_dir(&s.0)
+        .output()
+        .unwrap()
+}
+
+/// A grant of `name:port` (resolved by the mediator to 127.0.0.1).
+fn grant(name: &str, port: u16) -> Vec<OsString> {
+    Vec::from(args![
+        "--allow",
+        format!("{name}:{port}"),
+        "--resolve",
+        format!("{name}=127.0.0.1"),
+        "--allow-private",
+        "127.0.0.1/32",
+    ])
+}
+
+fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn all_output(out: &Output) -> String {
+    format!(
+        "status {:?}, stdout: {}, stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn curl_without_proxy_reaches_an_allowed_origin_and_the_log_says_capture() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-curl");
+    let port = http_origin();
+    let out = embedded(
+        &s,
+        &grant("origin.test", port),
+        &format!("curl -sS --noproxy '*' -m 10 http://origin.test:{port}/"),
+    );
+    expect("curl through capture", &stdout(&out), "hi")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let lines = log_lines(&s.path("log.json"));
+    let decision = lines
+        .iter()
+        .find(|l| l["event"] == "decision")
+        .ok_or_else(|| format!("no decision line: {lines:?}"))?;
+    expect(
+        "decision line",
+        &format!(
+            "{} {} {} {} {}",
+            decision["protocol"],
+            decision["host"],
+            decision["decision"],
+            decision["pin"],
+            decision["capture"]
+        ),
+        "\"connect\" \"origin.test\" \"allow\" \"127.0.0.1\" true",
+    )?;
+    let close = lines.iter().find(|l| l["event"] == "close");
+    expect(
+        "close line capture",
+        &close.map(|c| c["capture"].to_string()).unwrap_or_default(),
+        "true",
+    )?;
+    let report = read_json(&s.path("report.json"))?;
+    expect(
+        "report capture state",
+        &report["capture"]["state"].to_string(),
+        "\"on\"",
+    )?;
+    expect(
+        "captured connections",
+        &report["capture"]["connections"].to_string(),
+        "1",
+    )
+}
+
+fn a_raw_socket_client_is_carried_byte_exact_with_half_close() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-echo");
+    let port = echo_origin();
+    // 10 MiB up while reading; the write half is shut once all is sent, and the echo
+    // ends only if that FIN reached the origin and the origin's came back.
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket, threading, random
+n = 10 * 1024 * 1024
+data = random.Random(7).randbytes(n)
+s = socket.create_connection(("echo.test", {port}), timeout=60)
+def send():
+    s.sendall(data)
+    s.shutdown(socket.SHUT_WR)
+t = threading.Thread(target=send)
+t.start()
+got = bytearray()
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    got += b
+t.join()
+print("same" if bytes(got) == data else "differ: %d bytes back" % len(got))
+'"#
+    );
+    let out = embedded(&s, &grant("echo.test", port), &client);
+    expect("echo", &stdout(&out), "same").map_err(|e| format!("{e}; {}", all_output(&out)))
+}
+
+fn a_name_outside_the_grant_is_nxdomain_at_once_and_reported() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-nx");
+    let port = http_origin();
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket, time
+t = time.monotonic()
+try:
+    socket.create_connection(("elsewhere.test", {port}), timeout=10)
+    print("connected")
+except socket.gaierror as e:
+    print("gaierror %.3f" % (time.monotonic() - t))
+'"#
+    );
+    let out = embedded(&s, &grant("origin.test", port), &client);
+    let got = stdout(&out);
+    let secs: f64 = got
+        .strip_prefix("gaierror ")
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| format!("expected a resolution failure; {}", all_output(&out)))?;
+    if secs >= 1.0 {
+        return Err(format!("the failure took {secs} s"));
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = "mediator: denied elsewhere.test (not_in_allowlist): add --allow elsewhere.test to the shim command";
+    if stderr.matches(line).count() != 1 {
+        return Err(format!("expected the denial said once on stderr: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    let d = &report["denials"][0];
+    expect(
+        "report",
+        &format!(
+            "{} {} {} {}",
+            d["protocol"], d["status"], d["reason"], d["host"]
+        ),
+        "\"dns\" 3 \"not_in_allowlist\" \"elsewhere.test\"",
+    )
+}
+
+/// A stand-in for a mediator's authority socket: answers each CONNECT (recording its
+/// head) with a 200 and a relay to `origin` when the target is `allowed`, else with the
+/// mediator's 403 JSON.
+fn stand_in(dir: &Path, allowed: String, origin: u16) -> (PathBuf, Arc<Mutex<Vec<String>>>) {
+    std::fs::create_dir_all(dir.join("sockets")).unwrap();
+    let path = dir.join("sockets/agent.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let h = Arc::clone(&heads);
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut r = BufReader::new(c.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            h.lock().unwrap().push(head.clone());
+            let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
+            if target == allowed {
+                let mut o = TcpStream::connect(("127.0.0.1", origin)).unwrap();
+                c.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+                let mut o2 = o.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut r, &mut o2);
+                    let _ = o2.shutdown(Shutdown::Write);
+                });
+                let _ = std::io::copy(&mut o, &mut c);
+                continue;
+            }
+            let (host, port) = target.rsplit_once(':').unwrap_or((&target, "0"));
+            let body = format!(
+                r#"{{"error":"egress_denied","authority":"agent","host":"{host}","port":{port},"reason":"not_in_allowlist","detail":"{host} is not in the allow list","hint":"add \"{host}:{port}\" to the allow list of authority \"agent\""}}"#
+            );
+            let _ = write!(
+                c,
+                "HTTP/1.1 403 Forbidden\r\nX-Mediator-Decision: deny; reason=not_in_allowlist\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (path, heads)
+}
+
+fn socket_mode_marks_the_connect_and_a_denial_resets_at_once() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-sock");
+    let port = http_origin();
+    let (socket, heads) = stand_in(&s.0, format!("origin.test:{port}"), port);
+    let script = format!(
+        r#"curl -sS --noproxy '*' -m 10 http://origin.test:{port}/; echo; {PYTHON} -c '
+import socket, time
+t = time.monotonic()
+try:
+    socket.create_connection(("198.51.100.7", 5432), timeout=10)
+    print("connected")
+except ConnectionRefusedError:
+    print("refused %.3f" % (time.monotonic() - t))
+'"#
+    );
+    let out = Command::new(SHIM)
+        .arg("--mediator-socket")
+        .arg(&socket)
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .args(["--", "sh", "-c", &script])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let got = stdout(&out);
+    let mut lines = got.lines();
+    expect("allowed", lines.next().unwrap_or_default(), "hi")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let secs: f64 = lines
+        .next()
+        .and_then(|l| l.strip_prefix("refused "))
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| format!("expected a reset; {}", all_output(&out)))?;
+    if secs >= 1.0 {
+        return Err(format!("the reset took {secs} s"));
+    }
+    let heads = heads.lock().unwrap().clone();
+    let want = [
+        format!("CONNECT origin.test:{port} HTTP/1.1\r\n"),
+        "CONNECT 198.51.100.7:5432 HTTP/1.1\r\n".to_owned(),
+    ];
+    for w in &want {
+        let Some(h) = heads.iter().find(|h| h.starts_with(w.as_str())) else {
+            return Err(format!("no {w:?} in {heads:?}"));
+        };
+        if !h.contains("X-Mediator-Capture: 1\r\n") {
+            return Err(format!("unmarked: {h:?}"));
+        }
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.contains("mediator: denied 198.51.100.7:5432 (not_in_allowlist): add \"198.51.100.7:5432\" to the allow list of authority \"agent\"") {
+        return Err(format!("no live denial line: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    let d = &report["denials"][0];
+    expect(
+        "report",
+        &format!(
+            "{} {} {} {} {}",
+            d["protocol"], d["status"], d["reason"], d["host"], d["port"]
+        ),
+        "\"connect\" 403 \"not_in_allowlist\" \"198.51.100.7\" 5432",
+    )?;
+    expect("refused", &report["capture"]["refused"].to_string(), "1")
+}
+
+fn getent_shows_synthetic_addresses() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-getent");
+    // `getent hosts` asks for AAAA first (glibc's getent): it shows the ULA address;
+    // `ahostsv4` shows the 198.18.0.0/15 one.
+    let out = embedded(
+        &s,
+        &grant("origin.test", 80),
+        "getent hosts origin.test; getent ahostsv4 origin.test | head -1",
+    );
+    let got = stdout(&out);
+    let mut lines = got.lines();
+    let v6 = lines.next().unwrap_or_default();
+    if !(v6.starts_with("fd") && v6.ends_with(" origin.test")) {
+        return Err(format!("getent hosts: {v6:?}; {}", all_output(&out)));
+    }
+    let v4 = lines.next().unwrap_or_default();
+    let ip: std::net::Ipv4Addr = v4
+        .split_whitespace()
+        .next()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("getent ahostsv4: {v4:?}"))?;
+    if ip.octets()[0] != 198 || !(18..=19).contains(&ip.octets()[1]) {
+        return Err(format!("{ip} is not in 198.18.0.0/15"));
+    }
+    Ok(())
+}
+
+fn udp_to_a_synthetic_address_is_dropped_and_counted() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-udp");
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket
+ip = socket.getaddrinfo("origin.test", 9, socket.AF_INET)[0][4][0]
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(b"x", (ip, 9))
+u.sendto(b"y", (ip, 9))
+print(ip)
+'"#
+    );
+    let out = embedded(&s, &grant("origin.test", 80), &client);
+    let ip = stdout(&out);
+    let report = read_json(&s.path("report.json"))?;
+    let dropped = &report["capture"]["dropped"];
+    let entry = dropped
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["kind"] == "udp"))
+        .ok_or_else(|| format!("no UDP drop in {dropped}; {}", all_output(&out)))?;
+    expect(
+        "UDP drop",
+        &format!(
+            "{} {} {} {}",
+            entry["destination"], entry["port"], entry["host"], entry["packets"]
+        ),
+        &format!("\"{ip}\" 9 \"origin.test\" 2"),
+    )
+}
+
+fn tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused() -> TestResult {
+    tun_usable()?;
+    // An origin on 127.44.0.1:443 that records the first bytes of each connection.
+    let l = match TcpListener::bind("127.44.0.1:443") {
+        Ok(l) => l,
+        Err(e) => {
+            return Err(format!(
+                "{IGNORED}binding 127.44.0.1:443 needs root here ({e})"
+            ));
+        }
+    };
+    let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let rec = Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = [0u8; 16];
+            let n = c.read(&mut buf).unwrap_or(0);
+            rec.lock().unwrap().push(buf[..n].to_vec());
+        }
+    });
+    let s = Scratch::new("cap-sni");
+    let flags = args![
+        "--allow",
+        "front.test:443",
+        "--resolve",
+        "front.test=127.44.0.1",
+        "--allow-private",
+        "127.44.0.1/32",
+    ];
+    // The same client twice: SNI front.test (passes), then SNI other.test on a
+    // connection to front.test's address (refused before the origin sees a byte).
+    let out = embedded(
+        &s,
+        &flags,
+        "curl -sk --noproxy '*' -m 5 https://front.test/ >/dev/null 2>&1; \
+         curl -sk --noproxy '*' -m 5 --connect-to other.test:443:front.test:443 https://other.test/ >/dev/null 2>&1; true",
+    );
+    let start = Instant::now();
+    while seen.lock().unwrap().is_empty() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen = seen.lock().unwrap().clone();
+    if seen.len() != 2 || seen[0].first() != Some(&0x16) {
+        return Err(format!(
+            "the origin should see one ClientHello and one empty connection: {seen:?}; {}",
+            all_output(&out)
+        ));
+    }
+    if !seen[1].is_empty() {
+        return Err(format!(
+            "bytes reached the origin after a mismatched SNI: {seen:?}"
+        ));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    let reasons: Vec<String> = report["denials"]
+        .as_array()
+        .map(|a| a.iter().map(|d| d["reason"].to_string()).collect())
+        .unwrap_or_default();
+    expect("denials", &reasons.join(","), "\"sni_mismatch\"")
+}
+
+fn the_tun_device_is_the_only_route_out() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-routes");
+    let me = crate::support::me();
+    let run = |probe: &str| {
+        let out = Command::new(SHIM)
+            .args(grant("origin.test", 80))
+            .arg("--")
+            .arg(&me)
+            .args(["probe", probe])
+            .current_dir(&s.0)
+            .output()
+            .unwrap();
+        stdout(&out)
+    };
+    expect("interfaces", &run("ifaces"), "lo,tun0")?;
+    expect("routes leave by", &run("route-ifaces"), "tun0")
+}
+
+/// The shim in a mount namespace (of a new user namespace mapping this user to root)
+/// where `/dev/net` is an empty tmpfs: no TUN device can be made there.
+fn without_tun(s: &Scratch, flags: &[&str]) -> Output {
+    Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(r#"mount -t tmpfs tmpfs /dev/net && exec "$@""#)
+        .arg("sh")
+        .arg(SHIM)
+        .args(flags)
+        .args([
+            "--allow",
+            "origin.test",
+            "--report-file",
+            s.path("report.json").to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo ran",
+        ])
+        .current_dir(&s.0)
+        .output()
+        .unwrap()
+}
+
+fn explicit_capture_without_a_tun_device_fails_with_the_reason() -> TestResult {
+    let s = Scratch::new("cap-notun");
+    let out = without_tun(&s, &["--capture"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(125) || !stdout(&out).is_empty() {
+        return Err(format!(
+            "expected exit 125 before the command ran; {}",
+            all_output(&out)
+        ));
+    }
+    for want in [
+        "transparent capture (--capture) is not possible here: create a TUN device through /dev/net/tun:",
+        "run with --no-capture",
+    ] {
+        if !stderr.contains(want) {
+            return Err(format!("{want:?} not in {stderr}"));
+        }
+    }
+    Ok(())
+}
+
+fn the_default_without_a_tun_device_says_so_once_and_runs() -> TestResult {
+    let s = Scratch::new("cap-degrade");
+    let out = without_tun(&s, &[]);
+    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said = stderr.matches("shim: transparent capture is off: ").count();
+    if said != 1 || !stderr.contains("clients that ignore HTTP_PROXY have no network") {
+        return Err(format!("expected one degradation line: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    expect(
+        "capture state",
+        &report["capture"]["state"].to_string(),
+        "\"unavailable\"",
+    )
+}
+
+/// A stand-in for a mediator whose config names an admin socket: its authority socket
+/// answers every SOCKS5 request with REP 0x02 (no reason on the wire); its admin API lists
+/// two denials, one of the shim's own process (with the reason and hint) and one of
+/// another process. Returns the config file and where the shim's pid goes.
+fn stand_in_with_admin(dir: &Path) -> (PathBuf, Arc<std::sync::atomic::AtomicU32>) {
+    std::fs::create_dir_all(dir.join("sockets")).unwrap();
+    let channel = UnixListener::bind(dir.join("sockets/agent.sock")).unwrap();
+    std::thread::spawn(move || {
+        for c in channel.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 512];
+            let _ = c.read(&mut buf); // greeting
+            let _ = c.write_all(&[5, 0]);
+            let _ = c.read(&mut buf); // request
+            let _ = c.write_all(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        }
+    });
+    let admin_path = dir.join("admin.sock");
+    let admin = UnixListener::bind(&admin_path).unwrap();
+    let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let p = Arc::clone(&pid);
+    std::thread::spawn(move || {
+        for c in admin.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 2048];
+            let _ = c.read(&mut buf);
+            let mine = p.load(std::sync::atomic::Ordering::SeqCst);
+            let body = format!(
+                r#"{{"authority":"agent","denials":[{{"id":7,"ts":"2026-01-01T00:00:00.000Z","protocol":"socks5","host":"blocked.test","port":443,"reason":"denied_by_rule","rule":"blocked.test","detail":"blocked.test:443 matches deny entry","hint":"the grant denies this destination","status":2,"peer":{{"pid":{mine},"uid":0,"gid":0}}}},{{"id":8,"ts":"2026-01-01T00:00:00.000Z","protocol":"connect","host":"other-run.test","port":443,"reason":"not_in_allowlist","rule":null,"detail":"d","hint":"h","status":403,"peer":{{"pid":1,"uid":0,"gid":0}}}}],"dropped":0}}"#
+            );
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let config = dir.join("mediator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nsocket_dir = \"{}\"\nadmin_socket = \"{}\"\n\n[[authority]]\nname = \"agent\"\nallow = [\"x.test\"]\n",
+            dir.join("sockets").display(),
+            admin_path.display()
+        ),
+    )
+    .unwrap();
+    (config, pid)
+}
+
+fn socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api() -> TestResult {
+    let s = Scratch::new("cap-admin");
+    let (config, pid) = stand_in_with_admin(&s.0);
+    let child = Command::new(SHIM)
+        .arg("--config")
+        .arg(&config)
+        .args(["--authority", "agent", "--report-file"])
+        .arg(s.path("report.json"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "curl -sS -m 5 -x \"$ALL_PROXY\" http://blocked.test:443/ 2>&1 | head -1",
+        ])
+        .current_dir(&s.0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    pid.store(child.id(), std::sync::atomic::Ordering::SeqCst);
+    let out = child.wait_with_output().unwrap();
+    let report = read_json(&s.path("report.json"))?;
+    let denials = report["denials"].as_array().cloned().unwrap_or_default();
+    if denials.len() != 1 {
+        return Err(format!(
+            "expected this run's one denial from the admin API: {denials:?}; {}",
+            all_output(&out)
+        ));
+    }
+    let d = &denials[0];
+    expect(
+        "denial",
+        &format!(
+            "{} {} {} {} {}",
+            d["protocol"], d["status"], d["reason"], d["host"], d["port"]
+        ),
+        "\"socks5\" 2 \"denied_by_rule\" \"blocked.test\" 443",
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line =
+        "mediator: denied blocked.test:443 (denied_by_rule): the grant denies this destination";
+    if stderr.matches(line).count() != 1 {
+        return Err(format!("expected the denial said once: {stderr}"));
+    }
+    Ok(())
+}
