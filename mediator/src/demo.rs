@@ -193,7 +193,7 @@ pub async fn run() -> Result<(), Error> {
     }
     running.shutdown().await;
     say!(
-        "\nDone: allowed requests reached the origin; every denial names its authority, reason and a hint."
+        "\nDone: allowed requests reached the origin; every denial names its reason and a hint, and its log line the authority."
     );
     Ok(())
 }

@@ -314,10 +314,11 @@ fn upstream_denial(shared: &Shared, failure: RouteFailure) -> Denial {
         Some(ConnectFailure::Other(_)) => (UpstreamErrorKind::ConnectError, Cause::ConnectError),
     };
     shared.metrics.upstream_error(kind);
-    Denial::new(
-        Reason::UpstreamFailure,
-        failure.detail,
-        "the destination (or the parent proxy on its route) did not accept the connection; check the host and port, and the [upstream] parents",
-    )
-    .with_cause(cause)
+    let hint = if failure.connect.is_none() {
+        // No connection failed: a parent answered with a refusal, or no route was planned.
+        "a parent proxy on the route refused the request or no route was left (the detail names it and what it said); for a 407 check parent_credentials_file, parent_auth and the Kerberos credentials (kerberos_ccache, kerberos_keytab)"
+    } else {
+        "the destination (or the parent proxy on its route) did not accept the connection; check the host and port, and the [upstream] parents"
+    };
+    Denial::new(Reason::UpstreamFailure, failure.detail, hint).with_cause(cause)
 }
