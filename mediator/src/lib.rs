@@ -24,6 +24,9 @@ pub mod denial;
 pub mod error;
 pub mod explain;
 mod front;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod limits;
 mod metrics;
 mod redact;

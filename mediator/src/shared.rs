@@ -147,8 +147,10 @@ impl Shared {
 }
 
 /// A mediator's shared state for unit tests: the default configuration, no authority,
-/// direct routing, a resolver that is never asked, the decision log kept in `lines`.
-#[cfg(test)]
+/// direct routing, a resolver that is never asked, the decision log kept in `lines`. Also
+/// the mediator of the fuzz targets (`crate::fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+#[allow(clippy::unwrap_used)] // test support: a setup failure must fail the test
 pub(crate) fn for_tests(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
     use crate::decision_log::Sink;
     let config = policy::config::parse("", "<test>").unwrap();

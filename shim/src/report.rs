@@ -150,14 +150,42 @@ pub(crate) struct Tampering {
     pub(crate) path: PathBuf,
     /// Where the shim moved it.
     pub(crate) quarantined_as: PathBuf,
+    /// What it would have done.
+    pub(crate) kind: TamperKind,
+}
+
+/// What a path the command created would have done on the host (the `kind` of a
+/// `tampering` entry in the report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TamperKind {
+    /// A `.git/commondir`: git on the host would use another repository (and its config).
+    GitCommondir,
+    /// A shell startup file or per-user tool config of the mandatory deny set (`.zshrc`,
+    /// `.bash_profile`, `.gitconfig`, `.ssh`, ...), or a link on the way to one, in a
+    /// writable root: a shell or tool started there on the host would run it.
+    DenySet,
+}
+
+impl TamperKind {
+    /// Why it matters, for the warning.
+    fn why(self) -> &'static str {
+        match self {
+            Self::GitCommondir => "it would change which repository git uses on the host",
+            Self::DenySet => {
+                "it is in the mandatory deny set: a shell or tool on the host would run it"
+            }
+        }
+    }
 }
 
 /// Say on stderr what was moved aside, one line per path (whether or not `--report` is on).
 pub(crate) fn warn_tampering(moved: &[Tampering]) {
     for t in moved {
         eprintln!(
-            "shim: tampering: the command created {} (it would change which repository git uses on the host); moved it to {}",
+            "shim: tampering: the command created {} ({}); moved it to {}",
             t.path.display(),
+            t.kind.why(),
             t.quarantined_as.display()
         );
     }
@@ -183,7 +211,8 @@ pub(crate) struct Report<'a> {
     /// Where the denials come from.
     pub(crate) source: &'static str,
     /// Paths the command created that would have run code on the host (a new
-    /// `.git/commondir`), and where the shim moved them.
+    /// `.git/commondir`, a shell startup file or tool config of the mandatory deny set
+    /// that was missing at start), and where the shim moved them.
     pub(crate) tampering: &'a [Tampering],
     /// Transparent capture: its state, connections, and what it dropped.
     pub(crate) capture: &'a serde_json::Value,
@@ -229,6 +258,7 @@ mod tests {
         let tampering = [Tampering {
             path: "/w/.git/commondir".into(),
             quarantined_as: "/w/.git/commondir.shim-quarantine-1".into(),
+            kind: TamperKind::GitCommondir,
         }];
         let report = Report {
             report: "shim",
@@ -257,6 +287,7 @@ mod tests {
         assert!(v["denials"][0].get("hint").is_none());
         assert!(v["denials"][0]["detail"].is_null());
         assert_eq!(v["tampering"][0]["path"], "/w/.git/commondir");
+        assert_eq!(v["tampering"][0]["kind"], "git_commondir");
         assert_eq!(v["denials_dropped"], 0);
     }
 

@@ -59,7 +59,7 @@ pub(crate) enum WireAddr {
 
 /// Protocol failures while reading a SOCKS5 handshake.
 #[derive(Debug, thiserror::Error)]
-enum SocksError {
+pub(crate) enum SocksError {
     /// I/O error or early EOF.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -121,7 +121,7 @@ fn choose_method(on_unix: bool, offered: &[u8]) -> Option<u8> {
 
 /// Runs method negotiation, authentication and the request. Returns the canonical target,
 /// or `None` when the connection was already answered with a failure.
-async fn handshake<S>(
+pub(crate) async fn handshake<S>(
     io: &mut S,
     shared: &Shared,
     ctx: &mut Ctx,

@@ -389,8 +389,9 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// A router that connects directly only (unit tests; `start` builds [`Router::new`]).
-    #[cfg(test)]
+    /// A router that connects directly only (unit tests and the fuzz targets; `start`
+    /// builds [`Router::new`]).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn direct(resolver: Arc<Resolver>) -> Self {
         Self {
             strategy: std::sync::RwLock::new(Arc::new(Strategy::Direct)),

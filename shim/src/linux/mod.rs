@@ -306,7 +306,7 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
 /// the shim.
 fn spawn_janitor(
     placeholders: &[Placeholder],
-    watch: &[PathBuf],
+    watch: &[fs::Watch],
     trust: Option<&TrustFiles>,
 ) -> Result<OwnedFd> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)

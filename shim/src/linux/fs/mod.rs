@@ -2,8 +2,11 @@
 //! job each:
 //!
 //! - [`protect`]: the mandatory deny set found in every writable root (including nested
-//!   repositories), with placeholders for protected paths that do not exist yet, and the
-//!   quarantine of a `.git/commondir` that appears during the run;
+//!   repositories), with placeholders for protected paths that do not exist yet, or a
+//!   watch where a placeholder would not do;
+//! - [`quarantine`](mod@quarantine), after the run: what appeared at a watched path (a
+//!   `.git/commondir`, a shell startup file in a writable root that is not the home
+//!   directory) is renamed aside;
 //! - [`plan`](mod@plan), in the outer shim, in the host's view: canonicalises the configured paths
 //!   and lists the mount operations, shallowest first;
 //! - [`apply`](mod@apply), in the inner init, inside the new mount namespace: carries them out.
@@ -16,10 +19,12 @@
 mod apply;
 mod plan;
 mod protect;
+mod quarantine;
 
 pub(crate) use apply::{apply, cover_file};
 pub(crate) use plan::{FsPlan, plan};
-pub(crate) use protect::{Placeholder, quarantine};
+pub(crate) use protect::Placeholder;
+pub(crate) use quarantine::{Watch, quarantine};
 
 #[cfg(test)]
 mod test_support {

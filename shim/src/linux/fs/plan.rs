@@ -8,6 +8,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::protect::{self, Guard, Placeholder, Protected, Protections};
+use super::quarantine::Watch;
 use crate::error::{Error, Result};
 
 /// What a mount operation does to its path.
@@ -59,9 +60,10 @@ pub(crate) struct FsPlan {
     pub(crate) writable_roots: Vec<PathBuf>,
     /// Placeholders created on the host; the caller must remove them at exit.
     pub(crate) placeholders: Vec<Placeholder>,
-    /// `.git/commondir` paths that did not exist at start: one appearing during the run is
-    /// tampering and is renamed aside at exit ([`protect::quarantine`]).
-    pub(crate) watch: Vec<PathBuf>,
+    /// Protected paths that did not exist at start and got no placeholder: one appearing
+    /// during the run is tampering and is renamed aside at exit
+    /// ([`super::quarantine::quarantine`]).
+    pub(crate) watch: Vec<Watch>,
 }
 
 /// How many names `p` has below `/`.

@@ -4,21 +4,25 @@
 //! for every git repository found under it, existing or not, links or not.
 //!
 //! It reads the host's tree and, for protected paths that do not exist yet, creates empty
-//! placeholders so that they can be covered (the caller removes them at exit). It never
-//! mounts anything (that is [`super::apply`](mod@super::apply)) and never decides how its protections are
-//! ordered among the other mount operations (that is [`super::plan`](mod@super::plan)). Beside the deny set
-//! it owns the one protection that acts after the run: [`quarantine`] of a
-//! `.git/commondir` that appeared during it.
+//! placeholders so that they can be covered (the caller removes them at exit), or, where
+//! a placeholder would not do (a `.git/commondir`) or would litter a project (the shell
+//! startup files in a writable root that is not the home directory), lists them to be
+//! watched ([`super::quarantine`](mod@super::quarantine) moves aside whatever appeared
+//! there by the end of the run). It never mounts anything (that is
+//! [`super::apply`](mod@super::apply)) and never decides how its protections are ordered
+//! among the other mount operations (that is [`super::plan`](mod@super::plan)).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::quarantine::Watch;
 use crate::error::{Error, Result};
-use crate::report::Tampering;
+use crate::report::TamperKind;
 
-/// Shell startup files and per-user tool configs: protected in every writable root, and
-/// created (as read-only placeholders) when missing in a writable root that is, or
-/// contains, the caller's home directory.
+/// Shell startup files and per-user tool configs: protected in every writable root;
+/// when missing, created as read-only placeholders in the caller's home directory, and
+/// watched in every other writable root (one created there during the run is moved aside
+/// at exit).
 const HOME_FILES: &[&str] = &[
     ".bashrc",
     ".bash_profile",
@@ -38,7 +42,8 @@ const HOME_FILES: &[&str] = &[
 ];
 
 /// Per-user directories protected whole (read-only, or a read-only placeholder when missing
-/// in the home root): `~/.ssh` holds `config`, `rc` and `authorized_keys`, which run code.
+/// in the home root, watched when missing in another writable root): `~/.ssh` holds
+/// `config`, `rc` and `authorized_keys`, which run code.
 const HOME_DIRS: &[&str] = &[".ssh"];
 
 /// How deep `.git/modules` is searched for submodule git directories (nested modules and
@@ -83,9 +88,11 @@ pub(crate) struct Protections {
     pub(crate) paths: Vec<Protected>,
     /// Placeholders created on the host; the caller must remove them at exit.
     pub(crate) placeholders: Vec<Placeholder>,
-    /// `.git/commondir` paths that did not exist at start: one appearing during the run is
-    /// tampering and is renamed aside at exit ([`quarantine`]).
-    pub(crate) watch: Vec<PathBuf>,
+    /// Protected paths that did not exist at start and got no placeholder (`.git/commondir`;
+    /// the per-user files in a writable root that is not the home directory): one appearing
+    /// during the run is tampering and is renamed aside at exit
+    /// ([`super::quarantine::quarantine`]).
+    pub(crate) watch: Vec<Watch>,
 }
 
 /// Find the protections of every writable root in `writable` (canonical) that is a
@@ -153,27 +160,6 @@ impl Placeholder {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-/// Rename aside every watched path that now exists (it did not at start). Returns what was
-/// moved. Safe to call more than once (a moved path no longer exists).
-pub(crate) fn quarantine(watch: &[PathBuf]) -> Vec<Tampering> {
-    let mut out = Vec::new();
-    for p in watch {
-        if std::fs::symlink_metadata(p).is_err() {
-            continue;
-        }
-        let mut to = p.as_os_str().to_owned();
-        to.push(format!(".shim-quarantine-{}", std::process::id()));
-        let to = PathBuf::from(to);
-        if std::fs::rename(p, &to).is_ok() {
-            out.push(Tampering {
-                path: p.clone(),
-                quarantined_as: to,
-            });
-        }
-    }
-    out
 }
 
 /// The deepest writable root that holds `p`.
@@ -312,7 +298,12 @@ impl Protector<'_> {
         self.protect(gitdir.join("hooks"), true, true)?;
         let commondir = gitdir.join("commondir");
         if std::fs::symlink_metadata(&commondir).is_err() {
-            self.out.watch.push(commondir);
+            // The git directory is pinned (a mount point): the walk starts there.
+            self.out.watch.extend(Watch::new(
+                gitdir,
+                Path::new("commondir"),
+                TamperKind::GitCommondir,
+            ));
         } else {
             self.protect(commondir, false, false)?;
         }
@@ -345,11 +336,15 @@ impl Protector<'_> {
     /// `home`: the root is the caller's home (missing per-user files get placeholders);
     /// `writable_root`: it is a writable root itself (a missing `.git` gets one).
     fn protect_root(&mut self, root: &Path, home: bool, writable_root: bool) -> Result<()> {
-        for name in HOME_FILES {
-            self.protect(root.join(name), false, home)?;
-        }
-        for name in HOME_DIRS {
-            self.protect(root.join(name), true, home)?;
+        for (name, is_dir) in HOME_FILES
+            .iter()
+            .map(|n| (n, false))
+            .chain(HOME_DIRS.iter().map(|n| (n, true)))
+        {
+            self.protect(root.join(name), is_dir, home)?;
+            if writable_root && !home {
+                self.watch_missing(root, Path::new(name));
+            }
         }
         for name in PROJECT_FILES {
             self.protect(root.join(name), false, true)?;
@@ -369,6 +364,51 @@ impl Protector<'_> {
             Err(_) => {}
         }
         Ok(())
+    }
+
+    /// Watches `root/rel` (a per-user file of the mandatory deny set) if it is missing: as
+    /// written, and, when a symlink on the way leads elsewhere into a writable root, where
+    /// it leads (the command could create it through the link).
+    fn watch_missing(&mut self, root: &Path, rel: &Path) {
+        let path = root.join(rel);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return; // it exists: protected read-only by `protect`
+        }
+        self.out
+            .watch
+            .extend(Watch::new(root, rel, TamperKind::DenySet));
+        let resolved = resolve_existing(&path);
+        if resolved == path || std::fs::symlink_metadata(&resolved).is_ok() {
+            return;
+        }
+        if let Some(w) = root_of(&resolved, self.writable) {
+            if let Ok(rest) = resolved.strip_prefix(w) {
+                self.out
+                    .watch
+                    .extend(Watch::new(w, rest, TamperKind::DenySet));
+            }
+        }
+    }
+}
+
+/// `p` with its deepest existing ancestor canonicalised (symlinks resolved) and the
+/// missing rest appended.
+fn resolve_existing(p: &Path) -> PathBuf {
+    let mut existing = p;
+    let mut rest = Vec::new();
+    while std::fs::symlink_metadata(existing).is_err() {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+            return p.to_owned();
+        };
+        rest.push(name);
+        existing = parent;
+    }
+    match std::fs::canonicalize(existing) {
+        Ok(mut c) => {
+            c.extend(rest.iter().rev());
+            c
+        }
+        Err(_) => p.to_owned(),
     }
 }
 
@@ -534,6 +574,43 @@ mod tests {
     }
 
     #[test]
+    fn outside_home_missing_per_user_files_are_watched_not_created() {
+        let t = TempDir::new("watched");
+        let w = t.0.join("project");
+        std::fs::create_dir_all(w.join("dotfiles/config")).unwrap();
+        std::os::unix::fs::symlink("dotfiles/config", w.join(".config")).unwrap();
+        std::fs::write(w.join(".bashrc"), "").unwrap();
+        let mut out = Protections::default();
+        protect_roots(std::slice::from_ref(&w), None, &mut out).unwrap();
+        let watched: Vec<String> = out.watch.iter().map(|x| format!("{x:?}")).collect();
+        let is_watched = |rel: &str| {
+            out.watch
+                .iter()
+                .any(|x| *x == Watch::new(&w, Path::new(rel), TamperKind::DenySet).unwrap())
+        };
+        for rel in [
+            ".zshrc",
+            ".bash_profile",
+            ".gitconfig",
+            ".ssh",
+            ".config/git/config",
+        ] {
+            assert!(is_watched(rel), "{rel}: {watched:?}");
+            assert!(
+                !out.placeholders.iter().any(|p| p.path == w.join(rel)),
+                "{rel}"
+            );
+        }
+        // Where the link leads, too; an existing file is protected instead.
+        assert!(is_watched("dotfiles/config/git/config"), "{watched:?}");
+        assert!(!is_watched(".bashrc"));
+        assert!(guarded(&out, &w.join(".bashrc"), Guard::ReadOnly));
+        for ph in out.placeholders.iter().rev() {
+            ph.remove();
+        }
+    }
+
+    #[test]
     fn a_placeholder_that_was_written_to_stays() {
         let t = TempDir::new("placeholder");
         let ph = create_placeholder(&t.0.join(".mcp.json"), false)
@@ -542,18 +619,5 @@ mod tests {
         std::fs::write(&ph.path, "user content").unwrap();
         ph.remove();
         assert!(ph.path.exists());
-    }
-
-    #[test]
-    fn quarantine_moves_a_new_commondir_aside_once() {
-        let t = TempDir::new("quarantine");
-        let watch = vec![t.0.join("commondir"), t.0.join("absent")];
-        assert!(quarantine(&watch).is_empty());
-        std::fs::write(&watch[0], "/elsewhere\n").unwrap();
-        let moved = quarantine(&watch);
-        assert_eq!(moved.len(), 1);
-        assert_eq!(moved[0].path, watch[0]);
-        assert!(!watch[0].exists() && moved[0].quarantined_as.exists());
-        assert!(quarantine(&watch).is_empty());
     }
 }
