@@ -399,7 +399,19 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
                 "message": format!("authority {name:?} exists; grants are immutable: DELETE it first to replace it"),
             }),
         ),
-        Err(CreateError::Listen(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(CreateError::Listen(e)) => {
+            // The whole chain: the top line alone ("cannot listen on unix ...") hides
+            // the cause (a chown the kernel refused, a full directory).
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                message.push_str(": ");
+                message.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            tracing::warn!("POST /v1/authorities: {message}");
+            error(StatusCode::INTERNAL_SERVER_ERROR, &message)
+        }
     }
 }
 

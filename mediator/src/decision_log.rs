@@ -12,6 +12,10 @@
 //! A file sink can be reopened ([`DecisionLog::reopen`], SIGUSR1, for logrotate): the
 //! writer switches files between two batches, so every line lands whole in the old file
 //! (renamed away) or in the new one, and none is lost.
+//!
+//! A sink that fails a write (a full disk, a closed stdout) is fatal: the log marks itself
+//! broken ([`DecisionLog::broken`]) and the service stops, since a decision that cannot
+//! be recorded must not be made. Nothing is dropped silently.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -219,6 +223,8 @@ struct Queue {
     writer: Condvar,
     /// Signalled when the writer has taken a batch or written up to a flush mark.
     progress: Condvar,
+    /// Cancelled at the first failed write ([`DecisionLog::broken`]).
+    broken: tokio_util::sync::CancellationToken,
 }
 
 #[derive(Debug, Default)]
@@ -240,6 +246,8 @@ struct State {
     /// Reopens done so far, and the error of the last one (`None`: it worked).
     reopen_done: u64,
     reopen_error: Option<String>,
+    /// The first failed write to the sink (the log is broken from then on).
+    failure: Option<String>,
 }
 
 impl Queue {
@@ -365,6 +373,15 @@ impl DecisionLog {
         }
     }
 
+    /// Resolves once a write to the sink has failed, with that failure in words; never
+    /// while the sink takes every line. The service stops when it resolves (no decision
+    /// may go unrecorded).
+    pub async fn broken(&self) -> String {
+        let queue = &self.handle.0;
+        queue.broken.cancelled().await;
+        queue.lock().failure.clone().unwrap_or_default()
+    }
+
     /// Waits until every record written so far has reached the sink.
     pub fn flush(&self) {
         let queue = &self.handle.0;
@@ -381,6 +398,52 @@ impl DecisionLog {
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+    }
+}
+
+/// Whether a start could open `path` for appending, without creating or changing it: an
+/// existing file is opened for appending (and closed); else its directory must exist and
+/// be writable by this user. What `mediator check` asks of a `[log] decisions` file.
+///
+/// # Errors
+/// [`Error::DecisionLog`] naming the file and why.
+pub(crate) fn check_can_open(path: &Path) -> Result<(), Error> {
+    let err = |source: io::Error| Error::DecisionLog {
+        path: path.to_path_buf(),
+        source,
+    };
+    match OpenOptions::new().append(true).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            match std::fs::metadata(dir) {
+                Ok(meta) if meta.is_dir() => nix::unistd::access(
+                    dir,
+                    nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+                )
+                .map_err(|e| {
+                    err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "cannot create it: {} is not writable by this user: {e}",
+                            dir.display()
+                        ),
+                    ))
+                }),
+                Ok(_) => Err(err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", dir.display()),
+                ))),
+                Err(e) => Err(err(io::Error::new(
+                    e.kind(),
+                    format!("cannot create it in {}: {e}", dir.display()),
+                ))),
+            }
+        }
+        Err(e) => Err(err(e)),
     }
 }
 
@@ -434,6 +497,11 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
         if !batch.is_empty() {
             if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
                 tracing::error!("decision log write failed: {e}");
+                let mut state = queue.lock();
+                if state.failure.is_none() {
+                    state.failure = Some(e.to_string());
+                    queue.broken.cancel();
+                }
             }
         }
         // Between batches: the old file has every line taken so far.

@@ -87,11 +87,14 @@ impl InForce {
             }
         };
         let (max_connections, d0) = pick(limits.max_connections, derived_max);
-        let (authority_connections, d1) =
-            pick(limits.authority_connections, (max_connections / 4).max(4));
+        // A derived share never exceeds the overall cap (a tiny max_connections).
+        let (authority_connections, d1) = pick(
+            limits.authority_connections,
+            (max_connections / 4).max(4).min(max_connections),
+        );
         let (unidentified_connections, d2) = pick(
             limits.unidentified_connections,
-            (max_connections / 4).max(8),
+            (max_connections / 4).max(8).min(max_connections),
         );
         Self {
             nofile,
@@ -660,6 +663,16 @@ mod tests {
                 f.unidentified_connections
             ),
             (16, 4, 8)
+        );
+        // A configured cap below the derived shares' floors bounds them.
+        let f = InForce::derive(&limits(3, 0, 0), 20_000, 1);
+        assert_eq!(
+            (
+                f.max_connections,
+                f.authority_connections,
+                f.unidentified_connections
+            ),
+            (3, 3, 3)
         );
     }
 

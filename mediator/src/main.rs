@@ -270,13 +270,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let rt = tokio::runtime::Runtime::new()?;
-            let log = rt.block_on(serve(config, text, path, cli.watch_config))?;
+            let (log, broken) = rt.block_on(serve(config, text, path, cli.watch_config))?;
             // Connections still running after the shutdown grace are dropped with the
             // runtime: each still writes its close record, which must reach the log
             // before the process exits.
             drop(rt);
             log.flush();
-            Ok(ExitCode::SUCCESS)
+            Ok(if broken.is_some() {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
     }
 }
@@ -330,13 +334,14 @@ fn health(
 
 /// Runs the mediator until SIGTERM, SIGINT or SIGQUIT (SIGHUP reloads, SIGUSR1 reopens the
 /// decision log, SIGUSR2 is ignored; SIGPIPE is ignored by the Rust runtime, so a closed
-/// stdout is a write error, not a kill); returns its decision log, for the last flush.
+/// stdout is a write error, not a kill) or until a write to the decision log fails;
+/// returns its decision log, for the last flush, and that failure.
 async fn serve(
     config: policy::config::Config,
     text: String,
     path: PathBuf,
     watch_config: bool,
-) -> anyhow::Result<mediator::DecisionLog> {
+) -> anyhow::Result<(mediator::DecisionLog, Option<String>)> {
     use mediator::service::{notify, watch};
     use tokio::signal::unix::{SignalKind, signal};
     let socket_dir = config.listen.socket_dir.clone();
@@ -364,8 +369,18 @@ async fn serve(
     let mut watch = watch_config.then(|| watch::ConfigWatch::new(&path, &text));
     let mut tick = tokio::time::interval(watch::INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let log = running.log().clone();
+    let mut broken = None;
     loop {
         tokio::select! {
+            e = log.broken() => {
+                // Fail closed: a decision that cannot be recorded must not be made.
+                eprintln!(
+                    "mediator: the decision log cannot be written ({e}); stopping, since no decision may go unrecorded"
+                );
+                broken = Some(e);
+                break;
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = quit.recv() => break,
@@ -390,9 +405,8 @@ async fn serve(
     }
     eprintln!("mediator: shutting down");
     notify::stopping();
-    let log = running.log().clone();
     running.shutdown().await;
-    Ok(log)
+    Ok((log, broken))
 }
 
 /// SIGUSR1 (logrotate): reopen the decision log file by its path; every line goes to the
@@ -418,11 +432,13 @@ async fn reopen(log: &mediator::DecisionLog) {
 /// service manager is told a reload runs (`RELOADING=1`, then `READY=1`).
 fn reload(running: &mediator::Running, path: &std::path::Path) {
     mediator::service::notify::reloading();
-    reload_file(running, path);
-    mediator::service::notify::reloaded("ready (reloaded)");
+    let status = reload_file(running, path);
+    mediator::service::notify::reloaded(&status);
 }
 
-fn reload_file(running: &mediator::Running, path: &std::path::Path) {
+/// Reloads from `path`; returns the service status to report (`systemctl status` shows
+/// it): `ready (reloaded)`, or that the reload failed and what still runs.
+fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
@@ -433,6 +449,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) {
     match parsed {
         Err(why) => {
             eprintln!("mediator: reload failed; the running authorities are unchanged:\n{why}");
+            "ready (reload failed: the running authorities are unchanged; see the log)".to_owned()
         }
         Ok((config, text)) => {
             let r = running.reload(config, &text);
@@ -464,6 +481,14 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) {
                     )
                 }
             );
+            if r.failed.is_empty() {
+                "ready (reloaded)".to_owned()
+            } else {
+                format!(
+                    "ready (reload partly failed: {}; see the log)",
+                    names(r.failed.iter().map(|(n, _)| n.clone()).collect())
+                )
+            }
         }
     }
 }

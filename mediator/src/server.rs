@@ -194,7 +194,8 @@ fn limits_in_force(config: &Config) -> InForce {
 }
 
 /// Loads what a start would load, changing nothing and binding nothing (`mediator
-/// check`): the CA (or that a start could create it) and the extra CA files, the router
+/// check`): that the decision-log file can be opened and the socket directories made
+/// by this user, the CA (or that a start could create it) and the extra CA files, the router
 /// (the parent credentials file, the proxy environment, the PAC fetched and evaluated).
 /// Returns notes for the operator.
 ///
@@ -202,6 +203,21 @@ fn limits_in_force(config: &Config) -> InForce {
 /// The first problem a start would stop at.
 pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
     let mut notes = Vec::new();
+    // The files and directories a start writes, as the user running the check.
+    if let policy::config::Log::File(path) = &config.log {
+        crate::decision_log::check_can_open(path)?;
+    }
+    if let Some(dir) = &config.listen.socket_dir {
+        crate::socket_file::check_can_make(dir)?;
+    }
+    if let Some(dir) = config
+        .listen
+        .admin_socket
+        .as_deref()
+        .and_then(std::path::Path::parent)
+    {
+        crate::socket_file::check_can_make(dir)?;
+    }
     notes.extend(TlsState::check(&config.tls)?);
     Router::new(
         &config.upstream,

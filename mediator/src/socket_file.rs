@@ -108,6 +108,47 @@ fn chown_error(uid: Option<u32>, gid: Option<u32>, e: &io::Error) -> io::Error {
     )
 }
 
+/// Whether a start could make `dir` (and sockets in it) as the user running this: the
+/// directory, or the nearest ancestor that exists when it does not, must be a directory
+/// this user may write and search (`access(2)`, so root passes as a start would).
+/// `mediator check` asks it, so that a config that passes check starts.
+///
+/// # Errors
+/// [`Error::Listen`] naming `dir` and what is in the way.
+pub(crate) fn check_can_make(dir: &Path) -> Result<(), Error> {
+    let err = |source: io::Error| Error::Listen {
+        what: format!("unix sockets in {}", dir.display()),
+        source,
+    };
+    let mut at = dir;
+    loop {
+        match std::fs::metadata(at) {
+            Ok(meta) if meta.is_dir() => break,
+            Ok(_) => {
+                return Err(err(io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!("{} is not a directory", at.display()),
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => match at.parent() {
+                Some(p) if !p.as_os_str().is_empty() => at = p,
+                _ => return Err(err(e)),
+            },
+            Err(e) => return Err(err(e)),
+        }
+    }
+    nix::unistd::access(
+        at,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|e| {
+        err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not writable by this user: {e}", at.display()),
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

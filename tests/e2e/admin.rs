@@ -602,3 +602,33 @@ async fn anonymous_admin_writes_are_warned_at_start() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authority_whose_socket_cannot_be_made_is_refused_with_the_cause() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    // A directory where the new authority's socket file would go.
+    std::fs::create_dir(m.socket_path("agent-z"))?;
+    let body = json!({ "name": "agent-z", "allow": [ORIGIN_HOST] }).to_string();
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    assert_eq!(resp.status, 500, "{}", resp.text());
+    let message = resp.json()?["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // The cause, not only "cannot listen on ...".
+    assert!(
+        message.contains("agent-z.sock") && message.contains("is in the way"),
+        "{message}"
+    );
+    // Nothing half-made: the name is not live.
+    let list = m.admin_get("/v1/authorities").await?;
+    let names: Vec<&str> = list["authorities"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, [AGENT_A]);
+    Ok(())
+}

@@ -319,3 +319,100 @@ async fn check_loads_what_a_start_loads() -> Result<()> {
     ensure!(out.contains("mode = \"pac\": usable"), "{out}");
     Ok(())
 }
+
+/// `mediator check` as uid 65534 on `config` (readable by all): its exit status and output.
+fn check_as_nobody(config: &Path) -> Result<(std::process::ExitStatus, String)> {
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
+        .arg(bin())
+        .arg("check")
+        .arg("--config")
+        .arg(config)
+        .output()
+        .context("running setpriv")?;
+    Ok((
+        out.status,
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_where_a_start_could_not_write() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // World-readable, root-owned: uid 65534 may read the config but write nothing here.
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(p("a-file"), "")?;
+    let authority = "[[authority]]\nname = \"agent-a\"\nallow = [\"origin.test\"]\n";
+    let sockets = format!("[listen]\nsocket_dir = {:?}\n", p("sockets"));
+    let cases = [
+        (
+            "a decision log in a missing directory",
+            format!(
+                "{sockets}[log]\ndecisions = {:?}\n{authority}",
+                p("none/decisions.jsonl")
+            ),
+            p("none/decisions.jsonl"),
+        ),
+        (
+            "a socket_dir under a regular file",
+            format!(
+                "[listen]\nsocket_dir = {:?}\n{authority}",
+                p("a-file/sockets")
+            ),
+            p("a-file"),
+        ),
+        (
+            "an admin_socket under a regular file",
+            format!(
+                "{sockets}admin_socket = {:?}\n{authority}",
+                p("a-file/admin/admin.sock")
+            ),
+            p("a-file"),
+        ),
+    ];
+    for (i, (what, text, named)) in cases.iter().enumerate() {
+        let config = dir.path().join(format!("case-{i}.toml"));
+        std::fs::write(&config, text)?;
+        let (status, out) = run_check(bin(), &config).await?;
+        ensure!(
+            !status.success() && out.contains("a start would fail") && out.contains(named),
+            "check on {what}: {status}, expected a failure naming {named:?}:\n{out}"
+        );
+    }
+    // As a user who may not write the directory (what a service user meets).
+    let config = dir.path().join("unwritable.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{sockets}[log]\ndecisions = {:?}\n{authority}",
+            p("decisions.jsonl")
+        ),
+    )?;
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644))?;
+    let (status, out) = check_as_nobody(&config)?;
+    ensure!(
+        !status.success() && out.contains("not writable by this user"),
+        "check as uid 65534 of an unwritable log directory: {status}\n{out}"
+    );
+    // The same config passes for a user who may write there (root), creating nothing.
+    let (status, out) = run_check(bin(), &config).await?;
+    ensure!(status.success(), "check as root: {status}\n{out}");
+    ensure!(
+        !dir.path().join("decisions.jsonl").exists(),
+        "check created the log file"
+    );
+    Ok(())
+}

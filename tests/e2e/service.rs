@@ -148,6 +148,26 @@ async fn a_reopen_that_fails_keeps_writing_to_the_old_file() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_log_that_cannot_be_written_stops_the_mediator() -> Result<()> {
+    let mut fx = agent_a().await?;
+    let log = fx.mediator.log_path().to_owned();
+    let sock = fx.mediator.socket_path(AGENT_A);
+    // After a rotation, the log's path names a device on which every write fails
+    // (ENOSPC), as a full disk would.
+    let _ = std::fs::remove_file(&log);
+    std::os::unix::fs::symlink("/dev/full", &log)?;
+    fx.mediator.signal(Signal::SIGUSR1)?;
+    wait_stderr(&fx.mediator, "reopened").await?;
+    // This decision cannot be recorded: the mediator stops instead of going on unlogged.
+    let _ = fx.connect_a(&fx.origin_target()).await;
+    wait_stderr(&fx.mediator, "the decision log cannot be written").await?;
+    let status = fx.mediator.exited().await?;
+    assert_eq!(status.code(), Some(3), "{}", fx.mediator.stderr_text());
+    assert!(!sock.exists(), "the socket file stayed behind");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr2_is_ignored_and_sigquit_shuts_down_cleanly() -> Result<()> {
     let mut fx = agent_a().await?;
     let sock = fx.mediator.socket_path(AGENT_A);
@@ -229,6 +249,36 @@ async fn the_service_manager_is_notified_ready_reloading_and_stopping() -> Resul
     );
     let again = notification(&sock).await?;
     assert!(again.lines().any(|l| l == "READY=1"), "{again:?}");
+    assert!(
+        again.lines().any(|l| l == "STATUS=ready (reloaded)"),
+        "{again:?}"
+    );
+
+    // A reload that fails says so in the status (`systemctl status` shows it).
+    let config = fx.mediator.config_path().to_owned();
+    let good = std::fs::read_to_string(&config)?;
+    std::fs::write(
+        &config,
+        format!(
+            "{good}
+[[authority]\n"
+        ),
+    )?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    let reloading = notification(&sock).await?;
+    assert!(
+        reloading.lines().any(|l| l == "RELOADING=1"),
+        "{reloading:?}"
+    );
+    let failed = notification(&sock).await?;
+    assert!(failed.lines().any(|l| l == "READY=1"), "{failed:?}");
+    assert!(
+        failed
+            .lines()
+            .any(|l| l.starts_with("STATUS=") && l.contains("reload failed")),
+        "{failed:?}"
+    );
+    std::fs::write(&config, good)?;
 
     fx.mediator.signal(Signal::SIGTERM)?;
     let stopping = notification(&sock).await?;

@@ -828,6 +828,14 @@ impl Mediator {
         self.wait_exit(EXIT_TIMEOUT).await
     }
 
+    /// Waits (bounded) for a mediator that stops by itself to exit, and reaps it.
+    ///
+    /// # Errors
+    /// It is already reaped, or it did not exit in time (then it is killed).
+    pub async fn exited(&mut self) -> Result<ExitStatus> {
+        self.wait_exit(EXIT_TIMEOUT).await
+    }
+
     /// Sends `signal` to the running mediator, without waiting for anything.
     ///
     /// # Errors
