@@ -245,3 +245,52 @@ async fn sighup_reads_the_settings_again() -> Result<()> {
     assert_eq!(first.requests().len(), 2, "{:?}", first.requests());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start().await?;
+    let pac = PacServer::start(&format!(
+        "function FindProxyForURL(url, host) {{ return \"PROXY {}\"; }}",
+        parent.addr()
+    ))
+    .await?;
+    let manual = format!(
+        "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
+        parent.addr().port()
+    );
+    let db = dconf_db(dir.path(), "user", &manual).await?;
+    let fx = Fixture::start(system_mode(&[&db], &[])).await?;
+    let resp = fx.tunnel_get("origin.test", "/manual").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    parent.wait_requests(1).await?;
+
+    // The desktop now names a PAC that returns the parent of the manual setting, which is
+    // not in allowed_parents (there are none): no route, as at a fresh start.
+    dconf_db(
+        dir.path(),
+        "user",
+        &format!(
+            "[system/proxy]\nmode='auto'\nautoconfig-url='{}'\n",
+            pac.url()
+        ),
+    )
+    .await?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("upstream system settings re-read") && l.contains("the PAC"),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let accepted = parent.accepted();
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    let body = e2e::check_deny(&resp, 502, "upstream_failure")?;
+    e2e::check_contains(&body, "detail", "allowed_parents")?;
+    assert_eq!(
+        parent.accepted(),
+        accepted,
+        "a parent of an earlier reading is not allowed for the PAC"
+    );
+    Ok(())
+}

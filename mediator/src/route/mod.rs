@@ -277,6 +277,10 @@ type PacCache = HashMap<(Via, Target), (Instant, u64, Arc<[Route]>)>;
 
 struct PacRouting {
     pac: Arc<pac::Pac>,
+    /// The routes of `allowed_parents` (each scheme), the only parents this script may
+    /// name: the parent table also holds parents of earlier readings, which a PAC must
+    /// never reach.
+    allowed: Vec<Route>,
     cache: Mutex<PacCache>,
     ttl: Duration,
     on_error: PacOnError,
@@ -546,9 +550,10 @@ impl Router {
             return Ok((Strategy::Direct, None));
         };
         let upstream = &cfg.upstream;
-        for allowed in &upstream.allowed_parents {
+        let mut allowed = Vec::new();
+        for parent in &upstream.allowed_parents {
             for scheme in ParentScheme::ALL {
-                self.add_parent(ParentUrl::new(scheme, allowed.clone()))?;
+                allowed.push(self.add_parent(ParentUrl::new(scheme, parent.clone()))?);
             }
         }
         let via = upstream
@@ -588,6 +593,7 @@ impl Router {
             })?;
         let routing = PacRouting {
             pac: Arc::new(engine),
+            allowed,
             cache: Mutex::new(HashMap::new()),
             ttl: upstream.pac_cache,
             on_error: upstream.pac_on_error,
@@ -770,7 +776,7 @@ impl Router {
         let routes: Result<Arc<[Route]>, String> = match p.pac.find(&url, &host).await {
             Ok(answer) => {
                 tracing::debug!(url = %url, answer = %answer, "PAC answered");
-                let routes = self.routes_from_answer(&answer, &url);
+                let routes = self.routes_from_answer(&p.allowed, &answer, &url);
                 if routes.is_empty() {
                     Err(format!(
                         "the PAC answered {:?} for {url}: no usable route (parents must be in allowed_parents)",
@@ -809,19 +815,22 @@ impl Router {
     }
 
     /// Maps a PAC answer to routes: unknown and unsupported entries are skipped (logged),
-    /// and so are parents not in `allowed_parents`.
-    fn routes_from_answer(&self, answer: &str, url: &str) -> Vec<Route> {
+    /// and so are parents not among `allowed` (the `allowed_parents` routes).
+    fn routes_from_answer(&self, allowed: &[Route], answer: &str, url: &str) -> Vec<Route> {
         let mut out = Vec::new();
         for entry in parse_pac_answer(answer) {
             let route = match entry {
                 PacEntry::Direct => Some(Route::Direct),
                 PacEntry::Proxy(scheme, target) => {
-                    let found = self
-                        .parents
-                        .iter()
-                        .find(|(_, p)| p.url.scheme == scheme && p.url.addr == target);
+                    let found = allowed.iter().copied().find(|r| match r {
+                        Route::Parent(i) => self
+                            .parents
+                            .get(*i)
+                            .is_some_and(|p| p.url.scheme == scheme && p.url.addr == target),
+                        Route::Direct => false,
+                    });
                     match found {
-                        Some((i, _)) => Some(Route::Parent(i)),
+                        Some(route) => Some(route),
                         None => {
                             tracing::warn!(
                                 url = %url,
