@@ -294,3 +294,45 @@ async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start_with(Some(("alice", "s3cret")), Default::default()).await?;
+    let keyfile = |flag: &str| {
+        format!(
+            "[system/proxy]\nmode='manual'\n\n\
+             [system/proxy/http]\nhost='127.0.0.1'\nport={}\nuse-authentication={flag}\n\
+             authentication-user='alice'\nauthentication-password='s3cret'\n",
+            parent.addr().port()
+        )
+    };
+    let db = dconf_db(dir.path(), "user", &keyfile("true")).await?;
+    let builder = system_mode(&[&db], &[]);
+    let (status, out) = builder.check().await?;
+    assert!(
+        status.success() && out.contains("http authentication-user 'alice'"),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret"), "{out}");
+    let fx = Fixture::start(builder).await?;
+    let curl = fx
+        .mediator
+        .curl_via(
+            "http",
+            (AGENT_A, e2e::TOKEN_A),
+            &["-sS", &format!("http://{}/auth", fx.origin_target())],
+        )
+        .await?;
+    assert_eq!(curl.http_code, 200, "{curl:?}");
+    parent.wait_requests(1).await?;
+
+    // `false` (here as a typed GVariant) means no credentials.
+    dconf_db(dir.path(), "user", &keyfile("@b false")).await?;
+    let (status, out) = system_mode(&[&db], &[]).check().await?;
+    assert!(
+        status.success() && !out.contains("authentication-user"),
+        "{out}"
+    );
+    Ok(())
+}
