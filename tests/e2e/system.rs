@@ -177,8 +177,7 @@ async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()>
         )
         .await?;
 
-    let missing = dir.path().join("no-such-kioslaverc");
-    let builder = system_mode(&[&db], &[&missing]).env("HTTPS_PROXY", &env_url);
+    let builder = system_mode(&[&db], &[]).env("HTTPS_PROXY", &env_url);
     let fx = Fixture::start(builder).await?;
     let resp = fx.tunnel_get("origin.test", "/env").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -334,5 +333,61 @@ async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Re
         status.success() && !out.contains("authentication-user"),
         "{out}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_settings_file_that_is_missing_or_headerless_is_an_error() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start().await?;
+    let db = dconf_db(
+        dir.path(),
+        "user",
+        &format!(
+            "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
+            parent.addr().port()
+        ),
+    )
+    .await?;
+    let missing = dir.path().join("no-such-kioslaverc");
+    let (status, out) = system_mode(&[&db], &[&missing]).check().await?;
+    assert!(
+        !status.success() && out.contains("kioslaverc_files") && out.contains("no-such-kioslaverc"),
+        "check refuses a named file that is missing: {out}"
+    );
+    let headerless = dir.path().join("kioslaverc");
+    std::fs::write(&headerless, "ProxyType=0\n")?;
+    let err = system_mode(&[], &[&headerless]).start_err().await?;
+    assert!(
+        err.contains("no [Proxy Settings] group"),
+        "start refuses a named kioslaverc without the group: {err}"
+    );
+
+    // At start the line says which files were found; a database removed later makes the
+    // re-read fail and keeps the routing in force.
+    let fx = Fixture::start(system_mode(&[&db], &[])).await?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("upstream system: GNOME")
+                    && l.contains(&format!("files found: dconf {}", db.display()))
+            },
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    std::fs::remove_file(&db)?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("re-read failed; the routing in force is kept")
+                    && l.contains("dconf_databases")
+            },
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let resp = fx.tunnel_get("origin.test", "/kept").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    parent.wait_requests(1).await?;
     Ok(())
 }

@@ -506,8 +506,9 @@ impl Router {
                 let paths = system::Paths::of(&upstream.system)?;
                 let reading = system::read(&paths, &cfg.getenv)?;
                 let said = reading.to_string();
+                let files = reading.files.clone();
                 let (strategy, fetcher) = self.setting(reading.setting).await?;
-                let text = format!("{said} -> {}", self.describe_strategy(&strategy));
+                let text = format!("{said} -> {} ({files})", self.describe_strategy(&strategy));
                 let first = self
                     .system
                     .lock()
