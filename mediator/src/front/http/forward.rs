@@ -194,40 +194,65 @@ pub(crate) async fn forward(
         Ok(r) => r,
         Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
     };
-    let route = upstream.route;
+    let challenges = |resp: &Response<Incoming>| {
+        resp.headers()
+            .get_all(header::PROXY_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
     match upstream.sender.send_request(upstream_req).await {
         // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
         // it to the client as if it were the origin's answer. The connection is not kept.
-        Ok(resp)
-            if upstream.forward.is_some()
-                && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
-        {
-            let denial = Denial::new(
-                Reason::UpstreamFailure,
-                format!(
-                    "the parent proxy ({}) refused the configured credentials (407)",
-                    shared.route_label(route)
-                ),
-                "check the parent's user:password in [upstream] parents or parent_credentials_file",
-            );
-            refuse(&shared, &ctx, Protocol::Http, &label, denial)
+        Ok(resp) if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+            if let Some(parent) = &upstream.forward {
+                let offers = challenges(&resp);
+                let (detail, hint) = parent.refusal(offers.iter().map(String::as_str));
+                let denial = Denial::new(Reason::UpstreamFailure, detail, hint);
+                return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+            }
+            relay_response(resp, upstream, &pool)
         }
         Ok(resp) => {
-            *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            parts.headers.remove(DECISION_HEADER);
-            Response::from_parts(parts, body.boxed())
+            if let Some(parent) = &upstream.forward {
+                let offers = challenges(&resp);
+                if let Err(detail) = parent.verify(offers.iter().map(String::as_str)).await {
+                    let denial = Denial::new(
+                        Reason::UpstreamFailure,
+                        detail,
+                        "the parent's answer did not prove it is the Kerberos service; check its keytab and the name in [upstream]",
+                    );
+                    return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+                }
+            }
+            relay_response(resp, upstream, &pool)
         }
         Err(e) => {
-            let denial = Denial::new(
-                Reason::UpstreamFailure,
-                format!("{target}: upstream request failed: {e}"),
-                "the destination closed the connection or sent an invalid response",
-            );
+            let denial = match &upstream.forward {
+                Some(parent) => Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: {}", parent.broken(&e)),
+                    "the parent proxy closed the connection or sent an invalid response",
+                ),
+                None => Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: upstream request failed: {e}"),
+                    "the destination closed the connection or sent an invalid response",
+                ),
+            };
             refuse(&shared, &ctx, Protocol::Http, &label, denial)
         }
     }
+}
+
+/// Hands the upstream answer to the client and keeps the connection for the next request.
+fn relay_response(resp: Response<Incoming>, upstream: Pooled, pool: &Pool) -> Response<Body> {
+    *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(DECISION_HEADER);
+    Response::from_parts(parts, body.boxed())
 }
 
 /// The target of an absolute-form `http://` URI. Only an authority that is exactly its
