@@ -296,6 +296,17 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(down.accepted(), 1);
     good.wait_requests(1).await?;
+    // The fallback is a warning, seen at the default log level.
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("WARN")
+                    && l.contains(&format!("route parent http://{} to ", down.addr()))
+                    && l.contains("trying the next route")
+            },
+            LOG_TIMEOUT,
+        )
+        .await?;
     // The failed parent is skipped now: the second connection goes straight to the good one.
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());

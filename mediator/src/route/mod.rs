@@ -998,7 +998,8 @@ impl Router {
 
         let mut tried = Vec::new();
         let mut last: Option<ConnectFailure> = None;
-        for route in order {
+        let count = order.len();
+        for (n, route) in order.into_iter().enumerate() {
             let attempt = match route {
                 Route::Direct => {
                     let (r, _) = connect_pinned(pin, target.port, timeout).await;
@@ -1028,8 +1029,15 @@ impl Router {
                     return (Ok(established), started.elapsed());
                 }
                 Err(Attempt::Connection(failure)) => {
-                    tracing::info!(
-                        "route {} failed: {failure}; trying the next",
+                    // A warning, like any parent that cannot be reached: the operator sees
+                    // a parent down (or a fallback) at the default log level.
+                    let next = if n + 1 < count {
+                        "; trying the next route"
+                    } else {
+                        "; no route left"
+                    };
+                    tracing::warn!(
+                        "route {} to {target} failed: {failure}{next}",
                         self.label(route)
                     );
                     tried.push(format!("{}: {failure}", self.label(route)));
@@ -1292,12 +1300,9 @@ impl Router {
         match tokio::time::timeout_at(deadline, tls.connect(url, tcp)).await {
             Err(_) => Err(Attempt::Connection(ConnectFailure::Timeout)),
             Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(why)) => {
-                tracing::warn!("{why}");
-                Err(Attempt::Connection(ConnectFailure::Other(
-                    io::Error::other(why),
-                )))
-            }
+            Ok(Err(why)) => Err(Attempt::Connection(ConnectFailure::Other(
+                io::Error::other(why),
+            ))),
         }
     }
 }
