@@ -78,6 +78,12 @@ async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
             && out.contains(&format!("tunnels via parent {tunnel_url}")),
         "check says which source was used and what it said: {out}"
     );
+    assert_eq!(
+        out.matches(&format!("GNOME (dconf {})", db.display()))
+            .count(),
+        1,
+        "check says it once: {out}"
+    );
     let fx = Fixture::start(builder).await?;
     let resp = fx.tunnel_get("origin.test", "/gnome").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());

@@ -611,13 +611,9 @@ impl Router {
                 let files = reading.files.clone();
                 let (strategy, fetcher) = self.setting(reading.setting).await?;
                 let text = format!("{said} -> {} ({files})", self.describe_strategy(&strategy));
-                let first = self
-                    .system
-                    .lock()
-                    .map(|mut s| s.replace(text.clone()).is_none());
-                if first.unwrap_or(false) {
-                    // At start (a re-read says it on its own line).
-                    eprintln!("mediator: upstream system: {text}");
+                // The start prints it (`system_reading`), a re-read on its own line.
+                if let Ok(mut s) = self.system.lock() {
+                    *s = Some(text);
                 }
                 Ok((strategy, fetcher))
             }
@@ -1283,7 +1279,7 @@ impl Router {
         let addrs: Vec<SocketAddr> = resolved
             .map_err(|e| {
                 Attempt::Connection(ConnectFailure::Other(io::Error::other(format!(
-                    "cannot resolve parent {url}: {e}"
+                    "cannot resolve its name: {e}"
                 ))))
             })?
             .into_iter()
