@@ -438,3 +438,55 @@ async fn a_forged_mutual_authentication_token_is_refused_on_both_paths() -> Resu
     check_contains(&body, "detail", "mutual authentication failed")?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_which_parent_settings_cannot_be_meant() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = |extra: &[&str]| {
+        let mut b = mediator()
+            .upstream_line("mode = \"parent\"")
+            .upstream_line("parents = [\"http://u:p@proxy.e2e.test:3128\"]")
+            .authority(agent_a_spec());
+        for line in extra {
+            b = b.upstream_line(line);
+        }
+        b
+    };
+    // A parent_auth key that matches no parent: a warning.
+    let (status, out) = parent(&["parent_auth = { \"proxy.e2e.test:3129\" = \"basic\" }"])
+        .check()
+        .await?;
+    assert!(
+        status.success()
+            && out.contains("parent_auth names proxy.e2e.test:3129, which is no parent"),
+        "{out}"
+    );
+    // Negotiate and a user:password for the same parent: refused.
+    let (status, out) = parent(&["parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }"])
+        .check()
+        .await?;
+    assert!(
+        !status.success()
+            && out
+                .contains("Negotiate (parent_auth or parent_credentials_file) and a user:password"),
+        "{out}"
+    );
+    // A kerberos_keytab that does not exist: refused as a start would be useless.
+    let keytab = dir.path().join("missing.keytab");
+    let (status, out) = mediator()
+        .upstream_line("mode = \"parent\"")
+        .upstream_line("parents = [\"http://proxy.e2e.test:3128\"]")
+        .upstream_line("parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }")
+        .upstream_line(&format!(
+            "kerberos_keytab = {:?}",
+            keytab.display().to_string()
+        ))
+        .authority(agent_a_spec())
+        .check()
+        .await?;
+    assert!(
+        !status.success() && out.contains("kerberos_keytab") && out.contains("missing.keytab"),
+        "{out}"
+    );
+    Ok(())
+}

@@ -566,6 +566,7 @@ impl Router {
             }),
             system: Mutex::new(None),
         };
+        warn_unmatched_auth(upstream);
         let router = Arc::new(router);
         let (strategy, refresh) = router.build().await?;
         router.install(strategy, refresh);
@@ -658,7 +659,8 @@ impl Router {
         let via = upstream
             .pac_fetch_via
             .clone()
-            .map(|via| self.with_auth(via));
+            .map(|via| self.with_auth(via))
+            .transpose()?;
         let fetcher = fetch::Fetcher::new(
             source.clone(),
             via,
@@ -775,15 +777,21 @@ impl Router {
 
     /// `url` with the configured auth (`parent_auth`, then the credentials file) applied
     /// where the URL itself says nothing.
-    fn with_auth(&self, mut url: ParentUrl) -> ParentUrl {
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] when Negotiate (`parent_auth` or the credentials file) meets a
+    /// `user:password` (the URL's userinfo, the desktop's, or the credentials file) for
+    /// the same HTTP parent: one of them would be ignored, so neither is guessed.
+    fn with_auth(&self, mut url: ParentUrl) -> Result<ParentUrl, Error> {
         let Some(cfg) = &self.settings else {
-            return url;
+            return Ok(url);
         };
-        if let Some(auth) = cfg.upstream.parent_auth.get(&url.addr) {
-            url.auth = *auth;
+        let named = cfg.upstream.parent_auth.get(&url.addr).copied();
+        if let Some(auth) = named {
+            url.auth = auth;
         }
         match cfg.creds.get(&url.addr) {
-            Some(FileAuth::Negotiate) if url.credentials.is_none() => {
+            Some(FileAuth::Negotiate) if url.credentials.is_none() && named.is_none() => {
                 url.auth = ParentAuth::Negotiate;
             }
             Some(FileAuth::Basic(c)) if url.credentials.is_none() => {
@@ -795,13 +803,18 @@ impl Router {
             // Negotiate is an HTTP scheme; a SOCKS5 parent on the same address uses RFC 1929.
             url.auth = ParentAuth::Basic;
         }
-        url
+        if url.auth == ParentAuth::Negotiate && url.credentials.is_some() {
+            return Err(Error::Upstream(format!(
+                "parent {url}: Negotiate (parent_auth or parent_credentials_file) and a user:password are both configured for it; keep one (Negotiate ignores the password)"
+            )));
+        }
+        Ok(url)
     }
 
     /// Registers a parent (auth and credentials from the configuration where the URL has
     /// none); returns its route.
     fn add_parent(&self, url: ParentUrl) -> Result<Route, Error> {
-        self.parents.add(self.with_auth(url))
+        self.parents.add(self.with_auth(url)?)
     }
 
     fn show(&self, route: Option<Route>) -> &str {
@@ -1385,6 +1398,30 @@ fn show_source(src: &PacSource) -> String {
     match src {
         PacSource::File(p) => p.display().to_string(),
         PacSource::Url(u) => u.clone(),
+    }
+}
+
+/// Warns about `parent_auth` keys that name no parent where the parents are known from
+/// the configuration (`parent` mode: `parents`; `pac` mode: `allowed_parents` and
+/// `pac_fetch_via`): most likely a typo of the host or port. In `env` and `system` modes
+/// the parents come from outside and may change, so every key may apply.
+fn warn_unmatched_auth(upstream: &Upstream) {
+    let known: Vec<&Target> = match upstream.mode {
+        UpstreamMode::Parent => upstream.parents.iter().map(|p| &p.addr).collect(),
+        UpstreamMode::Pac => upstream
+            .allowed_parents
+            .iter()
+            .chain(upstream.pac_fetch_via.iter().map(|p| &p.addr))
+            .collect(),
+        UpstreamMode::Direct | UpstreamMode::Env | UpstreamMode::System => return,
+    };
+    for addr in upstream.parent_auth.keys() {
+        if !known.contains(&addr) {
+            tracing::warn!(
+                "[upstream] parent_auth names {addr}, which is no parent of mode = \"{}\" (check the host and port)",
+                upstream.mode
+            );
+        }
     }
 }
 
