@@ -471,6 +471,19 @@ async fn check_says_which_parent_settings_cannot_be_meant() -> Result<()> {
                 .contains("Negotiate (parent_auth or parent_credentials_file) and a user:password"),
         "{out}"
     );
+    // The same through a credentials file's `negotiate` line.
+    let creds = dir.path().join("parents.cred");
+    std::fs::write(&creds, "proxy.e2e.test:3128 negotiate\n")?;
+    let (status, out) = parent(&[&format!(
+        "parent_credentials_file = {:?}",
+        creds.display().to_string()
+    )])
+    .check()
+    .await?;
+    assert!(
+        !status.success() && out.contains("and a user:password are both configured"),
+        "{out}"
+    );
     // A kerberos_keytab that does not exist: refused as a start would be useless.
     let keytab = dir.path().join("missing.keytab");
     let (status, out) = mediator()

@@ -791,7 +791,7 @@ impl Router {
             url.auth = auth;
         }
         match cfg.creds.get(&url.addr) {
-            Some(FileAuth::Negotiate) if url.credentials.is_none() && named.is_none() => {
+            Some(FileAuth::Negotiate) if named.is_none() => {
                 url.auth = ParentAuth::Negotiate;
             }
             Some(FileAuth::Basic(c)) if url.credentials.is_none() => {
