@@ -23,6 +23,9 @@ pub enum Cause {
     ConnectTimeout,
     /// Unreachable network or host, or another connect error.
     ConnectError,
+    /// A forwarded request's upstream connection moved no byte for `timeouts.idle_tunnel`
+    /// while its answer was awaited (`504`).
+    ResponseTimeout,
     /// A request inside a terminated tunnel names another host than the tunnel's
     /// (RFC 9110 section 15.5.20: `421 Misdirected Request`).
     Misdirected,
@@ -128,6 +131,7 @@ impl Denial {
             | Cause::ConnectRefused
             | Cause::ConnectTimeout
             | Cause::ConnectError
+            | Cause::ResponseTimeout
             | Cause::Misdirected
             | Cause::AfterReply
             | Cause::CredentialRejected
@@ -181,7 +185,7 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
         (Reason::RateLimited, _) => 429,
         (Reason::DnsFailure, Cause::DnsTimeout) => 504,
-        (Reason::UpstreamFailure, Cause::ConnectTimeout) => 504,
+        (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ResponseTimeout) => 504,
         (Reason::DnsFailure | Reason::UpstreamFailure, _) => 502,
         (_, Cause::Misdirected) => 421,
         (
@@ -206,7 +210,10 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
         (_, Cause::AddressTypeNotSupported) => 0x08,
         (Reason::DnsFailure, _) => 0x04,
         (Reason::UpstreamFailure, Cause::ConnectRefused) => 0x05,
-        (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ConnectError) => 0x04,
+        (
+            Reason::UpstreamFailure,
+            Cause::ConnectTimeout | Cause::ConnectError | Cause::ResponseTimeout,
+        ) => 0x04,
         (Reason::UpstreamFailure, _) => 0x01,
         (
             Reason::Allowed
@@ -263,6 +270,7 @@ mod tests {
             (Reason::UpstreamFailure, Cause::Policy, 502, 0x01),
             (Reason::UpstreamFailure, Cause::ConnectRefused, 502, 0x05),
             (Reason::UpstreamFailure, Cause::ConnectTimeout, 504, 0x04),
+            (Reason::UpstreamFailure, Cause::ResponseTimeout, 504, 0x04),
             (Reason::UpstreamFailure, Cause::ConnectError, 502, 0x04),
             (Reason::SniMismatch, Cause::Policy, 403, 0x02),
             (Reason::SniMismatch, Cause::Misdirected, 421, 0x02),

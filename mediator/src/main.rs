@@ -2,7 +2,7 @@
 //! decision log), check a config, explain a decision, run the demo, hash a token, probe a
 //! running mediator's health, print shell completions and man pages.
 
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -182,12 +182,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 if let (Some(line), Some(obj)) = (&upstream, v.as_object_mut()) {
                     obj.insert("upstream".into(), line.clone().into());
                 }
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                emit(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
             } else {
-                print!("{}", mediator::explain::render_text(&e));
+                let mut text = mediator::explain::render_text(&e);
                 if let Some(line) = &upstream {
-                    println!("{line}");
+                    text.push_str(&format!("{line}\n"));
                 }
+                emit(&text)?;
             }
             Ok(if e.decision == policy::Verdict::Allow {
                 ExitCode::SUCCESS
@@ -229,24 +230,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         }
                     };
                     let n = cfg.authorities.len();
-                    println!(
-                        "{}: OK ({n} {})",
+                    let mut text = format!(
+                        "{}: OK ({n} {})\n",
                         path.display(),
                         if n == 1 { "authority" } else { "authorities" }
                     );
                     for note in notes {
-                        println!("{note}");
+                        text.push_str(&format!("{note}\n"));
                     }
-                    println!("limits: {}", mediator::limits_of(&cfg));
+                    text.push_str(&format!("limits: {}\n", mediator::limits_of(&cfg)));
                     if cfg.upstream.mode == policy::config::UpstreamMode::System {
                         match system_upstream(&cfg) {
-                            Ok(line) => println!("{line}"),
+                            Ok(line) => text.push_str(&format!("{line}\n")),
                             Err(e) => {
                                 eprintln!("{e}");
                                 return Ok(ExitCode::from(1));
                             }
                         }
                     }
+                    emit(&text)?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
@@ -282,6 +284,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
+    }
+}
+
+/// Writes `text` to stdout. A reader that has gone (`mediator check | head -1`) ends the
+/// output quietly: what it wanted it has read.
+///
+/// # Errors
+/// Any other write error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::from(e).context("cannot write to stdout"))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -79,6 +79,9 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         |key| std::env::var(key).ok(),
     )
     .await?;
+    if let Some(reading) = router.system_reading() {
+        eprintln!("mediator: upstream system: {reading}");
+    }
 
     let tcp = bind_tcp(config.listen.tcp, "tcp").await?;
     let admin = bind_tcp(config.listen.admin, "admin").await?;

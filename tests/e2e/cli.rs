@@ -83,3 +83,61 @@ async fn check_counts_authorities_in_words() -> Result<()> {
     );
     Ok(())
 }
+
+/// `mediator <args>` with its stdout a pipe whose reader has already gone (`| head -1`
+/// after its line): the exit code and stderr.
+async fn with_closed_stdout(
+    bin: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+) -> Result<(i32, String)> {
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::process::Command::new(bin)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_explain_end_quietly_when_the_reader_has_gone() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let builder = mediator().authority(agent_a_spec());
+    let config = dir.path().join("mediator.toml");
+    std::fs::write(&config, builder.render(dir.path()))?;
+    let check = [
+        std::ffi::OsStr::new("check"),
+        "--config".as_ref(),
+        config.as_os_str(),
+    ];
+    let (code, stderr) = with_closed_stdout(builder.bin(), &check).await?;
+    ensure!(
+        code == 0 && !stderr.contains("panicked"),
+        "check | head: exit {code}, {stderr}"
+    );
+    let explain = [
+        std::ffi::OsStr::new("explain"),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--authority".as_ref(),
+        AGENT_A.as_ref(),
+        "--no-resolve".as_ref(),
+        "origin.test:443".as_ref(),
+    ];
+    let (code, stderr) = with_closed_stdout(builder.bin(), &explain).await?;
+    ensure!(
+        code != 101 && !stderr.contains("panicked"),
+        "explain | head: exit {code}, {stderr}"
+    );
+    Ok(())
+}

@@ -338,3 +338,168 @@ async fn expired_or_missing_credentials_are_refused_before_the_parent_sees_a_tok
     );
     Ok(())
 }
+
+/// `GET http://<origin>/<path>` through the mediator in absolute-form (plain HTTP).
+async fn plain_get(fx: &Fixture, path: &str) -> Result<e2e::HttpResponse> {
+    let mut conn = fx.tcp_conn().await?;
+    let req = format!(
+        "GET http://{}/{path} HTTP/1.1\r\n{}\r\n",
+        fx.origin_target(),
+        proxy_authorization(AGENT_A, TOKEN_A)
+    );
+    conn.request(req.as_bytes()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_through_a_kerberos_parent_says_what_failed() -> Result<()> {
+    let (kdc, stale_keytab) = realm().await?;
+    kdc.keytab(&format!("HTTP/{PARENT_HOST}"), "rotated.keytab")
+        .await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let creds = [format!("kerberos_ccache = {ccache:?}")];
+
+    // The parent cannot accept the ticket: a 407 after the token.
+    let parent = HttpParent::start_with(
+        None,
+        HttpParentMode::Negotiate(Acceptor::new(&stale_keytab)),
+    )
+    .await?;
+    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(negotiate_mediator(&kdc, &url, &creds)).await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = plain_get(&fx, "stale").await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(
+        &denial.body,
+        "detail",
+        "refused the Kerberos (Negotiate) credentials",
+    )?;
+    check_contains(&denial.body, "hint", "HTTP@proxy.e2e.test")?;
+    parent.wait_note("refused").await?;
+
+    // A parent that wants Basic, not Negotiate.
+    let basic = HttpParent::start_with(Some(("u", "p")), HttpParentMode::Serve).await?;
+    let url = format!("http://{PARENT_HOST}:{}", basic.addr().port());
+    let fx = Fixture::start(negotiate_mediator(&kdc, &url, &creds)).await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = plain_get(&fx, "basic").await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(
+        &denial.body,
+        "detail",
+        "407 without offering Negotiate (it offers Basic)",
+    )?;
+    check_contains(&denial.body, "hint", "parent_auth")?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_mutual_authentication_token_is_refused_on_both_paths() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let parent = HttpParent::start_with(
+        None,
+        HttpParentMode::NegotiateForged(Acceptor::new(&keytab)),
+    )
+    .await?;
+    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(negotiate_mediator(
+        &kdc,
+        &url,
+        &[format!("kerberos_ccache = {ccache:?}")],
+    ))
+    .await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = plain_get(&fx, "forged").await?;
+    assert!(
+        !resp.text().contains("forged"),
+        "the parent's answer never reaches the client: {}",
+        resp.text()
+    );
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(&denial.body, "detail", &url)?;
+    check_contains(&denial.body, "detail", "mutual authentication failed")?;
+
+    let resp = fx
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let body = e2e::check_deny(&resp, 502, "upstream_failure")?;
+    check_contains(&body, "detail", "mutual authentication failed")?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_which_parent_settings_cannot_be_meant() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = |extra: &[&str]| {
+        let mut b = mediator()
+            .upstream_line("mode = \"parent\"")
+            .upstream_line("parents = [\"http://u:p@proxy.e2e.test:3128\"]")
+            .authority(agent_a_spec());
+        for line in extra {
+            b = b.upstream_line(line);
+        }
+        b
+    };
+    // A parent_auth key that matches no parent: a warning.
+    let (status, out) = parent(&["parent_auth = { \"proxy.e2e.test:3129\" = \"basic\" }"])
+        .check()
+        .await?;
+    assert!(
+        status.success()
+            && out.contains("parent_auth names proxy.e2e.test:3129, which is no parent"),
+        "{out}"
+    );
+    // Negotiate and a user:password for the same parent: refused.
+    let (status, out) = parent(&["parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }"])
+        .check()
+        .await?;
+    assert!(
+        !status.success()
+            && out
+                .contains("Negotiate (parent_auth or parent_credentials_file) and a user:password"),
+        "{out}"
+    );
+    // The same through a credentials file's `negotiate` line.
+    let creds = dir.path().join("parents.cred");
+    std::fs::write(&creds, "proxy.e2e.test:3128 negotiate\n")?;
+    let (status, out) = parent(&[&format!(
+        "parent_credentials_file = {:?}",
+        creds.display().to_string()
+    )])
+    .check()
+    .await?;
+    assert!(
+        !status.success() && out.contains("and a user:password are both configured"),
+        "{out}"
+    );
+    // A kerberos_keytab that does not exist: refused as a start would be useless.
+    let keytab = dir.path().join("missing.keytab");
+    let (status, out) = mediator()
+        .upstream_line("mode = \"parent\"")
+        .upstream_line("parents = [\"http://proxy.e2e.test:3128\"]")
+        .upstream_line("parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }")
+        .upstream_line(&format!(
+            "kerberos_keytab = {:?}",
+            keytab.display().to_string()
+        ))
+        .authority(agent_a_spec())
+        .check()
+        .await?;
+    assert!(
+        !status.success() && out.contains("kerberos_keytab") && out.contains("missing.keytab"),
+        "{out}"
+    );
+    Ok(())
+}

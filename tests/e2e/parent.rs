@@ -296,6 +296,17 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(down.accepted(), 1);
     good.wait_requests(1).await?;
+    // The fallback is a warning, seen at the default log level.
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("WARN")
+                    && l.contains(&format!("route parent http://{} to ", down.addr()))
+                    && l.contains("trying the next route")
+            },
+            LOG_TIMEOUT,
+        )
+        .await?;
     // The failed parent is skipped now: the second connection goes straight to the good one.
     let resp = get_through_tunnel(&fx, ORIGIN_HOST).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -466,5 +477,71 @@ async fn env_mode_with_an_unusable_variable_refuses_to_start() -> Result<()> {
         text.contains("HTTPS_PROXY") && text.contains("SOCKS4"),
         "{text}"
     );
+    Ok(())
+}
+
+/// A listener on loopback that accepts connections, reads what they send and never
+/// answers; it holds them until dropped.
+async fn silent_listener() -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await;
+            held.push(stream);
+        }
+    });
+    Ok((addr, task))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_to_a_silent_upstream_is_a_504_after_idle_tunnel() -> Result<()> {
+    let (silent, _task) = silent_listener().await?;
+    let fx = Fixture::start(
+        parent_mode(mediator(), &[format!("http://{silent}")])
+            .timeout("idle_tunnel", 2)
+            .authority(agent_a_spec()),
+    )
+    .await?;
+    let target = fx.origin_target();
+    let req = format!(
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
+    );
+    let started = std::time::Instant::now();
+    let resp = fx.request(&req).await?;
+    let body = fx
+        .mediator
+        .expect_deny(&resp, 504, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?
+        .body;
+    check_contains(
+        &body,
+        "detail",
+        &format!("parent http://{silent} sent nothing for 2s"),
+    )?;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "not before idle_tunnel: {:?}",
+        started.elapsed()
+    );
+
+    // A destination reached directly that never answers: the same.
+    let fx = Fixture::start(
+        mediator()
+            .timeout("idle_tunnel", 2)
+            .authority(agent_a_spec()),
+    )
+    .await?;
+    let target = format!("{ORIGIN_HOST}:{}", silent.port());
+    let req = format!(
+        "GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n{}\r\n",
+        proxy_authorization(AGENT_A, TOKEN_A)
+    );
+    let resp = fx.request(&req).await?;
+    let body = check_deny(&resp, 504, "upstream_failure")?;
+    check_contains(&body, "detail", "the destination sent nothing for 2s")?;
     Ok(())
 }

@@ -213,3 +213,33 @@ async fn a_pac_https_entry_is_an_https_parent() -> Result<()> {
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_certificate_for_another_name_is_said_in_words_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca = TestCa::create(dir.path())?;
+    let parent = HttpParent::start_tls(&ca.ca, "other.e2e.test", HttpParentMode::Serve).await?;
+    let url = format!("https://{PARENT_HOST}:{}", parent.addr().port());
+    let fx = Fixture::start(https_parents(&ca, std::slice::from_ref(&url))).await?;
+    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let resp = fx
+        .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    let denial = fx
+        .mediator
+        .expect_deny(&resp, 502, "upstream_failure", Some(ORIGIN_HOST), &[])
+        .await?;
+    check_contains(
+        &denial.body,
+        "detail",
+        &format!("it is not valid for the name {PARENT_HOST} (it is for other.e2e.test)"),
+    )?;
+    let detail = denial.body["detail"].as_str().unwrap_or_default();
+    assert_eq!(
+        detail.matches(&url).count(),
+        1,
+        "the parent is named once: {detail}"
+    );
+    assert!(!detail.contains("DnsName"), "{detail}");
+    Ok(())
+}

@@ -78,6 +78,12 @@ async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
             && out.contains(&format!("tunnels via parent {tunnel_url}")),
         "check says which source was used and what it said: {out}"
     );
+    assert_eq!(
+        out.matches(&format!("GNOME (dconf {})", db.display()))
+            .count(),
+        1,
+        "check says it once: {out}"
+    );
     let fx = Fixture::start(builder).await?;
     let resp = fx.tunnel_get("origin.test", "/gnome").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -177,8 +183,7 @@ async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()>
         )
         .await?;
 
-    let missing = dir.path().join("no-such-kioslaverc");
-    let builder = system_mode(&[&db], &[&missing]).env("HTTPS_PROXY", &env_url);
+    let builder = system_mode(&[&db], &[]).env("HTTPS_PROXY", &env_url);
     let fx = Fixture::start(builder).await?;
     let resp = fx.tunnel_get("origin.test", "/env").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -243,5 +248,152 @@ async fn sighup_reads_the_settings_again() -> Result<()> {
     assert_eq!(resp.status, 200, "{}", resp.text());
     second.wait_requests(1).await?;
     assert_eq!(first.requests().len(), 2, "{:?}", first.requests());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start().await?;
+    let pac = PacServer::start(&format!(
+        "function FindProxyForURL(url, host) {{ return \"PROXY {}\"; }}",
+        parent.addr()
+    ))
+    .await?;
+    let manual = format!(
+        "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
+        parent.addr().port()
+    );
+    let db = dconf_db(dir.path(), "user", &manual).await?;
+    let fx = Fixture::start(system_mode(&[&db], &[])).await?;
+    let resp = fx.tunnel_get("origin.test", "/manual").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    parent.wait_requests(1).await?;
+
+    // The desktop now names a PAC that returns the parent of the manual setting, which is
+    // not in allowed_parents (there are none): no route, as at a fresh start.
+    dconf_db(
+        dir.path(),
+        "user",
+        &format!(
+            "[system/proxy]\nmode='auto'\nautoconfig-url='{}'\n",
+            pac.url()
+        ),
+    )
+    .await?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| l.contains("upstream system settings re-read") && l.contains("the PAC"),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let accepted = parent.accepted();
+    let resp = fx.connect_a(&fx.origin_target()).await?;
+    let body = e2e::check_deny(&resp, 502, "upstream_failure")?;
+    e2e::check_contains(&body, "detail", "allowed_parents")?;
+    assert_eq!(
+        parent.accepted(),
+        accepted,
+        "a parent of an earlier reading is not allowed for the PAC"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start_with(Some(("alice", "s3cret")), Default::default()).await?;
+    let keyfile = |flag: &str| {
+        format!(
+            "[system/proxy]\nmode='manual'\n\n\
+             [system/proxy/http]\nhost='127.0.0.1'\nport={}\nuse-authentication={flag}\n\
+             authentication-user='alice'\nauthentication-password='s3cret'\n",
+            parent.addr().port()
+        )
+    };
+    let db = dconf_db(dir.path(), "user", &keyfile("true")).await?;
+    let builder = system_mode(&[&db], &[]);
+    let (status, out) = builder.check().await?;
+    assert!(
+        status.success() && out.contains("http authentication-user 'alice'"),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret"), "{out}");
+    let fx = Fixture::start(builder).await?;
+    let curl = fx
+        .mediator
+        .curl_via(
+            "http",
+            (AGENT_A, e2e::TOKEN_A),
+            &["-sS", &format!("http://{}/auth", fx.origin_target())],
+        )
+        .await?;
+    assert_eq!(curl.http_code, 200, "{curl:?}");
+    parent.wait_requests(1).await?;
+
+    // `false` (here as a typed GVariant) means no credentials.
+    dconf_db(dir.path(), "user", &keyfile("@b false")).await?;
+    let (status, out) = system_mode(&[&db], &[]).check().await?;
+    assert!(
+        status.success() && !out.contains("authentication-user"),
+        "{out}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_settings_file_that_is_missing_or_headerless_is_an_error() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent = HttpParent::start().await?;
+    let db = dconf_db(
+        dir.path(),
+        "user",
+        &format!(
+            "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
+            parent.addr().port()
+        ),
+    )
+    .await?;
+    let missing = dir.path().join("no-such-kioslaverc");
+    let (status, out) = system_mode(&[&db], &[&missing]).check().await?;
+    assert!(
+        !status.success() && out.contains("kioslaverc_files") && out.contains("no-such-kioslaverc"),
+        "check refuses a named file that is missing: {out}"
+    );
+    let headerless = dir.path().join("kioslaverc");
+    std::fs::write(&headerless, "ProxyType=0\n")?;
+    let err = system_mode(&[], &[&headerless]).start_err().await?;
+    assert!(
+        err.contains("no [Proxy Settings] group"),
+        "start refuses a named kioslaverc without the group: {err}"
+    );
+
+    // At start the line says which files were found; a database removed later makes the
+    // re-read fail and keeps the routing in force.
+    let fx = Fixture::start(system_mode(&[&db], &[])).await?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("upstream system: GNOME")
+                    && l.contains(&format!("files found: dconf {}", db.display()))
+            },
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    std::fs::remove_file(&db)?;
+    fx.mediator.signal(Signal::SIGHUP)?;
+    fx.mediator
+        .wait_for_stderr(
+            |l| {
+                l.contains("re-read failed; the routing in force is kept")
+                    && l.contains("dconf_databases")
+            },
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let resp = fx.tunnel_get("origin.test", "/kept").await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    parent.wait_requests(1).await?;
     Ok(())
 }

@@ -109,6 +109,10 @@ pub enum HttpParentMode {
     /// request through with the mutual-authentication token on the answer; a token that
     /// does not gets `407` and the connection is closed (noted as `refused: WHY`).
     Negotiate(Acceptor),
+    /// As `Negotiate`, but the answer to a token that verifies carries a forged
+    /// mutual-authentication token (valid base64, not a Kerberos reply); an absolute-form
+    /// request gets `200` with the body `forged` from the parent itself.
+    NegotiateForged(Acceptor),
 }
 
 /// A recording HTTP parent proxy on `127.0.0.1:0`.
@@ -336,13 +340,21 @@ async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(
     let mut head = read_head(&mut stream).await?;
     log.push(String::from_utf8_lossy(&head).into_owned());
     let mut established = String::new();
-    if let HttpParentMode::Negotiate(acceptor) = mode {
+    if let HttpParentMode::Negotiate(acceptor) | HttpParentMode::NegotiateForged(acceptor) = mode {
         match negotiate(&mut stream, log, acceptor, head).await? {
             Some((h, extra)) => {
                 head = h;
                 established = extra;
             }
             None => return Ok(()),
+        }
+    }
+    if matches!(mode, HttpParentMode::NegotiateForged(_)) {
+        established = "Proxy-Authenticate: Negotiate Zm9yZ2VkIG11dHVhbCB0b2tlbg==\r\n".into();
+        if !head.starts_with(b"CONNECT ") {
+            let resp = format!("HTTP/1.1 200 OK\r\n{established}Content-Length: 6\r\n\r\nforged");
+            stream.write_all(resp.as_bytes()).await?;
+            return Ok(());
         }
     }
     let text = String::from_utf8_lossy(&head).into_owned();

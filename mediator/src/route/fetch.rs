@@ -214,7 +214,10 @@ impl Fetcher {
         let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
         let (tcp, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
         let mut stream = match (&self.parent_tls, via.scheme) {
-            (Some(tls), ParentScheme::Https) => tls.connect(via, tcp).await?,
+            (Some(tls), ParentScheme::Https) => tls
+                .connect(via, tcp)
+                .await
+                .map_err(|e| format!("pac_fetch_via {via}: {e}"))?,
             (None, ParentScheme::Https) => {
                 return Err(format!("pac_fetch_via {via}: no TLS client"));
             }

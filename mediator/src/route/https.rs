@@ -69,24 +69,19 @@ impl ParentTls {
     ///
     /// # Errors
     /// The handshake failed or the certificate does not verify, in words (no rustls
-    /// variant names): "parent https://p:8443: TLS: the server's certificate: it is
-    /// signed by an issuer that is not trusted ...".
+    /// variant names) and without the parent, which the caller names: "TLS: the
+    /// server's certificate: it is signed by an issuer that is not trusted ...".
     pub(crate) async fn connect(
         &self,
         parent: &ParentUrl,
         tcp: TcpStream,
     ) -> Result<UpstreamStream, String> {
         let name = ServerName::try_from(parent.addr.host.as_text())
-            .map_err(|e| format!("parent {parent}: not a TLS server name: {e}"))?;
+            .map_err(|e| format!("not a TLS server name: {e}"))?;
         tokio_rustls::TlsConnector::from(Arc::clone(&self.config))
             .connect(name, tcp)
             .await
             .map(|tls| UpstreamStream::Tls(Box::new(tls)))
-            .map_err(|e| {
-                format!(
-                    "parent {parent}: TLS: {}",
-                    crate::tls::words::handshake_error(&e)
-                )
-            })
+            .map_err(|e| format!("TLS: {}", crate::tls::words::handshake_error(&e)))
     }
 }

@@ -212,37 +212,139 @@ pub(crate) struct Established {
 /// Absolute-form forwarding through an HTTP(S) parent.
 #[derive(Debug, Clone)]
 pub(crate) struct ForwardProxy {
-    /// `Proxy-Authorization: Basic ...` for every request, from configuration only.
-    basic: Option<String>,
-    /// `Proxy-Authorization: Negotiate ...` for the first request on the connection only
-    /// (a Kerberos token is good once; the parent then holds the connection authenticated,
-    /// RFC 4559 section 6).
-    negotiate: Option<Arc<Mutex<Option<String>>>>,
+    /// The parent as logged (`http://proxy.corp:3128`), for messages.
+    parent: String,
+    auth: ForwardAuth,
+}
+
+/// How forwarded requests authenticate to the parent.
+#[derive(Debug, Clone)]
+enum ForwardAuth {
+    /// `Proxy-Authorization: Basic ...` on every request (from configuration only), or
+    /// nothing.
+    Basic(Option<String>),
+    /// Negotiate (RFC 4559): the token on the first request of the connection only (a
+    /// Kerberos token is good once; the parent then holds the connection authenticated,
+    /// section 6), and the context that checks the parent's mutual-authentication token.
+    Negotiate {
+        /// The service the ticket is for: `HTTP@host`.
+        service: String,
+        state: Arc<Mutex<NegotiateState>>,
+    },
+}
+
+/// A forwarding connection's Negotiate exchange.
+#[derive(Debug, Default)]
+struct NegotiateState {
+    /// The `Proxy-Authorization` value, until the first request takes it.
+    value: Option<String>,
+    /// The context, until the answer to the first request is checked.
+    pending: Option<negotiate::Pending>,
+    /// Requests sent on the connection.
+    sent: u32,
+}
+
+impl std::fmt::Display for ForwardProxy {
+    /// `parent http://proxy.corp:3128`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "parent {}", self.parent)
+    }
 }
 
 impl ForwardProxy {
     /// Forwarding with `Proxy-Authorization: basic` (or none) on every request.
+    #[cfg(test)]
     pub(crate) fn basic(basic: Option<String>) -> Self {
         Self {
-            basic,
-            negotiate: None,
-        }
-    }
-
-    /// Forwarding whose first request carries this Negotiate value.
-    fn negotiate(value: String) -> Self {
-        Self {
-            basic: None,
-            negotiate: Some(Arc::new(Mutex::new(Some(value)))),
+            parent: String::new(),
+            auth: ForwardAuth::Basic(basic),
         }
     }
 
     /// The `Proxy-Authorization` value for the next request, if any. Never logged.
     pub(crate) fn authorization(&self) -> Option<String> {
-        match &self.negotiate {
-            Some(once) => once.lock().ok().and_then(|mut v| v.take()),
-            None => self.basic.clone(),
+        match &self.auth {
+            ForwardAuth::Basic(value) => value.clone(),
+            ForwardAuth::Negotiate { state, .. } => state.lock().ok().and_then(|mut s| {
+                s.sent = s.sent.saturating_add(1);
+                s.value.take()
+            }),
         }
+    }
+
+    /// What a `407` from the parent to a forwarded request means: the detail (naming the
+    /// parent and what it offers) and the hint. `challenges` are its `Proxy-Authenticate`
+    /// values.
+    pub(crate) fn refusal<'a>(
+        &self,
+        challenges: impl Iterator<Item = &'a str>,
+    ) -> (String, String) {
+        let challenges: Vec<&str> = challenges.collect();
+        let offered = parent::offered_in(challenges.iter().copied());
+        let p = &self.parent;
+        match &self.auth {
+            ForwardAuth::Basic(Some(_)) => (
+                format!("parent {p} refused the configured credentials: it answered 407 (it offers {offered})"),
+                "check the parent's user:password (userinfo in [upstream] parents, parent_credentials_file, or the desktop's proxy settings), or set parent_auth if it wants Negotiate".into(),
+            ),
+            ForwardAuth::Basic(None) => (
+                format!("parent {p} answered 407 Proxy Authentication Required (it offers {offered}) and no credentials are configured for it"),
+                "configure the parent's credentials (userinfo or parent_credentials_file) or parent_auth = \"negotiate\"".into(),
+            ),
+            ForwardAuth::Negotiate { service, state } => {
+                let sent = state.lock().map_or(0, |s| s.sent);
+                if parent::negotiate_in(challenges.iter().copied()).is_none() {
+                    (
+                        format!("parent {p} answered 407 without offering Negotiate (it offers {offered}): parent_auth = \"negotiate\" does not fit this parent"),
+                        "set parent_auth for this parent to the scheme it offers (Basic: remove \"negotiate\" and configure user:password)".into(),
+                    )
+                } else if sent <= 1 {
+                    (
+                        format!("parent {p} refused the Kerberos (Negotiate) credentials: it answered 407 again after the token"),
+                        format!("check that the parent's keytab holds the current key of {service} (after a key change the parent's helper may need a reload) and that the parent accepts this client"),
+                    )
+                } else {
+                    (
+                        format!("parent {p} asked for Negotiate credentials again (407) on a connection it had authenticated"),
+                        "the parent does not keep the connection authenticated (RFC 4559 section 6); the next request opens a new connection and authenticates again".into(),
+                    )
+                }
+            }
+        }
+    }
+
+    /// Checks the parent's answer to the first forwarded request: a Negotiate parent's
+    /// mutual-authentication token (`Proxy-Authenticate: Negotiate <token>`), when it
+    /// sends one, must verify, as on the tunnel path.
+    ///
+    /// # Errors
+    /// The detail: the token is not base64 or does not verify (the parent is not the
+    /// service the ticket is for).
+    pub(crate) async fn verify<'a>(
+        &self,
+        challenges: impl Iterator<Item = &'a str>,
+    ) -> Result<(), String> {
+        let ForwardAuth::Negotiate { service, state } = &self.auth else {
+            return Ok(());
+        };
+        let Some(pending) = state.lock().ok().and_then(|mut s| s.pending.take()) else {
+            return Ok(());
+        };
+        let Some(token) = parent::negotiate_in(challenges).filter(|t| !t.is_empty()) else {
+            return Ok(());
+        };
+        let p = &self.parent;
+        let token = negotiate::decode(token)
+            .ok_or_else(|| format!("parent {p}: its Negotiate answer is not base64"))?;
+        pending.finish(token).await.map_err(|e| {
+            format!("parent {p}: Kerberos mutual authentication failed (the parent is not the service {service}): {e}")
+        })
+    }
+
+    /// The detail of a forwarded request that failed at the HTTP level (the connection
+    /// broke, or the answer was not valid HTTP/1.1), naming the parent.
+    pub(crate) fn broken(&self, error: &dyn std::fmt::Display) -> String {
+        format!("{self}: the forwarded request failed: {error}")
     }
 }
 
@@ -277,6 +379,10 @@ type PacCache = HashMap<(Via, Target), (Instant, u64, Arc<[Route]>)>;
 
 struct PacRouting {
     pac: Arc<pac::Pac>,
+    /// The routes of `allowed_parents` (each scheme), the only parents this script may
+    /// name: the parent table also holds parents of earlier readings, which a PAC must
+    /// never reach.
+    allowed: Vec<Route>,
     cache: Mutex<PacCache>,
     ttl: Duration,
     on_error: PacOnError,
@@ -461,6 +567,7 @@ impl Router {
             }),
             system: Mutex::new(None),
         };
+        warn_unmatched_auth(upstream);
         let router = Arc::new(router);
         let (strategy, refresh) = router.build().await?;
         router.install(strategy, refresh);
@@ -503,15 +610,12 @@ impl Router {
                 let paths = system::Paths::of(&upstream.system)?;
                 let reading = system::read(&paths, &cfg.getenv)?;
                 let said = reading.to_string();
+                let files = reading.files.clone();
                 let (strategy, fetcher) = self.setting(reading.setting).await?;
-                let text = format!("{said} -> {}", self.describe_strategy(&strategy));
-                let first = self
-                    .system
-                    .lock()
-                    .map(|mut s| s.replace(text.clone()).is_none());
-                if first.unwrap_or(false) {
-                    // At start (a re-read says it on its own line).
-                    eprintln!("mediator: upstream system: {text}");
+                let text = format!("{said} -> {} ({files})", self.describe_strategy(&strategy));
+                // The start prints it (`system_reading`), a re-read on its own line.
+                if let Ok(mut s) = self.system.lock() {
+                    *s = Some(text);
                 }
                 Ok((strategy, fetcher))
             }
@@ -547,15 +651,17 @@ impl Router {
             return Ok((Strategy::Direct, None));
         };
         let upstream = &cfg.upstream;
-        for allowed in &upstream.allowed_parents {
+        let mut allowed = Vec::new();
+        for parent in &upstream.allowed_parents {
             for scheme in ParentScheme::ALL {
-                self.add_parent(ParentUrl::new(scheme, allowed.clone()))?;
+                allowed.push(self.add_parent(ParentUrl::new(scheme, parent.clone()))?);
             }
         }
         let via = upstream
             .pac_fetch_via
             .clone()
-            .map(|via| self.with_auth(via));
+            .map(|via| self.with_auth(via))
+            .transpose()?;
         let fetcher = fetch::Fetcher::new(
             source.clone(),
             via,
@@ -589,6 +695,7 @@ impl Router {
             })?;
         let routing = PacRouting {
             pac: Arc::new(engine),
+            allowed,
             cache: Mutex::new(HashMap::new()),
             ttl: upstream.pac_cache,
             on_error: upstream.pac_on_error,
@@ -671,15 +778,21 @@ impl Router {
 
     /// `url` with the configured auth (`parent_auth`, then the credentials file) applied
     /// where the URL itself says nothing.
-    fn with_auth(&self, mut url: ParentUrl) -> ParentUrl {
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] when Negotiate (`parent_auth` or the credentials file) meets a
+    /// `user:password` (the URL's userinfo, the desktop's, or the credentials file) for
+    /// the same HTTP parent: one of them would be ignored, so neither is guessed.
+    fn with_auth(&self, mut url: ParentUrl) -> Result<ParentUrl, Error> {
         let Some(cfg) = &self.settings else {
-            return url;
+            return Ok(url);
         };
-        if let Some(auth) = cfg.upstream.parent_auth.get(&url.addr) {
-            url.auth = *auth;
+        let named = cfg.upstream.parent_auth.get(&url.addr).copied();
+        if let Some(auth) = named {
+            url.auth = auth;
         }
         match cfg.creds.get(&url.addr) {
-            Some(FileAuth::Negotiate) if url.credentials.is_none() => {
+            Some(FileAuth::Negotiate) if named.is_none() => {
                 url.auth = ParentAuth::Negotiate;
             }
             Some(FileAuth::Basic(c)) if url.credentials.is_none() => {
@@ -691,13 +804,18 @@ impl Router {
             // Negotiate is an HTTP scheme; a SOCKS5 parent on the same address uses RFC 1929.
             url.auth = ParentAuth::Basic;
         }
-        url
+        if url.auth == ParentAuth::Negotiate && url.credentials.is_some() {
+            return Err(Error::Upstream(format!(
+                "parent {url}: Negotiate (parent_auth or parent_credentials_file) and a user:password are both configured for it; keep one (Negotiate ignores the password)"
+            )));
+        }
+        Ok(url)
     }
 
     /// Registers a parent (auth and credentials from the configuration where the URL has
     /// none); returns its route.
     fn add_parent(&self, url: ParentUrl) -> Result<Route, Error> {
-        self.parents.add(self.with_auth(url))
+        self.parents.add(self.with_auth(url)?)
     }
 
     fn show(&self, route: Option<Route>) -> &str {
@@ -771,7 +889,7 @@ impl Router {
         let routes: Result<Arc<[Route]>, String> = match p.pac.find(&url, &host).await {
             Ok(answer) => {
                 tracing::debug!(url = %url, answer = %answer, "PAC answered");
-                let routes = self.routes_from_answer(&answer, &url);
+                let routes = self.routes_from_answer(&p.allowed, &answer, &url);
                 if routes.is_empty() {
                     Err(format!(
                         "the PAC answered {:?} for {url}: no usable route (parents must be in allowed_parents)",
@@ -810,19 +928,22 @@ impl Router {
     }
 
     /// Maps a PAC answer to routes: unknown and unsupported entries are skipped (logged),
-    /// and so are parents not in `allowed_parents`.
-    fn routes_from_answer(&self, answer: &str, url: &str) -> Vec<Route> {
+    /// and so are parents not among `allowed` (the `allowed_parents` routes).
+    fn routes_from_answer(&self, allowed: &[Route], answer: &str, url: &str) -> Vec<Route> {
         let mut out = Vec::new();
         for entry in parse_pac_answer(answer) {
             let route = match entry {
                 PacEntry::Direct => Some(Route::Direct),
                 PacEntry::Proxy(scheme, target) => {
-                    let found = self
-                        .parents
-                        .iter()
-                        .find(|(_, p)| p.url.scheme == scheme && p.url.addr == target);
+                    let found = allowed.iter().copied().find(|r| match r {
+                        Route::Parent(i) => self
+                            .parents
+                            .get(*i)
+                            .is_some_and(|p| p.url.scheme == scheme && p.url.addr == target),
+                        Route::Direct => false,
+                    });
                     match found {
-                        Some((i, _)) => Some(Route::Parent(i)),
+                        Some(route) => Some(route),
                         None => {
                             tracing::warn!(
                                 url = %url,
@@ -887,7 +1008,8 @@ impl Router {
 
         let mut tried = Vec::new();
         let mut last: Option<ConnectFailure> = None;
-        for route in order {
+        let count = order.len();
+        for (n, route) in order.into_iter().enumerate() {
             let attempt = match route {
                 Route::Direct => {
                     let (r, _) = connect_pinned(pin, target.port, timeout).await;
@@ -917,8 +1039,15 @@ impl Router {
                     return (Ok(established), started.elapsed());
                 }
                 Err(Attempt::Connection(failure)) => {
-                    tracing::info!(
-                        "route {} failed: {failure}; trying the next",
+                    // A warning, like any parent that cannot be reached: the operator sees
+                    // a parent down (or a fallback) at the default log level.
+                    let next = if n + 1 < count {
+                        "; trying the next route"
+                    } else {
+                        "; no route left"
+                    };
+                    tracing::warn!(
+                        "route {} to {target} failed: {failure}{next}",
                         self.label(route)
                     );
                     tried.push(format!("{}: {failure}", self.label(route)));
@@ -976,12 +1105,23 @@ impl Router {
         let deadline = tokio::time::Instant::now() + timeout;
         if via == Via::Forward && url.scheme.is_http() {
             let stream = self.connect_parent(url, timeout).await?;
-            let forward = match url.auth {
-                ParentAuth::Basic => ForwardProxy::basic(creds.map(parent::basic)),
+            let auth = match url.auth {
+                ParentAuth::Basic => ForwardAuth::Basic(creds.map(parent::basic)),
                 ParentAuth::Negotiate => {
-                    let (value, _) = self.negotiate_start(url).await?;
-                    ForwardProxy::negotiate(value)
+                    let (value, pending) = self.negotiate_start(url).await?;
+                    ForwardAuth::Negotiate {
+                        service: format!("HTTP@{}", url.addr.host.as_text()),
+                        state: Arc::new(Mutex::new(NegotiateState {
+                            value: Some(value),
+                            pending: Some(pending),
+                            sent: 0,
+                        })),
+                    }
                 }
+            };
+            let forward = ForwardProxy {
+                parent: shown,
+                auth,
             };
             return Ok(Established {
                 stream,
@@ -1153,7 +1293,7 @@ impl Router {
         let addrs: Vec<SocketAddr> = resolved
             .map_err(|e| {
                 Attempt::Connection(ConnectFailure::Other(io::Error::other(format!(
-                    "cannot resolve parent {url}: {e}"
+                    "cannot resolve its name: {e}"
                 ))))
             })?
             .into_iter()
@@ -1170,12 +1310,9 @@ impl Router {
         match tokio::time::timeout_at(deadline, tls.connect(url, tcp)).await {
             Err(_) => Err(Attempt::Connection(ConnectFailure::Timeout)),
             Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(why)) => {
-                tracing::warn!("{why}");
-                Err(Attempt::Connection(ConnectFailure::Other(
-                    io::Error::other(why),
-                )))
-            }
+            Ok(Err(why)) => Err(Attempt::Connection(ConnectFailure::Other(
+                io::Error::other(why),
+            ))),
         }
     }
 }
@@ -1262,6 +1399,30 @@ fn show_source(src: &PacSource) -> String {
     match src {
         PacSource::File(p) => p.display().to_string(),
         PacSource::Url(u) => u.clone(),
+    }
+}
+
+/// Warns about `parent_auth` keys that name no parent where the parents are known from
+/// the configuration (`parent` mode: `parents`; `pac` mode: `allowed_parents` and
+/// `pac_fetch_via`): most likely a typo of the host or port. In `env` and `system` modes
+/// the parents come from outside and may change, so every key may apply.
+fn warn_unmatched_auth(upstream: &Upstream) {
+    let known: Vec<&Target> = match upstream.mode {
+        UpstreamMode::Parent => upstream.parents.iter().map(|p| &p.addr).collect(),
+        UpstreamMode::Pac => upstream
+            .allowed_parents
+            .iter()
+            .chain(upstream.pac_fetch_via.iter().map(|p| &p.addr))
+            .collect(),
+        UpstreamMode::Direct | UpstreamMode::Env | UpstreamMode::System => return,
+    };
+    for addr in upstream.parent_auth.keys() {
+        if !known.contains(&addr) {
+            tracing::warn!(
+                "[upstream] parent_auth names {addr}, which is no parent of mode = \"{}\" (check the host and port)",
+                upstream.mode
+            );
+        }
     }
 }
 

@@ -65,6 +65,9 @@ impl Negotiator {
             (STORE_CLIENT_KEYTAB, &cfg.keytab, "kerberos_keytab"),
         ] {
             if let Some(v) = value {
+                if key == STORE_CLIENT_KEYTAB {
+                    keytab_exists(v)?;
+                }
                 let c = CString::new(v.as_str()).map_err(|_| format!("{name} holds a NUL byte"))?;
                 let k = CString::new(key).map_err(|_| format!("{key}: NUL"))?;
                 store.push((k, c));
@@ -154,6 +157,23 @@ impl Pending {
     }
 }
 
+/// Checks that a `kerberos_keytab` of type `FILE` (or a plain path) exists and can be
+/// read: a missing keytab would fail every Negotiate exchange, so the start (and
+/// `mediator check`) refuses it. Other keytab types are left to GSSAPI.
+///
+/// # Errors
+/// The keytab cannot be read.
+fn keytab_exists(name: &str) -> Result<(), String> {
+    let path = match name.split_once(':') {
+        Some(("FILE", path)) => path,
+        Some((kind, _)) if !kind.contains('/') => return Ok(()),
+        _ => name,
+    };
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| format!("kerberos_keytab {name}: {e}"))
+}
+
 /// The decoded token of a `Negotiate <base64>` challenge, `None` when it is not one.
 pub(crate) fn decode(token: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
@@ -241,6 +261,17 @@ mod tests {
         .unwrap();
         assert_eq!(n.store.len(), 1);
         assert_eq!(n.source, "kerberos_ccache FILE:/tmp/none");
+        let e = Negotiator::new(&Kerberos {
+            ccache: None,
+            keytab: Some("FILE:/nonexistent/client.keytab".into()),
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("kerberos_keytab FILE:/nonexistent/client.keytab"),
+            "{e}"
+        );
+        assert!(keytab_exists("/nonexistent/k.keytab").is_err());
+        assert!(keytab_exists("MEMORY:k").is_ok());
         let d = Negotiator::new(&Kerberos::default()).unwrap();
         assert!(d.store.is_empty());
         assert_eq!(decode("YWJj"), Some(b"abc".to_vec()));

@@ -109,35 +109,19 @@ impl Answer {
     /// `Some(token)` when a `Proxy-Authenticate` field offers `Negotiate` (RFC 4559
     /// section 4): the token is empty for a bare offer.
     pub(crate) fn negotiate(&self) -> Option<&str> {
-        self.fields()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("proxy-authenticate"))
-            .find_map(|(_, v)| {
-                let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
-                scheme
-                    .eq_ignore_ascii_case("negotiate")
-                    .then_some(rest.trim())
-            })
+        negotiate_in(self.challenges())
     }
 
     /// The authentication schemes the parent offered (`Proxy-Authenticate`), for messages.
     pub(crate) fn offered(&self) -> String {
-        let schemes: Vec<String> = self
-            .fields()
+        offered_in(self.challenges())
+    }
+
+    /// The `Proxy-Authenticate` values.
+    fn challenges(&self) -> impl Iterator<Item = &str> {
+        self.fields()
             .filter(|(n, _)| n.eq_ignore_ascii_case("proxy-authenticate"))
-            .filter_map(|(_, v)| v.split([' ', ',']).next())
-            .map(|s| {
-                s.chars()
-                    .filter(char::is_ascii_alphanumeric)
-                    .take(32)
-                    .collect()
-            })
-            .filter(|s: &String| !s.is_empty())
-            .collect();
-        if schemes.is_empty() {
-            "no scheme".to_owned()
-        } else {
-            schemes.join(", ")
-        }
+            .map(|(_, v)| v)
     }
 
     /// How the answer's body is delimited.
@@ -191,6 +175,46 @@ impl Answer {
             next_addr: matches!(status, 502..=504),
         }
     }
+}
+
+/// `Some(token)` when one of the `Proxy-Authenticate` values `challenges` offers
+/// `Negotiate` (RFC 4559 section 4): the token is empty for a bare offer.
+pub(crate) fn negotiate_in<'a>(challenges: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    challenges.map(str::trim).find_map(|v| {
+        let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
+        scheme
+            .eq_ignore_ascii_case("negotiate")
+            .then_some(rest.trim())
+    })
+}
+
+/// The schemes of the `Proxy-Authenticate` values `challenges`, for messages: a scheme
+/// that is an RFC 9110 token as it is, anything else quoted with its control characters
+/// escaped (so that `Nego\0tiate` never reads as `Negotiate`); at most 32 characters each.
+pub(crate) fn offered_in<'a>(challenges: impl Iterator<Item = &'a str>) -> String {
+    let schemes: Vec<String> = challenges
+        .map(str::trim)
+        .filter_map(|v| v.split([' ', ',']).next())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let cut: String = s.chars().take(32).collect();
+            if cut.chars().all(is_tchar) {
+                cut
+            } else {
+                format!("\"{}\"", cut.escape_default())
+            }
+        })
+        .collect();
+    if schemes.is_empty() {
+        "no scheme".to_owned()
+    } else {
+        schemes.join(", ")
+    }
+}
+
+/// RFC 9110 section 5.6.2 `tchar`.
+fn is_tchar(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
 }
 
 /// Sends `CONNECT dest HTTP/1.1` (with `Proxy-Authorization: authorization` when given)
@@ -561,6 +585,10 @@ mod tests {
         assert_eq!(r.negotiate(), Some(""));
         assert_eq!(r.offered(), "Basic, NEGOTIATE");
         assert_eq!(r.body(), BodyLength::Known(12));
+        // A scheme that is not a token is shown as it is, never as the word it resembles.
+        let r = answer("HTTP/1.1 407 Auth\r\nProxy-Authenticate: Nego\0tiate \r abc\r\n\r\n");
+        assert_eq!(r.negotiate(), None);
+        assert_eq!(r.offered(), "\"Nego\\u{0}tiate\"");
         let r = answer("HTTP/1.1 200 OK\r\nProxy-Authenticate: Negotiate YWJj\r\n\r\n");
         assert_eq!(r.negotiate(), Some("YWJj"));
         let r = answer(

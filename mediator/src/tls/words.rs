@@ -53,9 +53,34 @@ fn certificate(c: &CertificateError) -> String {
             Some(w) => webpki_words(w),
             None => other.to_string(),
         },
-        // The context variants already read well ("certificate not valid for name ...").
+        CertificateError::NotValidForNameContext {
+            expected,
+            presented,
+        } => {
+            let names: Vec<&str> = presented.iter().map(|p| plain_name(p)).collect();
+            format!(
+                "it is not valid for the name {} (it is for {})",
+                expected.to_str(),
+                if names.is_empty() {
+                    "no name".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )
+        }
+        // The other context variants already read well.
         other => other.to_string(),
     }
+}
+
+/// A certificate's subject name as webpki shows it (`DnsName("a.example")`,
+/// `IpAddress(10.0.0.1)`), without the type name.
+fn plain_name(shown: &str) -> &str {
+    ["DnsName(", "IpAddress(", "URI("]
+        .iter()
+        .find_map(|kind| shown.strip_prefix(kind))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .map_or(shown, |inner| inner.trim_matches('"'))
 }
 
 fn webpki_words(e: &webpki::Error) -> String {
@@ -106,5 +131,16 @@ mod tests {
         let unknown = TlsError::InvalidCertificate(CertificateError::UnknownIssuer);
         assert!(tls_error(&unknown).contains("extra_ca_files"));
         assert_eq!(handshake_error(&io::Error::other("reset")), "reset");
+        let other_name = TlsError::InvalidCertificate(CertificateError::NotValidForNameContext {
+            expected: rustls::pki_types::ServerName::try_from("proxy.corp.test").unwrap(),
+            presented: vec![
+                "DnsName(\"other.corp.test\")".into(),
+                "IpAddress(10.0.0.1)".into(),
+            ],
+        });
+        assert_eq!(
+            tls_error(&other_name),
+            "the server's certificate: it is not valid for the name proxy.corp.test (it is for other.corp.test, 10.0.0.1)"
+        );
     }
 }

@@ -26,8 +26,8 @@ use crate::conn::establish::{Connected, establish};
 use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
-use crate::counting::Counting;
-use crate::denial::Denial;
+use crate::counting::{Counters, Counting};
+use crate::denial::{Cause, Denial};
 use crate::redact::logged_path;
 use crate::relay::RelayOutcome;
 use crate::route::{ForwardProxy, Route};
@@ -44,6 +44,8 @@ pub(crate) struct Pooled {
     route: Route,
     /// `Some` when the connection goes to an HTTP parent (absolute-form requests).
     forward: Option<ForwardProxy>,
+    /// The connection's byte counts, to tell a silent upstream from a slow one.
+    counters: Counters,
 }
 
 /// The upstream connection a client connection keeps, if any, and the signal that the
@@ -194,40 +196,116 @@ pub(crate) async fn forward(
         Ok(r) => r,
         Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
     };
-    let route = upstream.route;
-    match upstream.sender.send_request(upstream_req).await {
+    let challenges = |resp: &Response<Incoming>| {
+        resp.headers()
+            .get_all(header::PROXY_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let idle = shared.timeouts.idle_tunnel;
+    let Some(answer) = awaited(
+        upstream.sender.send_request(upstream_req),
+        &upstream.counters,
+        idle,
+    )
+    .await
+    else {
+        let from = match &upstream.forward {
+            Some(parent) => parent.to_string(),
+            None => "the destination".to_owned(),
+        };
+        let denial = Denial::new(
+            Reason::UpstreamFailure,
+            format!(
+                "{target}: {from} sent nothing for {}s (timeouts.idle_tunnel) while the answer was awaited",
+                idle.as_secs()
+            ),
+            "the upstream accepted the request but does not answer; check it, or raise [timeouts] idle_tunnel",
+        )
+        .with_cause(Cause::ResponseTimeout);
+        return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+    };
+    match answer {
         // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
         // it to the client as if it were the origin's answer. The connection is not kept.
-        Ok(resp)
-            if upstream.forward.is_some()
-                && resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
-        {
-            let denial = Denial::new(
-                Reason::UpstreamFailure,
-                format!(
-                    "the parent proxy ({}) refused the configured credentials (407)",
-                    shared.route_label(route)
-                ),
-                "check the parent's user:password in [upstream] parents or parent_credentials_file",
-            );
-            refuse(&shared, &ctx, Protocol::Http, &label, denial)
+        Ok(resp) if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
+            if let Some(parent) = &upstream.forward {
+                let offers = challenges(&resp);
+                let (detail, hint) = parent.refusal(offers.iter().map(String::as_str));
+                let denial = Denial::new(Reason::UpstreamFailure, detail, hint);
+                return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+            }
+            relay_response(resp, upstream, &pool)
         }
         Ok(resp) => {
-            *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            parts.headers.remove(DECISION_HEADER);
-            Response::from_parts(parts, body.boxed())
+            if let Some(parent) = &upstream.forward {
+                let offers = challenges(&resp);
+                if let Err(detail) = parent.verify(offers.iter().map(String::as_str)).await {
+                    let denial = Denial::new(
+                        Reason::UpstreamFailure,
+                        detail,
+                        "the parent's answer did not prove it is the Kerberos service; check its keytab and the name in [upstream]",
+                    );
+                    return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+                }
+            }
+            relay_response(resp, upstream, &pool)
         }
         Err(e) => {
-            let denial = Denial::new(
-                Reason::UpstreamFailure,
-                format!("{target}: upstream request failed: {e}"),
-                "the destination closed the connection or sent an invalid response",
-            );
+            let denial = match &upstream.forward {
+                Some(parent) => Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: {}", parent.broken(&e)),
+                    "the parent proxy closed the connection or sent an invalid response",
+                ),
+                None => Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{target}: upstream request failed: {e}"),
+                    "the destination closed the connection or sent an invalid response",
+                ),
+            };
             refuse(&shared, &ctx, Protocol::Http, &label, denial)
         }
     }
+}
+
+/// The output of `request`, or `None` when the upstream connection moved no byte in
+/// either direction for `idle` before it completed (looked at every quarter of `idle`,
+/// so a silence is noticed within 1.25 `idle`). A slow upload or a slow answer that keeps
+/// moving is never cut.
+async fn awaited<F: Future>(
+    request: F,
+    counters: &Counters,
+    idle: std::time::Duration,
+) -> Option<F::Output> {
+    tokio::pin!(request);
+    let mut seen = counters.get();
+    let mut moved = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            out = &mut request => return Some(out),
+            () = tokio::time::sleep(idle / 4) => {
+                let now = counters.get();
+                if now != seen {
+                    seen = now;
+                    moved = tokio::time::Instant::now();
+                } else if moved.elapsed() >= idle {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Hands the upstream answer to the client and keeps the connection for the next request.
+fn relay_response(resp: Response<Incoming>, upstream: Pooled, pool: &Pool) -> Response<Body> {
+    *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(DECISION_HEADER);
+    Response::from_parts(parts, body.boxed())
 }
 
 /// The target of an absolute-form `http://` URI. Only an authority that is exactly its
@@ -276,6 +354,7 @@ async fn open(
     };
     let counting = Counting::new(stream);
     let counters = counting.counters();
+    let watched = counters.clone();
     let (sender, conn) =
         match hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(counting)).await {
             Ok(pair) => pair,
@@ -317,5 +396,6 @@ async fn open(
         pin,
         route,
         forward: forward_proxy,
+        counters: watched,
     })
 }

@@ -202,6 +202,7 @@ pub(crate) fn read(dbs: &[PathBuf]) -> Result<Option<Reading>, Error> {
             source,
             said: "mode 'none'".into(),
             setting: Setting::Direct,
+            files: String::new(),
         })),
         "auto" => {
             let url = settings.string("/system/proxy/autoconfig-url")?;
@@ -216,6 +217,7 @@ pub(crate) fn read(dbs: &[PathBuf]) -> Result<Option<Reading>, Error> {
                 source,
                 said: format!("mode 'auto', autoconfig-url '{url}'"),
                 setting: Setting::Pac(pac),
+                files: String::new(),
             }))
         }
         "manual" => manual(&settings, source).map(Some),
@@ -283,6 +285,7 @@ fn manual(settings: &Settings, source: String) -> Result<Reading, Error> {
         source,
         said: said.join(", "),
         setting,
+        files: String::new(),
     })
 }
 

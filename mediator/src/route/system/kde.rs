@@ -26,14 +26,15 @@ const MAX_FILE: u64 = 1 << 20;
 const GROUP: &str = "Proxy Settings";
 
 /// The `[Proxy Settings]` keys of the files, the first file's value winning, and the file
-/// each came from.
-fn keys(files: &[PathBuf]) -> Result<HashMap<String, (String, PathBuf)>, Error> {
+/// each came from. With `named` (the files `kioslaverc_files` names), a missing file or
+/// one without a `[Proxy Settings]` group is an error, not "no setting".
+fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathBuf)>, Error> {
     let mut out: HashMap<String, (String, PathBuf)> = HashMap::new();
     for path in files {
         let bad =
             |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
         match std::fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => continue,
             Err(e) => return Err(bad(e.to_string())),
             Ok(m) if m.len() > MAX_FILE => {
                 return Err(bad(format!("larger than {MAX_FILE} bytes")));
@@ -51,6 +52,11 @@ fn keys(files: &[PathBuf]) -> Result<HashMap<String, (String, PathBuf)>, Error> 
         )
         .map_err(|e| bad(e.to_string()))?;
         let Some(group) = ini.section(Some(GROUP)) else {
+            if named {
+                return Err(bad(format!(
+                    "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
+                )));
+            }
             continue;
         };
         for (key, value) in group.iter() {
@@ -69,9 +75,10 @@ fn keys(files: &[PathBuf]) -> Result<HashMap<String, (String, PathBuf)>, Error> 
 /// bad proxy value.
 pub(crate) fn read(
     files: &[PathBuf],
+    named: bool,
     getenv: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Reading>, Error> {
-    let keys = keys(files)?;
+    let keys = keys(files, named)?;
     let Some((kind, from)) = keys.get("ProxyType") else {
         return Ok(None);
     };
@@ -83,6 +90,7 @@ pub(crate) fn read(
             source,
             said: "ProxyType=0 (no proxy)".into(),
             setting: Setting::Direct,
+            files: String::new(),
         })),
         "1" => {
             if get("ReversedException") == "true" {
@@ -121,6 +129,7 @@ pub(crate) fn read(
                 source,
                 said: said.join(", "),
                 setting,
+                files: String::new(),
             }))
         }
         "2" => {
@@ -131,6 +140,7 @@ pub(crate) fn read(
                 source,
                 said: format!("ProxyType=2 (PAC), Proxy Config Script={url}"),
                 setting: Setting::Pac(pac),
+                files: String::new(),
             }))
         }
         "3" => Err(refuse(
@@ -227,7 +237,7 @@ mod tests {
         )
         .unwrap();
         let none = |_: &str| None;
-        let r = read(&[user.clone(), system.clone()], &none)
+        let r = read(&[user.clone(), system.clone()], true, &none)
             .unwrap()
             .unwrap();
         assert!(r.source.contains("user-kioslaverc"), "{}", r.source);
@@ -242,10 +252,12 @@ mod tests {
         assert_eq!(tunnel.unwrap().to_string(), "http://tunnel.corp:3128");
         assert_eq!(forward.unwrap().to_string(), "http://plain.corp:8080");
         assert!(no_proxy.matches(&policy::parse_authority_form("a.intra.corp:443").unwrap()));
-        let r = read(std::slice::from_ref(&system), &none).unwrap().unwrap();
+        let r = read(std::slice::from_ref(&system), true, &none)
+            .unwrap()
+            .unwrap();
         assert!(matches!(r.setting, Setting::Direct));
         std::fs::write(&user, "[Proxy Settings]\nProxyType=3\n").unwrap();
-        let e = read(std::slice::from_ref(&user), &none)
+        let e = read(std::slice::from_ref(&user), true, &none)
             .unwrap_err()
             .to_string();
         assert!(e.contains("WPAD"), "{e}");
@@ -254,12 +266,33 @@ mod tests {
             "[Proxy Settings]\nProxyType=1\nReversedException=true\n",
         )
         .unwrap();
-        assert!(read(std::slice::from_ref(&user), &none).is_err());
+        assert!(read(std::slice::from_ref(&user), true, &none).is_err());
+        // A file of a default list without the group sets nothing; a file the configuration
+        // names must hold it, and must exist.
         std::fs::write(&user, "[Other]\nProxyType=1\n").unwrap();
-        assert!(read(std::slice::from_ref(&user), &none).unwrap().is_none());
+        assert!(
+            read(std::slice::from_ref(&user), false, &none)
+                .unwrap()
+                .is_none()
+        );
+        let e = read(std::slice::from_ref(&user), true, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no [Proxy Settings] group"), "{e}");
+        std::fs::write(&user, "ProxyType=1\nhttpsProxy=http://tunnel.corp 3128\n").unwrap();
+        assert!(read(std::slice::from_ref(&user), true, &none).is_err());
+        let missing = dir.path().join("missing");
+        assert!(
+            read(std::slice::from_ref(&missing), false, &none)
+                .unwrap()
+                .is_none()
+        );
+        assert!(read(std::slice::from_ref(&missing), true, &none).is_err());
         let env = |k: &str| (k == "HTTPS_PROXY").then(|| "http://env.corp:1".to_owned());
         std::fs::write(&user, "[Proxy Settings]\nProxyType=4\n").unwrap();
-        let r = read(std::slice::from_ref(&user), &env).unwrap().unwrap();
+        let r = read(std::slice::from_ref(&user), true, &env)
+            .unwrap()
+            .unwrap();
         assert!(r.said.contains("http://env.corp:1"), "{}", r.said);
     }
 }

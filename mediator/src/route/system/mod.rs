@@ -45,6 +45,9 @@ pub(crate) struct Reading {
     pub(crate) said: String,
     /// The setting.
     pub(crate) setting: Setting,
+    /// Which settings files exist and which are absent: `files found: dconf /a;
+    /// absent: kioslaverc /etc/xdg/kioslaverc`.
+    pub(crate) files: String,
 }
 
 impl std::fmt::Display for Reading {
@@ -58,6 +61,10 @@ impl std::fmt::Display for Reading {
 pub(crate) struct Paths {
     dconf: Vec<PathBuf>,
     kioslaverc: Vec<PathBuf>,
+    /// `dconf_databases` was configured: each of its files must exist.
+    dconf_named: bool,
+    /// `kioslaverc_files` was configured: each must exist and hold `[Proxy Settings]`.
+    kioslaverc_named: bool,
 }
 
 impl Paths {
@@ -85,7 +92,57 @@ impl Paths {
                 .chain([PathBuf::from(kde::SYSTEM_FILE)])
                 .collect(),
         };
-        Ok(Self { dconf, kioslaverc })
+        Ok(Self {
+            dconf,
+            kioslaverc,
+            dconf_named: sources.dconf.is_some(),
+            kioslaverc_named: sources.kioslaverc.is_some(),
+        })
+    }
+
+    /// Which files exist, in words; a file the configuration names that is missing is an
+    /// error (fail closed: a deleted database must not silently mean "go direct"). Files
+    /// of the default lists may be absent.
+    fn survey(&self) -> Result<String, Error> {
+        let mut found = Vec::new();
+        let mut absent = Vec::new();
+        let lists = [
+            ("dconf", "dconf_databases", &self.dconf, self.dconf_named),
+            (
+                "kioslaverc",
+                "kioslaverc_files",
+                &self.kioslaverc,
+                self.kioslaverc_named,
+            ),
+        ];
+        for (kind, key, paths, named) in lists {
+            for path in paths {
+                match std::fs::metadata(path) {
+                    Ok(_) => found.push(format!("{kind} {}", path.display())),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => {
+                        absent.push(format!("{kind} {}", path.display()));
+                    }
+                    Err(e) => {
+                        return Err(Error::Upstream(format!(
+                            "[upstream] {key} names {}, which cannot be read: {e}",
+                            path.display()
+                        )));
+                    }
+                }
+            }
+        }
+        let list = |l: Vec<String>| {
+            if l.is_empty() {
+                "none".to_owned()
+            } else {
+                l.join(", ")
+            }
+        };
+        Ok(format!(
+            "files found: {}; absent: {}",
+            list(found),
+            list(absent)
+        ))
     }
 }
 
@@ -104,20 +161,22 @@ fn home_of(name: &str) -> Result<PathBuf, Error> {
 /// Reads the sources in order; the first that holds a setting decides.
 ///
 /// # Errors
-/// [`Error::Upstream`] naming the source and the file: an unreadable or malformed file, a
-/// setting that cannot be honoured (WPAD, an unsupported proxy type, a bad host or port).
+/// [`Error::Upstream`] naming the source and the file: a file `dconf_databases` or
+/// `kioslaverc_files` names that is missing, an unreadable or malformed file, a setting
+/// that cannot be honoured (WPAD, an unsupported proxy type, a bad host or port).
 pub(crate) fn read(
     paths: &Paths,
     getenv: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Reading, Error> {
-    if let Some(r) = gnome::read(&paths.dconf)? {
-        return Ok(r);
-    }
-    if let Some(r) = kde::read(&paths.kioslaverc, getenv)? {
-        return Ok(r);
-    }
-    let found = EnvProxies::read(getenv)?;
-    Ok(from_env(found, "the environment".to_owned()))
+    let files = paths.survey()?;
+    let reading = if let Some(r) = gnome::read(&paths.dconf)? {
+        r
+    } else if let Some(r) = kde::read(&paths.kioslaverc, paths.kioslaverc_named, getenv)? {
+        r
+    } else {
+        from_env(EnvProxies::read(getenv)?, "the environment".to_owned())
+    };
+    Ok(Reading { files, ..reading })
 }
 
 /// `mode = "system"` without starting anything (`mediator check`, `explain`): which source
@@ -150,7 +209,7 @@ pub fn summary(
         Setting::Pac(PacSource::File(p)) => format!("the PAC {}", p.display()),
         Setting::Pac(PacSource::Url(u)) => format!("the PAC {u}"),
     };
-    Ok(format!("{reading} -> {routing}"))
+    Ok(format!("{reading} -> {routing} ({})", reading.files))
 }
 
 /// A reading of the proxy environment (`mode = "env"` semantics).
@@ -186,6 +245,7 @@ pub(crate) fn from_env(found: EnvProxies, source: String) -> Reading {
         source,
         said,
         setting,
+        files: String::new(),
     }
 }
 
