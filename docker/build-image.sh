@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# Builds the mediator's runtime image from the binaries in target/release, with the
-# runtime stage of docker/Dockerfile taken verbatim (everything from its "runtime stage"
-# line on): the image users get from the Dockerfile, less its build stage. Needs buildah
-# (Debian: apt-get install -y buildah) and nothing from a registry.
+# Builds the mediator's runtime image from the binaries in $CARGO_TARGET_DIR/release
+# (default target/release), with the runtime stage of docker/Dockerfile taken verbatim
+# (everything from its "runtime stage" line on): the image users get from the
+# Dockerfile, less its build stage. Needs buildah (Debian: apt-get install -y buildah)
+# and nothing from a registry.
 #
 #   cargo build --release -p mediator -p shim
 #   docker/build-image.sh [IMAGE]        # default localhost/egress-mediator:<version>
 #
-# Prints the image reference as its last line.
+# The label org.opencontainers.image.source is $IMAGE_SOURCE if set, else the URL of the
+# checkout's `origin` remote, else the workspace's `repository` in Cargo.toml, else empty
+# (with a warning). Prints the image's size, and its reference as its last line.
+#
+# A rebuild under the same tag moves the tag; the image it named before is removed only
+# if this script built it (the label below) and no other name or container holds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=target/release
+bin=${CARGO_TARGET_DIR:-target}/release
 for b in mediator shim; do
   if [ ! -x "$bin/$b" ]; then
-    echo "build-image.sh: no $bin/$b; run: cargo build --release -p mediator -p shim" >&2
+    echo "build-image.sh: no $bin/$b; run: cargo build --release -p mediator -p shim" \
+      "(CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-unset})" >&2
     exit 1
   fi
 done
@@ -23,7 +30,22 @@ command -v buildah >/dev/null || { echo "build-image.sh: needs buildah (apt-get 
 # What the binary itself says it is (its build script read the revision).
 version=$("$bin/mediator" -V | awk '{ print $2 }')
 revision=$("$bin/mediator" --version | awk '$1 == "revision" { print $2 }')
-source_url=$(git config --get remote.origin.url 2>/dev/null || true)
+source_url=${IMAGE_SOURCE:-}
+if [ -z "$source_url" ]; then
+  source_url=$(git config --get remote.origin.url 2>/dev/null || true)
+fi
+if [ -z "$source_url" ]; then
+  # `repository = "..."` of [workspace.package] (or of [package]), if the manifest has one.
+  source_url=$(awk -F'"' '/^\[/ { pkg = ($0 == "[workspace.package]" || $0 == "[package]") }
+    pkg && $1 ~ /^repository *= *$/ { print $2; exit }' Cargo.toml)
+fi
+if [ -z "$source_url" ]; then
+  echo "build-image.sh: no IMAGE_SOURCE, no origin remote, no repository in Cargo.toml:" \
+    "org.opencontainers.image.source stays empty" >&2
+fi
+# What marks an image as this script's: the previous image of the tag is removed only if
+# it carries this label with this value (another user's image of the same tag is kept).
+builder="build-image.sh uid=$(id -u)"
 image=${1:-localhost/egress-mediator:$version}
 
 ctx=$(mktemp -d)
@@ -41,20 +63,32 @@ grep -q '^FROM scratch AS runtime' "$ctx/Containerfile" || {
   exit 1
 }
 
-# The image this tag named before, removed below once nothing else names it (so that
-# repeated builds do not pile up untagged images).
+# The image this tag named before, removed below if this script built it and nothing else
+# names it (so that repeated builds do not pile up untagged images).
 previous=$(buildah inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
+previous_builder=
+if [ -n "$previous" ]; then
+  previous_builder=$(buildah inspect --type image \
+    --format '{{index .Docker.Config.Labels "org.egress-mediator.built-by"}}' "$previous" 2>/dev/null || true)
+fi
 
 # Docker format: OCI images cannot carry HEALTHCHECK.
 buildah bud --quiet --format docker --layers=false \
   --build-arg VERSION="$version" \
   --build-arg GIT_REVISION="$revision" \
   --build-arg SOURCE="$source_url" \
+  --label "org.egress-mediator.built-by=$builder" \
   -f "$ctx/Containerfile" -t "$image" "$ctx" >&2
 current=$(buildah inspect --type image --format '{{.FromImageID}}' "$image")
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-  buildah rmi "$previous" >/dev/null 2>&1 || true   # still tagged elsewhere: kept
+if [ -n "$previous" ] && [ "$previous" != "$current" ] && [ "$previous_builder" = "$builder" ]; then
+  names=$(buildah images --noheading --format '{{.Name}}:{{.Tag}}' "$previous" 2>/dev/null | grep -vx '<none>:<none>' || true)
+  if [ -z "$names" ]; then
+    # Without --force: an image a container still uses is kept.
+    buildah rmi "$previous" >/dev/null 2>&1 || true
+  fi
 fi
-size=$(du -sh "$ctx/out/rootfs" | cut -f1)
-echo "build-image.sh: built $image (version $version, revision $revision, root filesystem $size)" >&2
+size=$(buildah images --noheading --format '{{.Size}}' "$current" | head -n 1)
+libs=$(find "$ctx/out/rootfs" -name '*.so*' -type f | wc -l)
+echo "build-image.sh: built $image (version $version, revision $revision, image $size," \
+  "$libs shared objects, source ${source_url:-none})" >&2
 echo "$image"

@@ -2,7 +2,9 @@
 # Checks everything in docker/ that is not the image itself (docker/smoke-test.sh tests
 # that): the Kubernetes manifests against the Kubernetes schemas (kubernetes-validate) and
 # the Prometheus Operator's API (docker/k8s/check.py), the alert rules and their unit
-# tests (promtool), the systemd unit (systemd-analyze verify, which must print nothing),
+# tests (promtool), the DaemonSet's node tmpfiles rule (systemd-tmpfiles --create under an
+# alternative root: the hostPath directory the pod needs, with its owner and mode), the
+# systemd unit (systemd-analyze verify, which must print nothing),
 # the compose file (the Compose specification's schema, and podman-compose config), the
 # Prometheus config of the compose file, and every mediator config shipped (mediator
 # check, including the ConfigMaps').
@@ -38,7 +40,26 @@ ok "kubernetes-validate --strict: $(echo "$out" | grep -c 'passed') resources ag
 # The operator's resources, and whether the resources fit together; writes the configs
 # and rule files it finds into $work.
 "$venv/bin/python" docker/k8s/check.py "$work" "${manifests[@]}" > "$work/extracted"
-ok "ServiceMonitor and PrometheusRule against the Prometheus Operator API; selectors, ports and volumes fit"
+ok "ServiceMonitor and PrometheusRule against the Prometheus Operator API; selectors, ports, volumes and grace periods fit"
+
+# The DaemonSet's node prerequisite: its tmpfiles rule makes the hostPath socket directory
+# (type Directory: the kubelet does not make it) owned by the pod's uid and gid, 0711.
+tmpfiles=docker/k8s/daemonset/tmpfiles-egress-mediator.conf
+mkdir -p "$work/node/run"
+systemd-tmpfiles --root="$work/node" --create "$PWD/$tmpfiles"   # a relative path would be read under --root
+want=$("$venv/bin/python" - docker/k8s/daemonset/daemonset.yaml <<'PY'
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))["spec"]["template"]["spec"]
+[v] = [v for v in spec["volumes"] if v["name"] == "sockets"]
+assert v["hostPath"]["type"] == "Directory", v
+ctx = spec["securityContext"]
+print(v["hostPath"]["path"], f"{ctx['runAsUser']}:{ctx['runAsGroup']}")
+PY
+)
+dir=${want%% *}
+got=$(stat -c '%u:%g %a' "$work/node$dir")
+[ "$got" = "${want#* } 711" ] || { echo "$tmpfiles makes $dir $got, the DaemonSet wants ${want#* } 711" >&2; exit 1; }
+ok "systemd-tmpfiles --create $tmpfiles: $dir $got, the DaemonSet's hostPath (type Directory) and user"
 
 for rules in $(grep '\.rules\.yaml$' "$work/extracted"); do
   promtool check rules "$rules"

@@ -11,9 +11,11 @@
 #
 # usage: docker/rootfs.sh OUT_DIR MEDIATOR_BINARY SHIM_BINARY
 #
-# OUT_DIR/rootfs is the tree owned by root; OUT_DIR/state holds the directories the
-# mediator writes (owned by the mediator user: the runtime stage copies it with --chown,
-# since COPY does not keep ownership).
+# OUT_DIR/rootfs is the tree owned by root, /run, /var and /var/lib included;
+# OUT_DIR/state/run and OUT_DIR/state/var-lib each hold one directory the mediator writes
+# (egress-mediator, mode 0750). The runtime stage copies each with --chown into the
+# existing /run and /var/lib (COPY does not keep ownership), so that those two
+# directories, and nothing else, belong to the mediator's user.
 set -euo pipefail
 
 out=$1
@@ -25,7 +27,8 @@ gid=65532
 rm -rf "$out"
 state=$out/state
 out=$out/rootfs
-mkdir -p "$out/usr/local/bin" "$out/etc/ssl/certs" "$out/tmp" "$state"
+mkdir -p "$out/usr/local/bin" "$out/etc/ssl/certs" "$out/tmp" "$out/run" "$out/var/lib" \
+  "$state"
 # The release profile keeps line tables (92 MB for the mediator); the image keeps the
 # symbols (function names in a panic's backtrace) and drops the debug sections.
 strip --strip-debug -o "$out/usr/local/bin/mediator" "$mediator"
@@ -75,6 +78,7 @@ cp -L "$bundle" "$out/etc/ssl/certs/ca-certificates.crt"
 
 # Mount points: sockets (a tmpfs or a hostPath), the CA (persistent), the config (read-only).
 install -d -m 0755 "$out/etc/egress-mediator"
-install -d -m 0750 "$state/run/egress-mediator" "$state/var/lib/egress-mediator"
+install -d -m 0750 "$state/run/egress-mediator" "$state/var-lib/egress-mediator"
+chmod 0755 "$out/run" "$out/var" "$out/var/lib"
 chmod 1777 "$out/tmp"
-echo "rootfs.sh: $(find "$out" -type f | wc -l) files, $(du -sh "$out" | cut -f1) in $out" >&2
+echo "rootfs.sh: $(find "$out" -type f | wc -l) files ($(find "$out" -name "*.so*" -type f | wc -l) shared objects: libraries and the loader), $(du -sh "$out" | cut -f1) in $out" >&2

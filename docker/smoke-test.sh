@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Container smoke test of the mediator image (CI runs it on the image docker/build-image.sh
-# just built): the container runs with a read-only root filesystem as a non-root user,
+# just built): only the mediator's two directories belong to its user in the image; the
+# container runs with a read-only root filesystem as a non-root user,
 # with a config mounted read-only; /healthz answers, the image's HEALTHCHECK passes, an
 # allowed and a denied request go through it with curl, the decision log on its stdout
 # shows both decisions, and SIGTERM stops it cleanly. Everything is on loopback: the
@@ -93,6 +94,17 @@ if "${podman[@]}" run --rm --network none --entrypoint /bin/sh "$image" -c true 
   fail "the image has a shell"
 fi
 ok "the image has no /bin/sh"
+
+# Ownership in the image: root owns everything but the two directories the mediator
+# writes (its sockets and its CA), which are 65532's and mode 0750.
+root=$("${podman[@]}" image mount "$image") || fail "podman image mount"
+owned=$(cd "$root" && find . -user 65532 -o -group 65532 | sort | tr '\n' ' ')
+perms=$(cd "$root" && stat -c '%n %u:%g %a' run var var/lib run/egress-mediator var/lib/egress-mediator | tr '\n' ',')
+"${podman[@]}" image unmount "$image" >/dev/null 2>&1 || true
+[ "$owned" = "./run/egress-mediator ./var/lib/egress-mediator " ] || fail "owned by 65532 in the image: $owned"
+[ "$perms" = "run 0:0 755,var 0:0 755,var/lib 0:0 755,run/egress-mediator 65532:65532 750,var/lib/egress-mediator 65532:65532 750," ] \
+  || fail "image directories: $perms"
+ok "only /run/egress-mediator and /var/lib/egress-mediator (0750) belong to 65532 in the image"
 
 # Read-only root, a non-root uid, every capability dropped, the config mounted read-only;
 # the socket dir and the CA dir are the image's VOLUMEs (owned by the mediator's user).

@@ -8,6 +8,9 @@
 - That the resources fit together: every Service, PodDisruptionBudget and ServiceMonitor
   selects pods or Services that exist, and names ports they have; every ConfigMap and
   Secret a pod mounts exists.
+- That a pod's terminationGracePeriodSeconds covers what SIGTERM starts: a container's
+  preStop sleep (the time kube-proxy takes to stop routing to it) plus the [timeouts]
+  shutdown_grace of the mediator.toml it mounts (default 10), with time to spare.
 - It writes out what other tools check: each ConfigMap's mediator.toml (for `mediator
   check`) and each PrometheusRule's groups (for `promtool check rules` / `test rules`).
 
@@ -16,6 +19,7 @@ usage: check.py OUT_DIR MANIFEST...   (prints the files it wrote, one a line, on
 
 import pathlib
 import sys
+import tomllib
 
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as monitoring
@@ -63,6 +67,7 @@ def main():
     pods = []  # (where, namespace, labels, pod spec)
     services = []
     configmaps = set()
+    policies = {}  # (namespace, ConfigMap name) -> its parsed mediator.toml
     secrets = set()
     for where, d in docs:
         kind, meta = d["kind"], d.get("metadata", {})
@@ -92,6 +97,8 @@ def main():
                     f = out / f"{ns}-{meta['name']}-{key}"
                     f.write_text(text)
                     print(f)
+                if key == "mediator.toml":
+                    policies[(ns, meta["name"])] = tomllib.loads(text)
         elif kind == "Secret":
             secrets.add((ns, meta["name"]))
         elif kind == "PrometheusRule":
@@ -105,6 +112,21 @@ def main():
                 err(where, f"volume {v['name']}: no ConfigMap {v['configMap']['name']} in {ns}")
             if "secret" in v and (ns, v["secret"]["secretName"]) not in secrets:
                 err(where, f"volume {v['name']}: no Secret {v['secret']['secretName']} in {ns}")
+
+    # SIGTERM comes after the preStop hook, and the grace period counts both.
+    for where, ns, _labels, spec in pods:
+        grace = spec.get("terminationGracePeriodSeconds", 30)
+        mounted = {v["name"]: (ns, v["configMap"]["name"]) for v in spec.get("volumes", []) if "configMap" in v}
+        for c in spec["containers"]:
+            sleep = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+            for m in c.get("volumeMounts", []):
+                policy = policies.get(mounted.get(m["name"]))
+                if policy is None:
+                    continue
+                drain = policy.get("timeouts", {}).get("shutdown_grace", 10)
+                if sleep + drain + 5 > grace:
+                    err(where, f"container {c['name']}: terminationGracePeriodSeconds {grace} < "
+                        f"preStop sleep {sleep} + shutdown_grace {drain} + 5")
 
     def container_ports(spec):
         return {p["name"] for c in spec["containers"] for p in c.get("ports", []) if "name" in p}
