@@ -277,12 +277,12 @@ enum End {
 
 /// Carry bytes both ways until both directions end; a break resets the child.
 async fn relay(conn: Conn, up: UnixStream, early: Vec<u8>) {
-    if !early.is_empty() {
-        // At most MAX_ANSWER bytes: the send buffer has room for them.
-        let _ = conn.with(|s| s.send_slice(&early));
-    }
+    let mut early = Early {
+        bytes: early,
+        sent: 0,
+    };
     let upward = poll_fn(|cx| child_to_channel(&conn, &up, cx));
-    let downward = poll_fn(|cx| channel_to_child(&conn, &up, cx));
+    let downward = poll_fn(|cx| channel_to_child(&conn, &up, &mut early, cx));
     let (a, b) = tokio::join!(upward, downward);
     if a == End::Broken || b == End::Broken {
         conn.abort();
@@ -338,8 +338,22 @@ fn child_to_channel(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<
     }
 }
 
-/// The channel's bytes to the child; its EOF becomes the child's FIN.
-fn channel_to_child(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<End> {
+/// The bytes read from the channel together with its success reply: the first the child
+/// gets, once its handshake is complete (a socket still in SYN-RECEIVED takes none).
+struct Early {
+    bytes: Vec<u8>,
+    /// How many of them the socket has taken.
+    sent: usize,
+}
+
+/// The channel's bytes to the child (first the [`Early`] ones); its EOF becomes the
+/// child's FIN.
+fn channel_to_child(
+    conn: &Conn,
+    up: &UnixStream,
+    early: &mut Early,
+    cx: &mut Context<'_>,
+) -> Poll<End> {
     loop {
         let step = conn.poll_with(cx, |s, cx| {
             if handshaking(s) {
@@ -356,6 +370,15 @@ fn channel_to_child(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<
             if !s.can_send() {
                 s.register_send_waker(cx.waker());
                 return Poll::Pending;
+            }
+            if early.sent < early.bytes.len() {
+                return Poll::Ready(match s.send_slice(&early.bytes[early.sent..]) {
+                    Ok(n) => {
+                        early.sent += n;
+                        None
+                    }
+                    Err(_) => Some(End::Broken),
+                });
             }
             match up.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,

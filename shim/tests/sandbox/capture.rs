@@ -26,6 +26,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
     cases![
         curl_without_proxy_reaches_an_allowed_origin_and_the_log_says_capture,
         a_raw_socket_client_is_carried_byte_exact_with_half_close,
+        bytes_an_origin_sends_first_reach_the_client_every_time,
         a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
         socket_mode_marks_the_connect_and_a_denial_resets_at_once,
         getent_shows_synthetic_addresses,
@@ -219,6 +220,99 @@ print("same" if bytes(got) == data else "differ: %d bytes back" % len(got))
     );
     let out = embedded(&s, &grant("echo.test", port), &client);
     expect("echo", &stdout(&out), "same").map_err(|e| format!("{e}; {}", all_output(&out)))
+}
+
+/// An origin on 127.0.0.1 that speaks first: `banner` on accept, then, if `half_close`,
+/// its FIN at once (and it reads until the client's); else an echo until EOF.
+fn speaking_origin(banner: &'static [u8], half_close: bool) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            std::thread::spawn(move || {
+                if c.write_all(banner).is_err() {
+                    return;
+                }
+                if half_close {
+                    let _ = c.shutdown(Shutdown::Write);
+                }
+                let mut buf = [0u8; 4096];
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if !half_close && c.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = c.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+fn bytes_an_origin_sends_first_reach_the_client_every_time() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-first");
+    let banner = speaking_origin(b"SSH-2.0-banner\r\n", false);
+    let bye = speaking_origin(b"bye-first\n", true);
+    // The origin's first bytes often come in the same read as the channel's 200, while
+    // the child's handshake with the stack is still completing; 50 connections of each
+    // kind, each checked byte for byte.
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket
+bad = []
+def read_all(s):
+    got = b""
+    while True:
+        b = s.recv(4096)
+        if not b:
+            return got
+        got += b
+for i in range(50):
+    s = socket.create_connection(("banner.test", {banner}), timeout=10)
+    got = b""
+    while not got.endswith(b"\r\n"):
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    if got != b"SSH-2.0-banner\r\n":
+        bad.append(("banner", i, got))
+    s.sendall(b"hello\n")
+    s.shutdown(socket.SHUT_WR)
+    got = read_all(s)
+    if got != b"hello\n":
+        bad.append(("echo", i, got))
+    s.close()
+    s = socket.create_connection(("bye.test", {bye}), timeout=10)
+    got = read_all(s)
+    if got != b"bye-first\n":
+        bad.append(("bye", i, got))
+    s.close()
+print("all %d" % (2 * 50) if not bad else "lost %d: %r" % (len(bad), bad[:5]))
+'"#
+    );
+    let flags = args![
+        "--allow",
+        format!("banner.test:{banner}"),
+        "--allow",
+        format!("bye.test:{bye}"),
+        "--resolve",
+        "banner.test=127.0.0.1",
+        "--resolve",
+        "bye.test=127.0.0.1",
+        "--allow-private",
+        "127.0.0.1/32",
+    ];
+    let out = embedded(&s, &flags, &client);
+    expect("first bytes", &stdout(&out), "all 100")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))
 }
 
 fn a_name_outside_the_grant_is_nxdomain_at_once_and_reported() -> TestResult {
