@@ -30,6 +30,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
         socket_mode_marks_the_connect_and_a_denial_resets_at_once,
         getent_shows_synthetic_addresses,
+        a_burst_of_dns_queries_is_answered_in_full,
         udp_to_a_synthetic_address_is_dropped_and_counted,
         tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
         the_tun_device_is_the_only_route_out,
@@ -497,6 +498,25 @@ fn getent_shows_synthetic_addresses() -> TestResult {
         return Err(format!("{ip} is not in 198.18.0.0/15"));
     }
     Ok(())
+}
+
+fn a_burst_of_dns_queries_is_answered_in_full() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-dns-burst");
+    let out = Command::new(SHIM)
+        .args(["--allow", "*.burst.test"])
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .arg("--")
+        .arg(crate::support::me())
+        .args(["probe", "dns-burst", "3000"])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    expect("burst", &stdout(&out), "answered 3000 of 3000")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let report = read_json(&s.path("report.json"))?;
+    expect("dropped", &report["capture"]["dropped"].to_string(), "[]")
 }
 
 fn udp_to_a_synthetic_address_is_dropped_and_counted() -> TestResult {
