@@ -29,6 +29,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         bytes_an_origin_sends_first_reach_the_client_every_time,
         a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
         socket_mode_marks_the_connect_and_a_denial_resets_at_once,
+        a_channel_that_cannot_be_reached_is_said_and_listed,
         getent_shows_synthetic_addresses,
         a_burst_of_dns_queries_is_answered_in_full,
         udp_to_a_synthetic_address_is_dropped_and_counted,
@@ -470,6 +471,63 @@ except ConnectionRefusedError:
         "\"connect\" 403 \"not_in_allowlist\" \"198.51.100.7\" 5432",
     )?;
     expect("refused", &report["capture"]["refused"].to_string(), "1")
+}
+
+fn a_channel_that_cannot_be_reached_is_said_and_listed() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-dead");
+    std::fs::create_dir_all(s.path("dead")).unwrap();
+    let socket = s.path("dead/x.sock");
+    // A socket file nobody listens on: connect() is refused.
+    drop(UnixListener::bind(&socket).unwrap());
+    let out = Command::new(SHIM)
+        .arg("--mediator-socket")
+        .arg(&socket)
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "curl -sS --noproxy '*' -m 5 http://origin.test:9/ 2>/dev/null; \
+             curl -sS -m 5 http://proxied.test:9/ 2>/dev/null; echo ran",
+        ])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = format!(
+        "shim: cannot reach the channel {} (Connection refused (os error 111)): the command's connections fail until a mediator serves it",
+        socket.display()
+    );
+    if !stderr.contains(&line) {
+        return Err(format!("expected {line:?} on stderr: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    let failures = report["channel_failures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let errors = report["channel_errors"].as_u64().unwrap_or(0);
+    if errors == 0 || failures.len() as u64 != errors {
+        return Err(format!(
+            "expected each of the channel_errors listed: {errors} vs {failures:?}"
+        ));
+    }
+    let has = |via: &str, target: serde_json::Value| {
+        failures.iter().any(|f| {
+            f["via"] == via
+                && f["target"] == target
+                && f["error"] == "Connection refused (os error 111)"
+        })
+    };
+    if !has("capture", "origin.test:9".into()) || !has("proxy", serde_json::Value::Null) {
+        return Err(format!(
+            "expected a capture and a proxy failure: {failures:?}"
+        ));
+    }
+    Ok(())
 }
 
 fn getent_shows_synthetic_addresses() -> TestResult {
