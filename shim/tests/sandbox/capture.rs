@@ -32,6 +32,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_channel_that_cannot_be_reached_is_said_and_listed,
         getent_shows_synthetic_addresses,
         a_burst_of_dns_queries_is_answered_in_full,
+        localhost_is_answered_as_loopback_without_a_denial,
         udp_to_a_synthetic_address_is_dropped_and_counted,
         tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
         the_tun_device_is_the_only_route_out,
@@ -575,6 +576,34 @@ fn a_burst_of_dns_queries_is_answered_in_full() -> TestResult {
         .map_err(|e| format!("{e}; {}", all_output(&out)))?;
     let report = read_json(&s.path("report.json"))?;
     expect("dropped", &report["capture"]["dropped"].to_string(), "[]")
+}
+
+fn localhost_is_answered_as_loopback_without_a_denial() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-localhost");
+    // A raw A query for `localhost` to the stub (glibc answers it from /etc/hosts and
+    // never asks; other resolvers do).
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x09localhost\x00\x00\x01\x00\x01"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(5)
+u.sendto(q, (ns, 53))
+r = u.recv(512)
+print("rcode %d answers %d %s" % (r[3] & 15, r[7], socket.inet_ntoa(r[-4:])))
+'"#
+    );
+    let out = embedded(&s, &grant("origin.test", 80), &client);
+    expect("localhost", &stdout(&out), "rcode 0 answers 1 127.0.0.1")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("denied") {
+        return Err(format!("a denial for localhost: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    expect("denials", &report["denials"].to_string(), "[]")
 }
 
 fn udp_to_a_synthetic_address_is_dropped_and_counted() -> TestResult {
