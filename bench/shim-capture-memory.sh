@@ -4,13 +4,20 @@
 # connections to an allowed name WITHOUT the proxy variables (capture carries them), and
 # the shim's RSS is read before and after. Socket mode against a real mediator, so the
 # figure is the shim's own (its stack, flows and channel connections). Everything is on
-# loopback or inside the sandbox's namespace. N=... to change the count (default 1000).
+# loopback or inside the sandbox's namespace. N=... to change the count (default 1000);
+# SHIM=/path/to/shim and MEDIATOR=/path/to/mediator use those binaries instead of building
+# target/release (both given: nothing is built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${N:-1000}
-cargo build --release -p shim -p mediator >/dev/null
-shim="$PWD/target/release/shim"
-mediator="$PWD/target/release/mediator"
+if [ -n "${SHIM:-}" ] && [ -n "${MEDIATOR:-}" ]; then
+    shim=$(realpath "$SHIM")
+    mediator=$(realpath "$MEDIATOR")
+else
+    cargo build --release -p shim -p mediator >/dev/null
+    shim=$(realpath "${SHIM:-$PWD/target/release/shim}")
+    mediator=$(realpath "${MEDIATOR:-$PWD/target/release/mediator}")
+fi
 
 work=$(mktemp -d)
 pids=()

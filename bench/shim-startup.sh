@@ -3,15 +3,20 @@
 # root with its mandatory deny set, a read mask), seccomp, Landlock and the channel
 # binding, against a per-authority socket (standalone-mediator mode) and in embedded mode,
 # with transparent capture (the default: TUN device, netlink, stub resolver) and without.
-# Goal: median under 20 ms, capture on. Prints the medians; RUNS=N to change the run count.
+# Goal: median under 20 ms, capture on. Prints the medians; RUNS=N to change the run count;
+# SHIM=/path/to/shim measures that binary instead of building target/release/shim.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! command -v hyperfine >/dev/null; then
     apt-get install -y hyperfine >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y hyperfine >/dev/null; }
 fi
-cargo build --release -p shim >/dev/null
-shim="$PWD/target/release/shim"
+if [ -n "${SHIM:-}" ]; then
+    shim=$(realpath "$SHIM")
+else
+    cargo build --release -p shim >/dev/null
+    shim="$PWD/target/release/shim"
+fi
 
 work=$(mktemp -d)
 srv=

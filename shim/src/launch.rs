@@ -109,6 +109,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             Summary::without("off", None),
         ),
     };
+    let failures = denials.take_failures();
     let denials = denials.take();
     if let Some(dest) = &settings.report {
         let capture = serde_json::to_value(&summary)
@@ -119,6 +120,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             exit_status: outcome.exit_status,
             connections,
             channel_errors,
+            channel_failures: &failures,
             denials: &denials.0,
             denials_dropped: denials.1,
             source,

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::report::{Denial, Denials};
+use crate::report::{ChannelFailure, Denial, Denials};
 
 /// What the relay counted during the run.
 #[derive(Debug)]
@@ -43,9 +43,20 @@ pub(crate) fn serve(listener: TcpListener, socket: PathBuf, stats: Arc<RelayStat
 }
 
 fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
-    let Ok(upstream) = UnixStream::connect(socket) else {
-        stats.channel_errors.fetch_add(1, Ordering::Relaxed);
-        return;
+    let upstream = match UnixStream::connect(socket) {
+        Ok(u) => u,
+        Err(e) => {
+            stats.channel_errors.fetch_add(1, Ordering::Relaxed);
+            stats.denials.channel_failed(
+                &socket.display().to_string(),
+                ChannelFailure {
+                    via: "proxy",
+                    target: None,
+                    error: e.to_string(),
+                },
+            );
+            return;
+        }
     };
     let (Ok(mut c_read), Ok(mut u_write)) = (client.try_clone(), upstream.try_clone()) else {
         return;

@@ -69,6 +69,24 @@ impl Denial {
 /// Most denials a report lists; later ones are counted in `denials_dropped`, not kept.
 pub(crate) const MAX_DENIALS: usize = 10_000;
 
+/// Most channel failures a report lists; `channel_errors` counts them all.
+pub(crate) const MAX_CHANNEL_FAILURES: usize = 1_000;
+
+/// A connection of the sandbox that could not reach the authority's channel (the
+/// mediator socket is gone or not listening, or it closed without an answer): the
+/// connection failed, and no mediator decided anything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct ChannelFailure {
+    /// `proxy` (a connection to the sandbox's proxy listener) or `capture` (a captured
+    /// connection).
+    pub(crate) via: &'static str,
+    /// The captured connection's `host:port` (`None` for the proxy: the relay does not
+    /// read what the client asks for).
+    pub(crate) target: Option<String>,
+    /// What failed, as the system said it.
+    pub(crate) error: String,
+}
+
 /// The denials of one run, as they are seen (from the relay's threads or the embedded
 /// mediator's connections): at most [`MAX_DENIALS`] kept, the rest counted.
 #[derive(Debug, Default)]
@@ -80,6 +98,8 @@ pub(crate) struct Denials {
     /// The lines said in the last [`REPEAT_WINDOW`] (at most [`RECENT_LINES`]), so that a
     /// client that tries a name's IPv4 and then its IPv6 address is told once.
     recent: Mutex<VecDeque<(String, Instant)>>,
+    /// Connections that could not reach the channel (at most [`MAX_CHANNEL_FAILURES`]).
+    failures: Mutex<Vec<ChannelFailure>>,
 }
 
 /// A line said again within this time is not said again.
@@ -111,6 +131,33 @@ impl Denials {
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records a connection that could not reach the channel `channel` (a socket path or
+    /// `embedded`), and says it on stderr, whatever `live` is (it is not a denial to be
+    /// quieted: nothing decided), at most once per [`REPEAT_WINDOW`] for the same error.
+    pub(crate) fn channel_failed(&self, channel: &str, f: ChannelFailure) {
+        self.say(format!(
+            "shim: cannot reach the channel {channel} ({}): the command's connections fail until a mediator serves it",
+            f.error
+        ));
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if failures.len() < MAX_CHANNEL_FAILURES {
+            failures.push(f);
+        }
+    }
+
+    /// The channel failures kept, in order.
+    pub(crate) fn take_failures(&self) -> Vec<ChannelFailure> {
+        std::mem::take(
+            &mut *self
+                .failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// Print `line` on stderr unless it was printed within [`REPEAT_WINDOW`].
@@ -202,8 +249,10 @@ pub(crate) struct Report<'a> {
     pub(crate) exit_status: i32,
     /// Connections the sandbox opened to its proxy listener.
     pub(crate) connections: u64,
-    /// Connections that could not reach the mediator socket.
+    /// Connections that could not reach the channel (the relay's and capture's).
     pub(crate) channel_errors: u64,
+    /// Those connections, each with what failed (at most [`MAX_CHANNEL_FAILURES`]).
+    pub(crate) channel_failures: &'a [ChannelFailure],
     /// Denials, in the order they were seen (at most [`MAX_DENIALS`]).
     pub(crate) denials: &'a [Denial],
     /// Denials seen beyond [`MAX_DENIALS`].
@@ -266,6 +315,7 @@ mod tests {
             exit_status: 3,
             connections: 1,
             channel_errors: 0,
+            channel_failures: &[],
             denials: &denials,
             denials_dropped: 0,
             source: "test",

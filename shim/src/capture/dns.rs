@@ -2,12 +2,15 @@
 //! a synthetic address of this run ([`super::names`]), so that the child never learns a
 //! real address and every connection to the name comes back to the shim. In embedded
 //! mode a name that no `--allow` entry matches gets NXDOMAIN at once, recorded for
-//! `--report` with its reason. Other query types get NOTIMP (RFC 1035 section 4.1.1).
+//! `--report` with its reason. `localhost` and the names under it are the sandbox's own
+//! loopback (RFC 6761 section 6.3): `127.0.0.1` and `::1`, in either mode, never a
+//! denial. Other query types get NOTIMP (RFC 1035 section 4.1.1).
 //!
 //! Names go through the policy canonicaliser before they are mapped; a name it refuses
 //! gets NXDOMAIN. It never resolves anything for real and never forwards a query.
 
 use std::collections::HashSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
@@ -97,6 +100,15 @@ impl Stub {
             return ResponseCode::NXDomain;
         }
         let host_text = host.as_text();
+        if host_text == "localhost" || host_text.ends_with(".localhost") {
+            let rdata = if qtype == RecordType::A {
+                RData::A(A(Ipv4Addr::LOCALHOST))
+            } else {
+                RData::AAAA(AAAA(Ipv6Addr::LOCALHOST))
+            };
+            resp.add_answer(Record::from_rdata(q.name.clone(), TTL, rdata));
+            return ResponseCode::NoError;
+        }
         if let Some(grant) = &self.grant {
             // Any port: the mediator decides the port when the connection comes.
             let target = policy::Target { host, port: 443 };
@@ -219,6 +231,17 @@ mod tests {
             (0xabcd, ResponseCode::FormErr)
         );
         assert!(s.answer(&[1]).is_none());
+    }
+
+    #[test]
+    fn localhost_is_the_sandboxs_loopback_and_never_a_denial() {
+        let (s, denials) = stub(Some(&["origin.test:8080"]));
+        let a = ask(&s, "localhost.", RecordType::A);
+        assert_eq!(a.answers[0].data, RData::A(A(Ipv4Addr::LOCALHOST)));
+        let aaaa = ask(&s, "db.localhost", RecordType::AAAA);
+        assert_eq!(aaaa.answers[0].data, RData::AAAA(AAAA(Ipv6Addr::LOCALHOST)));
+        assert!(denials.take().0.is_empty());
+        assert_eq!(s.names.host(0), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What capture refused to carry (design section 15): UDP other than DNS, ICMP and every
-//! other protocol, and TCP to an address of the synthetic range that no name was given.
+//! other protocol, TCP to an address of the synthetic range that no name was given, and
+//! DNS datagrams the stub resolver could not answer.
 //! Nothing of it leaves the namespace; each is counted per destination for `--report`.
 //!
 //! Bounded: at most [`MAX_DESTINATIONS`] destinations are told apart; the rest are
@@ -26,6 +27,9 @@ pub(crate) enum Kind {
     Other,
     /// TCP to a synthetic address that the stub resolver never handed out.
     UnmappedTcp,
+    /// A UDP datagram to port 53 that got no answer: a wrong checksum, not a DNS query, a
+    /// reply that would not fit the MTU, or a reply the TUN device did not take.
+    Dns,
 }
 
 /// One destination's count.

@@ -28,7 +28,7 @@ use super::drops::{Drops, Kind};
 use super::names::Names;
 use super::stack::{Conn, NewFlow, Shared};
 use crate::relay::{Sniff, inspect_reply};
-use crate::report::Denials;
+use crate::report::{ChannelFailure, Denials};
 
 /// How long the channel may take to answer a CONNECT (the mediator's own DNS and connect
 /// timeouts are shorter).
@@ -54,6 +54,14 @@ pub(crate) enum Dial {
 }
 
 impl Dial {
+    /// The channel as the user named it: the socket's path, or `embedded`.
+    fn name(&self) -> String {
+        match self {
+            Self::Socket(path) => path.display().to_string(),
+            Self::Embedded { .. } => "embedded".to_owned(),
+        }
+    }
+
     async fn open(&self) -> std::io::Result<UnixStream> {
         match self {
             Self::Socket(path) => UnixStream::connect(path).await,
@@ -173,9 +181,23 @@ pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
 /// `CONNECT target` on a new channel connection: the connection and any bytes that came
 /// after the success reply, or `None` (the denial recorded) when it was refused.
 async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
-    let Ok(mut up) = flows.dial.open().await else {
+    let failed = |error: String| {
         flows.channel_errors.fetch_add(1, Ordering::Relaxed);
-        return None;
+        flows.denials.channel_failed(
+            &flows.dial.name(),
+            ChannelFailure {
+                via: "capture",
+                target: Some(target.to_owned()),
+                error,
+            },
+        );
+    };
+    let mut up = match flows.dial.open().await {
+        Ok(up) => up,
+        Err(e) => {
+            failed(e.to_string());
+            return None;
+        }
     };
     let request =
         format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nX-Mediator-Capture: 1\r\n\r\n");
@@ -184,9 +206,20 @@ async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
         read_answer(&mut up).await
     })
     .await;
-    let Ok(Ok((status_ok, buf, head_len))) = answer else {
-        flows.channel_errors.fetch_add(1, Ordering::Relaxed);
-        return None;
+    let (status_ok, buf, head_len) = match answer {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) if e.kind() == ErrorKind::UnexpectedEof => {
+            failed("it closed the connection without an answer".to_owned());
+            return None;
+        }
+        Ok(Err(e)) => {
+            failed(e.to_string());
+            return None;
+        }
+        Err(_) => {
+            failed(format!("no answer within {} s", ANSWER_TIMEOUT.as_secs()));
+            return None;
+        }
     };
     if status_ok {
         return Some((up, buf[head_len..].to_vec()));
@@ -277,12 +310,12 @@ enum End {
 
 /// Carry bytes both ways until both directions end; a break resets the child.
 async fn relay(conn: Conn, up: UnixStream, early: Vec<u8>) {
-    if !early.is_empty() {
-        // At most MAX_ANSWER bytes: the send buffer has room for them.
-        let _ = conn.with(|s| s.send_slice(&early));
-    }
+    let mut early = Early {
+        bytes: early,
+        sent: 0,
+    };
     let upward = poll_fn(|cx| child_to_channel(&conn, &up, cx));
-    let downward = poll_fn(|cx| channel_to_child(&conn, &up, cx));
+    let downward = poll_fn(|cx| channel_to_child(&conn, &up, &mut early, cx));
     let (a, b) = tokio::join!(upward, downward);
     if a == End::Broken || b == End::Broken {
         conn.abort();
@@ -338,8 +371,22 @@ fn child_to_channel(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<
     }
 }
 
-/// The channel's bytes to the child; its EOF becomes the child's FIN.
-fn channel_to_child(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<End> {
+/// The bytes read from the channel together with its success reply: the first the child
+/// gets, once its handshake is complete (a socket still in SYN-RECEIVED takes none).
+struct Early {
+    bytes: Vec<u8>,
+    /// How many of them the socket has taken.
+    sent: usize,
+}
+
+/// The channel's bytes to the child (first the [`Early`] ones); its EOF becomes the
+/// child's FIN.
+fn channel_to_child(
+    conn: &Conn,
+    up: &UnixStream,
+    early: &mut Early,
+    cx: &mut Context<'_>,
+) -> Poll<End> {
     loop {
         let step = conn.poll_with(cx, |s, cx| {
             if handshaking(s) {
@@ -356,6 +403,15 @@ fn channel_to_child(conn: &Conn, up: &UnixStream, cx: &mut Context<'_>) -> Poll<
             if !s.can_send() {
                 s.register_send_waker(cx.waker());
                 return Poll::Pending;
+            }
+            if early.sent < early.bytes.len() {
+                return Poll::Ready(match s.send_slice(&early.bytes[early.sent..]) {
+                    Ok(n) => {
+                        early.sent += n;
+                        None
+                    }
+                    Err(_) => Some(End::Broken),
+                });
             }
             match up.poll_read_ready(cx) {
                 Poll::Pending => return Poll::Pending,

@@ -29,7 +29,7 @@ use serde::Serialize;
 pub(crate) use addrs::Addresses;
 pub(crate) use drops::Dropped;
 pub(crate) use flow::Dial;
-pub(crate) use stack::MTU;
+pub(crate) use stack::{MTU, TUN_QUEUE};
 
 use crate::error::{Error, Result};
 use crate::report::Denials;

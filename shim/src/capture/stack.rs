@@ -7,11 +7,16 @@
 //!   (see `super::flow`) asks the mediator first, then [`Shared::accept`] gives the SYN to a
 //!   fresh socket (the child's `connect` completes) or [`Shared::refuse`] gives it to no
 //!   socket, so smoltcp answers RST (the child's `connect` fails at once);
-//! - UDP to port 53 (any address) goes to the stub resolver; every other UDP datagram,
-//!   ICMP and every other protocol is dropped and counted (nothing leaves the namespace).
+//! - UDP to port 53 (any address) is answered by the stub resolver as it is read, its
+//!   reply written back to the TUN in the same turn of the loop (no socket buffer to
+//!   overflow in a burst); a datagram the stub cannot answer is dropped and counted; every
+//!   other UDP datagram, ICMP and every other protocol is dropped and counted (nothing
+//!   leaves the namespace).
 //!
 //! Bounded: at most [`MAX_FLOWS`] TCP connections at once (more are refused with RST),
-//! at most [`TX_QUEUE`] packets waiting for the TUN, fixed socket buffers.
+//! at most [`TX_QUEUE`] packets waiting for the TUN, at most [`READ_BATCH`] DNS replies
+//! per turn, fixed socket buffers; the sandbox's kernel queues at most [`TUN_QUEUE`]
+//! packets for the TUN before it drops (a burst that the loop has not read yet).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -20,12 +25,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
-use smoltcp::socket::{tcp, udp};
+use smoltcp::socket::tcp;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
-    HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpProtocol, Ipv4Packet, Ipv6Packet, TcpPacket,
-    UdpPacket,
+    HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet,
+    Ipv6Repr, TcpPacket, UdpPacket, UdpRepr,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, mpsc};
@@ -41,6 +47,9 @@ pub(crate) const MTU: usize = 1500;
 pub(crate) const MAX_FLOWS: usize = 4096;
 /// Most packets queued for the TUN device; smoltcp waits (and TCP retransmits) past it.
 const TX_QUEUE: usize = 1024;
+/// The TUN device's transmit queue in the sandbox (packets): how many the sandbox may
+/// send before the loop reads them (a burst of DNS queries), past which its kernel drops.
+pub(crate) const TUN_QUEUE: u32 = 8192;
 /// Each TCP socket's receive and send buffer (bytes).
 const TCP_BUFFER: usize = 64 * 1024;
 /// How long smoltcp keeps retransmitting to a silent peer before it gives up.
@@ -121,7 +130,6 @@ pub(crate) struct State {
     flows: usize,
     /// Sockets whose flow ended, removed once closed.
     orphans: Vec<SocketHandle>,
-    dns: SocketHandle,
 }
 
 /// What the loop and the flows share.
@@ -285,13 +293,7 @@ pub(crate) fn build(
     let _ = iface.routes_mut().add_default_ipv4_route(addrs.dns_v4());
     let _ = iface.routes_mut().add_default_ipv6_route(addrs.dns_v6());
     iface.set_any_ip(true);
-    let mut sockets = SocketSet::new(Vec::new());
-    let mut dns = udp::Socket::new(
-        udp::PacketBuffer::new(vec![udp::PacketMetadata::EMPTY; 64], vec![0u8; 32 * 1024]),
-        udp::PacketBuffer::new(vec![udp::PacketMetadata::EMPTY; 64], vec![0u8; 32 * 1024]),
-    );
-    let _ = dns.bind(53);
-    let dns = sockets.add(dns);
+    let sockets = SocketSet::new(Vec::new());
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             iface,
@@ -300,7 +302,6 @@ pub(crate) fn build(
             pending: HashMap::new(),
             flows: 0,
             orphans: Vec::new(),
-            dns,
         }),
         wake: Notify::new(),
     });
@@ -323,17 +324,24 @@ pub(crate) async fn run(
     .map_err(std::io::Error::from)?;
     let tun = register(tun)?;
     let mut buf = vec![0u8; MTU + 64];
+    let mut replies = Vec::with_capacity(READ_BATCH);
     loop {
-        // 1. What the sandbox sent.
+        // 1. What the sandbox sent; DNS answered at once.
         let mut closed = false;
+        // Whether the TUN was read empty: only then can the loop wait for its readiness
+        // (cleared below), else what is left would wait for the next packet or timer.
+        let mut drained = false;
         for _ in 0..READ_BATCH {
             match nix::unistd::read(tun.get_ref(), &mut buf) {
                 Ok(0) => {
                     closed = true;
                     break;
                 }
-                Ok(n) => ingress(&shared, &buf[..n], &flows, &parts),
-                Err(nix::errno::Errno::EAGAIN) => break,
+                Ok(n) => ingress(&shared, &buf[..n], &flows, &parts, &mut replies),
+                Err(nix::errno::Errno::EAGAIN) => {
+                    drained = true;
+                    break;
+                }
                 Err(nix::errno::Errno::EINTR) => {}
                 // The namespace is gone (EBADFD, EIO): nothing more will come.
                 Err(e) => return Err(e.into()),
@@ -342,13 +350,15 @@ pub(crate) async fn run(
         if closed {
             return Ok(());
         }
-        // 2. smoltcp's turn, and the stub's answers.
+        for r in replies.drain(..) {
+            if nix::unistd::write(&tun, &r.frame).is_err() {
+                count(&parts, Kind::Dns, IpProtocol::Udp, r.to, Some(53));
+            }
+        }
+        // 2. smoltcp's turn.
         let (frames, delay) = {
             let mut st = shared.lock();
             st.poll();
-            if answer_dns(&mut st, &parts.stub) {
-                st.poll();
-            }
             st.reap();
             let frames: Vec<Vec<u8>> = st.queues.tx.drain(..).collect();
             let delay = {
@@ -365,7 +375,7 @@ pub(crate) async fn run(
         let delay = delay.map_or(std::time::Duration::from_secs(1), |d| {
             std::time::Duration::from_micros(d.total_micros())
         });
-        if delay.is_zero() {
+        if delay.is_zero() || !drained {
             tokio::task::yield_now().await;
             continue;
         }
@@ -389,8 +399,21 @@ fn register(tun: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register(tun) }.map_err(std::io::Error::from)
 }
 
-/// One IP packet from the sandbox.
-fn ingress(shared: &Shared, frame: &[u8], flows: &mpsc::Sender<NewFlow>, parts: &Parts) {
+/// A DNS reply to write to the TUN.
+struct Reply {
+    frame: Vec<u8>,
+    /// The address the query went to (for the drop count, should the write fail).
+    to: IpAddr,
+}
+
+/// One IP packet from the sandbox; a DNS query's reply goes to `replies`.
+fn ingress(
+    shared: &Shared,
+    frame: &[u8],
+    flows: &mpsc::Sender<NewFlow>,
+    parts: &Parts,
+    replies: &mut Vec<Reply>,
+) {
     let Some(p) = Parsed::of(frame) else { return };
     match p.protocol {
         IpProtocol::Tcp => {
@@ -428,7 +451,10 @@ fn ingress(shared: &Shared, frame: &[u8], flows: &mpsc::Sender<NewFlow>, parts: 
                 return;
             };
             if udp.dst_port() == 53 {
-                shared.lock().queues.rx.push_back(frame.to_vec());
+                match dns_reply(&p, &udp, &parts.stub) {
+                    Some(frame) => replies.push(Reply { frame, to: p.dst }),
+                    None => count(parts, Kind::Dns, p.protocol, p.dst, Some(53)),
+                }
             } else {
                 count(parts, Kind::Udp, p.protocol, p.dst, Some(udp.dst_port()));
             }
@@ -453,22 +479,63 @@ fn count(parts: &Parts, kind: Kind, protocol: IpProtocol, dst: IpAddr, port: Opt
     parts.drops.count(kind, u8::from(protocol), dst, port, host);
 }
 
-/// Answer every query the stub's UDP socket holds; `true` if any answer was queued.
-fn answer_dns(st: &mut State, stub: &Stub) -> bool {
-    let socket = st.sockets.get_mut::<udp::Socket<'_>>(st.dns);
-    let mut answered = false;
-    while let Ok((query, meta)) = socket.recv() {
-        let Some(reply) = stub.answer(query) else {
-            continue;
-        };
-        let mut out = udp::UdpMetadata::from(meta.endpoint);
-        // From the address the query went to, whichever it was.
-        out.local_address = meta.local_address;
-        if socket.send_slice(&reply, out).is_ok() {
-            answered = true;
-        }
+/// The stub's answer to the DNS query in `udp` as an IP packet back to its sender, from
+/// the address the query went to; `None` when the checksum is wrong, the message is not a
+/// query, or the reply would not fit the MTU.
+fn dns_reply(p: &Parsed<'_>, udp: &UdpPacket<&[u8]>, stub: &Stub) -> Option<Vec<u8>> {
+    let (src, dst) = (IpAddress::from(p.src), IpAddress::from(p.dst));
+    // RFC 768: a zero checksum over IPv4 means none was computed.
+    let unchecked = p.src.is_ipv4() && udp.checksum() == 0;
+    if !unchecked && !udp.verify_checksum(&src, &dst) {
+        return None;
     }
-    answered
+    let reply = stub.answer(udp.payload())?;
+    let caps = ChecksumCapabilities::default();
+    let repr = UdpRepr {
+        src_port: udp.dst_port(),
+        dst_port: udp.src_port(),
+    };
+    let udp_len = repr.header_len() + reply.len();
+    let (mut frame, header) = match (p.dst, p.src) {
+        (IpAddr::V4(from), IpAddr::V4(to)) => {
+            let ip = Ipv4Repr {
+                src_addr: from,
+                dst_addr: to,
+                next_header: IpProtocol::Udp,
+                payload_len: udp_len,
+                hop_limit: 64,
+            };
+            let mut frame = vec![0u8; ip.buffer_len() + udp_len];
+            ip.emit(&mut Ipv4Packet::new_unchecked(&mut frame), &caps);
+            (frame, ip.buffer_len())
+        }
+        (IpAddr::V6(from), IpAddr::V6(to)) => {
+            let ip = Ipv6Repr {
+                src_addr: from,
+                dst_addr: to,
+                next_header: IpProtocol::Udp,
+                payload_len: udp_len,
+                hop_limit: 64,
+            };
+            let mut frame = vec![0u8; ip.buffer_len() + udp_len];
+            ip.emit(&mut Ipv6Packet::new_unchecked(&mut frame));
+            (frame, ip.buffer_len())
+        }
+        _ => return None,
+    };
+    if frame.len() > MTU {
+        return None;
+    }
+    let mut out = UdpPacket::new_unchecked(&mut frame[header..]);
+    repr.emit(
+        &mut out,
+        &dst,
+        &src,
+        reply.len(),
+        |b| b.copy_from_slice(&reply),
+        &caps,
+    );
+    Some(frame)
 }
 
 /// The parts of an IP packet the loop looks at.

@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 
-use crate::capture::{Addresses, MTU};
+use crate::capture::{Addresses, MTU, TUN_QUEUE};
 use crate::error::{Error, Result};
 use crate::linux::sys;
 
@@ -61,13 +61,14 @@ pub(crate) fn create(addrs: &Addresses) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Up, MTU, the sandbox's own addresses, and the two default routes.
+/// Up, MTU, transmit queue, the sandbox's own addresses, and the two default routes.
 async fn configure(index: u32, addrs: &Addresses) -> Result<()> {
     let (connection, handle, _) =
         rtnetlink::new_connection().map_err(|e| failed("open an rtnetlink socket", e))?;
     let task = tokio::spawn(connection);
     let link = rtnetlink::LinkUnspec::new_with_index(index)
         .mtu(MTU as u32)
+        .txqueuelen(TUN_QUEUE)
         .up()
         .build();
     handle

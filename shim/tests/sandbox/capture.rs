@@ -26,9 +26,13 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
     cases![
         curl_without_proxy_reaches_an_allowed_origin_and_the_log_says_capture,
         a_raw_socket_client_is_carried_byte_exact_with_half_close,
+        bytes_an_origin_sends_first_reach_the_client_every_time,
         a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
         socket_mode_marks_the_connect_and_a_denial_resets_at_once,
+        a_channel_that_cannot_be_reached_is_said_and_listed,
         getent_shows_synthetic_addresses,
+        a_burst_of_dns_queries_is_answered_in_full,
+        localhost_is_answered_as_loopback_without_a_denial,
         udp_to_a_synthetic_address_is_dropped_and_counted,
         tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
         the_tun_device_is_the_only_route_out,
@@ -221,6 +225,99 @@ print("same" if bytes(got) == data else "differ: %d bytes back" % len(got))
     expect("echo", &stdout(&out), "same").map_err(|e| format!("{e}; {}", all_output(&out)))
 }
 
+/// An origin on 127.0.0.1 that speaks first: `banner` on accept, then, if `half_close`,
+/// its FIN at once (and it reads until the client's); else an echo until EOF.
+fn speaking_origin(banner: &'static [u8], half_close: bool) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            std::thread::spawn(move || {
+                if c.write_all(banner).is_err() {
+                    return;
+                }
+                if half_close {
+                    let _ = c.shutdown(Shutdown::Write);
+                }
+                let mut buf = [0u8; 4096];
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if !half_close && c.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = c.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+fn bytes_an_origin_sends_first_reach_the_client_every_time() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-first");
+    let banner = speaking_origin(b"SSH-2.0-banner\r\n", false);
+    let bye = speaking_origin(b"bye-first\n", true);
+    // The origin's first bytes often come in the same read as the channel's 200, while
+    // the child's handshake with the stack is still completing; 50 connections of each
+    // kind, each checked byte for byte.
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket
+bad = []
+def read_all(s):
+    got = b""
+    while True:
+        b = s.recv(4096)
+        if not b:
+            return got
+        got += b
+for i in range(50):
+    s = socket.create_connection(("banner.test", {banner}), timeout=10)
+    got = b""
+    while not got.endswith(b"\r\n"):
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    if got != b"SSH-2.0-banner\r\n":
+        bad.append(("banner", i, got))
+    s.sendall(b"hello\n")
+    s.shutdown(socket.SHUT_WR)
+    got = read_all(s)
+    if got != b"hello\n":
+        bad.append(("echo", i, got))
+    s.close()
+    s = socket.create_connection(("bye.test", {bye}), timeout=10)
+    got = read_all(s)
+    if got != b"bye-first\n":
+        bad.append(("bye", i, got))
+    s.close()
+print("all %d" % (2 * 50) if not bad else "lost %d: %r" % (len(bad), bad[:5]))
+'"#
+    );
+    let flags = args![
+        "--allow",
+        format!("banner.test:{banner}"),
+        "--allow",
+        format!("bye.test:{bye}"),
+        "--resolve",
+        "banner.test=127.0.0.1",
+        "--resolve",
+        "bye.test=127.0.0.1",
+        "--allow-private",
+        "127.0.0.1/32",
+    ];
+    let out = embedded(&s, &flags, &client);
+    expect("first bytes", &stdout(&out), "all 100")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))
+}
+
 fn a_name_outside_the_grant_is_nxdomain_at_once_and_reported() -> TestResult {
     tun_usable()?;
     let s = Scratch::new("cap-nx");
@@ -377,6 +474,63 @@ except ConnectionRefusedError:
     expect("refused", &report["capture"]["refused"].to_string(), "1")
 }
 
+fn a_channel_that_cannot_be_reached_is_said_and_listed() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-dead");
+    std::fs::create_dir_all(s.path("dead")).unwrap();
+    let socket = s.path("dead/x.sock");
+    // A socket file nobody listens on: connect() is refused.
+    drop(UnixListener::bind(&socket).unwrap());
+    let out = Command::new(SHIM)
+        .arg("--mediator-socket")
+        .arg(&socket)
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "curl -sS --noproxy '*' -m 5 http://origin.test:9/ 2>/dev/null; \
+             curl -sS -m 5 http://proxied.test:9/ 2>/dev/null; echo ran",
+        ])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = format!(
+        "shim: cannot reach the channel {} (Connection refused (os error 111)): the command's connections fail until a mediator serves it",
+        socket.display()
+    );
+    if !stderr.contains(&line) {
+        return Err(format!("expected {line:?} on stderr: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    let failures = report["channel_failures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let errors = report["channel_errors"].as_u64().unwrap_or(0);
+    if errors == 0 || failures.len() as u64 != errors {
+        return Err(format!(
+            "expected each of the channel_errors listed: {errors} vs {failures:?}"
+        ));
+    }
+    let has = |via: &str, target: serde_json::Value| {
+        failures.iter().any(|f| {
+            f["via"] == via
+                && f["target"] == target
+                && f["error"] == "Connection refused (os error 111)"
+        })
+    };
+    if !has("capture", "origin.test:9".into()) || !has("proxy", serde_json::Value::Null) {
+        return Err(format!(
+            "expected a capture and a proxy failure: {failures:?}"
+        ));
+    }
+    Ok(())
+}
+
 fn getent_shows_synthetic_addresses() -> TestResult {
     tun_usable()?;
     let s = Scratch::new("cap-getent");
@@ -403,6 +557,53 @@ fn getent_shows_synthetic_addresses() -> TestResult {
         return Err(format!("{ip} is not in 198.18.0.0/15"));
     }
     Ok(())
+}
+
+fn a_burst_of_dns_queries_is_answered_in_full() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-dns-burst");
+    let out = Command::new(SHIM)
+        .args(["--allow", "*.burst.test"])
+        .arg("--report-file")
+        .arg(s.path("report.json"))
+        .arg("--")
+        .arg(crate::support::me())
+        .args(["probe", "dns-burst", "3000"])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    expect("burst", &stdout(&out), "answered 3000 of 3000")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let report = read_json(&s.path("report.json"))?;
+    expect("dropped", &report["capture"]["dropped"].to_string(), "[]")
+}
+
+fn localhost_is_answered_as_loopback_without_a_denial() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-localhost");
+    // A raw A query for `localhost` to the stub (glibc answers it from /etc/hosts and
+    // never asks; other resolvers do).
+    let client = format!(
+        r#"{PYTHON} -c '
+import socket
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x09localhost\x00\x00\x01\x00\x01"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(5)
+u.sendto(q, (ns, 53))
+r = u.recv(512)
+print("rcode %d answers %d %s" % (r[3] & 15, r[7], socket.inet_ntoa(r[-4:])))
+'"#
+    );
+    let out = embedded(&s, &grant("origin.test", 80), &client);
+    expect("localhost", &stdout(&out), "rcode 0 answers 1 127.0.0.1")
+        .map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("denied") {
+        return Err(format!("a denial for localhost: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    expect("denials", &report["denials"].to_string(), "[]")
 }
 
 fn udp_to_a_synthetic_address_is_dropped_and_counted() -> TestResult {

@@ -160,6 +160,7 @@ pub(crate) fn main(args: &[String]) -> i32 {
                 Err(e) => errno_result::<()>(Err(e)),
             }
         }
+        "dns-burst" => dns_burst(a(1).parse().unwrap_or(0)),
         "pids" => {
             let mut pids: Vec<u32> = std::fs::read_dir("/proc")
                 .unwrap()
@@ -279,4 +280,52 @@ pub(crate) fn main(args: &[String]) -> i32 {
     };
     println!("{out}");
     0
+}
+
+/// `answered K of N`: N A queries (ids 0..N, names `qI.burst.test`) sent back to back from one
+/// UDP socket to the resolver `/etc/resolv.conf` names, while another thread counts the
+/// distinct ids answered (until 3 s pass without an answer).
+fn dns_burst(n: u16) -> String {
+    let conf = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let Some(server) = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("nameserver "))
+        .and_then(|a| a.trim().parse::<std::net::IpAddr>().ok())
+    else {
+        return format!("no nameserver in {conf:?}");
+    };
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    socket.connect((server, 53)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    // Room for the replies while this thread is not scheduled (capped by rmem_max).
+    let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &(8 << 20));
+    let sender = socket.try_clone().unwrap();
+    let send = std::thread::spawn(move || {
+        for id in 0..n {
+            let mut q = id.to_be_bytes().to_vec();
+            q.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+            let label = format!("q{id}");
+            q.push(label.len() as u8);
+            q.extend_from_slice(label.as_bytes());
+            q.extend_from_slice(b"\x05burst\x04test\x00\x00\x01\x00\x01");
+            let _ = sender.send(&q);
+        }
+    });
+    let mut seen = vec![false; usize::from(n)];
+    let mut buf = [0u8; 1500];
+    while let Ok(len) = socket.recv(&mut buf) {
+        if len >= 2 {
+            let id = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+            if let Some(s) = seen.get_mut(id) {
+                *s = true;
+            }
+        }
+        if seen.iter().all(|s| *s) {
+            break;
+        }
+    }
+    let _ = send.join();
+    format!("answered {} of {n}", seen.iter().filter(|s| **s).count())
 }
