@@ -348,8 +348,9 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let authority =
+        let mut authority =
             policy::config::parse_authority(&text, &global).map_err(CreateError::Invalid)?;
+        crate::credential::load_secrets(&mut authority).map_err(credential_errors)?;
         let live = self.add(authority, Origin::Api)?;
         self.api_tables
             .lock()
@@ -425,7 +426,13 @@ impl Control {
                 if !is_api {
                     continue;
                 }
-                let authority = match policy::config::parse_authority(&text, &config.global_deny) {
+                let parsed = policy::config::parse_authority(&text, &config.global_deny).and_then(
+                    |mut a| {
+                        crate::credential::load_secrets(&mut a).map_err(credential_fields)?;
+                        Ok(a)
+                    },
+                );
+                let authority = match parsed {
                     Ok(a) => a,
                     Err(e) => {
                         // Cannot happen for a table that was valid with other deny entries,
@@ -485,8 +492,10 @@ impl Control {
                 continue;
             };
             let current = self.shared.authorities.get(name);
-            let same = current.as_ref().is_some_and(|l| l.origin == Origin::Config)
-                && old.authorities.get(name) == Some(fp);
+            // A rotated secret is a change too (a new generation), with the same table.
+            let same = current.as_ref().is_some_and(|l| {
+                l.origin == Origin::Config && same_secrets(&l.authority, &authority)
+            }) && old.authorities.get(name) == Some(fp);
             if same {
                 report.unchanged.push(name.clone());
                 continue;
@@ -542,6 +551,31 @@ impl Control {
         }
         report
     }
+}
+
+/// Whether two authorities of one table hold the same secrets (a reload re-reads them).
+fn same_secrets(old: &Authority, new: &Authority) -> bool {
+    old.credentials.len() == new.credentials.len()
+        && old
+            .credentials
+            .iter()
+            .zip(&new.credentials)
+            .all(|(a, b)| a.same_secret(b))
+}
+
+/// Secrets of an authority from the admin API that cannot be loaded, as field errors.
+fn credential_errors(errors: Vec<String>) -> CreateError {
+    CreateError::Invalid(credential_fields(errors))
+}
+
+fn credential_fields(errors: Vec<String>) -> Vec<FieldError> {
+    errors
+        .into_iter()
+        .map(|message| FieldError {
+            field: "credential".into(),
+            message,
+        })
+        .collect()
 }
 
 /// Whether two authorities of one name are reached the same way: the same socket settings

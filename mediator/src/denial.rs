@@ -192,7 +192,8 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
             | Reason::SpecialAddress
             | Reason::PortNotAllowed
             | Reason::SniMismatch
-            | Reason::WatchdogDenied,
+            | Reason::WatchdogDenied
+            | Reason::CredentialMisuse,
             _,
         ) => 403,
     }
@@ -220,7 +221,8 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
             | Reason::BadCredential
             | Reason::SniMismatch
             | Reason::WatchdogDenied
-            | Reason::RateLimited,
+            | Reason::RateLimited
+            | Reason::CredentialMisuse,
             _,
         ) => 0x02,
     }

@@ -18,6 +18,7 @@ pub mod config;
 mod conn;
 mod control;
 mod counting;
+mod credential;
 pub mod decision_log;
 pub mod demo;
 pub mod denial;

@@ -237,6 +237,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     for note in notes {
                         println!("{note}");
                     }
+                    for a in &cfg.authorities {
+                        for c in &a.credentials {
+                            println!(
+                                "credential: authority {:?}: {} for {} from {} (loaded)",
+                                a.grant.name(),
+                                c.header(),
+                                c.host(),
+                                c.source
+                            );
+                        }
+                    }
                     println!("limits: {}", mediator::limits_of(&cfg));
                     if cfg.upstream.mode == policy::config::UpstreamMode::System {
                         match system_upstream(&cfg) {
@@ -261,7 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("--config FILE is required (or try `mediator demo`)")?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read config {}", path.display()))?;
-            let config = match policy::config::parse(&text, &path.display().to_string()) {
+            let config = match mediator::config::parse(&text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{:#}", anyhow::Error::from(e));
@@ -426,7 +437,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
-            policy::config::parse(&text, &path.display().to_string())
+            mediator::config::parse(&text, &path.display().to_string())
                 .map(|c| (c, text))
                 .map_err(|e| e.to_string())
         });

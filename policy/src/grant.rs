@@ -837,6 +837,14 @@ impl Grant {
         Ok(Pin(addrs.to_vec()))
     }
 
+    /// Whether every target `pattern` can match is terminated (covered by a
+    /// `tls_terminate` pattern).
+    pub(crate) fn terminates_pattern(&self, pattern: &HostPattern) -> bool {
+        self.tls_terminate
+            .iter()
+            .any(|t| pattern_covers(t, pattern))
+    }
+
     /// Whether `target` matches a `tls_terminate` pattern.
     pub fn terminates_tls(&self, target: &Target) -> bool {
         self.tls_terminate.iter().any(|p| p.matches(target))

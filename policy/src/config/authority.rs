@@ -11,6 +11,7 @@ use std::ops::Range;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::credential::{self, Credential, CredentialSpec};
 use super::raw::RawAuthority;
 use super::validate::{Ctx, MAX_CONNECTIONS, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
@@ -33,6 +34,9 @@ pub struct Authority {
     pub watchdog: Option<WatchdogEndpoint>,
     /// How much of the mediator this authority may hold (design section 13).
     pub limits: AuthorityLimits,
+    /// Secrets the mediator adds for this authority (design section 14), in table order;
+    /// their secrets are loaded by the caller ([`Credential::set_secret`]).
+    pub credentials: Vec<Credential>,
 }
 
 /// An authority's own limits (design section 13).
@@ -291,9 +295,12 @@ impl Validator<'_> {
         };
 
         let limits = self.authority_limits(raw, label);
+        let grant = grant?;
+        let credentials = self.credentials(raw, label, &grant);
 
         Some(Authority {
-            grant: grant?,
+            grant,
+            credentials,
             token_sha256,
             socket_mode,
             socket_uid: raw.socket_uid,
@@ -301,6 +308,50 @@ impl Validator<'_> {
             watchdog,
             limits,
         })
+    }
+
+    /// `[[authority.credential]]` of one authority whose grant is valid.
+    fn credentials(&mut self, raw: &RawAuthority, label: &str, grant: &Grant) -> Vec<Credential> {
+        let mut out = Vec::new();
+        let mut positions = Vec::new();
+        for (i, item) in raw.credential.iter().flatten().enumerate() {
+            let r = item.get_ref();
+            let spec = CredentialSpec {
+                host: r.host.clone(),
+                header: r.header.clone(),
+                secret_file: r.secret_file.clone(),
+                secret_env: r.secret_env.clone(),
+                format: r.format.clone(),
+                placeholder: r.placeholder.clone(),
+                child_env: r.child_env.clone(),
+            };
+            let location = format!(
+                "{}: {label}: credential[{}]",
+                self.at(Some(item.span())),
+                i + 1
+            );
+            match credential::build(&spec, i + 1, location, |p| grant.terminates_pattern(p)) {
+                Ok(c) => {
+                    out.push(c);
+                    positions.push((i + 1, item.span()));
+                }
+                Err(errors) => {
+                    for e in errors {
+                        self.error(Some(item.span()), label, e);
+                    }
+                }
+            }
+        }
+        let numbered: Vec<(usize, &Credential)> =
+            positions.iter().map(|(p, _)| *p).zip(out.iter()).collect();
+        for (at, e) in credential::check_placeholders(&numbered) {
+            let span = positions
+                .iter()
+                .find(|(p, _)| *p == at)
+                .map(|(_, s)| s.clone());
+            self.error(span, label, e);
+        }
+        out
     }
 
     /// `max_connections`, `connect_rate` and `connect_burst` of one authority.

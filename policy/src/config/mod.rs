@@ -10,12 +10,14 @@
 //! - `validate`: the located-error `Validator` and the small sections;
 //! - `upstream`: `[upstream]` and its [`Upstream`];
 //! - `watchdog`: an authority's `watchdog` key, parsed once into a [`WatchdogEndpoint`];
+//! - `credential`: `[[authority.credential]]` and its [`Credential`] (design section 14);
 //! - `authority`: `[[authority]]`, its [`Authority`] and [`parse_authority`].
 //!
 //! Like the rest of the crate, none of it reads files (the caller hands over the text),
 //! resolves names or checks that paths exist.
 
 mod authority;
+mod credential;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -38,6 +40,7 @@ use raw::{
 use validate::{Ctx, Validator};
 
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
+pub use credential::{Credential, Secret, SecretSource};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 

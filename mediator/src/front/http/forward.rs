@@ -120,6 +120,10 @@ pub(crate) async fn forward(
     if !shared.authorities.is_live(&authority) {
         return refuse(&shared, &ctx, Protocol::Http, &label, revoked(name));
     }
+    // A placeholder of the authority's credentials never goes out in clear text.
+    if let Err(denial) = crate::credential::check_plain(&authority, &target, &uri, req.headers()) {
+        return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+    }
     // The request rules of a terminated host narrow its plain http:// requests too (else
     // `POST http://host/admin` would pass a GET-only rule), and these lines carry the
     // method and path like the `tls` lines of its tunnels. A host the grant does not allow
