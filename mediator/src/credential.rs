@@ -149,6 +149,19 @@ pub(crate) fn check_plain(
     }
 }
 
+/// A request's header map as the request rules read it.
+pub(crate) struct Headers<'a>(pub(crate) &'a HeaderMap);
+
+impl policy::HeaderLookup for Headers<'_> {
+    fn values(&self, name: &str) -> Vec<&[u8]> {
+        self.0
+            .get_all(name)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect()
+    }
+}
+
 fn where_sent(c: &Credential, target: &Target) -> &'static str {
     if c.belongs_to(target) {
         "outside its header"

@@ -29,6 +29,7 @@ mod pac;
 mod parent;
 mod parent_https;
 mod rejudge;
+mod request_rules;
 mod service;
 mod sni;
 mod socks5;

@@ -433,10 +433,14 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
             .with_cause(Cause::Misdirected),
         );
     }
-    let decision =
-        authority
-            .grant
-            .decide_request(&env.target, req.method().as_str(), req.uri().path());
+    // Scoped: the header view is not kept across an await.
+    let decision = {
+        let headers = crate::credential::Headers(req.headers());
+        let facts = policy::RequestFacts::new(req.method().as_str(), req.uri().path())
+            .with_query(req.uri().query())
+            .with_headers(&headers);
+        authority.grant.decide_request(&env.target, &facts)
+    };
     if !decision.is_allow() {
         return refuse(Denial::from(decision));
     }

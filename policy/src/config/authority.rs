@@ -409,6 +409,8 @@ fn request_rule_specs(raw: &RawAuthority) -> Vec<RequestRuleSpec> {
                 host: r.host.clone().unwrap_or_default(),
                 methods: r.methods.clone().unwrap_or_default(),
                 path_prefixes: r.path_prefixes.clone().unwrap_or_default(),
+                headers: r.headers.clone().unwrap_or_default().into_iter().collect(),
+                query: r.query.clone(),
             }
         })
         .collect()

@@ -134,6 +134,8 @@ pub(super) struct RawRequestRule {
     pub(super) host: Option<String>,
     pub(super) methods: Option<Vec<String>>,
     pub(super) path_prefixes: Option<Vec<String>>,
+    pub(super) headers: Option<BTreeMap<String, String>>,
+    pub(super) query: Option<Vec<String>>,
 }
 
 /// `[[authority.credential]]` (design section 14).

@@ -675,7 +675,7 @@ path_prefixes = ["public"]
     };
     assert!(
         errors[0]
-            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`"),
+            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`, `headers`, `query`"),
         "{errors:?}"
     );
 }

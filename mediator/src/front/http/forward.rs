@@ -141,9 +141,14 @@ pub(crate) async fn forward(
     };
     let ctx = request_ctx;
     if authority.grant.decide(&target).is_allow() {
-        let decision = authority
-            .grant
-            .decide_request(&target, req.method().as_str(), uri.path());
+        // Scoped: the header view is not kept across an await.
+        let decision = {
+            let headers = crate::credential::Headers(req.headers());
+            let facts = policy::RequestFacts::new(req.method().as_str(), uri.path())
+                .with_query(uri.query())
+                .with_headers(&headers);
+            authority.grant.decide_request(&target, &facts)
+        };
         if !decision.is_allow() {
             return refuse(
                 &shared,
