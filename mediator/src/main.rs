@@ -237,6 +237,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     for note in notes {
                         println!("{note}");
                     }
+                    for w in &cfg.warnings {
+                        println!("warning: {w}");
+                    }
                     for a in &cfg.authorities {
                         for c in &a.credentials {
                             println!(
@@ -280,6 +283,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(1));
                 }
             };
+            for w in &config.warnings {
+                eprintln!("mediator: warning: {w}");
+            }
             let rt = tokio::runtime::Runtime::new()?;
             let log = rt.block_on(serve(config, text, path, cli.watch_config))?;
             // Connections still running after the shutdown grace are dropped with the

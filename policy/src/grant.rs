@@ -873,6 +873,34 @@ impl Grant {
         Ok(Pin(addrs.to_vec()))
     }
 
+    /// For each allow entry that a deny entry (the grant's or `[global] deny`) refuses
+    /// whole: its index and that deny entry as written.
+    pub(crate) fn shadowed_allows(&self) -> Vec<(usize, &str)> {
+        self.allow
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                self.deny
+                    .iter()
+                    .find(|d| pattern_covers(d, a))
+                    .map(|d| (i, d.source.as_str()))
+            })
+            .collect()
+    }
+
+    /// Whether some allow entry can match a target that `pattern` matches (approximately:
+    /// one covers the other).
+    pub(crate) fn reaches(&self, pattern: &HostPattern) -> bool {
+        self.allow
+            .iter()
+            .any(|a| pattern_covers(a, pattern) || pattern_covers(pattern, a))
+    }
+
+    /// The host patterns of the request rules, by 0-based index.
+    pub(crate) fn request_rule_hosts(&self) -> impl Iterator<Item = (usize, &HostPattern)> {
+        self.request_rules.iter().map(|r| (r.position - 1, &r.host))
+    }
+
     /// Whether every target `pattern` can match is terminated (covered by a
     /// `tls_terminate` pattern).
     pub(crate) fn terminates_pattern(&self, pattern: &HostPattern) -> bool {

@@ -83,3 +83,20 @@ async fn check_counts_authorities_in_words() -> Result<()> {
     );
     Ok(())
 }
+
+/// `mediator check` warns, with the location, about an allow entry a deny entry refuses
+/// whole, and still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_about_an_allow_entry_a_deny_entry_refuses_whole() -> Result<()> {
+    let (status, out) = mediator()
+        .authority(agent_a_spec().deny(&["*"]))
+        .check()
+        .await?;
+    ensure!(status.success(), "{out}");
+    ensure!(
+        out.lines().any(|l| l.starts_with("warning: ")
+            && l.contains(": authority \"agent-a\": allow entry \"origin.test\" never allows anything: deny entry \"*\" refuses every destination it matches")),
+        "{out}"
+    );
+    Ok(())
+}

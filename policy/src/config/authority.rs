@@ -297,6 +297,7 @@ impl Validator<'_> {
         let limits = self.authority_limits(raw, label);
         let grant = grant?;
         let credentials = self.credentials(raw, label, &grant);
+        self.unreachable_policy(raw, label, &grant, &credentials);
 
         Some(Authority {
             grant,
@@ -308,6 +309,84 @@ impl Validator<'_> {
             watchdog,
             limits,
         })
+    }
+
+    /// Warnings for policy of one authority that cannot do what it says.
+    fn unreachable_policy(
+        &mut self,
+        raw: &RawAuthority,
+        label: &str,
+        grant: &Grant,
+        credentials: &[Credential],
+    ) {
+        for (i, deny) in grant.shadowed_allows() {
+            let entry = raw.allow.as_ref().and_then(|l| l.get(i));
+            self.warn(
+                entry.map(Spanned::span),
+                label,
+                format!(
+                    "allow entry {:?} never allows anything: deny entry {deny:?} refuses every destination it matches",
+                    entry.map(|e| e.get_ref().as_str()).unwrap_or_default()
+                ),
+            );
+        }
+        for (i, host) in grant.request_rule_hosts() {
+            if !grant.reaches(host) {
+                let span = raw
+                    .request_rule
+                    .as_ref()
+                    .and_then(|r| r.get(i))
+                    .map(Spanned::span);
+                self.warn(
+                    span,
+                    label,
+                    format!(
+                        "request_rule[{}]: no allow entry reaches host {:?}, so the rule never applies",
+                        i + 1,
+                        host.source
+                    ),
+                );
+            }
+        }
+        let spans: Vec<_> = raw.credential.iter().flatten().map(Spanned::span).collect();
+        for (i, c) in credentials.iter().enumerate() {
+            if !grant.reaches(c.pattern()) {
+                self.warn(
+                    spans.get(i).cloned(),
+                    label,
+                    format!(
+                        "credential[{}]: no allow entry reaches host {:?}, so the secret is never used",
+                        i + 1,
+                        c.host()
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Without `[listen] tcp`, a `token_sha256` is never asked for: a warning at each.
+    pub(super) fn tokens_need_tcp(&mut self, authorities: &Spanned<DeValue<'_>>) {
+        let DeValue::Array(items) = authorities.get_ref() else {
+            return;
+        };
+        for item in items {
+            let Some(token) = item.get_ref().get("token_sha256") else {
+                continue;
+            };
+            let what = match item
+                .get_ref()
+                .get("name")
+                .and_then(|n| n.get_ref().as_str())
+            {
+                Some(name) => format!("authority {name:?}"),
+                None => "authority".to_owned(),
+            };
+            self.warn(
+                Some(token.span()),
+                &what,
+                "token_sha256 is set but there is no TCP listener ([listen] tcp), so the token is never used",
+            );
+        }
     }
 
     /// `[[authority.credential]]` of one authority whose grant is valid.

@@ -72,6 +72,10 @@ pub struct Credential {
 }
 
 impl Credential {
+    pub(crate) fn pattern(&self) -> &HostPattern {
+        &self.host
+    }
+
     /// The host pattern as written (`api.github.com`).
     pub fn host(&self) -> &str {
         &self.host.source

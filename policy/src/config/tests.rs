@@ -840,3 +840,62 @@ fn credential_errors_are_located() {
         }
     }
 }
+
+#[test]
+fn policy_that_cannot_do_what_it_says_is_warned_about_with_its_location() {
+    let text = r#"[listen]
+tcp = "0.0.0.0:3128"
+
+[tls]
+ca_dir = "/tmp/ca"
+
+[global]
+deny = ["*.internal.example"]
+
+[[authority]]
+name = "agent-a"
+allow = ["api.example.com", "a.internal.example", "b.example.com"]
+deny = ["*"]
+token_sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
+tls_terminate = ["api.example.com", "other.example.com"]
+
+[[authority.request_rule]]
+host = "other.example.com"
+methods = ["GET"]
+
+[[authority.credential]]
+host = "other.example.com"
+header = "Authorization"
+secret_env = "T"
+"#;
+    let c = parse(text, "m.toml").unwrap();
+    assert_eq!(
+        c.warnings,
+        [
+            "m.toml:2:7: [listen]: tcp = \"0.0.0.0:3128\" is not a loopback address: every host that can reach it may try tokens (the listener is meant for this host's processes)",
+            "m.toml:12:10: authority \"agent-a\": allow entry \"api.example.com\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:12:29: authority \"agent-a\": allow entry \"a.internal.example\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:12:51: authority \"agent-a\": allow entry \"b.example.com\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:17:1: authority \"agent-a\": request_rule[1]: no allow entry reaches host \"other.example.com\", so the rule never applies",
+            "m.toml:21:1: authority \"agent-a\": credential[1]: no allow entry reaches host \"other.example.com\", so the secret is never used",
+        ]
+    );
+    // Without a TCP listener, a token is never used; the global deny list shadows too.
+    let text = text
+        .replace("tcp = \"0.0.0.0:3128\"", "")
+        .replace("deny = [\"*\"]", "deny = []");
+    let c = parse(&text, "m.toml").unwrap();
+    assert!(
+        c.warnings.iter().any(|w| w.contains("allow entry \"a.internal.example\" never allows anything: deny entry \"*.internal.example\"")),
+        "{:?}",
+        c.warnings
+    );
+    assert!(
+        c.warnings.iter().any(|w| w.starts_with(
+            "m.toml:14:16: authority \"agent-a\": token_sha256 is set but there is no TCP listener"
+        )),
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
+}
