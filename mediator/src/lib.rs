@@ -39,6 +39,7 @@ mod shared;
 mod signal;
 mod sni;
 mod socket_file;
+pub mod suggest;
 pub mod tls;
 pub mod vocab;
 mod watchdog;

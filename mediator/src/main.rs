@@ -62,6 +62,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the smallest `[[authority]]` table that would have allowed one authority's
+    /// `not_in_allowlist` and `port_not_allowed` denials, read from a decision log (or
+    /// the shim's `--report`); address-class denials stay denied and are listed as
+    /// comments.
+    Suggest {
+        /// The authority whose denials count.
+        #[arg(long)]
+        authority: String,
+        /// The decision log or report; `-` or absent: standard input.
+        log: Option<PathBuf>,
+    },
     /// Ask a running mediator's admin API `/healthz` (or `/readyz`): exit 0 on 200, 1
     /// otherwise. For container health checks and probes (the image has no curl).
     Health {
@@ -134,6 +145,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Suggest { authority, log }) => {
+            let text = match log.filter(|p| p.as_os_str() != "-") {
+                Some(p) => std::fs::read_to_string(&p)
+                    .with_context(|| format!("cannot read {}", p.display()))?,
+                None => {
+                    let mut t = String::new();
+                    std::io::stdin().read_to_string(&mut t)?;
+                    t
+                }
+            };
+            match mediator::suggest::suggest(&text, &authority) {
+                Ok(out) => {
+                    print!("{out}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("mediator suggest: {e}");
+                    Ok(ExitCode::from(2))
+                }
+            }
         }
         Some(Command::HashToken) => {
             let mut token = Vec::new();

@@ -100,3 +100,33 @@ async fn check_warns_about_an_allow_entry_a_deny_entry_refuses_whole() -> Result
     );
     Ok(())
 }
+
+/// `mediator suggest` reads a real run's decision log and prints a table that `mediator
+/// check` accepts, naming the denied destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suggest_turns_a_runs_denials_into_a_table_check_accepts() -> Result<()> {
+    let fx = crate::support::agent_a().await?;
+    let resp = fx.connect_a("blocked.test:443").await?;
+    ensure!(resp.status == 403, "{resp:?}");
+    fx.mediator
+        .wait_for_decision("not_in_allowlist", Some("blocked.test"))
+        .await?;
+    let log = fx.mediator.log_path().display().to_string();
+    let out = e2e::mediator::run(
+        crate::support::bin(),
+        &["suggest", "--authority", AGENT_A, log.as_str()],
+    )
+    .await?;
+    ensure!(out.status.success(), "{out:?}");
+    let table = String::from_utf8(out.stdout)?;
+    ensure!(
+        table.contains("  \"blocked.test:443\", # 1 denial, at "),
+        "{table}"
+    );
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("suggested.toml");
+    std::fs::write(&path, &table)?;
+    let (status, check) = e2e::mediator::run_check(crate::support::bin(), &path).await?;
+    ensure!(status.success(), "{check}\n{table}");
+    Ok(())
+}
