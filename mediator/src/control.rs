@@ -317,6 +317,14 @@ impl Control {
                 "null is not a value; omit the key instead".into(),
             ));
         }
+        // A credential names a file or variable of the mediator whose content it sends
+        // out: only the configuration file, never an API writer, may name one.
+        if map.contains_key("credential") {
+            return Err(invalid(
+                "credential",
+                "credentials ([[authority.credential]]) are configured in the file only: an authority created here cannot make the mediator read a secret".into(),
+            ));
+        }
         if let Some((k, _)) = map.iter().find(|(_, v)| v.is_object()) {
             return Err(invalid(
                 k,

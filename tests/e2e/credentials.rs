@@ -397,3 +397,32 @@ async fn a_reload_rotates_the_secret_under_a_new_generation() -> Result<()> {
     let _ = &env.builder;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_cannot_create_an_authority_with_a_credential() -> Result<()> {
+    let env = start().await?;
+    let body = json!({
+        "name": "agent-x",
+        "allow": [API],
+        "tls_terminate": [API],
+        "credential": [{
+            "host": API,
+            "header": "Authorization",
+            "secret_file": env.secret_file.display().to_string(),
+        }],
+    })
+    .to_string();
+    let resp = env
+        .fx
+        .mediator
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    let text = String::from_utf8_lossy(&resp.body).into_owned();
+    ensure!(resp.status == 400, "{} {text}", resp.status);
+    ensure!(
+        text.contains("credential") && text.contains("configured in the file only"),
+        "{text}"
+    );
+    ensure!(!text.contains(SECRET), "{text}");
+    Ok(())
+}
