@@ -329,6 +329,11 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "sni_check": a.grant.sni_check(),
             "watchdog": a.watchdog.as_ref().map_or_else(String::new, ToString::to_string),
         },
+        // Which header goes to which host; never the secret, its source or placeholder.
+        "credentials": a.credentials.iter().map(|c| json!({
+            "host": c.host(),
+            "header": c.header(),
+        })).collect::<Vec<_>>(),
         "live_connections": admin.control.shared().metrics.active_of(live.name()),
         "limits": {
             "max_connections": live.counts.cap(),

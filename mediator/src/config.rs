@@ -1,5 +1,5 @@
 //! Loading `mediator.toml` (design section 11). Parsing and validation live in the pure
-//! `policy::config`; this module only reads the file.
+//! `policy::config`; this module only reads the file and the credentials' secrets.
 
 use std::path::Path;
 
@@ -7,15 +7,37 @@ use policy::config::Config;
 
 use crate::error::Error;
 
-/// Reads and validates the configuration file at `path`.
+/// Reads and validates the configuration file at `path`, and loads the secret of every
+/// credential (design section 14).
 ///
 /// # Errors
 /// [`Error::ReadConfig`] if the file cannot be read; [`Error::Config`] listing every
-/// problem, each with its location.
+/// problem, each with its location (a secret that cannot be loaded included; no message
+/// holds a secret).
 pub fn load(path: &Path) -> Result<Config, Error> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::ReadConfig {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(policy::config::parse(&text, &path.display().to_string())?)
+    parse(&text, &path.display().to_string())
+}
+
+/// Validates `text` (the configuration read from `origin`) and loads the secret of every
+/// credential, as [`load`] does.
+///
+/// # Errors
+/// [`Error::Config`] listing every problem, each with its location.
+pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
+    let mut config = policy::config::parse(text, origin)?;
+    let mut errors = Vec::new();
+    for authority in &mut config.authorities {
+        if let Err(e) = crate::credential::load_secrets(authority) {
+            errors.extend(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(config)
+    } else {
+        Err(policy::PolicyError::Config(errors).into())
+    }
 }

@@ -317,6 +317,14 @@ impl Control {
                 "null is not a value; omit the key instead".into(),
             ));
         }
+        // A credential names a file or variable of the mediator whose content it sends
+        // out: only the configuration file, never an API writer, may name one.
+        if map.contains_key("credential") {
+            return Err(invalid(
+                "credential",
+                "credentials ([[authority.credential]]) are configured in the file only: an authority created here cannot make the mediator read a secret".into(),
+            ));
+        }
         if let Some((k, _)) = map.iter().find(|(_, v)| v.is_object()) {
             return Err(invalid(
                 k,
@@ -348,8 +356,9 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let authority =
+        let mut authority =
             policy::config::parse_authority(&text, &global).map_err(CreateError::Invalid)?;
+        crate::credential::load_secrets(&mut authority).map_err(credential_errors)?;
         let live = self.add(authority, Origin::Api)?;
         self.api_tables
             .lock()
@@ -425,7 +434,13 @@ impl Control {
                 if !is_api {
                     continue;
                 }
-                let authority = match policy::config::parse_authority(&text, &config.global_deny) {
+                let parsed = policy::config::parse_authority(&text, &config.global_deny).and_then(
+                    |mut a| {
+                        crate::credential::load_secrets(&mut a).map_err(credential_fields)?;
+                        Ok(a)
+                    },
+                );
+                let authority = match parsed {
                     Ok(a) => a,
                     Err(e) => {
                         // Cannot happen for a table that was valid with other deny entries,
@@ -485,8 +500,10 @@ impl Control {
                 continue;
             };
             let current = self.shared.authorities.get(name);
-            let same = current.as_ref().is_some_and(|l| l.origin == Origin::Config)
-                && old.authorities.get(name) == Some(fp);
+            // A rotated secret is a change too (a new generation), with the same table.
+            let same = current.as_ref().is_some_and(|l| {
+                l.origin == Origin::Config && same_secrets(&l.authority, &authority)
+            }) && old.authorities.get(name) == Some(fp);
             if same {
                 report.unchanged.push(name.clone());
                 continue;
@@ -542,6 +559,31 @@ impl Control {
         }
         report
     }
+}
+
+/// Whether two authorities of one table hold the same secrets (a reload re-reads them).
+fn same_secrets(old: &Authority, new: &Authority) -> bool {
+    old.credentials.len() == new.credentials.len()
+        && old
+            .credentials
+            .iter()
+            .zip(&new.credentials)
+            .all(|(a, b)| a.same_secret(b))
+}
+
+/// Secrets of an authority from the admin API that cannot be loaded, as field errors.
+fn credential_errors(errors: Vec<String>) -> CreateError {
+    CreateError::Invalid(credential_fields(errors))
+}
+
+fn credential_fields(errors: Vec<String>) -> Vec<FieldError> {
+    errors
+        .into_iter()
+        .map(|message| FieldError {
+            field: "credential".into(),
+            message,
+        })
+        .collect()
 }
 
 /// Whether two authorities of one name are reached the same way: the same socket settings

@@ -153,6 +153,41 @@ pub struct Record {
     /// `X-Mediator-Capture` header of its CONNECT); in embedded mode the shim sets it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub capture: bool,
+    /// Requests the mediator added a held secret to (design section 14): each
+    /// credential's header and host, never its value; omitted when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credential: Vec<CredentialUse>,
+    /// The close record of an upgraded request inside a terminated tunnel: the protocol
+    /// it was upgraded to; omitted otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeKind>,
+}
+
+/// A protocol a request inside a terminated tunnel was upgraded to (RFC 9110 section
+/// 7.8; the IANA HTTP Upgrade Token Registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeKind {
+    /// `websocket` (RFC 6455).
+    Websocket,
+}
+
+impl UpgradeKind {
+    /// The upgrade token as sent (`websocket`).
+    pub fn token(self) -> &'static str {
+        match self {
+            Self::Websocket => "websocket",
+        }
+    }
+}
+
+/// One credential added to a request: which header, for which host pattern (as written).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CredentialUse {
+    /// The header, lowercase (`authorization`).
+    pub header: String,
+    /// The credential's host pattern (`api.github.com`).
+    pub host: String,
 }
 
 /// Called with every record before it is queued (the shim's embedded mode collects its

@@ -196,7 +196,8 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
             | Reason::SpecialAddress
             | Reason::PortNotAllowed
             | Reason::SniMismatch
-            | Reason::WatchdogDenied,
+            | Reason::WatchdogDenied
+            | Reason::CredentialMisuse,
             _,
         ) => 403,
     }
@@ -227,7 +228,8 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
             | Reason::BadCredential
             | Reason::SniMismatch
             | Reason::WatchdogDenied
-            | Reason::RateLimited,
+            | Reason::RateLimited
+            | Reason::CredentialMisuse,
             _,
         ) => 0x02,
     }

@@ -62,6 +62,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the smallest `[[authority]]` table that would have allowed one authority's
+    /// `not_in_allowlist` and `port_not_allowed` denials, read from a decision log (or
+    /// the shim's `--report`); address-class denials stay denied and are listed as
+    /// comments.
+    Suggest {
+        /// The authority whose denials count.
+        #[arg(long)]
+        authority: String,
+        /// The decision log or report; `-` or absent: standard input.
+        log: Option<PathBuf>,
+    },
     /// Ask a running mediator's admin API `/healthz` (or `/readyz`): exit 0 on 200, 1
     /// otherwise. For container health checks and probes (the image has no curl).
     Health {
@@ -134,6 +145,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Suggest { authority, log }) => {
+            let text = match log.filter(|p| p.as_os_str() != "-") {
+                Some(p) => std::fs::read_to_string(&p)
+                    .with_context(|| format!("cannot read {}", p.display()))?,
+                None => {
+                    let mut t = String::new();
+                    std::io::stdin().read_to_string(&mut t)?;
+                    t
+                }
+            };
+            match mediator::suggest::suggest(&text, &authority) {
+                Ok(out) => {
+                    print!("{out}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("mediator suggest: {e}");
+                    Ok(ExitCode::from(2))
+                }
+            }
         }
         Some(Command::HashToken) => {
             let mut token = Vec::new();
@@ -238,6 +270,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     for note in notes {
                         text.push_str(&format!("{note}\n"));
                     }
+                    for w in &cfg.warnings {
+                        text.push_str(&format!("warning: {w}\n"));
+                    }
+                    for a in &cfg.authorities {
+                        for c in &a.credentials {
+                            text.push_str(&format!(
+                                "credential: authority {:?}: {} for {} from {} (loaded)\n",
+                                a.grant.name(),
+                                c.header(),
+                                c.host(),
+                                c.source
+                            ));
+                        }
+                    }
                     text.push_str(&format!("limits: {}\n", mediator::limits_of(&cfg)));
                     if cfg.upstream.mode == policy::config::UpstreamMode::System {
                         match system_upstream(&cfg) {
@@ -263,7 +309,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("--config FILE is required (or try `mediator demo`)")?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read config {}", path.display()))?;
-            let config = match policy::config::parse(&text, &path.display().to_string()) {
+            let config = match mediator::config::parse(&text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{:#}", anyhow::Error::from(e));
@@ -271,6 +317,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(1));
                 }
             };
+            for w in &config.warnings {
+                eprintln!("mediator: warning: {w}");
+            }
             let rt = tokio::runtime::Runtime::new()?;
             let (log, broken) = rt.block_on(serve(config, text, path, cli.watch_config))?;
             // Connections still running after the shutdown grace are dropped with the
@@ -459,7 +508,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
-            policy::config::parse(&text, &path.display().to_string())
+            mediator::config::parse(&text, &path.display().to_string())
                 .map(|c| (c, text))
                 .map_err(|e| e.to_string())
         });

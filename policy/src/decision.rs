@@ -58,11 +58,14 @@ pub enum Reason {
     WatchdogDenied,
     /// A rate limit was hit.
     RateLimited,
+    /// A request carried a placeholder of one of the authority's credentials (design
+    /// section 14) to a host the credential does not belong to, or in clear text.
+    CredentialMisuse,
 }
 
 impl Reason {
     /// Every reason, in the order design section 4.3 lists them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Allowed,
         Self::NotInAllowlist,
         Self::DeniedByRule,
@@ -77,6 +80,7 @@ impl Reason {
         Self::SniMismatch,
         Self::WatchdogDenied,
         Self::RateLimited,
+        Self::CredentialMisuse,
     ];
 
     /// The contract string: `allowed`, `not_in_allowlist`, ... (design section 4.3).
@@ -96,6 +100,7 @@ impl Reason {
             Self::SniMismatch => "sni_mismatch",
             Self::WatchdogDenied => "watchdog_denied",
             Self::RateLimited => "rate_limited",
+            Self::CredentialMisuse => "credential_misuse",
         }
     }
 }

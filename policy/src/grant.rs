@@ -6,7 +6,7 @@
 //! A grant never changes after it is built and never resolves a name itself: the caller
 //! resolves once, and the addresses it vets are the ones it must connect to.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -16,6 +16,7 @@ use crate::decision::{Decision, Reason};
 use crate::error::PolicyError;
 use crate::host::{CanonicalHost, Target};
 use crate::pattern::{HostPattern, PatternKind, PatternUse};
+use crate::request::{HeaderRule, RequestFacts, check_query_name, query_names};
 
 /// The unvalidated description of a grant, as written in configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -72,6 +73,11 @@ pub struct RequestRuleSpec {
     /// prefix not ending in `/` matches only at a segment boundary: `/api` matches `/api`
     /// and `/api/x`, not `/apix`.
     pub path_prefixes: Vec<String>,
+    /// Required headers: name (any case) and value pattern (the value exactly, or a
+    /// prefix when it ends in `*`); every value of the header must match. Empty: none.
+    pub headers: Vec<(String, String)>,
+    /// Allowed query parameter names (decoded); `None` allows any query, `Some([])` none.
+    pub query: Option<Vec<String>>,
 }
 
 /// One validated per-request rule of a [`Grant`].
@@ -83,6 +89,10 @@ pub(crate) struct RequestRule {
     pub(crate) methods: Vec<String>,
     /// Allowed path prefixes; empty: every path.
     pub(crate) path_prefixes: Vec<String>,
+    /// Required headers.
+    pub(crate) headers: Vec<HeaderRule>,
+    /// Allowed query parameter names; `None`: any query.
+    pub(crate) query: Option<BTreeSet<String>>,
     /// 1-based position in the grant, for `rule` fields (`request_rule[2] api.example.com`).
     pub(crate) position: usize,
 }
@@ -92,10 +102,24 @@ impl RequestRule {
         format!("request_rule[{}] {}", self.position, self.host.source)
     }
 
-    fn allows(&self, method: &str, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.iter().any(|m| m == method))
+    /// `path` is the normalised path; `names` the decoded query parameter names (given
+    /// whenever a rule of the host judges queries).
+    fn allows(
+        &self,
+        facts: &RequestFacts<'_>,
+        path: &str,
+        names: Option<&BTreeSet<String>>,
+    ) -> bool {
+        (self.methods.is_empty() || self.methods.iter().any(|m| m == facts.method))
             && (self.path_prefixes.is_empty()
                 || self.path_prefixes.iter().any(|p| path_has_prefix(path, p)))
+            && self.headers.iter().all(|h| h.allows(facts))
+            && match (&self.query, names) {
+                (None, _) => true,
+                (Some(allowed), Some(names)) => names.is_subset(allowed),
+                // Cannot happen: names are parsed when any rule judges queries. Fail closed.
+                (Some(_), None) => false,
+            }
     }
 
     fn describe(&self) -> String {
@@ -109,7 +133,19 @@ impl RequestRule {
         } else {
             self.path_prefixes.join(" ")
         };
-        format!("{methods} {paths}")
+        let mut out = format!("{methods} {paths}");
+        for h in &self.headers {
+            out.push_str(&format!(" with {}: {}", h.name, h.pattern));
+        }
+        match &self.query {
+            None => {}
+            Some(q) if q.is_empty() => out.push_str(" without a query"),
+            Some(q) => out.push_str(&format!(
+                " with query parameters only among {}",
+                q.iter().cloned().collect::<Vec<_>>().join(", ")
+            )),
+        }
+        out
     }
 }
 
@@ -837,6 +873,42 @@ impl Grant {
         Ok(Pin(addrs.to_vec()))
     }
 
+    /// For each allow entry that a deny entry (the grant's or `[global] deny`) refuses
+    /// whole: its index and that deny entry as written.
+    pub(crate) fn shadowed_allows(&self) -> Vec<(usize, &str)> {
+        self.allow
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                self.deny
+                    .iter()
+                    .find(|d| pattern_covers(d, a))
+                    .map(|d| (i, d.source.as_str()))
+            })
+            .collect()
+    }
+
+    /// Whether some allow entry can match a target that `pattern` matches (approximately:
+    /// one covers the other).
+    pub(crate) fn reaches(&self, pattern: &HostPattern) -> bool {
+        self.allow
+            .iter()
+            .any(|a| pattern_covers(a, pattern) || pattern_covers(pattern, a))
+    }
+
+    /// The host patterns of the request rules, by 0-based index.
+    pub(crate) fn request_rule_hosts(&self) -> impl Iterator<Item = (usize, &HostPattern)> {
+        self.request_rules.iter().map(|r| (r.position - 1, &r.host))
+    }
+
+    /// Whether every target `pattern` can match is terminated (covered by a
+    /// `tls_terminate` pattern).
+    pub(crate) fn terminates_pattern(&self, pattern: &HostPattern) -> bool {
+        self.tls_terminate
+            .iter()
+            .any(|t| pattern_covers(t, pattern))
+    }
+
     /// Whether `target` matches a `tls_terminate` pattern.
     pub fn terminates_tls(&self, target: &Target) -> bool {
         self.tls_terminate.iter().any(|p| p.matches(target))
@@ -855,8 +927,10 @@ impl Grant {
     /// (the path without its query; escapes of unreserved characters decoded), or
     /// `denied_by_rule`. A path that a prefix cannot judge safely (dot segments, `;`, backslashes, `%25`, escapes of anything but letters, digits,
     /// `-`, `_`, `~`, malformed escapes, controls, non-ASCII) is `malformed_target` when
-    /// rules apply.
-    pub fn decide_request(&self, target: &Target, method: &str, path: &str) -> Decision {
+    /// rules apply, and so is a query a rule of the host cannot judge (see
+    /// [`RequestFacts`]) when one of them has a `query` list.
+    pub fn decide_request(&self, target: &Target, facts: &RequestFacts<'_>) -> Decision {
+        let (method, path) = (facts.method, facts.path);
         let name = &self.name;
         let rules: Vec<&RequestRule> = self
             .request_rules
@@ -882,7 +956,24 @@ impl Grant {
                 );
             }
         };
-        if let Some(rule) = rules.iter().find(|r| r.allows(method, &normalized)) {
+        let names = if rules.iter().any(|r| r.query.is_some()) {
+            match query_names(facts.query.unwrap_or_default()) {
+                Ok(n) => Some(n),
+                Err(why) => {
+                    return Decision::deny(
+                        Reason::MalformedTarget,
+                        format!("{method} request to {target}: {why}"),
+                        "send query parameter names of letters, digits and - _ . ~ [ ], separated by &",
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(rule) = rules
+            .iter()
+            .find(|r| r.allows(facts, &normalized, names.as_ref()))
+        {
             return Decision::allow(rule.label());
         }
         let allowed: Vec<String> = rules.iter().map(|r| r.describe()).collect();
@@ -961,11 +1052,29 @@ fn build_request_rules(
                 ok = false;
             }
         }
+        let mut headers = Vec::with_capacity(spec.headers.len());
+        for (name, pattern) in &spec.headers {
+            match HeaderRule::parse(name, pattern) {
+                Ok(h) => headers.push(h),
+                Err(e) => {
+                    fail(e);
+                    ok = false;
+                }
+            }
+        }
+        for name in spec.query.iter().flatten() {
+            if let Err(e) = check_query_name(name) {
+                fail(e);
+                ok = false;
+            }
+        }
         if ok {
             out.push(RequestRule {
                 host,
                 methods: spec.methods.clone(),
                 path_prefixes: spec.path_prefixes.clone(),
+                headers,
+                query: spec.query.as_ref().map(|q| q.iter().cloned().collect()),
                 position,
             });
         }

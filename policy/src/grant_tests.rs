@@ -610,6 +610,96 @@ mod request_rules {
             host: host.into(),
             methods: methods.iter().map(|s| (*s).to_owned()).collect(),
             path_prefixes: paths.iter().map(|s| (*s).to_owned()).collect(),
+            ..RequestRuleSpec::default()
+        }
+    }
+
+    struct Headers(Vec<(&'static str, &'static str)>);
+
+    impl crate::HeaderLookup for Headers {
+        fn values(&self, name: &str) -> Vec<&[u8]> {
+            self.0
+                .iter()
+                .filter(|(k, _)| *k == name)
+                .map(|(_, v)| v.as_bytes())
+                .collect()
+        }
+    }
+
+    /// `headers` and `query` narrow like methods and paths: GET under /repos/ without
+    /// ?access_token=, and POST only as JSON.
+    #[test]
+    fn header_and_query_rules_narrow_and_judge_the_decoded_names() {
+        let get = RequestRuleSpec {
+            query: Some(vec!["per_page".into(), "page".into()]),
+            ..rule("api.example.com", &["GET"], &["/repos/"])
+        };
+        let post = RequestRuleSpec {
+            headers: vec![("Content-Type".into(), "application/json*".into())],
+            ..rule("api.example.com", &["POST"], &["/repos/"])
+        };
+        let g = grant(&["api.example.com"], vec![get, post]).unwrap();
+        let api = parse_authority_form("api.example.com:443").unwrap();
+        let json = Headers(vec![("content-type", "application/json; charset=utf-8")]);
+        let form = Headers(vec![("content-type", "application/x-www-form-urlencoded")]);
+        let two = Headers(vec![
+            ("content-type", "application/json"),
+            ("content-type", "text/plain"),
+        ]);
+        let none = Headers(vec![]);
+        let rows: &[(&str, Option<&str>, &Headers, &str)] = &[
+            ("GET", None, &none, "allowed"),
+            ("GET", Some("page=2&per_page=100"), &none, "allowed"),
+            ("GET", Some("access_token=x"), &none, "denied_by_rule"),
+            (
+                "GET",
+                Some("page=1&access%5Ftoken=x"),
+                &none,
+                "denied_by_rule",
+            ),
+            ("GET", Some("access%255Ftoken=x"), &none, "malformed_target"),
+            (
+                "GET",
+                Some("page=1;access_token=x"),
+                &none,
+                "malformed_target",
+            ),
+            ("POST", None, &json, "allowed"),
+            // The POST rule has no query list; the GET rule's list is not about POST.
+            ("POST", Some("access_token=x"), &json, "allowed"),
+            ("POST", None, &form, "denied_by_rule"),
+            ("POST", None, &two, "denied_by_rule"),
+            ("POST", None, &none, "denied_by_rule"),
+        ];
+        for (method, query, headers, reason) in rows {
+            let facts = RequestFacts::new(method, "/repos/a/b")
+                .with_query(*query)
+                .with_headers(*headers);
+            let d = g.decide_request(&api, &facts);
+            assert_eq!(d.reason.as_str(), *reason, "{method} ?{query:?}: {d:?}");
+        }
+        let d = g.decide_request(
+            &api,
+            &RequestFacts::new("GET", "/repos/x").with_query(Some("access_token=1")),
+        );
+        assert!(
+            d.hint
+                .contains("GET /repos/ with query parameters only among page, per_page")
+                && d.hint
+                    .contains("POST /repos/ with content-type: application/json*"),
+            "{d:?}"
+        );
+        for bad in [
+            RequestRuleSpec {
+                query: Some(vec!["a b".into()]),
+                ..rule("api.example.com", &[], &[])
+            },
+            RequestRuleSpec {
+                headers: vec![("bad name".into(), "x".into())],
+                ..rule("api.example.com", &[], &[])
+            },
+        ] {
+            assert!(grant(&["api.example.com"], vec![bad]).is_err());
         }
     }
 
@@ -698,7 +788,7 @@ mod request_rules {
             (&other, "POST", "/anything/../x", "allowed", None),
         ];
         for (target, method, path, reason, rule) in rows {
-            let d = g.decide_request(target, method, path);
+            let d = g.decide_request(target, &RequestFacts::new(method, path));
             assert_eq!(
                 d.reason.as_str(),
                 *reason,
@@ -718,10 +808,13 @@ mod request_rules {
         // The port of a rule counts: on :8443 only rule 1 applies.
         let api8443 = parse_authority_form("api.example.com:8443").unwrap();
         assert!(
-            !g.decide_request(&api8443, "POST", "/v1/repos/x/issues")
+            !g.decide_request(&api8443, &RequestFacts::new("POST", "/v1/repos/x/issues"))
                 .is_allow()
         );
-        assert!(g.decide_request(&api8443, "GET", "/public/").is_allow());
+        assert!(
+            g.decide_request(&api8443, &RequestFacts::new("GET", "/public/"))
+                .is_allow()
+        );
     }
 
     /// Paths that some origin (Tomcat, Jetty, Spring, IIS, double-decoding proxies) serves
@@ -802,16 +895,19 @@ mod request_rules {
             ("/allowedx", "denied_by_rule", ""),
         ];
         for (path, reason, word) in rows {
-            let d = g.decide_request(&api, "GET", path);
+            let d = g.decide_request(&api, &RequestFacts::new("GET", path));
             assert_eq!(d.reason.as_str(), *reason, "{path:?}: {d:?}");
             assert!(d.detail.contains(word), "{path:?}: {d:?}");
         }
         // A query is not part of the path a rule judges (callers pass the path alone).
-        assert!(g.decide_request(&api, "GET", "/allowed/e.json").is_allow());
+        assert!(
+            g.decide_request(&api, &RequestFacts::new("GET", "/allowed/e.json"))
+                .is_allow()
+        );
         // Hosts no rule names are not narrowed, whatever the path.
         let other = parse_authority_form("www.example.com:443").unwrap();
         assert!(
-            g.decide_request(&other, "GET", "/allowed/..;/admin")
+            g.decide_request(&other, &RequestFacts::new("GET", "/allowed/..;/admin"))
                 .is_allow()
         );
     }
@@ -844,15 +940,27 @@ mod request_rules {
         )
         .unwrap();
         let api = parse_authority_form("api.example.com:443").unwrap();
-        assert!(g.decide_request(&api, "DELETE", "/x/1").is_allow());
-        assert!(!g.decide_request(&api, "GET", "/y").is_allow());
+        assert!(
+            g.decide_request(&api, &RequestFacts::new("DELETE", "/x/1"))
+                .is_allow()
+        );
+        assert!(
+            !g.decide_request(&api, &RequestFacts::new("GET", "/y"))
+                .is_allow()
+        );
         let g = grant(
             &["api.example.com"],
             vec![rule("api.example.com", &["GET"], &[])],
         )
         .unwrap();
-        assert!(g.decide_request(&api, "GET", "/anything").is_allow());
-        assert!(!g.decide_request(&api, "PUT", "/anything").is_allow());
+        assert!(
+            g.decide_request(&api, &RequestFacts::new("GET", "/anything"))
+                .is_allow()
+        );
+        assert!(
+            !g.decide_request(&api, &RequestFacts::new("PUT", "/anything"))
+                .is_allow()
+        );
     }
 
     #[test]

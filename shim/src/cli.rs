@@ -310,6 +310,10 @@ pub struct Settings {
     /// Socket mode from `--config`: the mediator's admin API and the authority's name, to
     /// read the run's denials from (see [`crate::feed`]).
     pub(crate) admin: Option<(AdminEndpoint, String)>,
+    /// Socket mode from `--config`: each `child_env` of the authority's credentials and
+    /// its placeholder (design section 14); the child gets these instead of inherited
+    /// values of the same names.
+    pub(crate) child_env: Vec<(String, String)>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
 }
@@ -342,10 +346,12 @@ impl Settings {
         let authority = cli.authority.or(profile.authority);
         let mut config_ca = None;
         let mut admin = None;
+        let mut child_env = Vec::new();
         let socket = match (socket, config, authority) {
             (Some(s), None, _) => Some(s),
             (None, Some(c), Some(a)) => {
                 let (socket, ca, endpoint) = from_config(&c, &a)?;
+                child_env = placeholders(&c, &a)?;
                 config_ca = ca;
                 admin = endpoint.map(|e| (e, a));
                 Some(socket)
@@ -428,6 +434,7 @@ impl Settings {
             },
             live_denials: !(cli.quiet_denials || profile.quiet_denials),
             admin,
+            child_env,
             command: cli.command,
         })
     }
@@ -531,6 +538,48 @@ fn from_config(
         },
     };
     Ok((socket, Some(ca), admin))
+}
+
+/// The `child_env` variables of `authority`'s `[[authority.credential]]` tables in the
+/// mediator config, each with its placeholder. Only these two keys are read: the secret
+/// stays with the mediator (its file is not even opened here).
+///
+/// # Errors
+/// [`Error::ProfileRead`] / [`Error::ProfileParse`] for a config that cannot be read or
+/// parsed; [`Error::Usage`] for a `child_env` without a placeholder (the mediator refuses
+/// it too).
+fn placeholders(config: &Path, authority: &str) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(config).map_err(|source| Error::ProfileRead {
+        path: config.to_owned(),
+        source,
+    })?;
+    let value: toml::Table = toml::from_str(&text).map_err(|source| Error::ProfileParse {
+        path: config.to_owned(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    let tables = value
+        .get("authority")
+        .and_then(|a| a.as_array())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority));
+    for a in tables {
+        let credentials = a.get("credential").and_then(|c| c.as_array());
+        for c in credentials.into_iter().flatten() {
+            let Some(var) = c.get("child_env").and_then(|v| v.as_str()) else {
+                continue;
+            };
+            let Some(placeholder) = c.get("placeholder").and_then(|v| v.as_str()) else {
+                return Err(Error::Usage(format!(
+                    "{}: authority {authority:?}: credential child_env {var:?} has no placeholder",
+                    config.display()
+                )));
+            };
+            out.push((var.to_owned(), placeholder.to_owned()));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -702,6 +751,55 @@ mod tests {
                 "true"
             ])
             .is_err()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn credential_placeholders_of_the_authority_become_child_variables() {
+        let dir = std::env::temp_dir().join(format!("shim-cred-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("mediator.toml");
+        std::fs::write(
+            &cfg,
+            r#"[listen]
+socket_dir = "/run/egress"
+[[authority]]
+name = "agent-a"
+[[authority.credential]]
+host = "api.test"
+header = "Authorization"
+secret_file = "/nonexistent/never-read"
+placeholder = "mediator:api:agent-a"
+child_env = "API_TOKEN"
+[[authority.credential]]
+host = "api.test"
+header = "X-Key"
+secret_env = "K"
+[[authority]]
+name = "agent-b"
+[[authority.credential]]
+host = "api.test"
+header = "Authorization"
+secret_env = "B"
+placeholder = "mediator:api:agent-b"
+child_env = "B_TOKEN"
+"#,
+        )
+        .unwrap();
+        let s = parse(&[
+            "shim",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--authority",
+            "agent-a",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.child_env,
+            [("API_TOKEN".to_owned(), "mediator:api:agent-a".to_owned())]
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -74,6 +74,7 @@ pub(crate) fn config(
         socket_gid: None,
         watchdog: None,
         limits: policy::config::AuthorityLimits::default(),
+        credentials: Vec::new(),
     });
     Ok((config, names))
 }
@@ -342,6 +343,8 @@ mod tests {
             method: None,
             path: None,
             capture: false,
+            credential: Vec::new(),
+            upgrade: None,
         }
     }
 

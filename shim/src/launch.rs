@@ -52,6 +52,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         allow_degraded: &settings.allow_degraded,
         trust: trust.as_ref(),
         capture,
+        child_env: &settings.child_env,
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));

@@ -49,6 +49,9 @@ pub(crate) struct Job<'a> {
     pub(crate) trust: Option<&'a TrustFiles>,
     /// Transparent capture (design section 15): `None` with `--no-capture`.
     pub(crate) capture: Option<CaptureJob>,
+    /// Variables set in the command's environment over inherited ones of the same name:
+    /// the placeholders of its authority's credentials (design section 14).
+    pub(crate) child_env: &'a [(String, String)],
 }
 
 /// What capture asks of a backend: a TUN device as the sandbox's default route, its own

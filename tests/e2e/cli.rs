@@ -141,3 +141,49 @@ async fn check_and_explain_end_quietly_when_the_reader_has_gone() -> Result<()> 
     );
     Ok(())
 }
+/// `mediator check` warns, with the location, about an allow entry a deny entry refuses
+/// whole, and still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_about_an_allow_entry_a_deny_entry_refuses_whole() -> Result<()> {
+    let (status, out) = mediator()
+        .authority(agent_a_spec().deny(&["*"]))
+        .check()
+        .await?;
+    ensure!(status.success(), "{out}");
+    ensure!(
+        out.lines().any(|l| l.starts_with("warning: ")
+            && l.contains(": authority \"agent-a\": allow entry \"origin.test\" never allows anything: deny entry \"*\" refuses every destination it matches")),
+        "{out}"
+    );
+    Ok(())
+}
+
+/// `mediator suggest` reads a real run's decision log and prints a table that `mediator
+/// check` accepts, naming the denied destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suggest_turns_a_runs_denials_into_a_table_check_accepts() -> Result<()> {
+    let fx = crate::support::agent_a().await?;
+    let resp = fx.connect_a("blocked.test:443").await?;
+    ensure!(resp.status == 403, "{resp:?}");
+    fx.mediator
+        .wait_for_decision("not_in_allowlist", Some("blocked.test"))
+        .await?;
+    let log = fx.mediator.log_path().display().to_string();
+    let out = e2e::mediator::run(
+        crate::support::bin(),
+        &["suggest", "--authority", AGENT_A, log.as_str()],
+    )
+    .await?;
+    ensure!(out.status.success(), "{out:?}");
+    let table = String::from_utf8(out.stdout)?;
+    ensure!(
+        table.contains("  \"blocked.test:443\", # 1 denial, at "),
+        "{table}"
+    );
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("suggested.toml");
+    std::fs::write(&path, &table)?;
+    let (status, check) = e2e::mediator::run_check(crate::support::bin(), &path).await?;
+    ensure!(status.success(), "{check}\n{table}");
+    Ok(())
+}

@@ -577,6 +577,11 @@ async fn the_operator_guide_documents_every_config_key() -> Result<()> {
             "[[authority]]\nname = \"a\"\n[[authority.request_rule]]",
             "",
         ),
+        (
+            "[[authority.credential]]",
+            "[[authority]]\nname = \"a\"\n[[authority.credential]]",
+            "",
+        ),
     ];
     let mut problems = Vec::new();
     // Every top-level section has its table (the loader lists them for an unknown one).

@@ -23,6 +23,7 @@ pub mod socks;
 pub mod squid;
 pub mod tls;
 pub mod wait;
+pub mod websocket;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

@@ -14,9 +14,10 @@ use policy::{Reason, Verdict};
 
 use super::{Ctx, RequestLine, TargetLabel};
 use crate::authorities::DenialEntry;
-use crate::decision_log::{Record, now_rfc3339};
+use crate::decision_log::{CredentialUse, Record, UpgradeKind, now_rfc3339};
 use crate::denial::{Cause, Denial};
 use crate::redact::redact_userinfo;
+use crate::relay::RelayOutcome;
 use crate::shared::Shared;
 use crate::vocab::{Event, Protocol};
 
@@ -77,6 +78,8 @@ pub(crate) fn base(
         method: ctx.request.as_ref().map(|r| r.method.clone()),
         path: ctx.request.as_ref().map(|r| r.path.clone()),
         capture: ctx.capture,
+        credential: Vec::new(),
+        upgrade: None,
     }
 }
 
@@ -150,22 +153,67 @@ pub(crate) fn reuse(
 
 /// Logs one request inside a TLS-terminated tunnel (`protocol: "tls"`, design sections 9
 /// and 10): its method and path (query redacted; no header values), the tunnel's pin and
-/// route, and the allow (with the request rule that allowed it, if any) or the denial.
+/// route, and the allow (with the request rule that allowed it, if any, and the
+/// credentials added to it) or the denial.
 pub(crate) fn tls_request(
     shared: &Shared,
     ctx: &Ctx,
     label: &TargetLabel,
     request: &RequestLine,
     result: Result<Allowed<'_>, &Denial>,
-) {
-    let mut rec = base(ctx, shared.next_id(), Event::Decision, Protocol::Tls, label);
+    credential: Vec<CredentialUse>,
+) -> u64 {
+    let id = shared.next_id();
+    let mut rec = base(ctx, id, Event::Decision, Protocol::Tls, label);
     rec.method = Some(request.method.clone());
     rec.path = Some(request.path.clone());
+    rec.credential = credential;
     match result {
         Ok(allow) => fill_allow(&mut rec, allow),
         Err(denial) => fill_deny(&mut rec, denial),
     }
     emit(shared, ctx, &rec);
+    id
+}
+
+/// What the close record of an upgraded request repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct UpgradeFacts {
+    /// The protocol upgraded to.
+    pub(crate) kind: UpgradeKind,
+    /// The tunnel's pin.
+    pub(crate) pin: SocketAddr,
+    /// The tunnel's `route` value.
+    pub(crate) route: String,
+    /// When the upgrade was answered.
+    pub(crate) started: std::time::Instant,
+}
+
+/// The close record of an upgraded request inside a terminated tunnel (`protocol: "tls"`,
+/// the `id` of the request's decision line, its method and path, `upgrade`): the bytes
+/// of the upgraded protocol each way (the tunnel's own close record counts its TLS bytes,
+/// these included; the metrics count those).
+pub(crate) fn upgrade_close(
+    shared: &Shared,
+    ctx: &Ctx,
+    id: u64,
+    label: &TargetLabel,
+    request: &RequestLine,
+    facts: UpgradeFacts,
+    outcome: RelayOutcome,
+) {
+    let mut rec = base(ctx, id, Event::Close, Protocol::Tls, label);
+    (rec.decision, rec.reason) = outcome.close_reason.verdict();
+    rec.method = Some(request.method.clone());
+    rec.path = Some(request.path.clone());
+    rec.pin = Some(facts.pin.ip().to_string());
+    rec.route = Some(facts.route);
+    rec.bytes_up = Some(outcome.up);
+    rec.bytes_down = Some(outcome.down);
+    rec.duration_ms = Some(u64::try_from(facts.started.elapsed().as_millis()).unwrap_or(u64::MAX));
+    rec.close_reason = Some(outcome.close_reason);
+    rec.upgrade = Some(facts.kind);
+    shared.log.write(&rec);
 }
 
 /// Logs the outcome of judging an open connection again after a reload replaced its

@@ -2,11 +2,12 @@
 //! the connection's steps (`crate::conn`), and decide nothing themselves. One socket
 //! serves both: the first byte `0x05` means SOCKS5 ([`socks`]), anything else HTTP/1.1
 //! ([`http`]: CONNECT and absolute-form forwarding). A tunnel whose host's TLS is
-//! terminated is served, after its SNI gate, by [`tls`].
+//! terminated is served, after its SNI gate, by [`tls`] (its upgrades by [`upgrade`]).
 
 pub(crate) mod http;
 pub(crate) mod socks;
 pub(crate) mod tls;
+pub(crate) mod upgrade;
 
 use std::sync::Arc;
 

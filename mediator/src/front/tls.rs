@@ -11,11 +11,12 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::conn::standing::Standing;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -164,10 +165,16 @@ pub(crate) async fn terminate<C>(
         }
     };
 
-    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host.
+    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host. A
+    // client that speaks HTTP/1.1 gets an HTTP/1.1 upstream, so that an upgrade of its
+    // connection upgrades the upstream one with it.
     let upstream_gone = CancellationToken::new();
-    let upstream = match connect_upstream(&tls, upstream_tcp, target, &shared).await {
-        Ok(stream) => start_upstream_http(stream, upstream_gone.clone()).await,
+    let upgrading = Arc::new(AtomicBool::new(false));
+    let client_h2 = client_tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let upstream = match connect_upstream(&tls, upstream_tcp, target, &shared, client_h2).await {
+        Ok(stream) => {
+            start_upstream_http(stream, upstream_gone.clone(), Arc::clone(&upgrading)).await
+        }
         Err(detail) => {
             tracing::info!("terminated tunnel to {target}: {detail}");
             Err(detail)
@@ -183,7 +190,11 @@ pub(crate) async fn terminate<C>(
         pin: opened.facts().pin,
         route: opened.facts().route,
         upstream,
+        closing: closing.clone(),
+        upgrading,
+        upgraded: std::sync::Mutex::new(None),
     });
+    let kept = Arc::clone(&env);
     let svc = service_fn(move |req| {
         let env = Arc::clone(&env);
         async move { Ok::<_, Infallible>(handle(req, &env).await) }
@@ -194,7 +205,7 @@ pub(crate) async fn terminate<C>(
         .timer(TokioTimer::new())
         .header_read_timeout(shared.timeouts.request_head)
         .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(client_tls), svc);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(client_tls), svc);
     tokio::pin!(conn);
     let reason = tokio::select! {
         res = conn.as_mut() => match res {
@@ -225,6 +236,23 @@ pub(crate) async fn terminate<C>(
             CloseReason::UpstreamClosed
         }
     };
+    // An upgraded request took the connection over: the tunnel ends with its relay.
+    let upgraded = kept
+        .upgraded
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    let reason = match upgraded {
+        None => reason,
+        Some(task) => {
+            let outcome = task.await.map_or(CloseReason::Error, |o| o.close_reason);
+            if let (true, Some(fd)) = (outcome.is_cut(), &reset) {
+                let _ = reset_fd_on_close(fd);
+            }
+            outcome
+        }
+    };
+    drop(kept);
     opened.finish(ended(reason, bytes()));
 }
 
@@ -240,6 +268,13 @@ struct Env {
     route: crate::route::Route,
     /// The upstream HTTP connection, or why there is none (the detail of every 502).
     upstream: Result<Upstream, String>,
+    /// The tunnel's cut (revocation, shutdown): ends an upgraded request's relay too.
+    closing: CancellationToken,
+    /// Set while an upgrade is under way on the upstream HTTP/1.1 connection, whose end
+    /// then does not end the tunnel.
+    upgrading: Arc<AtomicBool>,
+    /// The relay of the request that upgraded the connection, if one did.
+    upgraded: std::sync::Mutex<Option<tokio::task::JoinHandle<RelayOutcome>>>,
 }
 
 /// The upstream HTTP connection of one tunnel. HTTP/1.1 carries one request at a time, so
@@ -303,10 +338,16 @@ async fn connect_upstream(
     tcp: crate::route::UpstreamStream,
     target: &Target,
     shared: &Shared,
+    client_h2: bool,
 ) -> Result<tokio_rustls::client::TlsStream<crate::route::UpstreamStream>, String> {
     let name = ServerName::try_from(target.host.as_text())
         .map_err(|e| format!("{} is not a TLS server name: {e}", target.host))?;
-    let connector = TlsConnector::from(Arc::clone(&tls.upstream));
+    let config = if client_h2 {
+        &tls.upstream
+    } else {
+        &tls.upstream_h1
+    };
+    let connector = TlsConnector::from(Arc::clone(config));
     match tokio::time::timeout(shared.timeouts.connect, connector.connect(name, tcp)).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err(format!(
@@ -317,10 +358,12 @@ async fn connect_upstream(
     }
 }
 
-/// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN.
+/// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN. `gone`
+/// is cancelled when it ends, unless it ended in an upgrade (`upgrading` set).
 async fn start_upstream_http(
     stream: tokio_rustls::client::TlsStream<crate::route::UpstreamStream>,
     gone: CancellationToken,
+    upgrading: Arc<AtomicBool>,
 ) -> Result<Upstream, String> {
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let io = TokioIo::new(stream);
@@ -338,15 +381,19 @@ async fn start_upstream_http(
             .await
             .map_err(|e| format!("HTTP/1.1 handshake with the upstream failed: {e}"))?;
         tokio::spawn(async move {
-            let _ = conn.await;
-            gone.cancel();
+            let _ = conn.with_upgrades().await;
+            if !upgrading.load(Ordering::SeqCst) {
+                gone.cancel();
+            }
         });
         Ok(Upstream::H1(Mutex::new(sender)))
     }
 }
 
-/// Judges and forwards one request.
-async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
+/// Judges and forwards one request (h1 and h2 alike): the tunnel host, the request rules,
+/// then the authority's credentials (`crate::credential::apply`: its secrets added, a
+/// misplaced placeholder refused).
+async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
     let request = RequestLine {
         method: req.method().as_str().to_owned(),
         path: logged_path(req.uri()),
@@ -356,7 +403,14 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
     let ctx = env.ctx.attributed(&authority);
     let name = authority.grant.name();
     let refuse = |denial: Denial| {
-        record::tls_request(&env.shared, &ctx, &env.label, &request, Err(&denial));
+        record::tls_request(
+            &env.shared,
+            &ctx,
+            &env.label,
+            &request,
+            Err(&denial),
+            Vec::new(),
+        );
         deny_response(Some(name), &env.label, &denial)
     };
 
@@ -379,13 +433,33 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
             .with_cause(Cause::Misdirected),
         );
     }
-    let decision =
-        authority
-            .grant
-            .decide_request(&env.target, req.method().as_str(), req.uri().path());
+    // Scoped: the header view is not kept across an await.
+    let decision = {
+        let headers = crate::credential::Headers(req.headers());
+        let facts = policy::RequestFacts::new(req.method().as_str(), req.uri().path())
+            .with_query(req.uri().query())
+            .with_headers(&headers);
+        authority.grant.decide_request(&env.target, &facts)
+    };
     if !decision.is_allow() {
         return refuse(Denial::from(decision));
     }
+    let upgrade = match crate::front::upgrade::requested(req.headers(), req.version()) {
+        Ok(u) => u,
+        Err(detail) => {
+            return refuse(Denial::new(
+                Reason::DeniedByRule,
+                detail,
+                "inside a terminated tunnel only Upgrade: websocket is relayed; send the request without Upgrade",
+            ));
+        }
+    };
+    let uri = req.uri().clone();
+    let credential =
+        match crate::credential::apply(&authority, &env.target, &uri, req.headers_mut()) {
+            Ok(used) => used,
+            Err(denial) => return refuse(denial),
+        };
     let upstream = match &env.upstream {
         Ok(u) => u,
         Err(detail) => {
@@ -396,8 +470,27 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
             ));
         }
     };
+    let client_upgrade = match (upgrade, upstream) {
+        (None, _) => None,
+        (Some(_), Upstream::H1(_)) => Some(hyper::upgrade::on(&mut req)),
+        (Some(_), Upstream::H2(_)) => {
+            return refuse(Denial::new(
+                Reason::UpstreamFailure,
+                format!(
+                    "{}: the upstream connection speaks HTTP/2, which cannot carry an HTTP/1.1 upgrade",
+                    env.target
+                ),
+                "open a new tunnel for the WebSocket",
+            ));
+        }
+    };
     let upstream_req = match rebuild(req, &env.target, upstream.version()) {
-        Ok(r) => r,
+        Ok(mut r) => {
+            if let Some(kind) = upgrade {
+                crate::front::upgrade::restore(r.headers_mut(), kind);
+            }
+            r
+        }
         Err(detail) => {
             return refuse(Denial::new(
                 Reason::MalformedTarget,
@@ -411,13 +504,59 @@ async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
         pin: env.pin,
         route: env.shared.route_label(env.route),
     };
-    record::tls_request(&env.shared, &ctx, &env.label, &request, Ok(allow));
+    let id = record::tls_request(
+        &env.shared,
+        &ctx,
+        &env.label,
+        &request,
+        Ok(allow),
+        credential,
+    );
     let head = request.method == "HEAD";
+    if client_upgrade.is_some() {
+        env.upgrading.store(true, Ordering::SeqCst);
+    }
     match upstream.send(upstream_req).await {
-        Ok(resp) => {
+        Ok(mut resp) => {
+            let upgraded = match (upgrade, client_upgrade) {
+                (Some(kind), Some(client)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    Some((kind, client, hyper::upgrade::on(&mut resp)))
+                }
+                _ => {
+                    env.upgrading.store(false, Ordering::SeqCst);
+                    None
+                }
+            };
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(DECISION_HEADER);
+            if let Some((kind, client, upstream)) = upgraded {
+                crate::front::upgrade::restore(&mut parts.headers, kind);
+                let facts = crate::front::upgrade::Upgraded {
+                    shared: Arc::clone(&env.shared),
+                    ctx: ctx.clone(),
+                    label: env.label.clone(),
+                    request: request.clone(),
+                    id,
+                    kind,
+                    pin: env.pin,
+                    route: env.shared.route_label(env.route).to_owned(),
+                };
+                let task = tokio::spawn(crate::front::upgrade::relay(
+                    client,
+                    upstream,
+                    facts,
+                    env.closing.clone(),
+                ));
+                *env.upgraded
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+                drop(body);
+                let empty = http_body_util::Empty::<Bytes>::new()
+                    .map_err(|never| match never {})
+                    .boxed();
+                return Response::from_parts(parts, empty);
+            }
             if head {
                 // A HEAD response has no body, whatever its Content-Length says; passing
                 // the upstream body on would make the HTTP/2 server reset the stream.

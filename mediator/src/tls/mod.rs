@@ -36,7 +36,12 @@ pub(crate) const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 #[derive(Debug)]
 pub(crate) struct TlsState {
     pub(crate) leaves: LeafCache,
+    /// Upstream TLS of tunnels whose client chose `h2`: ALPN `h2`, `http/1.1`.
     pub(crate) upstream: Arc<rustls::ClientConfig>,
+    /// Upstream TLS of tunnels whose client speaks HTTP/1.1: ALPN `http/1.1` only, so
+    /// that an `Upgrade` (RFC 9110 section 7.8) of the client's connection can upgrade the
+    /// upstream one with it.
+    pub(crate) upstream_h1: Arc<rustls::ClientConfig>,
     pub(crate) provider: Arc<CryptoProvider>,
 }
 
@@ -59,11 +64,14 @@ impl TlsState {
         let ca = load_ca(dir)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let upstream = client_config(&provider, &cfg.extra_ca_files)?;
+        let mut h1 = (*upstream).clone();
+        h1.alpn_protocols = vec![b"http/1.1".to_vec()];
         // LEAF_CACHE is a non-zero constant.
         let capacity = NonZeroUsize::new(LEAF_CACHE).unwrap_or(NonZeroUsize::MIN);
         Ok(Some(Self {
             leaves: LeafCache::new(Arc::new(ca), capacity),
             upstream,
+            upstream_h1: Arc::new(h1),
             provider,
         }))
     }

@@ -11,6 +11,7 @@ use std::ops::Range;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use super::credential::{self, Credential, CredentialSpec};
 use super::raw::RawAuthority;
 use super::validate::{Ctx, MAX_CONNECTIONS, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
@@ -33,6 +34,9 @@ pub struct Authority {
     pub watchdog: Option<WatchdogEndpoint>,
     /// How much of the mediator this authority may hold (design section 13).
     pub limits: AuthorityLimits,
+    /// Secrets the mediator adds for this authority (design section 14), in table order;
+    /// their secrets are loaded by the caller ([`Credential::set_secret`]).
+    pub credentials: Vec<Credential>,
 }
 
 /// An authority's own limits (design section 13).
@@ -291,9 +295,13 @@ impl Validator<'_> {
         };
 
         let limits = self.authority_limits(raw, label);
+        let grant = grant?;
+        let credentials = self.credentials(raw, label, &grant);
+        self.unreachable_policy(raw, label, &grant, &credentials);
 
         Some(Authority {
-            grant: grant?,
+            grant,
+            credentials,
             token_sha256,
             socket_mode,
             socket_uid: raw.socket_uid,
@@ -301,6 +309,128 @@ impl Validator<'_> {
             watchdog,
             limits,
         })
+    }
+
+    /// Warnings for policy of one authority that cannot do what it says.
+    fn unreachable_policy(
+        &mut self,
+        raw: &RawAuthority,
+        label: &str,
+        grant: &Grant,
+        credentials: &[Credential],
+    ) {
+        for (i, deny) in grant.shadowed_allows() {
+            let entry = raw.allow.as_ref().and_then(|l| l.get(i));
+            self.warn(
+                entry.map(Spanned::span),
+                label,
+                format!(
+                    "allow entry {:?} never allows anything: deny entry {deny:?} refuses every destination it matches",
+                    entry.map(|e| e.get_ref().as_str()).unwrap_or_default()
+                ),
+            );
+        }
+        for (i, host) in grant.request_rule_hosts() {
+            if !grant.reaches(host) {
+                let span = raw
+                    .request_rule
+                    .as_ref()
+                    .and_then(|r| r.get(i))
+                    .map(Spanned::span);
+                self.warn(
+                    span,
+                    label,
+                    format!(
+                        "request_rule[{}]: no allow entry reaches host {:?}, so the rule never applies",
+                        i + 1,
+                        host.source
+                    ),
+                );
+            }
+        }
+        let spans: Vec<_> = raw.credential.iter().flatten().map(Spanned::span).collect();
+        for (i, c) in credentials.iter().enumerate() {
+            if !grant.reaches(c.pattern()) {
+                self.warn(
+                    spans.get(i).cloned(),
+                    label,
+                    format!(
+                        "credential[{}]: no allow entry reaches host {:?}, so the secret is never used",
+                        i + 1,
+                        c.host()
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Without `[listen] tcp`, a `token_sha256` is never asked for: a warning at each.
+    pub(super) fn tokens_need_tcp(&mut self, authorities: &Spanned<DeValue<'_>>) {
+        let DeValue::Array(items) = authorities.get_ref() else {
+            return;
+        };
+        for item in items {
+            let Some(token) = item.get_ref().get("token_sha256") else {
+                continue;
+            };
+            let what = match item
+                .get_ref()
+                .get("name")
+                .and_then(|n| n.get_ref().as_str())
+            {
+                Some(name) => format!("authority {name:?}"),
+                None => "authority".to_owned(),
+            };
+            self.warn(
+                Some(token.span()),
+                &what,
+                "token_sha256 is set but there is no TCP listener ([listen] tcp), so the token is never used",
+            );
+        }
+    }
+
+    /// `[[authority.credential]]` of one authority whose grant is valid.
+    fn credentials(&mut self, raw: &RawAuthority, label: &str, grant: &Grant) -> Vec<Credential> {
+        let mut out = Vec::new();
+        let mut positions = Vec::new();
+        for (i, item) in raw.credential.iter().flatten().enumerate() {
+            let r = item.get_ref();
+            let spec = CredentialSpec {
+                host: r.host.clone(),
+                header: r.header.clone(),
+                secret_file: r.secret_file.clone(),
+                secret_env: r.secret_env.clone(),
+                format: r.format.clone(),
+                placeholder: r.placeholder.clone(),
+                child_env: r.child_env.clone(),
+            };
+            let location = format!(
+                "{}: {label}: credential[{}]",
+                self.at(Some(item.span())),
+                i + 1
+            );
+            match credential::build(&spec, i + 1, location, |p| grant.terminates_pattern(p)) {
+                Ok(c) => {
+                    out.push(c);
+                    positions.push((i + 1, item.span()));
+                }
+                Err(errors) => {
+                    for e in errors {
+                        self.error(Some(item.span()), label, e);
+                    }
+                }
+            }
+        }
+        let numbered: Vec<(usize, &Credential)> =
+            positions.iter().map(|(p, _)| *p).zip(out.iter()).collect();
+        for (at, e) in credential::check_placeholders(&numbered) {
+            let span = positions
+                .iter()
+                .find(|(p, _)| *p == at)
+                .map(|(_, s)| s.clone());
+            self.error(span, label, e);
+        }
+        out
     }
 
     /// `max_connections`, `connect_rate` and `connect_burst` of one authority.
@@ -358,6 +488,8 @@ fn request_rule_specs(raw: &RawAuthority) -> Vec<RequestRuleSpec> {
                 host: r.host.clone().unwrap_or_default(),
                 methods: r.methods.clone().unwrap_or_default(),
                 path_prefixes: r.path_prefixes.clone().unwrap_or_default(),
+                headers: r.headers.clone().unwrap_or_default().into_iter().collect(),
+                query: r.query.clone(),
             }
         })
         .collect()

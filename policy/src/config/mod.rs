@@ -10,12 +10,14 @@
 //! - `validate`: the located-error `Validator` and the small sections;
 //! - `upstream`: `[upstream]` and its [`Upstream`];
 //! - `watchdog`: an authority's `watchdog` key, parsed once into a [`WatchdogEndpoint`];
+//! - `credential`: `[[authority.credential]]` and its [`Credential`] (design section 14);
 //! - `authority`: `[[authority]]`, its [`Authority`] and [`parse_authority`].
 //!
 //! Like the rest of the crate, none of it reads files (the caller hands over the text),
 //! resolves names or checks that paths exist.
 
 mod authority;
+mod credential;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -38,6 +40,7 @@ use raw::{
 use validate::{Ctx, Validator};
 
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
+pub use credential::{Credential, Secret, SecretSource};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
@@ -64,6 +67,11 @@ pub struct Config {
     /// `[global] deny`, the valid entries (already folded into every grant; kept so that
     /// authorities created later, e.g. by the admin API, get the same list).
     pub global_deny: Vec<String>,
+    /// Policy that cannot do what it says (`FILE:LINE:COL: ...`, in file order): an allow
+    /// entry a deny entry refuses whole, a request rule or credential for a host no allow
+    /// entry reaches, a token without a TCP listener, a TCP listener off loopback. The
+    /// configuration is valid; `mediator check` and the start print them.
+    pub warnings: Vec<String>,
 }
 
 /// `[listen]`: the mediator's listeners. Every one is optional; with none, the mediator
@@ -193,9 +201,13 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, PolicyError> {
     }
     let mut v = Validator::new(ctx);
     let config = v.document(root.get_ref());
+    let warnings = v.take_warnings();
     let errors = v.into_errors();
     match config {
-        Some(c) if errors.is_empty() => Ok(c),
+        Some(mut c) if errors.is_empty() => {
+            c.warnings = warnings;
+            Ok(c)
+        }
         _ => Err(PolicyError::Config(
             errors.into_iter().map(|(_, m)| m).collect(),
         )),
@@ -283,6 +295,11 @@ impl Validator<'_> {
                 self.terminate_needs_ca(v);
             }
         }
+        if listen.as_ref().is_some_and(|l| l.tcp.is_none()) {
+            if let Some(v) = section("authority") {
+                self.tokens_need_tcp(v);
+            }
+        }
         Some(Config {
             listen: listen?,
             resolver: resolver?,
@@ -293,6 +310,7 @@ impl Validator<'_> {
             tls: tls?,
             authorities,
             global_deny,
+            warnings: Vec::new(),
         })
     }
 }

@@ -121,6 +121,7 @@ pub(super) struct RawAuthority {
     pub(super) socket_uid: Option<u32>,
     pub(super) socket_gid: Option<u32>,
     pub(super) request_rule: Option<Vec<Spanned<RawRequestRule>>>,
+    pub(super) credential: Option<Vec<Spanned<RawCredential>>>,
     pub(super) max_connections: Option<Spanned<i64>>,
     pub(super) connect_rate: Option<Spanned<i64>>,
     pub(super) connect_burst: Option<Spanned<i64>>,
@@ -133,4 +134,19 @@ pub(super) struct RawRequestRule {
     pub(super) host: Option<String>,
     pub(super) methods: Option<Vec<String>>,
     pub(super) path_prefixes: Option<Vec<String>>,
+    pub(super) headers: Option<BTreeMap<String, String>>,
+    pub(super) query: Option<Vec<String>>,
+}
+
+/// `[[authority.credential]]` (design section 14).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCredential {
+    pub(super) host: Option<String>,
+    pub(super) header: Option<String>,
+    pub(super) secret_file: Option<String>,
+    pub(super) secret_env: Option<String>,
+    pub(super) format: Option<String>,
+    pub(super) placeholder: Option<String>,
+    pub(super) child_env: Option<String>,
 }

@@ -265,7 +265,7 @@ x = 1
             "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `max_connections`, `connect_rate`, `connect_burst`",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`",
             "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
             "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
             "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
@@ -675,7 +675,7 @@ path_prefixes = ["public"]
     };
     assert!(
         errors[0]
-            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`"),
+            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`, `headers`, `query`"),
         "{errors:?}"
     );
 }
@@ -715,4 +715,187 @@ fn limit_keys_are_counts_and_a_burst_needs_a_rate() {
             "m.toml:9:17: authority \"b\": connect_burst = 0 would refuse every connection; give at least 1, or omit it (it defaults to connect_rate)",
         ]
     );
+}
+
+const CREDENTIAL_BASE: &str = r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test", "other.test"]
+tls_terminate = ["origin.test"]
+"#;
+
+#[test]
+fn credentials_load_with_their_defaults() {
+    let text = format!(
+        "{CREDENTIAL_BASE}
+[[authority.credential]]
+host = \"origin.test\"
+header = \"Authorization\"
+secret_env = \"ORIGIN_TOKEN\"
+format = \"Bearer {{secret}}\"
+placeholder = \"mediator:origin:agent-a\"
+child_env = \"ORIGIN_TOKEN\"
+
+[[authority.credential]]
+host = \"origin.test\"
+header = \"X-Api-Key\"
+secret_file = \"/etc/egress/key\"
+"
+    );
+    let mut c = parse(&text, "m.toml").unwrap();
+    let creds = &mut c.authorities[0].credentials;
+    assert_eq!(creds.len(), 2);
+    assert_eq!(creds[0].host(), "origin.test");
+    assert_eq!(creds[0].header(), "authorization");
+    assert_eq!(creds[0].placeholder(), Some("mediator:origin:agent-a"));
+    assert_eq!(creds[0].child_env(), Some("ORIGIN_TOKEN"));
+    assert_eq!(
+        creds[0].source,
+        crate::config::SecretSource::Env("ORIGIN_TOKEN".into())
+    );
+    assert!(
+        creds[0]
+            .location
+            .starts_with("m.toml:10:1: authority \"agent-a\": credential[1]")
+    );
+    assert!(!creds[0].has_secret());
+    creds[0].set_secret(b"s3cret\n".to_vec()).unwrap();
+    assert_eq!(creds[0].header_value(), b"Bearer s3cret");
+    assert!(!format!("{:?}", creds[0]).contains("s3cret"));
+    creds[1].set_secret(b"k".to_vec()).unwrap();
+    assert_eq!(creds[1].header_value(), b"k");
+    assert_eq!(creds[1].placeholder(), None);
+    for bad in [&b"\n"[..], b"", b"a\nb", b"a\x00b", b" a", "é".as_bytes()] {
+        let e = creds[1].set_secret(bad.to_vec()).unwrap_err();
+        assert!(
+            e.starts_with("secret_file \"/etc/egress/key\": the secret"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn credential_errors_are_located() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "host = \"other.test\"\nheader = \"Authorization\"\nsecret_env = \"T\"",
+            "credential[1]: host \"other.test\" is not covered by tls_terminate",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"Authorization\"\nsecret_env = \"T\"\nsecret_file = \"/k\"",
+            "credential[1]: give either secret_file or secret_env, not both",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"Authorization\"",
+            "credential[1]: missing the secret: give secret_file",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"Host\"\nsecret_env = \"T\"",
+            "credential[1]: header \"Host\" frames or routes the request",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"Bad Name\"\nsecret_env = \"T\"",
+            "credential[1]: header \"Bad Name\" is not a header name",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nformat = \"Bearer\"",
+            "credential[1]: format \"Bearer\" must hold {secret} exactly once",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_file = \"relative\"",
+            "credential[1]: secret_file \"relative\" must be an absolute path",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nchild_env = \"T\"",
+            "credential[1]: child_env needs a placeholder",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"short\"",
+            "credential[1]: placeholder \"short\" must be 8 to 256 bytes long",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nnope = 1",
+            "unknown field `nope`, expected one of `host`, `header`, `secret_file`, `secret_env`, `format`, `placeholder`, `child_env`",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\n\n[[authority.credential]]\nhost = \"origin.test\"\nheader = \"B\"\nsecret_env = \"U\"\nplaceholder = \"mediator:origin:2\"",
+            "m.toml:16:1: authority \"agent-a\": credential[2]: placeholder \"mediator:origin:2\" and the placeholder of credential[1] \"mediator:origin\": one is a substring of the other",
+        ),
+    ];
+    for (table, expected) in cases {
+        let text = format!("{CREDENTIAL_BASE}\n[[authority.credential]]\n{table}\n");
+        let Err(PolicyError::Config(errors)) = parse(&text, "m.toml") else {
+            panic!("expected errors for {table}");
+        };
+        let joined = errors.join("\n");
+        assert!(joined.contains(expected), "{table}:\n{joined}");
+        if expected.starts_with("credential[") {
+            assert!(
+                joined.starts_with("m.toml:10:1: authority \"agent-a\": "),
+                "{joined}"
+            );
+        }
+    }
+}
+
+#[test]
+fn policy_that_cannot_do_what_it_says_is_warned_about_with_its_location() {
+    let text = r#"[listen]
+tcp = "0.0.0.0:3128"
+
+[tls]
+ca_dir = "/tmp/ca"
+
+[global]
+deny = ["*.internal.example"]
+
+[[authority]]
+name = "agent-a"
+allow = ["api.example.com", "a.internal.example", "b.example.com"]
+deny = ["*"]
+token_sha256 = "0000000000000000000000000000000000000000000000000000000000000001"
+tls_terminate = ["api.example.com", "other.example.com"]
+
+[[authority.request_rule]]
+host = "other.example.com"
+methods = ["GET"]
+
+[[authority.credential]]
+host = "other.example.com"
+header = "Authorization"
+secret_env = "T"
+"#;
+    let c = parse(text, "m.toml").unwrap();
+    assert_eq!(
+        c.warnings,
+        [
+            "m.toml:2:7: [listen]: tcp = \"0.0.0.0:3128\" is not a loopback address: every host that can reach it may try tokens (the listener is meant for this host's processes)",
+            "m.toml:12:10: authority \"agent-a\": allow entry \"api.example.com\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:12:29: authority \"agent-a\": allow entry \"a.internal.example\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:12:51: authority \"agent-a\": allow entry \"b.example.com\" never allows anything: deny entry \"*\" refuses every destination it matches",
+            "m.toml:17:1: authority \"agent-a\": request_rule[1]: no allow entry reaches host \"other.example.com\", so the rule never applies",
+            "m.toml:21:1: authority \"agent-a\": credential[1]: no allow entry reaches host \"other.example.com\", so the secret is never used",
+        ]
+    );
+    // Without a TCP listener, a token is never used; the global deny list shadows too.
+    let text = text
+        .replace("tcp = \"0.0.0.0:3128\"", "")
+        .replace("deny = [\"*\"]", "deny = []");
+    let c = parse(&text, "m.toml").unwrap();
+    assert!(
+        c.warnings.iter().any(|w| w.contains("allow entry \"a.internal.example\" never allows anything: deny entry \"*.internal.example\"")),
+        "{:?}",
+        c.warnings
+    );
+    assert!(
+        c.warnings.iter().any(|w| w.starts_with(
+            "m.toml:14:16: authority \"agent-a\": token_sha256 is set but there is no TCP listener"
+        )),
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
 }

@@ -55,6 +55,8 @@ pub(super) struct Validator<'a> {
     ctx: Ctx<'a>,
     /// Byte offset (for sorting) and message.
     errors: Vec<(usize, String)>,
+    /// Policy that cannot do what it says: byte offset and message.
+    warnings: Vec<(usize, String)>,
 }
 
 /// Largest timeout accepted, in seconds (one day): keeps deadlines far from `Instant`
@@ -69,7 +71,28 @@ impl<'a> Validator<'a> {
         Self {
             ctx,
             errors: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    /// Reports a warning (the configuration stays valid), located as [`Self::error`].
+    pub(super) fn warn(
+        &mut self,
+        span: Option<Range<usize>>,
+        what: &str,
+        message: impl std::fmt::Display,
+    ) {
+        let offset = span.as_ref().map_or(usize::MAX, |s| s.start);
+        let at = self.ctx.at(span);
+        self.warnings
+            .push((offset, format!("{at}: {what}: {message}")));
+    }
+
+    /// The warnings found, in file order.
+    pub(super) fn take_warnings(&mut self) -> Vec<String> {
+        let mut w = std::mem::take(&mut self.warnings);
+        w.sort_by_key(|(at, _)| *at);
+        w.into_iter().map(|(_, m)| m).collect()
     }
 
     /// `ORIGIN:LINE:COL` of `span` (see [`Ctx::at`]).
@@ -180,8 +203,16 @@ impl<'a> Validator<'a> {
                 }
             }
         };
+        let tcp_span = raw.tcp.as_ref().map(Spanned::span);
         let tcp = addr(raw.tcp, "tcp", false);
         let admin = addr(raw.admin, "admin", true);
+        if let Some(a) = tcp.filter(|a| !a.ip().is_loopback()) {
+            self.warn(
+                tcp_span,
+                what,
+                format!("tcp = \"{a}\" is not a loopback address: every host that can reach it may try tokens (the listener is meant for this host's processes)"),
+            );
+        }
         let admin_socket = raw
             .admin_socket
             .and_then(|p| self.admin_socket(p, socket_dir.as_deref()));

@@ -170,7 +170,15 @@ fn run_planned(
         cwd,
         program,
         args,
-        env: std::env::vars_os().collect(),
+        // A credential's variable holds its placeholder, whatever the caller's value was.
+        env: std::env::vars_os()
+            .filter(|(k, _)| !job.child_env.iter().any(|(n, _)| k == n.as_str()))
+            .chain(
+                job.child_env
+                    .iter()
+                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+            )
+            .collect(),
         ca,
         capture: job.capture,
         handoff: inner,

@@ -53,6 +53,7 @@ macro_rules! cases {
 
 mod ca;
 mod capture;
+mod credential;
 mod errors;
 mod fs;
 mod lifecycle;
@@ -95,6 +96,7 @@ fn all() -> Vec<(&'static str, Test)> {
         net::tests(),
         lifecycle::tests(),
         ca::tests(),
+        credential::tests(),
         capture::tests(),
         errors::tests(),
     ]

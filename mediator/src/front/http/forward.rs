@@ -122,6 +122,10 @@ pub(crate) async fn forward(
     if !shared.authorities.is_live(&authority) {
         return refuse(&shared, &ctx, Protocol::Http, &label, revoked(name));
     }
+    // A placeholder of the authority's credentials never goes out in clear text.
+    if let Err(denial) = crate::credential::check_plain(&authority, &target, &uri, req.headers()) {
+        return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+    }
     // The request rules of a terminated host narrow its plain http:// requests too (else
     // `POST http://host/admin` would pass a GET-only rule), and these lines carry the
     // method and path like the `tls` lines of its tunnels. A host the grant does not allow
@@ -139,9 +143,14 @@ pub(crate) async fn forward(
     };
     let ctx = request_ctx;
     if authority.grant.decide(&target).is_allow() {
-        let decision = authority
-            .grant
-            .decide_request(&target, req.method().as_str(), uri.path());
+        // Scoped: the header view is not kept across an await.
+        let decision = {
+            let headers = crate::credential::Headers(req.headers());
+            let facts = policy::RequestFacts::new(req.method().as_str(), uri.path())
+                .with_query(uri.query())
+                .with_headers(&headers);
+            authority.grant.decide_request(&target, &facts)
+        };
         if !decision.is_allow() {
             return refuse(
                 &shared,

@@ -1,0 +1,419 @@
+//! `mediator suggest`: from a decision log (or the shim's `--report`), the smallest
+//! `[[authority]]` table that would have allowed one authority's `not_in_allowlist` and
+//! `port_not_allowed` denials. Address-class denials (`private_address`,
+//! `special_address`) are never widened: they are listed as comments. Many names under one
+//! registrable domain (by the Public Suffix List) become one `*.` entry, with a comment
+//! saying so. Every entry is checked as the configuration loader checks it, so the output
+//! is a table `mediator check` accepts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use policy::{EntryKind, check_entry};
+use serde_json::Value;
+
+/// At least this many names under one registrable domain are grouped into `*.domain`.
+const GROUP_AT: usize = 3;
+
+/// What was seen of one destination.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    count: u64,
+    first: Option<String>,
+    last: Option<String>,
+}
+
+impl Seen {
+    fn add(&mut self, ts: Option<&str>) {
+        self.count += 1;
+        if let Some(ts) = ts {
+            if self.first.as_deref().is_none_or(|f| ts < f) {
+                self.first = Some(ts.to_owned());
+            }
+            if self.last.as_deref().is_none_or(|l| ts > l) {
+                self.last = Some(ts.to_owned());
+            }
+        }
+    }
+
+    fn merge(&mut self, other: &Self) {
+        let count = self.count + other.count;
+        for ts in [&other.first, &other.last].into_iter().flatten() {
+            self.add(Some(ts));
+        }
+        self.count = count;
+    }
+
+    fn comment(&self) -> String {
+        let n = self.count;
+        let what = if n == 1 { "denial" } else { "denials" };
+        match (&self.first, &self.last) {
+            (Some(f), Some(l)) if f == l => format!("{n} {what}, at {f}"),
+            (Some(f), Some(l)) => format!("{n} {what}, first {f}, last {l}"),
+            _ => format!("{n} {what}"),
+        }
+    }
+}
+
+/// The suggestion for `authority` from `input` (decision-log lines, or one shim report).
+///
+/// # Errors
+/// A line that is not JSON (its number in the message).
+pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
+    let mut widen: BTreeMap<(String, u16), Seen> = BTreeMap::new();
+    let mut kept: BTreeMap<(String, u16, String), Seen> = BTreeMap::new();
+    let mut denials = 0u64;
+    let mut take = |v: &Value, ts: Option<&str>| {
+        let (Some(host), Some(port), Some(reason)) = (
+            v["host"].as_str(),
+            v["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
+            v["reason"].as_str(),
+        ) else {
+            return;
+        };
+        // An IP literal outside the global unicast space would stay denied by its
+        // address whatever the allow list says: never suggest it.
+        let class = host
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(policy::classify)
+            .and_then(|c| match c {
+                policy::AddrClass::Global => None,
+                policy::AddrClass::Private(_) => Some("private_address"),
+                _ => Some("special_address"),
+            });
+        let reason = match (reason, class) {
+            ("not_in_allowlist" | "port_not_allowed", Some(c)) => c,
+            (r, _) => r,
+        };
+        match reason {
+            "not_in_allowlist" | "port_not_allowed" => {
+                denials += 1;
+                widen.entry((host.to_owned(), port)).or_default().add(ts);
+            }
+            "private_address" | "special_address" => {
+                denials += 1;
+                kept.entry((host.to_owned(), port, reason.to_owned()))
+                    .or_default()
+                    .add(ts);
+            }
+            _ => {}
+        }
+    };
+    // A shim report is one JSON document; a decision log is one JSON object per line.
+    match serde_json::from_str::<Value>(input) {
+        Ok(report) if report["report"] == "shim" => {
+            for d in report["denials"].as_array().into_iter().flatten() {
+                take(d, d["ts"].as_str());
+            }
+        }
+        _ => {
+            for (n, line) in input.lines().enumerate() {
+                // Text around the JSON (the shim's stderr lines) is not part of the log.
+                if !line.trim_start().starts_with('{') {
+                    continue;
+                }
+                let v: Value = serde_json::from_str(line)
+                    .map_err(|e| format!("line {}: not a decision-log line: {e}", n + 1))?;
+                if v["report"] == "shim" {
+                    for d in v["denials"].as_array().into_iter().flatten() {
+                        take(d, d["ts"].as_str());
+                    }
+                } else if v["event"] == "decision"
+                    && v["decision"] == "deny"
+                    && v["authority"].as_str() == Some(authority)
+                {
+                    take(&v, v["ts"].as_str());
+                }
+            }
+        }
+    }
+    Ok(render(authority, denials, &widen, &kept))
+}
+
+/// One allow entry: the pattern, what it covers, and its comment.
+struct Entry {
+    pattern: String,
+    seen: Seen,
+    note: Option<String>,
+}
+
+fn render(
+    authority: &str,
+    denials: u64,
+    widen: &BTreeMap<(String, u16), Seen>,
+    kept: &BTreeMap<(String, u16, String), Seen>,
+) -> String {
+    let mut entries = group(widen);
+    entries.retain(|e| check_entry(EntryKind::Allow, &e.pattern).is_ok());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Suggested by `mediator suggest` from {denials} denials of authority {authority:?}:"
+    );
+    let _ = writeln!(
+        out,
+        "# the smallest allow list that would have allowed its not_in_allowlist and port_not_allowed denials."
+    );
+    let _ = writeln!(out, "[[authority]]");
+    let _ = writeln!(out, "name = {}", toml_str(authority));
+    if entries.is_empty() {
+        let _ = writeln!(out, "allow = []");
+    } else {
+        let _ = writeln!(out, "allow = [");
+        for e in &entries {
+            if let Some(note) = &e.note {
+                let _ = writeln!(out, "  # {note}");
+            }
+            let _ = writeln!(out, "  {}, # {}", toml_str(&e.pattern), e.seen.comment());
+        }
+        let _ = writeln!(out, "]");
+    }
+    if !kept.is_empty() {
+        let _ = writeln!(
+            out,
+            "# Stay denied (address class: never widened by a suggestion; use allow_private only for a destination you mean):"
+        );
+        for ((host, port, reason), seen) in kept {
+            let _ = writeln!(
+                out,
+                "#   {}:{port} {reason} ({})",
+                show_host(host),
+                seen.comment()
+            );
+        }
+    }
+    out
+}
+
+/// Entries `host:port`, with names under one registrable domain grouped into `*.domain`
+/// (per port) when there are at least [`GROUP_AT`] of them.
+fn group(widen: &BTreeMap<(String, u16), Seen>) -> Vec<Entry> {
+    let mut by_domain: BTreeMap<(String, u16), BTreeSet<String>> = BTreeMap::new();
+    for (host, port) in widen.keys() {
+        if let Some(domain) = psl::domain_str(host) {
+            if domain != host {
+                by_domain
+                    .entry((domain.to_owned(), *port))
+                    .or_default()
+                    .insert(host.clone());
+            }
+        }
+    }
+    let mut grouped: BTreeMap<String, (String, u16)> = BTreeMap::new();
+    let mut out = Vec::new();
+    for ((domain, port), names) in &by_domain {
+        let pattern = format!("*.{domain}:{port}");
+        if names.len() < GROUP_AT || check_entry(EntryKind::Allow, &pattern).is_err() {
+            continue;
+        }
+        let mut seen = Seen::default();
+        for name in names {
+            grouped.insert(name.clone(), (domain.clone(), *port));
+            if let Some(s) = widen.get(&(name.clone(), *port)) {
+                seen.merge(s);
+            }
+        }
+        out.push(Entry {
+            pattern,
+            seen,
+            note: Some(format!(
+                "{} names under {domain} grouped (the Public Suffix List makes {domain} a registrable domain): {}",
+                names.len(),
+                names.iter().cloned().collect::<Vec<_>>().join(", ")
+            )),
+        });
+    }
+    for ((host, port), seen) in widen {
+        if grouped.get(host) == Some(&(psl_domain(host), *port)) {
+            continue;
+        }
+        out.push(Entry {
+            pattern: format!("{}:{port}", show_host(host)),
+            seen: seen.clone(),
+            note: None,
+        });
+    }
+    out.sort_by(|a, b| a.pattern.cmp(&b.pattern));
+    out
+}
+
+fn psl_domain(host: &str) -> String {
+    psl::domain_str(host).unwrap_or_default().to_owned()
+}
+
+/// An IPv6 literal in brackets, as entries write it.
+fn show_host(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+fn toml_str(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(ts: &str, authority: &str, host: &str, port: u16, reason: &str) -> String {
+        serde_json::json!({
+            "event": "decision", "ts": ts, "authority": authority, "host": host,
+            "port": port, "decision": "deny", "reason": reason,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn the_smallest_grant_groups_by_the_psl_and_keeps_address_classes_denied() {
+        let log = [
+            line(
+                "2026-12-01T10:00:00.000Z",
+                "agent-a",
+                "api.example.com",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:05:00.000Z",
+                "agent-a",
+                "api.example.com",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:01:00.000Z",
+                "agent-a",
+                "a.cdn.example.net",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:02:00.000Z",
+                "agent-a",
+                "b.cdn.example.net",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:03:00.000Z",
+                "agent-a",
+                "c.example.net",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:04:00.000Z",
+                "agent-a",
+                "x.github.io",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:04:30.000Z",
+                "agent-a",
+                "y.github.io",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:04:40.000Z",
+                "agent-a",
+                "z.github.io",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:06:00.000Z",
+                "agent-a",
+                "origin.test",
+                8080,
+                "port_not_allowed",
+            ),
+            line(
+                "2026-12-01T10:07:00.000Z",
+                "agent-a",
+                "10.0.0.5",
+                80,
+                "private_address",
+            ),
+            line(
+                "2026-12-01T10:08:00.000Z",
+                "agent-a",
+                "intranet.example.com",
+                443,
+                "private_address",
+            ),
+            line(
+                "2026-12-01T10:09:00.000Z",
+                "agent-b",
+                "other.example.org",
+                443,
+                "not_in_allowlist",
+            ),
+            line(
+                "2026-12-01T10:10:00.000Z",
+                "agent-a",
+                "evil.example",
+                443,
+                "denied_by_rule",
+            ),
+            line(
+                "2026-12-01T10:11:00.000Z",
+                "agent-a",
+                "10.1.2.3",
+                80,
+                "not_in_allowlist",
+            ),
+        ]
+        .join("\n");
+        let got = suggest(&log, "agent-a").unwrap();
+        let want = r#"# Suggested by `mediator suggest` from 12 denials of authority "agent-a":
+# the smallest allow list that would have allowed its not_in_allowlist and port_not_allowed denials.
+[[authority]]
+name = "agent-a"
+allow = [
+  # 3 names under example.net grouped (the Public Suffix List makes example.net a registrable domain): a.cdn.example.net, b.cdn.example.net, c.example.net
+  "*.example.net:443", # 3 denials, first 2026-12-01T10:01:00.000Z, last 2026-12-01T10:03:00.000Z
+  "api.example.com:443", # 2 denials, first 2026-12-01T10:00:00.000Z, last 2026-12-01T10:05:00.000Z
+  "origin.test:8080", # 1 denial, at 2026-12-01T10:06:00.000Z
+  "x.github.io:443", # 1 denial, at 2026-12-01T10:04:00.000Z
+  "y.github.io:443", # 1 denial, at 2026-12-01T10:04:30.000Z
+  "z.github.io:443", # 1 denial, at 2026-12-01T10:04:40.000Z
+]
+# Stay denied (address class: never widened by a suggestion; use allow_private only for a destination you mean):
+#   10.0.0.5:80 private_address (1 denial, at 2026-12-01T10:07:00.000Z)
+#   10.1.2.3:80 private_address (1 denial, at 2026-12-01T10:11:00.000Z)
+#   intranet.example.com:443 private_address (1 denial, at 2026-12-01T10:08:00.000Z)
+"#;
+        assert_eq!(got, want, "\n{got}");
+        // What it prints is a configuration the loader accepts.
+        let c = policy::config::parse(&got, "suggested.toml").unwrap();
+        assert_eq!(c.authorities[0].grant.allow_entries().count(), 6);
+    }
+
+    #[test]
+    fn a_shim_report_is_read_too() {
+        let report = serde_json::json!({
+            "report": "shim",
+            "denials": [
+                {"protocol": "connect", "status": 403, "reason": "not_in_allowlist", "host": "pypi.org", "port": 443},
+                {"protocol": "connect", "status": 403, "reason": "special_address", "host": "192.0.2.1", "port": 443},
+            ],
+        })
+        .to_string();
+        let got = suggest(&report, "agent-a").unwrap();
+        assert!(got.contains("  \"pypi.org:443\", # 1 denial\n"), "{got}");
+        assert!(
+            got.contains("#   192.0.2.1:443 special_address (1 denial)"),
+            "{got}"
+        );
+        assert!(suggest("{not json", "a").is_err());
+        // The report among other lines of the shim's stderr.
+        let mixed = format!("mediator: denied pypi.org:443 (not_in_allowlist): ...\n{report}\n");
+        assert_eq!(suggest(&mixed, "agent-a").unwrap(), got);
+    }
+}
