@@ -54,10 +54,10 @@ impl LeafCache {
     /// As [`Ca::issue`]; [`Error::Rustls`] if rustls cannot load the issued key.
     pub fn get(&self, name: &LeafName) -> Result<Arc<CertifiedKey>, Error> {
         let now = SystemTime::now();
-        if let Some(e) = self.lock().get(name) {
-            if now < e.renew_at {
-                return Ok(Arc::clone(&e.key));
-            }
+        if let Some(e) = self.lock().get(name)
+            && now < e.renew_at
+        {
+            return Ok(Arc::clone(&e.key));
         }
         let leaf = self.ca.issue(name)?;
         let signing = rustls::crypto::ring::sign::any_supported_type(&leaf.key)?;

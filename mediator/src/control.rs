@@ -266,10 +266,10 @@ impl Control {
         let old = self.withdraw_locked(name);
         let added = self.add_locked(authority, origin);
         if let Some(old) = &old {
-            if let Ok(new) = &added {
-                if same_channel(&old.authority, &new.authority) {
-                    self.shared.authorities.succeed(&old.authority, new);
-                }
+            if let Ok(new) = &added
+                && same_channel(&old.authority, &new.authority)
+            {
+                self.shared.authorities.succeed(&old.authority, new);
             }
             // Before the grace can start: every connection judges itself again first
             // (one with no successor is cut when the grace ends, and says so).
@@ -475,14 +475,12 @@ impl Control {
             if new.authorities.contains_key(name) {
                 continue;
             }
-            if let Some(live) = self.shared.authorities.get(name) {
-                if live.origin == Origin::Config {
-                    if let Some(l) =
-                        self.revoke_locked(name, "revoked by reload (removed from the file)")
-                    {
-                        report.removed.push((name.clone(), l.generation));
-                    }
-                }
+            if let Some(live) = self.shared.authorities.get(name)
+                && live.origin == Origin::Config
+                && let Some(l) =
+                    self.revoke_locked(name, "revoked by reload (removed from the file)")
+            {
+                report.removed.push((name.clone(), l.generation));
             }
         }
         let mut by_name: HashMap<String, Authority> = config
@@ -596,12 +594,11 @@ fn same_channel(old: &Authority, new: &Authority) -> bool {
 }
 
 fn remove_socket(path: Option<&PathBuf>) {
-    if let Some(path) = path {
-        if let Err(e) = std::fs::remove_file(path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("cannot remove {}: {e}", path.display());
-            }
-        }
+    if let Some(path) = path
+        && let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("cannot remove {}: {e}", path.display());
     }
 }
 

@@ -529,14 +529,14 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
             queue.progress.notify_all();
             (state.appended, reopen)
         };
-        if !batch.is_empty() {
-            if let Err(e) = out.write_all(&batch).and_then(|()| out.flush()) {
-                tracing::error!("decision log write failed: {e}");
-                let mut state = queue.lock();
-                if state.failure.is_none() {
-                    state.failure = Some(e.to_string());
-                    queue.broken.cancel();
-                }
+        if !batch.is_empty()
+            && let Err(e) = out.write_all(&batch).and_then(|()| out.flush())
+        {
+            tracing::error!("decision log write failed: {e}");
+            let mut state = queue.lock();
+            if state.failure.is_none() {
+                state.failure = Some(e.to_string());
+                queue.broken.cancel();
             }
         }
         // Between batches: the old file has every line taken so far.

@@ -100,10 +100,10 @@ pub fn host(data: &[u8]) {
             Some(want.clone()),
             "{authority_form:?}"
         );
-        if let Ok(uri) = authority_form.parse::<Uri>() {
-            if let Some(t) = connect_target(&uri) {
-                assert_eq!(t.ok(), Some(want.clone()), "CONNECT {authority_form:?}");
-            }
+        if let Ok(uri) = authority_form.parse::<Uri>()
+            && let Some(t) = connect_target(&uri)
+        {
+            assert_eq!(t.ok(), Some(want.clone()), "CONNECT {authority_form:?}");
         }
         let url = format!("http://{authority_form}/");
         if let Ok(uri) = url.parse::<Uri>() {
@@ -258,14 +258,12 @@ pub fn http_head(data: &[u8]) {
             assert_eq!(buf, data);
             let mut headers = [httparse::EMPTY_HEADER; 100];
             let mut req = httparse::Request::new(&mut headers);
-            if let Ok(httparse::Status::Complete(_)) = req.parse(&buf) {
-                if let Some(Ok(uri)) = req.path.map(str::parse::<Uri>) {
-                    if uri.scheme_str() == Some("http") {
-                        if let Ok(t) = target_of(&uri) {
-                            canonical_target(&t);
-                        }
-                    }
-                }
+            if let Ok(httparse::Status::Complete(_)) = req.parse(&buf)
+                && let Some(Ok(uri)) = req.path.map(str::parse::<Uri>)
+                && uri.scheme_str() == Some("http")
+                && let Ok(t) = target_of(&uri)
+            {
+                canonical_target(&t);
             }
         }
     }

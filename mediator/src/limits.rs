@@ -303,11 +303,11 @@ impl Limiter {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 let cap = self.in_force.unidentified_connections as usize;
-                if pool.len() >= cap {
-                    if let Some((_, oldest)) = pool.pop_first() {
-                        oldest.cancel();
-                        on_shed();
-                    }
+                if pool.len() >= cap
+                    && let Some((_, oldest)) = pool.pop_first()
+                {
+                    oldest.cancel();
+                    on_shed();
                 }
                 if pool.len() >= cap / 2 {
                     head_timeout = Some(PRESSURE_HEAD_TIMEOUT);

@@ -144,17 +144,18 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         tokio::spawn(serve_tcp(l, Arc::clone(&shared)));
     }
     let anonymous_writes = config.listen.admin_allow_anonymous_writes;
-    if anonymous_writes && config.listen.admin_token_sha256.is_none() {
-        if let Some(addr) = admin_addr {
-            tracing::warn!(
-                "admin_allow_anonymous_writes = true: any local process that can reach {addr} \
+    if anonymous_writes
+        && config.listen.admin_token_sha256.is_none()
+        && let Some(addr) = admin_addr
+    {
+        tracing::warn!(
+            "admin_allow_anonymous_writes = true: any local process that can reach {addr} \
                  can create and revoke authorities (set admin_token_sha256 instead)"
-            );
-            eprintln!(
-                "mediator: WARNING: admin_allow_anonymous_writes = true: any local process can \
+        );
+        eprintln!(
+            "mediator: WARNING: admin_allow_anonymous_writes = true: any local process can \
                  create and revoke authorities through the admin API on {addr}"
-            );
-        }
+        );
     }
     let admin_api = Arc::new(Admin::new(
         Arc::clone(&control),
@@ -370,10 +371,10 @@ impl Running {
     pub async fn shutdown(self) {
         self.shared.signals.draining.cancel();
         for live in self.shared.authorities.list() {
-            if let Some(path) = &live.socket {
-                if let Err(e) = std::fs::remove_file(path) {
-                    tracing::warn!("cannot remove {}: {e}", path.display());
-                }
+            if let Some(path) = &live.socket
+                && let Err(e) = std::fs::remove_file(path)
+            {
+                tracing::warn!("cannot remove {}: {e}", path.display());
             }
         }
         if !self.shared.wait_idle(self.grace).await {
@@ -386,10 +387,10 @@ impl Running {
         }
         self.shared.log.flush();
         self.admin_stop.cancel();
-        if let Some(path) = &self.admin_socket {
-            if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!("cannot remove {}: {e}", path.display());
-            }
+        if let Some(path) = &self.admin_socket
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!("cannot remove {}: {e}", path.display());
         }
     }
 }

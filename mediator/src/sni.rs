@@ -136,12 +136,12 @@ pub(crate) fn inspect(buf: &[u8]) -> Hello {
                 content_type_name(content_type)
             ));
         }
-        if let Some(&major) = rest.get(1) {
-            if major != 3 {
-                return malformed(format!(
-                    "record at byte {pos} has version major {major}, not 3 (RFC 8446 section 5.1)"
-                ));
-            }
+        if let Some(&major) = rest.get(1)
+            && major != 3
+        {
+            return malformed(format!(
+                "record at byte {pos} has version major {major}, not 3 (RFC 8446 section 5.1)"
+            ));
         }
         if rest.len() < RECORD_HEADER {
             return need_more(buf);

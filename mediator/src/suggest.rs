@@ -191,13 +191,13 @@ fn render(
 fn group(widen: &BTreeMap<(String, u16), Seen>) -> Vec<Entry> {
     let mut by_domain: BTreeMap<(String, u16), BTreeSet<String>> = BTreeMap::new();
     for (host, port) in widen.keys() {
-        if let Some(domain) = psl::domain_str(host) {
-            if domain != host {
-                by_domain
-                    .entry((domain.to_owned(), *port))
-                    .or_default()
-                    .insert(host.clone());
-            }
+        if let Some(domain) = psl::domain_str(host)
+            && domain != host
+        {
+            by_domain
+                .entry((domain.to_owned(), *port))
+                .or_default()
+                .insert(host.clone());
         }
     }
     let mut grouped: BTreeMap<String, (String, u16)> = BTreeMap::new();

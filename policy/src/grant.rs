@@ -772,10 +772,10 @@ impl Grant {
             .with_rule(self.allow[first].source.clone());
         };
 
-        if let Some(ip) = target.host.ip() {
-            if let Err(denied) = self.vet(target, &[ip], &OwnAddrs::default()) {
-                return denied;
-            }
+        if let Some(ip) = target.host.ip()
+            && let Err(denied) = self.vet(target, &[ip], &OwnAddrs::default())
+        {
+            return denied;
         }
         Decision::allow(self.allow[i].source.clone())
     }

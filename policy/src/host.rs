@@ -436,19 +436,18 @@ pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), Strin
 /// Why `input`, with two or more `:` and no brackets, is not `host:port`.
 fn unbracketed(input: &str) -> String {
     // An IPv6 literal, then a port: `2001:db8::1:443`.
-    if let Some((ip, port)) = input.rsplit_once(':') {
-        if !port.is_empty()
-            && port.bytes().all(|b| b.is_ascii_digit())
-            && ip.parse::<Ipv6Addr>().is_ok()
-        {
-            // `ip` parsed as an address and `port` is digits: nothing to escape.
-            let bracketed = format!("[{ip}]:{port}");
-            let example = match authority_form(&bracketed) {
-                Ok(_) => bracketed,
-                Err(_) => "[2001:db8::1]:443".to_owned(),
-            };
-            return format!("an IPv6 literal with a port must be bracketed: \"{example}\"");
-        }
+    if let Some((ip, port)) = input.rsplit_once(':')
+        && !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && ip.parse::<Ipv6Addr>().is_ok()
+    {
+        // `ip` parsed as an address and `port` is digits: nothing to escape.
+        let bracketed = format!("[{ip}]:{port}");
+        let example = match authority_form(&bracketed) {
+            Ok(_) => bracketed,
+            Err(_) => "[2001:db8::1]:443".to_owned(),
+        };
+        return format!("an IPv6 literal with a port must be bracketed: \"{example}\"");
     }
     if let Ok(ip) = input.parse::<Ipv6Addr>() {
         return format!(

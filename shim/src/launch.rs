@@ -142,16 +142,16 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
 /// [`Error::Usage`] when that directory is `/` (masking it would hide everything).
 fn deny_read(settings: &Settings) -> Result<Vec<PathBuf>> {
     let mut deny_read = settings.deny_read.clone();
-    if let ChannelSpec::Socket(p) = &settings.channel {
-        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if std::fs::canonicalize(dir).is_ok_and(|d| d == Path::new("/")) {
-                return Err(Error::Usage(format!(
-                    "the mediator socket {} must be in a directory of its own (it is masked inside the sandbox), not in /",
-                    p.display()
-                )));
-            }
-            deny_read.push(dir.to_owned());
+    if let ChannelSpec::Socket(p) = &settings.channel
+        && let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty())
+    {
+        if std::fs::canonicalize(dir).is_ok_and(|d| d == Path::new("/")) {
+            return Err(Error::Usage(format!(
+                "the mediator socket {} must be in a directory of its own (it is masked inside the sandbox), not in /",
+                p.display()
+            )));
         }
+        deny_read.push(dir.to_owned());
     }
     Ok(deny_read)
 }

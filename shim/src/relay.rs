@@ -98,12 +98,11 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
             }
         }
     }
-    if sniffing {
-        if let Sniff::Denied(d) = inspect_reply_final(&sniff) {
-            if stats.record {
-                stats.denials.push(d);
-            }
-        }
+    if sniffing
+        && let Sniff::Denied(d) = inspect_reply_final(&sniff)
+        && stats.record
+    {
+        stats.denials.push(d);
     }
     let _ = c_write.shutdown(Shutdown::Write);
     if let Ok(h) = up {
@@ -196,10 +195,10 @@ pub(crate) fn inspect_reply(b: &[u8]) -> Sniff {
         return Sniff::NotDenied;
     }
     let body = &b[head_end + 4..];
-    if let Some(len) = length {
-        if body.len() < len {
-            return Sniff::NeedMore;
-        }
+    if let Some(len) = length
+        && body.len() < len
+    {
+        return Sniff::NeedMore;
     }
     let reason = decision
         .split(';')

@@ -192,10 +192,10 @@ impl PromText {
             if line.starts_with('#') || line.trim().is_empty() {
                 continue;
             }
-            if let Some((series, value)) = line.rsplit_once(' ') {
-                if let Ok(v) = value.parse::<f64>() {
-                    out.series.insert(series.to_owned(), v);
-                }
+            if let Some((series, value)) = line.rsplit_once(' ')
+                && let Ok(v) = value.parse::<f64>()
+            {
+                out.series.insert(series.to_owned(), v);
             }
         }
         out

@@ -572,10 +572,10 @@ impl Mediator {
                 let mut tx = Some(tx);
                 for line in BufReader::new(stderr_pipe).lines() {
                     let Ok(line) = line else { break };
-                    if line.starts_with("ready ") {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(line.clone());
-                        }
+                    if line.starts_with("ready ")
+                        && let Some(tx) = tx.take()
+                    {
+                        let _ = tx.send(line.clone());
                     }
                     stderr
                         .lock()

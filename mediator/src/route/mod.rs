@@ -711,10 +711,10 @@ impl Router {
             .as_ref()
             .map_or(Duration::ZERO, |s| s.upstream.pac_refresh);
         let strategy = Arc::new(strategy);
-        if let (Strategy::Pac(routing), Some(fetcher)) = (&*strategy, fetcher) {
-            if !every.is_zero() {
-                tokio::spawn(refresh(Arc::downgrade(routing), fetcher, every));
-            }
+        if let (Strategy::Pac(routing), Some(fetcher)) = (&*strategy, fetcher)
+            && !every.is_zero()
+        {
+            tokio::spawn(refresh(Arc::downgrade(routing), fetcher, every));
         }
         if let Ok(mut s) = self.strategy.write() {
             *s = strategy;
@@ -875,14 +875,13 @@ impl Router {
         // Read before evaluating: an answer computed while a new script is installed is
         // tagged with the old generation and never served after the change.
         let generation = p.pac.generation();
-        if !p.ttl.is_zero() {
-            if let Ok(cache) = p.cache.lock() {
-                if let Some((expires, made_under, routes)) = cache.get(&key) {
-                    if *expires > Instant::now() && *made_under == generation {
-                        return Ok(Arc::clone(routes));
-                    }
-                }
-            }
+        if !p.ttl.is_zero()
+            && let Ok(cache) = p.cache.lock()
+            && let Some((expires, made_under, routes)) = cache.get(&key)
+            && *expires > Instant::now()
+            && *made_under == generation
+        {
+            return Ok(Arc::clone(routes));
         }
         let url = pac_url(via, target);
         let host = target.host.as_text();
@@ -907,22 +906,22 @@ impl Router {
                 }
             }
         };
-        if !p.ttl.is_zero() {
-            if let (Ok(routes), Ok(mut cache)) = (&routes, p.cache.lock()) {
+        if !p.ttl.is_zero()
+            && let (Ok(routes), Ok(mut cache)) = (&routes, p.cache.lock())
+        {
+            if cache.len() >= PAC_CACHE_ENTRIES {
+                let now = Instant::now();
+                cache.retain(|_, (expires, made_under, _)| {
+                    *expires > now && *made_under == generation
+                });
                 if cache.len() >= PAC_CACHE_ENTRIES {
-                    let now = Instant::now();
-                    cache.retain(|_, (expires, made_under, _)| {
-                        *expires > now && *made_under == generation
-                    });
-                    if cache.len() >= PAC_CACHE_ENTRIES {
-                        cache.clear();
-                    }
+                    cache.clear();
                 }
-                cache.insert(
-                    key,
-                    (Instant::now() + p.ttl, generation, Arc::clone(routes)),
-                );
             }
+            cache.insert(
+                key,
+                (Instant::now() + p.ttl, generation, Arc::clone(routes)),
+            );
         }
         routes
     }
@@ -959,10 +958,10 @@ impl Router {
                     None
                 }
             };
-            if let Some(r) = route {
-                if !out.contains(&r) {
-                    out.push(r);
-                }
+            if let Some(r) = route
+                && !out.contains(&r)
+            {
+                out.push(r);
             }
         }
         out
@@ -1031,10 +1030,10 @@ impl Router {
             };
             match attempt {
                 Ok(established) => {
-                    if let Route::Parent(i) = route {
-                        if let Ok(mut f) = self.failed.lock() {
-                            f.remove(&i);
-                        }
+                    if let Route::Parent(i) = route
+                        && let Ok(mut f) = self.failed.lock()
+                    {
+                        f.remove(&i);
                     }
                     return (Ok(established), started.elapsed());
                 }
@@ -1051,12 +1050,11 @@ impl Router {
                         self.label(route)
                     );
                     tried.push(format!("{}: {failure}", self.label(route)));
-                    if let Route::Parent(i) = route {
-                        if !self.retry.is_zero() {
-                            if let Ok(mut f) = self.failed.lock() {
-                                f.insert(i, Instant::now() + self.retry);
-                            }
-                        }
+                    if let Route::Parent(i) = route
+                        && !self.retry.is_zero()
+                        && let Ok(mut f) = self.failed.lock()
+                    {
+                        f.insert(i, Instant::now() + self.retry);
                     }
                     last = Some(failure);
                 }

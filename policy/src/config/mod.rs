@@ -290,15 +290,15 @@ impl Validator<'_> {
             Some(v) => self.authorities(v, &global_deny),
             None => Vec::new(),
         };
-        if tls.as_ref().is_some_and(|t| t.ca_dir.is_none()) {
-            if let Some(v) = section("authority") {
-                self.terminate_needs_ca(v);
-            }
+        if tls.as_ref().is_some_and(|t| t.ca_dir.is_none())
+            && let Some(v) = section("authority")
+        {
+            self.terminate_needs_ca(v);
         }
-        if listen.as_ref().is_some_and(|l| l.tcp.is_none()) {
-            if let Some(v) = section("authority") {
-                self.tokens_need_tcp(v);
-            }
+        if listen.as_ref().is_some_and(|l| l.tcp.is_none())
+            && let Some(v) = section("authority")
+        {
+            self.tokens_need_tcp(v);
         }
         Some(Config {
             listen: listen?,

@@ -483,10 +483,10 @@ impl Validator<'_> {
                 p.auth = *auth;
             }
         }
-        if let Some(via) = &mut out.pac_fetch_via {
-            if let Some(auth) = out.parent_auth.get(&via.addr) {
-                via.auth = *auth;
-            }
+        if let Some(via) = &mut out.pac_fetch_via
+            && let Some(auth) = out.parent_auth.get(&via.addr)
+        {
+            via.auth = *auth;
         }
         let text = |v: &Option<Spanned<String>>, key: &str, this: &mut Self| -> Option<String> {
             let v = v.as_ref()?;

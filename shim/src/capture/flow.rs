@@ -224,11 +224,11 @@ async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
     if status_ok {
         return Some((up, buf[head_len..].to_vec()));
     }
-    if flows.record {
-        if let Sniff::Denied(mut d) = inspect_reply(&buf) {
-            d.protocol = "connect";
-            flows.denials.push(d);
-        }
+    if flows.record
+        && let Sniff::Denied(mut d) = inspect_reply(&buf)
+    {
+        d.protocol = "connect";
+        flows.denials.push(d);
     }
     None
 }

@@ -222,13 +222,13 @@ fn run_planned(
     let mut payload = [0u8; 1024];
     let received = sys::recv_fds(outer.as_fd(), &mut payload);
     drop(outer);
-    if let Ok(Some((fds, n))) = received {
-        if let Err(e) = handoff_of(fds, &payload[..n]).and_then(serve) {
-            // The command may already run: stop the whole sandbox.
-            let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
-            let _ = nix::sys::wait::waitpid(init, None);
-            return Err(e);
-        }
+    if let Ok(Some((fds, n))) = received
+        && let Err(e) = handoff_of(fds, &payload[..n]).and_then(serve)
+    {
+        // The command may already run: stop the whole sandbox.
+        let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(init, None);
+        return Err(e);
     }
 
     let exit_status = supervise(init, &mask);

@@ -94,10 +94,11 @@ impl Verified {
             return authority_of(shared, ctx, headers);
         };
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((known, authority)) = cache.as_ref() {
-            if known == value && shared.authorities.is_live(authority) {
-                return Ok(Arc::clone(authority));
-            }
+        if let Some((known, authority)) = cache.as_ref()
+            && known == value
+            && shared.authorities.is_live(authority)
+        {
+            return Ok(Arc::clone(authority));
         }
         let result = authority_of(shared, ctx, headers);
         *cache = result.as_ref().ok().map(|a| (value.clone(), Arc::clone(a)));

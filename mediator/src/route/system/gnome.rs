@@ -249,16 +249,16 @@ fn manual(settings: &Settings, source: String) -> Result<Reading, Error> {
     // SOCKS (5) server.
     let https = proxy("https", "http")?;
     let socks = proxy("socks", "socks5")?;
-    if let Some(h) = &mut http {
-        if settings.boolean("/system/proxy/http/use-authentication")? {
-            let user = settings.string("/system/proxy/http/authentication-user")?;
-            let password = settings.string("/system/proxy/http/authentication-password")?;
-            h.credentials = Some(
-                Credentials::new(user.clone(), password)
-                    .map_err(|e| refuse(format!("http authentication-user '{user}': {e}")))?,
-            );
-            said.push(format!("http authentication-user '{user}'"));
-        }
+    if let Some(h) = &mut http
+        && settings.boolean("/system/proxy/http/use-authentication")?
+    {
+        let user = settings.string("/system/proxy/http/authentication-user")?;
+        let password = settings.string("/system/proxy/http/authentication-password")?;
+        h.credentials = Some(
+            Credentials::new(user.clone(), password)
+                .map_err(|e| refuse(format!("http authentication-user '{user}': {e}")))?,
+        );
+        said.push(format!("http authentication-user '{user}'"));
     }
     let ignore = settings.list("/system/proxy/ignore-hosts")?;
     let ignore_text = match &ignore {

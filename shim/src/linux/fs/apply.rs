@@ -166,16 +166,15 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
             .rev()
             .filter(|a| op.path.starts_with(&a.path) && a.path != op.path)
             .max_by_key(|a| depth(&a.path));
-        if let Some(parent) = parent_op {
-            if parent.kind == OpKind::Mask {
-                if let Some((mpath, mrel)) = masks.iter().find(|(m, _)| *m == parent.path) {
-                    let rel = op
-                        .path
-                        .strip_prefix(mpath)
-                        .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
-                    make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
-                }
-            }
+        if let Some(parent) = parent_op
+            && parent.kind == OpKind::Mask
+            && let Some((mpath, mrel)) = masks.iter().find(|(m, _)| *m == parent.path)
+        {
+            let rel = op
+                .path
+                .strip_prefix(mpath)
+                .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
+            make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
         }
         let target = c_path(&op.path)?;
         let what = || format!("{:?} {}", op.kind, op.path.display());

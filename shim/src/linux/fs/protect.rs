@@ -115,12 +115,12 @@ pub(crate) fn protect_roots(
         let is_home = home.is_some_and(|h| h.starts_with(w));
         let mut repo_roots = vec![w.clone()];
         find_repositories(w, &mut repo_roots);
-        if is_home {
-            if let Some(h) = home {
-                if h != w && h.is_dir() {
-                    repo_roots.push(h.to_owned());
-                }
-            }
+        if is_home
+            && let Some(h) = home
+            && h != w
+            && h.is_dir()
+        {
+            repo_roots.push(h.to_owned());
         }
         let mut p = Protector { writable, out };
         for root in &repo_roots {
@@ -381,12 +381,12 @@ impl Protector<'_> {
         if resolved == path || std::fs::symlink_metadata(&resolved).is_ok() {
             return;
         }
-        if let Some(w) = root_of(&resolved, self.writable) {
-            if let Ok(rest) = resolved.strip_prefix(w) {
-                self.out
-                    .watch
-                    .extend(Watch::new(w, rest, TamperKind::DenySet));
-            }
+        if let Some(w) = root_of(&resolved, self.writable)
+            && let Ok(rest) = resolved.strip_prefix(w)
+        {
+            self.out
+                .watch
+                .extend(Watch::new(w, rest, TamperKind::DenySet));
         }
     }
 }
