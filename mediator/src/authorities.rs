@@ -343,6 +343,20 @@ impl Registry {
         Ok(())
     }
 
+    /// Puts `new` in the place of `old` (same name) in one step, so that no lookup in
+    /// between finds neither (a reload's replacement is never a moment of
+    /// `unknown_authority`). Refused (`Err(new)`) when the name's entry is not `old`.
+    pub(crate) fn swap(&self, old: &Arc<Live>, new: Arc<Live>) -> Result<(), Arc<Live>> {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        match map.get(new.name()) {
+            Some(current) if Arc::ptr_eq(current, old) => {
+                map.insert(new.name().to_owned(), new);
+                Ok(())
+            }
+            _ => Err(new),
+        }
+    }
+
     /// Removes and returns the authority named `name`.
     pub(crate) fn remove(&self, name: &str) -> Option<Arc<Live>> {
         self.map

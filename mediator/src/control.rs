@@ -144,12 +144,21 @@ impl Control {
         origin: Origin,
     ) -> Result<Arc<Live>, CreateError> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
-        self.add_locked(authority, origin)
+        self.add_locked(authority, origin, None)
     }
 
-    fn add_locked(&self, authority: Authority, origin: Origin) -> Result<Arc<Live>, CreateError> {
+    /// Makes `authority` live; with `replacing`, in the place of that entry of the same
+    /// name (which stays in the live set until the new one takes its place).
+    fn add_locked(
+        &self,
+        authority: Authority,
+        origin: Origin,
+        replacing: Option<&Arc<Live>>,
+    ) -> Result<Arc<Live>, CreateError> {
         let name = authority.grant.name().to_owned();
-        if self.shared.authorities.get(&name).is_some() {
+        let current = self.shared.authorities.get(&name);
+        let expected = replacing.map(Arc::as_ptr);
+        if current.as_ref().map(Arc::as_ptr) != expected {
             return Err(CreateError::Duplicate(name));
         }
         let (listener, socket) = match &self.socket_dir {
@@ -169,7 +178,18 @@ impl Control {
             &self.shared.signals,
             self.shared.limiter.in_force(),
         ));
-        if let Err(live) = self.shared.authorities.insert(Arc::clone(&live)) {
+        // The successor is known before the swap: a connection of the old entry that asks
+        // after the swap finds it at once.
+        if let Some(old) = replacing
+            && same_channel(&old.authority, &live.authority)
+        {
+            self.shared.authorities.succeed(&old.authority, &live);
+        }
+        let installed = match replacing {
+            Some(old) => self.shared.authorities.swap(old, Arc::clone(&live)),
+            None => self.shared.authorities.insert(Arc::clone(&live)),
+        };
+        if let Err(live) = installed {
             // Unreachable while `op` is held, but never leave a socket behind.
             remove_socket(live.socket.as_ref());
             return Err(CreateError::Duplicate(name));
@@ -263,14 +283,26 @@ impl Control {
         origin: Origin,
         why: &str,
     ) -> (Option<u64>, Result<Arc<Live>, CreateError>) {
-        let old = self.withdraw_locked(name);
-        let added = self.add_locked(authority, origin);
+        // The old entry stays in the live set until the new one takes its place: a TCP
+        // credential looked up meanwhile finds one or the other, never neither.
+        let old = self.shared.authorities.get(name);
         if let Some(old) = &old {
-            if let Ok(new) = &added
-                && same_channel(&old.authority, &new.authority)
+            old.stop_listener();
+            remove_socket(old.socket.as_ref());
+        }
+        let added = self.add_locked(authority, origin, old.as_ref());
+        if let (Some(old), Err(_)) = (&old, &added) {
+            // No successor: withdrawn, as a revoke would.
+            if let Some(current) = self.shared.authorities.get(name)
+                && Arc::ptr_eq(&current, old)
             {
-                self.shared.authorities.succeed(&old.authority, new);
+                self.shared.authorities.remove(name);
             }
+            self.shared
+                .metrics
+                .set_authorities(self.shared.authorities.len());
+        }
+        if let Some(old) = &old {
             // Before the grace can start: every connection judges itself again first
             // (one with no successor is cut when the grace ends, and says so).
             old.mark_replaced();
@@ -514,7 +546,7 @@ impl Control {
                     "replaced by reload (its table changed)",
                 )
             } else {
-                (None, self.add_locked(authority, Origin::Config))
+                (None, self.add_locked(authority, Origin::Config, None))
             };
             match added {
                 Ok(live) => match old_generation {

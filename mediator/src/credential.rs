@@ -31,6 +31,20 @@ pub(crate) fn load_secrets(authority: &mut Authority) -> Result<(), Vec<String>>
             errors.push(format!("{}: {e}", credential.location));
         }
     }
+    // A placeholder is handed to the child: none may hold a secret or part of one.
+    for credential in &authority.credentials {
+        for other in &authority.credentials {
+            if let Some(p) = other.placeholder()
+                && credential.has_secret()
+                && credential.secret_overlaps(p)
+            {
+                errors.push(format!(
+                    "{}: a placeholder of this authority ({}) contains this secret or is part of it; a placeholder is what the child is given, so it must share nothing with a secret",
+                    credential.location, other.location
+                ));
+            }
+        }
+    }
     if errors.is_empty() {
         Ok(())
     } else {
@@ -351,6 +365,22 @@ placeholder = "mediator:api:agent-a"
         std::fs::write(&path, "\n").unwrap();
         let e = load(0o600).unwrap_err();
         assert!(e[0].ends_with("the secret is empty"), "{e:?}");
+        // A placeholder that is the secret, holds it, or is part of it: refused, and the
+        // error does not quote it.
+        for secret in [
+            "mediator:api:agent-a",
+            "mediator:api",
+            "xx-mediator:api:agent-a-yy",
+        ] {
+            std::fs::write(&path, format!("{secret}\n")).unwrap();
+            let e = load(0o600).unwrap_err();
+            assert!(
+                e.iter()
+                    .any(|m| m.contains("must share nothing with a secret")),
+                "{e:?}"
+            );
+            assert!(e.iter().all(|m| !m.contains(secret)), "{e:?}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

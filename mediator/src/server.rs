@@ -276,14 +276,28 @@ async fn bind_tcp(addr: Option<SocketAddr>, what: &str) -> Result<Option<TcpList
     let Some(addr) = addr else {
         return Ok(None);
     };
-    TcpListener::bind(addr)
-        .await
-        .map(Some)
-        .map_err(|source| Error::Listen {
-            what: format!("{what} {addr}"),
-            source,
-        })
+    let listen = || -> std::io::Result<TcpListener> {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As std and tokio's `bind` do on Unix: a restart rebinds at once.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map(Some).map_err(|source| Error::Listen {
+        what: format!("{what} {addr}"),
+        source,
+    })
 }
+
+/// The accept queue of the TCP listeners (the kernel caps it at `net.core.somaxconn`,
+/// 4096 by default). Tokio's default of 1024 (128 under older caps) overflows under a
+/// connection flood, and a dropped SYN costs its sender a second: a flood by one tenant
+/// would delay everyone else's connects by that much.
+const LISTEN_BACKLOG: u32 = 4096;
 
 impl Running {
     /// The bound address of the shared TCP listener, if configured.

@@ -51,7 +51,17 @@ pub(crate) fn bind_socket_file(
         what: what(),
         source,
     };
-    std::fs::create_dir_all(dir).map_err(err)?;
+    // A directory made here is 0711: others may reach a socket whose mode lets them,
+    // but not list which authorities exist (a directory made by the operator keeps its
+    // mode).
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(dir)
+            .map_err(err)?;
+    }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {

@@ -448,3 +448,38 @@ async fn a_10_mib_head_is_refused_early_and_memory_stays_bounded() -> Result<()>
     );
     Ok(())
 }
+
+/// The listen backlog of the socket listening on `port` (`ss`'s Send-Q of a LISTEN line).
+async fn listen_backlog(port: u16) -> Result<u64> {
+    let out = tokio::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .await
+        .context("running ss")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|q| q.parse().ok())
+        .with_context(|| format!("no LISTEN line for port {port}: {text:?}"))
+}
+
+/// A connection flood by one tenant must not overflow the shared listener's accept queue:
+/// a dropped SYN costs every other client a one-second retransmission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tcp_listeners_accept_queue_is_deep() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    let cap: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")?
+        .trim()
+        .parse()?;
+    let want = cap.min(4096);
+    let tcp = listen_backlog(fx.mediator.tcp_addr().port()).await?;
+    ensure!(tcp >= want, "TCP listener backlog {tcp}, want {want}");
+    let admin = fx
+        .mediator
+        .ready()
+        .admin
+        .context("no admin address in the ready line")?;
+    let admin = listen_backlog(admin.port()).await?;
+    ensure!(admin >= want, "admin listener backlog {admin}, want {want}");
+    Ok(())
+}

@@ -218,3 +218,65 @@ async fn a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl
     ensure!(close["close_reason"] == "shutdown", "{close}");
     Ok(())
 }
+
+/// A reload that re-creates an authority never leaves a moment in which its credential
+/// names no authority: TCP requests sent while reloads run are all allowed (the old entry
+/// stays live until the new one takes its place in one step).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_during_reloads_never_meet_a_missing_authority() -> Result<()> {
+    let fx = std::sync::Arc::new(
+        Fixture::start(
+            mediator()
+                .admin(true)
+                .timeout("revoke_grace", GRACE_SECS)
+                .authority(agent_a_spec()),
+        )
+        .await?,
+    );
+    let m = &fx.mediator;
+    let origin = fx.origin_target();
+    let narrow = std::fs::read_to_string(m.config_path())?;
+    let wide = mediator()
+        .admin(true)
+        .timeout("revoke_grace", GRACE_SECS)
+        .nameserver(fx.dns.addr())
+        .authority(agent_a_allowing(&[ORIGIN_HOST, "extra.test"]))
+        .render(m.dir());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let (fx, origin, stop) = (fx.clone(), origin.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                answers.push(fx.connect_a(&origin).await.map(|r| r.status));
+            }
+            answers
+        }));
+    }
+    // Widening and back, again and again: nothing should ever be refused.
+    for i in 0..20 {
+        let text = if i % 2 == 0 { &wide } else { &narrow };
+        m.reload_with(text).await?;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let mut sent = 0;
+    for c in clients {
+        for answer in c.await? {
+            sent += 1;
+            let status = answer.context("a request during the reloads failed")?;
+            ensure!(status == 200, "a request during the reloads got {status}");
+        }
+    }
+    ensure!(
+        sent >= 20,
+        "only {sent} requests were sent during the reloads"
+    );
+    let missing: Vec<Value> = m
+        .decisions()?
+        .into_iter()
+        .filter(|l| l["reason"] == "unknown_authority")
+        .collect();
+    ensure!(missing.is_empty(), "{missing:?}");
+    Ok(())
+}

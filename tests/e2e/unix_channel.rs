@@ -227,3 +227,15 @@ async fn curl_socks5h_over_unix_socket_is_attributed_to_curls_pid() -> Result<()
     check_unix_peer(&line, out.pid.unwrap())?;
     Ok(())
 }
+
+/// A socket directory the mediator makes is 0711: a local process may reach a socket its
+/// mode lets it use, but cannot list which authorities exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_directory_it_makes_cannot_be_listed_by_others() -> Result<()> {
+    let fx = Fixture::start(mediator().authority(agent_a_spec())).await?;
+    let sock = fx.mediator.socket_path(AGENT_A);
+    let dir = sock.parent().expect("a socket path has a directory");
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+    ensure!(mode == 0o711, "socket_dir mode {mode:o}, want 711");
+    Ok(())
+}

@@ -153,12 +153,16 @@ async fn steps(
     // The grant decided with must be the live authority's own (never another's). A
     // channel's connection accepted before a reload re-created its authority (same
     // channel) is decided under the successor; on the TCP listener the credential was
-    // just verified against the live set.
+    // just verified against the entry it named, so a successor that a reload put in its
+    // place meanwhile decides only if it takes the same token.
     let live = ctx
         .authority
         .as_ref()
         .and_then(|a| match ctx.peer.channel() {
-            Channel::Tcp => shared.authorities.live_of(a),
+            Channel::Tcp => shared
+                .authorities
+                .current_of(a)
+                .filter(|l| l.authority.token_sha256 == a.token_sha256),
             Channel::Unix | Channel::Embedded => shared.authorities.current_of(a),
         });
     let Some(live) = live else {

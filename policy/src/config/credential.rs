@@ -153,6 +153,16 @@ impl Credential {
         Ok(())
     }
 
+    /// Whether the loaded secret and `text` overlap (one contains the other): a
+    /// placeholder that does would hand the child the secret, or part of it.
+    pub fn secret_overlaps(&self, text: &str) -> bool {
+        let (secret, text) = (self.secret.0.as_slice(), text.as_bytes());
+        let within = |hay: &[u8], needle: &[u8]| {
+            !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+        };
+        within(secret, text) || within(text, secret)
+    }
+
     /// Whether the secret is the same as `other`'s (a reload compares them to see a
     /// rotated secret).
     pub fn same_secret(&self, other: &Self) -> bool {
@@ -333,8 +343,10 @@ pub(super) fn check_placeholders(credentials: &[(usize, &Credential)]) -> Vec<(u
                 continue;
             };
             if x.contains(y) || y.contains(x) {
+                // Neither is quoted: a placeholder written by mistake as the secret must
+                // not reach an error text.
                 errors.push((*pb, format!(
-                    "credential[{pb}]: placeholder {y:?} and the placeholder of credential[{pa}] {x:?}: one is a substring of the other, so a request could not be judged by which it carries; make them distinct"
+                    "credential[{pb}]: its placeholder and the placeholder of credential[{pa}]: one is a substring of the other, so a request could not be judged by which it carries; make them distinct"
                 )));
             }
         }

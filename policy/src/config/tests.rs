@@ -822,7 +822,7 @@ fn credential_errors_are_located() {
         ),
         (
             "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\n\n[[authority.credential]]\nhost = \"origin.test\"\nheader = \"B\"\nsecret_env = \"U\"\nplaceholder = \"mediator:origin:2\"",
-            "m.toml:16:1: authority \"agent-a\": credential[2]: placeholder \"mediator:origin:2\" and the placeholder of credential[1] \"mediator:origin\": one is a substring of the other",
+            "m.toml:16:1: authority \"agent-a\": credential[2]: its placeholder and the placeholder of credential[1]: one is a substring of the other",
         ),
     ];
     for (table, expected) in cases {
