@@ -310,3 +310,29 @@ write(
         ("mixed-array", '{"name": "m", "allow": ["a.test", 1]}'),
     ],
 )
+
+# ---- request rules (the grant of mediator::fuzzing::request_rule_grant) ----------------------
+
+write(
+    "request_rule",
+    numbered(
+        "request",
+        [
+            "GET /repos/x?page=2",
+            "GET /repos/x?access_token=abc",
+            "GET /repos/x?access%5Ftoken=abc",
+            "GET /repos/x?access%255Ftoken=abc",
+            "GET /repos/x?page=1&per_page=100",
+            "POST /repos/x",
+            "HEAD /repos/",
+            "GET /repos/x?;page=2",
+            "GET /repos/x?p%61ge=2",
+            "GET /user",
+            "GET /repos/../user",
+            "GET /repos/x?page",
+            "GET /repos/x?=1",
+            "GET /repos/x?page=2&&per_page=3",
+            "GET /repos/x?pa+ge=1",
+        ],
+    ),
+)

@@ -61,6 +61,7 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("pac_answer", pac_answer),
     ("config", config),
     ("admin_json", admin_json),
+    ("request_rule", request_rule),
 ];
 
 /// Host canonicalisation (`policy::canonicalize_host`). Properties:
@@ -397,6 +398,92 @@ pub fn config(data: &[u8]) {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all, "duplicate authority names");
+    }
+}
+
+/// The grant the `request_rule` target decides with: `GET`/`HEAD` under `/repos/` with
+/// only the query parameters `page` and `per_page`, as docs/tls.md's example.
+fn request_rule_grant() -> &'static Grant {
+    static GRANT: OnceLock<policy::config::Config> = OnceLock::new();
+    let config = GRANT.get_or_init(|| {
+        let text = "[tls]\nca_dir = \"/nonexistent/fuzz-ca\"\n\n[[authority]]\nname = \"fuzz\"\nallow = [\"api.test\"]\ntls_terminate = [\"api.test\"]\n\n[[authority.request_rule]]\nhost = \"api.test\"\nmethods = [\"GET\", \"HEAD\"]\npath_prefixes = [\"/repos/\"]\nquery = [\"page\", \"per_page\"]\n";
+        // The fixture's own text: a failure here is a broken fuzzer, not a finding.
+        policy::config::parse(text, "<fuzz>").expect("the request_rule fixture loads")
+    });
+    &config.authorities[0].grant
+}
+
+/// Percent-decodes `text` leniently (the oracle: every `%XX` with two hex digits is
+/// its byte, anything else is itself), repeatedly until it no longer changes.
+fn decoded_fully(text: &str) -> Vec<u8> {
+    let mut cur = text.as_bytes().to_vec();
+    for _ in 0..8 {
+        let mut out = Vec::with_capacity(cur.len());
+        let mut i = 0;
+        while i < cur.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            if cur[i] == b'%'
+                && i + 2 < cur.len()
+                && let (Some(h), Some(l)) = (hex(cur[i + 1]), hex(cur[i + 2]))
+            {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            } else {
+                out.push(cur[i]);
+                i += 1;
+            }
+        }
+        if out == cur {
+            break;
+        }
+        cur = out;
+    }
+    cur
+}
+
+/// Request rules on method, path and query names (`Grant::decide_request`, with
+/// [`request_rule_grant`]). The input is UTF-8: a method, a space, then the request
+/// target (path, optionally `?query`). Properties: an allowed request is `GET` or `HEAD`,
+/// its path starts with `/repos/`, and every query parameter name, however often it is
+/// percent-decoded, is `page` or `per_page`.
+pub fn request_rule(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Some((method, target)) = text.split_once(' ') else {
+        return;
+    };
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    let Ok(host) = parse_authority_form("api.test:443") else {
+        return;
+    };
+    let facts = policy::RequestFacts {
+        method,
+        path,
+        query,
+        headers: None,
+    };
+    let d = request_rule_grant().decide_request(&host, &facts);
+    if d.verdict != Verdict::Allow {
+        return;
+    }
+    assert!(method == "GET" || method == "HEAD", "{method:?} allowed");
+    assert!(path.starts_with("/repos/"), "{path:?} allowed");
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let name = pair.split_once('=').map_or(pair, |(n, _)| n);
+        let name = decoded_fully(&name.replace('+', " "));
+        assert!(
+            name == b"page" || name == b"per_page",
+            "query name {:?} allowed in {query:?}",
+            String::from_utf8_lossy(&name)
+        );
     }
 }
 
