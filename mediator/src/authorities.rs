@@ -290,6 +290,10 @@ impl Registry {
     /// one that (through one reload or several) replaced it. `None` for an authority that
     /// was revoked (not replaced), or whose successor was revoked in turn.
     pub(crate) fn current_of(&self, authority: &Arc<Authority>) -> Option<Arc<Live>> {
+        // The common case, on every decision: still live; no successor lock taken.
+        if let Some(live) = self.live_of(authority) {
+            return Some(live);
+        }
         let list = self
             .successors
             .lock()

@@ -454,29 +454,8 @@ pub(crate) fn check_can_open(path: &Path) -> Result<(), Error> {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => Path::new("."),
             };
-            match std::fs::metadata(dir) {
-                Ok(meta) if meta.is_dir() => nix::unistd::access(
-                    dir,
-                    nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-                )
-                .map_err(|e| {
-                    err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!(
-                            "cannot create it: {} is not writable by this user: {e}",
-                            dir.display()
-                        ),
-                    ))
-                }),
-                Ok(_) => Err(err(io::Error::new(
-                    io::ErrorKind::NotADirectory,
-                    format!("{} is not a directory", dir.display()),
-                ))),
-                Err(e) => Err(err(io::Error::new(
-                    e.kind(),
-                    format!("cannot create it in {}: {e}", dir.display()),
-                ))),
-            }
+            crate::writable::may_create_in(dir)
+                .map_err(|e| err(io::Error::new(e.kind(), format!("cannot create it: {e}"))))
         }
         Err(e) => Err(err(e)),
     }

@@ -46,6 +46,7 @@ pub mod suggest;
 pub mod tls;
 pub mod vocab;
 mod watchdog;
+mod writable;
 
 pub use control::ReloadReport;
 pub use decision_log::{DecisionLog, Record, Reopened, Sink, Tap};

@@ -130,33 +130,8 @@ pub(crate) fn check_can_make(dir: &Path) -> Result<(), Error> {
         what: format!("unix sockets in {}", dir.display()),
         source,
     };
-    let mut at = dir;
-    loop {
-        match std::fs::metadata(at) {
-            Ok(meta) if meta.is_dir() => break,
-            Ok(_) => {
-                return Err(err(io::Error::new(
-                    io::ErrorKind::NotADirectory,
-                    format!("{} is not a directory", at.display()),
-                )));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match at.parent() {
-                Some(p) if !p.as_os_str().is_empty() => at = p,
-                _ => return Err(err(e)),
-            },
-            Err(e) => return Err(err(e)),
-        }
-    }
-    nix::unistd::access(
-        at,
-        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-    )
-    .map_err(|e| {
-        err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("{} is not writable by this user: {e}", at.display()),
-        ))
-    })
+    // create_dir_all builds on the nearest directory that exists: that one must take it.
+    crate::writable::may_create_in(crate::writable::nearest_existing(dir)).map_err(err)
 }
 
 #[cfg(test)]

@@ -87,12 +87,9 @@ pub fn parse_authority(text: &str, global_deny: &[String]) -> Result<Authority, 
             .collect());
     }
     let table = root.get_ref();
-    let label = match table.get("name").and_then(|n| n.get_ref().as_str()) {
-        Some(name) => format!("authority {name:?}"),
-        None => "authority".to_owned(),
-    };
-    let mut v = Validator::new(Ctx::new(&text, ORIGIN));
     let value = Spanned::new(0..text.len(), DeValue::Table(table.clone()));
+    let label = label_of(value.get_ref(), "authority");
+    let mut v = Validator::new(Ctx::new(&text, ORIGIN));
     let authority = v
         .table::<RawAuthority>(&label, &value)
         .and_then(|raw| match &raw.name {
@@ -138,14 +135,7 @@ impl Validator<'_> {
                 continue;
             };
             if matches!(list.get_ref(), DeValue::Array(a) if !a.is_empty()) {
-                let what = match item
-                    .get_ref()
-                    .get("name")
-                    .and_then(|n| n.get_ref().as_str())
-                {
-                    Some(name) => format!("authority {name:?}"),
-                    None => "authority".to_owned(),
-                };
+                let what = label_of(item.get_ref(), "authority");
                 self.error(
                     Some(list.span()),
                     &what,
@@ -175,14 +165,7 @@ impl Validator<'_> {
         for (i, item) in items.iter().enumerate() {
             // Name the authority in messages as early as possible, even before its table
             // deserializes cleanly.
-            let what = match item
-                .get_ref()
-                .get("name")
-                .and_then(|n| n.get_ref().as_str())
-            {
-                Some(name) => format!("authority {name:?}"),
-                None => format!("authority[{}]", i + 1),
-            };
+            let what = label_of(item.get_ref(), &format!("authority[{}]", i + 1));
             let Some(raw) = self.table::<RawAuthority>(&what, item) else {
                 continue;
             };
@@ -373,14 +356,7 @@ impl Validator<'_> {
             let Some(token) = item.get_ref().get("token_sha256") else {
                 continue;
             };
-            let what = match item
-                .get_ref()
-                .get("name")
-                .and_then(|n| n.get_ref().as_str())
-            {
-                Some(name) => format!("authority {name:?}"),
-                None => "authority".to_owned(),
-            };
+            let what = label_of(item.get_ref(), "authority");
             self.warn(
                 Some(token.span()),
                 &what,
@@ -525,4 +501,13 @@ pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
         return Err("bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group".into());
     }
     Ok(mode)
+}
+
+/// How messages name an `[[authority]]` table: `authority "NAME"` as soon as its `name`
+/// is a string, else `unnamed` (before its table has deserialized cleanly).
+fn label_of(table: &DeValue<'_>, unnamed: &str) -> String {
+    match table.get("name").and_then(|n| n.get_ref().as_str()) {
+        Some(name) => format!("authority {name:?}"),
+        None => unnamed.to_owned(),
+    }
 }
