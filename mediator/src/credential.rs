@@ -2,21 +2,30 @@
 //! file, which must not be readable by others, or from the mediator's environment), adding
 //! it to the terminated requests of its host ([`apply`], the one path of h1 and h2
 //! requests), and refusing a request that carries one of its authority's placeholders
-//! anywhere else ([`apply`] for other terminated hosts, [`check_plain`] for plain
-//! `http://` forwarding): reason `credential_misuse`.
+//! anywhere else: reason `credential_misuse`. Where it is looked for: the header values
+//! and target of terminated requests ([`apply`]), of plain `http://` ones
+//! ([`check_plain`]), their trailer fields ([`CheckedBody`]), and the host of every
+//! target where it is decided ([`check_target`], CONNECT and SOCKS5 included). Bodies
+//! and WebSocket frames are streamed and not looked into.
 //!
 //! No message built here quotes a secret: errors name the credential's source and
 //! location, denials its header and host.
 
 use std::os::unix::fs::PermissionsExt as _;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::Uri;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use policy::config::{Authority, Credential, SecretSource};
 use policy::{Reason, Target};
 
 use crate::decision_log::CredentialUse;
 use crate::denial::Denial;
+use crate::error::Error;
 
 /// Loads the secret of every credential of `authority`. Each error starts with the
 /// credential's location and never holds the secret.
@@ -118,11 +127,28 @@ pub(crate) fn apply(
         }
         // A credential without a loaded secret cannot occur (the loader refuses to start
         // without it); fail closed rather than send the placeholder on.
+        let found = Found {
+            index: i,
+            credential: c,
+            place: Place::Header(name.as_str().to_owned()),
+            encoded: false,
+        };
         if !c.has_secret() {
-            return Err(misuse(authority, i, c, target, "its secret is not loaded"));
+            return Err(misuse(
+                authority,
+                &found,
+                target,
+                "but its secret is not loaded",
+            ));
         }
-        let value = HeaderValue::from_bytes(&c.header_value())
-            .map_err(|_| misuse(authority, i, c, target, "its secret is not a header value"))?;
+        let value = HeaderValue::from_bytes(&c.header_value()).map_err(|_| {
+            misuse(
+                authority,
+                &found,
+                target,
+                "but its secret is not a header value",
+            )
+        })?;
         set.push((name, value));
         used.push(CredentialUse {
             header: c.header().to_owned(),
@@ -134,8 +160,8 @@ pub(crate) fn apply(
         headers.insert(name, value);
     }
     // What is left may hold no placeholder: every one that was asked for is replaced.
-    find_placeholder(authority, uri, headers).map_or(Ok(used), |(i, c)| {
-        Err(misuse(authority, i, c, target, where_sent(c, target)))
+    find_placeholder(authority, uri, headers).map_or(Ok(used), |found| {
+        Err(misuse(authority, &found, target, &found.why(target)))
     })
 }
 
@@ -153,13 +179,201 @@ pub(crate) fn check_plain(
 ) -> Result<(), Denial> {
     match find_placeholder(authority, uri, headers) {
         None => Ok(()),
-        Some((i, c)) => Err(misuse(
+        Some(found) => Err(misuse(
             authority,
-            i,
-            c,
+            &found,
             target,
-            "in a plain http:// request, where no secret is ever added",
+            &format!(
+                "{} of a plain http:// request, where no secret is ever added",
+                found.place_words()
+            ),
         )),
+    }
+}
+
+/// The target of a tunnel (`CONNECT host:port`, a SOCKS5 domain name) or of any request,
+/// judged where it is decided and before its name is resolved: a host name that holds one
+/// of `authority`'s placeholders (as a label under an allowed `*.` pattern, say) would
+/// carry it to DNS resolvers and, as the TLS SNI, to whoever answers. The canonical host
+/// is compared as the request-target check compares (as it is and percent-decoded),
+/// ignoring ASCII case (host names are case-insensitive, RFC 4343).
+///
+/// # Errors
+/// A `credential_misuse` denial naming the credential.
+pub(crate) fn check_target(authority: &Authority, target: &Target) -> Result<(), Denial> {
+    if !has_placeholders(authority) {
+        return Ok(());
+    }
+    let host = target.host.as_text().to_ascii_lowercase();
+    let decoded = host.contains('%').then(|| percent_decode(host.as_bytes()));
+    for (index, credential) in authority.credentials.iter().enumerate() {
+        let Some(p) = credential.placeholder() else {
+            continue;
+        };
+        let p = p.to_ascii_lowercase();
+        let raw = contains(host.as_bytes(), p.as_bytes());
+        let encoded = !raw && decoded.as_ref().is_some_and(|d| contains(d, p.as_bytes()));
+        if raw || encoded {
+            let found = Found {
+                index,
+                credential,
+                place: Place::Host,
+                encoded,
+            };
+            return Err(misuse(
+                authority,
+                &found,
+                target,
+                "in the host name itself (refused before the name is resolved)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The trailer fields of a request of `authority` to `target` (RFC 9110 section 6.5): a
+/// placeholder there is never replaced (a credential's header is a header, not a
+/// trailer), so it is refused on every host, the credential's own included.
+///
+/// # Errors
+/// A `credential_misuse` denial naming the credential.
+pub(crate) fn check_trailers(
+    authority: &Authority,
+    target: &Target,
+    trailers: &HeaderMap,
+) -> Result<(), Denial> {
+    if !has_placeholders(authority) {
+        return Ok(());
+    }
+    let texts = trailers
+        .iter()
+        .map(|(name, value)| (Place::Trailer(name.as_str().to_owned()), value.as_bytes()));
+    match scan(authority, texts) {
+        None => Ok(()),
+        Some(found) => Err(misuse(
+            authority,
+            &found,
+            target,
+            &format!(
+                "{}, sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
+                found.place_words()
+            ),
+        )),
+    }
+}
+
+/// A request body passed on upstream with its trailer fields checked
+/// ([`check_trailers`]): they arrive after the body, when the request head (and the body)
+/// may already be upstream, so a trailer that carries a placeholder is never yielded:
+/// the body fails instead, which cuts the upstream request (HTTP/2: its stream is reset;
+/// HTTP/1.1: the connection is closed before the last chunk), and the denial is recorded
+/// at once by the `record` callback and kept for the request's answer ([`TrailerVerdict`]).
+/// Data frames pass through untouched; bodies themselves are not scanned.
+pub(crate) struct CheckedBody {
+    inner: Incoming,
+    /// `None` when the authority holds no placeholder: nothing to check.
+    check: Option<Box<TrailerCheck>>,
+    /// A trailer was refused: nothing more is passed on.
+    cut: bool,
+}
+
+struct TrailerCheck {
+    authority: Arc<Authority>,
+    target: Target,
+    denied: Arc<OnceLock<Denial>>,
+    record: Box<dyn FnOnce(&Denial) + Send>,
+}
+
+/// What the trailer check of one [`CheckedBody`] found, readable after the upstream
+/// request ended.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TrailerVerdict(Option<Arc<OnceLock<Denial>>>);
+
+impl TrailerVerdict {
+    /// The `credential_misuse` denial of a trailer, once the body reached it.
+    pub(crate) fn denial(&self) -> Option<&Denial> {
+        self.0.as_ref().and_then(|d| d.get())
+    }
+}
+
+impl CheckedBody {
+    /// `body` as it is: for what needs no check (an authority without placeholders).
+    pub(crate) fn unchecked(body: Incoming) -> Self {
+        Self {
+            inner: body,
+            check: None,
+            cut: false,
+        }
+    }
+
+    /// `body` of a request of `authority` to `target`, its trailers checked; `record`
+    /// logs the denial once, when a trailer is refused.
+    pub(crate) fn new(
+        body: Incoming,
+        authority: &Arc<Authority>,
+        target: &Target,
+        record: impl FnOnce(&Denial) + Send + 'static,
+    ) -> (Self, TrailerVerdict) {
+        if !has_placeholders(authority) {
+            return (Self::unchecked(body), TrailerVerdict::default());
+        }
+        let denied = Arc::new(OnceLock::new());
+        let check = TrailerCheck {
+            authority: Arc::clone(authority),
+            target: target.clone(),
+            denied: Arc::clone(&denied),
+            record: Box::new(record),
+        };
+        (
+            Self {
+                inner: body,
+                check: Some(Box::new(check)),
+                cut: false,
+            },
+            TrailerVerdict(Some(denied)),
+        )
+    }
+}
+
+impl Body for CheckedBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        if this.cut {
+            return Poll::Ready(None);
+        }
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Error::ClientBody(e)))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let (Some(trailers), Some(check)) = (frame.trailers_ref(), &this.check)
+            && let Err(denial) = check_trailers(&check.authority, &check.target, trailers)
+        {
+            // Taken so that the callback runs once; a body polled again after its error
+            // passes nothing more on either.
+            this.cut = true;
+            if let Some(check) = this.check.take() {
+                (check.record)(&denial);
+                let _ = check.denied.set(denial);
+            }
+            return Poll::Ready(Some(Err(Error::PlaceholderInTrailer)));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.cut || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -176,12 +390,75 @@ impl policy::HeaderLookup for Headers<'_> {
     }
 }
 
-fn where_sent(c: &Credential, target: &Target) -> &'static str {
-    if c.belongs_to(target) {
-        "outside its header"
-    } else {
-        "to a host it does not belong to"
+/// Where in a request a placeholder was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// The request target (path and query, or the absolute-form URI).
+    Target,
+    /// The value of this request header.
+    Header(String),
+    /// The value of this trailer field.
+    Trailer(String),
+    /// The host name of the target.
+    Host,
+}
+
+/// A placeholder found in a request: whose, where, and whether only its percent-decoded
+/// form matched.
+#[derive(Debug)]
+struct Found<'a> {
+    /// The credential's index in its authority (`credential[index + 1]` in messages).
+    index: usize,
+    credential: &'a Credential,
+    place: Place,
+    /// Only the percent-decoded text held it.
+    encoded: bool,
+}
+
+impl Found<'_> {
+    /// `in the x-note header`, `percent-encoded in the request target`, ...
+    fn place_words(&self) -> String {
+        let place = match &self.place {
+            Place::Target => "in the request target".to_owned(),
+            Place::Header(name) => format!("in the {name} header"),
+            Place::Trailer(name) => format!("in the {name} trailer field"),
+            Place::Host => "in the host name".to_owned(),
+        };
+        if self.encoded {
+            format!("percent-encoded {place}")
+        } else {
+            place
+        }
     }
+
+    /// Why a found placeholder is refused on a terminated request to `target`.
+    fn why(&self, target: &Target) -> String {
+        let c = self.credential;
+        if !c.belongs_to(target) {
+            return format!("{} to a host it does not belong to", self.place_words());
+        }
+        match &self.place {
+            // Only the placeholder exactly as the child was given it is replaced: an
+            // encoded one would go out as it is, so it is refused.
+            Place::Header(name) if name.eq_ignore_ascii_case(c.header()) && self.encoded => {
+                format!(
+                    "percent-encoded in its own {name} header: only the placeholder exactly as given is replaced by the secret, so this one is refused, not forwarded"
+                )
+            }
+            _ => format!(
+                "{}, outside its {} header (the only place it is replaced by the secret)",
+                self.place_words(),
+                c.header()
+            ),
+        }
+    }
+}
+
+fn has_placeholders(authority: &Authority) -> bool {
+    authority
+        .credentials
+        .iter()
+        .any(|c| c.placeholder().is_some())
 }
 
 /// The first credential whose placeholder occurs in the request target or a header value
@@ -190,36 +467,61 @@ fn find_placeholder<'a>(
     authority: &'a Authority,
     uri: &Uri,
     headers: &HeaderMap,
-) -> Option<(usize, &'a Credential)> {
+) -> Option<Found<'a>> {
     // Most authorities hold no placeholder: then nothing is copied or scanned.
-    if authority
-        .credentials
-        .iter()
-        .all(|c| c.placeholder().is_none())
-    {
+    if !has_placeholders(authority) {
         return None;
     }
-    let mut texts: Vec<Vec<u8>> = vec![uri.to_string().into_bytes()];
-    texts.extend(headers.values().map(|v| v.as_bytes().to_vec()));
-    let decoded: Vec<Vec<u8>> = texts
-        .iter()
-        .filter(|t| t.contains(&b'%'))
-        .map(|t| percent_decode(t))
-        .collect();
-    texts.extend(decoded);
-    authority.credentials.iter().enumerate().find(|(_, c)| {
-        c.placeholder()
-            .is_some_and(|p| texts.iter().any(|t| contains(t, p.as_bytes())))
-    })
+    let target = uri.to_string();
+    let texts = std::iter::once((Place::Target, target.as_bytes())).chain(
+        headers
+            .iter()
+            .map(|(name, value)| (Place::Header(name.as_str().to_owned()), value.as_bytes())),
+    );
+    scan(authority, texts)
 }
 
-fn misuse(
-    authority: &Authority,
-    index: usize,
-    c: &Credential,
-    target: &Target,
-    why: &str,
-) -> Denial {
+/// The first of `texts` that holds a placeholder of `authority`, as it is or (only when
+/// none does as it is) percent-decoded.
+fn scan<'a, 't>(
+    authority: &'a Authority,
+    texts: impl Iterator<Item = (Place, &'t [u8])>,
+) -> Option<Found<'a>> {
+    let texts: Vec<(Place, &[u8])> = texts.collect();
+    let decoded: Vec<(&Place, Vec<u8>)> = texts
+        .iter()
+        .filter(|(_, t)| t.contains(&b'%'))
+        .map(|(place, t)| (place, percent_decode(t)))
+        .collect();
+    for (index, credential) in authority.credentials.iter().enumerate() {
+        let Some(p) = credential.placeholder() else {
+            continue;
+        };
+        let raw = texts
+            .iter()
+            .find(|(_, t)| contains(t, p.as_bytes()))
+            .map(|(place, _)| (place.clone(), false));
+        let found = raw.or_else(|| {
+            decoded
+                .iter()
+                .find(|(_, t)| contains(t, p.as_bytes()))
+                .map(|(place, _)| ((*place).clone(), true))
+        });
+        if let Some((place, encoded)) = found {
+            return Some(Found {
+                index,
+                credential,
+                place,
+                encoded,
+            });
+        }
+    }
+    None
+}
+
+fn misuse(authority: &Authority, found: &Found<'_>, target: &Target, why: &str) -> Denial {
+    let c = found.credential;
+    let index = found.index;
     Denial::new(
         Reason::CredentialMisuse,
         format!(
@@ -338,6 +640,110 @@ placeholder = "mediator:api:agent-a"
             let e = check_plain(&a, &target(host), &uri.parse().unwrap(), &h).unwrap_err();
             assert_eq!(e.reason, Reason::CredentialMisuse);
         }
+    }
+
+    #[test]
+    fn the_detail_says_where_the_placeholder_was_and_how() {
+        let a = authority();
+        let detail = |host: &str, uri: &str, name: &str, value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+            apply(&a, &target(host), &uri.parse().unwrap(), &mut h)
+                .unwrap_err()
+                .detail
+        };
+        // Encoded in its own header on its own host: not replaced, and said so.
+        let d = detail(
+            "api.test",
+            "/x",
+            "authorization",
+            "Bearer mediator%3Aapi%3Aagent-a",
+        );
+        assert!(
+            d.ends_with("percent-encoded in its own authorization header: only the placeholder exactly as given is replaced by the secret, so this one is refused, not forwarded"),
+            "{d}"
+        );
+        let d = detail("api.test", "/x", "x-note", "mediator:api:agent-a");
+        assert!(
+            d.ends_with("in the x-note header, outside its authorization header (the only place it is replaced by the secret)"),
+            "{d}"
+        );
+        let d = detail("api.test", "/x?t=mediator:api:agent-a", "x-note", "-");
+        assert!(
+            d.contains("in the request target, outside its authorization header"),
+            "{d}"
+        );
+        let d = detail("other.test", "/x?t=mediator%3Aapi%3Aagent-a", "x-note", "-");
+        assert!(
+            d.ends_with("percent-encoded in the request target to a host it does not belong to"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn a_host_holding_a_placeholder_is_misuse_before_it_is_resolved() {
+        let text = CONFIG.replace("mediator:api:agent-a", "ph-api-agent-a");
+        let a = policy::config::parse(&text, "m.toml")
+            .unwrap()
+            .authorities
+            .remove(0);
+        for host in [
+            "ph-api-agent-a.other.test",
+            "PH-API-AGENT-A.other.test",
+            "x.ph-api-agent-a",
+            "ph-api-agent-a",
+        ] {
+            let e = check_target(&a, &target(host)).unwrap_err();
+            assert_eq!(e.reason, Reason::CredentialMisuse, "{host}");
+            assert!(e.detail.contains("in the host name itself"), "{}", e.detail);
+            assert!(
+                e.detail
+                    .contains("credential[1] (authorization for api.test)")
+            );
+        }
+        for host in ["other.test", "api.test", "ph-api.other.test"] {
+            check_target(&a, &target(host)).unwrap();
+        }
+        // Without placeholders nothing is looked at.
+        check_target(
+            &authority_without_placeholder(),
+            &target("ph-api-agent-a.x"),
+        )
+        .unwrap();
+    }
+
+    fn authority_without_placeholder() -> Authority {
+        let text = CONFIG.replace("placeholder = \"mediator:api:agent-a\"\n", "");
+        policy::config::parse(&text, "m.toml")
+            .unwrap()
+            .authorities
+            .remove(0)
+    }
+
+    #[test]
+    fn trailers_may_carry_no_placeholder_on_any_host() {
+        let a = authority();
+        for (host, value) in [
+            ("other.test", "mediator:api:agent-a"),
+            ("api.test", "Bearer mediator:api:agent-a"),
+            ("api.test", "mediator%253Aapi%253Aagent-a"),
+        ] {
+            let mut t = HeaderMap::new();
+            t.insert("x-sig", value.parse().unwrap());
+            let e = check_trailers(&a, &target(host), &t).unwrap_err();
+            assert_eq!(e.reason, Reason::CredentialMisuse);
+            assert!(
+                e.detail.contains("in the x-sig trailer field"),
+                "{}",
+                e.detail
+            );
+        }
+        let mut t = HeaderMap::new();
+        t.insert("x-sig", "sha256=abc".parse().unwrap());
+        check_trailers(&a, &target("other.test"), &t).unwrap();
     }
 
     #[test]

@@ -52,6 +52,13 @@ pub enum Error {
     /// loaded, or an `[tls] extra_ca_files` entry is unusable (the message names the file).
     #[error("tls: {0}")]
     Tls(String),
+    /// A request body was not passed on upstream because the client's body failed.
+    #[error("the client's request body failed")]
+    ClientBody(#[source] hyper::Error),
+    /// A request body was cut before its trailer fields, which carried a placeholder of one
+    /// of the authority's credentials (design section 14).
+    #[error("a trailer field carries a credential placeholder; the request was cut before it")]
+    PlaceholderInTrailer,
     /// A control-plane operation (adding an authority at start) failed.
     #[error("{0}")]
     Control(String),

@@ -14,8 +14,10 @@ use anyhow::{Result, ensure};
 use bytes::Bytes;
 use e2e::mediator::{MediatorBuilder, toml_list, toml_str};
 use e2e::tls::{TestCa, TlsOrigin, h2_client, tls_through_connect};
-use e2e::{AGENT_A, CurlOutput, Fixture, ORIGIN_HOST, TOKEN_A, agent_a_allowing};
-use http_body_util::{BodyExt, Full};
+use e2e::{AGENT_A, CurlOutput, Fixture, ORIGIN_HOST, SocksTarget, TOKEN_A, agent_a_allowing};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -45,11 +47,22 @@ fn write_secret(path: &Path, secret: &str, mode: u32) -> Result<()> {
     Ok(())
 }
 
-/// `agent-a` may reach both TLS origins (terminated) and the plain origin; its
-/// credentials for `api.test`: `Authorization: Bearer <secret>` (placeholder
-/// [`PLACEHOLDER`], `child_env = "API_TOKEN"`) and `X-Api-Key` (always).
+/// `agent-a` may reach both TLS origins (terminated), the plain origin and any name under
+/// `other.test`; its credentials for `api.test`: `Authorization: Bearer <secret>`
+/// (placeholder [`PLACEHOLDER`], `child_env = "API_TOKEN"`) and `X-Api-Key` (always).
 fn builder(dir: &Path, secret_file: &Path, key_file: &Path, origin_ca: &Path) -> MediatorBuilder {
-    let authority = agent_a_allowing(&[API, OTHER, ORIGIN_HOST])
+    builder_with(dir, secret_file, key_file, origin_ca, PLACEHOLDER)
+}
+
+/// [`builder`] with `placeholder` for the `Authorization` credential.
+fn builder_with(
+    dir: &Path,
+    secret_file: &Path,
+    key_file: &Path,
+    origin_ca: &Path,
+    placeholder: &str,
+) -> MediatorBuilder {
+    let authority = agent_a_allowing(&[API, OTHER, ORIGIN_HOST, "*.other.test"])
         .raw(&format!("tls_terminate = {}", toml_list(&[API, OTHER])))
         .raw("\n[[authority.credential]]")
         .raw(&format!("host = {}", toml_str(API)))
@@ -59,7 +72,7 @@ fn builder(dir: &Path, secret_file: &Path, key_file: &Path, origin_ca: &Path) ->
             toml_str(&secret_file.display().to_string())
         ))
         .raw("format = \"Bearer {secret}\"")
-        .raw(&format!("placeholder = {}", toml_str(PLACEHOLDER)))
+        .raw(&format!("placeholder = {}", toml_str(placeholder)))
         .raw("child_env = \"API_TOKEN\"")
         .raw("\n[[authority.credential]]")
         .raw(&format!("host = {}", toml_str(API)))
@@ -79,6 +92,11 @@ fn builder(dir: &Path, secret_file: &Path, key_file: &Path, origin_ca: &Path) ->
 }
 
 async fn start() -> Result<Env> {
+    start_with(PLACEHOLDER).await
+}
+
+/// [`start`] with `placeholder` for the `Authorization` credential.
+async fn start_with(placeholder: &str) -> Result<Env> {
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;
     let api = TlsOrigin::start(&test_ca.ca, API).await?;
@@ -87,7 +105,13 @@ async fn start() -> Result<Env> {
     let key_file = dir.path().join("api-key");
     write_secret(&secret_file, SECRET, 0o600)?;
     write_secret(&key_file, KEY_SECRET, 0o640)?;
-    let builder = builder(dir.path(), &secret_file, &key_file, &test_ca.pem_path);
+    let builder = builder_with(
+        dir.path(),
+        &secret_file,
+        &key_file,
+        &test_ca.pem_path,
+        placeholder,
+    );
     let fx = Fixture::start(builder.clone()).await?;
     fx.dns.set(API, [e2e::LOOPBACK]);
     fx.dns.set(OTHER, [e2e::LOOPBACK]);
@@ -424,5 +448,211 @@ async fn the_admin_api_cannot_create_an_authority_with_a_credential() -> Result<
         "{text}"
     );
     ensure!(!text.contains(SECRET), "{text}");
+    Ok(())
+}
+
+/// A request of `agent-a` with a body and the trailer field `x-sig: <sig>` (declared in
+/// `Trailer`, as HTTP/1.1 needs), to `uri`.
+fn with_trailer(uri: &str, sig: &str) -> Result<hyper::Request<TrailerBody>> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-sig", sig.parse()?);
+    let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = vec![
+        Ok(Frame::data(Bytes::from_static(b"hello"))),
+        Ok(Frame::trailers(trailers)),
+    ];
+    Ok(hyper::Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("trailer", "x-sig")
+        .header("proxy-authorization", e2e::basic_auth(AGENT_A, TOKEN_A))
+        .body(StreamBody::new(futures_util::stream::iter(frames)))?)
+}
+
+type TrailerBody = StreamBody<
+    futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::convert::Infallible>>>,
+>;
+
+/// The status and body (JSON) of `resp`.
+async fn status_json(resp: hyper::Response<hyper::body::Incoming>) -> Result<(u16, Value)> {
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    let json = serde_json::from_slice(&body)
+        .map_err(|e| anyhow::anyhow!("not JSON ({e}): {}", String::from_utf8_lossy(&body)))?;
+    Ok((status, json))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_in_a_trailer_cuts_the_request_before_the_trailer_leaves() -> Result<()> {
+    let env = start().await?;
+    let tunnel = |host: &'static str, port: u16, alpn: &'static [u8]| {
+        let (proxy, ca) = (env.fx.mediator.tcp_addr(), env.mediator_ca.clone());
+        async move {
+            tls_through_connect(
+                proxy,
+                (AGENT_A, TOKEN_A),
+                &format!("{host}:{port}"),
+                host,
+                &ca,
+                &[alpn],
+            )
+            .await
+        }
+    };
+    let expect_trailer_misuse = |status: u16, body: &Value, what: &str| -> Result<()> {
+        ensure!(status == 403, "{what}: {status} {body}");
+        assert_eq!(body["reason"], "credential_misuse", "{what}: {body}");
+        let detail = body["detail"].as_str().unwrap_or_default();
+        ensure!(
+            detail.contains("credential[1] (authorization for api.test)")
+                && detail.contains("in the x-sig trailer field")
+                && !detail.contains(SECRET),
+            "{what}: {body}"
+        );
+        Ok(())
+    };
+
+    // A trailer without a placeholder passes (so the origin does report trailers).
+    let url = |host: &str, port: u16| format!("https://{host}:{port}/upload");
+    let mut h2 = h2_client_for(tunnel(OTHER, env.other.port(), b"h2").await?).await?;
+    let resp = h2
+        .send_request(with_trailer(&url(OTHER, env.other.port()), "sha256=abc")?)
+        .await?;
+    let (status, echo) = status_json(resp).await?;
+    ensure!(status == 200, "{status} {echo}");
+    assert_eq!(echo["trailers"]["x-sig"], json!(["sha256=abc"]), "{echo}");
+
+    // HTTP/2 to the other host, and to the credential's own host: refused, cut before
+    // the trailer.
+    for (host, port) in [(OTHER, env.other.port()), (API, env.api.port())] {
+        let mut h2 = h2_client_for(tunnel(host, port, b"h2").await?).await?;
+        let resp = h2
+            .send_request(with_trailer(&url(host, port), PLACEHOLDER)?)
+            .await?;
+        let (status, body) = status_json(resp).await?;
+        expect_trailer_misuse(status, &body, &format!("h2 to {host}"))?;
+    }
+    // HTTP/1.1 (chunked, the trailer declared) inside a tunnel to the other host.
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(
+        tunnel(OTHER, env.other.port(), b"http/1.1").await?,
+    ))
+    .await?;
+    tokio::spawn(conn);
+    let resp = h1
+        .send_request(with_trailer(&url(OTHER, env.other.port()), PLACEHOLDER)?)
+        .await?;
+    let (status, body) = status_json(resp).await?;
+    expect_trailer_misuse(status, &body, "h1 in a tunnel")?;
+    for origin in [&env.other, &env.api] {
+        ensure!(
+            !origin.received_text(PLACEHOLDER),
+            "an origin received the placeholder"
+        );
+    }
+
+    // Plain http:// through the proxy (absolute-form, chunked with the trailer).
+    let tcp = tokio::net::TcpStream::connect(env.fx.mediator.tcp_addr()).await?;
+    let (mut plain, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let plain_url = format!("http://{ORIGIN_HOST}:{}/upload", env.fx.origin.port());
+    let resp = plain
+        .send_request(with_trailer(&plain_url, PLACEHOLDER)?)
+        .await?;
+    let (status, body) = status_json(resp).await?;
+    expect_trailer_misuse(status, &body, "plain http://")?;
+
+    // Each is a credential_misuse line of its request.
+    for protocol in ["tls", "http"] {
+        env.fx
+            .mediator
+            .wait_for_log(
+                |v| {
+                    v["protocol"] == protocol
+                        && v["reason"] == "credential_misuse"
+                        && v["detail"]
+                            .as_str()
+                            .is_some_and(|d| d.contains("x-sig trailer field"))
+                },
+                std::time::Duration::from_secs(10),
+            )
+            .await?;
+    }
+    env.fx.mediator.expect_log_lacks(SECRET)?;
+    Ok(())
+}
+
+/// A hyper HTTP/2 client over `tls`, for requests with any body type.
+async fn h2_client_for(
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+) -> Result<hyper::client::conn::http2::SendRequest<TrailerBody>> {
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placeholder_in_a_tunnel_host_is_refused_before_it_is_resolved() -> Result<()> {
+    // A placeholder that is a valid DNS label, as a label under the allowed *.other.test.
+    const LABEL: &str = "ph-api-agent-a-7f3c";
+    let env = start_with(LABEL).await?;
+    for target in [
+        format!("{LABEL}.other.test:443"),
+        format!("x.{}.other.test:443", LABEL.to_ascii_uppercase()),
+    ] {
+        let resp = env.fx.connect(&target, Some((AGENT_A, TOKEN_A))).await?;
+        let body = e2e::check_deny(&resp, 403, "credential_misuse")?;
+        e2e::check_contains(&body, "detail", "in the host name itself")?;
+        e2e::check_contains(
+            &body,
+            "detail",
+            "credential[1] (authorization for api.test)",
+        )?;
+    }
+    let (_client, reply) = env
+        .fx
+        .socks_connect_a(&SocksTarget::Domain(format!("{LABEL}.other.test"), 443))
+        .await?;
+    assert_eq!(reply.rep, 0x02, "REP 0x02 (not allowed by ruleset)");
+    let line = env
+        .fx
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "socks5" && v["reason"] == "credential_misuse",
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    assert_eq!(line["rule"], "credential[1] api.test", "{line}");
+    // Refused before resolution: the name never reached a resolver.
+    let name = format!("{LABEL}.other.test");
+    ensure!(env.fx.dns.queries(&name) == 0, "{name} was resolved");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_placeholder_in_its_own_header_is_refused_and_said_so() -> Result<()> {
+    let env = start().await?;
+    let before = env.api.requests();
+    let url = env.url(&env.api, API, "/v1/user");
+    for version in ["--http1.1", "--http2"] {
+        let out = env
+            .curl(&[
+                version,
+                "-H",
+                "Authorization: Bearer mediator%3Aapi%3Aagent-a",
+                &url,
+            ])
+            .await?;
+        let body = expect_misuse(&out)?;
+        let detail = body["detail"].as_str().unwrap_or_default();
+        ensure!(
+            detail.contains("percent-encoded in its own authorization header")
+                && detail.contains("only the placeholder exactly as given is replaced"),
+            "{version}: {body}"
+        );
+    }
+    ensure!(env.api.requests() == before, "nothing was forwarded");
     Ok(())
 }

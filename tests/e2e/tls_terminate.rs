@@ -687,3 +687,84 @@ async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_re
         .await?;
     Ok(())
 }
+
+/// An `:authority` (or `Host`) that is not the tunnel host: answered `421` where the
+/// request reaches the mediator (a port that is not a port is malformed, never 443), and
+/// logged too where the HTTP/2 layer resets a request it cannot parse (`PROTOCOL_ERROR`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2() -> Result<()> {
+    // On 443, where a port that does not parse must not pass for the default port. An
+    // address of its own (127.66.1.1:443 is another test's).
+    let env = start_with(true, SocketAddr::from(([127, 66, 1, 2], 443)), |b| b).await?;
+    let before = env.origin.requests();
+    for http in ["--http1.1", "--http2"] {
+        let out = env
+            .curl(
+                &[http, "-H", "Host: api.test:https"],
+                &env.url("/public/port"),
+            )
+            .await?;
+        ensure!(out.http_code == 421, "{http}: {out:?}");
+        let body = body_json(&out)?;
+        assert_eq!(body["reason"], "sni_mismatch", "{body}");
+        ensure!(
+            body["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("not a host with an optional port")),
+            "{body}"
+        );
+    }
+    ensure!(env.origin.requests() == before, "nothing was forwarded");
+
+    // Raw HTTP/2: a foreign :authority is answered (421 and its line); one that is not URI
+    // syntax is reset by the HTTP/2 layer, and still gets its decision line.
+    for (authority, end) in [
+        (&b"blocked.test"[..], e2e::h2frames::StreamEnd::Answered),
+        (&b"api.test<>"[..], e2e::h2frames::StreamEnd::Reset(1)),
+    ] {
+        let mut tls = tls_through_connect(
+            env.fx.mediator.tcp_addr(),
+            (AGENT_A, TOKEN_A),
+            &env.target(),
+            API,
+            &env.mediator_ca,
+            &[b"h2"],
+        )
+        .await?;
+        let got =
+            e2e::h2frames::send_headers(&mut tls, &e2e::h2frames::get_with_authority(authority))
+                .await?;
+        assert_eq!(got, end, "{}", String::from_utf8_lossy(authority));
+    }
+    env.fx
+        .mediator
+        .wait_for_log(
+            |v| {
+                v["protocol"] == "tls"
+                    && v["reason"] == "sni_mismatch"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("blocked.test"))
+            },
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    let line = env
+        .fx
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "tls" && v["reason"] == "malformed_target",
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    ensure!(
+        line["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("HTTP/2 stream 1") && d.contains("PROTOCOL_ERROR")),
+        "{line}"
+    );
+    assert_eq!(line["authority"], AGENT_A, "{line}");
+    assert_eq!(line["host"], API, "{line}");
+    ensure!(env.origin.requests() == before, "nothing was forwarded");
+    Ok(())
+}

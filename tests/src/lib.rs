@@ -14,6 +14,7 @@ pub mod curl;
 pub mod dns;
 pub mod expect;
 pub mod fixture;
+pub mod h2frames;
 pub mod http;
 pub mod kerberos;
 pub mod mediator;

@@ -132,12 +132,18 @@ async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 /// The echo both origins answer with: `200`, a JSON body
-/// `{"method","target",["version",]"headers","body"}` (`version` with `with_version`, as
-/// hyper prints it), and the forged [`FORGED_DECISION`] header.
+/// `{"method","target",["version",]"headers","body"[,"trailers"]}` (`version` with
+/// `with_version`, as hyper prints it; `trailers` when the request had trailer fields),
+/// and the forged [`FORGED_DECISION`] header.
 pub(crate) async fn echo_response(
     req: Request<Incoming>,
     with_version: bool,
 ) -> Response<Full<Bytes>> {
+    echo_reply(&echo_json(req, with_version).await)
+}
+
+/// The JSON of [`echo_response`]: what the origin received.
+pub(crate) async fn echo_json(req: Request<Incoming>, with_version: bool) -> serde_json::Value {
     let method = req.method().to_string();
     let target = req.uri().to_string();
     let version = format!("{:?}", req.version());
@@ -148,8 +154,17 @@ pub(crate) async fn echo_response(
             .or_default()
             .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
     }
+    let mut trailers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let body = match req.into_body().collect().await {
-        Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
+        Ok(collected) => {
+            for (name, value) in collected.trailers().into_iter().flatten() {
+                trailers
+                    .entry(name.as_str().to_owned())
+                    .or_default()
+                    .push(String::from_utf8_lossy(value.as_bytes()).into_owned());
+            }
+            String::from_utf8_lossy(&collected.to_bytes()).into_owned()
+        }
         Err(_) => String::new(),
     };
     let mut json = serde_json::json!({
@@ -158,9 +173,17 @@ pub(crate) async fn echo_response(
         "headers": headers,
         "body": body,
     });
+    if !trailers.is_empty() {
+        json["trailers"] = serde_json::json!(trailers);
+    }
     if with_version {
         json["version"] = serde_json::Value::String(version);
     }
+    json
+}
+
+/// The response of [`echo_response`] for `json`.
+pub(crate) fn echo_reply(json: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(json.to_string())));
     let h = response.headers_mut();
     h.insert(

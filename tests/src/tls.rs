@@ -8,8 +8,8 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use bytes::Bytes;
@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::http::basic_auth;
-use crate::origin::echo_response;
+use crate::origin::{echo_json, echo_reply};
 
 /// A CA made for one test, with its certificate written to `<dir>/test-ca.pem` (the file
 /// to list in `[tls] extra_ca_files`).
@@ -59,6 +59,8 @@ impl TestCa {
 pub struct TlsOrigin {
     addr: SocketAddr,
     requests: Arc<AtomicUsize>,
+    /// The echo of every request received (its JSON text), oldest first.
+    received: Arc<Mutex<Vec<String>>>,
     task: JoinHandle<()>,
 }
 
@@ -92,6 +94,8 @@ impl TlsOrigin {
         let addr = listener.local_addr()?;
         let requests = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&requests);
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&received);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
@@ -99,13 +103,21 @@ impl TlsOrigin {
                 };
                 let acceptor = acceptor.clone();
                 let counter = Arc::clone(&counter);
+                let log = Arc::clone(&log);
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let svc = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::SeqCst);
-                        async move { Ok::<_, Infallible>(echo_response(req, true).await) }
+                        let log = Arc::clone(&log);
+                        async move {
+                            let json = echo_json(req, true).await;
+                            log.lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(json.to_string());
+                            Ok::<_, Infallible>(echo_reply(&json))
+                        }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), svc)
@@ -116,6 +128,7 @@ impl TlsOrigin {
         Ok(Self {
             addr,
             requests,
+            received,
             task,
         })
     }
@@ -128,6 +141,16 @@ impl TlsOrigin {
     /// How many requests the origin has answered.
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Whether any request the origin received (head, body or trailers, as echoed)
+    /// contained `text`.
+    pub fn received_text(&self, text: &str) -> bool {
+        self.received
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|echo| echo.contains(text))
     }
 }
 

@@ -202,6 +202,12 @@ async fn steps(
             return Err(denial);
         }
     }
+    // A host name holding one of the authority's placeholders is refused before it is
+    // resolved (design section 14).
+    if let Err(denial) = crate::credential::check_target(authority, target) {
+        log(Err(&denial), Timing::default());
+        return Err(denial);
+    }
     let grant = &authority.grant;
     let vetting = decide_and_vet(&shared.resolver, &shared.own, grant, target).await;
     let dns = vetting.resolved.as_ref().map(|r| {

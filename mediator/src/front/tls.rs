@@ -21,7 +21,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use policy::{Reason, Target, canonicalize_host, check_sni};
+use policy::{Reason, Target, canonicalize_host, check_sni, parse_authority_form};
 use rustls::pki_types::ServerName;
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -35,7 +35,9 @@ use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::Counting;
+use crate::credential::{CheckedBody, TrailerVerdict};
 use crate::denial::{Cause, Denial};
+use crate::front::h2_resets::{OnReset, ResetWatch};
 use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
 use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
 use crate::redact::{escape_raw, logged_path};
@@ -43,7 +45,7 @@ use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::{ALPN, TlsState};
-use crate::vocab::CloseReason;
+use crate::vocab::{CloseReason, Protocol};
 
 /// Runs one terminated tunnel to completion; its [`Connected::opened`] writes the close
 /// record. `prefix` holds the client bytes the SNI gate already read (the start of the
@@ -205,6 +207,10 @@ pub(crate) async fn terminate<C>(
         .timer(TokioTimer::new())
         .header_read_timeout(shared.timeouts.request_head)
         .keep_alive(true);
+    let client_tls = ResetWatch::new(
+        client_tls,
+        client_h2.then(|| malformed_h2(&shared, &ctx, &label, target)),
+    );
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(client_tls), svc);
     tokio::pin!(conn);
     let reason = tokio::select! {
@@ -280,8 +286,8 @@ struct Env {
 /// The upstream HTTP connection of one tunnel. HTTP/1.1 carries one request at a time, so
 /// its sender is behind a lock held only until the request is handed over.
 enum Upstream {
-    H1(Mutex<hyper::client::conn::http1::SendRequest<Incoming>>),
-    H2(hyper::client::conn::http2::SendRequest<Incoming>),
+    H1(Mutex<hyper::client::conn::http1::SendRequest<CheckedBody>>),
+    H2(hyper::client::conn::http2::SendRequest<CheckedBody>),
 }
 
 impl Upstream {
@@ -292,7 +298,7 @@ impl Upstream {
         }
     }
 
-    async fn send(&self, req: Request<Incoming>) -> hyper::Result<Response<Incoming>> {
+    async fn send(&self, req: Request<CheckedBody>) -> hyper::Result<Response<Incoming>> {
         match self {
             Self::H1(sender) => {
                 let response = {
@@ -516,7 +522,14 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
     if client_upgrade.is_some() {
         env.upgrading.store(true, Ordering::SeqCst);
     }
-    match upstream.send(upstream_req).await {
+    let (upstream_req, trailers) = check_trailers(upstream_req, &authority, env, &ctx, &request);
+    let answer = upstream.send(upstream_req).await;
+    // A trailer that carried a placeholder cut the request (already logged): say why.
+    if let Some(denial) = trailers.denial() {
+        env.upgrading.store(false, Ordering::SeqCst);
+        return deny_response(Some(name), &env.label, denial);
+    }
+    match answer {
         Ok(mut resp) => {
             let upgraded = match (upgrade, client_upgrade) {
                 (Some(kind), Some(client)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -579,6 +592,49 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
     }
 }
 
+/// The decision line of an HTTP/2 request the HTTP/2 layer reset as malformed before it
+/// reached [`handle`] (`crate::front::h2_resets`): no method or path can be logged.
+fn malformed_h2(shared: &Arc<Shared>, ctx: &Ctx, label: &TargetLabel, target: &Target) -> OnReset {
+    let (shared, ctx, label, target) = (
+        Arc::clone(shared),
+        ctx.clone(),
+        label.clone(),
+        target.clone(),
+    );
+    Box::new(move |stream| {
+        let denial = Denial::new(
+            Reason::MalformedTarget,
+            format!(
+                "HTTP/2 stream {stream} in the tunnel to {target} was a malformed request (RFC 9113 section 8.1.1: e.g. an :authority or :path that is not URI syntax, or a body that does not match its content-length); it was reset with PROTOCOL_ERROR before it could be judged, and nothing more of it was forwarded"
+            ),
+            format!("send well-formed requests whose :authority is {target}"),
+        );
+        record::deny(&shared, &ctx, Protocol::Tls, &label, denial);
+    })
+}
+
+/// `req` with its trailer fields checked for the authority's placeholders; a refused one
+/// is logged as this request's `credential_misuse` line.
+fn check_trailers(
+    req: Request<Incoming>,
+    authority: &Arc<policy::config::Authority>,
+    env: &Env,
+    ctx: &Ctx,
+    request: &RequestLine,
+) -> (Request<CheckedBody>, TrailerVerdict) {
+    let (shared, ctx, label, request) = (
+        Arc::clone(&env.shared),
+        ctx.clone(),
+        env.label.clone(),
+        request.clone(),
+    );
+    let (parts, body) = req.into_parts();
+    let (body, verdict) = CheckedBody::new(body, authority, &env.target, move |denial| {
+        record::tls_request(&shared, &ctx, &label, &request, Err(denial), Vec::new());
+    });
+    (Request::from_parts(parts, body), verdict)
+}
+
 /// Every request's `Host` and `:authority` (or absolute-form authority) must name the
 /// tunnel host and port (RFC 9110 sections 7.2 and 7.4: else `421`). At least one must be
 /// present; more than one `Host` header is refused.
@@ -607,27 +663,38 @@ fn check_authority(req: &Request<Incoming>, target: &Target) -> Result<(), Strin
 }
 
 /// Whether `value` (`host`, `host:port`, `[v6]:port`) is the tunnel target. A missing port
-/// means 443, the default port of `https` (RFC 9110 section 4.2.2).
+/// means 443, the default port of `https` (RFC 9110 section 4.2.2); a port that is there
+/// must be one (`host:`, `host:https`, `host:65536` are malformed, never port 443), as in
+/// a CONNECT target.
 fn authority_matches(value: &str, target: &Target) -> Result<(), String> {
-    let mismatch = || {
+    let shown = || escape_raw(value.as_bytes());
+    let malformed = || {
         format!(
-            "the request is for {}, but this tunnel is to {target}",
-            escape_raw(value.as_bytes())
+            "the request names {}, which is not a host with an optional port (RFC 9110 section 7.2), in a tunnel to {target}",
+            shown()
         )
     };
     if value.contains('@') {
-        return Err(mismatch());
+        return Err(malformed());
     }
-    let authority: http::uri::Authority = value.parse().map_err(|_| mismatch())?;
+    let authority: http::uri::Authority = value.parse().map_err(|_| malformed())?;
     let host = authority.host();
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let port = authority.port_u16().unwrap_or(443);
-    match canonicalize_host(host) {
-        Ok(h) if h == target.host && port == target.port => Ok(()),
-        _ => Err(mismatch()),
+    let named = if authority.as_str() == host {
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        canonicalize_host(host).map(|host| Target { host, port: 443 })
+    } else {
+        parse_authority_form(authority.as_str())
+    };
+    match named {
+        Ok(named) if named == *target => Ok(()),
+        Ok(_) => Err(format!(
+            "the request is for {}, but this tunnel is to {target}",
+            shown()
+        )),
+        Err(_) => Err(malformed()),
     }
 }
 

@@ -27,6 +27,7 @@ use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::{Counters, Counting};
+use crate::credential::CheckedBody;
 use crate::denial::{Cause, Denial};
 use crate::redact::logged_path;
 use crate::relay::RelayOutcome;
@@ -39,7 +40,7 @@ pub(crate) struct Pooled {
     target: Target,
     /// Exactly the authority (grant object) it was opened for.
     authority: Arc<Authority>,
-    sender: hyper::client::conn::http1::SendRequest<Incoming>,
+    sender: hyper::client::conn::http1::SendRequest<CheckedBody>,
     pin: SocketAddr,
     route: Route,
     /// `Some` when the connection goes to an HTTP parent (absolute-form requests).
@@ -205,6 +206,15 @@ pub(crate) async fn forward(
         Ok(r) => r,
         Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
     };
+    // Its trailer fields, after the body, may carry no placeholder either.
+    let (parts, body) = upstream_req.into_parts();
+    let (body, trailers) = {
+        let (shared, ctx, label) = (Arc::clone(&shared), ctx.clone(), label.clone());
+        CheckedBody::new(body, &authority, &target, move |denial| {
+            record::deny(&shared, &ctx, Protocol::Http, &label, denial.clone());
+        })
+    };
+    let upstream_req = Request::from_parts(parts, body);
     let challenges = |resp: &Response<Incoming>| {
         resp.headers()
             .get_all(header::PROXY_AUTHENTICATE)
@@ -221,6 +231,9 @@ pub(crate) async fn forward(
     )
     .await
     else {
+        if let Some(denial) = trailers.denial() {
+            return deny_response(Some(name), &label, denial);
+        }
         let from = match &upstream.forward {
             Some(parent) => parent.to_string(),
             None => "the destination".to_owned(),
@@ -236,6 +249,10 @@ pub(crate) async fn forward(
         .with_cause(Cause::ResponseTimeout);
         return refuse(&shared, &ctx, Protocol::Http, &label, denial);
     };
+    // A trailer that carried a placeholder cut the request (already logged): say why.
+    if let Some(denial) = trailers.denial() {
+        return deny_response(Some(name), &label, denial);
+    }
     match answer {
         // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
         // it to the client as if it were the origin's answer. The connection is not kept.
@@ -365,7 +382,8 @@ async fn open(
     let counters = counting.counters();
     let watched = counters.clone();
     let (sender, conn) =
-        match hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(counting)).await {
+        match hyper::client::conn::http1::handshake::<_, CheckedBody>(TokioIo::new(counting)).await
+        {
             Ok(pair) => pair,
             Err(e) => {
                 opened.finish(RelayOutcome::ended(CloseReason::Error));
