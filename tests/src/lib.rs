@@ -22,6 +22,7 @@ pub mod parent;
 pub mod socks;
 pub mod squid;
 pub mod tls;
+pub mod upgrade;
 pub mod wait;
 pub mod websocket;
 
