@@ -158,26 +158,22 @@ pub struct Record {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub credential: Vec<CredentialUse>,
     /// The close record of an upgraded request inside a terminated tunnel: the protocol
-    /// it was upgraded to; omitted otherwise.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<UpgradeKind>,
+    /// it was upgraded to, its token in lowercase (`websocket`, also for an HTTP/2
+    /// extended CONNECT; a token a request rule allows); omitted otherwise.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_upgrade"
+    )]
+    pub upgrade: Option<policy::UpgradeToken>,
 }
 
-/// A protocol a request inside a terminated tunnel was upgraded to (RFC 9110 section
-/// 7.8; the IANA HTTP Upgrade Token Registry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UpgradeKind {
-    /// `websocket` (RFC 6455).
-    Websocket,
-}
-
-impl UpgradeKind {
-    /// The upgrade token as sent (`websocket`).
-    pub fn token(self) -> &'static str {
-        match self {
-            Self::Websocket => "websocket",
-        }
+fn serialize_upgrade<S: serde::Serializer>(
+    token: &Option<policy::UpgradeToken>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match token {
+        Some(t) => s.serialize_str(t.as_str()),
+        None => s.serialize_none(),
     }
 }
 

@@ -465,6 +465,7 @@ pub fn request_rule(data: &[u8]) {
         path,
         query,
         headers: None,
+        upgrade: None,
     };
     let d = request_rule_grant().decide_request(&host, &facts);
     if d.verdict != Verdict::Allow {

@@ -16,7 +16,7 @@ use crate::decision::{Decision, Reason};
 use crate::error::PolicyError;
 use crate::host::{CanonicalHost, Target};
 use crate::pattern::{HostPattern, PatternKind, PatternUse};
-use crate::request::{HeaderRule, RequestFacts, check_query_name, query_names};
+use crate::request::{HeaderRule, RequestFacts, UpgradeToken, check_query_name, query_names};
 
 /// The unvalidated description of a grant, as written in configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,6 +78,9 @@ pub struct RequestRuleSpec {
     pub headers: Vec<(String, String)>,
     /// Allowed query parameter names (decoded); `None` allows any query, `Some([])` none.
     pub query: Option<Vec<String>>,
+    /// Upgrade tokens (RFC 9110 section 7.8, any case) besides `websocket` that a request
+    /// this rule allows may switch to; `h2c` is refused. Empty: none.
+    pub upgrade: Vec<String>,
 }
 
 /// One validated per-request rule of a [`Grant`].
@@ -93,6 +96,8 @@ pub(crate) struct RequestRule {
     pub(crate) headers: Vec<HeaderRule>,
     /// Allowed query parameter names; `None`: any query.
     pub(crate) query: Option<BTreeSet<String>>,
+    /// Upgrade tokens other than `websocket` it allows.
+    pub(crate) upgrade: BTreeSet<UpgradeToken>,
     /// 1-based position in the grant, for `rule` fields (`request_rule[2] api.example.com`).
     pub(crate) position: usize,
 }
@@ -114,6 +119,7 @@ impl RequestRule {
             && (self.path_prefixes.is_empty()
                 || self.path_prefixes.iter().any(|p| path_has_prefix(path, p)))
             && self.headers.iter().all(|h| h.allows(facts))
+            && other_upgrade(facts).is_none_or(|t| self.upgrade.contains(t))
             && match (&self.query, names) {
                 (None, _) => true,
                 (Some(allowed), Some(names)) => names.is_subset(allowed),
@@ -145,8 +151,18 @@ impl RequestRule {
                 q.iter().cloned().collect::<Vec<_>>().join(", ")
             )),
         }
+        if !self.upgrade.is_empty() {
+            let tokens: Vec<&str> = self.upgrade.iter().map(UpgradeToken::as_str).collect();
+            out.push_str(&format!(" with Upgrade: {}", tokens.join("|")));
+        }
         out
     }
+}
+
+/// The upgrade a request asks for when only a rule's `upgrade` list can allow it (any
+/// token but `websocket`).
+fn other_upgrade<'a>(facts: &RequestFacts<'a>) -> Option<&'a UpgradeToken> {
+    facts.upgrade.filter(|t| **t != UpgradeToken::WebSocket)
 }
 
 /// Whether `path` is under `prefix`: equal, or continuing it at a `/`.
@@ -938,6 +954,19 @@ impl Grant {
             .filter(|r| r.host.matches(target))
             .collect();
         if rules.is_empty() {
+            if let Some(token) = other_upgrade(facts) {
+                return Decision::deny(
+                    Reason::DeniedByRule,
+                    format!(
+                        "{method} {path} on {} asks for Upgrade: {token}, which no request rule of authority \"{name}\" allows",
+                        target.host
+                    ),
+                    format!(
+                        "add upgrade = [\"{token}\"] to a [[authority.request_rule]] for {}, or send the request without Upgrade",
+                        target.host
+                    ),
+                );
+            }
             return Decision {
                 verdict: crate::decision::Verdict::Allow,
                 reason: Reason::Allowed,
@@ -977,10 +1006,13 @@ impl Grant {
             return Decision::allow(rule.label());
         }
         let allowed: Vec<String> = rules.iter().map(|r| r.describe()).collect();
+        let asked = other_upgrade(facts)
+            .map(|t| format!(" with Upgrade: {t}"))
+            .unwrap_or_default();
         Decision::deny(
             Reason::DeniedByRule,
             format!(
-                "{method} {path} on {} is not allowed by the request rules of authority \"{name}\"",
+                "{method} {path}{asked} on {} is not allowed by the request rules of authority \"{name}\"",
                 target.host
             ),
             format!(
@@ -1068,6 +1100,24 @@ fn build_request_rules(
                 ok = false;
             }
         }
+        let mut upgrade = BTreeSet::new();
+        for raw in &spec.upgrade {
+            match UpgradeToken::parse(raw.as_bytes()) {
+                Ok(UpgradeToken::H2c) => {
+                    fail(format!(
+                        "upgrade {raw:?}: h2c is never relayed (it would carry HTTP/2 requests past the request rules); clients that use TLS get HTTP/2 by ALPN"
+                    ));
+                    ok = false;
+                }
+                Ok(token) => {
+                    upgrade.insert(token);
+                }
+                Err(e) => {
+                    fail(format!("upgrade: {e}"));
+                    ok = false;
+                }
+            }
+        }
         if ok {
             out.push(RequestRule {
                 host,
@@ -1075,6 +1125,7 @@ fn build_request_rules(
                 path_prefixes: spec.path_prefixes.clone(),
                 headers,
                 query: spec.query.as_ref().map(|q| q.iter().cloned().collect()),
+                upgrade,
                 position,
             });
         }

@@ -626,6 +626,66 @@ mod request_rules {
         }
     }
 
+    /// `upgrade` lists the tokens besides websocket that a rule's requests may switch to:
+    /// websocket needs no listing, any other token needs a matching rule that lists it
+    /// (case-insensitively), even on a host no rule narrows; h2c is refused at load.
+    #[test]
+    fn upgrade_tokens_need_a_rule_that_lists_them() {
+        let listed = RequestRuleSpec {
+            upgrade: vec!["Foo".into(), "tls/1.2".into()],
+            ..rule("api.example.com", &["GET"], &["/tunnel"])
+        };
+        let g = grant(
+            &["api.example.com", "free.example.com"],
+            vec![listed, rule("api.example.com", &["GET"], &["/"])],
+        )
+        .unwrap();
+        let api = parse_authority_form("api.example.com:443").unwrap();
+        let free = parse_authority_form("free.example.com:443").unwrap();
+        let token = |t: &str| UpgradeToken::parse(t.as_bytes()).unwrap();
+        let rows: &[(&Target, &str, Option<&str>, &str)] = &[
+            (&api, "/tunnel", Some("FOO"), "allowed"),
+            (&api, "/tunnel", Some("TLS/1.2"), "allowed"),
+            (&api, "/tunnel", Some("bar"), "denied_by_rule"),
+            // The second rule allows the path but lists no token.
+            (&api, "/other", Some("foo"), "denied_by_rule"),
+            (&api, "/other", Some("websocket"), "allowed"),
+            (&api, "/other", None, "allowed"),
+            (&free, "/x", Some("websocket"), "allowed"),
+            (&free, "/x", Some("foo"), "denied_by_rule"),
+            (&free, "/x", None, "allowed"),
+        ];
+        for (target, path, upgrade, reason) in rows {
+            let t = upgrade.map(token);
+            let facts = RequestFacts::new("GET", path).with_upgrade(t.as_ref());
+            let d = g.decide_request(target, &facts);
+            assert_eq!(
+                d.reason.as_str(),
+                *reason,
+                "{target} {path} {upgrade:?}: {d:?}"
+            );
+        }
+        let facts = RequestFacts::new("GET", "/x").with_upgrade(Some(&UpgradeToken::H2c));
+        let d = g.decide_request(&free, &facts);
+        assert!(!d.is_allow(), "{d:?}");
+        let d = g.decide_request(
+            &api,
+            &RequestFacts::new("GET", "/tunnel").with_upgrade(Some(&token("bar"))),
+        );
+        assert!(
+            d.hint.contains("GET /tunnel with Upgrade: foo|tls/1.2"),
+            "{d:?}"
+        );
+        for bad in ["h2c", "H2C", "a b", "", "x/1/2"] {
+            let spec = RequestRuleSpec {
+                upgrade: vec![bad.into()],
+                ..rule("api.example.com", &[], &[])
+            };
+            let err = grant(&["api.example.com"], vec![spec]).unwrap_err();
+            assert!(format!("{err:?}").contains("upgrade"), "{bad:?}: {err:?}");
+        }
+    }
+
     /// `headers` and `query` narrow like methods and paths: GET under /repos/ without
     /// ?access_token=, and POST only as JSON.
     #[test]

@@ -29,5 +29,5 @@ pub use decision::{Decision, Reason, Verdict};
 pub use error::PolicyError;
 pub use grant::{Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_entry};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
-pub use request::{HeaderLookup, RequestFacts};
+pub use request::{HeaderLookup, RequestFacts, UpgradeToken};
 pub use sni::{SniMismatch, check_sni};

@@ -3,7 +3,10 @@
 //! `headers` and `query` keys of `[[authority.request_rule]]`. Queries are judged on their
 //! decoded parameter names with the strictness of paths: a name the rules cannot judge
 //! safely (a `;` separator, a malformed or double escape, anything but letters, digits
-//! and `- _ . ~ [ ]` once decoded) makes the request `malformed_target`.
+//! and `- _ . ~ [ ]` once decoded) makes the request `malformed_target`. Also the one
+//! parser of upgrade tokens ([`UpgradeToken::parse`], RFC 9110 section 7.8), for the
+//! `upgrade` key of a rule and for the `Upgrade` header (or HTTP/2 `:protocol`) of a
+//! request alike.
 
 use std::collections::BTreeSet;
 
@@ -24,6 +27,9 @@ pub struct RequestFacts<'a> {
     pub query: Option<&'a str>,
     /// The headers, when the caller has them.
     pub headers: Option<&'a dyn HeaderLookup>,
+    /// The protocol the request asks to switch to (an HTTP/1.1 `Upgrade`, an HTTP/2
+    /// extended CONNECT's `:protocol`), if any.
+    pub upgrade: Option<&'a UpgradeToken>,
 }
 
 impl<'a> RequestFacts<'a> {
@@ -34,7 +40,15 @@ impl<'a> RequestFacts<'a> {
             path,
             query: None,
             headers: None,
+            upgrade: None,
         }
+    }
+
+    /// The same request asking to switch to `upgrade`.
+    #[must_use]
+    pub fn with_upgrade(mut self, upgrade: Option<&'a UpgradeToken>) -> Self {
+        self.upgrade = upgrade;
+        self
     }
 
     /// The same request with `query`.
@@ -53,6 +67,77 @@ impl<'a> RequestFacts<'a> {
 
     pub(crate) fn header_values(&self, name: &str) -> Vec<&'a [u8]> {
         self.headers.map(|h| h.values(name)).unwrap_or_default()
+    }
+}
+
+/// A protocol a request asks to switch to (RFC 9110 section 7.8: `protocol-name
+/// ["/" protocol-version]`, each a token; names from the IANA HTTP Upgrade Token
+/// Registry), compared case-insensitively, so held in lowercase.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UpgradeToken {
+    /// `websocket` (RFC 6455; over HTTP/2, RFC 8441): relayed unless a request rule
+    /// denies the request.
+    WebSocket,
+    /// `h2c` (RFC 7540 section 3.2): never relayed, it would carry HTTP/2 requests past
+    /// the request rules.
+    H2c,
+    /// Any other token, lowercase (`tls/1.2`, `foo`): relayed only where a request
+    /// rule's `upgrade` list names it.
+    Other(String),
+}
+
+/// The longest upgrade token accepted (name, `/` and version).
+const MAX_UPGRADE_TOKEN: usize = 64;
+
+impl UpgradeToken {
+    /// Parses one token (surrounding spaces and tabs trimmed).
+    ///
+    /// # Errors
+    /// Empty, longer than 64 bytes, more than one `/`, or a name or version that is not
+    /// an RFC 9110 section 5.6.2 token.
+    pub fn parse(raw: &[u8]) -> Result<Self, String> {
+        let t = raw.trim_ascii();
+        let shown = || String::from_utf8_lossy(t).escape_debug().to_string();
+        if t.is_empty() {
+            return Err("an empty upgrade token".into());
+        }
+        if t.len() > MAX_UPGRADE_TOKEN {
+            return Err(format!(
+                "upgrade token \"{}\" is longer than {MAX_UPGRADE_TOKEN} bytes",
+                shown()
+            ));
+        }
+        let mut parts = t.split(|&b| b == b'/');
+        let name = parts.next().unwrap_or_default();
+        let version = parts.next();
+        let token = |p: &[u8]| !p.is_empty() && p.iter().all(|&b| is_tchar(b));
+        if !token(name) || version.is_some_and(|v| !token(v)) || parts.next().is_some() {
+            return Err(format!(
+                "upgrade token \"{}\" is not protocol-name[/protocol-version] of HTTP token characters (RFC 9110 section 7.8)",
+                shown()
+            ));
+        }
+        let lower = String::from_utf8_lossy(t).to_ascii_lowercase();
+        Ok(match lower.as_str() {
+            "websocket" => Self::WebSocket,
+            "h2c" => Self::H2c,
+            _ => Self::Other(lower),
+        })
+    }
+
+    /// The token, lowercase (`websocket`), as sent upstream and logged.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::WebSocket => "websocket",
+            Self::H2c => "h2c",
+            Self::Other(t) => t,
+        }
+    }
+}
+
+impl std::fmt::Display for UpgradeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -190,6 +275,32 @@ mod tests {
                 continue;
             }
             assert!(query_names(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn upgrade_tokens_are_rfc_9110_tokens_compared_without_case() {
+        assert_eq!(
+            UpgradeToken::parse(b" WebSocket "),
+            Ok(UpgradeToken::WebSocket)
+        );
+        assert_eq!(UpgradeToken::parse(b"H2C"), Ok(UpgradeToken::H2c));
+        assert_eq!(
+            UpgradeToken::parse(b"TLS/1.2").map(|t| t.to_string()),
+            Ok("tls/1.2".to_owned())
+        );
+        for bad in [
+            &b""[..],
+            b"a b",
+            b"a/",
+            b"/1",
+            b"a/1/2",
+            b"web,socket",
+            b"caf\xc3\xa9",
+            b"a\r\nb",
+            &[b'a'; 65],
+        ] {
+            assert!(UpgradeToken::parse(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -23,6 +23,7 @@ pub mod parent;
 pub mod socks;
 pub mod squid;
 pub mod tls;
+pub mod upgrade;
 pub mod wait;
 pub mod websocket;
 

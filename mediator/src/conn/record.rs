@@ -14,7 +14,7 @@ use policy::{Reason, Verdict};
 
 use super::{Ctx, RequestLine, TargetLabel};
 use crate::authorities::DenialEntry;
-use crate::decision_log::{CredentialUse, Record, UpgradeKind, now_rfc3339};
+use crate::decision_log::{CredentialUse, Record, now_rfc3339};
 use crate::denial::{Cause, Denial};
 use crate::redact::redact_userinfo;
 use crate::relay::RelayOutcome;
@@ -180,7 +180,7 @@ pub(crate) fn tls_request(
 #[derive(Debug, Clone)]
 pub(crate) struct UpgradeFacts {
     /// The protocol upgraded to.
-    pub(crate) kind: UpgradeKind,
+    pub(crate) kind: policy::UpgradeToken,
     /// The tunnel's pin.
     pub(crate) pin: SocketAddr,
     /// The tunnel's `route` value.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::conn::standing::Standing;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, Uri, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -40,6 +40,7 @@ use crate::denial::{Cause, Denial};
 use crate::front::h2_resets::{OnReset, ResetWatch};
 use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
 use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
+use crate::front::upgrade;
 use crate::redact::{escape_raw, logged_path};
 use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
 use crate::rewind::Rewind;
@@ -194,7 +195,7 @@ pub(crate) async fn terminate<C>(
         upstream,
         closing: closing.clone(),
         upgrading,
-        upgraded: std::sync::Mutex::new(None),
+        relays: Relays::default(),
     });
     let kept = Arc::clone(&env);
     let svc = service_fn(move |req| {
@@ -207,6 +208,8 @@ pub(crate) async fn terminate<C>(
         .timer(TokioTimer::new())
         .header_read_timeout(shared.timeouts.request_head)
         .keep_alive(true);
+    // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL = 1.
+    builder.http2().enable_connect_protocol();
     let client_tls = ResetWatch::new(
         client_tls,
         client_h2.then(|| malformed_h2(&shared, &ctx, &label, target)),
@@ -242,22 +245,20 @@ pub(crate) async fn terminate<C>(
             CloseReason::UpstreamClosed
         }
     };
-    // An upgraded request took the connection over: the tunnel ends with its relay.
-    let upgraded = kept
-        .upgraded
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    let reason = match upgraded {
-        None => reason,
-        Some(task) => {
-            let outcome = task.await.map_or(CloseReason::Error, |o| o.close_reason);
-            if let (true, Some(fd)) = (outcome.is_cut(), &reset) {
-                let _ = reset_fd_on_close(fd);
-            }
-            outcome
+    // Switched streams end with the tunnel (or before): an HTTP/1.1 upgrade took the
+    // connection over, so the tunnel ends as its relay ended; HTTP/2 streams end with
+    // their connection.
+    let mut relays = kept.relays.take();
+    let mut reason = reason;
+    while let Some(ended) = relays.join_next().await {
+        let outcome = ended.map_or(CloseReason::Error, |o| o.close_reason);
+        if let (true, Some(fd)) = (outcome.is_cut(), &reset) {
+            let _ = reset_fd_on_close(fd);
         }
-    };
+        if !client_h2 {
+            reason = outcome;
+        }
+    }
     drop(kept);
     opened.finish(ended(reason, bytes()));
 }
@@ -276,25 +277,83 @@ struct Env {
     upstream: Result<Upstream, String>,
     /// The tunnel's cut (revocation, shutdown): ends an upgraded request's relay too.
     closing: CancellationToken,
-    /// Set while an upgrade is under way on the upstream HTTP/1.1 connection, whose end
-    /// then does not end the tunnel.
+    /// Set while a switch is under way on the upstream HTTP/1.1 connection (or took it
+    /// over), whose end then does not end the tunnel.
     upgrading: Arc<AtomicBool>,
-    /// The relay of the request that upgraded the connection, if one did.
-    upgraded: std::sync::Mutex<Option<tokio::task::JoinHandle<RelayOutcome>>>,
+    /// The relays of switched requests (one for HTTP/1.1, streams for HTTP/2).
+    relays: Relays,
 }
+
+/// The relays of a tunnel's switched requests. Finished ones are reaped as new ones
+/// come, so it holds at most the live ones: one on an HTTP/1.1 connection (an upgrade
+/// takes it over), on HTTP/2 no more than the server's concurrent streams (hyper's
+/// default, 200), since each relay holds its stream open.
+#[derive(Default)]
+struct Relays(std::sync::Mutex<tokio::task::JoinSet<RelayOutcome>>);
+
+impl Relays {
+    fn lock(&self) -> std::sync::MutexGuard<'_, tokio::task::JoinSet<RelayOutcome>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn spawn(&self, relay: impl Future<Output = RelayOutcome> + Send + 'static) {
+        let mut set = self.lock();
+        while set.try_join_next().is_some() {}
+        set.spawn(relay);
+    }
+
+    fn take(&self) -> tokio::task::JoinSet<RelayOutcome> {
+        std::mem::take(&mut *self.lock())
+    }
+}
+
+/// How long an extended CONNECT waits for an HTTP/2 origin's SETTINGS to say whether it
+/// accepts extended CONNECT (they come right after its TLS handshake; this is the bound
+/// for a slow one).
+const SETTINGS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often the setting is read again meanwhile.
+const SETTINGS_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The upstream HTTP connection of one tunnel. HTTP/1.1 carries one request at a time, so
 /// its sender is behind a lock held only until the request is handed over.
 enum Upstream {
     H1(Mutex<hyper::client::conn::http1::SendRequest<CheckedBody>>),
-    H2(hyper::client::conn::http2::SendRequest<CheckedBody>),
+    /// The sender, and whether the origin's SETTINGS accept extended CONNECT so far.
+    H2(
+        hyper::client::conn::http2::SendRequest<CheckedBody>,
+        Arc<dyn Fn() -> bool + Send + Sync>,
+    ),
 }
 
 impl Upstream {
     fn version(&self) -> Version {
         match self {
             Self::H1(_) => Version::HTTP_11,
-            Self::H2(_) => Version::HTTP_2,
+            Self::H2(..) => Version::HTTP_2,
+        }
+    }
+
+    /// What the connection can carry of a protocol switch. An HTTP/2 origin's SETTINGS
+    /// (with SETTINGS_ENABLE_CONNECT_PROTOCOL) may still be on their way when the first
+    /// request comes, and nothing signals their arrival: the setting is read again every
+    /// [`SETTINGS_POLL`] for at most [`SETTINGS_WAIT`], while the connection is open.
+    async fn carrier(&self) -> upgrade::Carrier {
+        match self {
+            Self::H1(_) => upgrade::Carrier::H1,
+            Self::H2(sender, extended_connect) => {
+                let deadline = tokio::time::Instant::now() + SETTINGS_WAIT;
+                loop {
+                    let on = extended_connect();
+                    if on || sender.is_closed() || tokio::time::Instant::now() >= deadline {
+                        return upgrade::Carrier::H2 {
+                            extended_connect: on,
+                        };
+                    }
+                    tokio::time::sleep(SETTINGS_POLL).await;
+                }
+            }
         }
     }
 
@@ -308,7 +367,7 @@ impl Upstream {
                 };
                 response.await
             }
-            Self::H2(sender) => {
+            Self::H2(sender, _) => {
                 let mut sender = sender.clone();
                 sender.ready().await?;
                 sender.send_request(req).await
@@ -377,11 +436,27 @@ async fn start_upstream_http(
         let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
             .await
             .map_err(|e| format!("HTTP/2 handshake with the upstream failed: {e}"))?;
+        // The connection is shared with the question whether the origin's SETTINGS accept
+        // extended CONNECT (RFC 8441 section 3), which only it can answer.
+        let conn = Arc::new(std::sync::Mutex::new(Box::pin(conn)));
+        let polled = Arc::clone(&conn);
         tokio::spawn(async move {
-            let _ = conn.await;
+            let _ = std::future::poll_fn(|cx| {
+                polled
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .as_mut()
+                    .poll(cx)
+            })
+            .await;
             gone.cancel();
         });
-        Ok(Upstream::H2(sender))
+        let extended_connect = move || {
+            conn.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_extended_connect_protocol_enabled()
+        };
+        Ok(Upstream::H2(sender, Arc::new(extended_connect)))
     } else {
         let (sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
@@ -396,12 +471,27 @@ async fn start_upstream_http(
     }
 }
 
-/// Judges and forwards one request (h1 and h2 alike): the tunnel host, the request rules,
-/// then the authority's credentials (`crate::credential::apply`: its secrets added, a
-/// misplaced placeholder refused).
+/// Judges and forwards one request (h1 and h2 alike): the tunnel host, a protocol switch
+/// it asks for (`crate::front::upgrade`), the request rules, then the authority's
+/// credentials (`crate::credential::apply`: its secrets added, a misplaced placeholder
+/// refused).
 async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
+    let protocol = req
+        .extensions()
+        .get::<hyper::ext::Protocol>()
+        .map(|p| p.as_str().as_bytes().to_vec());
+    let switch = upgrade::requested(
+        req.method(),
+        req.headers(),
+        req.version(),
+        protocol.as_deref(),
+    );
+    let method = match &switch {
+        Ok(Some(s)) => s.judged_method(req.method()),
+        _ => req.method().as_str(),
+    };
     let request = RequestLine {
-        method: req.method().as_str().to_owned(),
+        method: method.to_owned(),
         path: logged_path(req.uri()),
     };
     // The tunnel's authority now: a reload that kept the tunnel moved it to the new grant.
@@ -439,27 +529,28 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
             .with_cause(Cause::Misdirected),
         );
     }
+    let switch = match switch {
+        Ok(s) => s,
+        Err(detail) => {
+            return refuse(Denial::new(
+                Reason::DeniedByRule,
+                detail,
+                "inside a terminated tunnel Upgrade: websocket (or an HTTP/2 extended CONNECT for it) is relayed, and tokens a request rule lists in upgrade; send the request without Upgrade",
+            ));
+        }
+    };
     // Scoped: the header view is not kept across an await.
     let decision = {
         let headers = crate::credential::Headers(req.headers());
-        let facts = policy::RequestFacts::new(req.method().as_str(), req.uri().path())
+        let facts = policy::RequestFacts::new(&request.method, req.uri().path())
             .with_query(req.uri().query())
-            .with_headers(&headers);
+            .with_headers(&headers)
+            .with_upgrade(switch.as_ref().map(|s| &s.token));
         authority.grant.decide_request(&env.target, &facts)
     };
     if !decision.is_allow() {
         return refuse(Denial::from(decision));
     }
-    let upgrade = match crate::front::upgrade::requested(req.headers(), req.version()) {
-        Ok(u) => u,
-        Err(detail) => {
-            return refuse(Denial::new(
-                Reason::DeniedByRule,
-                detail,
-                "inside a terminated tunnel only Upgrade: websocket is relayed; send the request without Upgrade",
-            ));
-        }
-    };
     let uri = req.uri().clone();
     let credential =
         match crate::credential::apply(&authority, &env.target, &uri, req.headers_mut()) {
@@ -476,27 +567,38 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
             ));
         }
     };
-    let client_upgrade = match (upgrade, upstream) {
-        (None, _) => None,
-        (Some(_), Upstream::H1(_)) => Some(hyper::upgrade::on(&mut req)),
-        (Some(_), Upstream::H2(_)) => {
-            return refuse(Denial::new(
-                Reason::UpstreamFailure,
-                format!(
-                    "{}: the upstream connection speaks HTTP/2, which cannot carry an HTTP/1.1 upgrade",
-                    env.target
-                ),
-                "open a new tunnel for the WebSocket",
-            ));
-        }
+    if matches!(upstream, Upstream::H1(_)) && env.upgrading.load(Ordering::SeqCst) {
+        return refuse(Denial::new(
+            Reason::UpstreamFailure,
+            format!(
+                "{}: the tunnel's HTTP/1.1 upstream connection carries a switched protocol now",
+                env.target
+            ),
+            "send further requests on a new connection",
+        ));
+    }
+    let plan = match &switch {
+        None => None,
+        Some(s) => match upgrade::plan(s, upstream.carrier().await) {
+            Ok(p) => Some((s, p, hyper::upgrade::on(&mut req))),
+            Err(detail) => {
+                return refuse(Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{}: {detail}", env.target),
+                    "open a new tunnel and use HTTP/1.1 for the WebSocket, or ask the origin's operator to enable extended CONNECT",
+                ));
+            }
+        },
     };
     let upstream_req = match rebuild(req, &env.target, upstream.version()) {
-        Ok(mut r) => {
-            if let Some(kind) = upgrade {
-                crate::front::upgrade::restore(r.headers_mut(), kind);
+        Ok(r) => match &plan {
+            Some((s, p, _)) => {
+                let (mut parts, body) = r.into_parts();
+                upgrade::prepare(&mut parts, s, p);
+                Request::from_parts(parts, body)
             }
-            r
-        }
+            None => r,
+        },
         Err(detail) => {
             return refuse(Denial::new(
                 Reason::MalformedTarget,
@@ -519,7 +621,8 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
         credential,
     );
     let head = request.method == "HEAD";
-    if client_upgrade.is_some() {
+    let takes_h1 = plan.is_some() && matches!(upstream, Upstream::H1(_));
+    if takes_h1 {
         env.upgrading.store(true, Ordering::SeqCst);
     }
     let (upstream_req, trailers) = check_trailers(upstream_req, &authority, env, &ctx, &request);
@@ -531,57 +634,59 @@ async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
     }
     match answer {
         Ok(mut resp) => {
-            let upgraded = match (upgrade, client_upgrade) {
-                (Some(kind), Some(client)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                    Some((kind, client, hyper::upgrade::on(&mut resp)))
-                }
-                _ => {
-                    env.upgrading.store(false, Ordering::SeqCst);
-                    None
-                }
-            };
+            let upstream_upgrade = plan.as_ref().map(|_| hyper::upgrade::on(&mut resp));
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
             parts.headers.remove(DECISION_HEADER);
-            if let Some((kind, client, upstream)) = upgraded {
-                crate::front::upgrade::restore(&mut parts.headers, kind);
-                let facts = crate::front::upgrade::Upgraded {
-                    shared: Arc::clone(&env.shared),
-                    ctx: ctx.clone(),
-                    label: env.label.clone(),
-                    request: request.clone(),
-                    id,
-                    kind,
-                    pin: env.pin,
-                    route: env.shared.route_label(env.route).to_owned(),
-                };
-                let task = tokio::spawn(crate::front::upgrade::relay(
-                    client,
-                    upstream,
-                    facts,
-                    env.closing.clone(),
-                ));
-                *env.upgraded
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
-                drop(body);
-                let empty = http_body_util::Empty::<Bytes>::new()
-                    .map_err(|never| match never {})
-                    .boxed();
-                return Response::from_parts(parts, empty);
+            if let (Some((switch, plan, client)), Some(upstream_upgrade)) = (plan, upstream_upgrade)
+            {
+                match upgrade::switched(&mut parts, switch, &plan) {
+                    Ok(true) => {
+                        let facts = upgrade::Upgraded {
+                            shared: Arc::clone(&env.shared),
+                            ctx: ctx.clone(),
+                            label: env.label.clone(),
+                            request: request.clone(),
+                            id,
+                            token: switch.token.clone(),
+                            pin: env.pin,
+                            route: env.shared.route_label(env.route).to_owned(),
+                        };
+                        env.relays.spawn(upgrade::relay(
+                            client,
+                            upstream_upgrade,
+                            facts,
+                            env.closing.clone(),
+                        ));
+                        drop(body);
+                        return Response::from_parts(parts, empty_body());
+                    }
+                    Ok(false) => {}
+                    Err(detail) => {
+                        let denial = Denial::new(
+                            Reason::UpstreamFailure,
+                            format!("{}: {detail}", env.target),
+                            "the origin must answer the upgrade as RFC 6455 section 4.2.2 says",
+                        );
+                        return deny_response(Some(name), &env.label, &denial);
+                    }
+                }
+                if takes_h1 {
+                    env.upgrading.store(false, Ordering::SeqCst);
+                }
             }
             if head {
                 // A HEAD response has no body, whatever its Content-Length says; passing
                 // the upstream body on would make the HTTP/2 server reset the stream.
                 drop(body);
-                let empty = http_body_util::Empty::<Bytes>::new()
-                    .map_err(|never| match never {})
-                    .boxed();
-                return Response::from_parts(parts, empty);
+                return Response::from_parts(parts, empty_body());
             }
             Response::from_parts(parts, body.boxed())
         }
         Err(e) => {
+            if takes_h1 {
+                env.upgrading.store(false, Ordering::SeqCst);
+            }
             let denial = Denial::new(
                 Reason::UpstreamFailure,
                 format!("{}: upstream request failed: {e}", env.target),
@@ -633,6 +738,12 @@ fn check_trailers(
         record::tls_request(&shared, &ctx, &label, &request, Err(denial), Vec::new());
     });
     (Request::from_parts(parts, body), verdict)
+}
+
+fn empty_body() -> Body {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// Every request's `Host` and `:authority` (or absolute-form authority) must name the

@@ -1,98 +1,337 @@
-//! Upgrades inside a terminated tunnel (RFC 9110 section 7.8): HTTP/1.1 `Upgrade:
-//! websocket` (RFC 6455 section 4). The upgrade request is judged like any request by
-//! `super::tls` (host, request rules, credentials); this file says which upgrades are
-//! relayed, puts the upgrade back on the rebuilt request and response (they are
-//! hop-by-hop), and relays the upgraded bytes both ways with the relay's accounting, idle
-//! timeout and cut, ending in the upgrade's own close record (`protocol: "tls"`,
-//! `upgrade: "websocket"`).
+//! Protocol switches inside a terminated tunnel: an HTTP/1.1 `Upgrade` (RFC 9110 section
+//! 7.8; `websocket`, RFC 6455 section 4) and an HTTP/2 extended CONNECT (RFC 8441 section
+//! 4: `:method CONNECT` with `:protocol`). The request is judged like any request by
+//! `super::tls` (host, request rules, credentials); this file says which switches are
+//! asked for ([`requested`], the one parser of a request's `Upgrade`/`:protocol`, pure so
+//! that it can be fuzzed), how the upstream request carries it ([`plan`], [`prepare`]: as
+//! asked, or an extended CONNECT translated to an HTTP/1.1 upgrade, RFC 8441 section 5),
+//! whether the origin's answer switched ([`switched`], which checks a translated
+//! WebSocket's `Sec-WebSocket-Accept`), and relays the switched bytes both ways with the
+//! relay's accounting, idle timeout and cut, ending in the switch's own close record
+//! (`protocol: "tls"`, `upgrade: "<token>"`).
 //!
-//! Any other token (`h2c`, `TLS/1.2`, ...) is refused: the mediator cannot judge what
-//! would flow after it.
+//! It must never relay `h2c` (HTTP/2 requests would pass the request rules), a plain
+//! CONNECT (a tunnel inside the tunnel would), or a switch the origin did not answer.
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::Version;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use policy::UpgradeToken;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::record;
 use crate::conn::{Ctx, RequestLine, TargetLabel};
-use crate::decision_log::UpgradeKind;
 use crate::relay::{RelayOutcome, relay_streams};
 use crate::shared::Shared;
 use crate::vocab::CloseReason;
 
-/// The upgrade a request asks for: `Ok(None)` for none, `Ok(Some(_))` for one the
-/// mediator relays.
+/// `Sec-WebSocket-Key` (RFC 6455 section 11.3.1).
+const WS_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
+/// `Sec-WebSocket-Accept` (RFC 6455 section 11.3.3).
+const WS_ACCEPT: HeaderName = HeaderName::from_static("sec-websocket-accept");
+
+/// How a request asks to switch protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// HTTP/1.1 `Connection: upgrade` and `Upgrade: <token>`, answered `101`.
+    Upgrade,
+    /// HTTP/2 extended CONNECT with `:protocol <token>`, answered `200` (RFC 8441).
+    ExtendedConnect,
+}
+
+/// A protocol switch a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Switch {
+    /// The protocol switched to.
+    pub(crate) token: UpgradeToken,
+    /// How the client asked.
+    pub(crate) via: Via,
+}
+
+impl Switch {
+    /// The method the request rules judge (and the log shows): an extended CONNECT is
+    /// the `GET` of the HTTP/1.1 upgrade it stands for (RFC 8441 section 5), so that one
+    /// rule means the same for both versions.
+    pub(crate) fn judged_method<'a>(&self, sent: &'a Method) -> &'a str {
+        match self.via {
+            Via::Upgrade => sent.as_str(),
+            Via::ExtendedConnect => Method::GET.as_str(),
+        }
+    }
+}
+
+/// The switch a request asks for: `Ok(None)` for none. `protocol` is an HTTP/2 request's
+/// `:protocol` pseudo-header (hyper's `ext::Protocol`).
 ///
 /// # Errors
-/// A detail for the denial: an upgrade token other than `websocket`, several tokens, or
-/// an `Upgrade` without `Connection: upgrade` or outside HTTP/1.1.
+/// A detail for the denial: a CONNECT without `:protocol`, `:protocol` outside an HTTP/2
+/// CONNECT, an `Upgrade` outside HTTP/1.1 or without `Connection: upgrade`, several
+/// tokens, a token that is not an RFC 9110 token, or `h2c`.
 pub(crate) fn requested(
+    method: &Method,
     headers: &HeaderMap,
     version: Version,
-) -> Result<Option<UpgradeKind>, String> {
-    let values: Vec<&HeaderValue> = headers.get_all(header::UPGRADE).iter().collect();
+    protocol: Option<&[u8]>,
+) -> Result<Option<Switch>, String> {
+    let values: Vec<&[u8]> = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    if let Some(raw) = protocol {
+        let shown = crate::redact::escape_raw(raw);
+        if *method != Method::CONNECT || version != Version::HTTP_2 {
+            return Err(format!(
+                ":protocol {shown} outside an HTTP/2 CONNECT (RFC 8441 section 4)"
+            ));
+        }
+        if !values.is_empty() {
+            return Err(
+                "an extended CONNECT with an Upgrade header (RFC 9113 section 8.2.2)".into(),
+            );
+        }
+        return match UpgradeToken::parse(raw)? {
+            UpgradeToken::H2c => Err(h2c_refused()),
+            token => Ok(Some(Switch {
+                token,
+                via: Via::ExtendedConnect,
+            })),
+        };
+    }
+    if *method == Method::CONNECT {
+        return Err(
+            "CONNECT inside a terminated tunnel is not relayed (a tunnel inside the tunnel would pass the request rules)"
+                .into(),
+        );
+    }
     if values.is_empty() {
         return Ok(None);
     }
-    let tokens: Vec<String> = values
+    let tokens: Vec<&[u8]> = values
         .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(|t| String::from_utf8_lossy(t).trim().to_owned())
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
         .collect();
-    let shown = crate::redact::escape_raw(tokens.join(", ").as_bytes());
+    let shown = crate::redact::escape_raw(&tokens.join(&b", "[..]));
     if version != Version::HTTP_11 {
         return Err(format!(
             "Upgrade: {shown} in an {version:?} request: upgrades are HTTP/1.1 only"
         ));
     }
+    let [one] = tokens.as_slice() else {
+        return Err(format!(
+            "Upgrade: {shown}: one protocol at a time is relayed through TLS termination"
+        ));
+    };
+    let token = match UpgradeToken::parse(one)? {
+        UpgradeToken::H2c => return Err(h2c_refused()),
+        token => token,
+    };
     let connection_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
-    match tokens.as_slice() {
-        [one] if one.eq_ignore_ascii_case("websocket") && connection_upgrade => {
-            Ok(Some(UpgradeKind::Websocket))
-        }
-        [one] if one.eq_ignore_ascii_case("websocket") => {
-            Err("Upgrade: websocket without Connection: upgrade (RFC 9110 section 7.8)".into())
-        }
-        _ => Err(format!(
-            "Upgrade: {shown} is not relayed through TLS termination; only websocket (RFC 6455) is"
+    if !connection_upgrade {
+        return Err(format!(
+            "Upgrade: {token} without Connection: upgrade (RFC 9110 section 7.8)"
+        ));
+    }
+    Ok(Some(Switch {
+        token,
+        via: Via::Upgrade,
+    }))
+}
+
+fn h2c_refused() -> String {
+    "Upgrade: h2c is not relayed through TLS termination (its HTTP/2 requests would pass the request rules)".into()
+}
+
+/// What the tunnel's upstream HTTP connection can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carrier {
+    /// HTTP/1.1: an `Upgrade` takes the connection over.
+    H1,
+    /// HTTP/2; `extended_connect`: the origin sent SETTINGS_ENABLE_CONNECT_PROTOCOL = 1
+    /// (RFC 8441 section 3).
+    H2 {
+        /// Whether the origin accepts extended CONNECT.
+        extended_connect: bool,
+    },
+}
+
+/// How the upstream request carries a switch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// As the client asked (an upgrade on HTTP/1.1, an extended CONNECT on HTTP/2).
+    AsAsked,
+    /// An extended CONNECT sent as an HTTP/1.1 `GET` with `Upgrade` (RFC 8441 section 5),
+    /// with a fresh `Sec-WebSocket-Key` for a WebSocket.
+    ToUpgrade {
+        /// The `Sec-WebSocket-Key` sent upstream (WebSocket only).
+        key: Option<String>,
+    },
+}
+
+/// How `switch` goes upstream over `carrier`.
+///
+/// # Errors
+/// The detail of a `502`: an HTTP/1.1 upgrade over an HTTP/2 upstream (HTTP/2 has no
+/// upgrade), or an extended CONNECT to an HTTP/2 origin that does not accept it.
+pub(crate) fn plan(switch: &Switch, carrier: Carrier) -> Result<Plan, String> {
+    match (switch.via, carrier) {
+        (Via::Upgrade, Carrier::H1)
+        | (
+            Via::ExtendedConnect,
+            Carrier::H2 {
+                extended_connect: true,
+            },
+        ) => Ok(Plan::AsAsked),
+        (Via::Upgrade, Carrier::H2 { .. }) => Err(
+            "the upstream connection speaks HTTP/2, which cannot carry an HTTP/1.1 upgrade".into(),
+        ),
+        (
+            Via::ExtendedConnect,
+            Carrier::H2 {
+                extended_connect: false,
+            },
+        ) => Err(format!(
+            "the origin's HTTP/2 connection does not accept extended CONNECT (no SETTINGS_ENABLE_CONNECT_PROTOCOL, RFC 8441 section 3), so :protocol {} cannot reach it",
+            switch.token
         )),
+        (Via::ExtendedConnect, Carrier::H1) => Ok(Plan::ToUpgrade {
+            key: (switch.token == UpgradeToken::WebSocket)
+                .then(tungstenite::handshake::client::generate_key),
+        }),
     }
 }
 
-/// Puts the upgrade back on a rebuilt request or response (`Connection` and `Upgrade` are
-/// hop-by-hop, so the rebuild removed them).
-pub(crate) fn restore(headers: &mut HeaderMap, kind: UpgradeKind) {
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static(kind.token()));
+/// Puts the switch on the rebuilt upstream request (`Connection` and `Upgrade` are
+/// hop-by-hop, so the rebuild removed them; `Sec-WebSocket-Version`, `-Protocol` and
+/// `-Extensions` pass as sent).
+pub(crate) fn prepare(parts: &mut http::request::Parts, switch: &Switch, plan: &Plan) {
+    let token = HeaderValue::from_str(switch.token.as_str());
+    match (switch.via, plan) {
+        (Via::ExtendedConnect, Plan::AsAsked) => {
+            parts.method = Method::CONNECT;
+            parts
+                .extensions
+                .insert(hyper::ext::Protocol::from(switch.token.as_str()));
+        }
+        (Via::Upgrade, _) | (Via::ExtendedConnect, Plan::ToUpgrade { .. }) => {
+            parts.method = match switch.via {
+                Via::Upgrade => parts.method.clone(),
+                Via::ExtendedConnect => Method::GET,
+            };
+            parts.extensions.remove::<hyper::ext::Protocol>();
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            // A token is visible ASCII (`UpgradeToken::parse`), so always a header value.
+            if let Ok(value) = token {
+                parts.headers.insert(header::UPGRADE, value);
+            }
+            if let Plan::ToUpgrade { key: Some(key) } = plan
+                && let Ok(value) = HeaderValue::from_str(key)
+            {
+                parts.headers.insert(WS_KEY, value);
+            }
+        }
+    }
 }
 
-/// What the upgrade's close record repeats of the tunnel and the request.
+/// Whether the origin's answer switched protocols, and the answer the client gets: `101`
+/// with `Connection`/`Upgrade` put back for an HTTP/1.1 upgrade, `200` for an extended
+/// CONNECT (a translated `101` becomes `200` without `Sec-WebSocket-Accept`). An answer
+/// that did not switch passes as it is.
+///
+/// # Errors
+/// The detail of a `502`: a translated WebSocket whose `Sec-WebSocket-Accept` is not the
+/// key's (RFC 6455 section 4.2.2), or an origin that answered an extended CONNECT's
+/// translation with a success other than `101` (which the client would take for a
+/// switch).
+pub(crate) fn switched(
+    parts: &mut http::response::Parts,
+    switch: &Switch,
+    plan: &Plan,
+) -> Result<bool, String> {
+    match (switch.via, plan) {
+        (Via::Upgrade, _) => {
+            let up = parts.status == StatusCode::SWITCHING_PROTOCOLS;
+            if up {
+                parts
+                    .headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                if let Ok(value) = HeaderValue::from_str(switch.token.as_str()) {
+                    parts.headers.insert(header::UPGRADE, value);
+                }
+            }
+            Ok(up)
+        }
+        (Via::ExtendedConnect, Plan::AsAsked) => {
+            let up = parts.status.is_success();
+            if up {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            Ok(up)
+        }
+        (Via::ExtendedConnect, Plan::ToUpgrade { key }) => {
+            if parts.status.is_success() {
+                return Err(format!(
+                    "the origin answered the HTTP/1.1 upgrade to {} with {}, not 101",
+                    switch.token, parts.status
+                ));
+            }
+            if parts.status != StatusCode::SWITCHING_PROTOCOLS {
+                return Ok(false);
+            }
+            if let Some(key) = key {
+                let expected = tungstenite::handshake::derive_accept_key(key.as_bytes());
+                let got = parts.headers.get(&WS_ACCEPT).map(HeaderValue::as_bytes);
+                if got != Some(expected.as_bytes()) {
+                    return Err(
+                        "the origin's Sec-WebSocket-Accept does not answer the mediator's Sec-WebSocket-Key (RFC 6455 section 4.2.2)"
+                            .into(),
+                    );
+                }
+            }
+            parts.status = StatusCode::OK;
+            parts.version = Version::HTTP_2;
+            parts.headers.remove(&WS_ACCEPT);
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Ok(true)
+        }
+    }
+}
+
+/// What the switch's close record repeats of the tunnel and the request.
 pub(crate) struct Upgraded {
     pub(crate) shared: Arc<Shared>,
     pub(crate) ctx: Ctx,
     pub(crate) label: TargetLabel,
     pub(crate) request: RequestLine,
-    /// The decision id of the upgrade request's line.
+    /// The decision id of the request's line.
     pub(crate) id: u64,
-    pub(crate) kind: UpgradeKind,
+    pub(crate) token: UpgradeToken,
     pub(crate) pin: SocketAddr,
     pub(crate) route: String,
 }
 
-/// Waits for both sides to complete the upgrade, relays until either ends, the idle
+/// Waits for both sides to complete the switch, relays until either ends, the idle
 /// timeout passes or `closing` is cancelled, and writes the close record: bytes up and
-/// down are the upgraded protocol's bytes (inside TLS).
+/// down are the switched protocol's bytes (inside TLS; for HTTP/2, the stream's DATA).
+/// A side whose TLS ends without close_notify has ended, as a closed TCP connection ends
+/// a tunnel: the switched protocol has its own close (a WebSocket Close frame).
 pub(crate) async fn relay(
     client: OnUpgrade,
     upstream: OnUpgrade,
@@ -104,8 +343,8 @@ pub(crate) async fn relay(
     let outcome = match (client, upstream) {
         (Ok(c), Ok(u)) => {
             relay_streams(
-                TokioIo::new(c),
-                TokioIo::new(u),
+                EndWithoutNotify(TokioIo::new(c)),
+                EndWithoutNotify(TokioIo::new(u)),
                 facts.shared.timeouts.idle_tunnel,
                 closing,
             )
@@ -128,7 +367,7 @@ pub(crate) async fn relay(
         &facts.label,
         &facts.request,
         record::UpgradeFacts {
-            kind: facts.kind,
+            kind: facts.token,
             pin: facts.pin,
             route: facts.route,
             started,
@@ -136,6 +375,41 @@ pub(crate) async fn relay(
         outcome,
     );
     outcome
+}
+
+/// A switched stream whose read of a TLS end without close_notify (rustls'
+/// `UnexpectedEof`) is the end of the stream, not an error.
+struct EndWithoutNotify<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for EndWithoutNotify<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.0).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutNotify<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -146,31 +420,115 @@ mod tests {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
         }
         h
     }
 
+    fn h1(pairs: &[(&str, &str)]) -> Result<Option<Switch>, String> {
+        requested(&Method::GET, &headers(pairs), Version::HTTP_11, None)
+    }
+
     #[test]
-    fn only_websocket_is_relayed() {
-        let ws = headers(&[
-            ("connection", "keep-alive, Upgrade"),
-            ("upgrade", "WebSocket"),
-        ]);
+    fn one_token_with_connection_upgrade_is_a_switch() {
+        let ws = Switch {
+            token: UpgradeToken::WebSocket,
+            via: Via::Upgrade,
+        };
         assert_eq!(
-            requested(&ws, Version::HTTP_11),
-            Ok(Some(UpgradeKind::Websocket))
+            h1(&[
+                ("connection", "keep-alive, Upgrade"),
+                ("upgrade", "WebSocket")
+            ]),
+            Ok(Some(ws))
         );
-        assert_eq!(requested(&headers(&[]), Version::HTTP_11), Ok(None));
-        for bad in [
-            headers(&[("connection", "upgrade"), ("upgrade", "h2c")]),
-            headers(&[("connection", "upgrade"), ("upgrade", "websocket, h2c")]),
-            headers(&[("upgrade", "websocket")]),
+        assert_eq!(h1(&[]), Ok(None));
+        assert_eq!(
+            h1(&[("connection", "upgrade"), ("upgrade", "Foo/2")]).map(|s| s.map(|s| s.token)),
+            Ok(Some(UpgradeToken::Other("foo/2".into())))
+        );
+        for (bad, why) in [
+            (&[("connection", "upgrade"), ("upgrade", "h2c")][..], "h2c"),
+            (
+                &[("connection", "upgrade"), ("upgrade", "websocket, h2c")],
+                "one protocol",
+            ),
+            (&[("upgrade", "websocket")], "without Connection"),
+            (&[("connection", "upgrade"), ("upgrade", "a b")], "token"),
         ] {
-            assert!(requested(&bad, Version::HTTP_11).is_err(), "{bad:?}");
+            let err = h1(bad).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
         }
-        assert!(requested(&ws, Version::HTTP_2).is_err());
+        let ws = headers(&[("connection", "upgrade"), ("upgrade", "websocket")]);
+        assert!(requested(&Method::GET, &ws, Version::HTTP_2, None).is_err());
+    }
+
+    #[test]
+    fn an_extended_connect_is_judged_as_the_get_it_stands_for_and_a_plain_connect_is_refused() {
+        let none = HeaderMap::new();
+        let s = requested(&Method::CONNECT, &none, Version::HTTP_2, Some(b"websocket"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.via, Via::ExtendedConnect);
+        assert_eq!(s.judged_method(&Method::CONNECT), "GET");
+        for (method, version, protocol) in [
+            (Method::CONNECT, Version::HTTP_2, None),
+            (Method::CONNECT, Version::HTTP_11, None),
+            (Method::GET, Version::HTTP_2, Some(&b"websocket"[..])),
+            (Method::CONNECT, Version::HTTP_2, Some(b"h2c")),
+            (Method::CONNECT, Version::HTTP_2, Some(b"a\x01")),
+        ] {
+            assert!(
+                requested(&method, &none, version, protocol).is_err(),
+                "{method} {version:?} {protocol:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_translated_websocket_needs_the_accept_of_its_own_key() {
+        let switch = Switch {
+            token: UpgradeToken::WebSocket,
+            via: Via::ExtendedConnect,
+        };
+        let plan = plan(&switch, Carrier::H1).unwrap();
+        let Plan::ToUpgrade { key: Some(key) } = &plan else {
+            panic!("{plan:?}");
+        };
+        let (mut req, ()) = http::Request::new(()).into_parts();
+        req.method = Method::CONNECT;
+        prepare(&mut req, &switch, &plan);
+        assert_eq!(req.method, Method::GET);
+        assert_eq!(req.headers[header::UPGRADE], "websocket");
+        assert_eq!(req.headers[&WS_KEY], key.as_str());
+
+        let answer = |status: StatusCode, accept: &str| {
+            let mut r = http::Response::new(()).into_parts().0;
+            r.status = status;
+            r.headers.insert(WS_ACCEPT, accept.parse().unwrap());
+            r
+        };
+        let good = tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let mut ok = answer(StatusCode::SWITCHING_PROTOCOLS, &good);
+        assert_eq!(switched(&mut ok, &switch, &plan), Ok(true));
+        assert_eq!(ok.status, StatusCode::OK);
+        assert!(!ok.headers.contains_key(&WS_ACCEPT));
+        let mut forged = answer(StatusCode::SWITCHING_PROTOCOLS, "AAAA");
+        assert!(switched(&mut forged, &switch, &plan).is_err());
+        let mut plain = answer(StatusCode::OK, &good);
+        assert!(switched(&mut plain, &switch, &plan).is_err());
+        let mut refused = answer(StatusCode::FORBIDDEN, "");
+        assert_eq!(switched(&mut refused, &switch, &plan), Ok(false));
+        assert!(
+            super::plan(
+                &switch,
+                Carrier::H2 {
+                    extended_connect: false
+                }
+            )
+            .is_err()
+        );
     }
 }

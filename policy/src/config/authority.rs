@@ -466,6 +466,7 @@ fn request_rule_specs(raw: &RawAuthority) -> Vec<RequestRuleSpec> {
                 path_prefixes: r.path_prefixes.clone().unwrap_or_default(),
                 headers: r.headers.clone().unwrap_or_default().into_iter().collect(),
                 query: r.query.clone(),
+                upgrade: r.upgrade.clone().unwrap_or_default(),
             }
         })
         .collect()

@@ -136,6 +136,7 @@ pub(super) struct RawRequestRule {
     pub(super) path_prefixes: Option<Vec<String>>,
     pub(super) headers: Option<BTreeMap<String, String>>,
     pub(super) query: Option<Vec<String>>,
+    pub(super) upgrade: Option<Vec<String>>,
 }
 
 /// `[[authority.credential]]` (design section 14).

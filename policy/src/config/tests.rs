@@ -598,6 +598,43 @@ fn location_columns_count_characters() {
     assert_eq!(c.at(None), "f");
 }
 
+/// `upgrade` on a request rule: tokens load lowercase; h2c and non-tokens are errors
+/// located at the rule.
+#[test]
+fn request_rule_upgrade_tokens_load_and_h2c_is_refused() {
+    let with = |list: &str| {
+        format!(
+            r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+tls_terminate = ["origin.test"]
+
+[[authority.request_rule]]
+host = "origin.test"
+upgrade = {list}
+"#
+        )
+    };
+    let c = parse(&with(r#"["Foo", "tls/1.2"]"#), "m.toml").unwrap();
+    let rules = c.authorities[0].grant.request_rules();
+    let tokens: Vec<&str> = rules[0].upgrade.iter().map(|t| t.as_str()).collect();
+    assert_eq!(tokens, ["foo", "tls/1.2"]);
+    let Err(PolicyError::Config(errors)) = parse(&with(r#"["h2c", "a b"]"#), "m.toml") else {
+        panic!("expected errors");
+    };
+    assert_eq!(
+        errors,
+        [
+            "m.toml:10:1: authority \"agent-a\": request_rule[1]: upgrade \"h2c\": h2c is never relayed (it would carry HTTP/2 requests past the request rules); clients that use TLS get HTTP/2 by ALPN",
+            "m.toml:10:1: authority \"agent-a\": request_rule[1]: upgrade: upgrade token \"a b\" is not protocol-name[/protocol-version] of HTTP token characters (RFC 9110 section 7.8)",
+        ]
+    );
+}
+
 #[test]
 fn request_rules_load_and_errors_are_located() {
     let good = r#"
@@ -675,7 +712,7 @@ path_prefixes = ["public"]
     };
     assert!(
         errors[0]
-            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`, `headers`, `query`"),
+            .contains("unknown field `nope`, expected one of `host`, `methods`, `path_prefixes`, `headers`, `query`, `upgrade`"),
         "{errors:?}"
     );
 }
