@@ -165,7 +165,14 @@ impl Control {
             Some(dir) => {
                 let (l, p) =
                     socket_file::bind_authority(dir, &authority).map_err(CreateError::Listen)?;
-                (Some(l), Some(p))
+                // Taken off this runtime: a serving thread registers it with its own.
+                match l.into_std() {
+                    Ok(l) => (Some(l), Some(p)),
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&p);
+                        return Err(CreateError::Listen(Error::Io(e)));
+                    }
+                }
             }
             None => (None, None),
         };
@@ -199,11 +206,17 @@ impl Control {
             .metrics
             .set_authorities(self.shared.authorities.len());
         if let Some(l) = listener {
-            tokio::spawn(serve_authority(
-                l,
-                Arc::clone(&live),
-                Arc::clone(&self.shared),
-            ));
+            // Served on a serving thread: the listener is registered with that thread's
+            // runtime there.
+            let (for_live, shared) = (Arc::clone(&live), Arc::clone(&self.shared));
+            self.shared.serving.spawn_listener(async move {
+                match tokio::net::UnixListener::from_std(l) {
+                    Ok(l) => serve_authority(l, for_live, shared).await,
+                    Err(e) => {
+                        tracing::error!("the socket of {} cannot be served: {e}", for_live.name())
+                    }
+                }
+            });
         }
         tracing::info!(
             target: TARGET,

@@ -38,6 +38,7 @@ mod rewind;
 pub mod route;
 mod server;
 pub mod service;
+mod serving;
 mod shared;
 mod signal;
 mod sni;

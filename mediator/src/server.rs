@@ -24,6 +24,7 @@ use crate::limits::{InForce, Limiter, raise_nofile};
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
 use crate::route::Router;
+use crate::serving::Serving;
 use crate::shared::{Parts, Shared};
 use crate::socket_file::bind_socket_file;
 use crate::tls::TlsState;
@@ -114,6 +115,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         timeouts: config.timeouts,
         limits: config.limits,
         limiter: Arc::new(Limiter::new(in_force)),
+        serving: Serving::start(serving_threads())?,
     }));
     let control = Arc::new(Control::new(
         Arc::clone(&shared),
@@ -141,7 +143,16 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         }
     }
     if let Some(l) = tcp {
-        tokio::spawn(serve_tcp(l, Arc::clone(&shared)));
+        // Served on a serving thread: the listener is registered with that thread's
+        // runtime there.
+        let l = l.into_std()?;
+        let for_tcp = Arc::clone(&shared);
+        shared.serving.spawn_listener(async move {
+            match TcpListener::from_std(l) {
+                Ok(l) => serve_tcp(l, for_tcp).await,
+                Err(e) => tracing::error!("the TCP listener cannot be served: {e}"),
+            }
+        });
     }
     let anonymous_writes = config.listen.admin_allow_anonymous_writes;
     if anonymous_writes
@@ -188,6 +199,18 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         admin_stop,
         grace: config.timeouts.shutdown_grace,
     })
+}
+
+/// How many serving threads to start: `TOKIO_WORKER_THREADS` when set to a number (the
+/// variable tokio's own multi-threaded runtime reads), else one per core this process may
+/// run on.
+fn serving_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
 }
 
 /// Raises the soft open-files limit to the hard limit and derives the limits in force
@@ -299,6 +322,14 @@ async fn bind_tcp(addr: Option<SocketAddr>, what: &str) -> Result<Option<TcpList
 /// would delay everyone else's connects by that much.
 const LISTEN_BACKLOG: u32 = 4096;
 
+impl Drop for Running {
+    /// A mediator dropped without [`Running::shutdown`] stops its serving threads (their
+    /// connections end with them).
+    fn drop(&mut self) {
+        self.shared.serving.cancel();
+    }
+}
+
 impl Running {
     /// The bound address of the shared TCP listener, if configured.
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
@@ -398,6 +429,12 @@ impl Running {
             );
             self.shared.signals.closing.cancel();
             let _ = self.shared.wait_idle(Duration::from_secs(2)).await;
+        }
+        // What is left on the serving threads ends with them (its close records queued)
+        // before the log is flushed.
+        let shared = Arc::clone(&self.shared);
+        if let Err(e) = tokio::task::spawn_blocking(move || shared.serving.stop()).await {
+            tracing::warn!("stopping the serving threads: {e}");
         }
         self.shared.log.flush();
         self.admin_stop.cancel();

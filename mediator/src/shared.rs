@@ -1,7 +1,8 @@
 //! The state every connection of one mediator shares, built whole at start (nothing is
 //! set later): the live authorities, metrics, resolver, router, TLS state, decision log,
 //! the mediator's own addresses, timeouts and limits, the shutdown signals, and the count
-//! of live client connections that a graceful shutdown waits on.
+//! of live client connections that a graceful shutdown waits on, and the threads that
+//! serve them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
 use crate::route::{self, Router};
+use crate::serving::Serving;
 use crate::signal::Signals;
 use crate::tls::TlsState;
 
@@ -32,6 +34,7 @@ pub(crate) struct Parts {
     pub(crate) timeouts: Timeouts,
     pub(crate) limits: Limits,
     pub(crate) limiter: Arc<Limiter>,
+    pub(crate) serving: Serving,
 }
 
 /// State shared by every connection of one mediator.
@@ -58,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     /// The connection counts and the limits in force (design section 13).
     pub(crate) limiter: Arc<Limiter>,
+    /// The threads that serve connections.
+    pub(crate) serving: Serving,
     /// Shutdown signals.
     pub(crate) signals: Signals,
     next_id: AtomicU64,
@@ -91,6 +96,7 @@ impl Shared {
             timeouts,
             limits,
             limiter,
+            serving,
         } = parts;
         Self {
             authorities: Registry::new(),
@@ -103,6 +109,7 @@ impl Shared {
             timeouts,
             limits,
             limiter,
+            serving,
             signals: Signals::new(),
             next_id: AtomicU64::new(1),
             active: AtomicUsize::new(0),
@@ -171,5 +178,6 @@ pub(crate) fn for_tests(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared
             4096,
             0,
         ))),
+        serving: Serving::start(1).unwrap(),
     }))
 }

@@ -20,7 +20,8 @@ use super::Ctx;
 use crate::authorities::Live;
 use crate::decision_log::Peer;
 use crate::limits::{Attributed, Door, LimitKind};
-use crate::shared::Shared;
+use crate::serving::Load;
+use crate::shared::{ActiveGuard, Shared};
 
 /// How long the loop waits after a failed `accept` (e.g. `EMFILE`) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -28,9 +29,44 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// A listening socket: TCP or Unix.
 pub(crate) trait Listener: Send + Sync + 'static {
     /// The accepted stream.
-    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + Movable + 'static;
     /// Accepts one connection.
     fn accept_one(&self) -> impl Future<Output = io::Result<(Self::Io, Peer)>> + Send;
+}
+
+/// A stream that can move to another serving thread ([`crate::serving`]): taken off the
+/// accepting runtime's reactor as a plain socket and registered with the other one's.
+pub(crate) trait Movable: Sized {
+    /// The socket between the two runtimes.
+    type Std: Send + 'static;
+    /// Deregisters the stream from this runtime.
+    fn into_std(self) -> io::Result<Self::Std>;
+    /// Registers the socket with the current runtime.
+    fn from_std(std: Self::Std) -> io::Result<Self>;
+}
+
+impl Movable for TcpStream {
+    type Std = std::net::TcpStream;
+
+    fn into_std(self) -> io::Result<Self::Std> {
+        Self::into_std(self)
+    }
+
+    fn from_std(std: Self::Std) -> io::Result<Self> {
+        Self::from_std(std)
+    }
+}
+
+impl Movable for UnixStream {
+    type Std = std::os::unix::net::UnixStream;
+
+    fn into_std(self) -> io::Result<Self::Std> {
+        Self::into_std(self)
+    }
+
+    fn from_std(std: Self::Std) -> io::Result<Self> {
+        Self::from_std(std)
+    }
 }
 
 impl Listener for TcpListener {
@@ -123,7 +159,7 @@ pub(crate) async fn serve_authority(listener: UnixListener, live: Arc<Live>, sha
     };
     accept_loop(listener, live.stop_signal(), &what, room, |io, peer, ()| {
         let ctx = attributed_ctx(&shared, &live, peer);
-        spawn_conn(&shared, io, ctx);
+        serve_placed(&shared, io, ctx);
     })
     .await;
 }
@@ -153,9 +189,45 @@ pub(crate) async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
         let admission = shared.limiter.admit(conn, Door::Tcp, &shed, || {
             shared.metrics.limited(None, LimitKind::Unidentified);
         });
-        spawn_conn(&shared, io, Ctx::new(conn, peer, None, admission));
+        serve_placed(&shared, io, Ctx::new(conn, peer, None, admission));
     })
     .await;
+}
+
+/// Serves a connection accepted on this thread where [`Serving::place`] says: in a task
+/// on this thread, or moved to a less loaded serving thread.
+///
+/// [`Serving::place`]: crate::serving::Serving::place
+fn serve_placed<S>(shared: &Arc<Shared>, io: S, ctx: Ctx)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + Movable + 'static,
+{
+    let placed = shared.serving.place();
+    let guard = shared.enter();
+    let Some(there) = placed.elsewhere else {
+        tokio::spawn(serve_conn(
+            Arc::clone(shared),
+            io,
+            ctx,
+            guard,
+            Some(placed.load),
+        ));
+        return;
+    };
+    let io = match io.into_std() {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::warn!("cannot move connection {} to another thread: {e}", ctx.conn);
+            return;
+        }
+    };
+    let shared = Arc::clone(shared);
+    there.spawn(async move {
+        match S::from_std(io) {
+            Ok(io) => serve_conn(shared, io, ctx, guard, Some(placed.load)).await,
+            Err(e) => tracing::warn!("cannot serve connection {} here: {e}", ctx.conn),
+        }
+    });
 }
 
 /// Runs one client connection in a task of its own, counted live while it runs. The task
@@ -167,9 +239,17 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let guard = shared.enter();
-    let shared = Arc::clone(shared);
-    tokio::spawn(async move {
-        let _guard = guard;
+    tokio::spawn(serve_conn(Arc::clone(shared), io, ctx, guard, None));
+}
+
+/// The task of one client connection (see [`spawn_conn`]); `guard` counts it live, `load`
+/// on its serving thread.
+async fn serve_conn<S>(shared: Arc<Shared>, io: S, ctx: Ctx, guard: ActiveGuard, load: Option<Load>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    {
+        let _counted = (guard, load);
         let conn = ctx.conn;
         let shed = ctx.admission.shed_signal().clone();
         let serving = AssertUnwindSafe(crate::front::dispatch(io, shared, ctx)).catch_unwind();
@@ -190,7 +270,7 @@ where
                 tracing::debug!("connection {conn} shed from the unidentified pool");
             }
         }
-    });
+    }
 }
 
 #[cfg(test)]
