@@ -38,11 +38,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use policy::config::{Timeouts, Upstream, UpstreamMode};
 use policy::upstream::{Credentials, PacOnError, PacSource, ParentAuth, ParentScheme, ParentUrl};
 use policy::{Pin, Target, parse_authority_form};
 use tokio::net::TcpStream;
-use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::resolve::Resolver;
@@ -100,7 +101,10 @@ pub(crate) async fn connect_pinned(
     connect_addrs(&addrs, timeout).await
 }
 
-/// Happy Eyeballs over `addrs` (in order, [`STAGGER`] apart) under one deadline.
+/// Happy Eyeballs over `addrs` (in order, [`STAGGER`] apart) under one deadline. The
+/// attempts run inside this future (no task each): a connection that is established by
+/// the time `connect(2)` returns (loopback, the same host) is taken at once, without a
+/// turn of the event loop or a timer.
 async fn connect_addrs(
     addrs: &[SocketAddr],
     timeout: Duration,
@@ -108,41 +112,61 @@ async fn connect_addrs(
     let start = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pending = addrs.iter().copied();
-    let mut set = JoinSet::new();
+    let mut attempts = FuturesUnordered::new();
     let mut last_err: Option<io::Error> = None;
-    let spawn = |set: &mut JoinSet<_>, addr: SocketAddr| {
-        set.spawn(async move { (addr, TcpStream::connect(addr).await) });
-    };
-    if let Some(first) = pending.next() {
-        spawn(&mut set, first);
-    }
+    let attempt = |addr: SocketAddr| async move { (addr, connect_one(addr).await) };
     let result = loop {
-        if set.is_empty() {
+        if attempts.is_empty() {
             match pending.next() {
-                Some(addr) => spawn(&mut set, addr),
+                Some(addr) => attempts.push(attempt(addr)),
                 None => break Err(classify(last_err)),
             }
         }
+        // Biased: an attempt that completes at once is taken before any timer is armed.
         tokio::select! {
-            joined = set.join_next() => match joined {
-                Some(Ok((addr, Ok(stream)))) => {
+            biased;
+            Some((addr, r)) = attempts.next() => match r {
+                Ok(stream) => {
                     let _ = stream.set_nodelay(true);
                     break Ok((stream, addr));
                 }
-                Some(Ok((_, Err(e)))) => last_err = Some(e),
-                Some(Err(join)) => last_err = Some(io::Error::other(join.to_string())),
-                None => {}
+                Err(e) => last_err = Some(e),
             },
+            () = tokio::time::sleep_until(deadline) => break Err(ConnectFailure::Timeout),
             () = tokio::time::sleep(STAGGER), if pending.len() > 0 => {
                 if let Some(addr) = pending.next() {
-                    spawn(&mut set, addr);
+                    attempts.push(attempt(addr));
                 }
             }
-            () = tokio::time::sleep_until(deadline) => break Err(ConnectFailure::Timeout),
         }
     };
-    set.abort_all();
     (result, start.elapsed())
+}
+
+/// One TCP connect to `addr`. A non-blocking `connect(2)` answers `EINPROGRESS` even when
+/// the handshake is already over (loopback); a peer address then shows the connection
+/// established, and it is returned without waiting. Otherwise the socket waits to become
+/// writable and its pending error (`SO_ERROR`) decides, as `TcpStream::connect` does.
+async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(socket2::Protocol::TCP),
+    )?;
+    let done = match socket.connect(&addr.into()) {
+        Ok(()) => true,
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => socket.peer_addr().is_ok(),
+        Err(e) => return Err(e),
+    };
+    let stream = TcpStream::from_std(socket.into())?;
+    if !done {
+        stream.writable().await?;
+        if let Some(e) = stream.take_error()? {
+            return Err(e);
+        }
+    }
+    Ok(stream)
 }
 
 fn classify(err: Option<io::Error>) -> ConnectFailure {
