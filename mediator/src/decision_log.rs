@@ -268,6 +268,8 @@ struct State {
     written: u64,
     /// The writer waits on `writer` (a producer must wake it).
     writer_asleep: bool,
+    /// Threads waiting on `progress` (the writer signals it only when there are any).
+    waiting: usize,
     /// A flush is waiting: the writer skips its linger.
     flush_wanted: bool,
     /// Every handle is gone.
@@ -292,6 +294,14 @@ impl Queue {
 
 /// Bytes queued before producers wait for the writer (back-pressure, never loss).
 const QUEUE_BYTES: usize = 8 << 20;
+
+/// The largest line buffer a thread keeps between records.
+const LINE_KEEP: usize = 16 << 10;
+
+thread_local! {
+    /// Each thread's buffer for the record it is serialising.
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// How long the writer waits after a batch before taking the next, so that lines arriving
 /// meanwhile share one wake-up and one write. Bounds how late a line reaches the sink.
@@ -352,10 +362,12 @@ impl DecisionLog {
             queue.writer.notify_one();
         }
         while state.reopen_done < ticket {
+            state.waiting += 1;
             state = queue
                 .progress
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.waiting -= 1;
         }
         match state.reopen_error.clone() {
             None => Ok(Reopened::File(path.as_ref().clone())),
@@ -378,30 +390,39 @@ impl DecisionLog {
         if let Some(tap) = &self.tap {
             tap(record);
         }
-        let queue = &self.handle.0;
-        let mut state = queue.lock();
-        while state.buf.len() >= QUEUE_BYTES && !state.closed {
-            state = queue
-                .progress
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-        let before = state.buf.len();
-        match serde_json::to_writer(&mut state.buf, record) {
-            Ok(()) => {
-                state.buf.push(b'\n');
-                state.appended += 1;
-                if state.writer_asleep {
-                    state.writer_asleep = false;
-                    queue.writer.notify_one();
-                }
-            }
-            Err(e) => {
-                state.buf.truncate(before);
-                drop(state);
+        // Serialised before the lock is taken (into this thread's reused buffer), so the
+        // lock is held only to append.
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            if let Err(e) = serde_json::to_writer(&mut *line, record) {
                 tracing::error!("cannot serialise decision record: {e}");
+                return;
             }
-        }
+            line.push(b'\n');
+            let queue = &self.handle.0;
+            let mut state = queue.lock();
+            while state.buf.len() >= QUEUE_BYTES && !state.closed {
+                state.waiting += 1;
+                state = queue
+                    .progress
+                    .wait(state)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                state.waiting -= 1;
+            }
+            state.buf.extend_from_slice(line);
+            state.appended += 1;
+            let wake = std::mem::take(&mut state.writer_asleep);
+            drop(state);
+            // Woken after the lock is released: the writer does not wake into a held lock.
+            if wake {
+                queue.writer.notify_one();
+            }
+            // A record is a few hundred bytes: a line far larger (a huge detail) does
+            // not keep its buffer.
+            if line.capacity() > LINE_KEEP {
+                *line = Vec::new();
+            }
+        });
     }
 
     /// Resolves once a write to the sink has failed, with that failure in words; never
@@ -424,10 +445,12 @@ impl DecisionLog {
                 state.writer_asleep = false;
                 queue.writer.notify_one();
             }
+            state.waiting += 1;
             state = queue
                 .progress
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.waiting -= 1;
         }
     }
 }
@@ -485,7 +508,9 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
                 if state.written == state.appended {
                     // Nothing in flight: wake any flush waiting on an empty queue.
                     state.flush_wanted = false;
-                    queue.progress.notify_all();
+                    if state.waiting > 0 {
+                        queue.progress.notify_all();
+                    }
                 }
                 state.writer_asleep = true;
                 state = queue
@@ -501,7 +526,9 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
             batch.clear();
             std::mem::swap(&mut batch, &mut state.buf);
             // Producers blocked on a full queue may go on.
-            queue.progress.notify_all();
+            if state.waiting > 0 {
+                queue.progress.notify_all();
+            }
             (state.appended, reopen)
         };
         if !batch.is_empty()
@@ -530,7 +557,9 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
                 state.reopen_done = ticket;
                 state.reopen_error = error;
             }
-            queue.progress.notify_all();
+            if state.waiting > 0 {
+                queue.progress.notify_all();
+            }
             std::mem::take(&mut state.flush_wanted)
         };
         // Let lines gather for the next batch, unless someone waits on a flush.
