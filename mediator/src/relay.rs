@@ -325,7 +325,10 @@ impl State {
 /// nothing new to write, and must not be cut off as idle; a reader that takes nothing is.
 async fn idle_watch(state: &State, idle: Duration, socks: Option<(Sock<'_>, Sock<'_>)>) {
     let queued = |(a, b): (Sock<'_>, Sock<'_>)| send_queue(a.fd()) + send_queue(b.fd());
-    let mut last_queued = socks.map(queued);
+    // A tunnel starts with (next to) nothing queued: counting from zero spares every
+    // tunnel two ioctls at its start; a queue that was full from the start only gets one
+    // more idle period.
+    let mut last_queued = socks.map(|_| 0);
     loop {
         let last = Duration::from_millis(state.last.load(Ordering::Relaxed));
         let deadline = state.origin + last + idle;
