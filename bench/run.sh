@@ -10,7 +10,9 @@
 #
 # Knobs (environment): REPS (2), DURATION (4 s measured per run), WARMUP (1 s),
 # IDLE_TUNNELS (10000), IDLE_PEERS (1: also Squid and tinyproxy), CRITERION (1),
-# THROUGHPUT_BYTES (268435456 per request), KEEP (1: keep the temp dir).
+# THROUGHPUT_BYTES (268435456 per request), KEEP (1: keep the temp dir), SHIM_STARTUP
+# (a saved output of bench/shim-startup.sh for the report's shim start-up goal; that is
+# not measured here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -273,7 +275,9 @@ fi
 mkdir -p "$ROOT/bench/results"
 cp "$results" "$ROOT/bench/results/latest.jsonl"
 cat "$idle" >>"$ROOT/bench/results/latest.jsonl"
-python3 "$ROOT/bench/report.py" \
+shim_args=()
+[ -n "${SHIM_STARTUP:-}" ] && shim_args=(--shim-startup "$SHIM_STARTUP")
+python3 "$ROOT/bench/report.py" "${shim_args[@]}" \
     --results "$results" --idle "$idle" --rest "$work/rest.json" --peak "$work/peak.json" \
     --criterion "$ROOT/target/criterion" --elapsed "$(( $(date +%s) - started ))" \
     --settings "REPS=$REPS DURATION=${DURATION}s WARMUP=${WARMUP}s THROUGHPUT_BYTES=$THROUGHPUT_BYTES; idle tunnels $idle_count (asked $IDLE_TUNNELS, open files limit $(ulimit -n))" \
