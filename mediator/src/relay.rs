@@ -235,10 +235,29 @@ impl Sock<'_> {
         }
     }
 
-    fn try_read(self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(s) => s.try_read(buf),
-            Self::Unix(s) => s.try_read(buf),
+    /// Reads what is there into `buf`. A read that does not fill `buf` has drained the
+    /// socket, so it clears the readiness as tokio's own `poll_read` does: the next
+    /// [`Self::ready`] waits for more bytes (or the end, which stays ready once seen)
+    /// instead of costing a `recv(2)` that answers `EAGAIN`.
+    fn read_some(self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = buf.len();
+        let mut short = 0;
+        let read = self.try_io(Interest::READABLE, || {
+            let n = nix::sys::socket::recv(
+                self.fd().as_raw_fd(),
+                buf,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            )
+            .map_err(io::Error::from)?;
+            if n > 0 && n < want {
+                short = n;
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => Ok(short),
+            r => r,
         }
     }
 
@@ -471,7 +490,7 @@ async fn pump_sockets(
         if buf.len() != size {
             buf = vec![0u8; size];
         }
-        let n = match from.try_read(&mut buf) {
+        let n = match from.read_some(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -481,24 +500,26 @@ async fn pump_sockets(
             Err(e) => return Err(e),
         };
         write_all(to, &buf[..n], count, state).await?;
-        if n == size {
-            if size < BUF_MAX {
-                size = (size * 4).min(BUF_MAX);
-            } else if !refused {
-                // A bulk transfer: move to splice; the buffer is no longer needed.
-                match Pipe::new() {
-                    Some(p) => {
-                        pipe = Some(p);
-                        buf = Vec::new();
-                    }
-                    None => refused = true, // out of descriptors or pipe quota: keep copying
+        if n < size {
+            buf = Vec::new(); // a short read drained the socket: idle without a buffer
+        } else if size < BUF_MAX {
+            size = (size * 4).min(BUF_MAX);
+        } else if !refused {
+            // A bulk transfer: move to splice; the buffer is no longer needed.
+            match Pipe::new() {
+                Some(p) => {
+                    pipe = Some(p);
+                    buf = Vec::new();
                 }
+                None => refused = true, // out of descriptors or pipe quota: keep copying
             }
         }
     }
-    let _ = state.first_end.set(end_name);
-    // Pass the half-close on; the other direction keeps going.
-    let _ = to.shutdown_write();
+    // Pass the half-close on; the other direction keeps going. When it has ended already,
+    // the relay is over and both sockets close now, which sends the FIN anyway.
+    if state.first_end.set(end_name).is_ok() {
+        let _ = to.shutdown_write();
+    }
     Ok(())
 }
 
