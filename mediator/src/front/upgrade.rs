@@ -43,7 +43,8 @@ pub(crate) fn requested(
     let tokens: Vec<String> = values
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(|t| String::from_utf8_lossy(t).trim().to_owned())
+        // OWS is spaces and tabs (RFC 9110 section 5.6.3): never other Unicode whitespace.
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).into_owned())
         .filter(|t| !t.is_empty())
         .collect();
     let shown = crate::redact::escape_raw(tokens.join(", ").as_bytes());
@@ -172,5 +173,11 @@ mod tests {
             assert!(requested(&bad, Version::HTTP_11).is_err(), "{bad:?}");
         }
         assert!(requested(&ws, Version::HTTP_2).is_err());
+        // Bytes that are Unicode whitespace once decoded are part of the token.
+        for odd in [&b"websocket\xc2\xa0"[..], b"\xe3\x80\x80websocket"] {
+            let mut h = headers(&[("connection", "upgrade")]);
+            h.append(header::UPGRADE, HeaderValue::from_bytes(odd).unwrap());
+            assert!(requested(&h, Version::HTTP_11).is_err(), "{odd:?}");
+        }
     }
 }
