@@ -204,7 +204,7 @@ fn find_placeholder<'a>(
     let decoded: Vec<Vec<u8>> = texts
         .iter()
         .filter(|t| t.contains(&b'%'))
-        .map(|t| percent_decode(t))
+        .flat_map(|t| percent_decode(t))
         .collect();
     texts.extend(decoded);
     authority.credentials.iter().enumerate().find(|(_, c)| {
@@ -242,8 +242,12 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// `%XX` decoded (twice at most, so that `%2541` is seen too); malformed escapes kept.
-fn percent_decode(text: &[u8]) -> Vec<u8> {
+/// `text` with its `%XX` escapes decoded once and, when that still holds a `%`, twice (so
+/// that `%2541` is seen too); malformed escapes kept. Both forms are returned: a server
+/// may decode once or twice, and the second decoding can destroy what the first revealed
+/// (`%25` before hex digits, a placeholder that holds a `%`). Neither is longer than
+/// `text`.
+pub(crate) fn percent_decode(text: &[u8]) -> Vec<Vec<u8>> {
     fn once(text: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(text.len());
         let mut i = 0;
@@ -266,9 +270,10 @@ fn percent_decode(text: &[u8]) -> Vec<u8> {
     }
     let first = once(text);
     if first.contains(&b'%') {
-        once(&first)
+        let second = once(&first);
+        vec![first, second]
     } else {
-        first
+        vec![first]
     }
 }
 
@@ -337,6 +342,31 @@ placeholder = "mediator:api:agent-a"
             assert!(!e.detail.contains("s3cret") && !e.hint.contains("s3cret"));
             let e = check_plain(&a, &target(host), &uri.parse().unwrap(), &h).unwrap_err();
             assert_eq!(e.reason, Reason::CredentialMisuse);
+        }
+    }
+
+    #[test]
+    fn a_placeholder_is_found_once_decoded_even_where_twice_would_hide_it() {
+        // Decoded once, `%25%61%64...` is `%ad...`, the placeholder after a `%`; decoded
+        // twice, `%ad` is one byte and the placeholder is gone.
+        for (placeholder, uri) in [
+            ("ad:api:agent-a", "/x?k=%25%61%64:api:agent-a"),
+            ("api%41agent", "/x?k=api%2541agent"),
+        ] {
+            let text = CONFIG.replace("mediator:api:agent-a", placeholder);
+            let mut c = policy::config::parse(&text, "m.toml").unwrap();
+            let a = c.authorities.remove(0);
+            let e = check_plain(
+                &a,
+                &target("other.test"),
+                &uri.parse().unwrap(),
+                &HeaderMap::new(),
+            )
+            .unwrap_err();
+            assert_eq!(e.reason, Reason::CredentialMisuse, "{uri}");
+        }
+        for text in [&b"%2541"[..], b"%%41%4", b"%zz", b""] {
+            assert!(percent_decode(text).iter().all(|d| d.len() <= text.len()));
         }
     }
 
