@@ -14,6 +14,7 @@ SHA-1 and ignored by git (fuzz/.gitignore). Run it from anywhere; it only (re)wr
 
 import base64
 import hashlib
+import json
 import pathlib
 import re
 import struct
@@ -311,8 +312,12 @@ write(
     ],
 )
 
-# ---- request rules (the grant of mediator::fuzzing::request_rule_grant) ----------------------
+# ---- request rules (the grant of mediator::fuzzing::request_rule_grant; the query table of
+# policy/src/request.rs) ----------------------------------------------------------------------
 
+request = (ROOT / "policy/src/request.rs").read_text()
+odd_queries = re.search(r"for bad in \[(.*?)\]", request, re.S)
+odd_queries = [unescape(q) for q in re.findall(r'"((?:[^"\\]|\\.)*)"', odd_queries.group(1))]
 write(
     "request_rule",
     numbered(
@@ -334,5 +339,138 @@ write(
             "GET /repos/x?page=2&&per_page=3",
             "GET /repos/x?pa+ge=1",
         ],
+    )
+    + numbered("query", [f"GET /repos/x?{q}" for q in odd_queries])
+    + numbered(
+        "headers",
+        [
+            "POST /upload/x\ncontent-type: application/json",
+            "POST /upload/x\nContent-Type: application/json; charset=utf-8",
+            "POST /upload/x\ncontent-type: text/plain",
+            "POST /upload/x\ncontent-type: application/json\ncontent-type: text/html",
+            "POST /upload/x?a=1\ncontent-type: application/json",
+            "POST /upl%6Fad/x\ncontent-type: application/json",
+            "POST /upload/x",
+            "GET /repos/x?page=2\naccept: application/json",
+        ],
     ),
+)
+
+# ---- Upgrade headers (mediator/src/front/upgrade.rs's test table) ------------------------------
+# First byte: 0 = HTTP/1.1, 1 = HTTP/2; then the Connection value, then one Upgrade value a line.
+
+upgrade_tests = (ROOT / "mediator/src/front/upgrade.rs").read_text()
+upgrade_seeds = []
+for i, pairs in enumerate(re.findall(r"headers\(&\[(.*?)\]\)", upgrade_tests, re.S)):
+    fields = re.findall(r'\(\s*"([^"]*)",\s*"([^"]*)"\s*\)', pairs)
+    connection = [v for k, v in fields if k == "connection"]
+    upgrades = [v for k, v in fields if k == "upgrade"]
+    text = "\n".join([", ".join(connection)] + upgrades)
+    for version in (b"\x00", b"\x01"):
+        upgrade_seeds.append((f"table-{i:02}-{version[0]}", version + text.encode()))
+upgrade_seeds += [
+    ("two-fields", b"\x00upgrade\nwebsocket\nh2c"),
+    ("list-with-empty", b"\x00Upgrade\n , websocket ,"),
+    ("tab", b"\x00\tupgrade\t\n\twebsocket\t"),
+    ("version", b"\x00upgrade\nwebsocket/13"),
+    ("obs-text", b"\x00upgrade\nwebsocket\xff"),
+]
+write("upgrade", upgrade_seeds)
+
+# ---- credential placeholders (mediator/src/credential.rs's tests) -----------------------------
+# Lines: the placeholder, a prefix, a suffix, then how it is encoded (first byte % 3: how
+# often; bit 7: uppercase hex; the following bytes: which bytes are encoded).
+
+credential = (ROOT / "mediator/src/credential.rs").read_text()
+placeholders = re.findall(r'placeholder = "([^"]*)"', credential)
+placeholders += re.findall(r'placeholder = \\"([^"\\]*)\\"', (ROOT / "policy/src/config/tests.rs").read_text())
+placeholders = sorted(set(placeholders))
+misuse = re.search(r"fn a_placeholder_elsewhere_is_misuse.*?for \(host, uri, header\) in \[(.*?)\] \{", credential, re.S)
+rows = re.findall(r'\(\s*"([^"]*)",\s*"([^"]*)",\s*"([^"]*)"\s*\)', misuse.group(1))
+placeholder_seeds = []
+for i, p in enumerate(placeholders):
+    for level, how in [(0, b"\x00"), (1, b"\x81\xff"), (1, b"\x01\x55\xaa"), (2, b"\x82\x0f")]:
+        placeholder_seeds.append(
+            (f"placeholder-{i}-{level}-{how[-1]:02x}", p.encode() + b"\nBearer \n&x=1\n" + how)
+        )
+for i, (_, uri, header) in enumerate(rows):
+    placeholder_seeds.append((f"misuse-{i:02}", f"{placeholders[0]}\n{uri}\n{header}\n\x00"))
+placeholder_seeds += [
+    ("decoder-only", b"%41%2541%%4\n%zz%2"),
+    ("percent-in-placeholder", b"mediator%3Aapi%41x\n\n\n\x00"),
+]
+write("placeholder", placeholder_seeds)
+
+# ---- mediator suggest (mediator/src/suggest.rs's tests) ---------------------------------------
+# The authority, a newline, then the log.
+
+suggest_tests = (ROOT / "mediator/src/suggest.rs").read_text()
+log_rows = re.findall(
+    r'line\(\s*"([^"]*)",\s*"([^"]*)",\s*"([^"]*)",\s*(\d+),\s*"([^"]*)",?\s*\)', suggest_tests
+)
+
+log_lines = [
+    json.dumps(
+        {"event": "decision", "ts": ts, "authority": a, "host": h, "port": int(p), "decision": "deny", "reason": r}
+    )
+    for ts, a, h, p, r in log_rows
+]
+report = json.dumps(
+    {
+        "report": "shim",
+        "denials": [
+            {"protocol": "connect", "status": 403, "reason": "not_in_allowlist", "host": "pypi.org", "port": 443},
+            {"protocol": "connect", "status": 403, "reason": "special_address", "host": "192.0.2.1", "port": 443},
+        ],
+    }
+)
+write(
+    "suggest",
+    [("log", "agent-a\n" + "\n".join(log_lines))]
+    + numbered("line", [f"agent-a\n{line}" for line in sample(log_lines)])
+    + [
+        ("shim-report", f"agent-a\n{report}"),
+        ("shim-report-mixed", f"agent-a\nmediator: denied pypi.org:443 (not_in_allowlist): ...\n{report}\n"),
+        ("not-json", "a\n{not json"),
+        ("other-authority", "agent-b\n" + "\n".join(log_lines)),
+        ("empty", "agent-a\n"),
+    ],
+)
+
+# ---- Proxy-Authenticate offers (mediator/src/route/parent.rs's tests) ------------------------
+
+parent_tests = (ROOT / "mediator/src/route/parent.rs").read_text()
+offers = [unescape(v) for v in re.findall(r"(?i)proxy-authenticate: ((?:[^\"\\]|\\[^r])*)\\r\\n", parent_tests)]
+write(
+    "negotiate_offer",
+    numbered("offer", offers)
+    + [
+        ("basic-then-negotiate", "Basic realm=\"x\"\nNEGOTIATE"),
+        ("token", "Negotiate YWJj"),
+        ("token-padding", "Negotiate YWI="),
+        ("token-bad", "Negotiate YW!j"),
+        ("list", "Basic realm=\"x\", Negotiate"),
+        ("ows", " \tNegotiate  YWJj \t"),
+    ],
+)
+
+# ---- kioslaverc (mediator/src/route/system/kde.rs's tests) -------------------------------------
+
+kde_tests = (ROOT / "mediator/src/route/system/kde.rs").read_text()
+kde_files = [unescape(t) for t in re.findall(r'std::fs::write\(\s*&\w+,\s*"((?:[^"\\]|\\.)*)"', kde_tests)]
+kde_values = re.findall(r'show\("([^"]*)", "(\w+)"\)', kde_tests)
+key_of = {"http": "httpProxy", "socks5": "socksProxy"}
+write(
+    "kioslaverc",
+    numbered("file", kde_files)
+    + numbered(
+        "value",
+        [f"[Proxy Settings]\nProxyType=1\n{key_of[s]}={v}\n" for v, s in kde_values],
+    )
+    + [
+        ("pac", "[Proxy Settings]\nProxyType=2\nProxy Config Script=http://wpad.corp/p.pac\n"),
+        ("pac-file", "[Proxy Settings]\nProxyType=2\nProxy Config Script=file:///etc/proxy.pac\n"),
+        ("env", "[Proxy Settings]\nProxyType=4\n"),
+        ("https-proxy", "[Proxy Settings]\nProxyType=1\nhttpsProxy=https://proxy.corp:8443\nNoProxyFor=localhost,.corp\n"),
+    ],
 )

@@ -205,14 +205,18 @@ pub(crate) fn check_target(authority: &Authority, target: &Target) -> Result<(),
         return Ok(());
     }
     let host = target.host.as_text().to_ascii_lowercase();
-    let decoded = host.contains('%').then(|| percent_decode(host.as_bytes()));
+    let decoded = if host.contains('%') {
+        percent_decode(host.as_bytes())
+    } else {
+        Vec::new()
+    };
     for (index, credential) in authority.credentials.iter().enumerate() {
         let Some(p) = credential.placeholder() else {
             continue;
         };
         let p = p.to_ascii_lowercase();
         let raw = contains(host.as_bytes(), p.as_bytes());
-        let encoded = !raw && decoded.as_ref().is_some_and(|d| contains(d, p.as_bytes()));
+        let encoded = !raw && decoded.iter().any(|d| contains(d, p.as_bytes()));
         if raw || encoded {
             let found = Found {
                 index,
@@ -491,7 +495,7 @@ fn scan<'a, 't>(
     let decoded: Vec<(&Place, Vec<u8>)> = texts
         .iter()
         .filter(|(_, t)| t.contains(&b'%'))
-        .map(|(place, t)| (place, percent_decode(t)))
+        .flat_map(|(place, t)| percent_decode(t).into_iter().map(move |d| (place, d)))
         .collect();
     for (index, credential) in authority.credentials.iter().enumerate() {
         let Some(p) = credential.placeholder() else {
@@ -544,8 +548,12 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// `%XX` decoded (twice at most, so that `%2541` is seen too); malformed escapes kept.
-fn percent_decode(text: &[u8]) -> Vec<u8> {
+/// `text` with its `%XX` escapes decoded once and, when that still holds a `%`, twice (so
+/// that `%2541` is seen too); malformed escapes kept. Both forms are returned: a server
+/// may decode once or twice, and the second decoding can destroy what the first revealed
+/// (`%25` before hex digits, a placeholder that holds a `%`). Neither is longer than
+/// `text`.
+pub(crate) fn percent_decode(text: &[u8]) -> Vec<Vec<u8>> {
     fn once(text: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(text.len());
         let mut i = 0;
@@ -568,9 +576,10 @@ fn percent_decode(text: &[u8]) -> Vec<u8> {
     }
     let first = once(text);
     if first.contains(&b'%') {
-        once(&first)
+        let second = once(&first);
+        vec![first, second]
     } else {
-        first
+        vec![first]
     }
 }
 
@@ -744,6 +753,31 @@ placeholder = "mediator:api:agent-a"
         let mut t = HeaderMap::new();
         t.insert("x-sig", "sha256=abc".parse().unwrap());
         check_trailers(&a, &target("other.test"), &t).unwrap();
+    }
+
+    #[test]
+    fn a_placeholder_is_found_once_decoded_even_where_twice_would_hide_it() {
+        // Decoded once, `%25%61%64...` is `%ad...`, the placeholder after a `%`; decoded
+        // twice, `%ad` is one byte and the placeholder is gone.
+        for (placeholder, uri) in [
+            ("ad:api:agent-a", "/x?k=%25%61%64:api:agent-a"),
+            ("api%41agent", "/x?k=api%2541agent"),
+        ] {
+            let text = CONFIG.replace("mediator:api:agent-a", placeholder);
+            let mut c = policy::config::parse(&text, "m.toml").unwrap();
+            let a = c.authorities.remove(0);
+            let e = check_plain(
+                &a,
+                &target("other.test"),
+                &uri.parse().unwrap(),
+                &HeaderMap::new(),
+            )
+            .unwrap_err();
+            assert_eq!(e.reason, Reason::CredentialMisuse, "{uri}");
+        }
+        for text in [&b"%2541"[..], b"%%41%4", b"%zz", b""] {
+            assert!(percent_decode(text).iter().all(|d| d.len() <= text.len()));
+        }
     }
 
     #[test]

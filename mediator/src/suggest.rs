@@ -58,8 +58,18 @@ impl Seen {
 /// The suggestion for `authority` from `input` (decision-log lines, or one shim report).
 ///
 /// # Errors
-/// A line that is not JSON (its number in the message).
+/// `authority` is not a valid authority name (the table would not load), or a line is not
+/// JSON (its number in the message).
 pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
+    // The table is named `authority`: a name the loader refuses would make it unusable.
+    policy::Grant::new(
+        &policy::GrantSpec {
+            name: authority.to_owned(),
+            ..policy::GrantSpec::default()
+        },
+        &[],
+    )
+    .map_err(|e| format!("--authority: {e}"))?;
     let mut widen: BTreeMap<(String, u16), Seen> = BTreeMap::new();
     let mut kept: BTreeMap<(String, u16, String), Seen> = BTreeMap::new();
     let mut denials = 0u64;
@@ -163,9 +173,14 @@ fn render(
         let _ = writeln!(out, "allow = [");
         for e in &entries {
             if let Some(note) = &e.note {
-                let _ = writeln!(out, "  # {note}");
+                let _ = writeln!(out, "  # {}", comment_text(note));
             }
-            let _ = writeln!(out, "  {}, # {}", toml_str(&e.pattern), e.seen.comment());
+            let _ = writeln!(
+                out,
+                "  {}, # {}",
+                toml_str(&e.pattern),
+                comment_text(&e.seen.comment())
+            );
         }
         let _ = writeln!(out, "]");
     }
@@ -177,9 +192,12 @@ fn render(
         for ((host, port, reason), seen) in kept {
             let _ = writeln!(
                 out,
-                "#   {}:{port} {reason} ({})",
-                show_host(host),
-                seen.comment()
+                "#   {}",
+                comment_text(&format!(
+                    "{}:{port} {reason} ({})",
+                    show_host(host),
+                    seen.comment()
+                ))
             );
         }
     }
@@ -249,6 +267,21 @@ fn show_host(host: &str) -> String {
     } else {
         host.to_owned()
     }
+}
+
+/// `s` as the text of a TOML comment: control characters (a line break would end the
+/// comment and start a line of the table; TOML allows none but tab) escaped as `\n`,
+/// `\u{..}`. Hosts and timestamps come from the log as they were sent.
+fn comment_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn toml_str(s: &str) -> String {
@@ -412,6 +445,29 @@ allow = [
             "{got}"
         );
         assert!(suggest("{not json", "a").is_err());
+        // A host or time with a line break stays inside its comment: no line of its own.
+        let injected = serde_json::json!({
+            "event": "decision", "decision": "deny", "authority": "agent-a",
+            "host": "10.0.0.1\n\"evil.test:443\",", "port": 443, "reason": "private_address",
+            "ts": "t\n  \"evil.test:443\", #",
+        });
+        let ok = serde_json::json!({
+            "event": "decision", "decision": "deny", "authority": "agent-a",
+            "host": "a.test", "port": 443, "reason": "not_in_allowlist",
+            "ts": "t\n  \"evil.test:443\", #\u{0}",
+        });
+        let safe = suggest(&format!("{injected}\n{ok}"), "agent-a").unwrap();
+        let c = policy::config::parse(&safe, "suggested.toml").unwrap();
+        assert_eq!(
+            c.authorities[0].grant.allow_entries().collect::<Vec<_>>(),
+            ["a.test:443"],
+            "{safe}"
+        );
+        // A name the loader refuses is refused here, not printed into a table.
+        for bad in ["", "no spaces", "a\nallow = [\"*\"]"] {
+            let e = suggest(&report, bad).unwrap_err();
+            assert!(e.starts_with("--authority: "), "{e}");
+        }
         // The report among other lines of the shim's stderr.
         let mixed = format!("mediator: denied pypi.org:443 (not_in_allowlist): ...\n{report}\n");
         assert_eq!(suggest(&mixed, "agent-a").unwrap(), got);

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::host::{Target, parse_authority_form};
+use crate::host::{Target, canonicalize_host, parse_authority_form};
 
 /// The protocol spoken to a parent proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -311,6 +311,18 @@ pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
         if input.chars().any(|c| c.is_control() || c == ' ') {
             return Err("a PAC URL must not contain spaces or control characters".into());
         }
+        // The host (and port) the fetcher connects to: a port it could not read would
+        // otherwise fall back to the scheme's default.
+        let host_ok = if has_port(authority) {
+            parse_authority_form(authority).is_ok()
+        } else {
+            canonicalize_host(authority).is_ok()
+        };
+        if !host_ok {
+            return Err(format!(
+                "a PAC URL needs a valid host and, if any, a port from 1 to 65535: {authority:?} is not"
+            ));
+        }
         return Ok(PacSource::Url(input.to_owned()));
     }
     if input.contains("://") {
@@ -410,8 +422,18 @@ mod tests {
             "https:///p.pac",
             "http://u:p@h/p.pac",
             "http://h/p pac",
+            "http://[/p.pac",
+            "http://h:99999/p.pac",
+            "http://h:8o/p.pac",
+            "http://%41/p.pac",
         ] {
             assert!(parse_pac_source(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "http://[::1]:8080/p.pac",
+            "https://Wpad.Corp:8443/p.pac?x=1",
+        ] {
+            assert!(parse_pac_source(good).is_ok(), "{good}");
         }
     }
 }

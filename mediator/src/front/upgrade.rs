@@ -119,6 +119,7 @@ pub(crate) fn requested(
     let tokens: Vec<&[u8]> = values
         .iter()
         .flat_map(|v| v.split(|&b| b == b','))
+        // OWS is spaces and tabs (RFC 9110 section 5.6.3): never other Unicode whitespace.
         .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
         .collect();
@@ -463,6 +464,15 @@ mod tests {
         }
         let ws = headers(&[("connection", "upgrade"), ("upgrade", "websocket")]);
         assert!(requested(&Method::GET, &ws, Version::HTTP_2, None).is_err());
+        // Bytes that are Unicode whitespace once decoded are part of the token.
+        for odd in [&b"websocket\xc2\xa0"[..], b"\xe3\x80\x80websocket"] {
+            let mut h = headers(&[("connection", "upgrade")]);
+            h.append(header::UPGRADE, HeaderValue::from_bytes(odd).unwrap());
+            assert!(
+                requested(&Method::GET, &h, Version::HTTP_11, None).is_err(),
+                "{odd:?}"
+            );
+        }
     }
 
     #[test]

@@ -174,11 +174,11 @@ fn keytab_exists(name: &str) -> Result<(), String> {
         .map_err(|e| format!("kerberos_keytab {name}: {e}"))
 }
 
-/// The decoded token of a `Negotiate <base64>` challenge, `None` when it is not one.
+/// The decoded token of a `Negotiate <base64>` challenge (the token as
+/// `parent::negotiate_in` gives it, without its OWS), `None` when it is not canonical
+/// base64 (RFC 4648 section 4).
 pub(crate) fn decode(token: &str) -> Option<Vec<u8>> {
-    base64::engine::general_purpose::STANDARD
-        .decode(token.trim())
-        .ok()
+    base64::engine::general_purpose::STANDARD.decode(token).ok()
 }
 
 /// A GSSAPI error in the library's words, on one line.
@@ -276,5 +276,9 @@ mod tests {
         assert!(d.store.is_empty());
         assert_eq!(decode("YWJj"), Some(b"abc".to_vec()));
         assert_eq!(decode("not base64!"), None);
+        // Not canonical base64: whitespace (the parser trims only OWS, before), no padding.
+        for odd in ["YWJj\u{3000}", "\u{b}YWJj", "YWI"] {
+            assert_eq!(decode(odd), None, "{odd:?}");
+        }
     }
 }

@@ -103,7 +103,7 @@ impl Answer {
             .split("\r\n")
             .skip(1)
             .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.trim(), v.trim()))
+            .map(|(n, v)| (n.trim(), ows_trim(v)))
     }
 
     /// `Some(token)` when a `Proxy-Authenticate` field offers `Negotiate` (RFC 4559
@@ -180,12 +180,18 @@ impl Answer {
 /// `Some(token)` when one of the `Proxy-Authenticate` values `challenges` offers
 /// `Negotiate` (RFC 4559 section 4): the token is empty for a bare offer.
 pub(crate) fn negotiate_in<'a>(challenges: impl Iterator<Item = &'a str>) -> Option<&'a str> {
-    challenges.map(str::trim).find_map(|v| {
+    challenges.map(ows_trim).find_map(|v| {
         let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
         scheme
             .eq_ignore_ascii_case("negotiate")
-            .then_some(rest.trim())
+            .then_some(ows_trim(rest))
     })
+}
+
+/// `s` without the optional whitespace of RFC 9110 section 5.6.3 (spaces and tabs) at
+/// either end: never other control or Unicode whitespace, which belongs to the value.
+pub(crate) fn ows_trim(s: &str) -> &str {
+    s.trim_matches([' ', '\t'])
 }
 
 /// The schemes of the `Proxy-Authenticate` values `challenges`, for messages: a scheme
@@ -591,6 +597,16 @@ mod tests {
         assert_eq!(r.offered(), "\"Nego\\u{0}tiate\"");
         let r = answer("HTTP/1.1 200 OK\r\nProxy-Authenticate: Negotiate YWJj\r\n\r\n");
         assert_eq!(r.negotiate(), Some("YWJj"));
+        // Only spaces and tabs are trimmed (OWS): a control or Unicode space is part of
+        // the scheme or token.
+        for odd in ["\u{b}Negotiate", "\u{a0}Negotiate", "Negotiate\u{c}"] {
+            assert_eq!(negotiate_in([odd].into_iter()), None, "{odd:?}");
+        }
+        assert_eq!(negotiate_in([" \tNegotiate \t"].into_iter()), Some(""));
+        assert_eq!(
+            negotiate_in(["Negotiate YWJj\u{3000}"].into_iter()),
+            Some("YWJj\u{3000}")
+        );
         let r = answer(
             "HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic\r\nContent-Length: 1\r\nConnection: close\r\n\r\n",
         );

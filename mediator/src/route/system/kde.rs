@@ -42,16 +42,7 @@ fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathB
             Ok(_) => {}
         }
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let ini = Ini::load_from_str_opt(
-            &text,
-            ParseOption {
-                enabled_quote: false,
-                enabled_escape: false,
-                ..ParseOption::default()
-            },
-        )
-        .map_err(|e| bad(e.to_string()))?;
-        let Some(group) = ini.section(Some(GROUP)) else {
+        let Some(group) = group_keys(&text).map_err(bad)? else {
             if named {
                 return Err(bad(format!(
                     "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
@@ -59,13 +50,57 @@ fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathB
             }
             continue;
         };
-        for (key, value) in group.iter() {
-            let key = key.split('[').next().unwrap_or_default().trim().to_owned();
-            out.entry(key)
-                .or_insert_with(|| (value.trim().to_owned(), path.clone()));
+        for (key, value) in group {
+            out.entry(key).or_insert_with(|| (value, path.clone()));
         }
     }
     Ok(out)
+}
+
+/// The `[Proxy Settings]` keys of one file's text, in file order: each key without its
+/// KConfig flags, each value trimmed; `None` when the file has no such group.
+///
+/// # Errors
+/// The INI parser's message.
+fn group_keys(text: &str) -> Result<Option<Vec<(String, String)>>, String> {
+    let ini = Ini::load_from_str_opt(
+        text,
+        ParseOption {
+            enabled_quote: false,
+            enabled_escape: false,
+            ..ParseOption::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(ini.section(Some(GROUP)).map(|group| {
+        group
+            .iter()
+            .map(|(key, value)| {
+                let key = key.split('[').next().unwrap_or_default().trim().to_owned();
+                (key, value.trim().to_owned())
+            })
+            .collect()
+    }))
+}
+
+/// The settings of one `kioslaverc` text, as [`read`] takes a file that holds it (the
+/// file is named `<kioslaverc>`): for the fuzz target, which reads no file.
+///
+/// # Errors
+/// As [`read`].
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn read_text(
+    text: &str,
+    getenv: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Reading>, Error> {
+    let path = PathBuf::from("<kioslaverc>");
+    let group = group_keys(text)
+        .map_err(|why| Error::Upstream(format!("KDE proxy settings: <kioslaverc>: {why}")))?;
+    let mut keys = HashMap::new();
+    for (key, value) in group.into_iter().flatten() {
+        keys.entry(key).or_insert_with(|| (value, path.clone()));
+    }
+    decide(&keys, getenv)
 }
 
 /// Reads the KDE proxy settings; `None` when no file sets `ProxyType`.
@@ -78,7 +113,17 @@ pub(crate) fn read(
     named: bool,
     getenv: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Reading>, Error> {
-    let keys = keys(files, named)?;
+    decide(&keys(files, named)?, getenv)
+}
+
+/// The reading the `[Proxy Settings]` keys `keys` (each with the file it came from) give.
+///
+/// # Errors
+/// As [`read`].
+fn decide(
+    keys: &HashMap<String, (String, PathBuf)>,
+    getenv: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Reading>, Error> {
     let Some((kind, from)) = keys.get("ProxyType") else {
         return Ok(None);
     };
