@@ -314,6 +314,10 @@ pub struct Settings {
     /// its placeholder (design section 14); the child gets these instead of inherited
     /// values of the same names.
     pub(crate) child_env: Vec<(String, String)>,
+    /// Socket mode from `--config`: every `secret_env` that a credential of any authority
+    /// of the config names; the child never inherits these (a secret stays with the
+    /// mediator, even one the caller's environment happens to hold).
+    pub(crate) hidden_env: Vec<String>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
 }
@@ -347,11 +351,13 @@ impl Settings {
         let mut config_ca = None;
         let mut admin = None;
         let mut child_env = Vec::new();
+        let mut hidden_env = Vec::new();
         let socket = match (socket, config, authority) {
             (Some(s), None, _) => Some(s),
             (None, Some(c), Some(a)) => {
                 let (socket, ca, endpoint) = from_config(&c, &a)?;
-                child_env = placeholders(&c, &a)?;
+                let env = credential_env(&c, &a)?;
+                (child_env, hidden_env) = (env.set, env.hidden);
                 config_ca = ca;
                 admin = endpoint.map(|e| (e, a));
                 Some(socket)
@@ -435,6 +441,7 @@ impl Settings {
             live_denials: !(cli.quiet_denials || profile.quiet_denials),
             admin,
             child_env,
+            hidden_env,
             command: cli.command,
         })
     }
@@ -540,15 +547,25 @@ fn from_config(
     Ok((socket, Some(ca), admin))
 }
 
-/// The `child_env` variables of `authority`'s `[[authority.credential]]` tables in the
-/// mediator config, each with its placeholder. Only these two keys are read: the secret
-/// stays with the mediator (its file is not even opened here).
+/// The child's environment as the config's credentials shape it.
+struct CredentialEnv {
+    /// `child_env` and its placeholder, for each credential of the authority that has one.
+    set: Vec<(String, String)>,
+    /// Every `secret_env` of the config, of any authority.
+    hidden: Vec<String>,
+}
+
+/// From the `[[authority.credential]]` tables of the mediator config: the `child_env`
+/// variables of `authority`'s credentials, each with its placeholder, and the
+/// `secret_env` variables of every authority's credentials (the child must not inherit
+/// them). Only these three keys are read: the secret stays with the mediator (its file is
+/// not even opened here).
 ///
 /// # Errors
 /// [`Error::ProfileRead`] / [`Error::ProfileParse`] for a config that cannot be read or
-/// parsed; [`Error::Usage`] for a `child_env` without a placeholder (the mediator refuses
-/// it too).
-fn placeholders(config: &Path, authority: &str) -> Result<Vec<(String, String)>> {
+/// parsed; [`Error::Usage`] for a `child_env` without a placeholder or a `secret_env`
+/// that is not a string (the mediator refuses both too).
+fn credential_env(config: &Path, authority: &str) -> Result<CredentialEnv> {
     let text = std::fs::read_to_string(config).map_err(|source| Error::ProfileRead {
         path: config.to_owned(),
         source,
@@ -557,16 +574,31 @@ fn placeholders(config: &Path, authority: &str) -> Result<Vec<(String, String)>>
         path: config.to_owned(),
         source,
     })?;
-    let mut out = Vec::new();
+    let mut set = Vec::new();
+    let mut hidden = Vec::new();
     let tables = value
         .get("authority")
         .and_then(|a| a.as_array())
         .into_iter()
-        .flatten()
-        .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority));
+        .flatten();
     for a in tables {
+        let name = a.get("name").and_then(|n| n.as_str());
         let credentials = a.get("credential").and_then(|c| c.as_array());
         for c in credentials.into_iter().flatten() {
+            match c.get("secret_env") {
+                None => {}
+                Some(toml::Value::String(var)) => hidden.push(var.clone()),
+                Some(_) => {
+                    return Err(Error::Usage(format!(
+                        "{}: authority {:?}: a credential's secret_env is not a string",
+                        config.display(),
+                        name.unwrap_or_default()
+                    )));
+                }
+            }
+            if name != Some(authority) {
+                continue;
+            }
             let Some(var) = c.get("child_env").and_then(|v| v.as_str()) else {
                 continue;
             };
@@ -576,10 +608,10 @@ fn placeholders(config: &Path, authority: &str) -> Result<Vec<(String, String)>>
                     config.display()
                 )));
             };
-            out.push((var.to_owned(), placeholder.to_owned()));
+            set.push((var.to_owned(), placeholder.to_owned()));
         }
     }
-    Ok(out)
+    Ok(CredentialEnv { set, hidden })
 }
 
 #[cfg(test)]
@@ -801,6 +833,8 @@ child_env = "B_TOKEN"
             s.child_env,
             [("API_TOKEN".to_owned(), "mediator:api:agent-a".to_owned())]
         );
+        // Every authority's secret_env, not only agent-a's.
+        assert_eq!(s.hidden_env, ["K", "B"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -53,6 +53,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         trust: trust.as_ref(),
         capture,
         child_env: &settings.child_env,
+        hidden_env: &settings.hidden_env,
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));

@@ -52,6 +52,9 @@ pub(crate) struct Job<'a> {
     /// Variables set in the command's environment over inherited ones of the same name:
     /// the placeholders of its authority's credentials (design section 14).
     pub(crate) child_env: &'a [(String, String)],
+    /// Variables the command never inherits: every `secret_env` of the config's
+    /// credentials (design section 14). A name also in `child_env` is set all the same.
+    pub(crate) hidden_env: &'a [String],
 }
 
 /// What capture asks of a backend: a TUN device as the sandbox's default route, its own

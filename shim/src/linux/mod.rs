@@ -170,9 +170,13 @@ fn run_planned(
         cwd,
         program,
         args,
-        // A credential's variable holds its placeholder, whatever the caller's value was.
+        // A credential's variable holds its placeholder, whatever the caller's value was,
+        // and no credential's secret_env is inherited.
         env: std::env::vars_os()
-            .filter(|(k, _)| !job.child_env.iter().any(|(n, _)| k == n.as_str()))
+            .filter(|(k, _)| {
+                !job.child_env.iter().any(|(n, _)| k == n.as_str())
+                    && !job.hidden_env.iter().any(|n| k == n.as_str())
+            })
             .chain(
                 job.child_env
                     .iter()
