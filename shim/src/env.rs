@@ -12,19 +12,12 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// CA variables that name a complete bundle: they point at the system bundle plus the CA.
-pub(crate) const CA_BUNDLE_VARS: &[&str] = &[
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-    "PIP_CERT",
-    "AWS_CA_BUNDLE",
-    "CARGO_HTTP_CAINFO",
-    "DENO_CERT",
-];
+/// The list lives in the policy crate, whose config refuses a credential `child_env`
+/// naming any variable the shim sets.
+pub(crate) const CA_BUNDLE_VARS: &[&str] = policy::config::SHIM_CA_BUNDLE_VARS;
 
 /// CA variables that add to the tool's own store: they point at the CA alone.
-pub(crate) const CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+pub(crate) const CA_EXTRA_VARS: &[&str] = policy::config::SHIM_CA_EXTRA_VARS;
 
 /// The files the CA variables name (see [`crate::ca::TrustFiles`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,17 +40,7 @@ pub(crate) fn ca_vars(files: &CaFiles) -> Vec<(OsString, OsString)> {
 }
 
 /// Proxy variables the shim owns (both cases are set where tools read either).
-const PROXY_VARS: &[&str] = &[
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
-    "FTP_PROXY",
-    "GRPC_PROXY",
-    "RSYNC_PROXY",
-    "DOCKER_HTTP_PROXY",
-    "DOCKER_HTTPS_PROXY",
-];
+const PROXY_VARS: &[&str] = policy::config::SHIM_PROXY_VARS;
 
 /// The proxy variables for a listener on `127.0.0.1:port`.
 ///
@@ -210,5 +193,25 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    /// The config refuses a credential `child_env` naming one of the policy crate's lists:
+    /// every variable the shim sets must be on them.
+    #[test]
+    fn every_variable_the_shim_sets_is_one_a_child_env_may_not_name() {
+        let files = CaFiles {
+            bundle: "/t/bundle.pem".into(),
+            ca_only: "/t/ca.pem".into(),
+        };
+        let listed = |name: &str| {
+            PROXY_VARS
+                .iter()
+                .chain(CA_BUNDLE_VARS)
+                .chain(CA_EXTRA_VARS)
+                .any(|v| v.eq_ignore_ascii_case(name))
+        };
+        for (k, _) in command_env(Vec::new(), 1, Some(&files)) {
+            assert!(listed(k.to_str().unwrap()), "{k:?}");
+        }
     }
 }

@@ -399,7 +399,7 @@ impl Validator<'_> {
         }
         let numbered: Vec<(usize, &Credential)> =
             positions.iter().map(|(p, _)| *p).zip(out.iter()).collect();
-        for (at, e) in credential::check_placeholders(&numbered) {
+        for (at, e) in credential::check_pairs(&numbered) {
             let span = positions
                 .iter()
                 .find(|(p, _)| *p == at)

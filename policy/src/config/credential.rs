@@ -182,6 +182,38 @@ pub(super) struct CredentialSpec {
     pub(super) child_env: Option<String>,
 }
 
+/// Proxy variables the shim sets in the confined child (design section 12), each in upper
+/// and lower case except the Docker ones (Docker reads them in upper case only). A
+/// `child_env` may not name one, in any case: the shim's value would win.
+pub const SHIM_PROXY_VARS: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "FTP_PROXY",
+    "GRPC_PROXY",
+    "RSYNC_PROXY",
+    "DOCKER_HTTP_PROXY",
+    "DOCKER_HTTPS_PROXY",
+];
+
+/// CA variables the shim sets in the child to the system bundle plus the mediator's CA
+/// (when the authority terminates TLS, as every authority with a credential does).
+pub const SHIM_CA_BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "AWS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "DENO_CERT",
+];
+
+/// CA variables the shim sets in the child to the mediator's CA alone (they add to a
+/// tool's own store).
+pub const SHIM_CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+
 /// Headers a credential may not go in: they frame or route the request, or are the
 /// mediator's own.
 const RESERVED_HEADERS: &[&str] = &[
@@ -313,6 +345,24 @@ pub(super) fn build(
             ));
             None
         }
+        Some(v) if v.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("LD_")) => {
+            fail(format!(
+                "child_env {v:?} is a dynamic loader variable (LD_*); the child's loader would read the placeholder; name another variable"
+            ));
+            None
+        }
+        Some(v)
+            if SHIM_PROXY_VARS
+                .iter()
+                .chain(SHIM_CA_BUNDLE_VARS)
+                .chain(SHIM_CA_EXTRA_VARS)
+                .any(|s| s.eq_ignore_ascii_case(v)) =>
+        {
+            fail(format!(
+                "child_env {v:?} is a variable the shim sets itself (a proxy or CA variable, in any case), so the child would never get the placeholder; name another variable"
+            ));
+            None
+        }
         Some(v) => Some(v.to_owned()),
     };
     match (host, header, source, format) {
@@ -332,13 +382,33 @@ pub(super) fn build(
     }
 }
 
-/// Placeholders must be told apart in any text: none may be a substring of another (nor
-/// equal). Returns one message per offending pair, with the 1-based position of the
-/// later credential of the pair.
-pub(super) fn check_placeholders(credentials: &[(usize, &Credential)]) -> Vec<(usize, String)> {
+/// What one authority's credentials may not share, pair by pair: a header on the same
+/// host (they would fight over it; a pattern without a port covers every port of that
+/// host pattern), a `child_env` (the child gets one value), and placeholders, which must
+/// be told apart in any text: none may be a substring of another (nor equal). Returns one
+/// message per offending pair and check, with the 1-based position of the later
+/// credential of the pair.
+pub(super) fn check_pairs(credentials: &[(usize, &Credential)]) -> Vec<(usize, String)> {
     let mut errors = Vec::new();
     for (i, (pa, a)) in credentials.iter().enumerate() {
         for (pb, b) in &credentials[i + 1..] {
+            let (ha, hb) = (&a.host, &b.host);
+            if a.header == b.header
+                && ha.kind == hb.kind
+                && (ha.port == hb.port || ha.port.is_none() || hb.port.is_none())
+            {
+                errors.push((*pb, format!(
+                    "credential[{pb}]: header {:?} on host {:?} is set by credential[{pa}] too (host {:?}); one header of one host holds one secret: remove one of them",
+                    b.header, b.host.source, a.host.source
+                )));
+            }
+            if let (Some(x), Some(y)) = (a.child_env(), b.child_env())
+                && x == y
+            {
+                errors.push((*pb, format!(
+                    "credential[{pb}]: child_env {y:?} is the child_env of credential[{pa}] too; the child gets one value per variable: name another variable"
+                )));
+            }
             let (Some(x), Some(y)) = (a.placeholder(), b.placeholder()) else {
                 continue;
             };

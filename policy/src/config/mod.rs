@@ -40,7 +40,9 @@ use raw::{
 use validate::{Ctx, Validator};
 
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
-pub use credential::{Credential, Secret, SecretSource};
+pub use credential::{
+    Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
+};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 

@@ -854,6 +854,50 @@ fn credential_errors_are_located() {
             "credential[1]: placeholder \"short\" must be 8 to 256 bytes long",
         ),
         (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"LD_PRELOAD\"",
+            "credential[1]: child_env \"LD_PRELOAD\" is a dynamic loader variable (LD_*)",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"ld_library_path\"",
+            "credential[1]: child_env \"ld_library_path\" is a dynamic loader variable (LD_*)",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"HTTPS_PROXY\"",
+            "credential[1]: child_env \"HTTPS_PROXY\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"Https_Proxy\"",
+            "credential[1]: child_env \"Https_Proxy\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"no_proxy\"",
+            "credential[1]: child_env \"no_proxy\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"SSL_CERT_FILE\"",
+            "credential[1]: child_env \"SSL_CERT_FILE\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"NODE_EXTRA_CA_CERTS\"",
+            "credential[1]: child_env \"NODE_EXTRA_CA_CERTS\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"API-TOKEN\"",
+            "credential[1]: child_env \"API-TOKEN\" is not a variable name",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin:1\"\nchild_env = \"API_TOKEN\"\n\n[[authority.credential]]\nhost = \"origin.test\"\nheader = \"B\"\nsecret_env = \"U\"\nplaceholder = \"mediator:second\"\nchild_env = \"API_TOKEN\"",
+            "m.toml:17:1: authority \"agent-a\": credential[2]: child_env \"API_TOKEN\" is the child_env of credential[1] too",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"Authorization\"\nsecret_env = \"T\"\n\n[[authority.credential]]\nhost = \"ORIGIN.test\"\nheader = \"authorization\"\nsecret_env = \"U\"",
+            "m.toml:15:1: authority \"agent-a\": credential[2]: header \"authorization\" on host \"ORIGIN.test\" is set by credential[1] too (host \"origin.test\")",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\n\n[[authority.credential]]\nhost = \"origin.test:443\"\nheader = \"A\"\nsecret_env = \"U\"",
+            "m.toml:15:1: authority \"agent-a\": credential[2]: header \"a\" on host \"origin.test:443\" is set by credential[1] too",
+        ),
+        (
             "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nnope = 1",
             "unknown field `nope`, expected one of `host`, `header`, `secret_file`, `secret_env`, `format`, `placeholder`, `child_env`",
         ),
@@ -876,6 +920,39 @@ fn credential_errors_are_located() {
             );
         }
     }
+}
+
+#[test]
+fn credentials_of_one_authority_may_share_a_host_or_a_header_but_not_both() {
+    let text = format!(
+        "{CREDENTIAL_BASE}
+[[authority.credential]]
+host = \"origin.test\"
+header = \"Authorization\"
+secret_env = \"T\"
+placeholder = \"mediator:one\"
+child_env = \"ONE_TOKEN\"
+
+[[authority.credential]]
+host = \"origin.test\"
+header = \"X-Key\"
+secret_env = \"U\"
+placeholder = \"mediator:two\"
+child_env = \"TWO_TOKEN\"
+
+[[authority.credential]]
+host = \"origin.test:8443\"
+header = \"X-Other\"
+secret_env = \"V\"
+
+[[authority.credential]]
+host = \"origin.test:9443\"
+header = \"X-Other\"
+secret_env = \"W\"
+"
+    );
+    let c = parse(&text, "m.toml").unwrap();
+    assert_eq!(c.authorities[0].credentials.len(), 4);
 }
 
 #[test]
