@@ -1,5 +1,6 @@
 //! Credentials held by the mediator (design section 14): loading each secret (from its
-//! file, which must not be readable by others, or from the mediator's environment), adding
+//! file, which must not be readable by others nor writable by its group or others, or
+//! from the mediator's environment), adding
 //! it to the terminated requests of its host ([`apply`], the one path of h1 and h2
 //! requests), and refusing a request that carries one of its authority's placeholders
 //! anywhere else: reason `credential_misuse`. Where it is looked for: the header values
@@ -31,8 +32,8 @@ use crate::error::Error;
 /// credential's location and never holds the secret.
 ///
 /// # Errors
-/// Every credential whose secret cannot be read, is in a file readable by others, or is
-/// empty or not a header value.
+/// Every credential whose secret cannot be read, is in a file readable by others or
+/// writable by its group or others, or is empty or not a header value.
 pub(crate) fn load_secrets(authority: &mut Authority) -> Result<(), Vec<String>> {
     let mut errors = Vec::new();
     for credential in &mut authority.credentials {
@@ -74,6 +75,13 @@ fn load_one(credential: &mut Credential) -> Result<(), String> {
             if mode & 0o007 != 0 {
                 return Err(format!(
                     "secret_file {shown:?} is readable or writable by others (mode {:04o}); make it 0600 or 0640 (chmod o= {shown:?})",
+                    mode & 0o7777
+                ));
+            }
+            // Whoever may write the file may choose the secret the mediator sends.
+            if mode & 0o020 != 0 {
+                return Err(format!(
+                    "secret_file {shown:?} is writable by its group (mode {:04o}); make it 0600 or 0640 (chmod g-w {shown:?})",
                     mode & 0o7777
                 ));
             }
@@ -781,7 +789,7 @@ placeholder = "mediator:api:agent-a"
     }
 
     #[test]
-    fn secret_files_readable_by_others_are_refused() {
+    fn secret_files_readable_by_others_or_writable_by_group_or_others_are_refused() {
         let dir = std::env::temp_dir().join(format!("cred-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("secret");
@@ -801,6 +809,17 @@ placeholder = "mediator:api:agent-a"
             "{e:?}"
         );
         assert!(e[0].starts_with("m.toml:10:1: authority \"agent-a\": credential[1]"));
+        for (mode, says) in [
+            (0o620, "writable by its group (mode 0620)"),
+            (0o660, "writable by its group (mode 0660)"),
+            (0o602, "readable or writable by others (mode 0602)"),
+        ] {
+            let e = load(mode).unwrap_err();
+            assert!(e[0].contains(says), "{mode:o}: {e:?}");
+            assert!(e[0].starts_with("m.toml:10:1: authority \"agent-a\": credential[1]"));
+        }
+        load(0o640).unwrap();
+        load(0o400).unwrap();
         load(0o600).unwrap();
         std::fs::write(&path, "\n").unwrap();
         let e = load(0o600).unwrap_err();
