@@ -1,9 +1,9 @@
 //! `mediator explain`: what the mediator would decide for one authority and one target,
 //! computed by the same steps as live traffic (`conn::establish::decide_and_vet`: the
-//! grant's name decision, then one resolution with the configured resolver and vetting of
-//! every address, unless `--no-resolve` asks for the name decision alone). It never
-//! connects to the destination, and the watchdog (which can only narrow an allow) is not
-//! asked.
+//! name decision: a placeholder in the host name, then the grant; with `--resolve`, one
+//! resolution with the configured resolver and vetting of every address). Without
+//! `--resolve` nothing is resolved and the answer says so. It never connects to the
+//! destination, and the watchdog (which can only narrow an allow) is not asked.
 
 use std::net::IpAddr;
 
@@ -13,9 +13,12 @@ use policy::{
 };
 use serde::Serialize;
 
-use crate::conn::establish::{Vetted, decide_and_vet};
+use crate::conn::establish::{Vetted, decide_and_vet, decide_name};
 use crate::error::Error;
 use crate::resolve::Resolver;
+
+/// The detail of a name allowed without `--resolve`: resolution and vetting were not done.
+const NOT_RESOLVED: &str = "name decision only: not resolved and no address vetted (pass --resolve to resolve it with the configured resolver and vet every address, as live traffic does; live traffic denies it if any address is not public)";
 
 /// The port assumed when the target names none (HTTPS, the common CONNECT case).
 pub const DEFAULT_PORT: u16 = 443;
@@ -56,8 +59,9 @@ pub struct Explanation {
     pub detail: String,
     /// What would make it work (denials).
     pub hint: String,
-    /// Whether the name was resolved (and its addresses vetted); `false` with
-    /// `--no-resolve`, when the decision is the grant's name decision alone.
+    /// Whether the name was resolved (and its addresses vetted); `false` without
+    /// `--resolve` (the decision is then the name decision alone) or when the name
+    /// decision denied.
     pub resolved: bool,
     /// Each resolved address, with its class.
     pub addresses: Vec<AddressInfo>,
@@ -133,7 +137,7 @@ pub async fn explain(
             config.resolver.hosts.clone(),
             config.timeouts.dns,
         )?;
-        let vetting = decide_and_vet(&resolver, &own, grant, &target).await;
+        let vetting = decide_and_vet(&resolver, &own, auth, &target).await;
         if let Some(resolution) = &vetting.resolved {
             out.resolved = true;
             if let Ok(addrs) = &resolution.addrs {
@@ -155,18 +159,23 @@ pub async fn explain(
             }
         }
     } else {
-        // The first step of the same pipeline: the grant's name decision (which also
-        // classifies an IP-literal target).
-        let decision = grant.decide(&target);
-        out.decision = decision.verdict;
-        out.reason = decision.reason;
-        out.rule = decision.rule;
-        out.detail = decision.detail;
-        out.hint = decision.hint;
-        if decision.verdict == Verdict::Allow && target.host.ip().is_none() {
-            out.detail = "not resolved (--no-resolve): the name is allowed, but live traffic \
-                          also resolves it and denies it if any address is not public"
-                .into();
+        // The first step of the same pipeline: the placeholder check and the grant's name
+        // decision (which also classifies an IP-literal target). Nothing is resolved.
+        match decide_name(auth, &target) {
+            Ok(rule) => {
+                out.decision = Verdict::Allow;
+                out.reason = Reason::Allowed;
+                out.rule = rule;
+                if target.host.ip().is_none() {
+                    out.detail = NOT_RESOLVED.into();
+                }
+            }
+            Err(denial) => {
+                out.reason = denial.reason;
+                out.rule = denial.rule;
+                out.detail = denial.detail;
+                out.hint = denial.hint;
+            }
         }
     }
     if out.reason == Reason::Allowed && target.host.ip().is_some() {

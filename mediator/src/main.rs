@@ -51,13 +51,13 @@ enum Command {
         authority: String,
         /// HOST[:PORT] (IPv6 in brackets); the port defaults to 443.
         target: String,
-        /// Skip resolving: answer with the grant's name decision alone (live traffic also
-        /// resolves the name and vets every address; the default does too).
+        /// Also resolve the name with the configured resolver and vet every address, as
+        /// live traffic does (without it: the name decision alone, nothing resolved).
         #[arg(long)]
-        no_resolve: bool,
-        /// Resolve and vet (the default; kept for scripts that pass it).
-        #[arg(long, hide = true, conflicts_with = "no_resolve")]
         resolve: bool,
+        /// The name decision alone (the default; kept for scripts that pass it).
+        #[arg(long, hide = true, conflicts_with = "resolve")]
+        no_resolve: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -188,8 +188,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Explain {
             authority,
             target,
-            no_resolve,
-            resolve: _,
+            resolve,
+            no_resolve: _,
             json,
         }) => {
             let path = cli.config.context("--config FILE is required")?;
@@ -202,10 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let rt = tokio::runtime::Runtime::new()?;
             let e = rt.block_on(mediator::explain::explain(
-                &config,
-                &authority,
-                &target,
-                !no_resolve,
+                &config, &authority, &target, resolve,
             ))?;
             let upstream = (config.upstream.mode == policy::config::UpstreamMode::System)
                 .then(|| system_upstream(&config).unwrap_or_else(|e| e));

@@ -128,6 +128,76 @@ impl RequestRule {
             }
     }
 
+    /// When this rule covers the request's method, path and Upgrade but refuses it for a
+    /// query parameter name (decoded, quoted with escapes) or a required header (named;
+    /// its value never repeated, it may be a secret): the denial's detail and hint.
+    fn near_miss(
+        &self,
+        facts: &RequestFacts<'_>,
+        path: &str,
+        names: Option<&BTreeSet<String>>,
+    ) -> Option<(String, String)> {
+        let covers = (self.methods.is_empty() || self.methods.iter().any(|m| m == facts.method))
+            && (self.path_prefixes.is_empty()
+                || self.path_prefixes.iter().any(|p| path_has_prefix(path, p)))
+            && other_upgrade(facts).is_none_or(|t| self.upgrade.contains(t));
+        if !covers {
+            return None;
+        }
+        let label = self.label();
+        if let Some(h) = self.headers.iter().find(|h| !h.allows(facts)) {
+            let how = if facts.header_values(&h.name).is_empty() {
+                "is absent"
+            } else {
+                "has a value that does not match"
+            };
+            return Some((
+                format!(
+                    "header {} {how}: {label} requires {}: {}",
+                    h.name, h.name, h.pattern
+                ),
+                format!(
+                    "send {} with a value matching \"{}\" ({label} requires it), or ask for that rule's headers to change",
+                    h.name, h.pattern
+                ),
+            ));
+        }
+        if let (Some(allowed), Some(names)) = (&self.query, names) {
+            let refused: Vec<String> = names
+                .iter()
+                .filter(|n| !allowed.contains(*n))
+                .map(|n| format!("{n:?}"))
+                .collect();
+            if !refused.is_empty() {
+                let list = if allowed.is_empty() {
+                    "no query parameters".to_owned()
+                } else {
+                    format!(
+                        "only {}",
+                        allowed
+                            .iter()
+                            .map(|n| format!("{n:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                let (noun, them) = if refused.len() == 1 {
+                    ("query parameter", "it")
+                } else {
+                    ("query parameters", "them")
+                };
+                let refused = refused.join(", ");
+                return Some((
+                    format!("{noun} {refused} not allowed: {label} allows {list}"),
+                    format!(
+                        "add {refused} to the query list of {label}, or send the request without {them}"
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
     fn describe(&self) -> String {
         let methods = if self.methods.is_empty() {
             "any method".to_owned()
@@ -1005,6 +1075,24 @@ impl Grant {
         {
             return Decision::allow(rule.label());
         }
+        let labels = rules
+            .iter()
+            .map(|r| r.label())
+            .collect::<Vec<_>>()
+            .join(", ");
+        // A rule that covers the method and the path (and any Upgrade) refused only for a
+        // query parameter or a header: the denial names what it refused.
+        if let Some((detail, hint)) = rules
+            .iter()
+            .find_map(|r| r.near_miss(facts, &normalized, names.as_ref()))
+        {
+            return Decision::deny(
+                Reason::DeniedByRule,
+                format!("{method} {path} on {}: {detail}", target.host),
+                hint,
+            )
+            .with_rule(labels);
+        }
         let allowed: Vec<String> = rules.iter().map(|r| r.describe()).collect();
         let asked = other_upgrade(facts)
             .map(|t| format!(" with Upgrade: {t}"))
@@ -1021,7 +1109,7 @@ impl Grant {
                 allowed.join("; ")
             ),
         )
-        .with_rule(rules.iter().map(|r| r.label()).collect::<Vec<_>>().join(", "))
+        .with_rule(labels)
     }
 
     /// The allow entries exactly as written, in grant order (for diagnostics and the admin

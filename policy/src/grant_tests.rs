@@ -742,11 +742,65 @@ mod request_rules {
             &api,
             &RequestFacts::new("GET", "/repos/x").with_query(Some("access_token=1")),
         );
+        // The GET rule covers the path: the denial names the refused parameter and that
+        // rule's list, and says to add it there or drop it.
+        assert_eq!(
+            d.detail,
+            "GET /repos/x on api.example.com: query parameter \"access_token\" not allowed: request_rule[1] api.example.com allows only \"page\", \"per_page\"",
+            "{d:?}"
+        );
+        assert_eq!(
+            d.hint,
+            "add \"access_token\" to the query list of request_rule[1] api.example.com, or send the request without it",
+            "{d:?}"
+        );
+        assert_eq!(
+            d.rule.as_deref(),
+            Some("request_rule[1] api.example.com, request_rule[2] api.example.com")
+        );
+        // Two refused names (one percent-encoded, judged decoded), quoted.
+        let d = g.decide_request(
+            &api,
+            &RequestFacts::new("GET", "/repos/x")
+                .with_query(Some("page=1&x%5By%5D=2&access_token=1")),
+        );
+        assert!(
+            d.detail
+                .contains("query parameters \"access_token\", \"x[y]\" not allowed")
+                && d.hint.contains("send the request without them"),
+            "{d:?}"
+        );
+        // A header the POST rule requires: named (the value sent is never repeated).
+        for (headers, how) in [
+            (&form, "has a value that does not match"),
+            (&none, "is absent"),
+        ] {
+            let d = g.decide_request(
+                &api,
+                &RequestFacts::new("POST", "/repos/x").with_headers(headers),
+            );
+            assert_eq!(
+                d.detail,
+                format!(
+                    "POST /repos/x on api.example.com: header content-type {how}: request_rule[2] api.example.com requires content-type: application/json*"
+                ),
+                "{d:?}"
+            );
+            assert!(
+                d.hint
+                    .starts_with("send content-type with a value matching \"application/json*\"")
+                    && !d.detail.contains("x-www-form"),
+                "{d:?}"
+            );
+        }
+        // No rule covers the method and path: the rules are listed, as before.
+        let d = g.decide_request(&api, &RequestFacts::new("DELETE", "/repos/x"));
         assert!(
             d.hint
                 .contains("GET /repos/ with query parameters only among page, per_page")
                 && d.hint
-                    .contains("POST /repos/ with content-type: application/json*"),
+                    .contains("POST /repos/ with content-type: application/json*")
+                && d.hint.contains("covering DELETE /repos/x"),
             "{d:?}"
         );
         for bad in [

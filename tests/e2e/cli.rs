@@ -1,8 +1,9 @@
 //! The messages of `mediator explain` and `mediator check` that a newcomer reads: a URL
-//! given as a target, a name that live traffic would deny after resolving it, the count of
-//! authorities.
+//! given as a target, a name that live traffic would deny after resolving it (only
+//! `--resolve` resolves), a placeholder in the host name, the count of authorities.
 
 use anyhow::{Result, ensure};
+use e2e::mediator::{toml_list, toml_str};
 use e2e::{AGENT_A, Fixture, agent_a_spec};
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -47,23 +48,124 @@ async fn explain_says_a_url_is_not_a_target() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explain_resolves_by_default_as_live_traffic_does() -> Result<()> {
+async fn explain_resolves_only_with_resolve() -> Result<()> {
     let fx = fixture().await?;
-    // By default the name is resolved and its address vetted: denied, as live traffic is.
-    let (code, text) = explain(&fx, &[&format!("{PRIVATE_NAME}:443")]).await?;
+    // Without --resolve: the name decision alone, said to be that, and no DNS query (the
+    // config's resolver is the fixture's loopback DNS server, which counts queries).
+    for extra in [&[][..], &["--no-resolve"][..]] {
+        let mut args = vec![format!("{PRIVATE_NAME}:443")];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, text) = explain(&fx, &args).await?;
+        ensure!(code == 0, "exit {code}: {text}");
+        ensure!(
+            text.contains("decision:  allow")
+                && text.contains("rule:      private.test")
+                && text.contains("name decision only: not resolved and no address vetted")
+                && text.contains("pass --resolve"),
+            "{text}"
+        );
+        ensure!(!text.contains("address:"), "{text}");
+        ensure!(
+            fx.dns.queries(PRIVATE_NAME) == 0,
+            "explain {args:?} resolved"
+        );
+    }
+    let out = fx
+        .mediator
+        .cli(
+            "explain",
+            &[
+                "--authority",
+                AGENT_A,
+                &format!("{PRIVATE_NAME}:443"),
+                "--json",
+            ],
+        )
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(v["resolved"] == false && v["decision"] == "allow", "{v}");
+    ensure!(fx.dns.queries(PRIVATE_NAME) == 0, "explain --json resolved");
+    // With --resolve: one resolution and the vetting, denied as live traffic is.
+    let (code, text) = explain(&fx, &[&format!("{PRIVATE_NAME}:443"), "--resolve"]).await?;
     ensure!(code == 1, "exit {code}: {text}");
     ensure!(
         text.contains("decision:  deny") && text.contains("reason:    private_address"),
         "{text}"
     );
     ensure!(text.contains("address:   10.0.0.1 private"), "{text}");
-    // --no-resolve answers with the name decision alone, and says it did not resolve.
-    let (code, text) = explain(&fx, &[&format!("{PRIVATE_NAME}:443"), "--no-resolve"]).await?;
-    ensure!(code == 0, "exit {code}: {text}");
     ensure!(
-        text.contains("decision:  allow") && text.contains("not resolved (--no-resolve)"),
-        "{text}"
+        fx.dns.queries(PRIVATE_NAME) > 0,
+        "--resolve did not resolve"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_refuses_a_placeholder_in_the_host_as_live_traffic_does() -> Result<()> {
+    // A credential whose placeholder is a valid DNS label, under an allowed `*.wild.test`.
+    const LABEL: &str = "ph-t15-github-agent";
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "ghp_explainSecret0\n")?;
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let authority = agent_a_spec()
+        .allow(&["*.wild.test", "api.test"])
+        .raw(&format!("tls_terminate = {}", toml_list(&["api.test"])))
+        .raw("\n[[authority.credential]]")
+        .raw("host = \"api.test\"")
+        .raw("header = \"Authorization\"")
+        .raw(&format!(
+            "secret_file = {}",
+            toml_str(&secret.display().to_string())
+        ))
+        .raw("format = \"Bearer {secret}\"")
+        .raw(&format!("placeholder = {}", toml_str(LABEL)));
+    let fx = Fixture::start(
+        mediator()
+            .extra_toml(&format!(
+                "\n[tls]\nca_dir = {}\n",
+                toml_str(&dir.path().join("ca").display().to_string())
+            ))
+            .authority(authority),
+    )
+    .await?;
+    let name = format!("{LABEL}.wild.test");
+    fx.dns.set(&name, [e2e::LOOPBACK]);
+    let target = format!("{name}:42101");
+    let live = fx.connect_a(&target).await?;
+    let body = e2e::check_deny(&live, 403, "credential_misuse")?;
+    let line = fx
+        .mediator
+        .wait_for_log(
+            |v| v["event"] == "decision" && v["reason"] == "credential_misuse",
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    for extra in [&[][..], &["--resolve"][..]] {
+        let mut args = vec![target.as_str()];
+        args.extend_from_slice(extra);
+        let (code, text) = explain(&fx, &args).await?;
+        ensure!(code == 1, "explain {args:?}: exit {code}: {text}");
+        ensure!(
+            text.contains("decision:  deny")
+                && text.contains("reason:    credential_misuse")
+                && text.contains("in the host name itself"),
+            "explain {args:?}: {text}"
+        );
+        ensure!(
+            text.contains(&format!(
+                "rule:      {}\n",
+                line["rule"].as_str().unwrap_or("?")
+            )) && text.contains(&format!(
+                "detail:    {}\n",
+                body["detail"].as_str().unwrap_or("?")
+            )),
+            "explain {args:?} says other than live traffic ({body}, {line}): {text}"
+        );
+    }
+    // Refused before resolution, by both.
+    ensure!(fx.dns.queries(&name) == 0, "{name} was resolved");
     Ok(())
 }
 

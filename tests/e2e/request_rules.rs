@@ -104,6 +104,37 @@ async fn header_and_query_rules_narrow_terminated_requests() -> Result<()> {
             );
         }
     }
+    // A rule covers the method and path: the denial names what it refused (the query
+    // parameter and the rule's list; the header) and how to change it.
+    let wording: &[(&[&str], &str, &str, &str)] = &[
+        (
+            &["--http2"],
+            "/repos/a/b?page=1&access%5Ftoken=abc",
+            "GET /repos/a/b on api.test: query parameter \"access_token\" not allowed: request_rule[1] api.test allows only \"page\", \"per_page\"",
+            "add \"access_token\" to the query list of request_rule[1] api.test, or send the request without it",
+        ),
+        (
+            &["--http1.1", "-X", "POST", "-d", "a=1"],
+            "/repos/a/issues",
+            "POST /repos/a/issues on api.test: header content-type has a value that does not match: request_rule[2] api.test requires content-type: application/json*",
+            "send content-type with a value matching \"application/json*\" (request_rule[2] api.test requires it), or ask for that rule's headers to change",
+        ),
+    ];
+    for (flags, path, detail, hint) in wording {
+        let url = format!("{base}{path}");
+        let mut args = vec!["--cacert", ca.as_str()];
+        args.extend_from_slice(flags);
+        args.push(&url);
+        let out = fx
+            .mediator
+            .curl_via("http", (AGENT_A, TOKEN_A), &args)
+            .await?;
+        let body: serde_json::Value = serde_json::from_str(&out.body)?;
+        ensure!(
+            out.http_code == 403 && body["detail"] == *detail && body["hint"] == *hint,
+            "{flags:?} {path}: {body}"
+        );
+    }
     // The decision lines keep the query redacted, as for every terminated request.
     fx.mediator.expect_log_lacks("abc")?;
     Ok(())

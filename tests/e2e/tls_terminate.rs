@@ -309,6 +309,33 @@ async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_30_kb_header_passes_on_http2_as_on_http1_under_the_request_head_limit() -> Result<()> {
+    // `[limits] request_head_bytes` is 64 KiB by default: a 30 KB header fits on both
+    // versions (HTTP/2 no longer stops at hyper's 16 KiB header list).
+    let env = start(true).await?;
+    let big = format!("X-Big: {}", "b".repeat(30_000));
+    for version in ["--http1.1", "--http2"] {
+        let out = env
+            .curl(&[version, "-H", &big], &env.url("/public/big"))
+            .await?;
+        ensure!(
+            out.exit_code == 0 && out.http_code == 200,
+            "{version}: {} {}",
+            out.exit_code,
+            out.http_code
+        );
+        let echo = body_json(&out)?;
+        ensure!(
+            echo["target"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("/public/big")),
+            "{version}: the origin answered: {echo}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_connection()
 -> Result<()> {
     let env = start(true).await?;

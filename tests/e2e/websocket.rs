@@ -512,6 +512,42 @@ async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> R
     Ok(())
 }
 
+/// A WebSocket whose client drops its TCP connection (no Close frame, no TLS
+/// close_notify) ends as a tunnel whose client closed: `close_reason: "client_closed"`,
+/// as the origin's drop is `upstream_closed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_whose_client_drops_the_connection_is_client_closed() -> Result<()> {
+    let s = setup("").await?;
+    let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
+    let mut ws = ws_through_connect(
+        s.fx.mediator.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        (WS, origin.port()),
+        "/chat",
+        &s.ca_pem,
+        &[],
+    )
+    .await?;
+    ws.send(Message::text("hello")).await?;
+    ensure!(
+        ws.next().await.transpose()? == Some(Message::text("hello")),
+        "no echo"
+    );
+    // A message whose echo the client never reads: it meets a closed connection (the
+    // client's kernel answers it with a reset).
+    ws.send(Message::binary(vec![1u8; 64 * 1024])).await?;
+    // Dropped as it is: tungstenite sends no Close frame and tokio-rustls no close_notify
+    // when dropped, so the mediator's client leg sees its TCP connection end.
+    drop(ws);
+    s.fx.mediator
+        .expect_log(
+            |v| v["event"] == "close" && v["protocol"] == "tls" && v["upgrade"] == "websocket",
+            &[("close_reason", json!("client_closed"))],
+        )
+        .await?;
+    Ok(())
+}
+
 /// An upgrade token a request rule lists (`upgrade = ["foo"]`, any case) is relayed like
 /// a WebSocket, its close record saying `upgrade: "foo"` and counting the bytes; a token
 /// no rule lists is refused with `403 denied_by_rule` and a decision line.

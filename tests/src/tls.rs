@@ -119,9 +119,12 @@ impl TlsOrigin {
                             Ok::<_, Infallible>(echo_reply(&json))
                         }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
+                    // Header lists up to 1 MiB (the largest `request_head_bytes`), so
+                    // the mediator's own limit is what a large-header test meets.
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder.http2().max_header_list_size(1 << 20);
+                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
                 });
             }
         });

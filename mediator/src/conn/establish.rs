@@ -6,7 +6,9 @@
 //! the vetted addresses, never which) -> a connect to the pinned addresses only -> one
 //! decision line, allow or deny.
 //!
-//! [`decide_and_vet`] is the part `mediator explain` shares with live traffic. Nothing here
+//! [`decide_name`] (a placeholder in the host name, then the grant's name decision) and
+//! [`decide_and_vet`] (that, one resolution, vetting) are the parts `mediator explain`
+//! shares with live traffic, so the two cannot answer differently. Nothing here
 //! ever hands a name to a socket API, and no decision is taken under a grant that is not
 //! live (a revoked or replaced authority's connections get `unknown_authority`).
 
@@ -14,7 +16,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use policy::{Grant, OwnAddrs, Pin, Reason, Target};
+use policy::config::Authority;
+use policy::{OwnAddrs, Pin, Reason, Target};
 use tokio_util::sync::CancellationToken;
 
 use super::close::{Facts, Opened};
@@ -76,22 +79,45 @@ pub(crate) struct Vetting {
     pub(crate) outcome: Result<Vetted, Denial>,
 }
 
-/// The decision steps that live traffic and `mediator explain` share: the grant's name
-/// decision, one resolution, then vetting of every address. Nothing is connected to.
+/// The name decision that live traffic and `mediator explain` share, before any
+/// resolution: a host name holding one of `authority`'s placeholders is refused
+/// (`credential_misuse`, design section 14: it would carry the placeholder to DNS
+/// resolvers and, as the SNI, to whoever answers), then the grant decides (deny rules,
+/// allow rules, port).
+///
+/// # Errors
+/// The [`Denial`] (not logged here).
+pub(crate) fn decide_name(
+    authority: &Authority,
+    target: &Target,
+) -> Result<Option<String>, Denial> {
+    crate::credential::check_target(authority, target)?;
+    let decision = authority.grant.decide(target);
+    if decision.is_allow() {
+        Ok(decision.rule)
+    } else {
+        Err(Denial::from(decision))
+    }
+}
+
+/// The decision steps that live traffic and `mediator explain --resolve` share: the name
+/// decision ([`decide_name`]), one resolution, then vetting of every address. Nothing is
+/// connected to.
 pub(crate) async fn decide_and_vet(
     resolver: &Resolver,
     own: &OwnAddrs,
-    grant: &Grant,
+    authority: &Authority,
     target: &Target,
 ) -> Vetting {
-    let decision = grant.decide(target);
-    if !decision.is_allow() {
-        return Vetting {
-            outcome: Err(Denial::from(decision)),
-            resolved: None,
-        };
-    }
-    let rule = decision.rule.clone();
+    let rule = match decide_name(authority, target) {
+        Ok(rule) => rule,
+        Err(denial) => {
+            return Vetting {
+                outcome: Err(denial),
+                resolved: None,
+            };
+        }
+    };
     let (addrs, took) = resolver.resolve(&target.host).await;
     let outcome = match &addrs {
         Err(failure) => Err(Denial::new(
@@ -104,7 +130,7 @@ pub(crate) async fn decide_and_vet(
             ResolveFailure::NoRecords | ResolveFailure::Other(_) => Cause::Policy,
         })
         .with_rule(rule)),
-        Ok(addrs) => match grant.vet(target, addrs, own) {
+        Ok(addrs) => match authority.grant.vet(target, addrs, own) {
             Ok(pin) => Ok(Vetted { pin, rule }),
             Err(d) => Err(Denial::from(d)),
         },
@@ -203,13 +229,9 @@ async fn steps(
         }
     }
     // A host name holding one of the authority's placeholders is refused before it is
-    // resolved (design section 14).
-    if let Err(denial) = crate::credential::check_target(authority, target) {
-        log(Err(&denial), Timing::default());
-        return Err(denial);
-    }
+    // resolved (design section 14): the first step of `decide_and_vet`.
     let grant = &authority.grant;
-    let vetting = decide_and_vet(&shared.resolver, &shared.own, grant, target).await;
+    let vetting = decide_and_vet(&shared.resolver, &shared.own, authority, target).await;
     let dns = vetting.resolved.as_ref().map(|r| {
         count_resolution(shared, target, r);
         r.took

@@ -208,8 +208,15 @@ pub(crate) async fn terminate<C>(
         .timer(TokioTimer::new())
         .header_read_timeout(shared.timeouts.request_head)
         .keep_alive(true);
-    // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL = 1.
-    builder.http2().enable_connect_protocol();
+    // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL = 1. The header
+    // list (SETTINGS_MAX_HEADER_LIST_SIZE, RFC 9113 section 6.5.2) is bounded by
+    // `[limits] request_head_bytes` as HTTP/1.1 heads are, not by hyper's 16 KiB default
+    // (the key is at most 1 MiB, so it fits a u32; the fallback is never taken).
+    let header_list = u32::try_from(shared.limits.request_head_bytes).unwrap_or(u32::MAX);
+    builder
+        .http2()
+        .enable_connect_protocol()
+        .max_header_list_size(header_list);
     let client_tls = ResetWatch::new(
         client_tls,
         client_h2.then(|| malformed_h2(&shared, &ctx, &label, target)),

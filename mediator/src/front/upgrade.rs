@@ -16,7 +16,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -332,7 +332,11 @@ pub(crate) struct Upgraded {
 /// timeout passes or `closing` is cancelled, and writes the close record: bytes up and
 /// down are the switched protocol's bytes (inside TLS; for HTTP/2, the stream's DATA).
 /// A side whose TLS ends without close_notify has ended, as a closed TCP connection ends
-/// a tunnel: the switched protocol has its own close (a WebSocket Close frame).
+/// a tunnel: the switched protocol has its own close (a WebSocket Close frame). A side
+/// whose connection is then found gone (a reset on read, a write refused with EPIPE or
+/// ECONNRESET: the peer closed with bytes still coming) ended the switch too: the close
+/// record says `client_closed` or `upstream_closed` for the side that went first, never
+/// `error`.
 pub(crate) async fn relay(
     client: OnUpgrade,
     upstream: OnUpgrade,
@@ -343,13 +347,18 @@ pub(crate) async fn relay(
     let (client, upstream) = tokio::join!(client, upstream);
     let outcome = match (client, upstream) {
         (Ok(c), Ok(u)) => {
-            relay_streams(
-                EndWithoutNotify(TokioIo::new(c)),
-                EndWithoutNotify(TokioIo::new(u)),
+            let gone = OnceLock::new();
+            let mut outcome = relay_streams(
+                EndWithoutNotify::new(TokioIo::new(c), &gone, CloseReason::ClientClosed),
+                EndWithoutNotify::new(TokioIo::new(u), &gone, CloseReason::UpstreamClosed),
                 facts.shared.timeouts.idle_tunnel,
                 closing,
             )
-            .await
+            .await;
+            if let (CloseReason::Error, Some(side)) = (outcome.close_reason, gone.get()) {
+                outcome.close_reason = *side;
+            }
+            outcome
         }
         (c, u) => {
             tracing::debug!(
@@ -378,38 +387,75 @@ pub(crate) async fn relay(
     outcome
 }
 
-/// A switched stream whose read of a TLS end without close_notify (rustls'
-/// `UnexpectedEof`) is the end of the stream, not an error.
-struct EndWithoutNotify<S>(S);
+/// One side of a switched stream. Its read of a TLS end without close_notify (rustls'
+/// `UnexpectedEof`) is the end of the stream, not an error. A read or a write that finds
+/// the connection gone (reset, or EPIPE: the peer closed) stays an error for the relay,
+/// but records in `gone`, unless the other side was found gone first, that this side
+/// ended: `side` is the close reason it stands for.
+struct EndWithoutNotify<'a, S> {
+    inner: S,
+    gone: &'a OnceLock<CloseReason>,
+    side: CloseReason,
+}
 
-impl<S: AsyncRead + Unpin> AsyncRead for EndWithoutNotify<S> {
+impl<'a, S> EndWithoutNotify<'a, S> {
+    fn new(inner: S, gone: &'a OnceLock<CloseReason>, side: CloseReason) -> Self {
+        Self { inner, gone, side }
+    }
+
+    /// Notes that this side's peer is gone when `e` says so.
+    fn note(&self, e: &io::Error) {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionAborted
+        ) {
+            let _ = self.gone.set(self.side);
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for EndWithoutNotify<'_, S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.0).poll_read(cx, buf) {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => {
+                self.note(&e);
+                Poll::Ready(Err(e))
+            }
             other => other,
         }
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutNotify<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutNotify<'_, S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Err(e)) = &polled {
+            self.note(e);
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        if let Poll::Ready(Err(e)) = &polled {
+            self.note(e);
+        }
+        polled
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
