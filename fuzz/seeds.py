@@ -474,3 +474,28 @@ write(
         ("https-proxy", "[Proxy Settings]\nProxyType=1\nhttpsProxy=https://proxy.corp:8443\nNoProxyFor=localhost,.corp\n"),
     ],
 )
+
+# ---- HTTP/2 frames the terminating server writes (mediator/src/front/h2_resets.rs's test) -----
+
+
+def h2_frame(kind, flags, stream, payload):
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+h2_stream = (
+    h2_frame(0x4, 0, 0, bytes([0, 3, 0, 0, 0, 100]))  # SETTINGS
+    + h2_frame(0x4, 0x1, 0, b"")  # SETTINGS ack
+    + h2_frame(0x1, 0x4, 1, b"\x88")  # HEADERS :status 200
+    + h2_frame(0x0, 0x1, 1, b"\x03" * 300)  # DATA that looks like resets
+    + h2_frame(0x3, 0, 3, (1).to_bytes(4, "big"))  # RST_STREAM PROTOCOL_ERROR
+    + h2_frame(0x3, 0, 5, (8).to_bytes(4, "big"))  # RST_STREAM CANCEL
+    + h2_frame(0x7, 0, 0, bytes([0, 0, 0, 7, 0, 0, 0, 1]))  # GOAWAY
+)
+write(
+    "h2_resets",
+    [(f"step-{step}", bytes([step]) + h2_stream) for step in (1, 3, 9, 13, 255)]
+    + [
+        ("truncated", bytes([4]) + h2_stream[:-3]),
+        ("long-reset", bytes([7]) + h2_frame(0x3, 0, 9, (1).to_bytes(8, "big"))),
+    ],
+)

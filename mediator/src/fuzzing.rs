@@ -67,6 +67,7 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("suggest", suggest),
     ("negotiate_offer", negotiate_offer),
     ("kioslaverc", kioslaverc),
+    ("h2_resets", h2_resets),
 ];
 
 /// Host canonicalisation (`policy::canonicalize_host`). Properties:
@@ -806,6 +807,34 @@ pub fn upgrade(data: &[u8]) {
             assert!(!detail.chars().any(char::is_control), "{detail:?}");
         }
     }
+}
+
+/// The frame scan of the terminated leg's HTTP/2 server output
+/// (`front::h2_resets`). The input's first byte is the write size (0 counts as 1); the
+/// rest is the byte stream, as if the server had written it. Properties: the resets found
+/// do not depend on how the stream is split into writes, and they are exactly those of an
+/// independent walk of the frames (RFC 9113 section 4.1: 9-byte headers, a 24-bit
+/// length; a complete `RST_STREAM`, type 0x3, of length 4 whose error code is
+/// `PROTOCOL_ERROR`, 0x1).
+pub fn h2_resets(data: &[u8]) {
+    let Some((&step, bytes)) = data.split_first() else {
+        return;
+    };
+    let found = crate::front::h2_resets::resets_in(bytes, usize::from(step));
+    assert_eq!(found, crate::front::h2_resets::resets_in(bytes, bytes.len()));
+    let mut expected = Vec::new();
+    let mut rest = bytes;
+    while rest.len() >= 9 {
+        let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+        let Some(payload) = rest.get(9..9 + len) else {
+            break;
+        };
+        if rest[3] == 0x3 && len == 4 && payload == 1u32.to_be_bytes() {
+            expected.push(u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff);
+        }
+        rest = &rest[9 + len..];
+    }
+    assert_eq!(found, expected);
 }
 
 /// An RFC 9110 section 5.6.2 `tchar`.

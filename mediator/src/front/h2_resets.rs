@@ -164,6 +164,18 @@ impl FrameScan {
     }
 }
 
+/// The streams of the completed `RST_STREAM(PROTOCOL_ERROR)` frames in `bytes`, fed to
+/// one scan in writes of `step` bytes (at least one): what the fuzz target compares.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn resets_in(bytes: &[u8], step: usize) -> Vec<u32> {
+    let mut scan = FrameScan::default();
+    let mut found = Vec::new();
+    for chunk in bytes.chunks(step.max(1)) {
+        scan.feed(chunk, &mut |s| found.push(s));
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
