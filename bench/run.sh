@@ -116,8 +116,9 @@ shutdown_grace = 1
 
 [limits]
 # The idle-tunnel test holds up to IDLE_TUNNELS tunnels of one authority: the derived
-# per-authority cap (a quarter of what the descriptors allow) would stop it early.
-max_connections = $(( IDLE_TUNNELS + 100 ))
+# per-authority cap (a quarter of what the descriptors allow) would stop it early, and
+# the TCP listener stops accepting at seven eighths of max_connections.
+max_connections = $(( IDLE_TUNNELS * 8 / 7 + 100 ))
 authority_connections = $(( IDLE_TUNNELS + 100 ))
 
 [log]
