@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Repeatable cost figure (issue 7): user-space instructions the mediator executes per
+# Repeatable cost figure: user-space instructions the mediator executes per
 # request, counted by valgrind's callgrind. Wall-clock rates on a shared 2-core machine
 # vary by 20-30% run to run; instruction counts repeat to within a few percent, so they
 # show what a code change did. Kernel time (syscalls, the loopback TCP stack) is not

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns the JSON lines of bench/run.sh into the Markdown report (issue 7): one table per
+"""Turns the JSON lines of bench/run.sh into the Markdown report: one table per
 mode and concurrency with ratios to direct and to the best peer of the same run, the
 spread between repetitions, memory and CPU of each proxy, the idle-tunnel test, the
 criterion medians, and each goal met or missed, with the ratio measured in the run and

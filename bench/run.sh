@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark harness (issue 7): the mediator beside direct, Squid and tinyproxy, all on
+# Benchmark harness: the mediator beside direct, Squid and tinyproxy, all on
 # loopback. Builds release binaries, installs Squid and tinyproxy from Debian if missing,
 # starts an origin, the mediator (100 authorities; TCP listener with a credential and a
 # Unix socket per authority), Squid and tinyproxy with minimal configs in a temp dir, then

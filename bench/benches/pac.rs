@@ -1,4 +1,4 @@
-//! PAC routing throughput (issue 5): evaluations per second through the mediator's
+//! PAC routing throughput: evaluations per second through the mediator's
 //! router (`Router::plan`), with the per-host cache (`pac_cache_secs = 300`, the same
 //! host again: a cache hit) and without it (`pac_cache_secs = 0`: every call is a QuickJS
 //! evaluation on a PAC worker thread). The script is the corporate example from

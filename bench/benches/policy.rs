@@ -1,4 +1,4 @@
-//! Criterion micro-benchmarks of the policy crate (issue 7): host canonicalisation,
+//! Criterion micro-benchmarks of the policy crate: host canonicalisation,
 //! `Grant::decide` with grants of 10, 1,000 and 10,000 rules (exact and wildcard entries
 //! mixed), and address classification.
 //!

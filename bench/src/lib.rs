@@ -1,4 +1,4 @@
-//! Support code for the benchmark harness (issue 7): how the load generator reaches its
+//! Support code for the benchmark harness: how the load generator reaches its
 //! target (directly, or through a proxy over TCP or a Unix socket), process statistics read
 //! from `/proc`, and latency summaries. The binaries are `origin` (a loopback HTTP origin)
 //! and `loadgen` (the load generator); `bench/run.sh` drives both.

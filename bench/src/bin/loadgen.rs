@@ -1,4 +1,4 @@
-//! The load generator of the benchmark harness (issue 7). `loadgen run` drives one mode
+//! The load generator of the benchmark harness. `loadgen run` drives one mode
 //! against one path (direct, or a proxy over TCP or a Unix socket) at a fixed concurrency
 //! for a bounded time and request count, and prints one JSON line. `loadgen idle-tunnels`
 //! holds many idle CONNECT tunnels open and reports the proxy's RSS growth per tunnel.
