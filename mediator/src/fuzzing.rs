@@ -821,7 +821,10 @@ pub fn h2_resets(data: &[u8]) {
         return;
     };
     let found = crate::front::h2_resets::resets_in(bytes, usize::from(step));
-    assert_eq!(found, crate::front::h2_resets::resets_in(bytes, bytes.len()));
+    assert_eq!(
+        found,
+        crate::front::h2_resets::resets_in(bytes, bytes.len())
+    );
     let mut expected = Vec::new();
     let mut rest = bytes;
     while rest.len() >= 9 {

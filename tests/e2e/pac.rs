@@ -1,4 +1,4 @@
-//! PAC routing (design section 8, issue 5): scripts that route by host, by
+//! PAC routing (design section 8): scripts that route by host, by
 //! `isInNet(dnsResolve(host), ...)` (the mediator's resolver) and by `shExpMatch`;
 //! fallback lists with the first parent down; `allowed_parents`; the CPU and memory
 //! budgets with `pac_on_error`; the per-host cache; the URL handed to the script; fetching

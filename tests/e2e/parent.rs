@@ -1,4 +1,4 @@
-//! Routing through parent proxies (design section 8, issue 5): `mode = "parent"` and
+//! Routing through parent proxies (design section 8): `mode = "parent"` and
 //! `mode = "env"`, asserted on what the recording parents on loopback received — the pin
 //! (or the canonical name) in the CONNECT, absolute-form for plain HTTP, credentials from
 //! configuration only, 407 as a clear `upstream_failure`, fallback on connection-level
