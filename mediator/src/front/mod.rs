@@ -42,7 +42,9 @@ where
     let socks = first[0] == SOCKS5;
     let io = Rewind::new(first.freeze(), io);
     if socks {
-        socks::serve(io, shared, ctx, deadline).await;
+        // Boxed: the SOCKS5 side's future is larger than the HTTP side's, and a CONNECT
+        // tunnel (most of them) should not carry its size for its whole life.
+        Box::pin(socks::serve(io, shared, ctx, deadline)).await;
     } else {
         http::serve(io, shared, ctx, deadline).await;
     }
