@@ -45,7 +45,6 @@ pub(crate) struct Serving {
 
 #[derive(Debug)]
 struct Worker {
-    index: usize,
     handle: Handle,
     /// Connections placed on this thread and not yet ended.
     load: AtomicUsize,
@@ -92,7 +91,7 @@ impl Serving {
         let mut joins = Vec::new();
         for index in 0..threads.max(1) {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let stop = stop.clone();
+            let for_thread = stop.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("mediator-serve-{index}"))
                 .spawn(move || {
@@ -112,17 +111,24 @@ impl Serving {
                         let mut beat = tokio::time::interval(HEARTBEAT);
                         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                         tokio::select! {
-                            () = stop.cancelled() => {}
+                            () = for_thread.cancelled() => {}
                             () = async { loop { beat.tick().await; } } => {}
                         }
                     });
                 })?;
             joins.push(thread);
-            let handle = rx
-                .recv()
-                .map_err(|_| io::Error::other("a serving thread ended at start"))??;
+            let handle = match rx.recv() {
+                Ok(Ok(handle)) => handle,
+                failed => {
+                    // The threads started so far must not outlive a failed start.
+                    stop.cancel();
+                    return Err(match failed {
+                        Ok(Err(e)) => e,
+                        _ => io::Error::other("a serving thread ended at start"),
+                    });
+                }
+            };
             workers.push(Arc::new(Worker {
-                index,
                 handle,
                 load: AtomicUsize::new(0),
             }));
@@ -167,7 +173,7 @@ impl Serving {
             _ => least,
         };
         chosen.load.fetch_add(1, Ordering::Relaxed);
-        let moved = here.is_none_or(|h| h.index != chosen.index);
+        let moved = here.is_none_or(|h| !Arc::ptr_eq(h, chosen));
         Placed {
             elsewhere: moved.then(|| chosen.handle.clone()),
             load: Load(Arc::clone(chosen)),

@@ -29,34 +29,9 @@ const PLACEHOLDER: &str = "mediator:ws:agent-a";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_bytes() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let test_ca = TestCa::create(dir.path())?;
-    let origin = WsOrigin::start(&test_ca.ca, WS).await?;
-    let secret = dir.path().join("ws-token");
-    std::fs::write(&secret, SECRET)?;
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600))?;
-    let ca_dir = dir.path().join("mediator-ca");
-    let authority = agent_a_allowing(&[WS])
-        .raw(&format!("tls_terminate = {}", toml_list(&[WS])))
-        .raw("\n[[authority.credential]]")
-        .raw(&format!("host = {}", toml_str(WS)))
-        .raw("header = \"Authorization\"")
-        .raw(&format!(
-            "secret_file = {}",
-            toml_str(&secret.display().to_string())
-        ))
-        .raw("format = \"Bearer {secret}\"")
-        .raw(&format!("placeholder = {}", toml_str(PLACEHOLDER)));
-    let builder = mediator()
-        .extra_toml(&format!(
-            "\n[tls]\nca_dir = {}\nextra_ca_files = {}\n",
-            toml_str(&ca_dir.display().to_string()),
-            toml_list(&[test_ca.pem_path.display().to_string()])
-        ))
-        .authority(authority);
-    let fx = Fixture::start(builder).await?;
-    fx.dns.set(WS, [e2e::LOOPBACK]);
-    let ca_pem = ca_dir.join("ca.pem");
+    let s = setup("").await?;
+    let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
+    let (fx, ca_pem) = (&s.fx, &s.ca_pem);
 
     let auth = format!("Bearer {PLACEHOLDER}");
     let mut ws = ws_through_connect(
@@ -64,7 +39,7 @@ async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_byt
         (AGENT_A, TOKEN_A),
         (WS, origin.port()),
         "/chat",
-        &ca_pem,
+        ca_pem,
         &[("authorization", auth.as_str())],
     )
     .await?;
@@ -219,6 +194,26 @@ async fn setup(rules: &str) -> Result<Setup> {
         test_ca,
         fx,
     })
+}
+
+/// A WebSocket to `origin`'s `/chat` through the terminating mediator of `s`, one text
+/// message sent and its echo read.
+async fn chat_echoed_once(s: &Setup, origin: &WsOrigin) -> Result<e2e::websocket::TlsWebSocket> {
+    let mut ws = ws_through_connect(
+        s.fx.mediator.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        (WS, origin.port()),
+        "/chat",
+        &s.ca_pem,
+        &[],
+    )
+    .await?;
+    ws.send(Message::text("hello")).await?;
+    ensure!(
+        ws.next().await.transpose()? == Some(Message::text("hello")),
+        "no echo"
+    );
+    Ok(ws)
 }
 
 /// Sends a 1000-byte text and a 5000-byte binary message, checks both echoes, completes
@@ -480,20 +475,7 @@ async fn a_request_rule_judges_an_h2_websocket_as_the_h1_one() -> Result<()> {
 async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
-    let mut ws = ws_through_connect(
-        s.fx.mediator.tcp_addr(),
-        (AGENT_A, TOKEN_A),
-        (WS, origin.port()),
-        "/chat",
-        &s.ca_pem,
-        &[],
-    )
-    .await?;
-    ws.send(Message::text("hello")).await?;
-    ensure!(
-        ws.next().await.transpose()? == Some(Message::text("hello")),
-        "no echo"
-    );
+    let mut ws = chat_echoed_once(&s, &origin).await?;
     ws.send(Message::text(DROP)).await?;
     // The origin's end is passed on: the stream ends (without a Close frame).
     while let Some(Ok(msg)) = ws.next().await {
@@ -519,20 +501,7 @@ async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> R
 async fn a_websocket_whose_client_drops_the_connection_is_client_closed() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
-    let mut ws = ws_through_connect(
-        s.fx.mediator.tcp_addr(),
-        (AGENT_A, TOKEN_A),
-        (WS, origin.port()),
-        "/chat",
-        &s.ca_pem,
-        &[],
-    )
-    .await?;
-    ws.send(Message::text("hello")).await?;
-    ensure!(
-        ws.next().await.transpose()? == Some(Message::text("hello")),
-        "no echo"
-    );
+    let mut ws = chat_echoed_once(&s, &origin).await?;
     // A message whose echo the client never reads: it meets a closed connection (the
     // client's kernel answers it with a reset).
     ws.send(Message::binary(vec![1u8; 64 * 1024])).await?;

@@ -49,6 +49,9 @@ pub enum WsFlavor {
     H2WithoutExtendedConnect,
 }
 
+/// A WebSocket over TLS through a CONNECT tunnel (the client side of an HTTP/1.1 upgrade).
+pub type TlsWebSocket = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
+
 /// A WebSocket over an HTTP/2 stream (the client side of an extended CONNECT).
 pub type H2WebSocket = WebSocketStream<TokioIo<Upgraded>>;
 
@@ -251,7 +254,7 @@ pub async fn ws_through_connect(
     path: &str,
     ca_pem: &Path,
     extra: &[(&str, &str)],
-) -> Result<WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>> {
+) -> Result<TlsWebSocket> {
     let tls = tls_through_connect(
         proxy,
         credentials,
