@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision_log::Peer;
 use crate::limits::{AuthorityCounts, InForce};
+use crate::members::{Joined, Key, Member, Members};
 use crate::signal::Signals;
 use crate::vocab::{Protocol, serialize_reason};
 
@@ -122,6 +123,8 @@ pub(crate) struct Live {
     /// Cancelled when a reload has re-created the authority (its successor is registered
     /// first): its connections are then judged again under the new grant.
     replaced: CancellationToken,
+    /// Its allowed connections, told of `replaced` and `closing`.
+    members: Arc<Members>,
     denials: Mutex<DenialRing>,
 }
 
@@ -137,6 +140,7 @@ impl Live {
     ) -> Self {
         let digest = grant_digest(&authority);
         let counts = Arc::new(AuthorityCounts::new(&authority.limits, in_force));
+        let (replaced, closing) = (CancellationToken::new(), signals.closing.child_token());
         Self {
             authority,
             generation,
@@ -146,8 +150,9 @@ impl Live {
             counts,
             socket,
             stop: signals.draining.child_token(),
-            closing: signals.closing.child_token(),
-            replaced: CancellationToken::new(),
+            members: Arc::new(Members::new(replaced.clone(), closing.clone())),
+            closing,
+            replaced,
             denials: Mutex::new(DenialRing::default()),
         }
     }
@@ -162,16 +167,15 @@ impl Live {
         self.stop.clone()
     }
 
-    /// Cancelled when the authority's live connections must close (revoke grace over, or
-    /// shutdown grace over).
-    pub(crate) fn closing_signal(&self) -> CancellationToken {
-        self.closing.clone()
+    /// Adds an allowed connection to the authority's members (`crate::members`): it is
+    /// told when a reload replaces the authority and when its connections must close.
+    pub(crate) fn join(&self, member: Weak<dyn Member>) -> Joined {
+        self.members.join(member)
     }
 
-    /// Cancelled when a reload has re-created the authority under a successor
-    /// ([`Registry::successor_of`] names it by then).
-    pub(crate) fn replaced_signal(&self) -> CancellationToken {
-        self.replaced.clone()
+    /// Removes the member at `key`.
+    pub(crate) fn leave(&self, key: Key) {
+        self.members.leave(key);
     }
 
     /// Says that a successor is registered: the connections judge themselves again.

@@ -29,6 +29,7 @@ mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
+mod members;
 mod metrics;
 mod redact;
 #[allow(unsafe_code)] // the SIOCOUTQ ioctl (send-queue length), one SAFETY-commented block

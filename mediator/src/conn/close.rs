@@ -12,9 +12,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::DropGuard;
-
 use super::record::{self, ms};
+use super::standing::Membership;
 use super::{Ctx, TargetLabel};
 use crate::relay::RelayOutcome;
 use crate::route::Route;
@@ -47,9 +46,9 @@ pub(crate) struct Opened {
     protocol: Protocol,
     label: TargetLabel,
     facts: Facts,
-    /// Stops the connection's standing watcher (`super::standing`) when the connection
-    /// closes.
-    keeper: Option<DropGuard>,
+    /// Takes the connection's standing (`super::standing`) out of its authority's
+    /// members when the connection closes.
+    keeper: Option<Membership>,
     /// Set once the record is written.
     written: bool,
 }
@@ -80,8 +79,8 @@ impl Opened {
         }
     }
 
-    /// The same, holding the guard of its standing watcher until it closes.
-    pub(crate) fn keeping(mut self, keeper: DropGuard) -> Self {
+    /// The same, holding its standing's membership until it closes.
+    pub(crate) fn keeping(mut self, keeper: Membership) -> Self {
         self.keeper = Some(keeper);
         self
     }

@@ -3,33 +3,37 @@
 //!
 //! Every allowed connection (a tunnel, a terminated tunnel, a forwarding connection to an
 //! origin) gets a [`Standing`] from `establish`: the live authority it runs under and a
-//! cut signal of its own, which its relay (or server) ends on. A watcher, [`keep`], runs
-//! beside it until it closes:
+//! cut signal of its own, which its relay (or server) ends on. The standing joins the
+//! authority's members (`crate::members`); nothing runs for it while it waits, and its
+//! owner's [`Membership`] takes it out when the connection closes. The authority tells
+//! it:
 //!
 //! - its authority revoked, or the shutdown grace over: the cut comes when the
 //!   authority's connections must close (after the revoke grace, or at once);
 //! - its authority re-created by a reload (a changed table, same channel): the
-//!   connection is judged again under the new grant ([`judge_again`]): the same
-//!   credential (on the TCP listener), the same TLS handling, the grant's name decision,
-//!   the pinned address vetted again, and the new watchdog asked if it changed. Still
-//!   allowed, it continues under the new generation: its slot moves to the new counts and
-//!   one decision line says so. No longer allowed, one decision line says why, and the
-//!   cut comes when the old generation's grace ends.
+//!   connection is judged again under the new grant ([`judge_again`], in a task of its
+//!   own for the reload's duration): the same credential (on the TCP listener), the same
+//!   TLS handling, the grant's name decision, the pinned address vetted again, and the
+//!   new watchdog asked if it changed. Still allowed, it continues under the new
+//!   generation: its slot moves to the new counts, it joins the new generation's members,
+//!   and one decision line says so. No longer allowed, one decision line says why, and
+//!   the cut comes when the old generation's grace ends.
 //!
 //! A cut is never an end the client could take for the origin's: the relay resets both
 //! sockets (`crate::relay`).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use policy::Target;
 use policy::config::Authority;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use super::record::{self, Allowed};
 use super::{Ctx, TargetLabel};
 use crate::authorities::Live;
 use crate::denial::Denial;
+use crate::members::{Joined, Key, Member};
 use crate::route::Route;
 use crate::shared::Shared;
 use crate::vocab::{Channel, Protocol};
@@ -37,15 +41,28 @@ use crate::vocab::{Channel, Protocol};
 /// The authority an allowed connection runs under, and its cut signal.
 #[derive(Debug)]
 pub(crate) struct Standing {
-    live: RwLock<Arc<Live>>,
+    shared: Arc<Shared>,
+    subject: Subject,
+    at: Mutex<At>,
     cut: CancellationToken,
+}
+
+/// Where a standing is joined.
+#[derive(Debug)]
+struct At {
+    /// The generation it runs under.
+    live: Arc<Live>,
+    /// Its place among that generation's members; `None` when not joined (closing).
+    key: Option<Key>,
+    /// The connection closed: a judgement that ends now changes nothing.
+    closed: bool,
 }
 
 impl Standing {
     /// The authority the connection runs under now (its successor's after a reload that
     /// kept it).
     pub(crate) fn authority(&self) -> Arc<Authority> {
-        Arc::clone(&self.live().authority)
+        Arc::clone(&self.lock().live.authority)
     }
 
     /// Cancelled when the connection must be cut.
@@ -53,8 +70,98 @@ impl Standing {
         self.cut.clone()
     }
 
-    fn live(&self) -> Arc<Live> {
-        Arc::clone(&self.live.read().unwrap_or_else(PoisonError::into_inner))
+    fn lock(&self) -> MutexGuard<'_, At> {
+        self.at.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Joins `at.live`'s members (held: `at`, so that a close cannot interleave).
+    fn enter(self: &Arc<Self>, at: &mut At) {
+        let me: Weak<dyn Member> = Arc::downgrade(self) as Weak<dyn Member>;
+        match at.live.join(me) {
+            Joined::Closing => {
+                at.key = None;
+                self.cut.cancel();
+            }
+            Joined::Member { key, replaced } => {
+                at.key = Some(key);
+                if replaced {
+                    self.rejudge(Arc::clone(&at.live));
+                }
+            }
+        }
+    }
+
+    /// Judges the connection again, in a task of its own, under `from`'s successor.
+    fn rejudge(self: &Arc<Self>, from: Arc<Live>) {
+        tokio::spawn(Arc::clone(self).judged_from(from));
+    }
+
+    async fn judged_from(self: Arc<Self>, from: Arc<Live>) {
+        let subject = &self.subject;
+        let judged = tokio::select! {
+            biased;
+            () = self.cut.cancelled() => return,
+            j = judge_again(&self.shared, &from, subject) => j,
+        };
+        let label = TargetLabel::from(&subject.target);
+        let mut at = self.lock();
+        if at.closed || self.cut.is_cancelled() || !Arc::ptr_eq(&at.live, &from) {
+            return;
+        }
+        match judged {
+            Ok((next, rule)) => {
+                subject.ctx.admission.transfer(&next.counts);
+                let ctx = subject.ctx.attributed(&next.authority);
+                let detail = format!(
+                    "judged again after a reload: still allowed, continues under generation {} (was {})",
+                    next.generation, from.generation
+                );
+                let allow = Allowed {
+                    rule: rule.as_deref(),
+                    pin: subject.pin,
+                    route: self.shared.route_label(subject.route),
+                };
+                record::rejudged(
+                    &self.shared,
+                    &ctx,
+                    subject.protocol,
+                    &label,
+                    Ok(allow),
+                    detail,
+                );
+                if let Some(key) = at.key.take() {
+                    from.leave(key);
+                }
+                at.live = next;
+                self.enter(&mut at);
+            }
+            Err(denial) => {
+                // It stays among `from`'s members: cut when its grace ends.
+                let detail = format!(
+                    "judged again after a reload: {}; the connection is cut when generation {}'s revoke grace ends",
+                    denial.detail, from.generation
+                );
+                record::rejudged(
+                    &self.shared,
+                    &subject.ctx,
+                    subject.protocol,
+                    &label,
+                    Err(&denial),
+                    detail,
+                );
+            }
+        }
+    }
+}
+
+impl Member for Standing {
+    fn replaced(self: Arc<Self>) {
+        let from = Arc::clone(&self.lock().live);
+        self.rejudge(from);
+    }
+
+    fn close(&self) {
+        self.cut.cancel();
     }
 }
 
@@ -73,99 +180,40 @@ pub(crate) struct Subject {
     pub(crate) route: Route,
 }
 
-/// The standing of a connection just allowed under `live`, and the guard its owner holds
-/// until it closes (dropping the guard stops the watcher).
+/// A standing's membership of its authority, held by the connection's owner until it
+/// closes; dropping it leaves.
+#[derive(Debug)]
+pub(crate) struct Membership(Arc<Standing>);
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let mut at = self.0.lock();
+        at.closed = true;
+        if let Some(key) = at.key.take() {
+            at.live.leave(key);
+        }
+    }
+}
+
+/// The standing of a connection just allowed under `live`, and the membership its owner
+/// holds until it closes.
 pub(crate) fn start(
     shared: &Arc<Shared>,
     live: Arc<Live>,
     subject: Subject,
-) -> (Arc<Standing>, DropGuard) {
+) -> (Arc<Standing>, Membership) {
     let standing = Arc::new(Standing {
-        live: RwLock::new(live),
+        shared: Arc::clone(shared),
+        subject,
+        at: Mutex::new(At {
+            live,
+            key: None,
+            closed: false,
+        }),
         cut: CancellationToken::new(),
     });
-    let done = CancellationToken::new();
-    tokio::spawn(keep(
-        Arc::clone(shared),
-        Arc::clone(&standing),
-        subject,
-        done.clone(),
-    ));
-    (standing, done.drop_guard())
-}
-
-/// Watches the connection's authority until `done` (the connection closed) or the cut.
-async fn keep(
-    shared: Arc<Shared>,
-    standing: Arc<Standing>,
-    subject: Subject,
-    done: CancellationToken,
-) {
-    let label = TargetLabel::from(&subject.target);
-    loop {
-        let live = standing.live();
-        let (closing, replaced) = (live.closing_signal(), live.replaced_signal());
-        // A replacement is registered before its predecessor's grace starts: judging
-        // again comes first.
-        tokio::select! {
-            biased;
-            () = done.cancelled() => return,
-            () = replaced.cancelled() => {}
-            () = closing.cancelled() => {
-                standing.cut.cancel();
-                return;
-            }
-        }
-        let judged = tokio::select! {
-            biased;
-            () = done.cancelled() => return,
-            // Boxed: only a reload gets here; every connection carries this future.
-            j = Box::pin(judge_again(&shared, &live, &subject)) => j,
-            () = closing.cancelled() => {
-                standing.cut.cancel();
-                return;
-            }
-        };
-        match judged {
-            Ok((next, rule)) => {
-                subject.ctx.admission.transfer(&next.counts);
-                let ctx = subject.ctx.attributed(&next.authority);
-                let detail = format!(
-                    "judged again after a reload: still allowed, continues under generation {} (was {})",
-                    next.generation, live.generation
-                );
-                let allow = Allowed {
-                    rule: rule.as_deref(),
-                    pin: subject.pin,
-                    route: shared.route_label(subject.route),
-                };
-                record::rejudged(&shared, &ctx, subject.protocol, &label, Ok(allow), detail);
-                *standing
-                    .live
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner) = next;
-            }
-            Err(denial) => {
-                let detail = format!(
-                    "judged again after a reload: {}; the connection is cut when generation {}'s revoke grace ends",
-                    denial.detail, live.generation
-                );
-                record::rejudged(
-                    &shared,
-                    &subject.ctx,
-                    subject.protocol,
-                    &label,
-                    Err(&denial),
-                    detail,
-                );
-                tokio::select! {
-                    () = done.cancelled() => {}
-                    () = closing.cancelled() => standing.cut.cancel(),
-                }
-                return;
-            }
-        }
-    }
+    standing.enter(&mut standing.lock());
+    (Arc::clone(&standing), Membership(standing))
 }
 
 /// Judges the connection again under the grant that replaced `live`'s; the successor and
@@ -223,33 +271,4 @@ fn replaced(name: &str, why: &str) -> Denial {
         format!("authority \"{name}\" was replaced by a reload: {why}"),
         "open a new connection; it is decided under the new grant",
     )
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(unreachable_code, clippy::diverging_sub_expression)]
-
-    /// The size of the future `make` would return, without calling it.
-    fn future_size<F, Fut>(_make: F) -> usize
-    where
-        F: FnOnce() -> Fut,
-    {
-        size_of::<Fut>()
-    }
-
-    /// Every allowed connection's watcher task holds this future for the connection's
-    /// whole life (an idle tunnel pays its size in memory); what only a reload needs is
-    /// boxed. It was 1,768 bytes with `judge_again` inline, 888 without.
-    #[test]
-    fn the_watcher_future_stays_small() {
-        let keep = future_size(|| {
-            super::keep(
-                unreachable!(),
-                unreachable!(),
-                unreachable!(),
-                unreachable!(),
-            )
-        });
-        assert!(keep <= 1024, "the watcher future is {keep} bytes");
-    }
 }

@@ -148,20 +148,24 @@ enum First {
     ServerOrQuiet,
 }
 
+/// The most [`client_first`] reads in its one read, in bytes.
+const FIRST_READ: usize = 512;
+
 async fn client_first<C: AsyncRead + Unpin>(
     client: &mut C,
     upstream: &crate::route::UpstreamStream,
     shared: &Shared,
 ) -> First {
-    let mut chunk = vec![0u8; 4096];
+    // Small and inline: a tunnel whose client waits for the server (SSH, SMTP) holds this
+    // for up to the request-head timeout, and a heap buffer would cost every such tunnel
+    // its size. A ClientHello longer than this is read on by the SNI gate; other bytes
+    // are simply relayed after it.
+    let mut chunk = [0u8; FIRST_READ];
     tokio::select! {
         biased;
         r = client.read(&mut chunk) => match r {
             Ok(0) | Err(_) => First::Closed,
-            Ok(n) => {
-                chunk.truncate(n);
-                First::Client(chunk)
-            }
+            Ok(n) => First::Client(chunk[..n].to_vec()),
         },
         _ = upstream.readable() => First::ServerOrQuiet,
         () = tokio::time::sleep(shared.timeouts.request_head) => First::ServerOrQuiet,
