@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use e2e::tls::client_hello;
 use e2e::{AGENT_A, CurlOutput, Fixture, TOKEN_A, agent_a_allowing, wait_for};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
@@ -261,6 +262,60 @@ async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     conn.shutdown_write().await?;
     let first = first_recorded(&seen).await?;
     assert_eq!(first.as_slice(), payload.as_slice());
+    let decisions = fx.mediator.decisions()?;
+    assert!(
+        !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),
+        "{decisions:?}"
+    );
+    Ok(())
+}
+
+/// A ClientHello longer than the tunnel's first read (off 443, where the gate only holds
+/// a stream that starts like TLS) is read whole: the SNI is checked on all of it.
+const LONG_HELLO: usize = 2048;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_hello_naming_another_host_off_443_is_refused() -> Result<()> {
+    let ip = origin_ip(6);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let fx = fixture(ip, port).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    conn.send(&client_hello("evil.test", LONG_HELLO)?).await?;
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    let detail = line["detail"].as_str().unwrap_or_default();
+    ensure!(detail.contains("evil.test"), "{detail}");
+    ensure!(
+        conn.closes_within(Duration::from_secs(5)).await,
+        "the tunnel stays open"
+    );
+    let first = first_recorded(&seen).await?;
+    assert!(first.is_empty(), "origin received {} bytes", first.len());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Result<()> {
+    let ip = origin_ip(7);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let fx = fixture(ip, port).await?;
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let hello = client_hello(FRONT, LONG_HELLO)?;
+    conn.send(&hello).await?;
+    conn.shutdown_write().await?;
+    let first = first_recorded(&seen).await?;
+    assert_eq!(first.len(), hello.len());
+    assert!(first == hello, "the origin received other bytes");
     let decisions = fx.mediator.decisions()?;
     assert!(
         !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),

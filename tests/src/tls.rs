@@ -221,6 +221,37 @@ pub async fn tls_through_connect(
     Ok(tls)
 }
 
+/// The TLS records a rustls client sends first when it connects to `sni`: its
+/// ClientHello, grown past `at_least` bytes by offering long ALPN names (RFC 7301: up to
+/// 255 bytes each), as real clients' hellos grow with post-quantum key shares.
+///
+/// # Errors
+/// `sni` is not a valid DNS name, or rustls cannot start a handshake.
+pub fn client_hello(sni: &str, at_least: usize) -> Result<Vec<u8>> {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let names = at_least.div_ceil(201);
+    config.alpn_protocols = (0..names)
+        .map(|i| format!("{i:04}").into_bytes().repeat(50))
+        .collect();
+    let name = ServerName::try_from(sni.to_owned())?;
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name)?;
+    let mut hello = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut hello)?;
+    }
+    ensure!(
+        hello.len() >= at_least,
+        "the hello has {} bytes, not {at_least}",
+        hello.len()
+    );
+    Ok(hello)
+}
+
 /// A hyper HTTP/2 client over `tls` (which must have negotiated `h2`).
 ///
 /// # Errors

@@ -12,12 +12,13 @@
 //!   authority's connections must close (after the revoke grace, or at once);
 //! - its authority re-created by a reload (a changed table, same channel): the
 //!   connection is judged again under the new grant ([`judge_again`], in a task of its
-//!   own for the reload's duration): the same credential (on the TCP listener), the same
-//!   TLS handling, the grant's name decision, the pinned address vetted again, and the
-//!   new watchdog asked if it changed. Still allowed, it continues under the new
-//!   generation: its slot moves to the new counts, it joins the new generation's members,
-//!   and one decision line says so. No longer allowed, one decision line says why, and
-//!   the cut comes when the old generation's grace ends.
+//!   own that ends with the judgement, the cut or the connection's close): the same
+//!   credential (on the TCP listener), the same TLS handling, the grant's name
+//!   decision, the pinned address vetted again, and the new watchdog asked if it
+//!   changed. Still allowed, it continues under the new generation: its slot moves to
+//!   the new counts, it joins the new generation's members, and one decision line says
+//!   so. No longer allowed, one decision line says why, and the cut comes when the old
+//!   generation's grace ends.
 //!
 //! A cut is never an end the client could take for the origin's: the relay resets both
 //! sockets (`crate::relay`).
@@ -45,6 +46,8 @@ pub(crate) struct Standing {
     subject: Subject,
     at: Mutex<At>,
     cut: CancellationToken,
+    /// Cancelled when the connection closes: a judgement still under way stops.
+    ended: CancellationToken,
 }
 
 /// Where a standing is joined.
@@ -101,6 +104,7 @@ impl Standing {
         let judged = tokio::select! {
             biased;
             () = self.cut.cancelled() => return,
+            () = self.ended.cancelled() => return,
             j = judge_again(&self.shared, &from, subject) => j,
         };
         let label = TargetLabel::from(&subject.target);
@@ -187,6 +191,7 @@ pub(crate) struct Membership(Arc<Standing>);
 
 impl Drop for Membership {
     fn drop(&mut self) {
+        self.0.ended.cancel();
         let mut at = self.0.lock();
         at.closed = true;
         if let Some(key) = at.key.take() {
@@ -211,6 +216,7 @@ pub(crate) fn start(
             closed: false,
         }),
         cut: CancellationToken::new(),
+        ended: CancellationToken::new(),
     });
     standing.enter(&mut standing.lock());
     (Arc::clone(&standing), Membership(standing))
