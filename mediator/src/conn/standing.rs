@@ -46,8 +46,6 @@ pub(crate) struct Standing {
     subject: Subject,
     at: Mutex<At>,
     cut: CancellationToken,
-    /// Cancelled when the connection closes: a judgement still under way stops.
-    ended: CancellationToken,
 }
 
 /// Where a standing is joined.
@@ -59,6 +57,9 @@ struct At {
     key: Option<Key>,
     /// The connection closed: a judgement that ends now changes nothing.
     closed: bool,
+    /// Made by the first re-judgement, cancelled when the connection closes: a judgement
+    /// still under way stops (a connection never judged again pays nothing for it).
+    ended: Option<CancellationToken>,
 }
 
 impl Standing {
@@ -88,23 +89,26 @@ impl Standing {
             Joined::Member { key, replaced } => {
                 at.key = Some(key);
                 if replaced {
-                    self.rejudge(Arc::clone(&at.live));
+                    self.rejudge(at);
                 }
             }
         }
     }
 
-    /// Judges the connection again, in a task of its own, under `from`'s successor.
-    fn rejudge(self: &Arc<Self>, from: Arc<Live>) {
-        tokio::spawn(Arc::clone(self).judged_from(from));
+    /// Judges the connection again, in a task of its own, under the successor of the
+    /// generation it runs under (held: `at`).
+    fn rejudge(self: &Arc<Self>, at: &mut At) {
+        let from = Arc::clone(&at.live);
+        let ended = at.ended.get_or_insert_with(CancellationToken::new).clone();
+        tokio::spawn(Arc::clone(self).judged_from(from, ended));
     }
 
-    async fn judged_from(self: Arc<Self>, from: Arc<Live>) {
+    async fn judged_from(self: Arc<Self>, from: Arc<Live>, ended: CancellationToken) {
         let subject = &self.subject;
         let judged = tokio::select! {
             biased;
             () = self.cut.cancelled() => return,
-            () = self.ended.cancelled() => return,
+            () = ended.cancelled() => return,
             j = judge_again(&self.shared, &from, subject) => j,
         };
         let label = TargetLabel::from(&subject.target);
@@ -160,8 +164,10 @@ impl Standing {
 
 impl Member for Standing {
     fn replaced(self: Arc<Self>) {
-        let from = Arc::clone(&self.lock().live);
-        self.rejudge(from);
+        let mut at = self.lock();
+        if !at.closed {
+            self.rejudge(&mut at);
+        }
     }
 
     fn close(&self) {
@@ -191,9 +197,11 @@ pub(crate) struct Membership(Arc<Standing>);
 
 impl Drop for Membership {
     fn drop(&mut self) {
-        self.0.ended.cancel();
         let mut at = self.0.lock();
         at.closed = true;
+        if let Some(ended) = at.ended.take() {
+            ended.cancel();
+        }
         if let Some(key) = at.key.take() {
             at.live.leave(key);
         }
@@ -214,9 +222,9 @@ pub(crate) fn start(
             live,
             key: None,
             closed: false,
+            ended: None,
         }),
         cut: CancellationToken::new(),
-        ended: CancellationToken::new(),
     });
     standing.enter(&mut standing.lock());
     (Arc::clone(&standing), Membership(standing))
