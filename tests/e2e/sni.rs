@@ -187,8 +187,8 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
     let detail = line["detail"].as_str().unwrap_or_default();
     ensure!(detail.contains("TLS ClientHello"), "{detail}");
     ensure!(
-        conn.closes_within(Duration::from_secs(5)).await,
-        "the tunnel stays open"
+        conn.resets_within(Duration::from_secs(5)).await,
+        "the tunnel is not reset (the client could take a clean end for the origin's)"
     );
     let got = first_recorded(&seen).await?;
     assert!(got.is_empty(), "origin received {got:?}");
@@ -292,8 +292,8 @@ async fn a_long_hello_naming_another_host_off_443_is_refused() -> Result<()> {
     let detail = line["detail"].as_str().unwrap_or_default();
     ensure!(detail.contains("evil.test"), "{detail}");
     ensure!(
-        conn.closes_within(Duration::from_secs(5)).await,
-        "the tunnel stays open"
+        conn.resets_within(Duration::from_secs(5)).await,
+        "the tunnel is not reset"
     );
     let first = first_recorded(&seen).await?;
     assert!(first.is_empty(), "origin received {} bytes", first.len());
@@ -321,5 +321,44 @@ async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Res
         !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),
         "{decisions:?}"
     );
+    Ok(())
+}
+
+/// A client that stays silent past the request-head timeout and then sends a ClientHello
+/// naming another host (off 443, to an origin that does not speak first) is still held to
+/// the SNI rule: silence does not turn the tunnel into an unchecked one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Result<()> {
+    const REQUEST_HEAD_SECS: u64 = 1;
+    let ip = origin_ip(8);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
+    let fx = Fixture::start(
+        mediator()
+            .authority(grant)
+            .timeout("request_head", REQUEST_HEAD_SECS),
+    )
+    .await?;
+    fx.dns.set(FRONT, [ip]);
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    // Silent for longer than the request-head timeout: what is waited out is the point.
+    tokio::time::sleep(Duration::from_millis(REQUEST_HEAD_SECS * 1000 + 800)).await;
+    conn.send(&client_hello("evil.test", 512)?).await?;
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    let detail = line["detail"].as_str().unwrap_or_default();
+    ensure!(detail.contains("evil.test"), "{detail}");
+    ensure!(
+        conn.resets_within(Duration::from_secs(5)).await,
+        "the tunnel is not reset"
+    );
+    let first = first_recorded(&seen).await?;
+    assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
 }

@@ -378,6 +378,16 @@ impl HttpConn {
         )
     }
 
+    /// Whether the peer resets the connection (`ECONNRESET`, not an EOF) within
+    /// `timeout` without sending anything more.
+    pub async fn resets_within(&mut self, timeout: Duration) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(
+            tokio::time::timeout(timeout, self.io.read(&mut buf)).await,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset
+        )
+    }
+
     /// The underlying buffered stream, for tunnelled traffic.
     pub fn stream(&mut self) -> &mut BufReader<AnyStream> {
         &mut self.io

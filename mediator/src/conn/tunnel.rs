@@ -10,10 +10,13 @@
 //! another protocol on 443 sets `sni_check = false`. On other ports the client's first
 //! bytes are inspected only when the client speaks first: a TLS ClientHello gets the same
 //! rule (fronting cannot move to 8443), anything else passes as an opaque tunnel, and a
-//! server that speaks first (SSH, SMTP) is never waited on. The bytes read are forwarded
-//! unchanged or, when the grant terminates TLS for the target, replayed into the
-//! terminating acceptor (`crate::front::tls`), which applies the same SNI rule to what it
-//! accepts.
+//! server that speaks first (SSH, SMTP) is never waited on. A client that stays silent
+//! first is waited on for as long as a tunnel may be idle (`timeouts.idle_tunnel`), so
+//! silence cannot carry a ClientHello past the rule. A refusal resets the client's TCP
+//! connection: it has seen its `200`, and must not take the end for the origin's. The
+//! bytes read are forwarded unchanged or, when the grant terminates TLS for the target,
+//! replayed into the terminating acceptor (`crate::front::tls`), which applies the same
+//! SNI rule to what it accepts.
 
 use std::sync::Arc;
 
@@ -24,7 +27,7 @@ use super::TargetLabel;
 use super::establish::Connected;
 use super::record;
 use crate::denial::{Cause, Denial};
-use crate::relay::{RelayOutcome, relay};
+use crate::relay::{RelayOutcome, relay, socket_of};
 use crate::shared::Shared;
 use crate::sni::{self, Hello};
 use crate::vocab::CloseReason;
@@ -78,7 +81,8 @@ pub(crate) async fn run<C>(
                 }
                 First::Client(bytes) => Some(Gate::Pass(bytes)),
                 First::Closed => Some(Gate::Closed),
-                First::ServerOrQuiet => None,
+                First::Quiet => Some(Gate::Quiet),
+                First::Server => None,
             }
         } else {
             None
@@ -87,6 +91,8 @@ pub(crate) async fn run<C>(
     let gate = tokio::select! {
         g = gate => g,
         () = connected.closing.cancelled() => {
+            // A cut, never an end the client could take for the origin's.
+            reset_on_close(&client);
             connected.opened.finish(RelayOutcome::ended(CloseReason::Shutdown));
             return;
         }
@@ -99,7 +105,16 @@ pub(crate) async fn run<C>(
                 .finish(RelayOutcome::ended(CloseReason::ClientClosed));
             return;
         }
+        Some(Gate::Quiet) => {
+            connected
+                .opened
+                .finish(RelayOutcome::ended(CloseReason::IdleTimeout));
+            return;
+        }
         Some(Gate::Deny(denial)) => {
+            // The client has seen its `200`: the refusal is a reset, not an end it could
+            // take for the origin's.
+            reset_on_close(&client);
             let label = TargetLabel::from(target);
             let opened = connected.opened;
             record::deny(&shared, opened.ctx(), opened.protocol(), &label, denial);
@@ -144,8 +159,10 @@ enum First {
     Client(Vec<u8>),
     /// The client closed before sending anything.
     Closed,
-    /// The server spoke first, or nobody did within the request-head timeout.
-    ServerOrQuiet,
+    /// The server spoke first: the client's bytes are not a ClientHello to check.
+    Server,
+    /// Nobody spoke for `timeouts.idle_tunnel`.
+    Quiet,
 }
 
 /// The most [`client_first`] reads in its one read, in bytes.
@@ -167,8 +184,11 @@ async fn client_first<C: AsyncRead + Unpin>(
             Ok(0) | Err(_) => First::Closed,
             Ok(n) => First::Client(chunk[..n].to_vec()),
         },
-        _ = upstream.readable() => First::ServerOrQuiet,
-        () = tokio::time::sleep(shared.timeouts.request_head) => First::ServerOrQuiet,
+        _ = upstream.readable() => First::Server,
+        // Not the request-head timeout: a client that stays silent that long and then
+        // sends a ClientHello must still meet the SNI rule, so the wait lasts as long as
+        // a tunnel may stay idle.
+        () = tokio::time::sleep(shared.timeouts.idle_tunnel) => First::Quiet,
     }
 }
 
@@ -177,6 +197,8 @@ enum Gate {
     Pass(Vec<u8>),
     /// The client closed before sending anything.
     Closed,
+    /// Nobody spoke before the idle timeout.
+    Quiet,
     /// Refuse: `sni_mismatch`.
     Deny(Denial),
 }
@@ -245,6 +267,14 @@ fn plausible_tls_record(buf: &[u8]) -> bool {
     buf.first().is_none_or(|&t| t == TLS_HANDSHAKE)
         && buf.get(1).is_none_or(|&major| major == 3)
         && buf.get(2).is_none_or(|&minor| minor <= 4)
+}
+
+/// Makes the coming close of the client's socket a reset where it is TCP
+/// ([`crate::relay::Sock::reset_on_close`]).
+fn reset_on_close<C: 'static>(client: &C) {
+    if let Some(sock) = socket_of(client) {
+        sock.reset_on_close();
+    }
 }
 
 #[cfg(test)]
