@@ -169,9 +169,10 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
-            for live in shared.authorities.list() {
-                shared.metrics.set_open(live.name(), live.counts.open());
-            }
+            let live = shared.authorities.list();
+            shared
+                .metrics
+                .set_open(live.iter().map(|l| (l.name(), l.counts.open())));
             let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -19,6 +19,7 @@
 //! | `mediator_open_connections` | gauge | `authority` (client connections it holds) |
 //! | `process_*` | (process collector) | |
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use policy::{Reason, Verdict};
@@ -277,9 +278,23 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the client connections `authority` holds.
-    pub(crate) fn set_open(&self, authority: &str, n: u32) {
-        self.open.with_label_values(&[authority]).set(i64::from(n));
+    /// Sets the client connections each live authority in `live` (name, count) holds, and
+    /// 0 for every other authority with a series (revoked ones hold none against a limit;
+    /// their cut connections would otherwise show for ever).
+    pub(crate) fn set_open<'a>(&self, live: impl IntoIterator<Item = (&'a str, u32)>) {
+        let live: HashMap<&str, u32> = live.into_iter().collect();
+        for family in prometheus::core::Collector::collect(&self.open) {
+            for metric in family.get_metric() {
+                for label in metric.get_label() {
+                    if label.name() == "authority" && !live.contains_key(label.value()) {
+                        self.open.with_label_values(&[label.value()]).set(0);
+                    }
+                }
+            }
+        }
+        for (authority, n) in live {
+            self.open.with_label_values(&[authority]).set(i64::from(n));
+        }
     }
 
     /// Counts one upstream failure.

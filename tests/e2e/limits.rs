@@ -179,6 +179,52 @@ async fn an_authority_at_its_cap_is_refused_on_every_channel_until_one_closes() 
     .await
 }
 
+/// A revoked authority holds no connection once its grace has cut them:
+/// `mediator_open_connections` says 0 for it, not the count it had when revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_authority_shows_no_open_connections_after_its_cut() -> Result<()> {
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
+            .timeout("revoke_grace", 1)
+            .authority(agent_a_spec())
+            .authority(authority(AGENT_B, Some(TOKEN_B))),
+    )
+    .await?;
+    let target = fx.origin_target();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut c = fx.unix_conn(AGENT_A).await?;
+        let answer = c.connect(&target, None).await?;
+        ensure!(answer.status == 200, "{answer:?}");
+        held.push(c);
+    }
+    let open = |m: &e2e::PromText| m.get("mediator_open_connections", &[("authority", AGENT_A)]);
+    let before = open(&fx.mediator.metrics().await?);
+    ensure!(before == 3.0, "open before the revoke: {before}");
+    let answer = fx.mediator.revoke(AGENT_A).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    for c in &mut held {
+        ensure!(
+            c.closes_within(Duration::from_secs(10)).await,
+            "a tunnel outlived the revoke grace"
+        );
+    }
+    retry_for(
+        LOG_TIMEOUT,
+        async || Ok((open(&fx.mediator.metrics().await?) == 0.0).then_some(())),
+        || "mediator_open_connections of the revoked authority never went back to 0".into(),
+    )
+    .await?;
+    // Another authority's count is still its own.
+    let mut b = fx.tcp_conn().await?;
+    ensure!(b.connect(&target, Some((AGENT_B, TOKEN_B))).await?.status == 200);
+    let metrics = fx.mediator.metrics().await?;
+    let b_open = metrics.get("mediator_open_connections", &[("authority", AGENT_B)]);
+    ensure!(b_open == 1.0, "agent-b open: {b_open}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_unidentified_pool_sheds_its_oldest_silent_member() -> Result<()> {
     let fx = Fixture::start(
