@@ -242,7 +242,7 @@ impl Control {
 
     fn revoke_locked(&self, name: &str, why: &str) -> Option<Arc<Live>> {
         let live = self.withdraw_locked(name)?;
-        self.close_after_grace(&live, why);
+        self.close_after_grace(&live, why, false);
         Some(live)
     }
 
@@ -260,23 +260,35 @@ impl Control {
     }
 
     /// Closes the live connections of a withdrawn authority after the revoke grace (those
-    /// that moved to a successor meanwhile are no longer its).
-    fn close_after_grace(&self, live: &Arc<Live>, why: &str) {
+    /// that moved to a successor meanwhile are no longer its). `rejudged`: a reload
+    /// replaced it, and its connections are being judged again under the new grant.
+    fn close_after_grace(&self, live: &Arc<Live>, why: &str, rejudged: bool) {
         let grace = self.revoke_grace;
         let closing = Arc::clone(live);
+        let (now, then) = if rejudged {
+            (
+                "live connections are judged again under the new grant; those it no longer allows are cut in",
+                "those no longer allowed are cut",
+            )
+        } else {
+            (
+                "live connections close in",
+                "its remaining connections are cut",
+            )
+        };
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
             closing.close_connections();
             tracing::info!(
                 target: TARGET,
-                "authority {:?} generation {}: revoke grace over; its remaining connections are cut",
+                "authority {:?} generation {}: revoke grace over; {then}",
                 closing.name(),
                 closing.generation
             );
         });
         tracing::info!(
             target: TARGET,
-            "authority {:?} {why} (generation {}); listener closed, live connections close in {} s",
+            "authority {:?} {why} (generation {}); listener closed, {now} {} s",
             live.name(),
             live.generation,
             grace.as_secs()
@@ -319,7 +331,7 @@ impl Control {
             // Before the grace can start: every connection judges itself again first
             // (one with no successor is cut when the grace ends, and says so).
             old.mark_replaced();
-            self.close_after_grace(old, why);
+            self.close_after_grace(old, why, true);
         }
         (old.map(|l| l.generation), added)
     }

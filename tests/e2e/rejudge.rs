@@ -128,10 +128,17 @@ async fn a_reload_that_widens_a_grant_keeps_its_live_connections_under_the_new_g
         !m.decisions()?.iter().any(|l| rejudged(l, "deny")),
         "nothing judged no longer allowed"
     );
+    // What the operator is told: the connections are judged again, not all ending.
+    ensure!(
+        m.stderr_text()
+            .contains("live connections are judged again under the new grant"),
+        "{}",
+        m.stderr_text()
+    );
     // The old generation's grace ends ...
     m.wait_for_stderr(
         |l| {
-            l.contains("revoke grace over")
+            l.contains("revoke grace over; those no longer allowed are cut")
                 && l.contains(&format!("generation {generation_before}"))
         },
         Duration::from_secs(10),
