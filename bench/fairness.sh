@@ -27,7 +27,7 @@ ulimit -Sn "$(ulimit -Hn)"
 hard=$(ulimit -Hn)
 log "building release binaries"
 cargo build --release -p bench -p mediator >&2
-bin=$ROOT/target/release
+bin=${CARGO_TARGET_DIR:-$ROOT/target}/release
 
 work=$(mktemp -d /tmp/mediator-fairness.XXXXXX)
 pids=()

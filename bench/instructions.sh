@@ -24,9 +24,9 @@ if [ $# -ge 1 ]; then
     cargo build --release -p bench >&2
 else
     cargo build --release -p bench -p mediator >&2
-    med=$ROOT/target/release/mediator
+    med=${CARGO_TARGET_DIR:-$ROOT/target}/release/mediator
 fi
-bin=$ROOT/target/release
+bin=${CARGO_TARGET_DIR:-$ROOT/target}/release
 
 work=$(mktemp -d /tmp/mediator-instructions.XXXXXX)
 pids=()

@@ -50,7 +50,7 @@ fi
 # --- build ---------------------------------------------------------------------------
 log "building release binaries"
 cargo build --release -p bench -p mediator >&2
-bin=$ROOT/target/release
+bin=${CARGO_TARGET_DIR:-$ROOT/target}/release
 
 # --- temp dir and cleanup ------------------------------------------------------------
 work=$(mktemp -d /tmp/mediator-bench.XXXXXX)
