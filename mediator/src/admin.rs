@@ -169,10 +169,10 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
-            let live = shared.authorities.list();
+            let open = shared.authorities.open_by_name();
             shared
                 .metrics
-                .set_open(live.iter().map(|l| (l.name(), l.counts.open())));
+                .set_open(open.iter().map(|(name, n)| (name.as_str(), *n)));
             let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

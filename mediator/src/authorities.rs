@@ -246,6 +246,10 @@ pub(crate) struct Registry {
     /// connection holds it) is pruned; a live `Weak` also pins the allocation, so identity
     /// comparisons cannot be fooled by a reused address.
     successors: Mutex<Vec<(Weak<Authority>, Weak<Live>)>>,
+    /// Entries taken out of the map (revoked, or replaced by a reload) while something
+    /// (a connection, the grace's cut) still holds them: their connections are still
+    /// theirs until they close. Pruned when no longer held.
+    withdrawn: Mutex<Vec<Weak<Live>>>,
 }
 
 impl Registry {
@@ -330,6 +334,38 @@ impl Registry {
         all
     }
 
+    /// The client connections each authority name holds, withdrawn generations that still
+    /// hold some included (a revoked authority's connections until its grace cuts them, a
+    /// replaced one's not yet judged again), by name.
+    pub(crate) fn open_by_name(&self) -> Vec<(String, u32)> {
+        let mut open: HashMap<String, u32> = HashMap::new();
+        for live in self.list() {
+            *open.entry(live.name().to_owned()).or_default() += live.counts.open();
+        }
+        let mut withdrawn = self
+            .withdrawn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        withdrawn.retain(|w| w.strong_count() > 0);
+        for live in withdrawn.iter().filter_map(Weak::upgrade) {
+            let n = live.counts.open();
+            if n > 0 {
+                *open.entry(live.name().to_owned()).or_default() += n;
+            }
+        }
+        open.into_iter().collect()
+    }
+
+    /// Keeps `live`, just taken out of the map, for [`Self::open_by_name`].
+    fn withdrew(&self, live: &Arc<Live>) {
+        let mut withdrawn = self
+            .withdrawn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        withdrawn.retain(|w| w.strong_count() > 0);
+        withdrawn.push(Arc::downgrade(live));
+    }
+
     /// Number of live authorities.
     pub(crate) fn len(&self) -> usize {
         self.map
@@ -359,6 +395,8 @@ impl Registry {
         match map.get(new.name()) {
             Some(current) if Arc::ptr_eq(current, old) => {
                 map.insert(new.name().to_owned(), new);
+                drop(map);
+                self.withdrew(old);
                 Ok(())
             }
             _ => Err(new),
@@ -367,9 +405,12 @@ impl Registry {
 
     /// Removes and returns the authority named `name`.
     pub(crate) fn remove(&self, name: &str) -> Option<Arc<Live>> {
-        self.map
+        let removed = self
+            .map
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(name)
+            .remove(name)?;
+        self.withdrew(&removed);
+        Some(removed)
     }
 }

@@ -278,9 +278,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the client connections each live authority in `live` (name, count) holds, and
-    /// 0 for every other authority with a series (revoked ones hold none against a limit;
-    /// their cut connections would otherwise show for ever).
+    /// Sets the client connections each authority in `live` (name, count) holds, and 0 for
+    /// every other authority with a series (one revoked whose connections are all gone;
+    /// its last count would otherwise show for ever).
     pub(crate) fn set_open<'a>(&self, live: impl IntoIterator<Item = (&'a str, u32)>) {
         let live: HashMap<&str, u32> = live.into_iter().collect();
         for family in prometheus::core::Collector::collect(&self.open) {
