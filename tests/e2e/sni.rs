@@ -362,3 +362,32 @@ async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Resul
     assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
 }
+
+/// Off 443, a tunnel in which nobody speaks is closed after `idle_tunnel` as the relay's
+/// idle timeout is: `idle_timeout` in its close record, a reset for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()> {
+    let ip = origin_ip(9);
+    let (_seen, port) = recording_origin(ip, 0).await?;
+    let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
+    let fx = Fixture::start(mediator().authority(grant).timeout("idle_tunnel", 1)).await?;
+    fx.dns.set(FRONT, [ip]);
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    ensure!(
+        conn.resets_within(Duration::from_secs(8)).await,
+        "the idle tunnel was not reset"
+    );
+    let close = fx
+        .mediator
+        .wait_for_log(
+            |v| v["event"] == "close" && v["host"] == FRONT,
+            Duration::from_secs(5),
+        )
+        .await?;
+    assert_eq!(close["close_reason"], "idle_timeout", "{close}");
+    Ok(())
+}

@@ -27,7 +27,8 @@ use super::TargetLabel;
 use super::establish::Connected;
 use super::record;
 use crate::denial::{Cause, Denial};
-use crate::relay::{RelayOutcome, relay, socket_of};
+use crate::relay::{RelayOutcome, Sock, relay, socket_of};
+use crate::route::UpstreamStream;
 use crate::shared::Shared;
 use crate::sni::{self, Hello};
 use crate::vocab::CloseReason;
@@ -92,7 +93,7 @@ pub(crate) async fn run<C>(
         g = gate => g,
         () = connected.closing.cancelled() => {
             // A cut, never an end the client could take for the origin's.
-            reset_on_close(&client);
+            cut(&client, &connected.stream);
             connected.opened.finish(RelayOutcome::ended(CloseReason::Shutdown));
             return;
         }
@@ -106,6 +107,8 @@ pub(crate) async fn run<C>(
             return;
         }
         Some(Gate::Quiet) => {
+            // An idle timeout cuts as the relay's does.
+            cut(&client, &connected.stream);
             connected
                 .opened
                 .finish(RelayOutcome::ended(CloseReason::IdleTimeout));
@@ -114,7 +117,7 @@ pub(crate) async fn run<C>(
         Some(Gate::Deny(denial)) => {
             // The client has seen its `200`: the refusal is a reset, not an end it could
             // take for the origin's.
-            reset_on_close(&client);
+            cut(&client, &connected.stream);
             let label = TargetLabel::from(target);
             let opened = connected.opened;
             record::deny(&shared, opened.ctx(), opened.protocol(), &label, denial);
@@ -170,7 +173,7 @@ const FIRST_READ: usize = 512;
 
 async fn client_first<C: AsyncRead + Unpin>(
     client: &mut C,
-    upstream: &crate::route::UpstreamStream,
+    upstream: &UpstreamStream,
     shared: &Shared,
 ) -> First {
     // Small and inline: a tunnel whose client waits for the server (SSH, SMTP) holds this
@@ -269,12 +272,14 @@ fn plausible_tls_record(buf: &[u8]) -> bool {
         && buf.get(2).is_none_or(|&minor| minor <= 4)
 }
 
-/// Makes the coming close of the client's socket a reset where it is TCP
-/// ([`crate::relay::Sock::reset_on_close`]).
-fn reset_on_close<C: 'static>(client: &C) {
+/// Makes the coming close of both sockets a reset where they are TCP
+/// ([`Sock::reset_on_close`]), as the relay's cuts are: neither side may take the end for
+/// the other's.
+fn cut<C: 'static>(client: &C, upstream: &UpstreamStream) {
     if let Some(sock) = socket_of(client) {
         sock.reset_on_close();
     }
+    Sock::Tcp(upstream.tcp()).reset_on_close();
 }
 
 #[cfg(test)]
