@@ -338,20 +338,15 @@ impl Registry {
     /// hold some included (a revoked authority's connections until its grace cuts them, a
     /// replaced one's not yet judged again), by name.
     pub(crate) fn open_by_name(&self) -> Vec<(String, u32)> {
-        let mut open: HashMap<String, u32> = HashMap::new();
-        for live in self.list() {
-            *open.entry(live.name().to_owned()).or_default() += live.counts.open();
-        }
         let mut withdrawn = self
             .withdrawn
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         withdrawn.retain(|w| w.strong_count() > 0);
-        for live in withdrawn.iter().filter_map(Weak::upgrade) {
-            let n = live.counts.open();
-            if n > 0 {
-                *open.entry(live.name().to_owned()).or_default() += n;
-            }
+        let held = withdrawn.iter().filter_map(Weak::upgrade);
+        let mut open: HashMap<String, u32> = HashMap::new();
+        for live in self.list().into_iter().chain(held) {
+            *open.entry(live.name().to_owned()).or_default() += live.counts.open();
         }
         open.into_iter().collect()
     }

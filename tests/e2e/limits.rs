@@ -35,6 +35,19 @@ fn authority(name: &str, token: Option<&str>) -> AuthoritySpec {
     }
 }
 
+/// `n` CONNECT tunnels to the origin on `name`'s Unix socket, each answered 200.
+async fn unix_tunnels(fx: &Fixture, name: &str, n: usize) -> Result<Vec<HttpConn>> {
+    let target = fx.origin_target();
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let mut c = fx.unix_conn(name).await?;
+        let answer = c.connect(&target, None).await?;
+        ensure!(answer.status == 200, "{answer:?}");
+        held.push(c);
+    }
+    Ok(held)
+}
+
 /// A CONNECT on `conn` to the origin and one echoed request through the tunnel: proof
 /// that the authority is served end to end.
 async fn served(fx: &Fixture, mut conn: HttpConn, auth: Option<(&str, &str)>) -> Result<()> {
@@ -121,13 +134,7 @@ async fn an_authority_at_its_cap_is_refused_on_every_channel_until_one_closes() 
     )
     .await?;
     let target = fx.origin_target();
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut c = fx.unix_conn(AGENT_A).await?;
-        let answer = c.connect(&target, None).await?;
-        ensure!(answer.status == 200, "{answer:?}");
-        held.push(c);
-    }
+    let mut held = unix_tunnels(&fx, AGENT_A, 2).await?;
     // The cap counts client connections, whatever channel they came on.
     check_limited(
         &fx.connect_unix(AGENT_A, &target).await?,
@@ -193,13 +200,7 @@ async fn a_revoked_authority_shows_no_open_connections_after_its_cut() -> Result
     )
     .await?;
     let target = fx.origin_target();
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        let mut c = fx.unix_conn(AGENT_A).await?;
-        let answer = c.connect(&target, None).await?;
-        ensure!(answer.status == 200, "{answer:?}");
-        held.push(c);
-    }
+    let mut held = unix_tunnels(&fx, AGENT_A, 3).await?;
     let open = |m: &e2e::PromText| m.get("mediator_open_connections", &[("authority", AGENT_A)]);
     let before = open(&fx.mediator.metrics().await?);
     ensure!(before == 3.0, "open before the revoke: {before}");

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::tls::client_hello;
-use e2e::{AGENT_A, CurlOutput, Fixture, TOKEN_A, agent_a_allowing, wait_for};
+use e2e::{
+    AGENT_A, CurlOutput, Fixture, HttpConn, MediatorBuilder, TOKEN_A, agent_a_allowing, wait_for,
+};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
@@ -78,10 +80,44 @@ async fn first_recorded(seen: &Mutex<Vec<Vec<u8>>>) -> Result<Vec<u8>> {
 
 /// `agent-a` may reach only `front.test:<port>`, which resolves to `ip`.
 async fn fixture(ip: IpAddr, port: u16) -> Result<Fixture> {
+    fixture_with(ip, port, mediator()).await
+}
+
+/// [`fixture`] on the configuration `builder` (timeouts, admin) starts from.
+async fn fixture_with(ip: IpAddr, port: u16, builder: MediatorBuilder) -> Result<Fixture> {
     let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
-    let fx = Fixture::start(mediator().authority(grant)).await?;
+    let fx = Fixture::start(builder.authority(grant)).await?;
     fx.dns.set(FRONT, [ip]);
     Ok(fx)
+}
+
+/// A CONNECT tunnel to `front.test:<port>` on the TCP listener as `agent-a`, answered 200.
+async fn tunnel(fx: &Fixture, port: u16) -> Result<HttpConn> {
+    let mut conn = fx.tcp_conn().await?;
+    let answer = conn
+        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
+        .await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    Ok(conn)
+}
+
+/// The tunnel `conn` was refused as `sni_mismatch` with a detail containing `detail`,
+/// reset (the client has seen its 200 and must not take the end for the origin's), and
+/// the origin that recorded `seen` received not one byte.
+async fn refused(fx: &Fixture, mut conn: HttpConn, seen: &Recorded, detail: &str) -> Result<()> {
+    let line = fx
+        .mediator
+        .wait_for_decision("sni_mismatch", Some(FRONT))
+        .await?;
+    let said = line["detail"].as_str().unwrap_or_default();
+    ensure!(said.contains(detail), "{said}");
+    ensure!(
+        conn.resets_within(Duration::from_secs(5)).await,
+        "the tunnel is not reset"
+    );
+    let first = first_recorded(seen).await?;
+    ensure!(first.is_empty(), "origin received {} bytes", first.len());
+    Ok(())
 }
 
 /// curl through the mediator as `agent-a`, not verifying the (non-TLS) origin and giving
@@ -172,27 +208,11 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
     let ip = origin_ip(3);
     let (seen, _) = recording_origin(ip, 443).await?;
     let fx = fixture(ip, 443).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect("front.test:443", Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(resp.status, 200);
+    let mut conn = tunnel(&fx, 443).await?;
     // Plaintext HTTP with a fronted Host, to the allowed host's address on 443.
     conn.send(b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n")
         .await?;
-    let line = fx
-        .mediator
-        .wait_for_decision("sni_mismatch", Some(FRONT))
-        .await?;
-    let detail = line["detail"].as_str().unwrap_or_default();
-    ensure!(detail.contains("TLS ClientHello"), "{detail}");
-    ensure!(
-        conn.resets_within(Duration::from_secs(5)).await,
-        "the tunnel is not reset (the client could take a clean end for the origin's)"
-    );
-    let got = first_recorded(&seen).await?;
-    assert!(got.is_empty(), "origin received {got:?}");
-    Ok(())
+    refused(&fx, conn, &seen, "TLS ClientHello").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,11 +249,7 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
         }
     });
     let fx = fixture(ip, port).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let resp = conn
-        .connect(&format!("front.test:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(resp.status, 200);
+    let mut conn = tunnel(&fx, port).await?;
     let mut banner = [0u8; 14];
     tokio::time::timeout(
         Duration::from_secs(3),
@@ -252,11 +268,7 @@ async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     let ip = origin_ip(5);
     let (seen, port) = recording_origin(ip, 0).await?;
     let fx = fixture(ip, port).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let mut conn = tunnel(&fx, port).await?;
     let payload = b"\x16\x42binary protocol, not TLS";
     conn.send(payload).await?;
     conn.shutdown_write().await?;
@@ -279,25 +291,9 @@ async fn a_long_hello_naming_another_host_off_443_is_refused() -> Result<()> {
     let ip = origin_ip(6);
     let (seen, port) = recording_origin(ip, 0).await?;
     let fx = fixture(ip, port).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let mut conn = tunnel(&fx, port).await?;
     conn.send(&client_hello("evil.test", LONG_HELLO)?).await?;
-    let line = fx
-        .mediator
-        .wait_for_decision("sni_mismatch", Some(FRONT))
-        .await?;
-    let detail = line["detail"].as_str().unwrap_or_default();
-    ensure!(detail.contains("evil.test"), "{detail}");
-    ensure!(
-        conn.resets_within(Duration::from_secs(5)).await,
-        "the tunnel is not reset"
-    );
-    let first = first_recorded(&seen).await?;
-    assert!(first.is_empty(), "origin received {} bytes", first.len());
-    Ok(())
+    refused(&fx, conn, &seen, "evil.test").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,11 +301,7 @@ async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Res
     let ip = origin_ip(7);
     let (seen, port) = recording_origin(ip, 0).await?;
     let fx = fixture(ip, port).await?;
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let mut conn = tunnel(&fx, port).await?;
     let hello = client_hello(FRONT, LONG_HELLO)?;
     conn.send(&hello).await?;
     conn.shutdown_write().await?;
@@ -332,35 +324,13 @@ async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Resul
     const REQUEST_HEAD_SECS: u64 = 1;
     let ip = origin_ip(8);
     let (seen, port) = recording_origin(ip, 0).await?;
-    let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
-    let fx = Fixture::start(
-        mediator()
-            .authority(grant)
-            .timeout("request_head", REQUEST_HEAD_SECS),
-    )
-    .await?;
-    fx.dns.set(FRONT, [ip]);
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let builder = mediator().timeout("request_head", REQUEST_HEAD_SECS);
+    let fx = fixture_with(ip, port, builder).await?;
+    let mut conn = tunnel(&fx, port).await?;
     // Silent for longer than the request-head timeout: what is waited out is the point.
     tokio::time::sleep(Duration::from_millis(REQUEST_HEAD_SECS * 1000 + 800)).await;
     conn.send(&client_hello("evil.test", 512)?).await?;
-    let line = fx
-        .mediator
-        .wait_for_decision("sni_mismatch", Some(FRONT))
-        .await?;
-    let detail = line["detail"].as_str().unwrap_or_default();
-    ensure!(detail.contains("evil.test"), "{detail}");
-    ensure!(
-        conn.resets_within(Duration::from_secs(5)).await,
-        "the tunnel is not reset"
-    );
-    let first = first_recorded(&seen).await?;
-    assert!(first.is_empty(), "origin received {} bytes", first.len());
-    Ok(())
+    refused(&fx, conn, &seen, "evil.test").await
 }
 
 /// Off 443, a tunnel in which nobody speaks is closed after `idle_tunnel` as the relay's
@@ -369,14 +339,8 @@ async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Resul
 async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()> {
     let ip = origin_ip(9);
     let (_seen, port) = recording_origin(ip, 0).await?;
-    let grant = agent_a_allowing(&[format!("{FRONT}:{port}")]);
-    let fx = Fixture::start(mediator().authority(grant).timeout("idle_tunnel", 1)).await?;
-    fx.dns.set(FRONT, [ip]);
-    let mut conn = fx.tcp_conn().await?;
-    let answer = conn
-        .connect(&format!("{FRONT}:{port}"), Some((AGENT_A, TOKEN_A)))
-        .await?;
-    assert_eq!(answer.status, 200, "{answer:?}");
+    let fx = fixture_with(ip, port, mediator().timeout("idle_tunnel", 1)).await?;
+    let mut conn = tunnel(&fx, port).await?;
     ensure!(
         conn.resets_within(Duration::from_secs(8)).await,
         "the idle tunnel was not reset"
@@ -389,5 +353,34 @@ async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()>
         )
         .await?;
     assert_eq!(close["close_reason"], "idle_timeout", "{close}");
+    Ok(())
+}
+
+/// Off 443, a tunnel still waiting for the client's first bytes when its authority is
+/// revoked is cut when the grace ends, as a relayed one is: a reset, close reason
+/// `shutdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked() -> Result<()> {
+    let ip = origin_ip(10);
+    let (seen, port) = recording_origin(ip, 0).await?;
+    let builder = mediator().admin(true).timeout("revoke_grace", 1);
+    let fx = fixture_with(ip, port, builder).await?;
+    let mut conn = tunnel(&fx, port).await?;
+    let answer = fx.mediator.revoke(AGENT_A).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    ensure!(
+        conn.resets_within(Duration::from_secs(8)).await,
+        "the tunnel was not reset"
+    );
+    let close = fx
+        .mediator
+        .wait_for_log(
+            |v| v["event"] == "close" && v["host"] == FRONT,
+            Duration::from_secs(5),
+        )
+        .await?;
+    assert_eq!(close["close_reason"], "shutdown", "{close}");
+    let first = first_recorded(&seen).await?;
+    assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
 }
