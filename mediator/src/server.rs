@@ -83,6 +83,9 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     if let Some(reading) = router.system_reading() {
         eprintln!("mediator: upstream system: {reading}");
     }
+    if let Some(library) = router.gssapi_library() {
+        eprintln!("mediator: {library}");
+    }
 
     let tcp = bind_tcp(config.listen.tcp, "tcp").await?;
     let admin = bind_tcp(config.listen.admin, "admin").await?;
@@ -246,7 +249,7 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
         crate::socket_file::check_can_make(dir)?;
     }
     notes.extend(TlsState::check(&config.tls)?);
-    Router::new(
+    let router = Router::new(
         &config.upstream,
         &config.tls.extra_ca_files,
         Arc::new(resolver_of(config)?),
@@ -254,6 +257,7 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
         |key| std::env::var(key).ok(),
     )
     .await?;
+    notes.extend(router.gssapi_library());
     notes.push(format!(
         "[upstream] mode = \"{}\": usable",
         config.upstream.mode

@@ -4,10 +4,9 @@
 //! Every tool gets `KRB5_CONFIG` / `KRB5_KDC_PROFILE` pointing at files in the temp dir:
 //! nothing system-wide is read or changed. The KDC is killed when the [`Kdc`] is dropped.
 //!
-//! Also the acceptor side of a Negotiate parent ([`Acceptor`]): GSSAPI (the `libgssapi`
-//! binding over MIT krb5, as the mediator uses it) with a service keytab.
+//! Also the acceptor side of a Negotiate parent ([`Acceptor`]): GSSAPI (MIT krb5's
+//! library loaded by the `gss` crate, as the mediator loads it) with a service keytab.
 
-use std::ffi::CString;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,8 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use base64::Engine as _;
-use libgssapi::context::{SecurityContext, ServerCtx};
-use libgssapi::credential::Cred;
+use gss::{Gssapi, Usage};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
@@ -290,69 +288,24 @@ impl Acceptor {
             .context("the Negotiate token is not base64")?;
         let keytab = self.keytab.clone();
         tokio::task::spawn_blocking(move || {
-            let cred = acceptor_cred(&keytab)?;
-            let mut ctx = ServerCtx::new(Some(cred));
+            let gss = Gssapi::load(None)?;
+            let store = format!("FILE:{}", keytab.display());
+            // The service keys from the keytab (`gss_acquire_cred_from`, store key
+            // `keytab`), so that no process-wide `KRB5_KTNAME` is needed.
+            let cred = gss
+                .credential(Usage::Accept, &[("keytab", &store)])
+                .with_context(|| format!("acceptor credentials from {}", keytab.display()))?;
+            let mut ctx = gss.acceptor(cred);
             let reply = ctx
-                .step(&token, None)
+                .step(&token)
                 .map_err(|e| anyhow::anyhow!("gss_accept_sec_context: {e}"))?;
             ensure!(ctx.is_complete(), "the context needs more than one token");
-            let principal = ctx
-                .source_name()
-                .map_err(|e| anyhow::anyhow!("source name: {e}"))?
-                .to_string();
+            let principal = ctx.source_name().context("source name")?;
             Ok(Accepted {
                 principal,
-                reply: reply.map(|b| base64::engine::general_purpose::STANDARD.encode(&*b)),
+                reply: reply.map(|b| base64::engine::general_purpose::STANDARD.encode(&b)),
             })
         })
         .await?
     }
-}
-
-/// Acceptor credentials from `keytab` (`gss_acquire_cred_from`, credential store key
-/// `keytab`), so that no process-wide `KRB5_KTNAME` is needed.
-#[allow(unsafe_code)] // one FFI call; libgssapi has no safe wrapper for credential stores
-fn acceptor_cred(keytab: &Path) -> Result<Cred> {
-    use libgssapi_sys::{
-        _GSS_C_INDEFINITE, GSS_C_ACCEPT, GSS_S_COMPLETE, OM_uint32, gss_OID_set,
-        gss_acquire_cred_from, gss_cred_id_t, gss_cred_usage_t, gss_key_value_element_desc,
-        gss_key_value_set_desc,
-    };
-    let key = CString::new("keytab")?;
-    let value = CString::new(format!("FILE:{}", keytab.display()))?;
-    let element = gss_key_value_element_desc {
-        key: key.as_ptr(),
-        value: value.as_ptr(),
-    };
-    let set = gss_key_value_set_desc {
-        count: 1,
-        elements: std::ptr::from_ref(&element).cast_mut(),
-    };
-    let mut minor: OM_uint32 = GSS_S_COMPLETE;
-    let mut cred: gss_cred_id_t = std::ptr::null_mut();
-    // SAFETY: `set`, `element` and the CStrings it points into outlive the call; the name
-    // and mechanism set are null (default name, default mechanisms), as are the optional
-    // outputs; `cred` receives a new handle that `Cred::from_c` takes ownership of.
-    let major = unsafe {
-        gss_acquire_cred_from(
-            &mut minor,
-            std::ptr::null_mut(),
-            _GSS_C_INDEFINITE,
-            std::ptr::null_mut(),
-            GSS_C_ACCEPT as gss_cred_usage_t,
-            &set,
-            &mut cred,
-            std::ptr::null_mut::<gss_OID_set>(),
-            std::ptr::null_mut(),
-        )
-    };
-    if major != GSS_S_COMPLETE {
-        let e = libgssapi::error::Error {
-            major: libgssapi::error::MajorFlags::from_bits_retain(major),
-            minor,
-        };
-        bail!("acceptor credentials from {}: {e}", keytab.display());
-    }
-    // SAFETY: `cred` is the handle gss_acquire_cred_from just returned, owned by no one else.
-    Ok(unsafe { Cred::from_c(cred) })
 }

@@ -598,6 +598,14 @@ impl Router {
         Ok(router)
     }
 
+    /// Which GSSAPI library a Negotiate parent made this router load (`None`: no parent
+    /// uses Negotiate, so none was loaded), in words.
+    pub fn gssapi_library(&self) -> Option<String> {
+        self.negotiator
+            .as_ref()
+            .map(negotiate::Negotiator::describe_library)
+    }
+
     /// Builds the strategy `[upstream]` says (reading the sources `env` and `system`
     /// modes name); a PAC's refresher is returned to be started once installed.
     async fn build(&self) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {

@@ -1,6 +1,6 @@
 //! `parent_auth = "negotiate"` (RFC 4559): SPNEGO tokens (RFC 4178) carrying Kerberos for
 //! `Proxy-Authorization: Negotiate`, made with the host's Kerberos credentials through
-//! GSSAPI (MIT krb5, the `libgssapi` binding).
+//! GSSAPI (MIT krb5's library, loaded at run time by the `gss` crate).
 //!
 //! Credentials come from the configured credential store: `kerberos_ccache` (a ccache
 //! name, `KRB5CCNAME` semantics) and `kerberos_keytab` (a client keytab,
@@ -13,15 +13,8 @@
 //! pool. Tokens are secrets: they are never logged, and error messages carry only the
 //! library's status text.
 
-use std::ffi::CString;
-use std::ptr;
-
 use base64::Engine as _;
-use libgssapi::context::{ClientCtx, CtxFlags};
-use libgssapi::credential::Cred;
-use libgssapi::error::{Error as GssError, MajorFlags};
-use libgssapi::name::Name;
-use libgssapi::oid::{GSS_MECH_SPNEGO, GSS_NT_HOSTBASED_SERVICE};
+use gss::{Credential, Gssapi, Initiator, Usage};
 use policy::CanonicalHost;
 use policy::config::Kerberos;
 
@@ -32,8 +25,10 @@ const STORE_CLIENT_KEYTAB: &str = "client_keytab";
 /// Makes Negotiate tokens with the configured Kerberos credentials.
 #[derive(Debug, Clone)]
 pub(crate) struct Negotiator {
+    /// The GSSAPI library, loaded when this negotiator was made.
+    gss: &'static Gssapi,
     /// `(key, value)` pairs of the credential store; empty: the library's defaults.
-    store: Vec<(CString, CString)>,
+    store: Vec<(&'static str, String)>,
     /// What the credentials are, for messages: "kerberos_ccache FILE:/x", "the default
     /// ccache".
     source: String,
@@ -41,22 +36,20 @@ pub(crate) struct Negotiator {
 
 /// A context after its first token: the parent's answer may carry a token that completes
 /// mutual authentication.
+#[derive(Debug)]
 pub(crate) struct Pending {
-    ctx: ClientCtx,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending").finish_non_exhaustive()
-    }
+    ctx: Initiator,
 }
 
 impl Negotiator {
-    /// A negotiator for `[upstream] kerberos_*`.
+    /// A negotiator for `[upstream] kerberos_*`: loads the GSSAPI library
+    /// (`gssapi_library`, else `libgssapi_krb5.so.2`) now, so that a start or `mediator
+    /// check` with a Negotiate parent fails at once where it is missing.
     ///
     /// # Errors
-    /// A message when a configured name holds a NUL byte (the validator refuses control
-    /// characters, so this does not happen with a validated config).
+    /// The library cannot be loaded (the message names the package that ships it), or a
+    /// credential store is configured and the library has no `gss_acquire_cred_from`, or a
+    /// configured keytab cannot be read.
     pub(crate) fn new(cfg: &Kerberos) -> Result<Self, String> {
         let mut store = Vec::new();
         let mut shown = Vec::new();
@@ -68,18 +61,38 @@ impl Negotiator {
                 if key == STORE_CLIENT_KEYTAB {
                     keytab_exists(v)?;
                 }
-                let c = CString::new(v.as_str()).map_err(|_| format!("{name} holds a NUL byte"))?;
-                let k = CString::new(key).map_err(|_| format!("{key}: NUL"))?;
-                store.push((k, c));
+                store.push((key, v.clone()));
                 shown.push(format!("{name} {v}"));
             }
+        }
+        let gss = Gssapi::load(cfg.library.as_deref()).map_err(|e| e.to_string())?;
+        if !store.is_empty() && !gss.has_credential_store() {
+            return Err(gss::Error::NoCredentialStore {
+                library: gss.path().to_path_buf(),
+            }
+            .to_string());
         }
         let source = if shown.is_empty() {
             "the default Kerberos credentials (KRB5CCNAME, KRB5_CLIENT_KTNAME)".to_owned()
         } else {
             shown.join(", ")
         };
-        Ok(Self { store, source })
+        Ok(Self { gss, store, source })
+    }
+
+    /// Which GSSAPI library was loaded, in words for the start and `mediator check`:
+    /// `GSSAPI: loaded /usr/lib/x86_64-linux-gnu/libgssapi_krb5.so.2 (credential store:
+    /// yes)`.
+    pub(crate) fn describe_library(&self) -> String {
+        format!(
+            "GSSAPI: loaded {} (credential store: {})",
+            self.gss.path().display(),
+            if self.gss.has_credential_store() {
+                "yes"
+            } else {
+                "no, gss_acquire_cred_from missing"
+            }
+        )
     }
 
     /// The first token for the parent on `host`, as a `Proxy-Authorization` value
@@ -97,45 +110,35 @@ impl Negotiator {
     }
 
     fn start_blocking(&self, service: &str) -> Result<(String, Pending), String> {
-        let cred = self.credentials().map_err(|e| {
-            format!(
-                "no usable Kerberos credentials in {}: {}",
-                self.source,
-                words(&e)
-            )
-        })?;
-        let target = Name::new(service.as_bytes(), Some(GSS_NT_HOSTBASED_SERVICE))
-            .map_err(|e| format!("bad service name {service}: {}", words(&e)))?;
-        let mut ctx = ClientCtx::new(
-            Some(cred),
-            target,
-            CtxFlags::GSS_C_MUTUAL_FLAG,
-            Some(GSS_MECH_SPNEGO),
-        );
+        let cred = self
+            .credentials()
+            .map_err(|e| format!("no usable Kerberos credentials in {}: {e}", self.source))?;
+        let target = self
+            .gss
+            .host_service(service)
+            .map_err(|e| format!("bad service name {service}: {e}"))?;
+        let mut ctx = self.gss.initiator(Some(cred), target);
         let token = ctx
-            .step(None, None)
+            .step(None)
             .map_err(|e| {
                 format!(
-                    "cannot get a Kerberos ticket for {service} with {}: {}",
-                    self.source,
-                    words(&e)
+                    "cannot get a Kerberos ticket for {service} with {}: {e}",
+                    self.source
                 )
             })?
             .ok_or_else(|| format!("GSSAPI made no token for {service}"))?;
         let value = format!(
             "Negotiate {}",
-            base64::engine::general_purpose::STANDARD.encode(&*token)
+            base64::engine::general_purpose::STANDARD.encode(&token)
         );
         Ok((value, Pending { ctx }))
     }
 
     /// Acquires initiator credentials from the store (`gss_acquire_cred_from`), or the
     /// library's defaults when no store key is configured.
-    fn credentials(&self) -> Result<Cred, GssError> {
-        if self.store.is_empty() {
-            return Cred::acquire(None, None, libgssapi::credential::CredUsage::Initiate, None);
-        }
-        acquire_from(&self.store)
+    fn credentials(&self) -> Result<Credential, gss::Error> {
+        let store: Vec<(&str, &str)> = self.store.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.gss.credential(Usage::Initiate, &store)
     }
 }
 
@@ -144,13 +147,17 @@ impl Pending {
     /// answer, mutual authentication).
     ///
     /// # Errors
-    /// The token does not verify: the parent is not the service it was asked to be.
+    /// The token does not verify, or leaves the context incomplete: the parent is not the
+    /// service it was asked to be.
     pub(crate) async fn finish(self, token: Vec<u8>) -> Result<(), String> {
         let mut ctx = self.ctx;
         tokio::task::spawn_blocking(move || {
-            ctx.step(Some(&token), None)
-                .map(drop)
-                .map_err(|e| words(&e))
+            ctx.step(Some(&token)).map_err(|e| e.to_string())?;
+            if ctx.is_complete() {
+                Ok(())
+            } else {
+                Err("the token did not complete the context".to_owned())
+            }
         })
         .await
         .map_err(|e| format!("the Kerberos task failed: {e}"))?
@@ -181,73 +188,6 @@ pub(crate) fn decode(token: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(token).ok()
 }
 
-/// A GSSAPI error in the library's words, on one line.
-fn words(e: &GssError) -> String {
-    let text = e.to_string();
-    let text: String = text
-        .split(['\n', '\r'])
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ");
-    if text.is_empty() {
-        format!("GSSAPI error {:#x}/{}", e.major.bits(), e.minor)
-    } else {
-        text
-    }
-}
-
-/// `gss_acquire_cred_from` with `store` for initiating, default name, indefinite lifetime.
-#[allow(unsafe_code)] // one FFI call; libgssapi has no safe wrapper for credential stores
-fn acquire_from(store: &[(CString, CString)]) -> Result<Cred, GssError> {
-    use libgssapi_sys::{
-        _GSS_C_INDEFINITE, GSS_C_INITIATE, GSS_S_COMPLETE, OM_uint32, gss_OID_set,
-        gss_acquire_cred_from, gss_cred_id_t, gss_cred_usage_t, gss_key_value_element_desc,
-        gss_key_value_set_desc,
-    };
-    let elements: Vec<gss_key_value_element_desc> = store
-        .iter()
-        .map(|(k, v)| gss_key_value_element_desc {
-            key: k.as_ptr(),
-            value: v.as_ptr(),
-        })
-        .collect();
-    let set = gss_key_value_set_desc {
-        // At most two elements.
-        count: u32::try_from(elements.len()).unwrap_or(0),
-        elements: elements.as_ptr().cast_mut(),
-    };
-    let mut minor: OM_uint32 = GSS_S_COMPLETE;
-    let mut cred: gss_cred_id_t = ptr::null_mut();
-    // SAFETY: every pointer is valid for the call: `set` and `elements` (and the CStrings
-    // they point into, owned by `store`) outlive it; the name and mechanism set are null
-    // (default name, default mechanisms), as are the optional outputs; `cred` receives a
-    // new handle that `Cred::from_c` takes ownership of (released on drop).
-    let major = unsafe {
-        gss_acquire_cred_from(
-            &mut minor,
-            ptr::null_mut(),
-            _GSS_C_INDEFINITE,
-            ptr::null_mut(),
-            GSS_C_INITIATE as gss_cred_usage_t,
-            &set,
-            &mut cred,
-            ptr::null_mut::<gss_OID_set>(),
-            ptr::null_mut(),
-        )
-    };
-    if major == GSS_S_COMPLETE {
-        // SAFETY: `cred` is the handle gss_acquire_cred_from just returned, owned by no one
-        // else.
-        Ok(unsafe { Cred::from_c(cred) })
-    } else {
-        Err(GssError {
-            major: MajorFlags::from_bits_retain(major),
-            minor,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,14 +196,14 @@ mod tests {
     fn store_from_config_and_messages() {
         let n = Negotiator::new(&Kerberos {
             ccache: Some("FILE:/tmp/none".into()),
-            keytab: None,
+            ..Kerberos::default()
         })
         .unwrap();
         assert_eq!(n.store.len(), 1);
         assert_eq!(n.source, "kerberos_ccache FILE:/tmp/none");
         let e = Negotiator::new(&Kerberos {
-            ccache: None,
             keytab: Some("FILE:/nonexistent/client.keytab".into()),
+            ..Kerberos::default()
         })
         .unwrap_err();
         assert!(

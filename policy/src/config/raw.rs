@@ -59,6 +59,7 @@ pub(super) struct RawUpstream {
     pub(super) parent_auth: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     pub(super) kerberos_ccache: Option<Spanned<String>>,
     pub(super) kerberos_keytab: Option<Spanned<String>>,
+    pub(super) gssapi_library: Option<Spanned<String>>,
     pub(super) system_user: Option<Spanned<String>>,
     pub(super) dconf_databases: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) kioslaverc_files: Option<Spanned<Vec<Spanned<String>>>>,

@@ -74,6 +74,10 @@ pub struct Kerberos {
     /// initial credentials (for the ccache's principal, else the keytab's first) are
     /// obtained when the ccache has none or only expired ones.
     pub keytab: Option<String>,
+    /// `gssapi_library`: the GSSAPI library to load instead of `libgssapi_krb5.so.2`
+    /// from the loader's search path (an absolute path; the file itself is checked when
+    /// it is loaded: regular, not writable by group or others).
+    pub library: Option<PathBuf>,
 }
 
 /// Where `mode = "system"` reads the desktop's proxy settings.
@@ -435,7 +439,8 @@ impl Validator<'_> {
         out.system.kioslaverc = paths(&raw.kioslaverc_files, "kioslaverc_files");
     }
 
-    /// `parent_auth = { "host:port" = "negotiate" }` and the `kerberos_*` keys.
+    /// `parent_auth = { "host:port" = "negotiate" }`, the `kerberos_*` keys and
+    /// `gssapi_library`.
     fn parent_auth(&mut self, raw: &RawUpstream, out: &mut Upstream) {
         let what = "[upstream]";
         let mut entries: Vec<_> = raw.parent_auth.iter().flatten().collect();
@@ -524,6 +529,17 @@ impl Validator<'_> {
                     raw.kerberos_keytab.as_ref().map(Spanned::span),
                     what,
                     "kerberos_keytab: write an absolute path (or \"FILE:/path\")",
+                );
+            }
+        }
+        if let Some(l) = text(&raw.gssapi_library, "gssapi_library", self) {
+            if l.starts_with('/') {
+                out.kerberos.library = Some(PathBuf::from(l));
+            } else {
+                self.error(
+                    raw.gssapi_library.as_ref().map(Spanned::span),
+                    what,
+                    "gssapi_library: write an absolute path (loading a library runs its code: never from the search path or the working directory)",
                 );
             }
         }
