@@ -78,13 +78,37 @@ fn line_safe(s: &str) -> bool {
     s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-/// A parent's answer head to `CONNECT`: its status and header lines (never the body).
+/// A parent's answer head to `CONNECT`, parsed once with `httparse` (RFC 9112 sections 4
+/// and 5): its status, version and header fields (never the body). A field value that is
+/// not UTF-8 (legal obs-text) is kept, lossily, and hides no other field.
 #[derive(Debug)]
 pub(crate) struct Answer {
     /// The status code.
     pub(crate) status: u16,
-    head: Vec<u8>,
+    /// The minor version: `HTTP/1.0` or `HTTP/1.1`.
+    minor: u8,
+    /// The reason phrase, printable ASCII only, at most 64 bytes (it goes into logs).
+    reason: String,
+    /// The header fields, `(name, value)`.
+    fields: Vec<(String, String)>,
 }
+
+/// `value` with each obsolete line folding (a line break followed by spaces or tabs,
+/// RFC 9112 section 5.2) replaced by one space.
+fn unfold(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find(['\r', '\n']) {
+        out.push_str(&rest[..i]);
+        out.push(' ');
+        rest = rest[i..].trim_start_matches(['\r', '\n', ' ', '\t']);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The most header fields an answer head may have (it is at most [`MAX_HEAD`] bytes).
+const MAX_FIELDS: usize = 128;
 
 /// How the body of a parent's non-2xx answer is delimited (RFC 9112 section 6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,14 +120,57 @@ pub(crate) enum BodyLength {
 }
 
 impl Answer {
+    /// Parses a complete answer head. An obsolete line folding is replaced by a space, as
+    /// RFC 9112 section 5.2 tells a recipient of a response to do.
+    ///
+    /// # Errors
+    /// The head is not an HTTP/1.x status line and fields, in `httparse`'s words.
+    pub(crate) fn parse(head: &[u8]) -> Result<Self, String> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut response = httparse::Response::new(&mut headers);
+        let parsed = httparse::ParserConfig::default()
+            .allow_obsolete_multiline_headers_in_responses(true)
+            .parse_response(&mut response, head);
+        match parsed {
+            Ok(httparse::Status::Complete(_)) => {}
+            Ok(httparse::Status::Partial) => return Err("an incomplete answer head".into()),
+            Err(e) => return Err(format!("not an HTTP answer ({e})")),
+        }
+        let (Some(status), Some(minor)) = (response.code, response.version) else {
+            return Err("an answer head without a status".into());
+        };
+        // The reason phrase may be obs-text, which httparse leaves out: read it from the
+        // line itself.
+        let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+        let reason = String::from_utf8_lossy(line)
+            .splitn(3, ' ')
+            .nth(2)
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_graphic() || *c == ' ')
+            .take(64)
+            .collect();
+        let fields = response
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_owned(),
+                    ows_trim(&unfold(&String::from_utf8_lossy(h.value))).to_owned(),
+                )
+            })
+            .collect();
+        Ok(Self {
+            status,
+            minor,
+            reason,
+            fields,
+        })
+    }
+
     /// The header fields, `(name, value)` with the value trimmed.
     fn fields(&self) -> impl Iterator<Item = (&str, &str)> {
-        std::str::from_utf8(&self.head)
-            .unwrap_or_default()
-            .split("\r\n")
-            .skip(1)
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.trim(), ows_trim(v)))
+        self.fields.iter().map(|(n, v)| (n.as_str(), v.as_str()))
     }
 
     /// `Some(token)` when a `Proxy-Authenticate` field offers `Negotiate` (RFC 4559
@@ -144,7 +211,7 @@ impl Answer {
                 }
             }
         }
-        if self.head.starts_with(b"HTTP/1.0") {
+        if self.minor == 0 {
             return BodyLength::Unusable;
         }
         length.map_or(BodyLength::Unusable, BodyLength::Known)
@@ -167,7 +234,7 @@ impl Answer {
         } else {
             format!(
                 "parent {parent} answered {status} {} to CONNECT {authority}",
-                status_reason(&self.head)
+                self.reason
             )
         };
         HandshakeError::Refused {
@@ -255,10 +322,7 @@ pub(crate) async fn send_connect(
     let head = read_head(stream)
         .await
         .map_err(|e| HandshakeError::Broken(format!("{parent}: {e}")))?;
-    let status = parse_status(&head).ok_or_else(|| {
-        HandshakeError::Broken(format!("{parent}: not an HTTP answer to CONNECT"))
-    })?;
-    Ok(Answer { status, head })
+    Answer::parse(&head).map_err(|e| HandshakeError::Broken(format!("{parent}: {e} to CONNECT")))
 }
 
 /// `CONNECT` with Basic credentials (or none): on a 2xx the stream is a tunnel to the
@@ -371,35 +435,6 @@ async fn read_head_tcp(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
             return Err(format!("answer head larger than {MAX_HEAD} bytes"));
         }
     }
-}
-
-/// The status code of an `HTTP/1.x NNN ...` head.
-fn parse_status(head: &[u8]) -> Option<u16> {
-    let line = head.split(|&b| b == b'\n').next()?;
-    let line = std::str::from_utf8(line).ok()?.trim_end();
-    let mut parts = line.splitn(3, ' ');
-    let version = parts.next()?;
-    if !version.starts_with("HTTP/1.") {
-        return None;
-    }
-    let code = parts.next()?;
-    if code.len() != 3 {
-        return None;
-    }
-    code.parse().ok()
-}
-
-/// The reason phrase of a head, printable ASCII only, at most 64 bytes (it goes into logs).
-fn status_reason(head: &[u8]) -> String {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let text = String::from_utf8_lossy(line);
-    text.splitn(3, ' ')
-        .nth(2)
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_graphic() || *c == ' ')
-        .take(64)
-        .collect()
 }
 
 /// RFC 1928 constants.
@@ -566,21 +601,41 @@ mod tests {
 
     #[test]
     fn status_lines() {
+        let status = |head: &[u8]| Answer::parse(head).map(|a| a.status);
         assert_eq!(
-            parse_status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
-            Some(200)
+            status(b"HTTP/1.1 200 Connection established\r\n\r\n"),
+            Ok(200)
         );
-        assert_eq!(parse_status(b"HTTP/1.0 407 Auth\r\n\r\n"), Some(407));
-        assert_eq!(parse_status(b"SSH-2.0-x\r\n"), None);
-        assert_eq!(parse_status(b"HTTP/1.1 20 x\r\n"), None);
-        assert_eq!(status_reason(b"HTTP/1.1 403 Go\x1b away\r\n"), "Go away");
+        assert_eq!(status(b"HTTP/1.0 407 Auth\r\n\r\n"), Ok(407));
+        assert!(status(b"SSH-2.0-x\r\n\r\n").is_err());
+        assert!(status(b"HTTP/1.1 20 x\r\n\r\n").is_err());
+        assert!(status(b"HTTP/1.1 200 OK\r\n").is_err(), "incomplete");
+        assert_eq!(
+            Answer::parse(b"HTTP/1.1 403 Go away\xff\r\n\r\n")
+                .unwrap()
+                .reason,
+            "Go away"
+        );
     }
 
     fn answer(head: &str) -> Answer {
-        Answer {
-            status: parse_status(head.as_bytes()).unwrap(),
-            head: head.as_bytes().to_vec(),
-        }
+        Answer::parse(head.as_bytes()).unwrap()
+    }
+
+    /// One obs-text byte (legal in a field value, RFC 9110 section 5.5) hides no field: the
+    /// Negotiate offer and the Content-Length beside it are still read.
+    #[test]
+    fn a_non_utf8_byte_in_one_field_hides_no_other() {
+        let head = b"HTTP/1.1 407 Proxy Authentication Required\r\nServer: Caf\xe9\r\nProxy-Authenticate: Negotiate\r\nContent-Length: 5\r\n\r\n";
+        let a = Answer::parse(head).unwrap();
+        assert_eq!(a.negotiate(), Some(""));
+        assert_eq!(a.body(), BodyLength::Known(5));
+        // An obsolete line folding is read as a space.
+        let a = answer(
+            "HTTP/1.1 407 A\r\nProxy-Authenticate: Basic\r\n realm=x\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert_eq!(a.offered(), "Basic");
+        assert_eq!(a.body(), BodyLength::Known(0));
     }
 
     #[test]
@@ -591,10 +646,16 @@ mod tests {
         assert_eq!(r.negotiate(), Some(""));
         assert_eq!(r.offered(), "Basic, NEGOTIATE");
         assert_eq!(r.body(), BodyLength::Known(12));
-        // A scheme that is not a token is shown as it is, never as the word it resembles.
-        let r = answer("HTTP/1.1 407 Auth\r\nProxy-Authenticate: Nego\0tiate \r abc\r\n\r\n");
-        assert_eq!(r.negotiate(), None);
-        assert_eq!(r.offered(), "\"Nego\\u{0}tiate\"");
+        // A control character in a field is no HTTP answer at all; a scheme that is not a
+        // token is shown as it is, never as the word it resembles.
+        assert!(
+            Answer::parse(b"HTTP/1.1 407 Auth\r\nProxy-Authenticate: Nego\0tiate\r\n\r\n").is_err()
+        );
+        assert_eq!(negotiate_in(["Nego\0tiate abc"].into_iter()), None);
+        assert_eq!(
+            offered_in(["Nego\0tiate abc"].into_iter()),
+            "\"Nego\\u{0}tiate\""
+        );
         let r = answer("HTTP/1.1 200 OK\r\nProxy-Authenticate: Negotiate YWJj\r\n\r\n");
         assert_eq!(r.negotiate(), Some("YWJj"));
         // Only spaces and tabs are trimmed (OWS): a control or Unicode space is part of
