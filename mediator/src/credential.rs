@@ -563,24 +563,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 /// `text`.
 pub(crate) fn percent_decode(text: &[u8]) -> Vec<Vec<u8>> {
     fn once(text: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(text.len());
-        let mut i = 0;
-        while i < text.len() {
-            if text[i] == b'%'
-                && let (Some(h), Some(l)) = (
-                    text.get(i + 1).and_then(|&b| (b as char).to_digit(16)),
-                    text.get(i + 2).and_then(|&b| (b as char).to_digit(16)),
-                )
-            {
-                // Two hex digits make at most 0xff.
-                out.push(u8::try_from(h * 16 + l).unwrap_or(b'%'));
-                i += 3;
-                continue;
-            }
-            out.push(text[i]);
-            i += 1;
-        }
-        out
+        percent_encoding::percent_decode(text).collect()
     }
     let first = once(text);
     if first.contains(&b'%') {

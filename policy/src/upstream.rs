@@ -265,23 +265,23 @@ fn has_port(hostport: &str) -> bool {
     }
 }
 
-/// Decodes `%XX` escapes; `None` on a malformed escape or non-UTF-8 result.
+/// Decodes `%XX` escapes (RFC 3986 section 2.1); `None` when a `%` is not followed by two
+/// ASCII hex digits (`%+f`, `%zz`, a trailing `%`) or the result is not UTF-8.
 fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let well_formed = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode(bytes)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Where a PAC script comes from.
@@ -374,6 +374,10 @@ mod tests {
             "http://a%0d%0ab:c@proxy:8080",
             "http://a:b%00@proxy:8080",
             "http://a:b%zz@proxy:8080",
+            // A sign is no hex digit (u8::from_str_radix would take "+f").
+            "http://a:b%+f@proxy:8080",
+            "http://a%-1:b@proxy:8080",
+            "http://a:b%4@proxy:8080",
             "http://:pw@proxy:8080",
             "http://proxy\r\nX: y:8080",
             "socks5h://proxy:1080",
