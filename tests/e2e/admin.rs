@@ -5,6 +5,8 @@
 //! ring, revocation closing the listener at once and live tunnels after the grace, and
 //! the admin bearer token.
 
+use e2e::case;
+use e2e::harness::Case;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -43,7 +45,6 @@ fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
     r
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_allowing(&[
         ORIGIN_HOST,
@@ -240,7 +241,6 @@ async fn every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols() 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let auth = Some((AGENT_A, TOKEN_A));
@@ -282,7 +282,6 @@ async fn a_flood_of_distinct_hosts_does_not_grow_the_series_count() -> Result<()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -426,7 +425,6 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -467,7 +465,6 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_token_guards_everything_but_health() -> Result<()> {
     let token = "admin-secret-7d1";
     let dir = tempfile::tempdir()?;
@@ -536,7 +533,6 @@ async fn admin_token_guards_everything_but_health() -> Result<()> {
 /// By default (no admin token, no opt-out) any local process can reach the TCP admin
 /// listener, so it may read but not create or revoke authorities; the admin Unix socket
 /// (mode 0600) may.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_writes_on_tcp_need_a_token_by_default() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let admin_sock = dir.path().join("admin.sock");
@@ -590,7 +586,6 @@ async fn admin_writes_on_tcp_need_a_token_by_default() -> Result<()> {
 }
 
 /// Opting out of the default is loud.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_admin_writes_are_warned_at_start() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     ensure!(
@@ -603,7 +598,6 @@ async fn anonymous_admin_writes_are_warned_at_start() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authority_whose_socket_cannot_be_made_is_refused_with_the_cause() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
@@ -631,4 +625,18 @@ async fn an_authority_whose_socket_cannot_be_made_is_refused_with_the_cause() ->
         .unwrap_or_default();
     assert_eq!(names, [AGENT_A]);
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(every_metric_family_is_exact_after_a_scripted_mix_over_all_protocols),
+        case!(a_flood_of_distinct_hosts_does_not_grow_the_series_count),
+        case!(admin_api_creates_lists_and_revokes_authorities_while_traffic_flows),
+        case!(revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace),
+        case!(admin_token_guards_everything_but_health),
+        case!(admin_writes_on_tcp_need_a_token_by_default),
+        case!(anonymous_admin_writes_are_warned_at_start),
+        case!(an_authority_whose_socket_cannot_be_made_is_refused_with_the_cause),
+    ]
 }

@@ -3,6 +3,8 @@
 //! decision line names the authority that asked, on both channels.
 
 use anyhow::Result;
+use e2e::case;
+use e2e::harness::Case;
 use e2e::{
     AGENT_A, AGENT_B, AuthoritySpec, Fixture, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B,
     agent_a_spec, check_deny, check_line,
@@ -42,7 +44,6 @@ fn verdicts(fx: &Fixture, host: &str) -> Result<Vec<(Value, Value, Value)>> {
         .collect())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
@@ -87,7 +88,6 @@ async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
     let fx = fixture().await?;
     let target = fx.origin_target();
@@ -114,7 +114,6 @@ async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credential_on_a_unix_socket_cannot_borrow_another_authority() -> Result<()> {
     let fx = fixture().await?;
     // agent-a's socket, presenting agent-b's valid credential for agent-b's host.
@@ -142,4 +141,13 @@ async fn credential_on_a_unix_socket_cannot_borrow_another_authority() -> Result
     );
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(same_destination_opposite_verdicts_over_tcp_credentials),
+        case!(same_destination_opposite_verdicts_over_unix_sockets),
+        case!(credential_on_a_unix_socket_cannot_borrow_another_authority),
+    ]
 }

@@ -3,6 +3,8 @@
 //! `--resolve` resolves), a placeholder in the host name, the count of authorities.
 
 use anyhow::{Result, ensure};
+use e2e::case;
+use e2e::harness::Case;
 use e2e::mediator::{toml_list, toml_str};
 use e2e::{AGENT_A, Fixture, agent_a_spec};
 use std::net::{IpAddr, Ipv4Addr};
@@ -28,7 +30,6 @@ async fn explain(fx: &Fixture, args: &[&str]) -> Result<(i32, String)> {
     Ok((out.status.code().unwrap_or(-1), text))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_says_a_url_is_not_a_target() -> Result<()> {
     let fx = fixture().await?;
     let (code, text) = explain(&fx, &["http://origin.test:8081/"]).await?;
@@ -47,7 +48,6 @@ async fn explain_says_a_url_is_not_a_target() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_resolves_only_with_resolve() -> Result<()> {
     let fx = fixture().await?;
     // Without --resolve: the name decision alone, said to be that, and no DNS query (the
@@ -101,7 +101,6 @@ async fn explain_resolves_only_with_resolve() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_refuses_a_placeholder_in_the_host_as_live_traffic_does() -> Result<()> {
     // A credential whose placeholder is a valid DNS label, under an allowed `*.wild.test`.
     const LABEL: &str = "ph-t15-github-agent";
@@ -169,7 +168,6 @@ async fn explain_refuses_a_placeholder_in_the_host_as_live_traffic_does() -> Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_counts_authorities_in_words() -> Result<()> {
     let (status, out) = mediator().authority(agent_a_spec()).check().await?;
     ensure!(status.success(), "{out}");
@@ -211,7 +209,6 @@ async fn with_closed_stdout(
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_explain_end_quietly_when_the_reader_has_gone() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let builder = mediator().authority(agent_a_spec());
@@ -245,7 +242,6 @@ async fn check_and_explain_end_quietly_when_the_reader_has_gone() -> Result<()> 
 }
 /// `mediator check` warns, with the location, about an allow entry a deny entry refuses
 /// whole, and still exits 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_warns_about_an_allow_entry_a_deny_entry_refuses_whole() -> Result<()> {
     let (status, out) = mediator()
         .authority(agent_a_spec().deny(&["*"]))
@@ -262,7 +258,6 @@ async fn check_warns_about_an_allow_entry_a_deny_entry_refuses_whole() -> Result
 
 /// `mediator suggest` reads a real run's decision log and prints a table that `mediator
 /// check` accepts, naming the denied destination.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suggest_turns_a_runs_denials_into_a_table_check_accepts() -> Result<()> {
     let fx = crate::support::agent_a().await?;
     let resp = fx.connect_a("blocked.test:443").await?;
@@ -288,4 +283,17 @@ async fn suggest_turns_a_runs_denials_into_a_table_check_accepts() -> Result<()>
     let (status, check) = e2e::mediator::run_check(crate::support::bin(), &path).await?;
     ensure!(status.success(), "{check}\n{table}");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(explain_says_a_url_is_not_a_target),
+        case!(explain_resolves_only_with_resolve),
+        case!(explain_refuses_a_placeholder_in_the_host_as_live_traffic_does),
+        case!(check_counts_authorities_in_words),
+        case!(check_and_explain_end_quietly_when_the_reader_has_gone),
+        case!(check_warns_about_an_allow_entry_a_deny_entry_refuses_whole),
+        case!(suggest_turns_a_runs_denials_into_a_table_check_accepts),
+    ]
 }

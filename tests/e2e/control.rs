@@ -1,6 +1,8 @@
 //! Grant immutability under reload (SIGHUP), the watchdog hook (narrows only), and
 //! `mediator explain` agreeing with live traffic (design sections 1, 5, 11).
 
+use e2e::case;
+use e2e::harness::Case;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
@@ -32,7 +34,6 @@ fn reloadable() -> MediatorBuilder {
     mediator().admin(true).timeout("revoke_grace", 60)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_new_one()
 -> Result<()> {
     let v1 = reloadable()
@@ -119,7 +120,6 @@ async fn reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
@@ -158,7 +158,6 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
 /// The "needs a restart" note compares the reloaded file with what runs: a change to
 /// another section stays reported on every reload until a restart applies it, and is no
 /// longer reported once undone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_note_compares_with_what_runs() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
@@ -178,7 +177,6 @@ async fn the_restart_note_compares_with_what_runs() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tighter_global_deny_reaches_authorities_created_through_the_api() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let m = &fx.mediator;
@@ -207,7 +205,6 @@ async fn a_tighter_global_deny_reaches_authorities_created_through_the_api() -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_narrows_only_and_silence_or_errors_deny() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let allow_all = Watchdog::start(dir.path(), "allow", WatchdogMode::AllowAll)?;
@@ -317,7 +314,6 @@ async fn explain(m: &Mediator, authority: &str, target: &str) -> Result<(i32, Va
     Ok((out.status.code().unwrap_or(-1), v))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()> {
     let fx = Fixture::start(
         mediator().global_deny(&["*:25"]).authority(
@@ -427,4 +423,16 @@ async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()
         .await?;
     assert_eq!(out.status.code(), Some(2));
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(reload_keeps_live_tunnels_on_their_grant_and_gives_new_connections_the_new_one),
+        case!(a_bad_reload_leaves_the_running_set_untouched_and_says_why),
+        case!(the_restart_note_compares_with_what_runs),
+        case!(a_tighter_global_deny_reaches_authorities_created_through_the_api),
+        case!(watchdog_narrows_only_and_silence_or_errors_deny),
+        case!(explain_agrees_with_live_traffic_on_the_conformance_rows),
+    ]
 }

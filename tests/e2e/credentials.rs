@@ -7,6 +7,9 @@
 //! Origins: two echoing TLS origins on loopback (`api.test`, whose credential it is, and
 //! `other.test`, allowed and terminated too), and the fixture's plain origin.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
@@ -193,7 +196,6 @@ fn expect_misuse(out: &CurlOutput) -> Result<Value> {
     Ok(body)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_origin_gets_the_secret_the_child_never_does_and_misuse_is_denied() -> Result<()> {
     let env = start().await?;
     let auth = auth_header();
@@ -365,7 +367,6 @@ async fn the_origin_gets_the_secret_the_child_never_does_and_misuse_is_denied() 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_file_readable_by_others_or_empty_stops_the_start() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;
@@ -392,7 +393,6 @@ async fn a_secret_file_readable_by_others_or_empty_stops_the_start() -> Result<(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_rotates_the_secret_under_a_new_generation() -> Result<()> {
     let env = start().await?;
     let auth = auth_header();
@@ -422,7 +422,6 @@ async fn a_reload_rotates_the_secret_under_a_new_generation() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_cannot_create_an_authority_with_a_credential() -> Result<()> {
     let env = start().await?;
     let body = json!({
@@ -481,7 +480,6 @@ async fn status_json(resp: hyper::Response<hyper::body::Incoming>) -> Result<(u1
     Ok((status, json))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_in_a_trailer_cuts_the_request_before_the_trailer_leaves() -> Result<()> {
     let env = start().await?;
     let tunnel = |host: &'static str, port: u16, alpn: &'static [u8]| {
@@ -593,7 +591,6 @@ async fn h2_client_for(
     Ok(sender)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_placeholder_in_a_tunnel_host_is_refused_before_it_is_resolved() -> Result<()> {
     // A placeholder that is a valid DNS label, as a label under the allowed *.other.test.
     const LABEL: &str = "ph-api-agent-a-7f3c";
@@ -631,7 +628,6 @@ async fn a_placeholder_in_a_tunnel_host_is_refused_before_it_is_resolved() -> Re
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_encoded_placeholder_in_its_own_header_is_refused_and_said_so() -> Result<()> {
     let env = start().await?;
     let before = env.api.requests();
@@ -655,4 +651,18 @@ async fn an_encoded_placeholder_in_its_own_header_is_refused_and_said_so() -> Re
     }
     ensure!(env.api.requests() == before, "nothing was forwarded");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(the_origin_gets_the_secret_the_child_never_does_and_misuse_is_denied)
+            .needs(&[Tool::Curl]),
+        case!(a_secret_file_readable_by_others_or_empty_stops_the_start),
+        case!(a_reload_rotates_the_secret_under_a_new_generation).needs(&[Tool::Curl]),
+        case!(the_admin_api_cannot_create_an_authority_with_a_credential),
+        case!(a_placeholder_in_a_trailer_cuts_the_request_before_the_trailer_leaves),
+        case!(a_placeholder_in_a_tunnel_host_is_refused_before_it_is_resolved),
+        case!(an_encoded_placeholder_in_its_own_header_is_refused_and_said_so).needs(&[Tool::Curl]),
+    ]
 }

@@ -5,6 +5,8 @@
 //!
 //! The DNS answers use TTL 0 so the mediator's resolver cache cannot hide a resolution.
 
+use e2e::case;
+use e2e::harness::Case;
 use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Result;
@@ -16,7 +18,6 @@ use crate::support::agent_a;
 /// A private address the mediator must never dial (RFC 1918).
 const PRIVATE_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<()> {
     let fx = agent_a().await?;
     fx.dns
@@ -66,7 +67,6 @@ async fn dns_rebinding_between_connections_is_caught_per_connection() -> Result<
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_answers_with_one_private_address_are_denied() -> Result<()> {
     let fx = agent_a().await?;
     fx.dns.set(ORIGIN_HOST, [LOOPBACK, PRIVATE_IP]);
@@ -84,7 +84,6 @@ async fn mixed_answers_with_one_private_address_are_denied() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()> {
     let fx = agent_a().await?;
     let ula: IpAddr = "fd00::1".parse()?;
@@ -95,7 +94,6 @@ async fn mixed_ipv4_and_ipv6_answers_with_one_private_are_denied() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_requests_resolve_once_each() -> Result<()> {
     let fx = agent_a().await?;
     fx.dns
@@ -115,7 +113,6 @@ async fn absolute_form_requests_resolve_once_each() -> Result<()> {
 /// A label with an underscore is a legal host (design section 4.1): it is resolved by DNS
 /// like any other name (the resolver's name is built from the canonical labels, never
 /// re-checked as if it had to be an IDNA hostname) and reaches the origin.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_with_an_underscore_label_resolves_and_connects() -> Result<()> {
     const UNDERSCORE: &str = "under_score.example.test";
     let fx = e2e::Fixture::start(
@@ -130,4 +127,15 @@ async fn a_name_with_an_underscore_label_resolves_and_connects() -> Result<()> {
         .await?;
     assert_eq!(fx.dns.queries_of(UNDERSCORE, QueryKind::A), 1);
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(dns_rebinding_between_connections_is_caught_per_connection),
+        case!(mixed_answers_with_one_private_address_are_denied),
+        case!(mixed_ipv4_and_ipv6_answers_with_one_private_are_denied),
+        case!(absolute_form_requests_resolve_once_each),
+        case!(a_name_with_an_underscore_label_resolves_and_connects),
+    ]
 }

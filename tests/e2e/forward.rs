@@ -3,6 +3,8 @@
 //! client receives (a forged `X-Mediator-Decision` stripped), and the requests that must
 //! be refused with 400 or 431 before anything is resolved or connected.
 
+use e2e::case;
+use e2e::harness::Case;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -19,7 +21,6 @@ fn auth_header() -> String {
     proxy_authorization(AGENT_A, TOKEN_A)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Result<()> {
     let fx = agent_a().await?;
     let target = fx.origin_target();
@@ -86,7 +87,6 @@ async fn absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_post_forwards_the_body() -> Result<()> {
     let fx = agent_a().await?;
     let req = format!(
@@ -103,7 +103,6 @@ async fn absolute_form_post_forwards_the_body() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_without_credential_is_407() -> Result<()> {
     let fx = agent_a().await?;
     let req = format!(
@@ -125,7 +124,6 @@ async fn absolute_form_without_credential_is_407() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_outside_grant_is_403_not_in_allowlist() -> Result<()> {
     let fx = agent_a().await?;
     fx.dns.set("other.test", [LOOPBACK]);
@@ -176,7 +174,6 @@ async fn expect_400(fx: &Fixture, req: &str) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_host_headers_are_400() -> Result<()> {
     let fx = agent_a().await?;
     let t = fx.origin_target();
@@ -187,7 +184,6 @@ async fn two_host_headers_are_400() -> Result<()> {
     expect_400(&fx, &req).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
     let fx = agent_a().await?;
     let t = fx.origin_target();
@@ -198,7 +194,6 @@ async fn origin_form_sent_to_the_proxy_is_400() -> Result<()> {
     expect_400(&fx, &req).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
     let fx = agent_a().await?;
     let t = fx.origin_target();
@@ -209,7 +204,6 @@ async fn https_scheme_in_absolute_form_is_400() -> Result<()> {
     expect_400(&fx, &req).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
     let fx = agent_a().await?;
     let t = fx.origin_target();
@@ -220,7 +214,6 @@ async fn non_http_scheme_in_absolute_form_is_400() -> Result<()> {
     expect_400(&fx, &req).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
     let fx = agent_a().await?;
     let p = fx.origin.port();
@@ -231,7 +224,6 @@ async fn non_canonical_ip_in_absolute_form_is_400() -> Result<()> {
     expect_400(&fx, &req).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<()> {
     for port in ["65536", "83617", "80a", "99999999999999999999"] {
         let fx = agent_a().await?;
@@ -252,7 +244,6 @@ async fn absolute_form_port_that_is_not_a_port_is_400_never_port_80() -> Result<
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
     let fx = agent_a().await?;
     let p = fx.origin.port();
@@ -325,18 +316,15 @@ async fn expect_431(limit: usize, head_len: usize) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_over_a_large_configured_limit_is_431() -> Result<()> {
     expect_431(16 * 1024, 20 * 1024).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_limit_at_the_minimum_is_enforced() -> Result<()> {
     // 8192 is the smallest limit the HTTP/1 server can enforce exactly.
     expect_431(8192, 9000).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()> {
     // A limit the server could not enforce is a config error, never a silent larger limit.
     let (status, stderr) = mediator()
@@ -358,7 +346,6 @@ async fn request_head_limit_below_the_minimum_is_refused_at_load() -> Result<()>
 /// A Unix channel keeps the authority it was opened with: after a revoke, the next request
 /// on that connection (whose upstream connection is kept alive) is `unknown_authority`,
 /// not served under the revoked grant until the grace ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -384,7 +371,6 @@ async fn reused_upstream_connection_gets_no_decision_after_a_revoke() -> Result<
 /// On a keep-alive connection the credential is checked on every request: a verified
 /// value may be remembered, but a different one (a wrong token) is refused at once, and
 /// the right one works again after it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_on_a_kept_alive_connection_is_authenticated() -> Result<()> {
     let fx = agent_a().await?;
     let t = fx.origin_target();
@@ -410,4 +396,26 @@ async fn every_request_on_a_kept_alive_connection_is_authenticated() -> Result<(
         "only the two authenticated requests went out"
     );
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(absolute_form_get_rebuilds_host_and_drops_hop_by_hop_headers),
+        case!(absolute_form_post_forwards_the_body),
+        case!(absolute_form_without_credential_is_407),
+        case!(absolute_form_outside_grant_is_403_not_in_allowlist),
+        case!(two_host_headers_are_400),
+        case!(origin_form_sent_to_the_proxy_is_400),
+        case!(https_scheme_in_absolute_form_is_400),
+        case!(non_http_scheme_in_absolute_form_is_400),
+        case!(non_canonical_ip_in_absolute_form_is_400),
+        case!(absolute_form_port_that_is_not_a_port_is_400_never_port_80),
+        case!(userinfo_in_a_target_is_never_logged_or_echoed),
+        case!(request_head_over_a_large_configured_limit_is_431),
+        case!(request_head_limit_at_the_minimum_is_enforced),
+        case!(request_head_limit_below_the_minimum_is_refused_at_load),
+        case!(reused_upstream_connection_gets_no_decision_after_a_revoke),
+        case!(every_request_on_a_kept_alive_connection_is_authenticated),
+    ]
 }

@@ -6,6 +6,8 @@
 //! loopback DNS server; the mediator must refuse them, and the test connects only to the
 //! mediator.
 
+use e2e::case;
+use e2e::harness::Case;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -60,7 +62,6 @@ async fn fixture() -> Result<Fixture> {
     Ok(fx)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_outside_grant_is_403_not_in_allowlist_and_never_resolved() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
@@ -101,7 +102,6 @@ async fn host_outside_grant_is_403_not_in_allowlist_and_never_resolved() -> Resu
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_rule_beats_allow_wildcard_403_denied_by_rule() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
@@ -131,7 +131,6 @@ async fn deny_rule_beats_allow_wildcard_403_denied_by_rule() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcard_deny_on_port_applies_to_every_host() -> Result<()> {
     let fx = fixture().await?;
     let resp = fx.connect_a(&format!("{ORIGIN_HOST}:25")).await?;
@@ -149,7 +148,6 @@ async fn wildcard_deny_on_port_applies_to_every_host() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_deny_beats_a_grants_allow() -> Result<()> {
     let fx = fixture().await?;
     let resp = fx
@@ -168,7 +166,6 @@ async fn global_deny_beats_a_grants_allow() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_host_on_other_port_is_403_port_not_allowed() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
@@ -244,7 +241,6 @@ async fn check_address_rows(fx: &Fixture, rows: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_resolving_to_private_addresses_are_403_private_address() -> Result<()> {
     let fx = fixture().await?;
     check_address_rows(
@@ -262,7 +258,6 @@ async fn names_resolving_to_private_addresses_are_403_private_address() -> Resul
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_resolving_to_special_addresses_are_403_special_address() -> Result<()> {
     let fx = fixture().await?;
     check_address_rows(
@@ -294,7 +289,6 @@ async fn names_resolving_to_special_addresses_are_403_special_address() -> Resul
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loopback_without_allow_private_is_403_private_address() -> Result<()> {
     let fx = fixture().await?;
     let port = fx.origin.port();
@@ -316,7 +310,6 @@ async fn loopback_without_allow_private_is_403_private_address() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_the_mediators_own_listener_is_403_special_address() -> Result<()> {
     let fx = fixture().await?;
     let own = fx.mediator.tcp_addr();
@@ -345,7 +338,6 @@ async fn connect_to_the_mediators_own_listener_is_403_special_address() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_literal_in_grant_reaches_loopback_origin() -> Result<()> {
     let fx = fixture().await?;
     let resp = fx
@@ -358,7 +350,6 @@ async fn ip_literal_in_grant_reaches_loopback_origin() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_connect_targets_are_400_malformed_target() -> Result<()> {
     check_malformed(&[
         "127.1:80",
@@ -376,7 +367,6 @@ async fn malformed_connect_targets_are_400_malformed_target() -> Result<()> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_target_with_a_path_is_400_with_the_json_shape() -> Result<()> {
     // Not authority-form (RFC 9110 9.3.6): still a malformed target, same JSON shape.
     check_malformed(&[
@@ -449,4 +439,22 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(host_outside_grant_is_403_not_in_allowlist_and_never_resolved),
+        case!(deny_rule_beats_allow_wildcard_403_denied_by_rule),
+        case!(wildcard_deny_on_port_applies_to_every_host),
+        case!(global_deny_beats_a_grants_allow),
+        case!(allowed_host_on_other_port_is_403_port_not_allowed),
+        case!(names_resolving_to_private_addresses_are_403_private_address),
+        case!(names_resolving_to_special_addresses_are_403_special_address),
+        case!(loopback_without_allow_private_is_403_private_address),
+        case!(connect_to_the_mediators_own_listener_is_403_special_address),
+        case!(ip_literal_in_grant_reaches_loopback_origin),
+        case!(malformed_connect_targets_are_400_malformed_target),
+        case!(connect_target_with_a_path_is_400_with_the_json_shape),
+    ]
 }

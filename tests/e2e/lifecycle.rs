@@ -2,6 +2,9 @@
 //! check` reports every problem with its location, a bad config refuses to start, and
 //! SIGTERM shuts down cleanly and removes the per-authority socket files.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::path::Path;
 use std::time::Duration;
 
@@ -60,7 +63,6 @@ async fn exit_and_tunnel_close(fx: &mut Fixture) -> Result<Value> {
         .ok_or_else(|| anyhow!("no close record: {:?}", fx.mediator.decision_lines()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_accepts_a_valid_config() -> Result<()> {
     let b = mediator().authority(agent_a_spec()).authority(
         AuthoritySpec::new(AGENT_B)
@@ -76,7 +78,6 @@ async fn check_accepts_a_valid_config() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_lists_every_problem_with_its_location() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (text, problems) = bad_config(dir.path());
@@ -108,7 +109,6 @@ async fn check_lists_every_problem_with_its_location() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (text, _) = bad_config(dir.path());
@@ -131,7 +131,6 @@ async fn mediator_refuses_to_start_on_a_bad_config() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
     let mut fx = Fixture::start(
         mediator().authority(agent_a_spec()).authority(
@@ -158,7 +157,6 @@ async fn sigterm_exits_cleanly_and_removes_socket_files() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
     let mut fx = agent_a().await?;
     let sock = fx.mediator.socket_path(AGENT_A);
@@ -182,7 +180,6 @@ async fn sigterm_lets_a_live_tunnel_finish_within_grace() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close() -> Result<()> {
     let mut fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
@@ -199,7 +196,6 @@ async fn sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close()
 
 /// A CONNECT still waiting on its upstream connect when the shutdown grace ends gets its
 /// decision line (and the client its answer): no request goes unaccounted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<()> {
     // A listener with backlog 1 that never accepts: once its queue is full the kernel drops
     // further SYNs, so the mediator's connect waits (up to its 30 s timeout).
@@ -245,7 +241,6 @@ async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<
 /// `mediator check` loads what a start loads (design section 11): for each broken
 /// resource, check fails naming it, and a start on the same config fails too; with every
 /// resource sound, check passes and says what it loaded.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_loads_what_a_start_loads() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let p = |name: &str| dir.path().join(name).display().to_string();
@@ -322,7 +317,8 @@ async fn check_loads_what_a_start_loads() -> Result<()> {
 
 /// `mediator check` as uid 65534 on `config` (readable by all): its exit status and output.
 fn check_as_nobody(config: &Path) -> Result<(std::process::ExitStatus, String)> {
-    let out = std::process::Command::new("setpriv")
+    let out = Tool::Setpriv
+        .std_command("setpriv")?
         .args([
             "--reuid",
             "65534",
@@ -347,7 +343,6 @@ fn check_as_nobody(config: &Path) -> Result<(std::process::ExitStatus, String)> 
     ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_fails_where_a_start_could_not_write() -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     // World-readable, root-owned: uid 65534 may read the config but write nothing here.
@@ -415,4 +410,19 @@ async fn check_fails_where_a_start_could_not_write() -> Result<()> {
         "check created the log file"
     );
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(check_accepts_a_valid_config),
+        case!(check_lists_every_problem_with_its_location),
+        case!(mediator_refuses_to_start_on_a_bad_config),
+        case!(sigterm_exits_cleanly_and_removes_socket_files),
+        case!(sigterm_lets_a_live_tunnel_finish_within_grace),
+        case!(sigterm_cuts_a_tunnel_left_open_at_the_grace_and_still_logs_its_close),
+        case!(a_connect_pending_at_shutdown_still_gets_its_decision_line),
+        case!(check_loads_what_a_start_loads),
+        case!(check_fails_where_a_start_could_not_write).needs(&[Tool::Setpriv]),
+    ]
 }

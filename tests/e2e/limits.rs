@@ -9,6 +9,9 @@
 //! Latency under abuse is measured by the benchmark (`bench/fairness.sh`), not here: the
 //! bounds below are only "served at all, well before a client would give up".
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -84,7 +87,6 @@ fn check_limited(resp: &HttpResponse, detail_has: &str) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connect_rate_bucket_holds_and_says_when_to_retry() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -124,7 +126,6 @@ async fn the_connect_rate_bucket_holds_and_says_when_to_retry() -> Result<()> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authority_at_its_cap_is_refused_on_every_channel_until_one_closes() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -189,7 +190,6 @@ async fn an_authority_at_its_cap_is_refused_on_every_channel_until_one_closes() 
 /// A revoked authority still holds its connections during its grace, and none once the
 /// grace has cut them: `mediator_open_connections` says so, and then 0, not the count it
 /// had when revoked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_authority_shows_no_open_connections_after_its_cut() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -230,7 +230,6 @@ async fn a_revoked_authority_shows_no_open_connections_after_its_cut() -> Result
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_unidentified_pool_sheds_its_oldest_silent_member() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -263,7 +262,6 @@ async fn a_full_unidentified_pool_sheds_its_oldest_silent_member() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_max_connections_the_tcp_listener_waits_readyz_says_so_and_channels_still_work()
 -> Result<()> {
     // 16 in all: the TCP listener stops at 14, the Unix sockets at 16.
@@ -340,7 +338,6 @@ fn raise_own_nofile() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_limit_keys_one_authority_and_a_flood_cannot_starve_another() -> Result<()> {
     raise_own_nofile()?;
     // A systemd service's soft limit; the mediator raises it to the hard one and derives
@@ -420,7 +417,6 @@ async fn with_no_limit_keys_one_authority_and_a_flood_cannot_starve_another() ->
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_heads_are_cut_at_request_head() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -463,7 +459,6 @@ fn peak_rss_kib(pid: u32) -> Result<u64> {
         .context("no VmHWM")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_10_mib_head_is_refused_early_and_memory_stays_bounded() -> Result<()> {
     let fx = Fixture::start(mediator().authority(agent_a_spec())).await?;
     let pid = fx.mediator.pid().context("mediator pid")?;
@@ -502,7 +497,8 @@ async fn a_10_mib_head_is_refused_early_and_memory_stays_bounded() -> Result<()>
 
 /// The listen backlog of the socket listening on `port` (`ss`'s Send-Q of a LISTEN line).
 async fn listen_backlog(port: u16) -> Result<u64> {
-    let out = tokio::process::Command::new("ss")
+    let out = Tool::Ss
+        .command("ss")?
         .args(["-Hltn", &format!("sport = :{port}")])
         .output()
         .await
@@ -516,7 +512,6 @@ async fn listen_backlog(port: u16) -> Result<u64> {
 
 /// A connection flood by one tenant must not overflow the shared listener's accept queue:
 /// a dropped SYN costs every other client a one-second retransmission.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tcp_listeners_accept_queue_is_deep() -> Result<()> {
     let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
     let cap: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")?
@@ -533,4 +528,20 @@ async fn the_tcp_listeners_accept_queue_is_deep() -> Result<()> {
     let admin = listen_backlog(admin.port()).await?;
     ensure!(admin >= want, "admin listener backlog {admin}, want {want}");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(the_connect_rate_bucket_holds_and_says_when_to_retry),
+        case!(an_authority_at_its_cap_is_refused_on_every_channel_until_one_closes),
+        case!(a_revoked_authority_shows_no_open_connections_after_its_cut),
+        case!(a_full_unidentified_pool_sheds_its_oldest_silent_member),
+        case!(at_max_connections_the_tcp_listener_waits_readyz_says_so_and_channels_still_work),
+        case!(with_no_limit_keys_one_authority_and_a_flood_cannot_starve_another)
+            .needs(&[Tool::Prlimit]),
+        case!(slow_heads_are_cut_at_request_head),
+        case!(a_10_mib_head_is_refused_early_and_memory_stays_bounded),
+        case!(the_tcp_listeners_accept_queue_is_deep).needs(&[Tool::Ss]),
+    ]
 }

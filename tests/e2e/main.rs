@@ -12,6 +12,14 @@
 //! on its `Command`. Each test binds its own ephemeral loopback ports; the tests that need
 //! port 443 use addresses of their own in 127.0.0.0/8.
 
+#![allow(
+    // A `harness = false` binary is not compiled with `cfg(test)`, so clippy's
+    // allow-unwrap-in-tests does not reach it: the whole binary is test code.
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+
 mod support;
 
 mod admin;
@@ -38,3 +46,35 @@ mod tcp_connect;
 mod tls_terminate;
 mod unix_channel;
 mod websocket;
+
+fn main() {
+    e2e::harness::run(
+        [
+            admin::cases(),
+            attribution::cases(),
+            cli::cases(),
+            control::cases(),
+            credentials::cases(),
+            dns_pinning::cases(),
+            forward::cases(),
+            grant_denials::cases(),
+            lifecycle::cases(),
+            limits::cases(),
+            negotiate::cases(),
+            pac::cases(),
+            parent::cases(),
+            parent_https::cases(),
+            rejudge::cases(),
+            request_rules::cases(),
+            service::cases(),
+            sni::cases(),
+            socks5::cases(),
+            system::cases(),
+            tcp_connect::cases(),
+            tls_terminate::cases(),
+            unix_channel::cases(),
+            websocket::cases(),
+        ]
+        .concat(),
+    )
+}

@@ -7,7 +7,10 @@
 //! are `upstream_failure` with a detail that names the parent and what failed; no token
 //! ever reaches the log.
 
-use anyhow::Result;
+use anyhow::{Context, Result, ensure};
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use e2e::kerberos::{Acceptor, Kdc, REALM};
 use e2e::parent::{HttpParent, HttpParentMode};
 use e2e::squid::Squid;
@@ -53,7 +56,6 @@ fn negotiate_mediator(kdc: &Kdc, url: &str, creds: &[String]) -> MediatorBuilder
     b
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
     let (kdc, keytab) = realm().await?;
     let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
@@ -112,7 +114,6 @@ async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn squid_with_negotiate_kerberos_auth_lets_the_mediator_through() -> Result<()> {
     let (kdc, keytab) = realm().await?;
     let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
@@ -168,7 +169,6 @@ async fn squid_with_negotiate_kerberos_auth_lets_the_mediator_through() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_keytab_and_plain_http_through_an_https_kerberos_parent() -> Result<()> {
     let (kdc, keytab) = realm().await?;
     // The mediator's own principal, with a client keytab and no ccache of its own yet
@@ -239,7 +239,6 @@ async fn a_client_keytab_and_plain_http_through_an_https_kerberos_parent() -> Re
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_the_parent_cannot_accept_is_refused_with_a_clear_detail() -> Result<()> {
     let (kdc, stale_keytab) = realm().await?;
     // A new key for the service: the KDC now issues tickets the parent's (old) keytab
@@ -281,7 +280,6 @@ async fn a_ticket_the_parent_cannot_accept_is_refused_with_a_clear_detail() -> R
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_or_missing_credentials_are_refused_before_the_parent_sees_a_token() -> Result<()> {
     let (kdc, keytab) = realm().await?;
     let ccache = kdc.kinit("alice", "alice-pw", "short.ccache", "3s").await?;
@@ -350,7 +348,6 @@ async fn plain_get(fx: &Fixture, path: &str) -> Result<e2e::HttpResponse> {
     conn.request(req.as_bytes()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_through_a_kerberos_parent_says_what_failed() -> Result<()> {
     let (kdc, stale_keytab) = realm().await?;
     kdc.keytab(&format!("HTTP/{PARENT_HOST}"), "rotated.keytab")
@@ -401,7 +398,6 @@ async fn plain_http_through_a_kerberos_parent_says_what_failed() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_mutual_authentication_token_is_refused_on_both_paths() -> Result<()> {
     let (kdc, keytab) = realm().await?;
     let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
@@ -439,7 +435,6 @@ async fn a_forged_mutual_authentication_token_is_refused_on_both_paths() -> Resu
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_says_which_parent_settings_cannot_be_meant() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let parent = |extra: &[&str]| {
@@ -502,4 +497,162 @@ async fn check_says_which_parent_settings_cannot_be_meant() -> Result<()> {
         "{out}"
     );
     Ok(())
+}
+
+/// A config with a Negotiate parent: `mediator check` (and a start) load the GSSAPI
+/// library and say which file; a config without one never loads it (the running
+/// mediator's mappings hold no `libgssapi_krb5`).
+async fn the_gssapi_library_is_loaded_only_for_a_negotiate_parent() -> Result<()> {
+    let negotiate = mediator()
+        .upstream_line("mode = \"parent\"")
+        .upstream_line("parents = [\"http://proxy.e2e.test:3128\"]")
+        .upstream_line("parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }")
+        .authority(agent_a_spec());
+    let (status, out) = negotiate.check().await?;
+    ensure!(
+        status.success() && out.contains("GSSAPI: loaded /") && out.contains("libgssapi_krb5"),
+        "{out}"
+    );
+    let running = negotiate.start().await?;
+    ensure!(
+        mapped(&running, "libgssapi_krb5")?,
+        "a Negotiate parent's mediator has not loaded the library"
+    );
+    let (status, out) = mediator().authority(agent_a_spec()).check().await?;
+    ensure!(status.success() && !out.contains("GSSAPI"), "{out}");
+    let plain = mediator()
+        .upstream_line("mode = \"parent\"")
+        .upstream_line("parents = [\"http://proxy.e2e.test:3128\"]")
+        .authority(agent_a_spec())
+        .start()
+        .await?;
+    ensure!(
+        !mapped(&plain, "libgssapi_krb5")?,
+        "a mediator without a Negotiate parent loaded the GSSAPI library"
+    );
+    Ok(())
+}
+
+/// Whether the running mediator has a file whose path contains `needle` mapped.
+fn mapped(m: &e2e::Mediator, needle: &str) -> Result<bool> {
+    let pid = m.pid().context("the mediator's pid")?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(maps.lines().any(|l| l.contains(needle)))
+}
+
+/// `gssapi_library` names the file to load: one that is no library is refused naming it
+/// and the packages that ship the real one; a relative path is a config error; a library
+/// without `gss_acquire_cred_from` (MIT krb5 before 1.11, here a stub built with `cc`)
+/// works with the default credentials but refuses `kerberos_ccache`.
+async fn gssapi_library_names_the_file_and_is_checked_before_it_loads() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let with = |library: &str, extra: &[&str]| {
+        let mut b = mediator()
+            .upstream_line("mode = \"parent\"")
+            .upstream_line("parents = [\"http://proxy.e2e.test:3128\"]")
+            .upstream_line("parent_auth = { \"proxy.e2e.test:3128\" = \"negotiate\" }")
+            .upstream_line(&format!("gssapi_library = {library:?}"))
+            .authority(agent_a_spec());
+        for line in extra {
+            b = b.upstream_line(line);
+        }
+        b
+    };
+    let junk = dir.path().join("libjunk.so");
+    std::fs::write(&junk, "not a library")?;
+    let (status, out) = with(&junk.display().to_string(), &[]).check().await?;
+    ensure!(
+        !status.success()
+            && out.contains("cannot load the GSSAPI library")
+            && out.contains("libjunk.so")
+            && out.contains("libgssapi-krb5-2 on Debian/Ubuntu, krb5-libs on Fedora/RHEL"),
+        "{out}"
+    );
+    let (status, out) = with("libgssapi_krb5.so.2", &[]).check().await?;
+    ensure!(
+        !status.success() && out.contains("gssapi_library: write an absolute path"),
+        "{out}"
+    );
+    let stub = stub_library(dir.path()).await?;
+    let (status, out) = with(&stub.display().to_string(), &[]).check().await?;
+    ensure!(
+        status.success() && out.contains("credential store: no, gss_acquire_cred_from missing"),
+        "{out}"
+    );
+    let (status, out) = with(
+        &stub.display().to_string(),
+        &["kerberos_ccache = \"FILE:/tmp/krb5cc_e2e\""],
+    )
+    .check()
+    .await?;
+    ensure!(
+        !status.success()
+            && out.contains("has no gss_acquire_cred_from (MIT krb5 1.11 or later)")
+            && out.contains("kerberos_ccache and kerberos_keytab cannot be used"),
+        "{out}"
+    );
+    Ok(())
+}
+
+/// Builds a GSSAPI library with every function the mediator resolves but
+/// `gss_acquire_cred_from` (each fails with `GSS_S_FAILURE`), as an old MIT krb5 or another
+/// implementation would lack it.
+async fn stub_library(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let names = [
+        "gss_import_name",
+        "gss_display_name",
+        "gss_release_name",
+        "gss_acquire_cred",
+        "gss_release_cred",
+        "gss_init_sec_context",
+        "gss_accept_sec_context",
+        "gss_delete_sec_context",
+        "gss_release_buffer",
+        "gss_display_status",
+    ];
+    let source: String = names
+        .iter()
+        .map(|n| format!("unsigned int {n}(void) {{ return 13u << 16; }}\n"))
+        .collect();
+    let c = dir.join("stub.c");
+    std::fs::write(&c, source)?;
+    let lib = dir.join("libgssapi_stub.so");
+    let out = Tool::Cc
+        .command("cc")?
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&c)
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(lib)
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(the_gssapi_library_is_loaded_only_for_a_negotiate_parent),
+        case!(gssapi_library_names_the_file_and_is_checked_before_it_loads).needs(&[Tool::Cc]),
+        case!(curl_reaches_the_origin_through_a_kerberos_parent)
+            .needs(&[Tool::Curl, Tool::Kerberos]),
+        case!(squid_with_negotiate_kerberos_auth_lets_the_mediator_through).needs(&[
+            Tool::Curl,
+            Tool::Kerberos,
+            Tool::Squid,
+        ]),
+        case!(a_client_keytab_and_plain_http_through_an_https_kerberos_parent)
+            .needs(&[Tool::Kerberos]),
+        case!(a_ticket_the_parent_cannot_accept_is_refused_with_a_clear_detail)
+            .needs(&[Tool::Kerberos]),
+        case!(expired_or_missing_credentials_are_refused_before_the_parent_sees_a_token)
+            .needs(&[Tool::Kerberos]),
+        case!(plain_http_through_a_kerberos_parent_says_what_failed).needs(&[Tool::Kerberos]),
+        case!(a_forged_mutual_authentication_token_is_refused_on_both_paths)
+            .needs(&[Tool::Kerberos]),
+        case!(check_says_which_parent_settings_cannot_be_meant),
+    ]
 }

@@ -4,6 +4,8 @@
 //! budgets with `pac_on_error`; the per-host cache; the URL handed to the script; fetching
 //! over HTTP with refresh and the last good copy; and failing closed at start.
 
+use e2e::case;
+use e2e::harness::Case;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
@@ -89,7 +91,6 @@ async fn tunnel_until_used(
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_routes_by_host_shexpmatch_and_isinnet_dnsresolve() -> Result<()> {
     let http = HttpParent::start().await?;
     let socks = Socks5Parent::start(None).await?;
@@ -138,7 +139,6 @@ async fn pac_routes_by_host_shexpmatch_and_isinnet_dnsresolve() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_fallback_list_with_the_first_parent_down() -> Result<()> {
     let down = ClosingParent::start().await?;
     let good = HttpParent::start().await?;
@@ -163,7 +163,6 @@ async fn pac_fallback_list_with_the_first_parent_down() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_may_name_only_allowed_parents() -> Result<()> {
     let allowed = HttpParent::start().await?;
     let other = HttpParent::start().await?;
@@ -191,7 +190,6 @@ async fn pac_may_name_only_allowed_parents() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn infinite_loop_and_huge_allocation_are_cut_off() -> Result<()> {
     let script = r#"function FindProxyForURL(url, host) {
         if (host == "origin.test") { while (true) {} }
@@ -233,7 +231,6 @@ async fn infinite_loop_and_huge_allocation_are_cut_off() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_answers_are_cached_per_host_and_urls_have_no_path() -> Result<()> {
     let parent = HttpParent::start().await?;
     // alert() logs every evaluation; the route depends on the exact URL handed over.
@@ -292,7 +289,6 @@ async fn pac_answers_are_cached_per_host_and_urls_have_no_path() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()> {
     let parent = HttpParent::start().await?;
     let server = PacServer::start("function FindProxyForURL(u, h) { return 'DIRECT'; }").await?;
@@ -332,7 +328,6 @@ async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_usable_pac_at_start_fails_closed() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let missing = dir.path().join("missing.pac");
@@ -362,7 +357,6 @@ async fn no_usable_pac_at_start_fails_closed() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_pac_is_verified_against_the_configured_trust() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = e2e::tls::TestCa::create(dir.path())?;
@@ -401,7 +395,6 @@ async fn https_pac_is_verified_against_the_configured_trust() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pac_is_fetched_through_pac_fetch_via() -> Result<()> {
     let server = PacServer::start("function FindProxyForURL(u, h) { return 'DIRECT'; }").await?;
     let via = HttpParent::start().await?;
@@ -425,4 +418,19 @@ async fn pac_is_fetched_through_pac_fetch_via() -> Result<()> {
     assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
     assert_eq!(route_of(&fx, ORIGIN_HOST).await?, "direct");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(pac_routes_by_host_shexpmatch_and_isinnet_dnsresolve),
+        case!(pac_fallback_list_with_the_first_parent_down),
+        case!(pac_may_name_only_allowed_parents),
+        case!(infinite_loop_and_huge_allocation_are_cut_off),
+        case!(pac_answers_are_cached_per_host_and_urls_have_no_path),
+        case!(pac_from_http_url_refreshes_and_keeps_the_last_good_copy),
+        case!(no_usable_pac_at_start_fails_closed),
+        case!(https_pac_is_verified_against_the_configured_trust),
+        case!(pac_is_fetched_through_pac_fetch_via),
+    ]
 }

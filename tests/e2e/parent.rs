@@ -7,6 +7,8 @@
 //! parent.
 
 use anyhow::{Context, Result};
+use e2e::case;
+use e2e::harness::Case;
 use e2e::parent::{ClosingParent, HttpParent, HttpParentMode, Socks5Parent};
 use e2e::socks::{REP_SUCCEEDED, SocksTarget};
 use e2e::{
@@ -40,7 +42,6 @@ async fn allowed_lines(fx: &Fixture, n: usize) -> Result<Vec<serde_json::Value>>
         .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
@@ -74,7 +75,6 @@ async fn connect_through_http_parent_names_the_vetted_ip() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pin_off_names_the_canonical_host() -> Result<()> {
     let parent = HttpParent::start().await?;
     let url = format!("http://{}", parent.addr());
@@ -95,7 +95,6 @@ async fn pin_off_names_the_canonical_host() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "s3cret")), HttpParentMode::Serve).await?;
     let url = format!("http://corp:s3cret@{}", parent.addr());
@@ -150,7 +149,6 @@ async fn absolute_form_goes_to_the_http_parent_with_configured_credentials_only(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
@@ -179,7 +177,6 @@ async fn parent_demanding_auth_wrong_then_right() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer() -> Result<()> {
     let parent = HttpParent::start_with(Some(("corp", "right")), HttpParentMode::Serve).await?;
     let wrong = format!("http://corp:wrong@{}", parent.addr());
@@ -210,7 +207,6 @@ async fn a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_file_supplies_parent_credentials() -> Result<()> {
     let parent = HttpParent::start_with(Some(("filed", "pw")), HttpParentMode::Serve).await?;
     let dir = tempfile::tempdir()?;
@@ -230,7 +226,6 @@ async fn credentials_file_supplies_parent_credentials() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
     let parent = Socks5Parent::start(Some(("su", "sp"))).await?;
     let url = format!("socks5://su:sp@{}", parent.addr());
@@ -259,7 +254,6 @@ async fn socks5_parent_gets_the_pin_and_rfc1929_credentials() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
     let parent = Socks5Parent::start(None).await?;
     let fx = Fixture::start(
@@ -276,7 +270,6 @@ async fn socks5_parent_with_pin_off_gets_the_name() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<()> {
     let down = ClosingParent::start().await?;
     let good = HttpParent::start().await?;
@@ -322,7 +315,6 @@ async fn fallback_on_connection_failure_then_skip_the_failed_parent() -> Result<
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
     let refusing = HttpParent::start_with(None, HttpParentMode::Refuse(403)).await?;
     let good = HttpParent::start().await?;
@@ -344,7 +336,6 @@ async fn a_parent_that_answers_is_not_a_reason_to_fall_back() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_targets_never_reach_a_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
     let fx = Fixture::start(
@@ -357,7 +348,6 @@ async fn denied_targets_never_reach_a_parent() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
     let parent = HttpParent::start().await?;
     let fx = Fixture::start(
@@ -424,7 +414,6 @@ async fn crlf_and_nul_in_client_fields_cannot_reach_the_parent() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy() -> Result<()> {
     let tunnels = HttpParent::start().await?;
     let plain = HttpParent::start().await?;
@@ -465,7 +454,6 @@ async fn env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_mode_with_an_unusable_variable_refuses_to_start() -> Result<()> {
     let text = mediator()
         .upstream_line("mode = \"env\"")
@@ -496,7 +484,6 @@ async fn silent_listener() -> Result<(std::net::SocketAddr, tokio::task::JoinHan
     Ok((addr, task))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_to_a_silent_upstream_is_a_504_after_idle_tunnel() -> Result<()> {
     let (silent, _task) = silent_listener().await?;
     let fx = Fixture::start(
@@ -544,4 +531,25 @@ async fn plain_http_to_a_silent_upstream_is_a_504_after_idle_tunnel() -> Result<
     let body = check_deny(&resp, 504, "upstream_failure")?;
     check_contains(&body, "detail", "the destination sent nothing for 2s")?;
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(connect_through_http_parent_names_the_vetted_ip),
+        case!(pin_off_names_the_canonical_host),
+        case!(absolute_form_goes_to_the_http_parent_with_configured_credentials_only),
+        case!(parent_demanding_auth_wrong_then_right),
+        case!(a_parent_407_on_plain_http_is_an_upstream_failure_not_the_origin_answer),
+        case!(credentials_file_supplies_parent_credentials),
+        case!(socks5_parent_gets_the_pin_and_rfc1929_credentials),
+        case!(socks5_parent_with_pin_off_gets_the_name),
+        case!(fallback_on_connection_failure_then_skip_the_failed_parent),
+        case!(a_parent_that_answers_is_not_a_reason_to_fall_back),
+        case!(denied_targets_never_reach_a_parent),
+        case!(crlf_and_nul_in_client_fields_cannot_reach_the_parent),
+        case!(env_mode_uses_https_proxy_for_tunnels_http_proxy_for_http_and_no_proxy),
+        case!(env_mode_with_an_unusable_variable_refuses_to_start),
+        case!(plain_http_to_a_silent_upstream_is_a_504_after_idle_tunnel),
+    ]
 }

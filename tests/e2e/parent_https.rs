@@ -5,6 +5,8 @@
 //! words; PAC `HTTPS host:port` entries and SOCKS5 clients use the same path.
 
 use anyhow::Result;
+use e2e::case;
+use e2e::harness::Case;
 use e2e::parent::{HttpParent, HttpParentMode, PacServer};
 use e2e::socks::{REP_SUCCEEDED, SocksTarget};
 use e2e::tls::TestCa;
@@ -32,7 +34,6 @@ fn https_parents(ca: &TestCa, parents: &[String]) -> MediatorBuilder {
         .authority(agent_a_spec())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_through_an_https_parent_runs_inside_tls() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = TestCa::create(dir.path())?;
@@ -69,7 +70,6 @@ async fn connect_through_an_https_parent_runs_inside_tls() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_and_socks5_go_through_the_https_parent_too() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = TestCa::create(dir.path())?;
@@ -110,7 +110,6 @@ async fn plain_http_and_socks5_go_through_the_https_parent_too() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_parent_certificate_falls_back_and_says_why() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let trusted = TestCa::create(dir.path())?;
@@ -153,7 +152,6 @@ async fn an_untrusted_parent_certificate_falls_back_and_says_why() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_only_parent_with_a_bad_certificate_is_an_upstream_failure_in_words() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let trusted = TestCa::create(dir.path())?;
@@ -176,7 +174,6 @@ async fn an_only_parent_with_a_bad_certificate_is_an_upstream_failure_in_words()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pac_https_entry_is_an_https_parent() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = TestCa::create(dir.path())?;
@@ -214,7 +211,6 @@ async fn a_pac_https_entry_is_an_https_parent() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_certificate_for_another_name_is_said_in_words_once() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca = TestCa::create(dir.path())?;
@@ -242,4 +238,16 @@ async fn a_parent_certificate_for_another_name_is_said_in_words_once() -> Result
     );
     assert!(!detail.contains("DnsName"), "{detail}");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(connect_through_an_https_parent_runs_inside_tls),
+        case!(plain_http_and_socks5_go_through_the_https_parent_too),
+        case!(an_untrusted_parent_certificate_falls_back_and_says_why),
+        case!(an_only_parent_with_a_bad_certificate_is_an_upstream_failure_in_words),
+        case!(a_pac_https_entry_is_an_https_parent),
+        case!(a_parent_certificate_for_another_name_is_said_in_words_once),
+    ]
 }

@@ -4,6 +4,9 @@
 //! the grace ends, and a cut reaches the client as a reset, never as the origin's end of
 //! a complete transfer.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -78,7 +81,6 @@ fn rejudged(line: &Value, decision: &str) -> bool {
             .is_some_and(|d| d.starts_with("judged again after a reload"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_widens_a_grant_keeps_its_live_connections_under_the_new_generation()
 -> Result<()> {
     let fx = Fixture::start(
@@ -164,7 +166,6 @@ async fn a_reload_that_widens_a_grant_keeps_its_live_connections_under_the_new_g
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl_sees_a_reset()
 -> Result<()> {
     let fx = Fixture::start(
@@ -229,7 +230,6 @@ async fn a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl
 /// A reload that re-creates an authority never leaves a moment in which its credential
 /// names no authority: TCP requests sent while reloads run are all allowed (the old entry
 /// stays live until the new one takes its place in one step).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_during_reloads_never_meet_a_missing_authority() -> Result<()> {
     let fx = std::sync::Arc::new(
         Fixture::start(
@@ -286,4 +286,14 @@ async fn requests_during_reloads_never_meet_a_missing_authority() -> Result<()> 
         .collect();
     ensure!(missing.is_empty(), "{missing:?}");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(a_reload_that_widens_a_grant_keeps_its_live_connections_under_the_new_generation),
+        case!(a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl_sees_a_reset)
+            .needs(&[Tool::Curl]),
+        case!(requests_during_reloads_never_meet_a_missing_authority).threads(4),
+    ]
 }

@@ -3,6 +3,9 @@
 //! allowed without `?access_token=`, and `POST` only with a JSON `Content-Type`.
 
 use anyhow::{Result, ensure};
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use e2e::mediator::{toml_list, toml_str};
 use e2e::tls::{TestCa, TlsOrigin};
 use e2e::{AGENT_A, Fixture, TOKEN_A, agent_a_allowing};
@@ -11,7 +14,6 @@ use crate::support::mediator;
 
 const API: &str = "api.test";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_and_query_rules_narrow_terminated_requests() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;
@@ -138,4 +140,9 @@ async fn header_and_query_rules_narrow_terminated_requests() -> Result<()> {
     // The decision lines keep the query redacted, as for every terminated request.
     fx.mediator.expect_log_lacks("abc")?;
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![case!(header_and_query_rules_narrow_terminated_requests).needs(&[Tool::Curl])]
 }

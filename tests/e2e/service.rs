@@ -5,6 +5,9 @@
 //! authorities created through the admin API, and the operator guide's config reference
 //! against the config schema.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -45,7 +48,6 @@ async fn wait_stderr(fx: &e2e::Mediator, needle: &str) -> Result<()> {
     .with_context(|| format!("stderr:\n{}", fx.stderr_text()))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigusr1_reopens_the_decision_log_without_losing_a_line() -> Result<()> {
     let fx = agent_a().await?;
     let m = &fx.mediator;
@@ -110,7 +112,6 @@ async fn sigusr1_reopens_the_decision_log_without_losing_a_line() -> Result<()> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reopen_that_fails_keeps_writing_to_the_old_file() -> Result<()> {
     let fx = agent_a().await?;
     let m = &fx.mediator;
@@ -147,7 +148,6 @@ async fn a_reopen_that_fails_keeps_writing_to_the_old_file() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_log_that_cannot_be_written_stops_the_mediator() -> Result<()> {
     let mut fx = agent_a().await?;
     let log = fx.mediator.log_path().to_owned();
@@ -167,7 +167,6 @@ async fn a_decision_log_that_cannot_be_written_stops_the_mediator() -> Result<()
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr2_is_ignored_and_sigquit_shuts_down_cleanly() -> Result<()> {
     let mut fx = agent_a().await?;
     let sock = fx.mediator.socket_path(AGENT_A);
@@ -207,7 +206,6 @@ async fn notification(sock: &UnixDatagram) -> Result<String> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_manager_is_notified_ready_reloading_and_stopping() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("notify.sock");
@@ -288,7 +286,6 @@ async fn the_service_manager_is_notified_ready_reloading_and_stopping() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_config_reloads_when_the_file_is_replaced() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -323,7 +320,6 @@ async fn watch_config_reloads_when_the_file_is_replaced() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_asks_the_admin_api() -> Result<()> {
     let fx = Fixture::start(mediator().authority(e2e::agent_a_spec()).admin(true)).await?;
     let admin = fx.mediator.admin_addr()?.to_string();
@@ -355,7 +351,6 @@ async fn health_asks_the_admin_api() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_finds_the_admin_socket_in_the_config() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let admin_sock = dir.path().join("admin.sock");
@@ -379,7 +374,6 @@ async fn health_finds_the_admin_socket_in_the_config() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn version_names_the_git_revision() -> Result<()> {
     let out = run(bin(), &["--version"]).await?;
     assert!(out.status.success());
@@ -399,13 +393,12 @@ async fn version_names_the_git_revision() -> Result<()> {
         )
     );
     // Built from a checkout: the revision is its HEAD (40 hex digits).
-    let head = std::process::Command::new("git")
+    let head = Tool::Git
+        .std_command("git")?
         .args(["rev-parse", "HEAD"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output();
-    if let Some(head) = head.ok().filter(|o| o.status.success())
-        && std::env::var_os("GIT_REVISION").is_none()
-    {
+        .output()?;
+    if head.status.success() && std::env::var_os("GIT_REVISION").is_none() {
         assert_eq!(revision, String::from_utf8_lossy(&head.stdout).trim());
     }
     assert!(
@@ -418,7 +411,6 @@ async fn version_names_the_git_revision() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_and_man_pages_come_from_the_cli() -> Result<()> {
     let out = run(bin(), &["completions", "bash"]).await?;
     assert!(out.status.success(), "{out:?}");
@@ -455,7 +447,6 @@ async fn completions_and_man_pages_come_from_the_cli() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_authorities_are_per_process_and_say_so() -> Result<()> {
     let Fixture {
         dns,
@@ -542,7 +533,6 @@ async fn schema_keys(dir: &Path, section: &str, body: &str) -> Result<BTreeSet<S
         .collect())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_guide_documents_every_config_key() -> Result<()> {
     let guide = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md"),
@@ -621,7 +611,6 @@ async fn the_operator_guide_documents_every_config_key() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_shipped_config_passes_check() -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for file in ["examples/mediator.toml", "docker/compose/mediator.toml"] {
@@ -634,4 +623,23 @@ async fn every_shipped_config_passes_check() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(sigusr1_reopens_the_decision_log_without_losing_a_line).threads(4),
+        case!(a_reopen_that_fails_keeps_writing_to_the_old_file),
+        case!(a_decision_log_that_cannot_be_written_stops_the_mediator),
+        case!(sigusr2_is_ignored_and_sigquit_shuts_down_cleanly),
+        case!(the_service_manager_is_notified_ready_reloading_and_stopping),
+        case!(watch_config_reloads_when_the_file_is_replaced),
+        case!(health_asks_the_admin_api),
+        case!(health_finds_the_admin_socket_in_the_config),
+        case!(version_names_the_git_revision).needs(&[Tool::Git]),
+        case!(completions_and_man_pages_come_from_the_cli),
+        case!(api_authorities_are_per_process_and_say_so),
+        case!(the_operator_guide_documents_every_config_key),
+        case!(every_shipped_config_passes_check),
+    ]
 }

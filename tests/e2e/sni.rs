@@ -7,6 +7,9 @@
 //! loopback) that records what each connection sent; it does not speak TLS, so curl's
 //! handshake fails after the mediator's verdict, which is all these tests need.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -128,7 +131,6 @@ async fn curl_tls(fx: &Fixture, args: &[&str]) -> Result<CurlOutput> {
     fx.mediator.curl_via("http", (AGENT_A, TOKEN_A), &all).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_byte() -> Result<()> {
     let ip = origin_ip(1);
     let (seen, _) = recording_origin(ip, 443).await?;
@@ -179,7 +181,6 @@ async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_by
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Result<()> {
     let ip = origin_ip(2);
     let (seen, _) = recording_origin(ip, 443).await?;
@@ -203,7 +204,6 @@ async fn matching_sni_passes_and_the_hello_reaches_the_origin_unchanged() -> Res
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> Result<()> {
     let ip = origin_ip(3);
     let (seen, _) = recording_origin(ip, 443).await?;
@@ -215,7 +215,6 @@ async fn non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello() -> R
     refused(&fx, conn, &seen, "TLS ClientHello").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
     // The SNI rule holds for every tunnel that starts with a TLS handshake, not just 443.
     let ip = origin_ip(4);
@@ -234,7 +233,6 @@ async fn domain_fronting_on_another_port_is_refused_too() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()> {
     // SSH-like: the server sends a banner and waits; the mediator must not wait for the
     // client's first bytes before relaying.
@@ -263,7 +261,6 @@ async fn a_server_that_speaks_first_is_not_held_up_on_other_ports() -> Result<()
 
 /// Off 443, a client-first stream whose first byte is 0x16 but that is not a TLS record
 /// (no 0x03 version after it) is an opaque tunnel, not an unreadable ClientHello.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     let ip = origin_ip(5);
     let (seen, port) = recording_origin(ip, 0).await?;
@@ -286,7 +283,6 @@ async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
 /// a stream that starts like TLS) is read whole: the SNI is checked on all of it.
 const LONG_HELLO: usize = 2048;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_hello_naming_another_host_off_443_is_refused() -> Result<()> {
     let ip = origin_ip(6);
     let (seen, port) = recording_origin(ip, 0).await?;
@@ -296,7 +292,6 @@ async fn a_long_hello_naming_another_host_off_443_is_refused() -> Result<()> {
     refused(&fx, conn, &seen, "evil.test").await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Result<()> {
     let ip = origin_ip(7);
     let (seen, port) = recording_origin(ip, 0).await?;
@@ -319,7 +314,6 @@ async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Res
 /// A client that stays silent past the request-head timeout and then sends a ClientHello
 /// naming another host (off 443, to an origin that does not speak first) is still held to
 /// the SNI rule: silence does not turn the tunnel into an unchecked one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Result<()> {
     const REQUEST_HEAD_SECS: u64 = 1;
     let ip = origin_ip(8);
@@ -335,7 +329,6 @@ async fn a_hello_sent_after_the_request_head_timeout_is_still_checked() -> Resul
 
 /// Off 443, a tunnel in which nobody speaks is closed after `idle_tunnel` as the relay's
 /// idle timeout is: `idle_timeout` in its close record, a reset for the client.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()> {
     let ip = origin_ip(9);
     let (_seen, port) = recording_origin(ip, 0).await?;
@@ -359,7 +352,6 @@ async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()>
 /// Off 443, a tunnel still waiting for the client's first bytes when its authority is
 /// revoked is cut when the grace ends, as a relayed one is: a reset, close reason
 /// `shutdown`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked() -> Result<()> {
     let ip = origin_ip(10);
     let (seen, port) = recording_origin(ip, 0).await?;
@@ -383,4 +375,22 @@ async fn a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked() -> Resu
     let first = first_recorded(&seen).await?;
     assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_byte)
+            .needs(&[Tool::Curl]),
+        case!(matching_sni_passes_and_the_hello_reaches_the_origin_unchanged).needs(&[Tool::Curl]),
+        case!(non_tls_bytes_in_a_443_tunnel_are_refused_as_an_unreadable_hello),
+        case!(domain_fronting_on_another_port_is_refused_too).needs(&[Tool::Curl]),
+        case!(a_server_that_speaks_first_is_not_held_up_on_other_ports),
+        case!(a_binary_stream_starting_with_0x16_passes_off_443),
+        case!(a_long_hello_naming_another_host_off_443_is_refused),
+        case!(a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte),
+        case!(a_hello_sent_after_the_request_head_timeout_is_still_checked),
+        case!(a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout),
+        case!(a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked),
+    ]
 }

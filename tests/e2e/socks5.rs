@@ -2,6 +2,9 @@
 //! with `--socks5-hostname`, each address type, the method and authentication failures,
 //! unsupported commands, and the `REP` codes for policy, DNS and upstream failures.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -31,7 +34,6 @@ async fn fixture() -> Result<Fixture> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_socks5_hostname_with_user_pass_reaches_origin() -> Result<()> {
     let fx = fixture().await?;
     let url = format!("http://{}/s5", fx.origin_target());
@@ -52,7 +54,6 @@ async fn curl_socks5_hostname_with_user_pass_reaches_origin() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_domain_outside_grant_gets_rep_0x02() -> Result<()> {
     let fx = fixture().await?;
     fx.dns.set("other.test", [LOOPBACK]);
@@ -76,7 +77,6 @@ async fn socks5_domain_outside_grant_gets_rep_0x02() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_without_user_pass_method_on_tcp_gets_0xff() -> Result<()> {
     let fx = fixture().await?;
     let mut s = fx.socks().await?;
@@ -90,7 +90,6 @@ async fn socks5_without_user_pass_method_on_tcp_gets_0xff() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_prefers_user_pass_when_offered_alongside_no_auth() -> Result<()> {
     let fx = fixture().await?;
     let mut s = fx.socks().await?;
@@ -102,7 +101,6 @@ async fn socks5_prefers_user_pass_when_offered_alongside_no_auth() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_wrong_password_fails_auth_and_closes() -> Result<()> {
     let fx = fixture().await?;
     let mut s = fx.socks().await?;
@@ -123,7 +121,6 @@ async fn socks5_wrong_password_fails_auth_and_closes() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_unknown_authority_fails_auth_and_closes() -> Result<()> {
     let fx = fixture().await?;
     let mut s = fx.socks().await?;
@@ -141,7 +138,6 @@ async fn socks5_unknown_authority_fails_auth_and_closes() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_bind_and_udp_associate_get_rep_0x07() -> Result<()> {
     let fx = fixture().await?;
     let target = SocksTarget::Domain(ORIGIN_HOST.into(), fx.origin.port());
@@ -180,7 +176,6 @@ async fn socks5_bind_and_udp_associate_get_rep_0x07() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_atyp_ipv4_connects_to_allowed_literal() -> Result<()> {
     let fx = fixture().await?;
     let (mut s, reply) = fx
@@ -197,7 +192,6 @@ async fn socks5_atyp_ipv4_connects_to_allowed_literal() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_atyp_ipv6_connects_to_allowed_literal() -> Result<()> {
     let fx = fixture().await?;
     let origin6 = Origin::start_on("[::1]:0".parse()?).await?;
@@ -218,7 +212,6 @@ async fn socks5_atyp_ipv6_connects_to_allowed_literal() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_atyp_domain_connects_and_relays() -> Result<()> {
     let fx = fixture().await?;
     let (mut s, reply) = fx
@@ -229,7 +222,6 @@ async fn socks5_atyp_domain_connects_and_relays() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_nxdomain_gets_rep_0x04() -> Result<()> {
     let fx = fixture().await?;
     let (_s, reply) = fx
@@ -246,7 +238,6 @@ async fn socks5_nxdomain_gets_rep_0x04() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_refused_upstream_gets_rep_0x05() -> Result<()> {
     let fx = fixture().await?;
     let dead = SocketAddr::from((LOOPBACK, closed_loopback_port()?));
@@ -262,7 +253,6 @@ async fn socks5_refused_upstream_gets_rep_0x05() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_non_canonical_ip_as_domain_is_refused_malformed_target() -> Result<()> {
     let fx = fixture().await?;
     let (_s, reply) = fx
@@ -284,7 +274,6 @@ async fn socks5_non_canonical_ip_as_domain_is_refused_malformed_target() -> Resu
 /// connection was allowed and opened upstream, so its close record must still be written
 /// (a missing close record is lost accounting). The watchdog holds the decision until the
 /// client is gone, so the reply's write is sure to fail.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_reply_the_client_cannot_take_still_gets_its_close_record() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let gate = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -317,4 +306,24 @@ async fn a_success_reply_the_client_cannot_take_still_gets_its_close_record() ->
         "{close}"
     );
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(curl_socks5_hostname_with_user_pass_reaches_origin).needs(&[Tool::Curl]),
+        case!(socks5_domain_outside_grant_gets_rep_0x02),
+        case!(socks5_without_user_pass_method_on_tcp_gets_0xff),
+        case!(socks5_prefers_user_pass_when_offered_alongside_no_auth),
+        case!(socks5_wrong_password_fails_auth_and_closes),
+        case!(socks5_unknown_authority_fails_auth_and_closes),
+        case!(socks5_bind_and_udp_associate_get_rep_0x07),
+        case!(socks5_atyp_ipv4_connects_to_allowed_literal),
+        case!(socks5_atyp_ipv6_connects_to_allowed_literal),
+        case!(socks5_atyp_domain_connects_and_relays),
+        case!(socks5_nxdomain_gets_rep_0x04),
+        case!(socks5_refused_upstream_gets_rep_0x05),
+        case!(socks5_non_canonical_ip_as_domain_is_refused_malformed_target),
+        case!(a_success_reply_the_client_cannot_take_still_gets_its_close_record),
+    ]
 }

@@ -5,6 +5,9 @@
 //! never; `mediator check` and `explain` say which source was used and what it said;
 //! SIGHUP reads the settings again.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
@@ -15,22 +18,66 @@ use serde_json::json;
 
 use crate::support::mediator;
 
-/// Compiles the dconf keyfile `keyfile` (GVariant text values) into the database
-/// `<dir>/<name>` with `dconf compile` (package dconf-cli).
-async fn dconf_db(dir: &Path, name: &str, keyfile: &str) -> Result<PathBuf> {
+/// Writes the dconf database `<dir>/<name>` holding the keyfile `keyfile` (GVariant text
+/// values) with gvdb's writer, as `dconf compile` would.
+fn dconf_db(dir: &Path, name: &str, keyfile: &str) -> Result<PathBuf> {
+    let out = dir.join(name);
+    e2e::dconf::write_db(&out, keyfile)?;
+    Ok(out)
+}
+
+/// Compiles the dconf keyfile `keyfile` into the database `<dir>/<name>` with the real
+/// `dconf compile` (package dconf-cli).
+async fn dconf_compile(dir: &Path, name: &str, keyfile: &str) -> Result<PathBuf> {
     let src = dir.join(format!("{name}.d"));
     std::fs::create_dir_all(&src)?;
     std::fs::write(src.join("00-proxy"), keyfile)?;
     let out = dir.join(name);
-    let status = tokio::process::Command::new("dconf")
+    let status = Tool::Dconf
+        .command("dconf")?
         .arg("compile")
         .arg(&out)
         .arg(&src)
         .status()
         .await
-        .context("running dconf compile (install dconf-cli)")?;
+        .context("running dconf compile")?;
     ensure!(status.success(), "dconf compile failed");
     Ok(out)
+}
+
+/// The databases the other tests write with gvdb read exactly as those `dconf compile`
+/// makes: every kind of value they use (strings, an int32 port, booleans, a string
+/// array), one `mediator check` on each, the same reading but for the file's name.
+async fn a_database_from_dconf_compile_reads_as_the_one_the_tests_write() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let keyfile = "[system/proxy]\nmode='manual'\nuse-same-proxy=false\n\
+                   ignore-hosts=['*.internal.test', 'localhost']\n\n\
+                   [system/proxy/https]\nhost='127.0.0.1'\nport=3129\n\n\
+                   [system/proxy/http]\nhost='127.0.0.1'\nport=3128\n\
+                   use-authentication=@b false\n";
+    let compiled = dconf_compile(dir.path(), "compiled", keyfile).await?;
+    let written = dconf_db(dir.path(), "written", keyfile)?;
+    let kde = dir.path().join("kioslaverc");
+    std::fs::write(&kde, "[Proxy Settings]\nProxyType=0\n")?;
+    let mut readings = Vec::new();
+    for db in [&compiled, &written] {
+        let (status, out) = system_mode(&[db], &[&kde]).check().await?;
+        ensure!(status.success(), "{out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains("upstream: system: GNOME"))
+            .with_context(|| format!("no GNOME reading in {out}"))?;
+        readings.push(line.replace(&db.display().to_string(), "DB"));
+    }
+    ensure!(
+        readings[0] == readings[1]
+            && readings[0].contains("3129")
+            && readings[0].contains("*.internal.test"),
+        "dconf compile: {}\ngvdb writer:   {}",
+        readings[0],
+        readings[1]
+    );
+    Ok(())
 }
 
 /// `mode = "system"` reading exactly `dconf` and `kioslaverc` (fixture paths).
@@ -49,7 +96,6 @@ fn system_mode(dconf: &[&Path], kioslaverc: &[&Path]) -> MediatorBuilder {
         .authority(agent_a_spec())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let tunnels = HttpParent::start().await?;
@@ -64,8 +110,7 @@ async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
             tunnels.addr().port(),
             plain.addr().port()
         ),
-    )
-    .await?;
+    )?;
     let kde = dir.path().join("kioslaverc");
     std::fs::write(&kde, "[Proxy Settings]\nProxyType=0\n")?;
     let builder = system_mode(&[&db], &[&kde]);
@@ -114,7 +159,6 @@ async fn gnome_manual_settings_route_through_their_parents() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let parent = HttpParent::start().await?;
@@ -130,8 +174,7 @@ async fn a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused() -> Result<()> {
             "[system/proxy]\nmode='auto'\nautoconfig-url='{}'\n",
             pac.url()
         ),
-    )
-    .await?;
+    )?;
     let fx = Fixture::start(
         system_mode(&[&db], &[])
             .upstream_line(&format!("allowed_parents = [\"{}\"]", parent.addr())),
@@ -141,7 +184,7 @@ async fn a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused() -> Result<()> {
     assert_eq!(resp.status, 200, "{}", resp.text());
     parent.wait_requests(1).await?;
 
-    let wpad = dconf_db(dir.path(), "wpad", "[system/proxy]\nmode='auto'\n").await?;
+    let wpad = dconf_db(dir.path(), "wpad", "[system/proxy]\nmode='auto'\n")?;
     let err = system_mode(&[&wpad], &[]).start_err().await?;
     assert!(
         err.contains("WPAD") && err.contains(&wpad.display().to_string()),
@@ -150,7 +193,6 @@ async fn a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let kde_parent = HttpParent::start().await?;
@@ -160,8 +202,7 @@ async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()>
         dir.path(),
         "other",
         "[org/gnome/desktop/interface]\nclock-format='24h'\n",
-    )
-    .await?;
+    )?;
     let kde = dir.path().join("kioslaverc");
     std::fs::write(
         &kde,
@@ -203,7 +244,6 @@ async fn without_gnome_settings_kde_decides_then_the_environment() -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reads_the_settings_again() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let first = HttpParent::start().await?;
@@ -251,7 +291,6 @@ async fn sighup_reads_the_settings_again() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let parent = HttpParent::start().await?;
@@ -264,7 +303,7 @@ async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
         "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
         parent.addr().port()
     );
-    let db = dconf_db(dir.path(), "user", &manual).await?;
+    let db = dconf_db(dir.path(), "user", &manual)?;
     let fx = Fixture::start(system_mode(&[&db], &[])).await?;
     let resp = fx.tunnel_get("origin.test", "/manual").await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -279,8 +318,7 @@ async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
             "[system/proxy]\nmode='auto'\nautoconfig-url='{}'\n",
             pac.url()
         ),
-    )
-    .await?;
+    )?;
     fx.mediator.signal(Signal::SIGHUP)?;
     fx.mediator
         .wait_for_stderr(
@@ -300,7 +338,6 @@ async fn after_a_reread_a_pac_may_name_only_allowed_parents() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let parent = HttpParent::start_with(Some(("alice", "s3cret")), Default::default()).await?;
@@ -312,7 +349,7 @@ async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Re
             parent.addr().port()
         )
     };
-    let db = dconf_db(dir.path(), "user", &keyfile("true")).await?;
+    let db = dconf_db(dir.path(), "user", &keyfile("true"))?;
     let builder = system_mode(&[&db], &[]);
     let (status, out) = builder.check().await?;
     assert!(
@@ -333,7 +370,7 @@ async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Re
     parent.wait_requests(1).await?;
 
     // `false` (here as a typed GVariant) means no credentials.
-    dconf_db(dir.path(), "user", &keyfile("@b false")).await?;
+    dconf_db(dir.path(), "user", &keyfile("@b false"))?;
     let (status, out) = system_mode(&[&db], &[]).check().await?;
     assert!(
         status.success() && !out.contains("authentication-user"),
@@ -342,7 +379,6 @@ async fn gnome_use_authentication_gives_the_http_proxy_basic_credentials() -> Re
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_settings_file_that_is_missing_or_headerless_is_an_error() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let parent = HttpParent::start().await?;
@@ -353,8 +389,7 @@ async fn a_named_settings_file_that_is_missing_or_headerless_is_an_error() -> Re
             "[system/proxy]\nmode='manual'\n\n[system/proxy/https]\nhost='127.0.0.1'\nport={}\n",
             parent.addr().port()
         ),
-    )
-    .await?;
+    )?;
     let missing = dir.path().join("no-such-kioslaverc");
     let (status, out) = system_mode(&[&db], &[&missing]).check().await?;
     assert!(
@@ -396,4 +431,18 @@ async fn a_named_settings_file_that_is_missing_or_headerless_is_an_error() -> Re
     assert_eq!(resp.status, 200, "{}", resp.text());
     parent.wait_requests(1).await?;
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(gnome_manual_settings_route_through_their_parents).needs(&[Tool::Curl]),
+        case!(a_database_from_dconf_compile_reads_as_the_one_the_tests_write).needs(&[Tool::Dconf]),
+        case!(a_gnome_autoconfig_url_is_a_pac_and_wpad_is_refused),
+        case!(without_gnome_settings_kde_decides_then_the_environment),
+        case!(sighup_reads_the_settings_again),
+        case!(after_a_reread_a_pac_may_name_only_allowed_parents),
+        case!(gnome_use_authentication_gives_the_http_proxy_basic_credentials).needs(&[Tool::Curl]),
+        case!(a_named_settings_file_that_is_missing_or_headerless_is_an_error),
+    ]
 }

@@ -2,6 +2,9 @@
 //! driven by real curl, the close record's byte counts, credential failures, and the
 //! upstream failures (refused -> 502, connect timeout -> 504, NXDOMAIN -> 502).
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -13,7 +16,6 @@ use serde_json::{Value, json};
 
 use crate::support::{agent_a, mediator};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<()> {
     let fx = agent_a().await?;
     let url = format!("http://{}/hello?x=1", fx.origin_target());
@@ -57,7 +59,6 @@ async fn curl_proxytunnel_with_credentials_reaches_loopback_origin() -> Result<(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
     let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
@@ -93,7 +94,6 @@ async fn close_line_counts_exactly_the_tunnelled_bytes() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
     let fx = agent_a().await?;
     let resp = fx.connect(&fx.origin_target(), None).await?;
@@ -121,7 +121,6 @@ async fn connect_without_credential_is_407_bad_credential() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
     let fx = agent_a().await?;
     let resp = fx
@@ -145,7 +144,6 @@ async fn connect_with_wrong_token_is_407_bad_credential() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<()> {
     let fx = agent_a().await?;
     let resp = fx
@@ -171,7 +169,6 @@ async fn connect_naming_unknown_authority_is_407_unknown_authority() -> Result<(
 
 /// A missing credential, an unknown name, a known name without a token and a wrong
 /// token get exactly the same answer: a client cannot learn which authorities exist.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_failed_authentication_gets_the_same_answer() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -221,7 +218,6 @@ async fn every_failed_authentication_gets_the_same_answer() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> Result<()> {
     let fx = agent_a().await?;
     let port = closed_loopback_port()?;
@@ -245,7 +241,6 @@ async fn connect_to_loopback_port_without_listener_is_502_upstream_failure() -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() -> Result<()> {
     // A listener with backlog 1 that never accepts: once its accept queue is full the
     // kernel drops further SYNs, so the mediator's connect hangs until its timeout.
@@ -264,7 +259,6 @@ async fn connect_to_unresponsive_loopback_port_is_504_after_connect_timeout() ->
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
     let fx = Fixture::start(mediator().authority(agent_a_spec().allow(&["nx.test"]))).await?;
     let resp = fx.connect_a("nx.test:80").await?;
@@ -293,7 +287,6 @@ async fn connect_to_nxdomain_name_is_502_dns_failure() -> Result<()> {
 /// A client may send its first tunnel bytes in the same write as the CONNECT head (no
 /// wait for the 200). Those bytes were read with the head: they must reach the origin
 /// first, in order, and count in the close record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()> {
     let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
@@ -322,7 +315,6 @@ async fn tunnel_bytes_sent_with_the_connect_head_reach_the_origin() -> Result<()
 
 /// A denied CONNECT is answered and the connection stays usable: the next CONNECT on it
 /// is decided on its own and can open a tunnel.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() -> Result<()> {
     let fx = agent_a().await?;
     let mut conn = fx.tcp_conn().await?;
@@ -342,7 +334,6 @@ async fn a_denied_connect_leaves_the_connection_usable_for_the_next_request() ->
 
 /// Megabytes each way through a tunnel on the TCP channel: the relay moves from copying
 /// to splice(2) mid-stream; every byte must arrive, in order, and be counted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
     let fx = agent_a().await?;
     let mut conn = fx.tunnel_a().await?;
@@ -386,7 +377,6 @@ async fn a_bulk_tunnel_keeps_every_byte_and_counts_it() -> Result<()> {
 /// The request-head timeout bounds the whole head, however its bytes are spread: a client
 /// that sends its first byte late and the rest slowly is closed when the timeout, counted
 /// from the connection, ends (not a fresh timeout after the first byte).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -416,4 +406,23 @@ async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte(
     );
     assert_eq!(fx.origin.connections(), 0);
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(curl_proxytunnel_with_credentials_reaches_loopback_origin).needs(&[Tool::Curl]),
+        case!(close_line_counts_exactly_the_tunnelled_bytes),
+        case!(connect_without_credential_is_407_bad_credential),
+        case!(connect_with_wrong_token_is_407_bad_credential),
+        case!(connect_naming_unknown_authority_is_407_unknown_authority),
+        case!(every_failed_authentication_gets_the_same_answer),
+        case!(connect_to_loopback_port_without_listener_is_502_upstream_failure),
+        case!(connect_to_unresponsive_loopback_port_is_504_after_connect_timeout),
+        case!(connect_to_nxdomain_name_is_502_dns_failure),
+        case!(tunnel_bytes_sent_with_the_connect_head_reach_the_origin),
+        case!(a_denied_connect_leaves_the_connection_usable_for_the_next_request),
+        case!(a_bulk_tunnel_keeps_every_byte_and_counts_it),
+        case!(the_request_head_timeout_counts_from_the_connection_not_the_first_byte),
+    ]
 }

@@ -7,6 +7,9 @@
 //! Clients: real curl (`--http1.1`, `--http2`) trusting only the mediator's CA, and a hyper
 //! HTTP/2 client over rustls.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -194,7 +197,6 @@ fn header<'a>(out: &'a CurlOutput, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.trim())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_request_is_terminated_forwarded_and_logged_with_the_query_redacted() -> Result<()> {
     let env = start(true).await?;
     let out = env
@@ -243,7 +245,6 @@ async fn http1_request_is_terminated_forwarded_and_logged_with_the_query_redacte
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_denial()
 -> Result<()> {
     let env = start(true).await?;
@@ -308,7 +309,6 @@ async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_30_kb_header_passes_on_http2_as_on_http1_under_the_request_head_limit() -> Result<()> {
     // `[limits] request_head_bytes` is 64 KiB by default: a 30 KB header fits on both
     // versions (HTTP/2 no longer stops at hyper's 16 KiB header list).
@@ -335,7 +335,6 @@ async fn a_30_kb_header_passes_on_http2_as_on_http1_under_the_request_head_limit
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_connection()
 -> Result<()> {
     let env = start(true).await?;
@@ -397,7 +396,6 @@ async fn hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_conn
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domain_fronting_with_the_host_header_or_sni_of_another_host_is_refused() -> Result<()> {
     let env = start(true).await?;
     // Host header of a denied host inside a tunnel to an allowed one.
@@ -441,7 +439,6 @@ async fn domain_fronting_with_the_host_header_or_sni_of_another_host_is_refused(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_certificate_not_trusted_is_a_clear_502() -> Result<()> {
     // The origin's CA is not in extra_ca_files (nor in the system store).
     let env = start(false).await?;
@@ -468,7 +465,6 @@ async fn upstream_certificate_not_trusted_is_a_clear_502() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
     let env = start(true).await?;
     let first = std::fs::read_to_string(&env.mediator_ca)?;
@@ -500,7 +496,6 @@ async fn ca_persists_across_restarts_and_ca_cert_prints_it() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_tunnels_are_terminated_under_the_same_rules() -> Result<()> {
     let env = start(true).await?;
     let url = env.url("/public/s");
@@ -525,7 +520,6 @@ async fn socks5_tunnels_are_terminated_under_the_same_rules() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_443_tunnel_passes_the_sni_gate_and_is_then_terminated() -> Result<()> {
     // On 443 the SNI gate reads the ClientHello first; termination must replay it. The
     // origin has an address of its own so that no other test competes for port 443.
@@ -551,7 +545,6 @@ async fn port_443_tunnel_passes_the_sni_gate_and_is_then_terminated() -> Result<
 /// Path tricks that Tomcat, Jetty or Spring (`..;`), double-decoding servers (`%252e`) or
 /// lenient decoders (`%c0%ae`, `%u002e`) serve outside the rule's prefix are refused
 /// before the origin sees them; a plain path with unreserved characters still passes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_rule_escapes_are_refused_inside_the_tunnel() -> Result<()> {
     let env = start(true).await?;
     let out = env
@@ -586,7 +579,6 @@ async fn path_rule_escapes_are_refused_inside_the_tunnel() -> Result<()> {
 
 /// `tls_terminate = ["api.test"]` with rules: plain absolute-form `http://api.test/...`
 /// is held to the same rules, on every request of a kept-alive connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Result<()> {
     let env = start(true).await?;
     // The fixture's plain HTTP origin on 127.0.0.1, which api.test resolves to.
@@ -676,7 +668,6 @@ async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Res
 
 /// A terminated connection opened before its authority was revoked gets no further
 /// decision: the next request is `unknown_authority` at once, not at the end of the grace.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_revoked() -> Result<()>
 {
     let env = start_with(true, any_loopback_port(), |b| {
@@ -718,7 +709,6 @@ async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_re
 /// An `:authority` (or `Host`) that is not the tunnel host: answered `421` where the
 /// request reaches the mediator (a port that is not a port is malformed, never 443), and
 /// logged too where the HTTP/2 layer resets a request it cannot parse (`PROTOCOL_ERROR`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2() -> Result<()> {
     // On 443, where a port that does not parse must not pass for the default port. An
     // address of its own (127.66.1.1:443 is another test's).
@@ -794,4 +784,28 @@ async fn a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2() -
     assert_eq!(line["host"], API, "{line}");
     ensure!(env.origin.requests() == before, "nothing was forwarded");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(http1_request_is_terminated_forwarded_and_logged_with_the_query_redacted)
+            .needs(&[Tool::Curl]),
+        case!(http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_denial)
+            .needs(&[Tool::Curl]),
+        case!(a_30_kb_header_passes_on_http2_as_on_http1_under_the_request_head_limit)
+            .needs(&[Tool::Curl]),
+        case!(hyper_h2_client_gets_allowed_denied_and_misdirected_answers_on_one_connection),
+        case!(domain_fronting_with_the_host_header_or_sni_of_another_host_is_refused)
+            .needs(&[Tool::Curl]),
+        case!(upstream_certificate_not_trusted_is_a_clear_502).needs(&[Tool::Curl]),
+        case!(ca_persists_across_restarts_and_ca_cert_prints_it).needs(&[Tool::Curl]),
+        case!(socks5_tunnels_are_terminated_under_the_same_rules).needs(&[Tool::Curl]),
+        case!(port_443_tunnel_passes_the_sni_gate_and_is_then_terminated).needs(&[Tool::Curl]),
+        case!(path_rule_escapes_are_refused_inside_the_tunnel).needs(&[Tool::Curl]),
+        case!(request_rules_also_apply_to_plain_http_for_the_terminated_host).needs(&[Tool::Curl]),
+        case!(requests_on_an_open_terminated_connection_stop_when_the_authority_is_revoked),
+        case!(a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2)
+            .needs(&[Tool::Curl]),
+    ]
 }

@@ -5,6 +5,9 @@
 //! curl cannot use an HTTP proxy on a Unix socket, so CONNECT uses our raw client; curl
 //! does drive SOCKS5 over the socket (`socks5h://localhost/<path>`).
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 
 use anyhow::{Result, ensure};
@@ -54,7 +57,6 @@ fn check_unix_peer(line: &Value, pid: u32) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_authority_gets_a_socket_with_mode_0600() -> Result<()> {
     let fx = fixture().await?;
     for name in [AGENT_A, AGENT_B] {
@@ -79,7 +81,6 @@ async fn each_authority_gets_a_socket_with_mode_0600() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_over_unix_socket_needs_no_credential_and_logs_peer_pid() -> Result<()> {
     let fx = fixture().await?;
     let mut conn = fx.unix_conn(AGENT_A).await?;
@@ -113,7 +114,6 @@ async fn connect_over_unix_socket_needs_no_credential_and_logs_peer_pid() -> Res
 
 /// The shim marks the CONNECT of a transparently captured connection (design section 15):
 /// the mark is logged as `capture: true` (the client's own claim), and decides nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_marked_by_the_shims_capture_is_logged_capture_true() -> Result<()> {
     let fx = fixture().await?;
     let mut conn = fx.unix_conn(AGENT_A).await?;
@@ -135,7 +135,6 @@ async fn a_connect_marked_by_the_shims_capture_is_logged_capture_true() -> Resul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn absolute_form_over_unix_socket_is_forwarded() -> Result<()> {
     let fx = fixture().await?;
     let mut conn = fx.unix_conn(AGENT_A).await?;
@@ -156,7 +155,6 @@ async fn absolute_form_over_unix_socket_is_forwarded() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_grant_over_unix_is_403_attributed_to_the_sockets_authority() -> Result<()> {
     let fx = fixture().await?;
     // agent-b's socket; agent-b may not reach origin.test.
@@ -177,7 +175,6 @@ async fn out_of_grant_over_unix_is_403_attributed_to_the_sockets_authority() -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socks5_over_unix_socket_with_no_auth_method() -> Result<()> {
     let fx = fixture().await?;
     let stream = UnixStream::connect(fx.mediator.socket_path(AGENT_A)).await?;
@@ -208,7 +205,6 @@ async fn socks5_over_unix_socket_with_no_auth_method() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_socks5h_over_unix_socket_is_attributed_to_curls_pid() -> Result<()> {
     let fx = fixture().await?;
     let proxy = format!(
@@ -230,7 +226,6 @@ async fn curl_socks5h_over_unix_socket_is_attributed_to_curls_pid() -> Result<()
 
 /// A socket directory the mediator makes is 0711: a local process may reach a socket its
 /// mode lets it use, but cannot list which authorities exist.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_directory_it_makes_cannot_be_listed_by_others() -> Result<()> {
     let fx = Fixture::start(mediator().authority(agent_a_spec())).await?;
     let sock = fx.mediator.socket_path(AGENT_A);
@@ -238,4 +233,18 @@ async fn a_socket_directory_it_makes_cannot_be_listed_by_others() -> Result<()> 
     let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
     ensure!(mode == 0o711, "socket_dir mode {mode:o}, want 711");
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(each_authority_gets_a_socket_with_mode_0600),
+        case!(connect_over_unix_socket_needs_no_credential_and_logs_peer_pid),
+        case!(a_connect_marked_by_the_shims_capture_is_logged_capture_true),
+        case!(absolute_form_over_unix_socket_is_forwarded),
+        case!(out_of_grant_over_unix_is_403_attributed_to_the_sockets_authority),
+        case!(socks5_over_unix_socket_with_no_auth_method),
+        case!(curl_socks5h_over_unix_socket_is_attributed_to_curls_pid).needs(&[Tool::Curl]),
+        case!(a_socket_directory_it_makes_cannot_be_listed_by_others),
+    ]
 }

@@ -6,6 +6,9 @@
 //! reaches an HTTP/2 origin by extended CONNECT and an HTTP/1.1 origin translated; an
 //! upgrade token other than websocket needs a request rule listing it.
 
+use e2e::Tool;
+use e2e::case;
+use e2e::harness::Case;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 
@@ -27,7 +30,6 @@ const WS: &str = "ws.test";
 const SECRET: &str = "ws_e2eSecretValue31c7";
 const PLACEHOLDER: &str = "mediator:ws:agent-a";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_bytes() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
@@ -271,7 +273,6 @@ fn header<'a>(handshake: &'a [(String, String)], name: &str) -> Option<&'a str> 
 /// An HTTP/2 client's WebSocket (extended CONNECT, RFC 8441) reaches an HTTP/2 origin
 /// that accepts extended CONNECT as one: judged as `GET /chat`, the secret in place of
 /// the placeholder, the frames echoed, the close record counting the WebSocket's bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_websocket_reaches_an_h2_origin_by_extended_connect() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start_as(&s.test_ca.ca, WS, WsFlavor::H2).await?;
@@ -320,7 +321,6 @@ async fn an_h2_websocket_reaches_an_h2_origin_by_extended_connect() -> Result<()
 /// An HTTP/2 client's WebSocket to an HTTP/1.1 origin is translated (RFC 8441 section
 /// 5): the origin gets `GET` with `Upgrade: websocket` and a fresh `Sec-WebSocket-Key`
 /// (whose `Sec-WebSocket-Accept` the mediator checks), the client a `200`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_websocket_is_translated_to_an_http1_upgrade_for_an_http1_origin() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
@@ -363,7 +363,6 @@ async fn an_h2_websocket_is_translated_to_an_http1_upgrade_for_an_http1_origin()
 
 /// An HTTP/2 origin that does not accept extended CONNECT cannot carry the WebSocket:
 /// `502 upstream_failure`, saying why, in the JSON deny shape.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_origin_without_extended_connect_gets_a_502() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start_as(&s.test_ca.ca, WS, WsFlavor::H2WithoutExtendedConnect).await?;
@@ -404,7 +403,6 @@ async fn an_h2_origin_without_extended_connect_gets_a_502() -> Result<()> {
 
 /// A request rule written for the HTTP/1.1 handshake (`GET /allowed`) means the same for
 /// an extended CONNECT: `/allowed` opens, `/chat` gets the same 403 as over HTTP/1.1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_rule_judges_an_h2_websocket_as_the_h1_one() -> Result<()> {
     let rules = format!(
         "\n[[authority.request_rule]]\nhost = {}\nmethods = [\"GET\"]\npath_prefixes = [\"/allowed\"]",
@@ -471,7 +469,6 @@ async fn a_request_rule_judges_an_h2_websocket_as_the_h1_one() -> Result<()> {
 
 /// A WebSocket whose origin drops its TCP connection (no Close frame, no TLS
 /// close_notify) ends as a tunnel whose origin closed: `close_reason: "upstream_closed"`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
@@ -497,7 +494,6 @@ async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> R
 /// A WebSocket whose client drops its TCP connection (no Close frame, no TLS
 /// close_notify) ends as a tunnel whose client closed: `close_reason: "client_closed"`,
 /// as the origin's drop is `upstream_closed`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_whose_client_drops_the_connection_is_client_closed() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
@@ -520,7 +516,6 @@ async fn a_websocket_whose_client_drops_the_connection_is_client_closed() -> Res
 /// An upgrade token a request rule lists (`upgrade = ["foo"]`, any case) is relayed like
 /// a WebSocket, its close record saying `upgrade: "foo"` and counting the bytes; a token
 /// no rule lists is refused with `403 denied_by_rule` and a decision line.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_token_a_rule_lists_is_relayed_and_an_unlisted_one_is_refused() -> Result<()> {
     let rules = format!(
         "\n[[authority.request_rule]]\nhost = {}\nupgrade = [\"foo\"]",
@@ -610,4 +605,19 @@ async fn an_upgrade_token_a_rule_lists_is_relayed_and_an_unlisted_one_is_refused
         .await?;
     ensure!(origin.heads().len() == 1, "{:?}", origin.heads());
     Ok(())
+}
+
+/// This module's cases.
+pub(crate) fn cases() -> Vec<Case> {
+    vec![
+        case!(a_websocket_is_relayed_through_termination_and_its_close_counts_the_bytes)
+            .needs(&[Tool::Curl]),
+        case!(an_h2_websocket_reaches_an_h2_origin_by_extended_connect),
+        case!(an_h2_websocket_is_translated_to_an_http1_upgrade_for_an_http1_origin),
+        case!(an_h2_origin_without_extended_connect_gets_a_502),
+        case!(a_request_rule_judges_an_h2_websocket_as_the_h1_one).needs(&[Tool::Curl]),
+        case!(a_websocket_whose_origin_drops_the_connection_is_upstream_closed),
+        case!(a_websocket_whose_client_drops_the_connection_is_client_closed),
+        case!(an_upgrade_token_a_rule_lists_is_relayed_and_an_unlisted_one_is_refused),
+    ]
 }

@@ -54,7 +54,7 @@ const MARK: &str = "\n@@curl-write-out@@ ";
 /// # Errors
 /// curl cannot be spawned, runs longer than 30 s, or its output lacks the write-out.
 pub async fn curl(args: &[&str]) -> Result<CurlOutput> {
-    let mut cmd = tokio::process::Command::new("curl");
+    let mut cmd = crate::Tool::Curl.command("curl")?;
     cmd.arg("-q")
         .arg("-sS")
         .args(["--max-time", "20"])

@@ -18,6 +18,7 @@ use gss::{Gssapi, Usage};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
+use crate::tool::Tool;
 use crate::wait::wait_for;
 
 /// The test realm.
@@ -29,17 +30,6 @@ pub struct Kdc {
     dir: tempfile::TempDir,
     port: u16,
     child: Child,
-}
-
-/// The tools of MIT krb5, in Debian's places.
-fn tool(name: &str) -> PathBuf {
-    for dir in ["/usr/sbin", "/usr/bin"] {
-        let p = Path::new(dir).join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    PathBuf::from(name)
 }
 
 /// A free loopback TCP port (bound, then released for the KDC).
@@ -85,7 +75,7 @@ impl Kdc {
         )
         .await?;
         kdc.child = kdc
-            .command("krb5kdc")
+            .command("krb5kdc")?
             .args(["-n", "-r", REALM])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -102,8 +92,8 @@ impl Kdc {
         Ok(kdc)
     }
 
-    fn command(&self, name: &str) -> Command {
-        let mut c = Command::new(tool(name));
+    fn command(&self, name: &str) -> Result<Command> {
+        let mut c = Tool::Kerberos.command(name)?;
         c.env("KRB5_CONFIG", self.krb5_conf())
             .env("KRB5_KDC_PROFILE", self.dir.path().join("kdc.conf"))
             .env_remove("KRB5CCNAME")
@@ -112,11 +102,11 @@ impl Kdc {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        c
+        Ok(c)
     }
 
     async fn run(&self, name: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut child = self.command(name).args(args).spawn().with_context(|| {
+        let mut child = self.command(name)?.args(args).spawn().with_context(|| {
             format!("running {name} (install krb5-kdc, krb5-admin-server, krb5-user)")
         })?;
         if let Some(input) = stdin {
@@ -234,7 +224,7 @@ impl Kdc {
         let principal = format!("{service}@{REALM}");
         loop {
             let out = self
-                .command("kvno")
+                .command("kvno")?
                 .args(["-c", ccache, &principal])
                 .output()
                 .await?;

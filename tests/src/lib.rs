@@ -11,10 +11,12 @@
 
 pub mod admin;
 pub mod curl;
+pub mod dconf;
 pub mod dns;
 pub mod expect;
 pub mod fixture;
 pub mod h2frames;
+pub mod harness;
 pub mod http;
 pub mod kerberos;
 pub mod mediator;
@@ -23,6 +25,7 @@ pub mod parent;
 pub mod socks;
 pub mod squid;
 pub mod tls;
+pub mod tool;
 pub mod upgrade;
 pub mod wait;
 pub mod websocket;
@@ -44,6 +47,7 @@ pub use crate::http::{HttpConn, HttpResponse, basic_auth, get_through, proxy_aut
 pub use crate::mediator::{AuthoritySpec, LOG_TIMEOUT, Mediator, MediatorBuilder, sha256_hex};
 pub use crate::origin::{FORGED_DECISION, Origin};
 pub use crate::socks::{Socks5, SocksReply, SocksTarget};
+pub use crate::tool::Tool;
 pub use crate::wait::{retry_for, wait_for, wait_until};
 
 /// The name the tests' DNS server resolves to the origin (127.0.0.1).

@@ -534,7 +534,7 @@ impl Mediator {
                 let (_, hard) =
                     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
                         .context("reading the open-files limit")?;
-                let mut c = Command::new("prlimit");
+                let mut c = crate::Tool::Prlimit.std_command("prlimit")?;
                 c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(bin);
                 c
             }

@@ -12,9 +12,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::kerberos::{Kdc, REALM};
+use crate::tool::Tool;
 use crate::wait::wait_for;
 
 /// A running Squid.
@@ -72,11 +73,8 @@ impl Squid {
                  http_access deny all\n"
             ),
         )?;
-        let bin = ["/usr/sbin/squid", "/usr/bin/squid"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .unwrap_or("squid");
-        let child = Command::new(bin)
+        let child = Tool::Squid
+            .command("squid")?
             .args(["-N", "-f"])
             .arg(d.join("squid.conf"))
             .env("KRB5_CONFIG", &krb5_conf)

@@ -120,6 +120,32 @@ fn main() {
     // (processes by marker, a TMPDIR's entries) within a few seconds.
     args.test_threads.get_or_insert(1);
     let root = nix::unistd::geteuid().is_root();
+    let missing = missing_packages();
+    if !missing.is_empty() {
+        // Every case runs these programs (the shim's child is a shell script with curl or
+        // python3 in it; as_user runs through setpriv): ignored with what to install, or
+        // failed under CI=true, which never skips.
+        let list = missing.join(" ");
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        let trials = all()
+            .into_iter()
+            .map(|(name, _)| {
+                let list = list.clone();
+                Trial::ignorable_test(format!("as_user::{name}"), move || {
+                    if ci {
+                        Err(Failed::from(format!(
+                            "CI=true, and this machine lacks {list}, which the shim's tests need: install it (.ci/deps)"
+                        )))
+                    } else {
+                        Ok(Completion::ignored_with(format!(
+                            "needs the package(s) {list}: sudo apt-get install {list}"
+                        )))
+                    }
+                })
+            })
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
     let mut trials = Vec::new();
     if root {
         for (name, test) in all() {
@@ -142,6 +168,27 @@ fn main() {
         ));
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// The packages that ship the programs every case runs and this machine lacks.
+fn missing_packages() -> Vec<&'static str> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |program: &str| {
+        program.starts_with('/') && std::path::Path::new(program).exists()
+            || std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+    };
+    let mut out: Vec<&'static str> = [
+        ("setpriv", "util-linux"),
+        ("unshare", "util-linux"),
+        ("curl", "curl"),
+        ("/usr/bin/python3", "python3"),
+    ]
+    .into_iter()
+    .filter(|(program, _)| !found(program))
+    .map(|(_, package)| package)
+    .collect();
+    out.dedup();
+    out
 }
 
 /// Run the test `name` in this process (the child side of [`as_unprivileged`]).
