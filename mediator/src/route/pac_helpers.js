@@ -1,3 +1,12 @@
+// This Source Code Form is subject to the terms of the Mozilla Public
+// License, v. 2.0. If a copy of the MPL was not distributed with this
+// file, You can obtain one at https://mozilla.org/MPL/2.0/.
+//
+// Portions of this file are derived from Mozilla's netwerk/base/ascii_pac_utils.js
+// (the classic PAC helper definitions), which is MPL-2.0; this file as a whole is
+// therefore distributed under the MPL-2.0, not the project's Apache-2.0. See
+// THIRD-PARTY.md.
+//
 // PAC helper functions, evaluated before every PAC script (route/pac.rs).
 //
 // They follow the classic Netscape definitions as Mozilla implements them
