@@ -49,6 +49,23 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$out$lib"
 done
 
+# MIT Kerberos' GSSAPI library: the mediator opens it at run time (dlopen) for Negotiate
+# parents, so ldd of the binary does not list it. Copy it and its own closure, at the
+# paths the loader searches.
+gssapi=$(ldconfig -p 2>/dev/null | awk '$1 == "libgssapi_krb5.so.2" && $NF ~ /^\// { print $NF; exit }')
+[ -n "$gssapi" ] || gssapi=$(ls /usr/lib/*/libgssapi_krb5.so.2 /lib/*/libgssapi_krb5.so.2 2>/dev/null | head -n 1)
+if [ -z "$gssapi" ]; then
+  echo "rootfs.sh: libgssapi_krb5.so.2 is missing (apt-get install -y libgssapi-krb5-2)" >&2
+  exit 1
+fi
+{
+  echo "$gssapi"
+  ldd "$gssapi" | awk '/=>/ { if ($3 ~ /^\//) print $3; next } $1 ~ /^\// { print $1 }'
+} | sort -u | while read -r lib; do
+  mkdir -p "$out$(dirname "$lib")"
+  cp -L "$lib" "$out$lib"
+done
+
 # The loader's canonical path must exist for the binaries' PT_INTERP.
 interp=$(readelf -l "$mediator" 2>/dev/null | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
 if [ -n "$interp" ] && [ ! -e "$out$interp" ]; then

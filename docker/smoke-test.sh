@@ -90,6 +90,25 @@ label_ver=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencont
 echo "$inside" | grep -qx "revision $label_rev" || fail "label revision $label_rev, binary says: $inside"
 echo "$inside" | head -n 1 | grep -q "^mediator $label_ver " || fail "label version $label_ver, binary says: $inside"
 ok "labels version $label_ver, revision $label_rev match the binary's --version"
+# Negotiate parents: the GSSAPI library is opened at run time (ldd of the binary does not
+# list it), so the image must carry it and its closure; `mediator check` loads it.
+cat > "$work/negotiate.toml" <<'TOML'
+[upstream]
+mode = "parent"
+parents = ["http://proxy.corp.test:3128"]
+parent_auth = { "proxy.corp.test:3128" = "negotiate" }
+
+[[authority]]
+name = "agent-a"
+allow = ["origin.test"]
+TOML
+chmod 0644 "$work/negotiate.toml"
+gss=$("${podman[@]}" run --rm --network none --read-only \
+  -v "$work/negotiate.toml:/etc/egress-mediator/negotiate.toml:ro" \
+  "$image" check --config /etc/egress-mediator/negotiate.toml 2>&1) || fail "check of a Negotiate config in the image: $gss"
+echo "$gss" | grep -q "GSSAPI: loaded /.*libgssapi_krb5.so.2 (credential store: yes)" \
+  || fail "check of a Negotiate config did not load the GSSAPI library: $gss"
+ok "mediator check of a Negotiate config loads $(echo "$gss" | sed -n 's/.*GSSAPI: loaded \([^ ]*\).*/\1/p') in the image"
 if "${podman[@]}" run --rm --network none --entrypoint /bin/sh "$image" -c true >/dev/null 2>&1; then
   fail "the image has a shell"
 fi

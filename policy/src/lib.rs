@@ -8,7 +8,7 @@
 //!
 //! Entry points: [`canonicalize_host`] and [`parse_authority_form`] turn untrusted text
 //! into a [`CanonicalHost`] or a [`Target`]; [`Grant::decide`] and [`Grant::vet`] give the
-//! [`Decision`] and the [`Pin`]; [`classify`] names an address's IANA special-purpose
+//! [`Decision`] and the [`Pin`]; [`classify`](fn@classify) names an address's IANA special-purpose
 //! block; [`config::parse`] validates `mediator.toml`; [`upstream`] holds the parent proxy
 //! and PAC values of `[upstream]`.
 #![forbid(unsafe_code)]

@@ -1,11 +1,11 @@
 //! The HTTP front-end (design section 6): CONNECT (authority-form only) and absolute-form
 //! forwarding of plain `http://` requests. One connection, read top to bottom:
 //!
-//! 1. [`preflight`]: the first head, read and judged before hyper sees it;
+//! 1. [`preflight`](mod@preflight): the first head, read and judged before hyper sees it;
 //! 2. [`credentials`]: on the TCP listener, `Proxy-Authorization: Basic` names the authority;
-//! 3. [`connect`]: a connection that opens with CONNECT is served without hyper;
+//! 3. [`connect`](mod@connect): a connection that opens with CONNECT is served without hyper;
 //! 4. otherwise hyper serves the connection (keep-alive), and each request is a CONNECT
-//!    ([`connect`]) or a forwarded request ([`forward`], rebuilt by [`rewrite`]);
+//!    ([`connect`](mod@connect)) or a forwarded request ([`forward`](mod@forward), rebuilt by [`rewrite`](mod@rewrite));
 //! 5. [`response`]: every refusal is the JSON denial.
 
 pub(crate) mod connect;
