@@ -120,26 +120,34 @@ fn main() {
     // (processes by marker, a TMPDIR's entries) within a few seconds.
     args.test_threads.get_or_insert(1);
     let root = nix::unistd::geteuid().is_root();
+    // Every case runs these programs (the shim's child is a shell script with curl or
+    // python3 in it; as_user runs through setpriv) and makes the sandbox's namespaces:
+    // where either is missing, every case is ignored with the reason, or failed under
+    // CI=true, which never skips.
     let missing = missing_packages();
-    if !missing.is_empty() {
-        // Every case runs these programs (the shim's child is a shell script with curl or
-        // python3 in it; as_user runs through setpriv): ignored with what to install, or
-        // failed under CI=true, which never skips.
+    let unable = if missing.is_empty() {
+        namespaces_unavailable().map(|why| {
+            format!(
+                "this machine cannot make the sandbox's namespaces ({why}); run the shim's tests where user namespaces are allowed (as root outside a chroot, or with unprivileged user namespaces)"
+            )
+        })
+    } else {
         let list = missing.join(" ");
+        Some(format!(
+            "needs the package(s) {list}: sudo apt-get install {list}"
+        ))
+    };
+    if let Some(reason) = unable {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
         let trials = all()
             .into_iter()
             .map(|(name, _)| {
-                let list = list.clone();
+                let reason = reason.clone();
                 Trial::ignorable_test(format!("as_user::{name}"), move || {
                     if ci {
-                        Err(Failed::from(format!(
-                            "CI=true, and this machine lacks {list}, which the shim's tests need: install it (.ci/deps)"
-                        )))
+                        Err(Failed::from(format!("CI=true, and this test {reason}")))
                     } else {
-                        Ok(Completion::ignored_with(format!(
-                            "needs the package(s) {list}: sudo apt-get install {list}"
-                        )))
+                        Ok(Completion::ignored_with(reason))
                     }
                 })
             })
@@ -189,6 +197,32 @@ fn missing_packages() -> Vec<&'static str> {
     .collect();
     out.dedup();
     out
+}
+
+/// Why this process cannot make a user namespace with mount, PID, IPC and network
+/// namespaces in it (a chroot, a container without the privilege, a sysctl), if it cannot.
+fn namespaces_unavailable() -> Option<String> {
+    let out = Command::new("unshare")
+        .args([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--pid",
+            "--ipc",
+            "--net",
+            "--fork",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "unshare -Urmpin --fork: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("unshare: {e}")),
+    }
 }
 
 /// Run the test `name` in this process (the child side of [`as_unprivileged`]).
