@@ -93,6 +93,10 @@ ok "labels version $label_ver, revision $label_rev match the binary's --version"
 # Negotiate parents: the GSSAPI library is opened at run time (ldd of the binary does not
 # list it), so the image must carry it and its closure; `mediator check` loads it.
 cat > "$work/negotiate.toml" <<'TOML'
+# --network none: no resolv.conf to read; check never sends a query.
+[resolver]
+nameservers = ["127.0.0.1:53"]
+
 [upstream]
 mode = "parent"
 parents = ["http://proxy.corp.test:3128"]
