@@ -36,7 +36,7 @@ use crate::front::http::credentials::parse_basic;
 use crate::front::http::forward::target_of;
 use crate::front::http::preflight::{Head, MIN_BUF, Preflight, judge};
 use crate::front::socks::handshake;
-use crate::route::{PacEntry, parse_pac_answer};
+use crate::route::pac::answer::{PacEntry, parse_pac_answer};
 use crate::shared::{Shared, for_tests};
 use crate::sni::{Hello, MAX_HELLO, inspect};
 

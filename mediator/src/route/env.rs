@@ -61,18 +61,6 @@ impl EnvProxies {
             no_proxy: NoProxy::parse(&var("no_proxy").map(|(_, v)| v).unwrap_or_default()),
         })
     }
-
-    /// The parent for a destination, or `None` for DIRECT: `tunnel` selects
-    /// `HTTPS_PROXY` (else `HTTP_PROXY`), with `ALL_PROXY` as the fallback; a `NO_PROXY`
-    /// match means DIRECT.
-    #[cfg(test)]
-    pub(crate) fn select(&self, tunnel: bool, target: &Target) -> Option<&ParentUrl> {
-        if self.no_proxy.matches(target) {
-            return None;
-        }
-        let specific = if tunnel { &self.https } else { &self.http };
-        specific.as_ref().or(self.all.as_ref())
-    }
 }
 
 /// A parsed `NO_PROXY` list.
@@ -197,6 +185,9 @@ fn parse_entry(token: &str) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::Via;
+    use crate::route::strategy::select;
+    use crate::route::system::Setting;
 
     fn t(s: &str) -> Target {
         policy::parse_authority_form(s).unwrap()
@@ -259,31 +250,43 @@ mod tests {
             ("no_proxy", "skip.example"),
         ]))
         .unwrap();
-        let show = |p: Option<&ParentUrl>| p.map(ToString::to_string);
+        // What the router plans: the reading `mode = "env"` makes, then the one `select`.
+        let select = |e: &EnvProxies, tunnel: bool, target: &Target| -> Option<ParentUrl> {
+            let via = if tunnel { Via::Tunnel } else { Via::Forward };
+            match crate::route::system::from_env(e.clone(), String::new()).setting {
+                Setting::Manual {
+                    tunnel,
+                    forward,
+                    no_proxy,
+                } => select(tunnel, forward, &no_proxy, via, target).map(|p| *p),
+                _ => None,
+            }
+        };
+        let show = |p: Option<ParentUrl>| p.map(|p| p.to_string());
         assert_eq!(
-            show(e.select(true, &t("a.example:443"))).as_deref(),
+            show(select(&e, true, &t("a.example:443"))).as_deref(),
             Some("http://lower:1")
         );
         assert_eq!(
-            show(e.select(false, &t("a.example:80"))).as_deref(),
+            show(select(&e, false, &t("a.example:80"))).as_deref(),
             Some("http://plain:3128")
         );
-        assert_eq!(show(e.select(true, &t("skip.example:443"))), None);
+        assert_eq!(show(select(&e, true, &t("skip.example:443"))), None);
         let e = EnvProxies::read(env(&[
             ("all_proxy", "socks5://all:1080"),
             ("HTTPS_PROXY", " "),
         ]))
         .unwrap();
         assert_eq!(
-            show(e.select(true, &t("a.example:443"))).as_deref(),
+            show(select(&e, true, &t("a.example:443"))).as_deref(),
             Some("socks5://all:1080")
         );
         assert_eq!(
-            show(e.select(false, &t("a.example:80"))).as_deref(),
+            show(select(&e, false, &t("a.example:80"))).as_deref(),
             Some("socks5://all:1080")
         );
         let e = EnvProxies::read(env(&[])).unwrap();
-        assert_eq!(show(e.select(true, &t("a.example:443"))), None);
+        assert_eq!(show(select(&e, true, &t("a.example:443"))), None);
         let err = EnvProxies::read(env(&[("HTTPS_PROXY", "socks4://p:1")])).unwrap_err();
         assert!(err.to_string().contains("HTTPS_PROXY"), "{err}");
     }

@@ -22,6 +22,10 @@
 //! within the budget and define one of the two functions), so a bad refresh keeps the
 //! last good copy. After a budget overrun a worker rebuilds its runtime.
 
+pub(crate) mod answer;
+pub(crate) mod cache;
+pub(crate) mod fetch;
+
 use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -700,7 +704,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_example_pac_routes_as_documented() {
-        let p = pac(include_str!("../../../examples/proxy.pac")).await;
+        let p = pac(include_str!("../../../../examples/proxy.pac")).await;
         for (url, host, want) in [
             ("https://wiki/", "wiki", "DIRECT"),
             ("https://git.corp.example/", "git.corp.example", "DIRECT"),

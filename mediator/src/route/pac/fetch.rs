@@ -19,11 +19,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::https::ParentTls;
-use super::parent::{self, Dest};
-use super::stream::UpstreamStream;
 use crate::error::Error;
 use crate::resolve::Resolver;
+use crate::route::https::ParentTls;
+use crate::route::parent::{self, Dest};
+use crate::route::stream::UpstreamStream;
 
 /// Largest PAC script accepted, in bytes.
 pub(crate) const MAX_PAC: usize = 1 << 20;
@@ -157,7 +157,7 @@ impl Fetcher {
                     .into_iter()
                     .map(|ip| SocketAddr::new(ip, port))
                     .collect();
-                let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
+                let (r, _) = crate::route::connect::connect_addrs(&addrs, self.timeout).await;
                 let tcp = r.map_err(|e| format!("{target}: {e}"))?.0;
                 (UpstreamStream::Plain(tcp), None)
             }
@@ -211,7 +211,7 @@ impl Fetcher {
             .into_iter()
             .map(|ip| SocketAddr::new(ip, via.addr.port))
             .collect();
-        let (r, _) = super::connect_addrs(&addrs, self.timeout).await;
+        let (r, _) = crate::route::connect::connect_addrs(&addrs, self.timeout).await;
         let (tcp, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
         let mut stream = match (&self.parent_tls, via.scheme) {
             (Some(tls), ParentScheme::Https) => tls
