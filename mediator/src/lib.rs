@@ -32,7 +32,6 @@ mod limits;
 mod members;
 mod metrics;
 mod redact;
-#[allow(unsafe_code)] // the SIOCOUTQ ioctl (send-queue length), one SAFETY-commented block
 mod relay;
 pub mod resolve;
 mod rewind;
