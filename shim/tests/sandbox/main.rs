@@ -145,7 +145,9 @@ fn main() {
                 let reason = reason.clone();
                 Trial::ignorable_test(format!("as_user::{name}"), move || {
                     if ci {
-                        Err(Failed::from(format!("CI=true, and this test cannot run: {reason}")))
+                        Err(Failed::from(format!(
+                            "CI=true, and this test cannot run: {reason}"
+                        )))
                     } else {
                         Ok(Completion::ignored_with(reason))
                     }

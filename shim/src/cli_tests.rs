@@ -1,0 +1,335 @@
+//! Unit tests of `cli`.
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Settings> {
+    Settings::from_cli(Cli::try_parse_from(args).unwrap())
+}
+
+#[test]
+fn command_must_follow_double_dash() {
+    assert!(Cli::try_parse_from(["shim", "--mediator-socket", "/s", "true"]).is_err());
+    assert!(Cli::try_parse_from(["shim", "--mediator-socket", "/s"]).is_err());
+}
+
+#[test]
+fn socket_mode_parses_repeated_flags() {
+    let s = parse(&[
+        "shim",
+        "--mediator-socket",
+        "/s",
+        "--allow-write",
+        "/a",
+        "--allow-write",
+        "/b",
+        "--report",
+        "--",
+        "ls",
+        "-l",
+    ])
+    .unwrap();
+    assert_eq!(s.channel, ChannelSpec::Socket("/s".into()));
+    assert_eq!(
+        s.allow_write,
+        vec![PathBuf::from("/a"), PathBuf::from("/b")]
+    );
+    assert_eq!(s.report, Some(None));
+    assert_eq!(s.command, vec![OsString::from("ls"), OsString::from("-l")]);
+    assert!(!s.allow_unix_sockets);
+}
+
+#[test]
+fn capture_flags_and_their_default() {
+    let mode = |extra: &[&str]| {
+        let mut a = vec!["shim", "--mediator-socket", "/s"];
+        a.extend_from_slice(extra);
+        a.extend(["--", "true"]);
+        parse(&a).map(|s| (s.capture, s.live_denials))
+    };
+    assert_eq!(mode(&[]).unwrap(), (CaptureMode::Auto, true));
+    assert_eq!(mode(&["--capture"]).unwrap().0, CaptureMode::Required);
+    assert_eq!(mode(&["--no-capture"]).unwrap().0, CaptureMode::Off);
+    assert!(!mode(&["--quiet-denials"]).unwrap().1);
+    assert!(Cli::try_parse_from(["shim", "--capture", "--no-capture", "--", "true"]).is_err());
+    // --resolve belongs to embedded mode.
+    assert!(matches!(
+        mode(&["--resolve", "origin.test=127.0.0.1"]),
+        Err(Error::Usage(_))
+    ));
+}
+
+#[test]
+fn no_channel_is_an_error() {
+    assert!(matches!(
+        parse(&["shim", "--", "true"]),
+        Err(Error::Usage(_))
+    ));
+}
+
+#[test]
+fn socket_and_embedded_rules_conflict() {
+    assert!(matches!(
+        parse(&[
+            "shim",
+            "--mediator-socket",
+            "/s",
+            "--allow",
+            "a.example",
+            "--",
+            "true"
+        ]),
+        Err(Error::Usage(_))
+    ));
+}
+
+#[test]
+fn embedded_mode_from_allow_flags() {
+    let s = parse(&[
+        "shim",
+        "--allow",
+        "example.com",
+        "--allow-private",
+        "127.0.0.1/32",
+        "--",
+        "true",
+    ])
+    .unwrap();
+    assert!(matches!(s.channel, ChannelSpec::Embedded { .. }));
+}
+
+#[test]
+fn profile_rejects_unknown_keys_and_merges() {
+    let dir = std::env::temp_dir().join(format!("shim-profile-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "allow_writes = [\"/x\"]\n").unwrap();
+    let err = Profile::load(&bad).unwrap_err().to_string();
+    assert!(err.contains("allow_writes"), "{err}");
+    let good = dir.join("good.toml");
+    std::fs::write(
+        &good,
+        "mediator_socket = \"/s\"\nallow_write = [\"work\"]\nallow_degraded = [\"landlock\"]\n",
+    )
+    .unwrap();
+    let s = parse(&[
+        "shim",
+        "--profile",
+        good.to_str().unwrap(),
+        "--allow-write",
+        "/b",
+        "--",
+        "true",
+    ])
+    .unwrap();
+    assert_eq!(s.allow_write, vec![dir.join("work"), PathBuf::from("/b")]);
+    assert_eq!(s.allow_degraded, vec![Degradation::Landlock]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn example_profile_parses() {
+    let p: Profile = toml::from_str(include_str!("../examples/profile.toml")).unwrap();
+    assert!(p.mediator_socket.is_some() && p.report && !p.allow_unix_sockets);
+}
+
+#[test]
+fn config_and_authority_give_the_socket() {
+    let dir = std::env::temp_dir().join(format!("shim-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("mediator.toml");
+    std::fs::write(
+        &cfg,
+        "[listen]\nsocket_dir = \"/run/egress\"\n[[authority]]\nname = \"agent-a\"\n",
+    )
+    .unwrap();
+    let s = parse(&[
+        "shim",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--authority",
+        "agent-a",
+        "--",
+        "true",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.channel,
+        ChannelSpec::Socket("/run/egress/agent-a.sock".into())
+    );
+    assert!(
+        parse(&[
+            "shim",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--authority",
+            "../x",
+            "--",
+            "true"
+        ])
+        .is_err()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn credential_placeholders_of_the_authority_become_child_variables() {
+    let dir = std::env::temp_dir().join(format!("shim-cred-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("mediator.toml");
+    std::fs::write(
+        &cfg,
+        r#"[listen]
+socket_dir = "/run/egress"
+[[authority]]
+name = "agent-a"
+[[authority.credential]]
+host = "api.test"
+header = "Authorization"
+secret_file = "/nonexistent/never-read"
+placeholder = "mediator:api:agent-a"
+child_env = "API_TOKEN"
+[[authority.credential]]
+host = "api.test"
+header = "X-Key"
+secret_env = "K"
+[[authority]]
+name = "agent-b"
+[[authority.credential]]
+host = "api.test"
+header = "Authorization"
+secret_env = "B"
+placeholder = "mediator:api:agent-b"
+child_env = "B_TOKEN"
+"#,
+    )
+    .unwrap();
+    let s = parse(&[
+        "shim",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--authority",
+        "agent-a",
+        "--",
+        "true",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.child_env,
+        [("API_TOKEN".to_owned(), "mediator:api:agent-a".to_owned())]
+    );
+    // Every authority's secret_env, not only agent-a's.
+    assert_eq!(s.hidden_env, ["K", "B"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_authority_the_config_lacks_is_named_with_the_ones_it_has() {
+    let dir = std::env::temp_dir().join(format!("shim-config-zed-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("mediator.toml");
+    let write = |authorities: &str| {
+        std::fs::write(
+            &cfg,
+            format!("[listen]\nsocket_dir = {dir:?}\n{authorities}"),
+        )
+        .unwrap();
+    };
+    write("[[authority]]\nname = \"agent-a\"\n[[authority]]\nname = \"agent-b\"\n");
+    let c = cfg.to_str().unwrap();
+    let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "authority \"zed\" is not in {c} (its authorities: agent-a, agent-b), and no \
+             socket {} exists, as one added through the admin API would have",
+            dir.join("zed.sock").display()
+        )
+    );
+    write("");
+    let e = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("{c} (it lists none)")), "{e}");
+    // Added through the admin API: not in the file, but its socket exists.
+    let _l = std::os::unix::net::UnixListener::bind(dir.join("zed.sock")).unwrap();
+    let s = parse(&["shim", "--config", c, "--authority", "zed", "--", "true"]).unwrap();
+    assert_eq!(s.channel, ChannelSpec::Socket(dir.join("zed.sock")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn config_with_tls_terminate_implies_its_ca_and_ca_cert_wins() {
+    let dir = std::env::temp_dir().join(format!("shim-config-ca-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("mediator.toml");
+    // `other` is not in the file: it has a socket, as if added through the admin API.
+    let _other = std::os::unix::net::UnixListener::bind(dir.join("other.sock")).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nsocket_dir = {dir:?}\n[tls]\nca_dir = \"/var/lib/ca\"\n\
+             [[authority]]\nname = \"plain\"\nallow = [\"a.example\"]\n\
+             [[authority]]\nname = \"mitm\"\nallow = [\"a.example\"]\ntls_terminate = [\"a.example\"]\n"
+        ),
+    )
+    .unwrap();
+    let c = cfg.to_str().unwrap();
+    let s = parse(&["shim", "--config", c, "--authority", "mitm", "--", "true"]).unwrap();
+    assert_eq!(
+        s.ca_cert,
+        Some(CaCert {
+            path: "/var/lib/ca/ca.pem".into(),
+            origin: CaOrigin::Config {
+                config: cfg.clone(),
+                authority: "mitm".into()
+            }
+        })
+    );
+    let s = parse(&["shim", "--config", c, "--authority", "plain", "--", "true"]).unwrap();
+    assert_eq!(s.ca_cert, None);
+    // Not in the file (added through the admin API): no CA unless given.
+    let s = parse(&["shim", "--config", c, "--authority", "other", "--", "true"]).unwrap();
+    assert_eq!(s.ca_cert, None);
+    let s = parse(&[
+        "shim",
+        "--config",
+        c,
+        "--authority",
+        "mitm",
+        "--ca-cert",
+        "/x/ca.pem",
+        "--",
+        "true",
+    ])
+    .unwrap();
+    assert_eq!(
+        s.ca_cert,
+        Some(CaCert {
+            path: "/x/ca.pem".into(),
+            origin: CaOrigin::Flag
+        })
+    );
+    // tls_terminate without ca_dir: a usage error, before anything runs.
+    std::fs::write(
+        &cfg,
+        "[listen]\nsocket_dir = \"/run/egress\"\n\
+         [[authority]]\nname = \"mitm\"\ntls_terminate = [\"a.example\"]\n",
+    )
+    .unwrap();
+    let e = parse(&["shim", "--config", c, "--authority", "mitm", "--", "true"]).unwrap_err();
+    assert!(e.to_string().contains("ca_dir"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn profile_ca_cert_is_relative_to_the_profile() {
+    let dir = std::env::temp_dir().join(format!("shim-profile-ca-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("p.toml");
+    std::fs::write(&p, "allow = [\"a.example\"]\nca_cert = \"ca.pem\"\n").unwrap();
+    let s = parse(&["shim", "--profile", p.to_str().unwrap(), "--", "true"]).unwrap();
+    assert_eq!(s.ca_cert.map(|c| c.path), Some(dir.join("ca.pem")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
