@@ -1,6 +1,8 @@
 //! Grant decisions, address vetting and request rules, table by table.
 
 use super::*;
+use std::net::IpAddr;
+
 use crate::host::parse_authority_form;
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -604,6 +606,7 @@ fn accessors_and_tls_terminate() {
 mod request_rules {
     use crate::grant::*;
     use crate::host::parse_authority_form;
+    use crate::request::{RequestFacts, UpgradeToken};
 
     fn rule(host: &str, methods: &[&str], paths: &[&str]) -> RequestRuleSpec {
         RequestRuleSpec {

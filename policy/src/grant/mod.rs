@@ -1,0 +1,500 @@
+//! Grants (design section 4): what one authority may reach, frozen when built. A grant
+//! decides on a canonical [`Target`] ([`Grant::decide`]) and then vets the addresses the
+//! caller resolved for it ([`Grant::vet`]), producing the [`Pin`]: the only addresses a
+//! connection may be made to.
+//!
+//! A grant never changes after it is built and never resolves a name itself: the caller
+//! resolves once, and the addresses it vets are the ones it must connect to.
+//!
+//! Here: the spec, building a grant and the host decision; `index.rs` the lookup index of
+//! its entries; `vet.rs` the address vetting and the [`Pin`]; `rules.rs` the request rules.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::decision::{Decision, Reason};
+use crate::error::PolicyError;
+use crate::host::Target;
+use crate::pattern::{HostPattern, PatternKind, PatternUse};
+
+/// The unvalidated description of a grant, as written in configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrantSpec {
+    /// The authority's name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
+    pub name: String,
+    /// Allow entries, host patterns (design section 4.1): `example.com` (that name only),
+    /// `*.example.com` (every name under it, not the apex), IP literals and CIDRs
+    /// (`192.0.2.7`, `2001:db8::/32`; they match IP-literal destinations only), each with an
+    /// optional port (`example.com:443`, `[2001:db8::1]:443`, `10.0.0.0/8:22`). Rejected:
+    /// `*`, a wildcard over a public suffix or a single label (`*.com`, `*.co.uk`,
+    /// `*.internal`), a wildcard anywhere but as the whole first label, userinfo, paths.
+    pub allow: Vec<String>,
+    /// Deny entries: the same syntax, plus `*` (every host) and `*:port` (every host on
+    /// that port). Deny beats allow.
+    pub deny: Vec<String>,
+    /// Exceptions to the address check (design section 4.2): CIDRs without host bits
+    /// (`10.1.0.0/16`) or single addresses (`127.0.0.1`). Never `/0`, and never a range
+    /// holding `0.0.0.0/8` or `::` (connecting there reaches this host's listeners).
+    pub allow_private: Vec<String>,
+    /// Require the TLS ClientHello's SNI to equal the CONNECT host on port 443.
+    pub sni_check: bool,
+    /// Host patterns (as in `allow`) whose TLS is terminated (design section 9).
+    pub tls_terminate: Vec<String>,
+    /// Per-request rules inside terminated tunnels (`[[authority.request_rule]]`).
+    pub request_rules: Vec<RequestRuleSpec>,
+    /// Who can widen this grant: decides what a denial's hint tells an agent to ask for.
+    pub advice: Advice,
+}
+
+/// Who can widen a grant, so that a denial's `hint` names the change that would make the
+/// request work in the terms of whoever makes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Advice {
+    /// An operator, in the configuration: hints name the grant's lists (`add "h:443" to the
+    /// allow list of authority "a"`).
+    #[default]
+    Operator,
+    /// Whoever runs the shim in embedded mode, whose grant is its flags: hints name the
+    /// flags (`add --allow h:443 to the shim command`).
+    ShimFlags,
+}
+
+/// Whether `outer` (a `tls_terminate` pattern) matches every target `inner` can match.
+fn pattern_covers(outer: &HostPattern, inner: &HostPattern) -> bool {
+    let port_ok = match (outer.port, inner.port) {
+        (None, _) => true,
+        (Some(o), Some(i)) => o == i,
+        (Some(_), None) => false,
+    };
+    let host_ok = match (&outer.kind, &inner.kind) {
+        (_, PatternKind::Exact(h)) => outer.matches_host(h),
+        (PatternKind::Suffix(o), PatternKind::Suffix(i)) => {
+            i == o
+                || (i.len() > o.len() + 1
+                    && i.ends_with(o.as_str())
+                    && i.as_bytes()[i.len() - o.len() - 1] == b'.')
+        }
+        (PatternKind::Net(o), PatternKind::Net(i)) => o.contains(i),
+        (PatternKind::Any, _) => true,
+        // A wildcard, CIDR or `*` is never covered by a narrower kind, nor by another
+        // kind (a name pattern never matches an IP literal, nor a CIDR a name).
+        (
+            PatternKind::Exact(_) | PatternKind::Suffix(_) | PatternKind::Net(_),
+            PatternKind::Suffix(_) | PatternKind::Net(_) | PatternKind::Any,
+        ) => false,
+    };
+    port_ok && host_ok
+}
+
+/// One authority's immutable grant. Built only by [`Grant::new`] from a validated spec.
+#[derive(Debug)]
+pub struct Grant {
+    name: String,
+    allow: Vec<HostPattern>,
+    deny: Vec<HostPattern>,
+    allow_private: Vec<IpNet>,
+    sni_check: bool,
+    tls_terminate: Vec<HostPattern>,
+    request_rules: Vec<RequestRule>,
+    /// Index into `deny` of the first global deny entry.
+    global_deny_from: usize,
+    advice: Advice,
+    allow_index: RuleIndex,
+    deny_index: RuleIndex,
+}
+
+/// One problem found while building a grant: which field, which entry of it (0 for
+/// `name`), and the full message (`invalid allow entry "*.com": ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryError {
+    pub(crate) field: GrantField,
+    pub(crate) index: usize,
+    pub(crate) message: String,
+}
+
+/// The field of a grant an [`EntryError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GrantField {
+    Name,
+    Allow,
+    Deny,
+    /// `[global] deny`, whose entries every grant holds after its own.
+    GlobalDeny,
+    AllowPrivate,
+    TlsTerminate,
+    RequestRule,
+}
+
+impl GrantField {
+    /// The key as written in the configuration (`global deny` for `[global] deny`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Name => "name",
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::GlobalDeny => "global deny",
+            Self::AllowPrivate => "allow_private",
+            Self::TlsTerminate => "tls_terminate",
+            Self::RequestRule => "request_rule",
+        }
+    }
+}
+
+/// Checks an authority name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
+pub(crate) fn check_authority_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("authority name is empty".into());
+    }
+    if name.len() > 64 {
+        return Err(format!("authority name {name:?} is longer than 64 bytes"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+    {
+        return Err(format!(
+            "authority name {name:?} contains {c:?}; use only ASCII letters, digits, '-' and '_'"
+        ));
+    }
+    Ok(())
+}
+
+/// The list of a grant an entry belongs to (for [`check_entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// An `allow` entry (a host pattern, design section 4.1).
+    Allow,
+    /// A `deny` entry (a host pattern; `*` and `*:port` too).
+    Deny,
+    /// An `allow_private` entry (a CIDR without host bits, or one address).
+    AllowPrivate,
+}
+
+/// Checks one grant entry alone, exactly as [`Grant::new`] would, for callers that take
+/// entries one by one (the shim's `--allow`, `--deny`, `--allow-private` flags).
+///
+/// # Errors
+/// What is wrong with the entry and, where possible, what to write instead (the entry
+/// itself is not repeated).
+pub fn check_entry(kind: EntryKind, entry: &str) -> Result<(), String> {
+    let result = match kind {
+        EntryKind::Allow => HostPattern::parse("allow", entry, PatternUse::Allow).map(drop),
+        EntryKind::Deny => HostPattern::parse("deny", entry, PatternUse::Deny).map(drop),
+        EntryKind::AllowPrivate => parse_allow_private(entry).map(drop),
+    };
+    result.map_err(|e| match e {
+        PolicyError::Pattern { why, .. } => why,
+        other => other.to_string(),
+    })
+}
+
+/// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
+pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
+    let err = |why: String| PolicyError::Pattern {
+        field: "allow_private",
+        entry: entry.to_owned(),
+        why,
+    };
+    let net = if entry.contains('/') {
+        let net: IpNet = entry
+            .parse()
+            .map_err(|_| err("not a CIDR; write e.g. \"10.1.0.0/16\" or \"fd00::/8\"".into()))?;
+        if net.trunc() != net {
+            return Err(err(format!(
+                "CIDR has host bits set; write \"{}\"",
+                net.trunc()
+            )));
+        }
+        net
+    } else {
+        let ip: IpAddr = entry.parse().map_err(|_| {
+            err("not an IP address or CIDR; write e.g. \"127.0.0.1\" or \"10.1.0.0/16\"".into())
+        })?;
+        IpNet::from(ip)
+    };
+    if net.prefix_len() == 0 {
+        return Err(err(
+            "a /0 exception would switch the address check off; list the ranges needed".into(),
+        ));
+    }
+    // Connecting to an unspecified address reaches this host's own listeners (Linux treats
+    // 0.0.0.0 and :: as "this host"), so no exception may cover them.
+    let this_host = match net {
+        IpNet::V4(n) => n.network().octets()[0] == 0,
+        IpNet::V6(n) => {
+            n.contains(&std::net::Ipv6Addr::UNSPECIFIED)
+                || n.contains(&std::net::Ipv4Addr::UNSPECIFIED.to_ipv6_mapped())
+        }
+    };
+    if this_host {
+        return Err(err(
+            "0.0.0.0/8 and :: mean \"this host\" (connecting there reaches local listeners); \
+             they can never be an exception"
+                .into(),
+        ));
+    }
+    Ok(net)
+}
+
+impl Grant {
+    /// Validates `spec` and freezes it. `global_deny` entries are applied as if they were
+    /// part of the grant's deny list (reported with their own source in `rule`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Config`] listing every bad entry (not just the first), each naming
+    /// the field and the entry.
+    pub fn new(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, PolicyError> {
+        Self::build(spec, global_deny)
+            .map_err(|errors| PolicyError::Config(errors.into_iter().map(|e| e.message).collect()))
+    }
+
+    /// [`Grant::new`] with each problem tied to its field and entry index, so that the
+    /// config loader can give file locations. Global deny entries are reported with the
+    /// field `"global deny"` and their index in `global_deny`.
+    pub(crate) fn build(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, Vec<EntryError>> {
+        let mut errors = Vec::new();
+        if let Err(message) = check_authority_name(&spec.name) {
+            errors.push(EntryError {
+                field: GrantField::Name,
+                index: 0,
+                message,
+            });
+        }
+        let mut patterns = |field: GrantField, entries: &[String], usage: PatternUse| {
+            let mut out = Vec::with_capacity(entries.len());
+            for (index, entry) in entries.iter().enumerate() {
+                match HostPattern::parse(field.as_str(), entry, usage) {
+                    Ok(p) => out.push(p),
+                    Err(e) => errors.push(EntryError {
+                        field,
+                        index,
+                        message: e.to_string(),
+                    }),
+                }
+            }
+            out
+        };
+        let allow = patterns(GrantField::Allow, &spec.allow, PatternUse::Allow);
+        let mut deny = patterns(GrantField::Deny, &spec.deny, PatternUse::Deny);
+        let global_deny_from = deny.len();
+        deny.extend(patterns(
+            GrantField::GlobalDeny,
+            global_deny,
+            PatternUse::Deny,
+        ));
+        let tls_terminate = patterns(
+            GrantField::TlsTerminate,
+            &spec.tls_terminate,
+            PatternUse::Allow,
+        );
+        let request_rules = build_request_rules(&spec.request_rules, &tls_terminate, &mut errors);
+        let mut allow_private = Vec::with_capacity(spec.allow_private.len());
+        for (index, entry) in spec.allow_private.iter().enumerate() {
+            match parse_allow_private(entry) {
+                Ok(net) => allow_private.push(net),
+                Err(e) => errors.push(EntryError {
+                    field: GrantField::AllowPrivate,
+                    index,
+                    message: e.to_string(),
+                }),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Self {
+            name: spec.name.clone(),
+            allow_index: RuleIndex::build(&allow),
+            deny_index: RuleIndex::build(&deny),
+            allow,
+            deny,
+            allow_private,
+            sni_check: spec.sni_check,
+            tls_terminate,
+            request_rules,
+            global_deny_from,
+            advice: spec.advice,
+        })
+    }
+
+    /// The authority's name (1..=64 bytes of ASCII letters, digits, `-` and `_`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether SNI must match the CONNECT host (design section 6).
+    pub fn sni_check(&self) -> bool {
+        self.sni_check
+    }
+
+    /// The name-level decision for `target`: deny rules first (`denied_by_rule`), then allow
+    /// rules (`allowed`, or `port_not_allowed` when a host matches only on another port, or
+    /// `not_in_allowlist`). For an IP-literal target the literal is also classified as by
+    /// [`Grant::vet`]. The returned decision names the rule and carries a `hint`.
+    ///
+    /// When several entries match, the first one written wins (grant deny entries before
+    /// global ones). Lookups are hashed, so the cost does not grow with the number of exact
+    /// and wildcard entries.
+    pub fn decide(&self, target: &Target) -> Decision {
+        let name = &self.name;
+        // Quoting with plain `"` rather than `{:?}` is safe here: canonical hosts, validated
+        // authority names and parsed rule sources hold no quotes or control characters.
+        if let Some(i) = self.deny_index.lookup(&self.deny, target).full {
+            let rule = &self.deny[i].source;
+            let (detail, hint) = if i >= self.global_deny_from {
+                (
+                    format!("{target} matches entry \"{rule}\" of the global deny list"),
+                    "the global deny list applies to every authority; no grant can allow this destination"
+                        .to_owned(),
+                )
+            } else {
+                (
+                    match self.advice {
+                        Advice::Operator => format!(
+                            "{target} matches deny entry \"{rule}\" of authority \"{name}\""
+                        ),
+                        Advice::ShimFlags => format!("{target} matches the shim's --deny {rule}"),
+                    },
+                    match self.advice {
+                        Advice::Operator => format!(
+                            "the grant of authority \"{name}\" denies this destination; an operator would have to replace the authority without deny entry \"{rule}\""
+                        ),
+                        Advice::ShimFlags => format!(
+                            "the shim command denies this destination: remove --deny {rule} from it"
+                        ),
+                    },
+                )
+            };
+            return Decision::deny(Reason::DeniedByRule, detail, hint).with_rule(rule.clone());
+        }
+
+        let found = self.allow_index.lookup(&self.allow, target);
+        let Some(i) = found.full else {
+            let entry = format!("{}:{}", target.host.to_uri_host(), target.port);
+            let hint = match self.advice {
+                Advice::Operator => {
+                    format!("add \"{entry}\" to the allow list of authority \"{name}\"")
+                }
+                Advice::ShimFlags => format!("add --allow {entry} to the shim command"),
+            };
+            let Some(first) = found.host_only else {
+                let detail = match self.advice {
+                    Advice::Operator => format!(
+                        "{} is not in the allow list of authority \"{name}\"",
+                        target.host
+                    ),
+                    Advice::ShimFlags => {
+                        format!("{} is not allowed by the shim's --allow flags", target.host)
+                    }
+                };
+                return Decision::deny(Reason::NotInAllowlist, detail, hint);
+            };
+            let mut on_other_ports: Vec<usize> = Vec::new();
+            self.allow_index
+                .for_each_match(&self.allow, &target.host, |i| on_other_ports.push(i));
+            on_other_ports.sort_unstable();
+            let rules: Vec<String> = on_other_ports
+                .iter()
+                .map(|&i| format!("\"{}\"", self.allow[i].source))
+                .collect();
+            return Decision::deny(
+                Reason::PortNotAllowed,
+                match self.advice {
+                    Advice::Operator => format!(
+                        "{} matches allow entries {} of authority \"{name}\", but not on port {}",
+                        target.host,
+                        rules.join(", "),
+                        target.port
+                    ),
+                    Advice::ShimFlags => format!(
+                        "{} matches the shim's --allow {}, but not on port {}",
+                        target.host,
+                        rules.join(", "),
+                        target.port
+                    ),
+                },
+                hint,
+            )
+            .with_rule(self.allow[first].source.clone());
+        };
+
+        if let Some(ip) = target.host.ip()
+            && let Err(denied) = self.vet(target, &[ip], &OwnAddrs::default())
+        {
+            return denied;
+        }
+        Decision::allow(self.allow[i].source.clone())
+    }
+
+    /// For each allow entry that a deny entry (the grant's or `[global] deny`) refuses
+    /// whole: its index and that deny entry as written.
+    pub(crate) fn shadowed_allows(&self) -> Vec<(usize, &str)> {
+        self.allow
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| {
+                self.deny
+                    .iter()
+                    .find(|d| pattern_covers(d, a))
+                    .map(|d| (i, d.source.as_str()))
+            })
+            .collect()
+    }
+
+    /// Whether some allow entry can match a target that `pattern` matches (approximately:
+    /// one covers the other).
+    pub(crate) fn reaches(&self, pattern: &HostPattern) -> bool {
+        self.allow
+            .iter()
+            .any(|a| pattern_covers(a, pattern) || pattern_covers(pattern, a))
+    }
+
+    /// The host patterns of the request rules, by 0-based index.
+    pub(crate) fn request_rule_hosts(&self) -> impl Iterator<Item = (usize, &HostPattern)> {
+        self.request_rules.iter().map(|r| (r.position - 1, &r.host))
+    }
+
+    /// Whether every target `pattern` can match is terminated (covered by a
+    /// `tls_terminate` pattern).
+    pub(crate) fn terminates_pattern(&self, pattern: &HostPattern) -> bool {
+        self.tls_terminate
+            .iter()
+            .any(|t| pattern_covers(t, pattern))
+    }
+
+    /// Whether `target` matches a `tls_terminate` pattern.
+    pub fn terminates_tls(&self, target: &Target) -> bool {
+        self.tls_terminate.iter().any(|p| p.matches(target))
+    }
+
+    /// The allow entries exactly as written, in grant order (for diagnostics and the admin
+    /// API).
+    pub fn allow_entries(&self) -> impl Iterator<Item = &str> {
+        self.allow.iter().map(|p| p.source.as_str())
+    }
+
+    /// The deny entries exactly as written: the grant's own first, then the global deny
+    /// list's.
+    pub fn deny_entries(&self) -> impl Iterator<Item = &str> {
+        self.deny.iter().map(|p| p.source.as_str())
+    }
+
+    /// The `allow_private` exceptions as networks (a single address is a `/32` or `/128`).
+    pub fn allow_private(&self) -> &[IpNet] {
+        &self.allow_private
+    }
+}
+
+mod index;
+mod rules;
+mod vet;
+
+use index::RuleIndex;
+pub(crate) use rules::RequestRule;
+pub use rules::RequestRuleSpec;
+use rules::build_request_rules;
+pub use vet::{OwnAddrs, Pin};
+
+#[cfg(test)]
+mod tests;
