@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use policy::Target;
 use policy::config::UpstreamMode;
+use policy::upstream::PacSource;
 
 use super::pac::cache::{PacRouting, refresh};
 use super::pac::fetch;
@@ -31,6 +32,17 @@ pub(super) enum Strategy {
 }
 
 impl Router {
+    /// The strategy of a PAC source, with its refresher.
+    async fn pac_strategy(
+        &self,
+        source: PacSource,
+    ) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
+        Ok(match self.pac(source).await? {
+            Some((routing, fetcher)) => (Strategy::Pac(Arc::new(routing)), Some(fetcher)),
+            None => (Strategy::Direct, None),
+        })
+    }
+
     /// Builds the strategy `[upstream]` says (reading the sources `env` and `system`
     /// modes name); a PAC's refresher is returned to be started once installed.
     pub(super) async fn build(&self) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
@@ -61,7 +73,7 @@ impl Router {
                         "mode = \"pac\" without a pac source".into(),
                     ));
                 };
-                self.pac(source).await
+                self.pac_strategy(source).await
             }
             UpstreamMode::System => {
                 let paths = system::Paths::of(&upstream.system)?;
@@ -98,7 +110,7 @@ impl Router {
                 },
                 None,
             )),
-            system::Setting::Pac(source) => Box::pin(self.pac(source)).await,
+            system::Setting::Pac(source) => Box::pin(self.pac_strategy(source)).await,
         }
     }
 

@@ -12,7 +12,6 @@ use policy::upstream::{PacOnError, PacSource, ParentScheme, ParentUrl};
 use super::answer::pac_url;
 use super::{Pac, fetch};
 use crate::error::Error;
-use crate::route::strategy::Strategy;
 use crate::route::{Route, Router, Via};
 
 /// Most PAC answers kept in the cache; a full cache drops expired entries, then all.
@@ -37,13 +36,14 @@ pub(in crate::route) struct PacRouting {
 }
 
 impl Router {
-    /// Fetches and checks a PAC, with `allowed_parents` registered for it.
+    /// Fetches and checks a PAC, with `allowed_parents` registered for it; `None` for a
+    /// router without settings (it connects directly).
     pub(in crate::route) async fn pac(
         &self,
         source: PacSource,
-    ) -> Result<(Strategy, Option<fetch::Fetcher>), Error> {
+    ) -> Result<Option<(PacRouting, fetch::Fetcher)>, Error> {
         let Some(cfg) = &self.settings else {
-            return Ok((Strategy::Direct, None));
+            return Ok(None);
         };
         let upstream = &cfg.upstream;
         let mut allowed = Vec::new();
@@ -95,7 +95,7 @@ impl Router {
             ttl: upstream.pac_cache,
             on_error: upstream.pac_on_error,
         };
-        Ok((Strategy::Pac(Arc::new(routing)), Some(fetcher)))
+        Ok(Some((routing, fetcher)))
     }
 
     pub(in crate::route) async fn plan_pac(
