@@ -712,7 +712,7 @@ fn list_elements<'a>(values: &[&'a [u8]]) -> Vec<&'a [u8]> {
         .collect()
 }
 
-/// The protocol switch a terminated request asks for (`front::upgrade::requested`). The
+/// The protocol switch a terminated request asks for (`terminate::upgrade::requested`). The
 /// input's first byte holds flags: bit 0 the version (0: HTTP/1.1, 1: HTTP/2), bit 1 the
 /// method (0: `GET`, 1: `CONNECT`), bit 2 whether a `:protocol` is given; the rest is
 /// lines: the `:protocol` value when given, then the `Connection` value (an empty line:
@@ -725,7 +725,7 @@ fn list_elements<'a>(values: &[&'a [u8]]) -> Vec<&'a [u8]> {
 /// an extended CONNECT (RFC 8441) only for an HTTP/2 `CONNECT` with a `:protocol` and no
 /// `Upgrade`; a refusal's detail holds no control character.
 pub fn upgrade(data: &[u8]) {
-    use crate::front::upgrade::Via;
+    use crate::terminate::upgrade::Via;
     use http::header::{CONNECTION, HeaderMap, HeaderValue, UPGRADE};
     use policy::UpgradeToken;
     let Some((&flags, rest)) = data.split_first() else {
@@ -762,7 +762,7 @@ pub fn upgrade(data: &[u8]) {
             upgrades.push(line);
         }
     }
-    let answer = crate::front::upgrade::requested(&method, &headers, version, protocol);
+    let answer = crate::terminate::upgrade::requested(&method, &headers, version, protocol);
     let protocols = list_elements(&upgrades);
     match &answer {
         Ok(None) => assert!(
@@ -810,7 +810,7 @@ pub fn upgrade(data: &[u8]) {
 }
 
 /// The frame scan of the terminated leg's HTTP/2 server output
-/// (`front::h2_resets`). The input's first byte is the write size (0 counts as 1); the
+/// (`terminate::h2_resets`). The input's first byte is the write size (0 counts as 1); the
 /// rest is the byte stream, as if the server had written it. Properties: the resets found
 /// do not depend on how the stream is split into writes, and they are exactly those of an
 /// independent walk of the frames (RFC 9113 section 4.1: 9-byte headers, a 24-bit
@@ -820,10 +820,10 @@ pub fn h2_resets(data: &[u8]) {
     let Some((&step, bytes)) = data.split_first() else {
         return;
     };
-    let found = crate::front::h2_resets::resets_in(bytes, usize::from(step));
+    let found = crate::terminate::h2_resets::resets_in(bytes, usize::from(step));
     assert_eq!(
         found,
-        crate::front::h2_resets::resets_in(bytes, bytes.len())
+        crate::terminate::h2_resets::resets_in(bytes, bytes.len())
     );
     let mut expected = Vec::new();
     let mut rest = bytes;

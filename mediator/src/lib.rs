@@ -44,6 +44,7 @@ mod signal;
 mod sni;
 mod socket_file;
 pub mod suggest;
+mod terminate;
 pub mod tls;
 pub mod vocab;
 mod watchdog;

@@ -15,7 +15,7 @@
 //! silence cannot carry a ClientHello past the rule. A refusal resets the client's TCP
 //! connection: it has seen its `200`, and must not take the end for the origin's. The
 //! bytes read are forwarded unchanged or, when the grant terminates TLS for the target,
-//! replayed into the terminating acceptor (`crate::front::tls`), which applies the same
+//! replayed into the terminating acceptor (`crate::terminate`), which applies the same
 //! SNI rule to what it accepts.
 
 use std::sync::Arc;
@@ -42,7 +42,7 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// Runs one allowed tunnel to completion and writes its close record. `early` holds bytes
 /// the client sent after its request and that were already read (they come first in the
 /// tunnel). After the SNI gate, a target matching the grant's `tls_terminate` is handed to
-/// [`crate::front::tls::terminate`] (with the ClientHello bytes the gate read); any other tunnel
+/// [`crate::terminate::terminate`] (with the ClientHello bytes the gate read); any other tunnel
 /// is relayed.
 pub(crate) async fn run<C>(
     mut client: C,
@@ -134,7 +134,7 @@ pub(crate) async fn run<C>(
     }
     if terminate {
         // Boxed: termination is rare and its future is large.
-        Box::pin(crate::front::tls::terminate(
+        Box::pin(crate::terminate::terminate(
             client, prefix, connected, target, shared,
         ))
         .await;

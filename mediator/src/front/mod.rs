@@ -5,11 +5,8 @@
 //! terminated is served, after its SNI gate, by [`tls`] (its upgrades by [`upgrade`], its
 //! HTTP/2 streams reset as malformed found by [`h2_resets`]).
 
-pub(crate) mod h2_resets;
 pub(crate) mod http;
 pub(crate) mod socks;
-pub(crate) mod tls;
-pub(crate) mod upgrade;
 
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //! terminated leg gets `421`), skip upstream certificate verification, or connect anywhere
 //! but the tunnel's pinned upstream stream (so the route is the tunnel's route).
 //!
-//! `TlsState` is built once at start; `front::tls` runs one terminated tunnel with it.
+//! `TlsState` is built once at start; `terminate` runs one terminated tunnel with it.
 
 pub(crate) mod words;
 

@@ -1,0 +1,150 @@
+//! The tunnel host rule of a terminated request (RFC 9110 sections 7.2 and 7.4): its
+//! `Host` and `:authority` (or absolute-form authority) must name the tunnel's host and
+//! port, else the request is misdirected (`421`). Pure: no I/O.
+
+use http::Request;
+use http::header;
+use policy::{Target, canonicalize_host, parse_authority_form};
+
+use crate::redact::escape_raw;
+
+/// Every request's `Host` and `:authority` (or absolute-form authority) must name the
+/// tunnel host and port (RFC 9110 sections 7.2 and 7.4: else `421`). At least one must be
+/// present; more than one `Host` header is refused.
+pub(super) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), String> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header".into());
+    }
+    let uri_authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    let host = match host {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| "the Host header is not ASCII".to_owned())?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    if host.is_none() && uri_authority.is_none() {
+        return Err("the request names no host (no Host header, no :authority)".into());
+    }
+    for value in [uri_authority, host].into_iter().flatten() {
+        authority_matches(&value, target)?;
+    }
+    Ok(())
+}
+
+/// Whether `value` (`host`, `host:port`, `[v6]:port`) is the tunnel target. A missing port
+/// means 443, the default port of `https` (RFC 9110 section 4.2.2); a port that is there
+/// must be one (`host:`, `host:https`, `host:65536` are malformed, never port 443), as in
+/// a CONNECT target.
+fn authority_matches(value: &str, target: &Target) -> Result<(), String> {
+    let shown = || escape_raw(value.as_bytes());
+    let malformed = || {
+        format!(
+            "the request names {}, which is not a host with an optional port (RFC 9110 section 7.2), in a tunnel to {target}",
+            shown()
+        )
+    };
+    if value.contains('@') {
+        return Err(malformed());
+    }
+    let authority: http::uri::Authority = value.parse().map_err(|_| malformed())?;
+    let host = authority.host();
+    let named = if authority.as_str() == host {
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        canonicalize_host(host).map(|host| Target { host, port: 443 })
+    } else {
+        parse_authority_form(authority.as_str())
+    };
+    match named {
+        Ok(named) if named == *target => Ok(()),
+        Ok(_) => Err(format!(
+            "the request is for {}, but this tunnel is to {target}",
+            shown()
+        )),
+        Err(_) => Err(malformed()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(s: &str) -> Target {
+        parse_authority_form(s).unwrap()
+    }
+
+    fn request(uri: &str, hosts: &[&str]) -> Request<()> {
+        let mut b = Request::builder().uri(uri);
+        for h in hosts {
+            b = b.header(header::HOST, *h);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn the_host_and_authority_must_name_the_tunnel_host_and_port() {
+        let t = target("api.example.com:443");
+        for ok in ["api.example.com", "API.example.com.", "api.example.com:443"] {
+            assert_eq!(authority_matches(ok, &t), Ok(()), "{ok}");
+        }
+        for other in [
+            "api.example.com:8443",
+            "evil.example.com",
+            "example.com:443",
+        ] {
+            let e = authority_matches(other, &t).unwrap_err();
+            assert!(
+                e.contains("but this tunnel is to api.example.com:443"),
+                "{other}: {e}"
+            );
+        }
+        // A port that is there must be one; userinfo is no host.
+        for malformed in [
+            "api.example.com:",
+            "api.example.com:https",
+            "api.example.com:65536",
+            "u@api.example.com",
+            "api example",
+        ] {
+            let e = authority_matches(malformed, &t).unwrap_err();
+            assert!(
+                e.contains("not a host with an optional port"),
+                "{malformed}: {e}"
+            );
+        }
+        let v6 = target("[2001:db8::1]:443");
+        assert_eq!(authority_matches("[2001:db8::1]", &v6), Ok(()));
+        assert_eq!(authority_matches("[2001:db8::1]:443", &v6), Ok(()));
+    }
+
+    #[test]
+    fn one_host_header_or_an_authority_is_required_and_each_must_match() {
+        let t = target("api.example.com:443");
+        assert_eq!(
+            check_authority(&request("/x", &["api.example.com"]), &t),
+            Ok(())
+        );
+        assert_eq!(
+            check_authority(&request("https://api.example.com/x", &[]), &t),
+            Ok(())
+        );
+        let e = check_authority(&request("/x", &[]), &t).unwrap_err();
+        assert!(e.contains("names no host"), "{e}");
+        let e = check_authority(&request("/x", &["api.example.com", "api.example.com"]), &t)
+            .unwrap_err();
+        assert_eq!(e, "more than one Host header");
+        // Both are judged: a matching Host does not excuse another :authority.
+        let e = check_authority(
+            &request("https://evil.example.com/x", &["api.example.com"]),
+            &t,
+        )
+        .unwrap_err();
+        assert!(e.contains("evil.example.com"), "{e}");
+    }
+}

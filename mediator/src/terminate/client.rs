@@ -1,0 +1,152 @@
+//! The client's leg of a terminated tunnel: the ClientHello (replaying the bytes the SNI
+//! gate already read), the one SNI rule, and the handshake with a certificate for exactly
+//! the tunnel host. Counts the bytes of the leg for the close record.
+
+use std::sync::Arc;
+
+use policy::{Target, check_sni};
+use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::LazyConfigAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use crate::counting::{Counters, Counting};
+use crate::denial::{Cause, Denial};
+use crate::relay::RelayOutcome;
+use crate::rewind::Rewind;
+use crate::shared::Shared;
+use crate::tls::{ALPN, TlsState};
+use crate::vocab::CloseReason;
+
+/// The client's connection before its handshake, counted.
+pub(super) struct Leg<C> {
+    counting: Counting<Rewind<C>>,
+}
+
+/// The byte counts of the client's leg, readable after the stream moved on.
+pub(super) struct Bytes(Counters);
+
+impl Bytes {
+    /// The tunnel's outcome with these counts: up is what the client sent (read), down
+    /// what it was sent (written).
+    pub(super) fn outcome(&self, close_reason: CloseReason) -> RelayOutcome {
+        let (written, read) = self.0.get();
+        RelayOutcome {
+            up: read,
+            down: written,
+            close_reason,
+        }
+    }
+}
+
+/// Why the client's leg did not come up: how the tunnel ends, and the decision line to
+/// write (the SNI rule refused it).
+pub(super) struct Refused {
+    pub(super) reason: CloseReason,
+    pub(super) denial: Option<Denial>,
+}
+
+impl Refused {
+    fn ended(reason: CloseReason) -> Self {
+        Self {
+            reason,
+            denial: None,
+        }
+    }
+}
+
+impl<C> Leg<C>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    /// The client's connection, `prefix` (the bytes already read) replayed first.
+    pub(super) fn new(client: C, prefix: Vec<u8>) -> Self {
+        Self {
+            counting: Counting::new(Rewind::new(prefix, client)),
+        }
+    }
+
+    /// Its byte counts.
+    pub(super) fn bytes(&self) -> Bytes {
+        Bytes(self.counting.counters())
+    }
+
+    /// Reads the ClientHello, applies the one SNI rule, and completes the handshake with
+    /// `leaf`, each within the request-head timeout.
+    ///
+    /// # Errors
+    /// [`Refused`]: a ClientHello that is not one, a silent client, an SNI the rule
+    /// refuses (with its denial), a failed handshake (typically a client that does not
+    /// trust the mediator's CA; said at the info level, where an operator looks).
+    pub(super) async fn accept(
+        self,
+        tls: &TlsState,
+        leaf: Arc<CertifiedKey>,
+        target: &Target,
+        shared: &Shared,
+    ) -> Result<TlsStream<Counting<Rewind<C>>>, Refused> {
+        let wait = shared.timeouts.request_head;
+        let start = match tokio::time::timeout(
+            wait,
+            LazyConfigAcceptor::new(Acceptor::default(), self.counting),
+        )
+        .await
+        {
+            Ok(Ok(start)) => start,
+            Ok(Err(e)) => {
+                tracing::debug!("terminated tunnel to {target}: client hello: {e}");
+                return Err(Refused::ended(CloseReason::Error));
+            }
+            Err(_) => return Err(Refused::ended(CloseReason::IdleTimeout)),
+        };
+        // The one SNI rule, as the tunnel's gate applies it.
+        let hello = start.client_hello();
+        let names: Vec<&str> = hello.server_name().into_iter().collect();
+        if let Err(why) = check_sni(&names, target) {
+            return Err(Refused {
+                reason: CloseReason::SniMismatch,
+                denial: Some(
+                    Denial::sni_mismatch(why.to_string(), target).with_cause(Cause::AfterReply),
+                ),
+            });
+        }
+        let config = server_config(tls, leaf).map_err(|e| {
+            tracing::error!("TLS server configuration: {e}");
+            Refused::ended(CloseReason::Error)
+        })?;
+        match tokio::time::timeout(wait, start.into_stream(config)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => {
+                tracing::info!(
+                    "terminated tunnel to {target}: client TLS handshake failed (does the client trust the mediator CA?): {e}"
+                );
+                Err(Refused::ended(CloseReason::Error))
+            }
+            Err(_) => Err(Refused::ended(CloseReason::IdleTimeout)),
+        }
+    }
+}
+
+/// Serves exactly one certificate: the leaf for the tunnel host.
+#[derive(Debug)]
+struct OneLeaf(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for OneLeaf {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+}
+
+/// The server configuration of one tunnel: its leaf only, the ALPN the mediator speaks.
+fn server_config(
+    tls: &TlsState,
+    leaf: Arc<CertifiedKey>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::clone(&tls.provider))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(OneLeaf(leaf)));
+    config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}

@@ -1,0 +1,281 @@
+//! TLS termination (design section 9), one tunnel: accept the client's TLS with a leaf for
+//! exactly the tunnel host (the one SNI rule applies), open TLS to the tunnel's pinned
+//! upstream stream (verified against the system store plus `[tls] extra_ca_files`), serve
+//! every request inside with hyper (h1 and h2), judge each (`Host`/`:authority` must be the
+//! tunnel host, else `421`; the request rules), and write one `tls` decision line per
+//! request. The tunnel's [`Opened`](crate::conn::close::Opened) writes its close record.
+//!
+//! It must never present a certificate for any name but the tunnel host, forward a request
+//! for another host, skip upstream verification, or connect anywhere but the tunnel's own
+//! upstream stream (so the route is the tunnel's route).
+//!
+//! The tunnel, top to bottom ([`terminate`]): the leaf, the client's handshake
+//! (`client.rs`), the upstream connection (`upstream.rs`), serving the requests
+//! (`request.rs`, each as named steps: who asks, the tunnel's rules, the credentials, the
+//! upstream request, the answer; `authority.rs` and `rebuild.rs` are its pure parts), the
+//! protocol switches (`upgrade.rs`) and the HTTP/2 streams reset as malformed
+//! (`h2_resets.rs`).
+
+mod authority;
+mod client;
+pub(crate) mod h2_resets;
+mod rebuild;
+mod request;
+pub(crate) mod upgrade;
+mod upstream;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use policy::{Reason, Target};
+use rustls::sign::CertifiedKey;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use crate::conn::establish::Connected;
+use crate::conn::record;
+use crate::conn::standing::Standing;
+use crate::conn::{Ctx, TargetLabel};
+use crate::denial::Denial;
+use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
+use crate::shared::Shared;
+use crate::tls::TlsState;
+use crate::vocab::CloseReason;
+use h2_resets::ResetWatch;
+use upstream::Upstream;
+
+/// Runs one terminated tunnel to completion; its [`Connected::opened`] writes the close
+/// record. `prefix` holds the client bytes the SNI gate already read (the start of the
+/// ClientHello); they are replayed into the TLS acceptor. Each request inside is logged
+/// with protocol `tls`.
+pub(crate) async fn terminate<C>(
+    client: C,
+    prefix: Vec<u8>,
+    connected: Connected,
+    target: &Target,
+    shared: Arc<Shared>,
+) where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let label = TargetLabel::from(target);
+    let Connected {
+        stream: upstream_tcp,
+        opened,
+        closing,
+        standing,
+        ..
+    } = connected;
+    let ctx = opened.ctx().clone();
+    let (tls, leaf) = match leaf(&shared, target) {
+        Ok(found) => found,
+        Err(denial) => {
+            record::deny(&shared, &ctx, opened.protocol(), &label, denial);
+            opened.finish(RelayOutcome::ended(CloseReason::Error));
+            return;
+        }
+    };
+    // A cut resets the client's TCP socket (`crate::relay`): a second descriptor reaches
+    // it under TLS, and the reset comes when both are closed, as this function returns.
+    let reset = socket_of(&client).and_then(Sock::reset_handle);
+    let client = client::Leg::new(client, prefix);
+    let bytes = client.bytes();
+    let client_tls = match client.accept(&tls, leaf, target, &shared).await {
+        Ok(stream) => stream,
+        Err(refused) => {
+            if let Some(denial) = refused.denial {
+                record::deny(&shared, &ctx, opened.protocol(), &label, denial);
+            }
+            opened.finish(bytes.outcome(refused.reason));
+            return;
+        }
+    };
+
+    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host. A
+    // client that speaks HTTP/1.1 gets an HTTP/1.1 upstream, so that an upgrade of its
+    // connection upgrades the upstream one with it.
+    let upstream_gone = CancellationToken::new();
+    let upgrading = Arc::new(AtomicBool::new(false));
+    let client_h2 = client_tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let upstream = match upstream::connect(&tls, upstream_tcp, target, &shared, client_h2).await {
+        Ok(stream) => {
+            upstream::start_http(stream, upstream_gone.clone(), Arc::clone(&upgrading)).await
+        }
+        Err(detail) => {
+            tracing::info!("terminated tunnel to {target}: {detail}");
+            Err(detail)
+        }
+    };
+
+    let env = Arc::new(Env {
+        shared: Arc::clone(&shared),
+        ctx: ctx.clone(),
+        standing,
+        target: target.clone(),
+        label: label.clone(),
+        pin: opened.facts().pin,
+        route: opened.facts().route,
+        upstream,
+        closing: closing.clone(),
+        upgrading,
+        relays: Relays::default(),
+    });
+    let client_tls = ResetWatch::new(
+        client_tls,
+        client_h2.then(|| request::malformed_h2(&shared, &ctx, &label, target)),
+    );
+    let served = serve(client_tls, Arc::clone(&env), reset.as_ref(), &upstream_gone).await;
+    // Switched streams end with the tunnel (or before): an HTTP/1.1 upgrade took the
+    // connection over, so the tunnel ends as its relay ended; HTTP/2 streams end with
+    // their connection.
+    let mut relays = env.relays.take();
+    let mut reason = served;
+    while let Some(ended) = relays.join_next().await {
+        let outcome = ended.map_or(CloseReason::Error, |o| o.close_reason);
+        if let (true, Some(fd)) = (outcome.is_cut(), &reset) {
+            let _ = reset_fd_on_close(fd);
+        }
+        if !client_h2 {
+            reason = outcome;
+        }
+    }
+    drop(env);
+    opened.finish(bytes.outcome(reason));
+}
+
+/// The CA and the leaf for exactly the tunnel host.
+///
+/// # Errors
+/// The denial to log: the mediator has no CA, or it cannot issue for this name.
+fn leaf(shared: &Shared, target: &Target) -> Result<(Arc<TlsState>, Arc<CertifiedKey>), Denial> {
+    let Some(tls) = shared.tls.clone() else {
+        return Err(Denial::new(
+            Reason::UpstreamFailure,
+            format!("TLS termination is configured for {target} but the mediator has no CA"),
+            "configure [tls] ca_dir and restart the mediator",
+        ));
+    };
+    let leaf = certs::LeafName::parse(&target.host.as_text())
+        .and_then(|name| tls.leaves.get(&name))
+        .map_err(|e| {
+            Denial::new(
+                Reason::UpstreamFailure,
+                format!("cannot issue a certificate for {}: {e}", target.host),
+                "check the mediator's CA ([tls] ca_dir)",
+            )
+        })?;
+    Ok((tls, leaf))
+}
+
+/// Serves the requests of the client's connection until it ends, the tunnel is cut, or
+/// the upstream connection ends; returns how it ended.
+async fn serve<S>(
+    client_tls: S,
+    env: Arc<Env>,
+    reset: Option<&std::os::fd::OwnedFd>,
+    upstream_gone: &CancellationToken,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (timeouts, limits) = (env.shared.timeouts, env.shared.limits);
+    let (closing, target) = (env.closing.clone(), env.target.clone());
+    let svc = service_fn(move |req| {
+        let env = Arc::clone(&env);
+        async move { Ok::<_, Infallible>(request::handle(req, &env).await) }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeouts.request_head)
+        .keep_alive(true);
+    // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL = 1. The header
+    // list (SETTINGS_MAX_HEADER_LIST_SIZE, RFC 9113 section 6.5.2) is bounded by
+    // `[limits] request_head_bytes` as HTTP/1.1 heads are, not by hyper's 16 KiB default
+    // (the key is at most 1 MiB, so it fits a u32; the fallback is never taken).
+    let header_list = u32::try_from(limits.request_head_bytes).unwrap_or(u32::MAX);
+    builder
+        .http2()
+        .enable_connect_protocol()
+        .max_header_list_size(header_list);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(client_tls), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => match res {
+            Ok(()) => CloseReason::ClientClosed,
+            Err(e) => {
+                tracing::debug!("terminated tunnel to {target}: {e}");
+                CloseReason::Error
+            }
+        },
+        () = closing.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), conn.as_mut()).await;
+            if let Some(fd) = reset {
+                // What it drops was counted as sent; the record of a terminated tunnel
+                // counts TLS bytes, so the difference is approximate and ignored here.
+                let _ = reset_fd_on_close(fd);
+            }
+            CloseReason::Shutdown
+        }
+        () = upstream_gone.cancelled() => {
+            // The upstream connection ended: finish what is in flight, then close, so the
+            // client opens a new tunnel rather than getting errors.
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = closing.cancelled() => {}
+            }
+            CloseReason::UpstreamClosed
+        }
+    }
+}
+
+/// What every request of one terminated tunnel needs.
+struct Env {
+    shared: Arc<Shared>,
+    ctx: Ctx,
+    /// The authority the tunnel runs under (a reload may move it to a successor).
+    standing: Arc<Standing>,
+    target: Target,
+    label: TargetLabel,
+    pin: std::net::SocketAddr,
+    route: crate::route::Route,
+    /// The upstream HTTP connection, or why there is none (the detail of every 502).
+    upstream: Result<Upstream, String>,
+    /// The tunnel's cut (revocation, shutdown): ends an upgraded request's relay too.
+    closing: CancellationToken,
+    /// Set while a switch is under way on the upstream HTTP/1.1 connection (or took it
+    /// over), whose end then does not end the tunnel.
+    upgrading: Arc<AtomicBool>,
+    /// The relays of switched requests (one for HTTP/1.1, streams for HTTP/2).
+    relays: Relays,
+}
+
+/// The relays of a tunnel's switched requests. Finished ones are reaped as new ones
+/// come, so it holds at most the live ones: one on an HTTP/1.1 connection (an upgrade
+/// takes it over), on HTTP/2 no more than the server's concurrent streams (hyper's
+/// default, 200), since each relay holds its stream open.
+#[derive(Default)]
+struct Relays(std::sync::Mutex<tokio::task::JoinSet<RelayOutcome>>);
+
+impl Relays {
+    fn lock(&self) -> std::sync::MutexGuard<'_, tokio::task::JoinSet<RelayOutcome>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn spawn(&self, relay: impl Future<Output = RelayOutcome> + Send + 'static) {
+        let mut set = self.lock();
+        while set.try_join_next().is_some() {}
+        set.spawn(relay);
+    }
+
+    fn take(&self) -> tokio::task::JoinSet<RelayOutcome> {
+        std::mem::take(&mut *self.lock())
+    }
+}

@@ -1,0 +1,108 @@
+//! The upstream request of a terminated one, rebuilt from canonical values: hop-by-hop
+//! headers removed, the target in the form the upstream's HTTP version wants. Pure: no
+//! I/O.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri, Version};
+use policy::Target;
+
+use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
+
+/// The upstream request: hop-by-hop headers removed (keeping `TE: trailers` for HTTP/2,
+/// which gRPC needs), the target rebuilt from canonical values: origin-form with a `Host`
+/// header for HTTP/1.1, an absolute URI (hence `:authority`) without `Host` for HTTP/2.
+pub(super) fn rebuild<B>(
+    req: Request<B>,
+    target: &Target,
+    version: Version,
+) -> Result<Request<B>, String> {
+    let (mut parts, body) = req.into_parts();
+    let te_trailers = parts
+        .headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::HOST);
+    let authority = host_value(target, 443);
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    parts.version = version;
+    if version == Version::HTTP_2 {
+        parts.uri = format!("https://{authority}{path}")
+            .parse::<Uri>()
+            .map_err(|e| format!("bad request target: {e}"))?;
+        if te_trailers {
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+    } else {
+        parts.uri = path
+            .parse::<Uri>()
+            .map_err(|e| format!("bad request target: {e}"))?;
+        let host = HeaderValue::from_str(&authority).map_err(|e| format!("bad host: {e}"))?;
+        parts.headers.insert(header::HOST, host);
+    }
+    remove_h2_forbidden(&mut parts.headers);
+    Ok(Request::from_parts(parts, body))
+}
+
+/// Connection-specific headers that HTTP/2 forbids (RFC 9113 section 8.2.2) and that
+/// `strip_hop_by_hop` may not know by name.
+fn remove_h2_forbidden(headers: &mut HeaderMap) {
+    headers.remove(HeaderName::from_static("proxy-connection"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        policy::parse_authority_form("api.example.com:443").unwrap()
+    }
+
+    fn client_request() -> Request<()> {
+        Request::builder()
+            .uri("https://API.example.com/v1/x?q=1")
+            .header(header::HOST, "api.example.com")
+            .header(header::CONNECTION, "keep-alive, x-drop")
+            .header("x-drop", "1")
+            .header("proxy-connection", "keep-alive")
+            .header(header::TE, "trailers")
+            .header("x-keep", "2")
+            .body(())
+            .unwrap()
+    }
+
+    #[test]
+    fn http1_gets_origin_form_and_a_host_header_from_canonical_values() {
+        let r = rebuild(client_request(), &target(), Version::HTTP_11).unwrap();
+        assert_eq!(r.version(), Version::HTTP_11);
+        assert_eq!(r.uri().to_string(), "/v1/x?q=1");
+        assert_eq!(r.headers()[header::HOST], "api.example.com");
+        for gone in ["connection", "x-drop", "proxy-connection", "te"] {
+            assert!(!r.headers().contains_key(gone), "{gone} kept");
+        }
+        assert_eq!(r.headers()["x-keep"], "2");
+    }
+
+    #[test]
+    fn http2_gets_an_absolute_uri_no_host_and_keeps_te_trailers() {
+        let r = rebuild(client_request(), &target(), Version::HTTP_2).unwrap();
+        assert_eq!(r.version(), Version::HTTP_2);
+        assert_eq!(r.uri().to_string(), "https://api.example.com/v1/x?q=1");
+        assert!(!r.headers().contains_key(header::HOST));
+        assert_eq!(r.headers()[header::TE], "trailers");
+        assert!(!r.headers().contains_key("proxy-connection"));
+        // Only `TE: trailers` survives.
+        let mut other = client_request();
+        other
+            .headers_mut()
+            .insert(header::TE, HeaderValue::from_static("gzip"));
+        let r = rebuild(other, &target(), Version::HTTP_2).unwrap();
+        assert!(!r.headers().contains_key(header::TE));
+    }
+}

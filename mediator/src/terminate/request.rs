@@ -1,0 +1,374 @@
+//! One request inside a terminated tunnel (h1 and h2 alike), as named steps:
+//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge`] (the
+//! authority still live, the tunnel host, a protocol switch it may ask for, the request
+//! rules), the credentials (`crate::credential::apply`: secrets added, a misplaced
+//! placeholder refused), [`upstream_request`] (the connection that carries it, a switch's
+//! plan, the rebuilt request), the decision line, then [`send`] and the answer. Every
+//! refusal writes this request's decision line and answers with the JSON denial.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use policy::config::Authority;
+use policy::{Decision, Reason, Target};
+
+use super::authority::check_authority;
+use super::h2_resets::OnReset;
+use super::rebuild::rebuild;
+use super::upgrade::{self, Plan, Switch};
+use super::{Env, Upstream};
+use crate::conn::identify::revoked;
+use crate::conn::record::{self, Allowed};
+use crate::conn::{Ctx, RequestLine, TargetLabel};
+use crate::credential::{CheckedBody, TrailerVerdict};
+use crate::denial::{Cause, Denial};
+use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
+use crate::front::http::rewrite::strip_hop_by_hop;
+use crate::redact::logged_path;
+use crate::shared::Shared;
+use crate::vocab::Protocol;
+
+/// Judges and forwards one request; the answer is the origin's, or the JSON denial.
+pub(super) async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
+    let switch = requested_switch(&req);
+    let asking = Asking::of(&req, &switch, env);
+    let (switch, decision) = match judge(&req, switch, &asking, env) {
+        Ok(judged) => judged,
+        Err(denial) => return asking.refuse(env, &denial),
+    };
+    let uri = req.uri().clone();
+    let credential =
+        match crate::credential::apply(&asking.authority, &env.target, &uri, req.headers_mut()) {
+            Ok(used) => used,
+            Err(denial) => return asking.refuse(env, &denial),
+        };
+    let (upstream, plan, upstream_req) = match upstream_request(req, switch.as_ref(), env).await {
+        Ok(prepared) => prepared,
+        Err(denial) => return asking.refuse(env, &denial),
+    };
+    let allow = Allowed {
+        rule: decision.rule.as_deref(),
+        pin: env.pin,
+        route: env.shared.route_label(env.route),
+    };
+    let id = record::tls_request(
+        &env.shared,
+        &asking.ctx,
+        &env.label,
+        &asking.request,
+        Ok(allow),
+        credential,
+    );
+    send(upstream_req, upstream, plan, &asking, id, env).await
+}
+
+/// The protocol switch a request asks for (`Upgrade`, or HTTP/2 extended CONNECT), or why
+/// it cannot have one.
+fn requested_switch(req: &Request<Incoming>) -> Result<Option<Switch>, String> {
+    let protocol = req
+        .extensions()
+        .get::<hyper::ext::Protocol>()
+        .map(|p| p.as_str().as_bytes().to_vec());
+    upgrade::requested(
+        req.method(),
+        req.headers(),
+        req.version(),
+        protocol.as_deref(),
+    )
+}
+
+/// Who asks what: the authority the tunnel stands under now (a reload that kept the
+/// tunnel moved it to the new grant), its context, and the request line logged for it.
+struct Asking {
+    authority: Arc<Authority>,
+    ctx: Ctx,
+    request: RequestLine,
+}
+
+impl Asking {
+    fn of(req: &Request<Incoming>, switch: &Result<Option<Switch>, String>, env: &Env) -> Self {
+        let method = match switch {
+            Ok(Some(s)) => s.judged_method(req.method()),
+            _ => req.method().as_str(),
+        };
+        let authority = env.standing.authority();
+        Self {
+            ctx: env.ctx.attributed(&authority),
+            authority,
+            request: RequestLine {
+                method: method.to_owned(),
+                path: logged_path(req.uri()),
+            },
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.authority.grant.name()
+    }
+
+    /// Writes `denial` as this request's decision line and answers with it.
+    fn refuse(&self, env: &Env, denial: &Denial) -> Response<Body> {
+        record::tls_request(
+            &env.shared,
+            &self.ctx,
+            &env.label,
+            &self.request,
+            Err(denial),
+            Vec::new(),
+        );
+        deny_response(Some(self.name()), &env.label, denial)
+    }
+}
+
+/// The tunnel's rules for one request: its authority still live (a revoked one, or one
+/// whose reload judged the tunnel no longer allowed, takes no new decision even while the
+/// tunnel waits for the revoke grace), the request for the tunnel host (else `421`), a
+/// switch it may ask for, and the grant's request rules. Returns the switch and the
+/// allowing decision.
+///
+/// # Errors
+/// The denial to log and answer.
+fn judge(
+    req: &Request<Incoming>,
+    switch: Result<Option<Switch>, String>,
+    asking: &Asking,
+    env: &Env,
+) -> Result<(Option<Switch>, Decision), Denial> {
+    if !env.shared.authorities.is_live(&asking.authority) {
+        return Err(revoked(asking.name()));
+    }
+    check_authority(req, &env.target).map_err(|detail| {
+        Denial::new(
+            Reason::SniMismatch,
+            detail,
+            format!(
+                "this tunnel is to {}: send requests for other hosts through a tunnel to that host",
+                env.target
+            ),
+        )
+        .with_cause(Cause::Misdirected)
+    })?;
+    let switch = switch.map_err(|detail| {
+        Denial::new(
+            Reason::DeniedByRule,
+            detail,
+            "inside a terminated tunnel Upgrade: websocket (or an HTTP/2 extended CONNECT for it) is relayed, and tokens a request rule lists in upgrade; send the request without Upgrade",
+        )
+    })?;
+    let headers = crate::credential::Headers(req.headers());
+    let facts = policy::RequestFacts::new(&asking.request.method, req.uri().path())
+        .with_query(req.uri().query())
+        .with_headers(&headers)
+        .with_upgrade(switch.as_ref().map(|s| &s.token));
+    let decision = asking.authority.grant.decide_request(&env.target, &facts);
+    if decision.is_allow() {
+        Ok((switch, decision))
+    } else {
+        Err(Denial::from(decision))
+    }
+}
+
+/// A switch's plan on the upstream connection, with the client's side of the upgrade.
+type Planned<'s> = Option<(&'s Switch, Plan, OnUpgrade)>;
+
+/// The upstream connection that carries the request, a switch's plan on it, and the
+/// request rebuilt for it.
+///
+/// # Errors
+/// The denial: no upstream connection (why), an HTTP/1.1 upstream taken over by a switch,
+/// a switch the upstream cannot carry, a request that cannot be rebuilt.
+async fn upstream_request<'e, 's>(
+    mut req: Request<Incoming>,
+    switch: Option<&'s Switch>,
+    env: &'e Env,
+) -> Result<(&'e Upstream, Planned<'s>, Request<Incoming>), Denial> {
+    let upstream = env.upstream.as_ref().map_err(|detail| {
+        Denial::new(
+            Reason::UpstreamFailure,
+            detail.clone(),
+            "the upstream's certificate must verify against the system trust store or [tls] extra_ca_files, for the host name itself",
+        )
+    })?;
+    if matches!(upstream, Upstream::H1(_)) && env.upgrading.load(Ordering::SeqCst) {
+        return Err(Denial::new(
+            Reason::UpstreamFailure,
+            format!(
+                "{}: the tunnel's HTTP/1.1 upstream connection carries a switched protocol now",
+                env.target
+            ),
+            "send further requests on a new connection",
+        ));
+    }
+    let plan = match switch {
+        None => None,
+        Some(s) => match upgrade::plan(s, upstream.carrier().await) {
+            Ok(p) => Some((s, p, hyper::upgrade::on(&mut req))),
+            Err(detail) => {
+                return Err(Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{}: {detail}", env.target),
+                    "open a new tunnel and use HTTP/1.1 for the WebSocket, or ask the origin's operator to enable extended CONNECT",
+                ));
+            }
+        },
+    };
+    let rebuilt = rebuild(req, &env.target, upstream.version()).map_err(|detail| {
+        Denial::new(
+            Reason::MalformedTarget,
+            detail,
+            "send a well-formed request",
+        )
+    })?;
+    let rebuilt = match &plan {
+        Some((s, p, _)) => {
+            let (mut parts, body) = rebuilt.into_parts();
+            upgrade::prepare(&mut parts, s, p);
+            Request::from_parts(parts, body)
+        }
+        None => rebuilt,
+    };
+    Ok((upstream, plan, rebuilt))
+}
+
+/// Sends the allowed request (its decision line `id` is written) and answers with the
+/// origin's response: a switch the origin accepted is relayed; a `HEAD` answer has no body.
+async fn send(
+    upstream_req: Request<Incoming>,
+    upstream: &Upstream,
+    plan: Planned<'_>,
+    asking: &Asking,
+    id: u64,
+    env: &Env,
+) -> Response<Body> {
+    let name = asking.name();
+    let head = asking.request.method == "HEAD";
+    let takes_h1 = plan.is_some() && matches!(upstream, Upstream::H1(_));
+    if takes_h1 {
+        env.upgrading.store(true, Ordering::SeqCst);
+    }
+    let (upstream_req, trailers) = check_trailers(upstream_req, asking, env);
+    let answer = upstream.send(upstream_req).await;
+    // A trailer that carried a placeholder cut the request (already logged): say why.
+    if let Some(denial) = trailers.denial() {
+        env.upgrading.store(false, Ordering::SeqCst);
+        return deny_response(Some(name), &env.label, denial);
+    }
+    let mut resp = match answer {
+        Ok(resp) => resp,
+        Err(e) => {
+            if takes_h1 {
+                env.upgrading.store(false, Ordering::SeqCst);
+            }
+            let denial = Denial::new(
+                Reason::UpstreamFailure,
+                format!("{}: upstream request failed: {e}", env.target),
+                "the destination closed the connection or sent an invalid response",
+            );
+            return deny_response(Some(name), &env.label, &denial);
+        }
+    };
+    let upstream_upgrade = plan.as_ref().map(|_| hyper::upgrade::on(&mut resp));
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(DECISION_HEADER);
+    if let (Some((switch, plan, client)), Some(upstream_upgrade)) = (plan, upstream_upgrade) {
+        match upgrade::switched(&mut parts, switch, &plan) {
+            Ok(true) => {
+                let facts = upgrade::Upgraded {
+                    shared: Arc::clone(&env.shared),
+                    ctx: asking.ctx.clone(),
+                    label: env.label.clone(),
+                    request: asking.request.clone(),
+                    id,
+                    token: switch.token.clone(),
+                    pin: env.pin,
+                    route: env.shared.route_label(env.route).to_owned(),
+                };
+                env.relays.spawn(upgrade::relay(
+                    client,
+                    upstream_upgrade,
+                    facts,
+                    env.closing.clone(),
+                ));
+                drop(body);
+                return Response::from_parts(parts, empty_body());
+            }
+            Ok(false) => {}
+            Err(detail) => {
+                let denial = Denial::new(
+                    Reason::UpstreamFailure,
+                    format!("{}: {detail}", env.target),
+                    "the origin must answer the upgrade as RFC 6455 section 4.2.2 says",
+                );
+                return deny_response(Some(name), &env.label, &denial);
+            }
+        }
+        if takes_h1 {
+            env.upgrading.store(false, Ordering::SeqCst);
+        }
+    }
+    if head {
+        // A HEAD response has no body, whatever its Content-Length says; passing the
+        // upstream body on would make the HTTP/2 server reset the stream.
+        drop(body);
+        return Response::from_parts(parts, empty_body());
+    }
+    Response::from_parts(parts, body.boxed())
+}
+
+/// The decision line of an HTTP/2 request the HTTP/2 layer reset as malformed before it
+/// reached [`handle`] (`super::h2_resets`): no method or path can be logged.
+pub(super) fn malformed_h2(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    label: &TargetLabel,
+    target: &Target,
+) -> OnReset {
+    let (shared, ctx, label, target) = (
+        Arc::clone(shared),
+        ctx.clone(),
+        label.clone(),
+        target.clone(),
+    );
+    Box::new(move |stream| {
+        let denial = Denial::new(
+            Reason::MalformedTarget,
+            format!(
+                "HTTP/2 stream {stream} in the tunnel to {target} was a malformed request (RFC 9113 section 8.1.1: e.g. an :authority or :path that is not URI syntax, or a body that does not match its content-length); it was reset with PROTOCOL_ERROR before it could be judged, and nothing more of it was forwarded"
+            ),
+            format!("send well-formed requests whose :authority is {target}"),
+        );
+        record::deny(&shared, &ctx, Protocol::Tls, &label, denial);
+    })
+}
+
+/// `req` with its trailer fields checked for the authority's placeholders; a refused one
+/// is logged as this request's `credential_misuse` line.
+fn check_trailers(
+    req: Request<Incoming>,
+    asking: &Asking,
+    env: &Env,
+) -> (Request<CheckedBody>, TrailerVerdict) {
+    let (shared, ctx, label, request) = (
+        Arc::clone(&env.shared),
+        asking.ctx.clone(),
+        env.label.clone(),
+        asking.request.clone(),
+    );
+    let (parts, body) = req.into_parts();
+    let (body, verdict) = CheckedBody::new(body, &asking.authority, &env.target, move |denial| {
+        record::tls_request(&shared, &ctx, &label, &request, Err(denial), Vec::new());
+    });
+    (Request::from_parts(parts, body), verdict)
+}
+
+fn empty_body() -> Body {
+    http_body_util::Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}

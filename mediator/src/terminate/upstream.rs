@@ -1,0 +1,170 @@
+//! The upstream leg of a terminated tunnel: TLS over the tunnel's own pinned (and routed)
+//! stream, verified for the host name, and the HTTP connection on it in the protocol the
+//! origin chose by ALPN. Never connects anywhere else.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http::{Request, Response, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use policy::Target;
+use rustls::pki_types::ServerName;
+use tokio::sync::Mutex;
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+
+use super::upgrade;
+use crate::credential::CheckedBody;
+use crate::route::UpstreamStream;
+use crate::shared::Shared;
+use crate::tls::TlsState;
+
+/// How long an extended CONNECT waits for an HTTP/2 origin's SETTINGS to say whether it
+/// accepts extended CONNECT (they come right after its TLS handshake; this is the bound
+/// for a slow one).
+const SETTINGS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often the setting is read again meanwhile.
+const SETTINGS_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The upstream HTTP connection of one tunnel. HTTP/1.1 carries one request at a time, so
+/// its sender is behind a lock held only until the request is handed over.
+pub(super) enum Upstream {
+    H1(Mutex<hyper::client::conn::http1::SendRequest<CheckedBody>>),
+    /// The sender, and whether the origin's SETTINGS accept extended CONNECT so far.
+    H2(
+        hyper::client::conn::http2::SendRequest<CheckedBody>,
+        Arc<dyn Fn() -> bool + Send + Sync>,
+    ),
+}
+
+impl Upstream {
+    pub(super) fn version(&self) -> Version {
+        match self {
+            Self::H1(_) => Version::HTTP_11,
+            Self::H2(..) => Version::HTTP_2,
+        }
+    }
+
+    /// What the connection can carry of a protocol switch. An HTTP/2 origin's SETTINGS
+    /// (with SETTINGS_ENABLE_CONNECT_PROTOCOL) may still be on their way when the first
+    /// request comes, and nothing signals their arrival: the setting is read again every
+    /// [`SETTINGS_POLL`] for at most [`SETTINGS_WAIT`], while the connection is open.
+    pub(super) async fn carrier(&self) -> upgrade::Carrier {
+        match self {
+            Self::H1(_) => upgrade::Carrier::H1,
+            Self::H2(sender, extended_connect) => {
+                let deadline = tokio::time::Instant::now() + SETTINGS_WAIT;
+                loop {
+                    let on = extended_connect();
+                    if on || sender.is_closed() || tokio::time::Instant::now() >= deadline {
+                        return upgrade::Carrier::H2 {
+                            extended_connect: on,
+                        };
+                    }
+                    tokio::time::sleep(SETTINGS_POLL).await;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn send(
+        &self,
+        req: Request<CheckedBody>,
+    ) -> hyper::Result<Response<Incoming>> {
+        match self {
+            Self::H1(sender) => {
+                let response = {
+                    let mut sender = sender.lock().await;
+                    sender.ready().await?;
+                    sender.send_request(req)
+                };
+                response.await
+            }
+            Self::H2(sender, _) => {
+                let mut sender = sender.clone();
+                sender.ready().await?;
+                sender.send_request(req).await
+            }
+        }
+    }
+}
+
+/// TLS to the origin over `tcp` (the tunnel's stream), SNI and verification for the host;
+/// HTTP/1.1 only in ALPN when the client speaks HTTP/1.1.
+///
+/// # Errors
+/// The detail: the host is no TLS server name, the handshake failed (in words), or timed
+/// out.
+pub(super) async fn connect(
+    tls: &TlsState,
+    tcp: UpstreamStream,
+    target: &Target,
+    shared: &Shared,
+    client_h2: bool,
+) -> Result<tokio_rustls::client::TlsStream<UpstreamStream>, String> {
+    let name = ServerName::try_from(target.host.as_text())
+        .map_err(|e| format!("{} is not a TLS server name: {e}", target.host))?;
+    let config = if client_h2 {
+        &tls.upstream
+    } else {
+        &tls.upstream_h1
+    };
+    let connector = TlsConnector::from(Arc::clone(config));
+    match tokio::time::timeout(shared.timeouts.connect, connector.connect(name, tcp)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err(format!(
+            "TLS to {target} failed: {}",
+            crate::tls::words::handshake_error(&e)
+        )),
+        Err(_) => Err(format!("TLS to {target} timed out")),
+    }
+}
+
+/// Starts the upstream HTTP connection in the protocol the upstream chose by ALPN. `gone`
+/// is cancelled when it ends, unless it ended in an upgrade (`upgrading` set).
+pub(super) async fn start_http(
+    stream: tokio_rustls::client::TlsStream<UpstreamStream>,
+    gone: CancellationToken,
+    upgrading: Arc<AtomicBool>,
+) -> Result<Upstream, String> {
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(stream);
+    if h2 {
+        let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .map_err(|e| format!("HTTP/2 handshake with the upstream failed: {e}"))?;
+        // The connection is shared with the question whether the origin's SETTINGS accept
+        // extended CONNECT (RFC 8441 section 3), which only it can answer.
+        let conn = Arc::new(std::sync::Mutex::new(Box::pin(conn)));
+        let polled = Arc::clone(&conn);
+        tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| {
+                polled
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .as_mut()
+                    .poll(cx)
+            })
+            .await;
+            gone.cancel();
+        });
+        let extended_connect = move || {
+            conn.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_extended_connect_protocol_enabled()
+        };
+        Ok(Upstream::H2(sender, Arc::new(extended_connect)))
+    } else {
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| format!("HTTP/1.1 handshake with the upstream failed: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.with_upgrades().await;
+            if !upgrading.load(Ordering::SeqCst) {
+                gone.cancel();
+            }
+        });
+        Ok(Upstream::H1(Mutex::new(sender)))
+    }
+}
