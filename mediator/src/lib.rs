@@ -45,6 +45,8 @@ mod sni;
 mod socket_file;
 pub mod suggest;
 mod terminate;
+#[cfg(any(test, feature = "fuzzing"))]
+mod testing;
 pub mod tls;
 pub mod vocab;
 mod watchdog;

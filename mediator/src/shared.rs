@@ -152,32 +152,3 @@ impl Shared {
         self.router.label(route)
     }
 }
-
-/// A mediator's shared state for unit tests: the default configuration, no authority,
-/// direct routing, a resolver that is never asked, the decision log kept in `lines`. Also
-/// the mediator of the fuzz targets (`crate::fuzzing`).
-#[cfg(any(test, feature = "fuzzing"))]
-#[allow(clippy::unwrap_used)] // test support: a setup failure must fail the test
-pub(crate) fn for_tests(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
-    use crate::decision_log::Sink;
-    let config = policy::config::parse("", "<test>").unwrap();
-    // A discard port on loopback: nothing here resolves a name.
-    let nameserver = "127.0.0.1:9".parse().unwrap();
-    let resolver = || Resolver::new(&[nameserver], Default::default(), config.timeouts.dns);
-    Arc::new(Shared::new(Parts {
-        metrics: Metrics::new().unwrap(),
-        resolver: resolver().unwrap(),
-        router: Arc::new(Router::direct(Arc::new(resolver().unwrap()))),
-        tls: None,
-        log: DecisionLog::open(Sink::Memory(lines)).unwrap(),
-        own: OwnAddrs::default(),
-        timeouts: config.timeouts,
-        limits: config.limits,
-        limiter: Arc::new(Limiter::new(crate::limits::InForce::derive(
-            &config.limits,
-            4096,
-            0,
-        ))),
-        serving: Serving::start(1).unwrap(),
-    }))
-}

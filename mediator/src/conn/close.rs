@@ -148,7 +148,7 @@ mod tests {
 
     use super::*;
     use crate::decision_log::Peer;
-    use crate::shared::for_tests;
+    use crate::testing;
 
     fn opened(shared: &Arc<Shared>, id: u64) -> Opened {
         let facts = Facts {
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn finish_writes_the_record_once_and_drop_writes_none_after_it() {
         let lines = Arc::default();
-        let shared = for_tests(Arc::clone(&lines));
+        let shared = testing::shared(Arc::clone(&lines));
         let outcome = RelayOutcome {
             up: 3,
             down: 4,
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn an_unfinished_connection_still_gets_its_record_with_close_reason_error() {
         let lines = Arc::default();
-        let shared = for_tests(Arc::clone(&lines));
+        let shared = testing::shared(Arc::clone(&lines));
         drop(opened(&shared, 2));
         // A panic on the connection's task unwinds through the same drop.
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -126,12 +126,6 @@ pub(crate) async fn run<C>(
         }
         None => {}
     }
-    // A bug in one connection's code, for the test that shows a panic ends that
-    // connection only (`server::tests`).
-    #[cfg(test)]
-    if target.host.as_text() == "panic.test" {
-        panic!("test hook: a bug in one connection");
-    }
     if terminate {
         // Boxed: termination is rare and its future is large.
         Box::pin(crate::terminate::terminate(

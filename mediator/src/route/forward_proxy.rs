@@ -11,13 +11,13 @@ use super::{negotiate, parent};
 #[derive(Debug, Clone)]
 pub(crate) struct ForwardProxy {
     /// The parent as logged (`http://proxy.corp:3128`), for messages.
-    pub(super) parent: String,
-    pub(super) auth: ForwardAuth,
+    parent: String,
+    auth: ForwardAuth,
 }
 
 /// How forwarded requests authenticate to the parent.
 #[derive(Debug, Clone)]
-pub(super) enum ForwardAuth {
+enum ForwardAuth {
     /// `Proxy-Authorization: Basic ...` on every request (from configuration only), or
     /// nothing.
     Basic(Option<String>),
@@ -33,13 +33,13 @@ pub(super) enum ForwardAuth {
 
 /// A forwarding connection's Negotiate exchange.
 #[derive(Debug, Default)]
-pub(super) struct NegotiateState {
+struct NegotiateState {
     /// The `Proxy-Authorization` value, until the first request takes it.
-    pub(super) value: Option<String>,
+    value: Option<String>,
     /// The context, until the answer to the first request is checked.
-    pub(super) pending: Option<negotiate::Pending>,
+    pending: Option<negotiate::Pending>,
     /// Requests sent on the connection.
-    pub(super) sent: u32,
+    sent: u32,
 }
 
 impl std::fmt::Display for ForwardProxy {
@@ -50,12 +50,34 @@ impl std::fmt::Display for ForwardProxy {
 }
 
 impl ForwardProxy {
-    /// Forwarding with `Proxy-Authorization: basic` (or none) on every request.
-    #[cfg(test)]
-    pub(crate) fn basic(basic: Option<String>) -> Self {
+    /// Forwarding through `parent` (as logged) with the `Proxy-Authorization` value
+    /// `basic` (or none) on every request.
+    pub(crate) fn basic(parent: String, basic: Option<String>) -> Self {
         Self {
-            parent: String::new(),
+            parent,
             auth: ForwardAuth::Basic(basic),
+        }
+    }
+
+    /// Forwarding through `parent` with Negotiate: `value` (the first token) goes on the
+    /// first request only, and `pending` checks the parent's answer to it; `service` is
+    /// what the ticket is for (`HTTP@host`).
+    pub(super) fn negotiate(
+        parent: String,
+        service: String,
+        value: String,
+        pending: negotiate::Pending,
+    ) -> Self {
+        Self {
+            parent,
+            auth: ForwardAuth::Negotiate {
+                service,
+                state: Arc::new(Mutex::new(NegotiateState {
+                    value: Some(value),
+                    pending: Some(pending),
+                    sent: 0,
+                })),
+            },
         }
     }
 

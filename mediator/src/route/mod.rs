@@ -164,24 +164,6 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// A router that connects directly only (unit tests and the fuzz targets; `start`
-    /// builds [`Router::new`]).
-    #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn direct(resolver: Arc<Resolver>) -> Self {
-        Self {
-            strategy: std::sync::RwLock::new(Arc::new(Strategy::Direct)),
-            parents: Parents::new(),
-            pin_through_parent: true,
-            retry: Duration::ZERO,
-            failed: Mutex::new(HashMap::new()),
-            resolver,
-            tls: None,
-            negotiator: None,
-            settings: None,
-            system: Mutex::new(None),
-        }
-    }
-
     /// Builds the router for `upstream`: reads the parent credentials file, the proxy
     /// environment (`env` mode, through `getenv`), the desktop settings (`system` mode),
     /// and fetches and checks the PAC (`pac` mode or a desktop's PAC, then keeps
@@ -199,6 +181,31 @@ impl Router {
         timeouts: &Timeouts,
         getenv: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     ) -> Result<Arc<Self>, Error> {
+        let router = Arc::new(Self::assemble(
+            upstream,
+            extra_ca_files,
+            resolver,
+            timeouts,
+            getenv,
+        )?);
+        let (strategy, refresh) = router.build().await?;
+        router.install(strategy, refresh);
+        Ok(router)
+    }
+
+    /// The router of `upstream` before its strategy is built: parents, credentials, TLS
+    /// and Negotiate set up, connecting directly until [`Router::new`] installs what
+    /// `[upstream]` says (with the default `[upstream]`, that is all it does).
+    ///
+    /// # Errors
+    /// As [`Router::new`], for the credentials file, the parent TLS and the GSSAPI library.
+    pub(crate) fn assemble(
+        upstream: &Upstream,
+        extra_ca_files: &[std::path::PathBuf],
+        resolver: Arc<Resolver>,
+        timeouts: &Timeouts,
+        getenv: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+    ) -> Result<Self, Error> {
         let creds = match &upstream.parent_credentials_file {
             Some(path) => read_credentials(path)?,
             None => HashMap::new(),
@@ -237,9 +244,6 @@ impl Router {
             system: Mutex::new(None),
         };
         warn_unmatched_auth(upstream);
-        let router = Arc::new(router);
-        let (strategy, refresh) = router.build().await?;
-        router.install(strategy, refresh);
         Ok(router)
     }
 

@@ -6,14 +6,13 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use policy::upstream::{ParentAuth, ParentScheme, ParentUrl};
 use policy::{Pin, Target};
 
 use super::connect::ConnectFailure;
-use super::forward_proxy::{ForwardAuth, ForwardProxy, NegotiateState};
+use super::forward_proxy::ForwardProxy;
 use super::parent::{BodyLength, Dest, HandshakeError};
 use super::parents::ParentEntry;
 use super::{Established, Route, Router, UpstreamStream, Via, negotiate, parent};
@@ -39,23 +38,13 @@ impl Router {
         let deadline = tokio::time::Instant::now() + timeout;
         if via == Via::Forward && url.scheme.is_http() {
             let stream = self.connect_parent(url, timeout).await?;
-            let auth = match url.auth {
-                ParentAuth::Basic => ForwardAuth::Basic(creds.map(parent::basic)),
+            let forward = match url.auth {
+                ParentAuth::Basic => ForwardProxy::basic(shown, creds.map(parent::basic)),
                 ParentAuth::Negotiate => {
                     let (value, pending) = self.negotiate_start(url).await?;
-                    ForwardAuth::Negotiate {
-                        service: format!("HTTP@{}", url.addr.host.as_text()),
-                        state: Arc::new(Mutex::new(NegotiateState {
-                            value: Some(value),
-                            pending: Some(pending),
-                            sent: 0,
-                        })),
-                    }
+                    let service = format!("HTTP@{}", url.addr.host.as_text());
+                    ForwardProxy::negotiate(shown, service, value, pending)
                 }
-            };
-            let forward = ForwardProxy {
-                parent: shown,
-                auth,
             };
             return Ok(Established {
                 stream,

@@ -155,7 +155,7 @@ mod tests {
         assert!(direct.headers().get(header::PROXY_AUTHORIZATION).is_none());
 
         let req = Request::builder().uri("/x").body(()).unwrap();
-        let parent = ForwardProxy::basic(Some("Basic cGFyZW50".into()));
+        let parent = ForwardProxy::basic(String::new(), Some("Basic cGFyZW50".into()));
         let via = forward_request(req, &target("[2001:db8::1]:80"), Some(&parent)).unwrap();
         assert_eq!(via.uri(), "http://[2001:db8::1]/x");
         assert_eq!(via.headers()[header::HOST], "[2001:db8::1]");

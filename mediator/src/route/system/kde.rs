@@ -9,7 +9,7 @@
 //! `ReversedException = true` (use the proxy *only* for `NoProxyFor`) is refused.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ini::{Ini, ParseOption};
 
@@ -42,19 +42,38 @@ fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathB
             Ok(_) => {}
         }
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let Some(group) = group_keys(&text).map_err(bad)? else {
-            if named {
-                return Err(bad(format!(
-                    "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
-                )));
-            }
-            continue;
-        };
-        for (key, value) in group {
-            out.entry(key).or_insert_with(|| (value, path.clone()));
-        }
+        merge(&mut out, path, &text, named)?;
     }
     Ok(out)
+}
+
+/// Adds the `[Proxy Settings]` keys of `path`'s `text` to `out` where an earlier file did
+/// not set them (the first file that sets a key wins).
+///
+/// # Errors
+/// [`Error::Upstream`] naming `path`: the INI parser's message, or (for a file the
+/// configuration names) no such group.
+pub(crate) fn merge(
+    out: &mut HashMap<String, (String, PathBuf)>,
+    path: &Path,
+    text: &str,
+    named: bool,
+) -> Result<(), Error> {
+    let bad =
+        |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
+    let Some(group) = group_keys(text).map_err(bad)? else {
+        if named {
+            return Err(bad(format!(
+                "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
+            )));
+        }
+        return Ok(());
+    };
+    for (key, value) in group {
+        out.entry(key)
+            .or_insert_with(|| (value, path.to_path_buf()));
+    }
+    Ok(())
 }
 
 /// The `[Proxy Settings]` keys of one file's text, in file order: each key without its
@@ -83,26 +102,6 @@ fn group_keys(text: &str) -> Result<Option<Vec<(String, String)>>, String> {
     }))
 }
 
-/// The settings of one `kioslaverc` text, as [`read`] takes a file that holds it (the
-/// file is named `<kioslaverc>`): for the fuzz target, which reads no file.
-///
-/// # Errors
-/// As [`read`].
-#[cfg(any(test, feature = "fuzzing"))]
-pub(crate) fn read_text(
-    text: &str,
-    getenv: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<Reading>, Error> {
-    let path = PathBuf::from("<kioslaverc>");
-    let group = group_keys(text)
-        .map_err(|why| Error::Upstream(format!("KDE proxy settings: <kioslaverc>: {why}")))?;
-    let mut keys = HashMap::new();
-    for (key, value) in group.into_iter().flatten() {
-        keys.entry(key).or_insert_with(|| (value, path.clone()));
-    }
-    decide(&keys, getenv)
-}
-
 /// Reads the KDE proxy settings; `None` when no file sets `ProxyType`.
 ///
 /// # Errors
@@ -120,7 +119,7 @@ pub(crate) fn read(
 ///
 /// # Errors
 /// As [`read`].
-fn decide(
+pub(crate) fn decide(
     keys: &HashMap<String, (String, PathBuf)>,
     getenv: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Reading>, Error> {

@@ -1,0 +1,103 @@
+//! Configuration inputs: `mediator.toml`, the admin API's JSON, KDE's kioslaverc.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use http::Uri;
+use policy::canonicalize_host;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::fixture;
+use super::heads::canonical_target;
+use crate::route::system::kde;
+
+/// The configuration file (`policy::config::parse`), as UTF-8 TOML. Property: it never
+/// panics, and a configuration that loads has authorities with distinct names.
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(config) = policy::config::parse(text, "<fuzz>") {
+        let mut names: Vec<&str> = config.authorities.iter().map(|a| a.grant.name()).collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "duplicate authority names");
+    }
+}
+
+/// The body of `POST /v1/authorities` (`serde_json`, then `Control::create_from_json`),
+/// against a mediator without a socket directory. Properties: a created authority has the
+/// body's name, and a generated token is the one whose SHA-256 is stored; it is revoked
+/// again at once.
+pub fn admin_json(data: &[u8]) {
+    let Ok(body) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
+    let fx = fixture();
+    let _enter = fx.runtime.enter();
+    if let Ok(created) = fx.control.create_from_json(&body) {
+        let name = created.live.authority.grant.name().to_owned();
+        assert_eq!(
+            body.get("name").and_then(Value::as_str),
+            Some(name.as_str())
+        );
+        if let Some(token) = &created.token {
+            let stored = created.live.authority.token_sha256;
+            assert_eq!(stored, Some(Sha256::digest(token.as_bytes()).into()));
+        }
+        assert!(fx.control.revoke(&name).is_some());
+    }
+    fx.forget();
+}
+
+/// KDE's proxy settings (`route::system::kde`, one `kioslaverc` text; `ProxyType=4`
+/// reads an empty environment). Properties: it never panics, and what it yields is
+/// usable as it stands: a parent is a `scheme://host:port` (http, https or socks5) with a
+/// canonical host and a port other than 0, whose text parses back to it as a configured
+/// parent URL; a PAC is an absolute path or an `http(s)://` URL from which the PAC
+/// fetcher takes a canonical host and a port.
+pub fn kioslaverc(data: &[u8]) {
+    use crate::route::system::Setting;
+    use policy::upstream::{PacSource, ParentSyntax, parse_parent_url};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    // As `kde::read` takes a file holding the text (named `<kioslaverc>`), without the file.
+    let mut keys = std::collections::HashMap::new();
+    let path = std::path::Path::new("<kioslaverc>");
+    if kde::merge(&mut keys, path, text, false).is_err() {
+        return;
+    }
+    let Ok(Some(reading)) = kde::decide(&keys, &|_: &str| None::<String>) else {
+        return;
+    };
+    match &reading.setting {
+        Setting::Direct => {}
+        Setting::Manual {
+            tunnel, forward, ..
+        } => {
+            for parent in [tunnel, forward].into_iter().flatten() {
+                assert_ne!(parent.addr.port, 0, "{parent}");
+                canonical_target(&parent.addr);
+                let again = parse_parent_url(&parent.to_string(), ParentSyntax::Config)
+                    .unwrap_or_else(|e| panic!("{parent}: {e}"));
+                assert_eq!((again.scheme, &again.addr), (parent.scheme, &parent.addr));
+            }
+        }
+        Setting::Pac(PacSource::File(path)) => assert!(path.is_absolute(), "{path:?}"),
+        Setting::Pac(PacSource::Url(url)) => {
+            let uri: Uri = url.parse().unwrap_or_else(|e| panic!("{url:?}: {e}"));
+            assert!(
+                matches!(uri.scheme_str(), Some("http" | "https")),
+                "{url:?}"
+            );
+            let authority = uri.authority().expect("a PAC URL has a host");
+            canonicalize_host(authority.host()).unwrap_or_else(|e| panic!("{url:?}: {e}"));
+            let port = authority.as_str().rsplit_once(':').map(|(_, p)| p);
+            if let Some(p) = port.filter(|p| !p.is_empty() && !p.contains(']')) {
+                assert!(authority.port_u16().is_some(), "{url:?}: port {p:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Entry points for the fuzz targets in `fuzz/` (cargo-fuzz), one function per target,
+//! each taking the fuzzer's bytes: the parsers that face untrusted input, called exactly
+//! as the mediator calls them, plus the properties each must keep. A function returns
+//! quietly for every input; a panic (a parser's, or a broken property's `assert!`) is a
+//! finding.
+//!
+//! Compiled with the cargo feature `fuzzing` (the fuzz crate enables it) and in this
+//! crate's own tests, which replay every file of `fuzz/corpus/<target>/` through the
+//! same function, so that the checked-in corpus runs in `cargo test` on the stable
+//! toolchain. Not a public API: nothing else may use it.
+//!
+//! Never does I/O beyond in-memory pipes (`tokio::io::duplex`): no socket, no file, no
+//! name resolution.
+
+// Harness code: a setup failure or a broken property must panic, that is how the fuzzer
+// (and the replay test) sees it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod config;
+mod heads;
+mod names;
+mod rules;
+mod wire;
+
+pub use config::{admin_json, config, kioslaverc};
+pub use heads::{basic, h2_resets, http_head, negotiate_offer, upgrade};
+pub use names::{host, pac_answer, pattern, suggest};
+pub use rules::{placeholder, request_rule};
+pub use wire::{client_hello, socks5};
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::authorities::Origin;
+use crate::control::Control;
+use crate::shared::Shared;
+use crate::testing;
+
+/// The name of the one authority of the fuzzing mediator (TCP credential
+/// `agent-a:secret`; the SOCKS5 seeds carry it).
+pub const AUTHORITY: &str = "agent-a";
+/// The token of [`AUTHORITY`].
+pub const TOKEN: &str = "secret";
+
+/// One fuzz target: it takes the fuzzer's bytes and panics on a finding.
+pub type FuzzTarget = fn(&[u8]);
+
+/// The fuzz targets: every name has a function here, a cargo-fuzz binary in
+/// `fuzz/fuzz_targets/<name>.rs` and a corpus in `fuzz/corpus/<name>/`.
+pub const TARGETS: &[(&str, FuzzTarget)] = &[
+    ("host", host),
+    ("pattern", pattern),
+    ("http_head", http_head),
+    ("basic", basic),
+    ("socks5", socks5),
+    ("client_hello", client_hello),
+    ("pac_answer", pac_answer),
+    ("config", config),
+    ("admin_json", admin_json),
+    ("request_rule", request_rule),
+    ("upgrade", upgrade),
+    ("placeholder", placeholder),
+    ("suggest", suggest),
+    ("negotiate_offer", negotiate_offer),
+    ("kioslaverc", kioslaverc),
+    ("h2_resets", h2_resets),
+];
+
+/// The mediator the stateful targets run against, built once per process.
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    shared: Arc<Shared>,
+    control: Control,
+    authority: Arc<policy::config::Authority>,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Fixture {
+    /// Drops the decision-log lines written so far (a fuzzing run writes millions).
+    fn forget(&self) {
+        self.shared.log.flush();
+        self.lines.lock().unwrap().clear();
+    }
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let lines = Arc::default();
+        let shared = testing::shared(Arc::clone(&lines));
+        let control = Control::new(Arc::clone(&shared), None, None, Duration::ZERO, Vec::new());
+        let table = format!(
+            "[[authority]]\nname = \"{AUTHORITY}\"\ntoken_sha256 = \"{}\"\nallow = [\"example.com\"]\n",
+            hex::encode(Sha256::digest(TOKEN.as_bytes()))
+        );
+        let authority = policy::config::parse(&table, "<fuzz>")
+            .unwrap()
+            .authorities
+            .remove(0);
+        let live = {
+            let _enter = runtime.enter();
+            control.add(authority, Origin::Config).ok().unwrap()
+        };
+        Fixture {
+            authority: Arc::clone(&live.authority),
+            runtime,
+            shared,
+            control,
+            lines,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

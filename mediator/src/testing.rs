@@ -1,0 +1,54 @@
+//! What the crate's unit tests and the fuzz targets share: a mediator's state built from
+//! the default configuration through the production constructors. Compiled for tests and
+//! the `fuzzing` feature only; nothing here is a hook in a production path.
+
+// Test support: a setup failure must fail the test (or the fuzz run).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use policy::OwnAddrs;
+
+use crate::decision_log::DecisionLog;
+use crate::limits::Limiter;
+use crate::metrics::Metrics;
+use crate::resolve::Resolver;
+use crate::route::Router;
+use crate::serving::Serving;
+use crate::shared::{Parts, Shared};
+
+/// A mediator's shared state for unit tests: the default configuration, no authority,
+/// direct routing, a resolver that is never asked, the decision log kept in `lines`. Also
+/// the mediator of the fuzz targets (`crate::fuzzing`).
+pub(crate) fn shared(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
+    use crate::decision_log::Sink;
+    let config = policy::config::parse("", "<test>").unwrap();
+    // A discard port on loopback: nothing here resolves a name.
+    let nameserver = "127.0.0.1:9".parse().unwrap();
+    let resolver = || Resolver::new(&[nameserver], Default::default(), config.timeouts.dns);
+    Arc::new(Shared::new(Parts {
+        metrics: Metrics::new().unwrap(),
+        resolver: resolver().unwrap(),
+        router: Arc::new(
+            Router::assemble(
+                &config.upstream,
+                &[],
+                Arc::new(resolver().unwrap()),
+                &config.timeouts,
+                |_| None,
+            )
+            .unwrap(),
+        ),
+        tls: None,
+        log: DecisionLog::open(Sink::Memory(lines)).unwrap(),
+        own: OwnAddrs::default(),
+        timeouts: config.timeouts,
+        limits: config.limits,
+        limiter: Arc::new(Limiter::new(crate::limits::InForce::derive(
+            &config.limits,
+            4096,
+            0,
+        ))),
+        serving: Serving::start(1).unwrap(),
+    }))
+}
