@@ -7,8 +7,8 @@ use policy::canonicalize_host;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::canonical_target;
 use super::fixture;
-use super::heads::canonical_target;
 use crate::route::system::kde;
 
 /// The configuration file (`policy::config::parse`), as UTF-8 TOML. Property: it never

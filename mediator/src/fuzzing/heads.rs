@@ -5,13 +5,12 @@
 
 use base64::Engine as _;
 use http::Uri;
-use policy::{Target, parse_authority_form};
 
 use crate::front::http::credentials::parse_basic;
 use crate::front::http::forward::target_of;
 use crate::front::http::preflight::{Head, MIN_BUF, Preflight, judge};
 
-use super::names::connect_target;
+use super::{canonical_target, connect_target};
 
 /// The first request head of a connection (`preflight::judge`), and the target the
 /// CONNECT or forwarding front-end takes from it. Properties: the bytes are handed on
@@ -55,15 +54,6 @@ pub fn http_head(data: &[u8]) {
             }
         }
     }
-}
-
-/// `t`'s text parses back to `t`.
-pub(super) fn canonical_target(t: &Target) {
-    assert_eq!(
-        parse_authority_form(&t.to_string()).ok().as_ref(),
-        Some(t),
-        "{t}"
-    );
 }
 
 /// `Proxy-Authorization: Basic` values (`credentials::parse_basic`). The input is the

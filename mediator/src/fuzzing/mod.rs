@@ -37,6 +37,8 @@ use crate::authorities::Origin;
 use crate::control::Control;
 use crate::shared::Shared;
 use crate::testing;
+use http::Uri;
+use policy::{Target, parse_authority_form};
 
 /// The name of the one authority of the fuzzing mediator (TCP credential
 /// `agent-a:secret`; the SOCKS5 seeds carry it).
@@ -67,6 +69,26 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("kioslaverc", kioslaverc),
     ("h2_resets", h2_resets),
 ];
+
+/// `t`'s text parses back to `t`.
+fn canonical_target(t: &Target) {
+    assert_eq!(
+        parse_authority_form(&t.to_string()).ok().as_ref(),
+        Some(t),
+        "{t}"
+    );
+}
+
+/// The target of a CONNECT request whose request target parsed as `uri`, as the CONNECT
+/// front-end takes it (authority-form only), or `None` when it is not authority-form.
+fn connect_target(uri: &Uri) -> Option<Result<Target, policy::PolicyError>> {
+    match uri.authority() {
+        Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
+            Some(parse_authority_form(a.as_str()))
+        }
+        _ => None,
+    }
+}
 
 /// The mediator the stateful targets run against, built once per process.
 struct Fixture {

@@ -12,7 +12,7 @@ use policy::{
 use crate::front::http::forward::target_of;
 use crate::route::pac::answer::{PacEntry, parse_pac_answer};
 
-use super::heads::canonical_target;
+use super::{canonical_target, connect_target};
 
 /// Host canonicalisation (`policy::canonicalize_host`). Properties:
 /// - idempotent: the canonical text (and its URI form) canonicalises to itself;
@@ -117,17 +117,6 @@ fn decided_alike(raw: &str, x: &CanonicalHost) {
             Reason::DeniedByRule,
             "{raw:?} on {t}"
         );
-    }
-}
-
-/// The target of a CONNECT request whose request target parsed as `uri`, as the CONNECT
-/// front-end takes it (authority-form only), or `None` when it is not authority-form.
-pub(super) fn connect_target(uri: &Uri) -> Option<Result<Target, policy::PolicyError>> {
-    match uri.authority() {
-        Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
-            Some(parse_authority_form(a.as_str()))
-        }
-        _ => None,
     }
 }
 

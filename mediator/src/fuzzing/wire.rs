@@ -10,7 +10,7 @@ use crate::decision_log::Peer;
 use crate::front::socks::handshake;
 use crate::sni::{Hello, MAX_HELLO, inspect};
 
-use super::heads::canonical_target;
+use super::canonical_target;
 use super::{AUTHORITY, TOKEN, fixture};
 
 /// The SOCKS5 handshake (RFC 1928 greeting and request, RFC 1929 authentication), driven
