@@ -14,7 +14,7 @@ pub enum PolicyError {
         /// The input as given (control characters escaped by `{:?}`).
         input: String,
         /// What is wrong with it.
-        why: String,
+        why: HostError,
     },
     /// A grant entry (allow, deny, allow_private, tls_terminate) is not acceptable.
     #[error("invalid {field} entry {entry:?}: {why}")]
@@ -24,9 +24,204 @@ pub enum PolicyError {
         /// The entry as written.
         entry: String,
         /// What is wrong with it and, where possible, what to write instead.
-        why: String,
+        why: PatternError,
     },
     /// The configuration is invalid; every problem is listed with its location.
     #[error("{}", .0.join("\n"))]
     Config(Vec<String>),
+}
+
+/// Why a host (a destination or a pattern's host part) or an authority-form target is
+/// refused: the `why` of [`PolicyError::Host`]. Each message says what is wrong and,
+/// where it helps, what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HostError {
+    /// Nothing, or only a trailing dot.
+    #[error("empty host")]
+    Empty,
+    /// Longer than any host can be.
+    #[error("longer than {} bytes", crate::host::MAX_INPUT_BYTES)]
+    TooLong,
+    /// `[` without `]`.
+    #[error("'[' without a closing ']'")]
+    UnclosedBracket,
+    /// Brackets around something that is no IPv6 literal.
+    #[error("brackets are only allowed around an IPv6 literal")]
+    BracketsNotIpv6,
+    /// A bracket inside a host.
+    #[error("brackets are only allowed around a whole IPv6 literal")]
+    StrayBracket,
+    /// One `:` in a host: a port where none is allowed.
+    #[error("':' is not part of a host (a port is not allowed here)")]
+    PortNotAllowed,
+    /// `example.com..`.
+    #[error("more than one trailing dot")]
+    TrailingDots,
+    /// `1.2.3.4.`.
+    #[error("an IPv4 literal must not end with a dot")]
+    Ipv4TrailingDot,
+    /// `user@host`.
+    #[error("userinfo ('@') is not allowed")]
+    Userinfo,
+    /// `/`, `\`, `?` or `#`.
+    #[error("{0:?} is not allowed (paths, queries and fragments are not part of a host)")]
+    PathChar(char),
+    /// `%`.
+    #[error("'%' is not allowed (no percent-encoding, no IPv6 zone IDs)")]
+    Percent,
+    /// A control character or a space.
+    #[error("contains the control or space character {0:?}")]
+    ControlChar(char),
+    /// Another character no host holds.
+    #[error("contains {0:?}, which is not allowed in a host")]
+    BadChar(char),
+    /// `fe80::1%eth0`.
+    #[error("IPv6 zone IDs are not allowed")]
+    ZoneId,
+    /// Not an IPv6 address though it has colons.
+    #[error("{0:?} is not a valid IPv6 address")]
+    BadIpv6(String),
+    /// A name whose last label is numeric but which is no IPv4 literal.
+    #[error(
+        "the last label of {0:?} is numeric, so URL parsers would read it as an IPv4 address; names must not end in a numeric label"
+    )]
+    NumericLastLabel(String),
+    /// Numeric, but not four canonical decimal octets (`127.1`, `0x7f.0.0.1`, `01.2.3.4`).
+    #[error(
+        "{input:?} looks numeric but is not a canonical dotted-quad IPv4 address ({what}); write four decimal octets like 192.0.2.1"
+    )]
+    NotDottedQuad {
+        /// The input.
+        input: String,
+        /// What is wrong with it.
+        what: &'static str,
+    },
+    /// A name that maps (IDNA) to one ending in a numeric label.
+    #[error(
+        "maps to {0:?}, whose last label is numeric (an IPv4 literal must be written as an ASCII dotted quad)"
+    )]
+    MapsToNumeric(String),
+    /// UTS-46 processing failed.
+    #[error("not a valid internationalised name (UTS-46 processing failed)")]
+    Idna,
+    /// More than 253 bytes after mapping.
+    #[error("name is {0} bytes long; at most 253 are allowed")]
+    NameTooLong(usize),
+    /// `a..b`.
+    #[error("empty label")]
+    EmptyLabel,
+    /// A label over 63 bytes.
+    #[error("label of {0} bytes; at most 63 are allowed")]
+    LabelTooLong(usize),
+    /// A character outside `[a-z0-9_-]` after mapping.
+    #[error("contains {0:?} after IDNA mapping; only letters, digits, '-' and '_' are allowed")]
+    MappedChar(char),
+    /// A target without its port.
+    #[error("a port is required (host:port)")]
+    PortRequired,
+    /// A URL, a path, query or fragment, or userinfo where a target was expected, with
+    /// the target probably meant when that one is valid.
+    #[error("{problem}; {}{}", crate::host::TARGET_FORM, meant.as_ref().map(|t| format!(", e.g. \"{t}\"")).unwrap_or_default())]
+    NotATarget {
+        /// What the input is instead.
+        problem: &'static str,
+        /// The canonical target probably meant.
+        meant: Option<String>,
+    },
+    /// Something after `]` that is no `:port`.
+    #[error("unexpected {0:?} after ']'")]
+    AfterBracket(String),
+    /// `2001:db8::1:443`.
+    #[error("an IPv6 literal with a port must be bracketed: \"{0}\"")]
+    Ipv6NeedsBrackets(String),
+    /// A bare IPv6 literal where a target was expected.
+    #[error(
+        "a port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[{0}]:443\""
+    )]
+    Ipv6WithoutPort(std::net::Ipv6Addr),
+    /// Two or more `:` outside brackets that make no IPv6 literal.
+    #[error(
+        "more than one ':' outside brackets; {}, with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\"",
+        crate::host::TARGET_FORM
+    )]
+    ManyColons,
+    /// `host:`.
+    #[error("empty port")]
+    EmptyPort,
+    /// `host:https`, `host:+1`.
+    #[error("port {0:?} is not a decimal number")]
+    PortNotDecimal(String),
+    /// `host:0443`.
+    #[error("port {0:?} has leading zeros")]
+    PortLeadingZeros(String),
+    /// `host:0`.
+    #[error("port 0 is not allowed")]
+    PortZero,
+    /// `host:65536`.
+    #[error("port {0} is out of range 1..=65535")]
+    PortRange(String),
+    /// An absolute-form URI without a host (`http:///x`).
+    #[error("absolute-form URI without a host")]
+    UriWithoutHost,
+    /// An absolute-form URI with userinfo (`http://user@host/`).
+    #[error("userinfo is not allowed in a proxy target")]
+    UriUserinfo,
+}
+
+/// Why a grant entry (`allow`, `deny`, `allow_private`, `tls_terminate`) is refused: the
+/// `why` of [`PolicyError::Pattern`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PatternError {
+    /// `""`.
+    #[error("empty entry")]
+    Empty,
+    /// `user@host`.
+    #[error("userinfo ('@') is not allowed; write only the host")]
+    Userinfo,
+    /// `https://host/`.
+    #[error("write a host pattern, not a URL (no scheme, no path)")]
+    Url,
+    /// `*` in an allow list.
+    #[error("'*' would allow every host; list the hosts (or \"*.example.com\" for one domain)")]
+    AllowAll,
+    /// The host part.
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// A `/` that makes no CIDR.
+    #[error(
+        "{0:?} is not a CIDR (paths are not allowed; a CIDR is like 10.0.0.0/8 or 2001:db8::/32)"
+    )]
+    NotCidr(String),
+    /// `10.0.0.1/8`.
+    #[error("CIDR has host bits set; write \"{0}\"")]
+    HostBits(ipnet::IpNet),
+    /// `*x.example.com`, `a.*.com`.
+    #[error("a wildcard must be a whole first label followed by a domain, like \"*.example.com\"")]
+    WildcardShape,
+    /// `*.`.
+    #[error("a wildcard needs a domain after \"*.\", like \"*.example.com\"")]
+    WildcardNoDomain,
+    /// `*.*.example.com`.
+    #[error("only one wildcard, as the whole first label, is allowed")]
+    TwoWildcards,
+    /// `*.1.2.3.4`.
+    #[error("a wildcard cannot cover an IP address; use a CIDR like 192.0.2.0/24")]
+    WildcardIp,
+    /// `*.com`, `*.co.uk`.
+    #[error("wildcard over public suffix {0:?}; write \"*.example.{0}\" for one domain")]
+    PublicSuffix(String),
+    /// An `allow_private` entry with a `/` that is no CIDR.
+    #[error("not a CIDR; write e.g. \"10.1.0.0/16\" or \"fd00::/8\"")]
+    PrivateNotCidr,
+    /// An `allow_private` entry that is neither an address nor a CIDR.
+    #[error("not an IP address or CIDR; write e.g. \"127.0.0.1\" or \"10.1.0.0/16\"")]
+    PrivateNotAddress,
+    /// `0.0.0.0/0`, `::/0`.
+    #[error("a /0 exception would switch the address check off; list the ranges needed")]
+    PrivateEverything,
+    /// A range holding `0.0.0.0/8` or `::`.
+    #[error(
+        "0.0.0.0/8 and :: mean \"this host\" (connecting there reaches local listeners); they can never be an exception"
+    )]
+    PrivateThisHost,
 }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
-use crate::error::PolicyError;
+use crate::error::{HostError, PolicyError};
 
 /// A destination host in canonical form: a DNS name (lowercase A-labels, no trailing dot)
 /// or an IP address (IPv4-mapped IPv6 unwrapped to IPv4).
@@ -90,7 +90,7 @@ impl fmt::Display for Target {
 /// The longest host input looked at; anything longer cannot be a valid host (a name is at
 /// most 253 bytes, but IDN input may be longer before mapping) and is rejected before any
 /// IDNA work is spent on it.
-const MAX_INPUT_BYTES: usize = 1024;
+pub(crate) const MAX_INPUT_BYTES: usize = 1024;
 
 /// Canonicalises one host string (no port, no brackets except around an IPv6 literal).
 ///
@@ -122,20 +122,20 @@ pub fn canonicalize_host(input: &str) -> Result<CanonicalHost, PolicyError> {
 
 /// [`canonicalize_host`] with only the reason as error, for callers that put it in an error
 /// of their own (authority-form targets, grant patterns).
-pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
+pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, HostError> {
     if input.is_empty() {
-        return Err("empty host".into());
+        return Err(HostError::Empty);
     }
     if input.len() > MAX_INPUT_BYTES {
-        return Err(format!("longer than {MAX_INPUT_BYTES} bytes"));
+        return Err(HostError::TooLong);
     }
     if let Some(rest) = input.strip_prefix('[') {
         let Some(inner) = rest.strip_suffix(']') else {
-            return Err("'[' without a closing ']'".into());
+            return Err(HostError::UnclosedBracket);
         };
         screen_chars(inner)?;
         if !inner.contains(':') {
-            return Err("brackets are only allowed around an IPv6 literal".into());
+            return Err(HostError::BracketsNotIpv6);
         }
         return parse_ipv6(inner);
     }
@@ -143,7 +143,7 @@ pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
     if input.contains(':') {
         return parse_ipv6(input).map_err(|why| {
             if input.matches(':').count() == 1 {
-                "':' is not part of a host (a port is not allowed here)".to_owned()
+                HostError::PortNotAllowed
             } else {
                 why
             }
@@ -156,15 +156,15 @@ pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
         None => (lower.as_str(), false),
     };
     if body.is_empty() {
-        return Err("empty host".into());
+        return Err(HostError::Empty);
     }
     if body.ends_with('.') {
-        return Err("more than one trailing dot".into());
+        return Err(HostError::TrailingDots);
     }
 
     if body.is_ascii() && last_label_is_numeric(body) {
         if trailing_dot {
-            return Err("an IPv4 literal must not end with a dot".into());
+            return Err(HostError::Ipv4TrailingDot);
         }
         return parse_dotted_quad(body).map(|v4| CanonicalHost::from_ip(IpAddr::V4(v4)));
     }
@@ -183,10 +183,7 @@ pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, String> {
 
     check_name(&mapped)?;
     if last_label_is_numeric(&mapped) {
-        return Err(format!(
-            "maps to {mapped:?}, whose last label is numeric (an IPv4 literal must be written \
-             as an ASCII dotted quad)"
-        ));
+        return Err(HostError::MapsToNumeric(mapped));
     }
     Ok(CanonicalHost::from_name_unchecked(mapped))
 }
@@ -198,34 +195,28 @@ fn is_host_byte(b: u8) -> bool {
 
 /// Rejects ASCII characters that can never be part of a host, with a message saying what
 /// they usually mean. Non-ASCII characters pass to UTS-46 mapping and the checks after it.
-fn screen_chars(s: &str) -> Result<(), String> {
+fn screen_chars(s: &str) -> Result<(), HostError> {
     for c in s.chars() {
         if !c.is_ascii() || c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
             continue;
         }
         return Err(match c {
-            '@' => "userinfo ('@') is not allowed".into(),
-            '/' | '\\' | '?' | '#' => format!(
-                "{c:?} is not allowed (paths, queries and fragments are not part of a host)"
-            ),
-            '%' => "'%' is not allowed (no percent-encoding, no IPv6 zone IDs)".into(),
-            '[' | ']' => "brackets are only allowed around a whole IPv6 literal".into(),
-            c if c.is_ascii_control() || c == ' ' => {
-                format!("contains the control or space character {c:?}")
-            }
-            c => format!("contains {c:?}, which is not allowed in a host"),
+            '@' => HostError::Userinfo,
+            '/' | '\\' | '?' | '#' => HostError::PathChar(c),
+            '%' => HostError::Percent,
+            '[' | ']' => HostError::StrayBracket,
+            c if c.is_ascii_control() || c == ' ' => HostError::ControlChar(c),
+            c => HostError::BadChar(c),
         });
     }
     Ok(())
 }
 
-fn parse_ipv6(s: &str) -> Result<CanonicalHost, String> {
+fn parse_ipv6(s: &str) -> Result<CanonicalHost, HostError> {
     if s.contains('%') {
-        return Err("IPv6 zone IDs are not allowed".into());
+        return Err(HostError::ZoneId);
     }
-    let v6: Ipv6Addr = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a valid IPv6 address"))?;
+    let v6: Ipv6Addr = s.parse().map_err(|_| HostError::BadIpv6(s.to_owned()))?;
     Ok(CanonicalHost::from_ip(match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
@@ -247,7 +238,7 @@ fn last_label_is_numeric(name: &str) -> bool {
 }
 
 /// Parses exactly four decimal octets 0..=255 without leading zeros (`0` alone is fine).
-fn parse_dotted_quad(s: &str) -> Result<std::net::Ipv4Addr, String> {
+fn parse_dotted_quad(s: &str) -> Result<std::net::Ipv4Addr, HostError> {
     let numeric = |l: &str| {
         !l.is_empty()
             && (l.bytes().all(|b| b.is_ascii_digit())
@@ -256,16 +247,13 @@ fn parse_dotted_quad(s: &str) -> Result<std::net::Ipv4Addr, String> {
                     .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit())))
     };
     if !s.split('.').all(numeric) {
-        return Err(format!(
-            "the last label of {s:?} is numeric, so URL parsers would read it as an IPv4 \
-             address; names must not end in a numeric label"
-        ));
+        return Err(HostError::NumericLastLabel(s.to_owned()));
     }
-    let bad = |what: &str| {
-        Err(format!(
-            "{s:?} looks numeric but is not a canonical dotted-quad IPv4 address ({what}); \
-             write four decimal octets like 192.0.2.1"
-        ))
+    let bad = |what: &'static str| {
+        Err(HostError::NotDottedQuad {
+            input: s.to_owned(),
+            what,
+        })
     };
     let parts: Vec<&str> = s.split('.').collect();
     if parts.len() != 4 {
@@ -287,7 +275,7 @@ fn parse_dotted_quad(s: &str) -> Result<std::net::Ipv4Addr, String> {
     Ok(std::net::Ipv4Addr::from(octets))
 }
 
-fn idna_to_ascii(s: &str) -> Result<String, String> {
+fn idna_to_ascii(s: &str) -> Result<String, HostError> {
     // UseSTD3ASCIIRules=false (AsciiDenyList::EMPTY) so that `_dmarc.example.com` passes;
     // the characters of the result are checked by `check_name` instead.
     idna::uts46::Uts46::new()
@@ -298,34 +286,26 @@ fn idna_to_ascii(s: &str) -> Result<String, String> {
             idna::uts46::DnsLength::Ignore,
         )
         .map(std::borrow::Cow::into_owned)
-        .map_err(|_| "not a valid internationalised name (UTS-46 processing failed)".to_owned())
+        .map_err(|_| HostError::Idna)
 }
 
 /// Checks a mapped name: only `[a-z0-9_-]` labels of 1..=63 bytes, at most 253 bytes.
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), HostError> {
     if name.len() > 253 {
-        return Err(format!(
-            "name is {} bytes long; at most 253 are allowed",
-            name.len()
-        ));
+        return Err(HostError::NameTooLong(name.len()));
     }
     for label in name.split('.') {
         if label.is_empty() {
-            return Err("empty label".into());
+            return Err(HostError::EmptyLabel);
         }
         if label.len() > 63 {
-            return Err(format!(
-                "label of {} bytes; at most 63 are allowed",
-                label.len()
-            ));
+            return Err(HostError::LabelTooLong(label.len()));
         }
         if let Some(c) = label
             .chars()
             .find(|&c| !c.is_ascii() || !is_host_byte(c as u8))
         {
-            return Err(format!(
-                "contains {c:?} after IDNA mapping; only letters, digits, '-' and '_' are allowed"
-            ));
+            return Err(HostError::MappedChar(c));
         }
     }
     Ok(())
@@ -351,16 +331,17 @@ pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
 }
 
 /// What a target is, for the messages about near misses.
-const TARGET_FORM: &str = "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
+pub(crate) const TARGET_FORM: &str =
+    "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
 
 /// [`parse_authority_form`] with only the reason as error.
-fn authority_form(input: &str) -> Result<Target, String> {
+fn authority_form(input: &str) -> Result<Target, HostError> {
     if let Some(why) = not_a_target(input) {
         return Err(why);
     }
     let (host, port) = split_host_port(input)?;
     let Some(port) = port else {
-        return Err("a port is required (host:port)".into());
+        return Err(HostError::PortRequired);
     };
     let port = parse_port(port)?;
     let host = canonicalize_inner(host)?;
@@ -371,7 +352,7 @@ fn authority_form(input: &str) -> Result<Target, String> {
 /// holds userinfo (no host or port can hold `://`, `/`, `?`, `#` or `@`, so these inputs
 /// are rejected whatever else they hold), and the target probably meant when that one is
 /// valid. `None` for every other input.
-fn not_a_target(input: &str) -> Option<String> {
+fn not_a_target(input: &str) -> Option<HostError> {
     let (problem, scheme, rest) = match input.split_once("://") {
         Some((scheme, rest)) => ("it is a URL", Some(scheme), rest),
         None if input.contains(['/', '?', '#']) => (
@@ -400,26 +381,26 @@ fn not_a_target(input: &str) -> Option<String> {
         authority_form(&format!("{hostport}:{port}")).ok()
     });
     // A canonical target holds no quote or control character: safe to quote plainly.
-    Some(match meant {
-        Some(target) => format!("{problem}; {TARGET_FORM}, e.g. \"{target}\""),
-        None => format!("{problem}; {TARGET_FORM}"),
+    Some(HostError::NotATarget {
+        problem,
+        meant: meant.map(|t| t.to_string()),
     })
 }
 
 /// Splits `host[:port]` or `[v6][:port]`. More than one `:` outside brackets means a bare
 /// IPv6 literal, which cannot carry a port unambiguously: an error here (callers that
 /// accept a bare IPv6 without a port check for it first).
-pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), String> {
+pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), HostError> {
     if input.starts_with('[') {
         let Some(close) = input.find(']') else {
-            return Err("'[' without a closing ']'".into());
+            return Err(HostError::UnclosedBracket);
         };
         let (host, rest) = input.split_at(close + 1);
         return match rest {
             "" => Ok((host, None)),
             _ => match rest.strip_prefix(':') {
                 Some(port) => Ok((host, Some(port))),
-                None => Err(format!("unexpected {rest:?} after ']'")),
+                None => Err(HostError::AfterBracket(rest.to_owned())),
             },
         };
     }
@@ -434,7 +415,7 @@ pub(crate) fn split_host_port(input: &str) -> Result<(&str, Option<&str>), Strin
 }
 
 /// Why `input`, with two or more `:` and no brackets, is not `host:port`.
-fn unbracketed(input: &str) -> String {
+fn unbracketed(input: &str) -> HostError {
     // An IPv6 literal, then a port: `2001:db8::1:443`.
     if let Some((ip, port)) = input.rsplit_once(':')
         && !port.is_empty()
@@ -447,33 +428,29 @@ fn unbracketed(input: &str) -> String {
             Ok(_) => bracketed,
             Err(_) => "[2001:db8::1]:443".to_owned(),
         };
-        return format!("an IPv6 literal with a port must be bracketed: \"{example}\"");
+        return HostError::Ipv6NeedsBrackets(example);
     }
     if let Ok(ip) = input.parse::<Ipv6Addr>() {
-        return format!(
-            "a port is required (host:port), and an IPv6 literal goes in brackets before it, e.g. \"[{ip}]:443\""
-        );
+        return HostError::Ipv6WithoutPort(ip);
     }
-    format!(
-        "more than one ':' outside brackets; {TARGET_FORM}, with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\""
-    )
+    HostError::ManyColons
 }
 
 /// Parses a decimal port 1..=65535 with no sign and no leading zeros.
-pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
+pub(crate) fn parse_port(s: &str) -> Result<u16, HostError> {
     if s.is_empty() {
-        return Err("empty port".into());
+        return Err(HostError::EmptyPort);
     }
     if !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("port {s:?} is not a decimal number"));
+        return Err(HostError::PortNotDecimal(s.to_owned()));
     }
     if s.len() > 1 && s.starts_with('0') {
-        return Err(format!("port {s:?} has leading zeros"));
+        return Err(HostError::PortLeadingZeros(s.to_owned()));
     }
     match s.parse::<u16>() {
-        Ok(0) => Err("port 0 is not allowed".into()),
+        Ok(0) => Err(HostError::PortZero),
         Ok(p) => Ok(p),
-        Err(_) => Err(format!("port {s} is out of range 1..=65535")),
+        Err(_) => Err(HostError::PortRange(s.to_owned())),
     }
 }
 

@@ -10,7 +10,7 @@ use std::fmt;
 
 use ipnet::IpNet;
 
-use crate::error::PolicyError;
+use crate::error::{PatternError, PolicyError};
 use crate::host::{CanonicalHost, Target, canonicalize_inner, parse_port, split_host_port};
 
 /// Where a pattern is used; `*` and `*:port` are accepted only in deny lists.
@@ -118,22 +118,22 @@ fn is_proper_subdomain(name: &str, suffix: &str) -> bool {
         && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
 }
 
-fn parse_entry(entry: &str, usage: PatternUse) -> Result<(PatternKind, Option<u16>), String> {
+pub(crate) fn parse_entry(
+    entry: &str,
+    usage: PatternUse,
+) -> Result<(PatternKind, Option<u16>), PatternError> {
     if entry.is_empty() {
-        return Err("empty entry".into());
+        return Err(PatternError::Empty);
     }
     if entry.contains('@') {
-        return Err("userinfo ('@') is not allowed; write only the host".into());
+        return Err(PatternError::Userinfo);
     }
     if entry.contains("://") {
-        return Err("write a host pattern, not a URL (no scheme, no path)".into());
+        return Err(PatternError::Url);
     }
     if entry == "*" || entry.starts_with("*:") {
         if usage == PatternUse::Allow {
-            return Err(
-                "'*' would allow every host; list the hosts (or \"*.example.com\" for one domain)"
-                    .into(),
-            );
+            return Err(PatternError::AllowAll);
         }
         let port = match entry.strip_prefix("*:") {
             Some(p) => Some(parse_port(p)?),
@@ -160,44 +160,41 @@ fn parse_entry(entry: &str, usage: PatternUse) -> Result<(PatternKind, Option<u1
     Ok((PatternKind::Exact(canonical), port))
 }
 
-fn parse_cidr(host: &str) -> Result<PatternKind, String> {
+fn parse_cidr(host: &str) -> Result<PatternKind, PatternError> {
     let inner = match host.strip_prefix('[') {
-        Some(rest) => rest.strip_suffix(']').ok_or("'[' without a closing ']'")?,
+        Some(rest) => rest
+            .strip_suffix(']')
+            .ok_or(crate::error::HostError::UnclosedBracket)?,
         None => host,
     };
-    let net: IpNet = inner.parse().map_err(|_| {
-        format!("{inner:?} is not a CIDR (paths are not allowed; a CIDR is like 10.0.0.0/8 or 2001:db8::/32)")
-    })?;
+    let net: IpNet = inner
+        .parse()
+        .map_err(|_| PatternError::NotCidr(inner.to_owned()))?;
     if net.trunc() != net {
-        return Err(format!("CIDR has host bits set; write \"{}\"", net.trunc()));
+        return Err(PatternError::HostBits(net.trunc()));
     }
     if host.starts_with('[') && matches!(net, IpNet::V4(_)) {
-        return Err("brackets are only allowed around an IPv6 literal".into());
+        return Err(crate::error::HostError::BracketsNotIpv6.into());
     }
     Ok(PatternKind::Net(net))
 }
 
-fn parse_wildcard(host: &str) -> Result<PatternKind, String> {
+fn parse_wildcard(host: &str) -> Result<PatternKind, PatternError> {
     let Some(rest) = host.strip_prefix("*.") else {
-        return Err(
-            "a wildcard must be a whole first label followed by a domain, like \"*.example.com\""
-                .into(),
-        );
+        return Err(PatternError::WildcardShape);
     };
     if rest.is_empty() {
-        return Err("a wildcard needs a domain after \"*.\", like \"*.example.com\"".into());
+        return Err(PatternError::WildcardNoDomain);
     }
     if rest.contains('*') {
-        return Err("only one wildcard, as the whole first label, is allowed".into());
+        return Err(PatternError::TwoWildcards);
     }
     let canonical = canonicalize_inner(rest)?;
     let Some(name) = canonical.name() else {
-        return Err("a wildcard cannot cover an IP address; use a CIDR like 192.0.2.0/24".into());
+        return Err(PatternError::WildcardIp);
     };
     if is_public_suffix(name) {
-        return Err(format!(
-            "wildcard over public suffix {name:?}; write \"*.example.{name}\" for one domain"
-        ));
+        return Err(PatternError::PublicSuffix(name.to_owned()));
     }
     Ok(PatternKind::Suffix(name.to_owned()))
 }

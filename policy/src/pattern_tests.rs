@@ -181,7 +181,7 @@ fn parse_table() {
                     why,
                 }),
                 Err(frag),
-            ) => *field == "allow" && e == entry && why.contains(frag),
+            ) => *field == "allow" && e == entry && why.to_string().contains(frag),
             _ => false,
         };
         if !ok {

@@ -108,7 +108,7 @@ fn check_flag(flag: &'static str, value: &str, kind: EntryKind) -> Option<BadFla
     Some(BadFlag {
         flag,
         value: value.to_owned(),
-        why,
+        why: why.to_string(),
     })
 }
 

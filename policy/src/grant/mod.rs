@@ -14,9 +14,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::decision::{Decision, Reason};
-use crate::error::PolicyError;
+use crate::error::{PatternError, PolicyError};
 use crate::host::Target;
-use crate::pattern::{HostPattern, PatternKind, PatternUse};
+use crate::pattern::{HostPattern, PatternKind, PatternUse, parse_entry};
 
 /// The unvalidated description of a grant, as written in configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -177,46 +177,42 @@ pub enum EntryKind {
 /// # Errors
 /// What is wrong with the entry and, where possible, what to write instead (the entry
 /// itself is not repeated).
-pub fn check_entry(kind: EntryKind, entry: &str) -> Result<(), String> {
-    let result = match kind {
-        EntryKind::Allow => HostPattern::parse("allow", entry, PatternUse::Allow).map(drop),
-        EntryKind::Deny => HostPattern::parse("deny", entry, PatternUse::Deny).map(drop),
-        EntryKind::AllowPrivate => parse_allow_private(entry).map(drop),
-    };
-    result.map_err(|e| match e {
-        PolicyError::Pattern { why, .. } => why,
-        other => other.to_string(),
-    })
+pub fn check_entry(kind: EntryKind, entry: &str) -> Result<(), PatternError> {
+    match kind {
+        EntryKind::Allow => parse_entry(entry, PatternUse::Allow).map(drop),
+        EntryKind::Deny => parse_entry(entry, PatternUse::Deny).map(drop),
+        EntryKind::AllowPrivate => allow_private_net(entry).map(drop),
+    }
 }
 
 /// Parses one `allow_private` entry: a CIDR without host bits, or a single address.
 pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
-    let err = |why: String| PolicyError::Pattern {
+    allow_private_net(entry).map_err(|why| PolicyError::Pattern {
         field: "allow_private",
         entry: entry.to_owned(),
         why,
-    };
+    })
+}
+
+/// [`parse_allow_private`] with only the reason as error.
+fn allow_private_net(entry: &str) -> Result<IpNet, PatternError> {
+    let err = |why: PatternError| why;
     let net = if entry.contains('/') {
         let net: IpNet = entry
             .parse()
-            .map_err(|_| err("not a CIDR; write e.g. \"10.1.0.0/16\" or \"fd00::/8\"".into()))?;
+            .map_err(|_| err(PatternError::PrivateNotCidr))?;
         if net.trunc() != net {
-            return Err(err(format!(
-                "CIDR has host bits set; write \"{}\"",
-                net.trunc()
-            )));
+            return Err(err(PatternError::HostBits(net.trunc())));
         }
         net
     } else {
-        let ip: IpAddr = entry.parse().map_err(|_| {
-            err("not an IP address or CIDR; write e.g. \"127.0.0.1\" or \"10.1.0.0/16\"".into())
-        })?;
+        let ip: IpAddr = entry
+            .parse()
+            .map_err(|_| err(PatternError::PrivateNotAddress))?;
         IpNet::from(ip)
     };
     if net.prefix_len() == 0 {
-        return Err(err(
-            "a /0 exception would switch the address check off; list the ranges needed".into(),
-        ));
+        return Err(err(PatternError::PrivateEverything));
     }
     // Connecting to an unspecified address reaches this host's own listeners (Linux treats
     // 0.0.0.0 and :: as "this host"), so no exception may cover them.
@@ -228,11 +224,7 @@ pub(crate) fn parse_allow_private(entry: &str) -> Result<IpNet, PolicyError> {
         }
     };
     if this_host {
-        return Err(err(
-            "0.0.0.0/8 and :: mean \"this host\" (connecting there reaches local listeners); \
-             they can never be an exception"
-                .into(),
-        ));
+        return Err(err(PatternError::PrivateThisHost));
     }
     Ok(net)
 }

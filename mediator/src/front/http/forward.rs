@@ -341,13 +341,13 @@ pub(crate) fn target_of(uri: &Uri) -> Result<Target, policy::PolicyError> {
     let Some(auth) = uri.authority() else {
         return Err(policy::PolicyError::Host {
             input: uri.to_string(),
-            why: "absolute-form URI without a host".into(),
+            why: policy::HostError::UriWithoutHost,
         });
     };
     if auth.as_str().contains('@') {
         return Err(policy::PolicyError::Host {
             input: auth.as_str().to_owned(),
-            why: "userinfo is not allowed in a proxy target".into(),
+            why: policy::HostError::UriUserinfo,
         });
     }
     if auth.as_str() == auth.host() {
