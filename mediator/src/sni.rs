@@ -88,6 +88,38 @@ pub(crate) enum Hello {
     Malformed(String),
 }
 
+/// Why a complete ClientHello message cannot be read (its text goes into
+/// [`Hello::Malformed`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum HelloError {
+    #[error("ClientHello body truncated or malformed (RFC 8446 section 4.1.2)")]
+    Body,
+    #[error(
+        "{0} bytes in the ClientHello not covered by its extensions block (RFC 8446 section 4.1.2)"
+    )]
+    Trailing(usize),
+    #[error("truncated extension in the ClientHello (RFC 8446 section 4.2)")]
+    TruncatedExtension,
+    #[error("extension {0:#06x} appears twice (RFC 8446 section 4.2)")]
+    Repeated(u16),
+    #[error("server_name extension too short (RFC 6066 section 3)")]
+    SniTooShort,
+    #[error("server_name list length does not match the extension (RFC 6066 section 3)")]
+    SniLength,
+    #[error("empty server_name list (RFC 6066 section 3)")]
+    SniEmptyList,
+    #[error("truncated ServerName entry (RFC 6066 section 3)")]
+    SniTruncated,
+    #[error("server name of unknown type {0} (RFC 6066 section 3 defines only host_name(0))")]
+    SniType(u8),
+    #[error("empty host_name (RFC 6066 section 3)")]
+    SniEmptyName,
+    #[error("host_name is not UTF-8 (RFC 6066 section 3: ASCII)")]
+    SniNotUtf8,
+    #[error("host_name is not ASCII (RFC 6066 section 3)")]
+    SniNotAscii,
+}
+
 /// Inspects `buf`, all bytes read from the client so far (from the first), and says
 /// whether they begin with a complete TLS ClientHello and which server names it carries.
 ///
@@ -203,7 +235,7 @@ pub(crate) fn inspect(buf: &[u8]) -> Hello {
             if fragment.len() == len && have == total {
                 return match parse_client_hello(&fragments.concat()) {
                     Ok((server_names, ech)) => Hello::Complete { server_names, ech },
-                    Err(why) => Hello::Malformed(why),
+                    Err(why) => Hello::Malformed(why.to_string()),
                 };
             }
         }
@@ -247,19 +279,15 @@ fn content_type_name(t: u8) -> &'static str {
 
 /// Parses a complete ClientHello message (handshake header included): its server names
 /// and whether it offers ECH.
-fn parse_client_hello(message: &[u8]) -> Result<(Vec<String>, bool), String> {
+fn parse_client_hello(message: &[u8]) -> Result<(Vec<String>, bool), HelloError> {
     let body = message.get(HANDSHAKE_HEADER..).unwrap_or_default();
     let Ok((rest, hello)) = parse_tls_handshake_client_hello(body) else {
-        return Err("ClientHello body truncated or malformed (RFC 8446 section 4.1.2)".into());
+        return Err(HelloError::Body);
     };
     // tls-parser leaves an extension block whose length disagrees with the message
     // unparsed; nothing may follow the extensions.
     if !rest.is_empty() {
-        return Err(format!(
-            "{} bytes in the ClientHello not covered by its extensions block (RFC 8446 \
-             section 4.1.2)",
-            rest.len()
-        ));
+        return Err(HelloError::Trailing(rest.len()));
     }
     parse_extensions(hello.ext.unwrap_or_default())
 }
@@ -270,17 +298,15 @@ fn parse_client_hello(message: &[u8]) -> Result<(Vec<String>, bool), String> {
 /// Not `tls_parser::parse_tls_client_hello_extensions`: it stops silently at the first
 /// extension it cannot parse (so a `server_name` behind it would go unseen) and fails on
 /// contents it does not know, which are none of our business.
-fn parse_extensions(mut block: &[u8]) -> Result<(Vec<String>, bool), String> {
+fn parse_extensions(mut block: &[u8]) -> Result<(Vec<String>, bool), HelloError> {
     let mut seen = HashSet::new();
     let mut server_names = Vec::new();
     let mut ech = false;
     while !block.is_empty() {
-        let (ext_type, data, rest) = split_extension(block)
-            .ok_or("truncated extension in the ClientHello (RFC 8446 section 4.2)")?;
+        let (ext_type, data, rest) =
+            split_extension(block).ok_or(HelloError::TruncatedExtension)?;
         if !seen.insert(ext_type) {
-            return Err(format!(
-                "extension {ext_type:#06x} appears twice (RFC 8446 section 4.2)"
-            ));
+            return Err(HelloError::Repeated(ext_type));
         }
         match ext_type {
             EXT_SERVER_NAME => server_names = parse_server_names(data)?,
@@ -306,39 +332,34 @@ fn split_extension(block: &[u8]) -> Option<(u16, &[u8], &[u8])> {
 /// Only `host_name(0)` is defined; an entry of another type cannot be delimited by a
 /// reader that does not know it, so it is an error, as are an empty list, trailing bytes,
 /// an empty name and a name that is not ASCII.
-fn parse_server_names(data: &[u8]) -> Result<Vec<String>, String> {
+fn parse_server_names(data: &[u8]) -> Result<Vec<String>, HelloError> {
     let ([l0, l1], list) = data
         .split_first_chunk::<2>()
         .map(|(l, list)| (*l, list))
-        .ok_or("server_name extension too short (RFC 6066 section 3)")?;
+        .ok_or(HelloError::SniTooShort)?;
     if usize::from(u16::from_be_bytes([l0, l1])) != list.len() {
-        return Err(
-            "server_name list length does not match the extension (RFC 6066 section 3)".into(),
-        );
+        return Err(HelloError::SniLength);
     }
     if list.is_empty() {
-        return Err("empty server_name list (RFC 6066 section 3)".into());
+        return Err(HelloError::SniEmptyList);
     }
     let mut names = Vec::new();
     let mut rest = list;
     while !rest.is_empty() {
         let Ok((after, (name_type, name))) = parse_tls_extension_sni_hostname(rest) else {
-            return Err("truncated ServerName entry (RFC 6066 section 3)".into());
+            return Err(HelloError::SniTruncated);
         };
         if name_type != SNIType::HostName {
-            return Err(format!(
-                "server name of unknown type {} (RFC 6066 section 3 defines only host_name(0))",
-                name_type.0
-            ));
+            return Err(HelloError::SniType(name_type.0));
         }
         if name.is_empty() {
-            return Err("empty host_name (RFC 6066 section 3)".into());
+            return Err(HelloError::SniEmptyName);
         }
         let Ok(name) = std::str::from_utf8(name) else {
-            return Err("host_name is not UTF-8 (RFC 6066 section 3: ASCII)".into());
+            return Err(HelloError::SniNotUtf8);
         };
         if !name.is_ascii() {
-            return Err("host_name is not ASCII (RFC 6066 section 3)".into());
+            return Err(HelloError::SniNotAscii);
         }
         names.push(name.to_owned());
         rest = after;

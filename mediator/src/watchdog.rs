@@ -93,32 +93,54 @@ pub(crate) async fn ask(
     }
 }
 
-async fn exchange(endpoint: &WatchdogEndpoint, question: &Question<'_>) -> Result<Answer, String> {
-    let body = serde_json::to_vec(question).map_err(|e| e.to_string())?;
+/// Why the watchdog could not be asked (every one denies).
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error("{0}")]
+    Json(serde_json::Error),
+    #[error("connect {0}: {1}")]
+    Connect(String, std::io::Error),
+    #[error("{0}")]
+    Http(hyper::Error),
+    #[error("{0}")]
+    Request(http::Error),
+    #[error("reading the answer: {0}")]
+    Read(String),
+    #[error("HTTP status {0}")]
+    Status(http::StatusCode),
+    #[error("the answer is not the expected JSON: {0}")]
+    Answer(serde_json::Error),
+}
+
+async fn exchange(
+    endpoint: &WatchdogEndpoint,
+    question: &Question<'_>,
+) -> Result<Answer, AskError> {
+    let body = serde_json::to_vec(question).map_err(AskError::Json)?;
     match endpoint {
         WatchdogEndpoint::Unix(path) => {
             let stream = UnixStream::connect(path)
                 .await
-                .map_err(|e| format!("connect {}: {e}", path.display()))?;
+                .map_err(|e| AskError::Connect(path.display().to_string(), e))?;
             post(stream, "localhost", "/", body).await
         }
         WatchdogEndpoint::Http { addr, path } => {
             let stream = TcpStream::connect(addr)
                 .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
+                .map_err(|e| AskError::Connect(addr.to_string(), e))?;
             post(stream, &addr.to_string(), path, body).await
         }
     }
 }
 
-async fn post<S>(stream: S, host: &str, path: &str, body: Vec<u8>) -> Result<Answer, String>
+async fn post<S>(stream: S, host: &str, path: &str, body: Vec<u8>) -> Result<Answer, AskError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(AskError::Http)?;
     let conn = tokio::spawn(conn);
     let req = Request::builder()
         .method(Method::POST)
@@ -126,19 +148,19 @@ where
         .header(header::HOST, host)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        .map_err(AskError::Request)?;
+    let resp = sender.send_request(req).await.map_err(AskError::Http)?;
     let status = resp.status();
     let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
         .collect()
         .await
-        .map_err(|e| format!("reading the answer: {e}"))?
+        .map_err(|e| AskError::Read(e.to_string()))?
         .to_bytes();
     conn.abort();
     if !status.is_success() {
-        return Err(format!("HTTP status {status}"));
+        return Err(AskError::Status(status));
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("the answer is not the expected JSON: {e}"))
+    serde_json::from_slice(&bytes).map_err(AskError::Answer)
 }
 
 /// Asks `authority`'s watchdog, when it has one, about one connection to `target`; only an

@@ -188,7 +188,10 @@ pub fn upgrade(data: &[u8]) {
             assert!(switch.token != UpgradeToken::H2c);
         }
         Err(detail) => {
-            assert!(!detail.chars().any(char::is_control), "{detail:?}");
+            assert!(
+                !detail.to_string().chars().any(char::is_control),
+                "{detail:?}"
+            );
         }
     }
 }

@@ -75,13 +75,24 @@ impl ParentTls {
         &self,
         parent: &ParentUrl,
         tcp: TcpStream,
-    ) -> Result<UpstreamStream, String> {
-        let name = ServerName::try_from(parent.addr.host.as_text())
-            .map_err(|e| format!("not a TLS server name: {e}"))?;
+    ) -> Result<UpstreamStream, ParentTlsError> {
+        let name =
+            ServerName::try_from(parent.addr.host.as_text()).map_err(ParentTlsError::Name)?;
         tokio_rustls::TlsConnector::from(Arc::clone(&self.config))
             .connect(name, tcp)
             .await
             .map(|tls| UpstreamStream::Tls(Box::new(tls)))
-            .map_err(|e| format!("TLS: {}", crate::tls::words::handshake_error(&e)))
+            .map_err(|e| ParentTlsError::Handshake(crate::tls::words::handshake_error(&e)))
     }
+}
+
+/// Why TLS to an HTTPS parent failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ParentTlsError {
+    /// The parent's name is no TLS server name.
+    #[error("not a TLS server name: {0}")]
+    Name(rustls::pki_types::InvalidDnsNameError),
+    /// The handshake failed or the certificate does not verify, in words.
+    #[error("TLS: {0}")]
+    Handshake(String),
 }

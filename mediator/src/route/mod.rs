@@ -229,7 +229,10 @@ impl Router {
                 None
             },
             negotiator: if negotiates {
-                Some(negotiate::Negotiator::new(&upstream.kerberos).map_err(Error::Upstream)?)
+                Some(
+                    negotiate::Negotiator::new(&upstream.kerberos)
+                        .map_err(|e| Error::Upstream(e.to_string()))?,
+                )
             } else {
                 None
             },

@@ -22,6 +22,61 @@ use policy::config::Kerberos;
 const STORE_CCACHE: &str = "ccache";
 const STORE_CLIENT_KEYTAB: &str = "client_keytab";
 
+/// Why a Negotiate exchange (or its setup) failed. Tokens never appear: messages carry
+/// only names and the library's status text.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NegotiateError {
+    /// The GSSAPI library cannot be loaded or lacks what the configuration needs.
+    #[error(transparent)]
+    Library(#[from] gss::Error),
+    /// A configured client keytab cannot be read.
+    #[error("kerberos_keytab {name}: {error}")]
+    Keytab {
+        /// The keytab as configured.
+        name: String,
+        /// Why it cannot be opened.
+        error: std::io::Error,
+    },
+    /// No credentials could be acquired.
+    #[error("no usable Kerberos credentials in {source_of}: {error}")]
+    NoCredentials {
+        /// Where they were looked for.
+        source_of: String,
+        /// The library's words.
+        error: gss::Error,
+    },
+    /// The service name cannot be imported.
+    #[error("bad service name {service}: {error}")]
+    ServiceName {
+        /// `HTTP@host`.
+        service: String,
+        /// The library's words.
+        error: gss::Error,
+    },
+    /// No ticket for the service (none at the KDC, expired credentials, no KDC).
+    #[error("cannot get a Kerberos ticket for {service} with {source_of}: {error}")]
+    NoTicket {
+        /// `HTTP@host`.
+        service: String,
+        /// The credentials used.
+        source_of: String,
+        /// The library's words.
+        error: gss::Error,
+    },
+    /// The library made no first token.
+    #[error("GSSAPI made no token for {0}")]
+    NoToken(String),
+    /// The parent's token does not verify.
+    #[error("{0}")]
+    Verify(gss::Error),
+    /// The parent's token verified but left the context incomplete.
+    #[error("the token did not complete the context")]
+    Incomplete,
+    /// The blocking task that calls the library failed.
+    #[error("the Kerberos task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Makes Negotiate tokens with the configured Kerberos credentials.
 #[derive(Debug, Clone)]
 pub(crate) struct Negotiator {
@@ -50,7 +105,7 @@ impl Negotiator {
     /// The library cannot be loaded (the message names the package that ships it), or a
     /// credential store is configured and the library has no `gss_acquire_cred_from`, or a
     /// configured keytab cannot be read.
-    pub(crate) fn new(cfg: &Kerberos) -> Result<Self, String> {
+    pub(crate) fn new(cfg: &Kerberos) -> Result<Self, NegotiateError> {
         let mut store = Vec::new();
         let mut shown = Vec::new();
         for (key, value, name) in [
@@ -65,12 +120,12 @@ impl Negotiator {
                 shown.push(format!("{name} {v}"));
             }
         }
-        let gss = Gssapi::load(cfg.library.as_deref()).map_err(|e| e.to_string())?;
+        let gss = Gssapi::load(cfg.library.as_deref())?;
         if !store.is_empty() && !gss.has_credential_store() {
             return Err(gss::Error::NoCredentialStore {
                 library: gss.path().to_path_buf(),
             }
-            .to_string());
+            .into());
         }
         let source = if shown.is_empty() {
             "the default Kerberos credentials (KRB5CCNAME, KRB5_CLIENT_KTNAME)".to_owned()
@@ -101,32 +156,38 @@ impl Negotiator {
     /// # Errors
     /// What failed, in the library's words (no credentials, expired credentials, no such
     /// service principal at the KDC, the KDC unreachable).
-    pub(crate) async fn start(&self, host: &CanonicalHost) -> Result<(String, Pending), String> {
+    pub(crate) async fn start(
+        &self,
+        host: &CanonicalHost,
+    ) -> Result<(String, Pending), NegotiateError> {
         let this = self.clone();
         let service = format!("HTTP@{}", host.as_text());
-        tokio::task::spawn_blocking(move || this.start_blocking(&service))
-            .await
-            .map_err(|e| format!("the Kerberos task failed: {e}"))?
+        tokio::task::spawn_blocking(move || this.start_blocking(&service)).await?
     }
 
-    fn start_blocking(&self, service: &str) -> Result<(String, Pending), String> {
+    fn start_blocking(&self, service: &str) -> Result<(String, Pending), NegotiateError> {
         let cred = self
             .credentials()
-            .map_err(|e| format!("no usable Kerberos credentials in {}: {e}", self.source))?;
-        let target = self
-            .gss
-            .host_service(service)
-            .map_err(|e| format!("bad service name {service}: {e}"))?;
+            .map_err(|error| NegotiateError::NoCredentials {
+                source_of: self.source.clone(),
+                error,
+            })?;
+        let target =
+            self.gss
+                .host_service(service)
+                .map_err(|error| NegotiateError::ServiceName {
+                    service: service.to_owned(),
+                    error,
+                })?;
         let mut ctx = self.gss.initiator(Some(cred), target);
         let token = ctx
             .step(None)
-            .map_err(|e| {
-                format!(
-                    "cannot get a Kerberos ticket for {service} with {}: {e}",
-                    self.source
-                )
+            .map_err(|error| NegotiateError::NoTicket {
+                service: service.to_owned(),
+                source_of: self.source.clone(),
+                error,
             })?
-            .ok_or_else(|| format!("GSSAPI made no token for {service}"))?;
+            .ok_or_else(|| NegotiateError::NoToken(service.to_owned()))?;
         let value = format!(
             "Negotiate {}",
             base64::engine::general_purpose::STANDARD.encode(&token)
@@ -149,18 +210,17 @@ impl Pending {
     /// # Errors
     /// The token does not verify, or leaves the context incomplete: the parent is not the
     /// service it was asked to be.
-    pub(crate) async fn finish(self, token: Vec<u8>) -> Result<(), String> {
+    pub(crate) async fn finish(self, token: Vec<u8>) -> Result<(), NegotiateError> {
         let mut ctx = self.ctx;
         tokio::task::spawn_blocking(move || {
-            ctx.step(Some(&token)).map_err(|e| e.to_string())?;
+            ctx.step(Some(&token)).map_err(NegotiateError::Verify)?;
             if ctx.is_complete() {
                 Ok(())
             } else {
-                Err("the token did not complete the context".to_owned())
+                Err(NegotiateError::Incomplete)
             }
         })
-        .await
-        .map_err(|e| format!("the Kerberos task failed: {e}"))?
+        .await?
     }
 }
 
@@ -170,7 +230,7 @@ impl Pending {
 ///
 /// # Errors
 /// The keytab cannot be read.
-fn keytab_exists(name: &str) -> Result<(), String> {
+fn keytab_exists(name: &str) -> Result<(), NegotiateError> {
     let path = match name.split_once(':') {
         Some(("FILE", path)) => path,
         Some((kind, _)) if !kind.contains('/') => return Ok(()),
@@ -178,7 +238,10 @@ fn keytab_exists(name: &str) -> Result<(), String> {
     };
     std::fs::File::open(path)
         .map(drop)
-        .map_err(|e| format!("kerberos_keytab {name}: {e}"))
+        .map_err(|error| NegotiateError::Keytab {
+            name: name.to_owned(),
+            error,
+        })
 }
 
 /// The decoded token of a `Negotiate <base64>` challenge (the token as
@@ -205,7 +268,8 @@ mod tests {
             keytab: Some("FILE:/nonexistent/client.keytab".into()),
             ..Kerberos::default()
         })
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("kerberos_keytab FILE:/nonexistent/client.keytab"),
             "{e}"

@@ -78,6 +78,38 @@ fn line_safe(s: &str) -> bool {
     s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
+/// Why a parent's answer could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AnswerError {
+    /// The connection failed.
+    #[error("read failed: {0}")]
+    Read(std::io::Error),
+    /// The TLS connection to an HTTPS parent failed, in words.
+    #[error("read failed: {0}")]
+    ReadTls(String),
+    /// The parent closed before its answer was complete.
+    #[error("connection closed before the answer")]
+    ClosedBeforeAnswer,
+    /// The parent closed in the body of a refusal.
+    #[error("connection closed in the answer body")]
+    ClosedInBody,
+    /// The head is larger than [`MAX_HEAD`].
+    #[error("answer head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    /// A refusal's body is larger than [`MAX_DISCARD`].
+    #[error("a {0}-byte answer body (more than {MAX_DISCARD})")]
+    BodyTooLarge(u64),
+    /// The head ends before its blank line.
+    #[error("an incomplete answer head")]
+    Incomplete,
+    /// Not HTTP/1.x.
+    #[error("not an HTTP answer ({0})")]
+    NotHttp(httparse::Error),
+    /// No status code.
+    #[error("an answer head without a status")]
+    NoStatus,
+}
+
 /// A parent's answer head to `CONNECT`, parsed once with `httparse` (RFC 9112 sections 4
 /// and 5): its status, version and header fields (never the body). A field value that is
 /// not UTF-8 (legal obs-text) is kept, lossily, and hides no other field.
@@ -125,7 +157,7 @@ impl Answer {
     ///
     /// # Errors
     /// The head is not an HTTP/1.x status line and fields, in `httparse`'s words.
-    pub(crate) fn parse(head: &[u8]) -> Result<Self, String> {
+    pub(crate) fn parse(head: &[u8]) -> Result<Self, AnswerError> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut response = httparse::Response::new(&mut headers);
         let parsed = httparse::ParserConfig::default()
@@ -133,11 +165,11 @@ impl Answer {
             .parse_response(&mut response, head);
         match parsed {
             Ok(httparse::Status::Complete(_)) => {}
-            Ok(httparse::Status::Partial) => return Err("an incomplete answer head".into()),
-            Err(e) => return Err(format!("not an HTTP answer ({e})")),
+            Ok(httparse::Status::Partial) => return Err(AnswerError::Incomplete),
+            Err(e) => return Err(AnswerError::NotHttp(e)),
         }
         let (Some(status), Some(minor)) = (response.code, response.version) else {
-            return Err("an answer head without a status".into());
+            return Err(AnswerError::NoStatus);
         };
         // The reason phrase may be obs-text, which httparse leaves out: read it from the
         // line itself.
@@ -350,9 +382,9 @@ pub(crate) async fn http_connect(
 ///
 /// # Errors
 /// A larger body, or the connection failed.
-pub(crate) async fn discard(stream: &mut UpstreamStream, n: u64) -> Result<(), String> {
+pub(crate) async fn discard(stream: &mut UpstreamStream, n: u64) -> Result<(), AnswerError> {
     if n > MAX_DISCARD {
-        return Err(format!("a {n}-byte answer body (more than {MAX_DISCARD})"));
+        return Err(AnswerError::BodyTooLarge(n));
     }
     let mut left = n;
     let mut buf = [0u8; 4096];
@@ -361,9 +393,9 @@ pub(crate) async fn discard(stream: &mut UpstreamStream, n: u64) -> Result<(), S
         let got = stream
             .read(&mut buf[..want])
             .await
-            .map_err(|e| format!("read failed: {e}"))?;
+            .map_err(AnswerError::Read)?;
         if got == 0 {
-            return Err("connection closed in the answer body".into());
+            return Err(AnswerError::ClosedInBody);
         }
         left -= got as u64;
     }
@@ -373,42 +405,39 @@ pub(crate) async fn discard(stream: &mut UpstreamStream, n: u64) -> Result<(), S
 /// Reads bytes up to and including the blank line ending a response head, never past it
 /// (so tunnelled bytes stay unread): on TCP it peeks, then consumes exactly what is
 /// needed; inside TLS (no peek) it reads one byte at a time from the decrypted buffer.
-async fn read_head(stream: &mut UpstreamStream) -> Result<Vec<u8>, String> {
+async fn read_head(stream: &mut UpstreamStream) -> Result<Vec<u8>, AnswerError> {
     match stream {
         UpstreamStream::Plain(tcp) => read_head_tcp(tcp).await,
         UpstreamStream::Tls(tls) => read_head_bytewise(tls.as_mut()).await,
     }
 }
 
-async fn read_head_bytewise<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>, String> {
+async fn read_head_bytewise<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Vec<u8>, AnswerError> {
     let mut head: Vec<u8> = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         let n = stream
             .read(&mut byte)
             .await
-            .map_err(|e| format!("read failed: {}", crate::tls::words::handshake_error(&e)))?;
+            .map_err(|e| AnswerError::ReadTls(crate::tls::words::handshake_error(&e)))?;
         if n == 0 {
-            return Err("connection closed before the answer".into());
+            return Err(AnswerError::ClosedBeforeAnswer);
         }
         head.push(byte[0]);
         if head.len() > MAX_HEAD {
-            return Err(format!("answer head larger than {MAX_HEAD} bytes"));
+            return Err(AnswerError::HeadTooLarge);
         }
     }
     Ok(head)
 }
 
-async fn read_head_tcp(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
+async fn read_head_tcp(stream: &mut TcpStream) -> Result<Vec<u8>, AnswerError> {
     let mut head: Vec<u8> = Vec::with_capacity(256);
     let mut buf = [0u8; 2048];
     loop {
-        let n = stream
-            .peek(&mut buf)
-            .await
-            .map_err(|e| format!("read failed: {e}"))?;
+        let n = stream.peek(&mut buf).await.map_err(AnswerError::Read)?;
         if n == 0 {
-            return Err("connection closed before the answer".into());
+            return Err(AnswerError::ClosedBeforeAnswer);
         }
         // Where would the terminator end, counting the bytes already consumed?
         let old = head.len();
@@ -426,13 +455,13 @@ async fn read_head_tcp(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
         stream
             .read_exact(&mut chunk)
             .await
-            .map_err(|e| format!("read failed: {e}"))?;
+            .map_err(AnswerError::Read)?;
         head.extend_from_slice(&chunk);
         if end.is_some() {
             return Ok(head);
         }
         if head.len() > MAX_HEAD {
-            return Err(format!("answer head larger than {MAX_HEAD} bytes"));
+            return Err(AnswerError::HeadTooLarge);
         }
     }
 }

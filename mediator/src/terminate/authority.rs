@@ -8,26 +8,39 @@ use policy::{Target, canonicalize_host, parse_authority_form};
 
 use crate::redact::escape_raw;
 
+/// Why a request is not for the tunnel host (the detail of its `421`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum AuthorityError {
+    #[error("more than one Host header")]
+    TwoHosts,
+    #[error("the Host header is not ASCII")]
+    NotAscii,
+    #[error("the request names no host (no Host header, no :authority)")]
+    NoHost,
+    #[error(
+        "the request names {shown}, which is not a host with an optional port (RFC 9110 section 7.2), in a tunnel to {target}"
+    )]
+    Malformed { shown: String, target: Target },
+    #[error("the request is for {shown}, but this tunnel is to {target}")]
+    Other { shown: String, target: Target },
+}
+
 /// Every request's `Host` and `:authority` (or absolute-form authority) must name the
 /// tunnel host and port (RFC 9110 sections 7.2 and 7.4: else `421`). At least one must be
 /// present; more than one `Host` header is refused.
-pub(super) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), String> {
+pub(super) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<(), AuthorityError> {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
-        return Err("more than one Host header".into());
+        return Err(AuthorityError::TwoHosts);
     }
     let uri_authority = req.uri().authority().map(|a| a.as_str().to_owned());
     let host = match host {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| "the Host header is not ASCII".to_owned())?
-                .to_owned(),
-        ),
+        Some(v) => Some(v.to_str().map_err(|_| AuthorityError::NotAscii)?.to_owned()),
         None => None,
     };
     if host.is_none() && uri_authority.is_none() {
-        return Err("the request names no host (no Host header, no :authority)".into());
+        return Err(AuthorityError::NoHost);
     }
     for value in [uri_authority, host].into_iter().flatten() {
         authority_matches(&value, target)?;
@@ -39,13 +52,11 @@ pub(super) fn check_authority<B>(req: &Request<B>, target: &Target) -> Result<()
 /// means 443, the default port of `https` (RFC 9110 section 4.2.2); a port that is there
 /// must be one (`host:`, `host:https`, `host:65536` are malformed, never port 443), as in
 /// a CONNECT target.
-fn authority_matches(value: &str, target: &Target) -> Result<(), String> {
+fn authority_matches(value: &str, target: &Target) -> Result<(), AuthorityError> {
     let shown = || escape_raw(value.as_bytes());
-    let malformed = || {
-        format!(
-            "the request names {}, which is not a host with an optional port (RFC 9110 section 7.2), in a tunnel to {target}",
-            shown()
-        )
+    let malformed = || AuthorityError::Malformed {
+        shown: shown(),
+        target: target.clone(),
     };
     if value.contains('@') {
         return Err(malformed());
@@ -63,10 +74,10 @@ fn authority_matches(value: &str, target: &Target) -> Result<(), String> {
     };
     match named {
         Ok(named) if named == *target => Ok(()),
-        Ok(_) => Err(format!(
-            "the request is for {}, but this tunnel is to {target}",
-            shown()
-        )),
+        Ok(_) => Err(AuthorityError::Other {
+            shown: shown(),
+            target: target.clone(),
+        }),
         Err(_) => Err(malformed()),
     }
 }
@@ -98,7 +109,7 @@ mod tests {
             "evil.example.com",
             "example.com:443",
         ] {
-            let e = authority_matches(other, &t).unwrap_err();
+            let e = authority_matches(other, &t).unwrap_err().to_string();
             assert!(
                 e.contains("but this tunnel is to api.example.com:443"),
                 "{other}: {e}"
@@ -112,7 +123,7 @@ mod tests {
             "u@api.example.com",
             "api example",
         ] {
-            let e = authority_matches(malformed, &t).unwrap_err();
+            let e = authority_matches(malformed, &t).unwrap_err().to_string();
             assert!(
                 e.contains("not a host with an optional port"),
                 "{malformed}: {e}"
@@ -134,17 +145,21 @@ mod tests {
             check_authority(&request("https://api.example.com/x", &[]), &t),
             Ok(())
         );
-        let e = check_authority(&request("/x", &[]), &t).unwrap_err();
+        let e = check_authority(&request("/x", &[]), &t)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("names no host"), "{e}");
         let e = check_authority(&request("/x", &["api.example.com", "api.example.com"]), &t)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "more than one Host header");
         // Both are judged: a matching Host does not excuse another :authority.
         let e = check_authority(
             &request("https://evil.example.com/x", &["api.example.com"]),
             &t,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("evil.example.com"), "{e}");
     }
 }

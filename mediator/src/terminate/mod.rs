@@ -245,7 +245,7 @@ struct Env {
     pin: std::net::SocketAddr,
     route: crate::route::Route,
     /// The upstream HTTP connection, or why there is none (the detail of every 502).
-    upstream: Result<Upstream, String>,
+    upstream: Result<Upstream, upstream::UpstreamError>,
     /// The tunnel's cut (revocation, shutdown): ends an upgraded request's relay too.
     closing: CancellationToken,
     /// Set while a switch is under way on the upstream HTTP/1.1 connection (or took it

@@ -15,7 +15,7 @@ pub(super) fn rebuild<B>(
     req: Request<B>,
     target: &Target,
     version: Version,
-) -> Result<Request<B>, String> {
+) -> Result<Request<B>, RebuildError> {
     let (mut parts, body) = req.into_parts();
     let te_trailers = parts
         .headers
@@ -33,21 +33,28 @@ pub(super) fn rebuild<B>(
     if version == Version::HTTP_2 {
         parts.uri = format!("https://{authority}{path}")
             .parse::<Uri>()
-            .map_err(|e| format!("bad request target: {e}"))?;
+            .map_err(RebuildError::Target)?;
         if te_trailers {
             parts
                 .headers
                 .insert(header::TE, HeaderValue::from_static("trailers"));
         }
     } else {
-        parts.uri = path
-            .parse::<Uri>()
-            .map_err(|e| format!("bad request target: {e}"))?;
-        let host = HeaderValue::from_str(&authority).map_err(|e| format!("bad host: {e}"))?;
+        parts.uri = path.parse::<Uri>().map_err(RebuildError::Target)?;
+        let host = HeaderValue::from_str(&authority).map_err(RebuildError::Host)?;
         parts.headers.insert(header::HOST, host);
     }
     remove_h2_forbidden(&mut parts.headers);
     Ok(Request::from_parts(parts, body))
+}
+
+/// Why a request could not be rebuilt (the detail of its `400`).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RebuildError {
+    #[error("bad request target: {0}")]
+    Target(http::uri::InvalidUri),
+    #[error("bad host: {0}")]
+    Host(header::InvalidHeaderValue),
 }
 
 /// Connection-specific headers that HTTP/2 forbids (RFC 9113 section 8.2.2) and that

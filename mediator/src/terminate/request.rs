@@ -20,7 +20,7 @@ use policy::{Decision, Reason, Target};
 use super::authority::check_authority;
 use super::h2_resets::OnReset;
 use super::rebuild::rebuild;
-use super::upgrade::{self, Plan, Switch};
+use super::upgrade::{self, Plan, Switch, SwitchError};
 use super::{Env, Upstream};
 use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
@@ -69,7 +69,7 @@ pub(super) async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Bo
 
 /// The protocol switch a request asks for (`Upgrade`, or HTTP/2 extended CONNECT), or why
 /// it cannot have one.
-fn requested_switch(req: &Request<Incoming>) -> Result<Option<Switch>, String> {
+fn requested_switch(req: &Request<Incoming>) -> Result<Option<Switch>, SwitchError> {
     let protocol = req
         .extensions()
         .get::<hyper::ext::Protocol>()
@@ -91,7 +91,11 @@ struct Asking {
 }
 
 impl Asking {
-    fn of(req: &Request<Incoming>, switch: &Result<Option<Switch>, String>, env: &Env) -> Self {
+    fn of(
+        req: &Request<Incoming>,
+        switch: &Result<Option<Switch>, SwitchError>,
+        env: &Env,
+    ) -> Self {
         let method = match switch {
             Ok(Some(s)) => s.judged_method(req.method()),
             _ => req.method().as_str(),
@@ -135,7 +139,7 @@ impl Asking {
 /// The denial to log and answer.
 fn judge(
     req: &Request<Incoming>,
-    switch: Result<Option<Switch>, String>,
+    switch: Result<Option<Switch>, SwitchError>,
     asking: &Asking,
     env: &Env,
 ) -> Result<(Option<Switch>, Decision), Denial> {
@@ -145,7 +149,7 @@ fn judge(
     check_authority(req, &env.target).map_err(|detail| {
         Denial::new(
             Reason::SniMismatch,
-            detail,
+            detail.to_string(),
             format!(
                 "this tunnel is to {}: send requests for other hosts through a tunnel to that host",
                 env.target
@@ -156,7 +160,7 @@ fn judge(
     let switch = switch.map_err(|detail| {
         Denial::new(
             Reason::DeniedByRule,
-            detail,
+            detail.to_string(),
             "inside a terminated tunnel Upgrade: websocket (or an HTTP/2 extended CONNECT for it) is relayed, and tokens a request rule lists in upgrade; send the request without Upgrade",
         )
     })?;
@@ -190,7 +194,7 @@ async fn upstream_request<'e, 's>(
     let upstream = env.upstream.as_ref().map_err(|detail| {
         Denial::new(
             Reason::UpstreamFailure,
-            detail.clone(),
+            detail.to_string(),
             "the upstream's certificate must verify against the system trust store or [tls] extra_ca_files, for the host name itself",
         )
     })?;
@@ -220,7 +224,7 @@ async fn upstream_request<'e, 's>(
     let rebuilt = rebuild(req, &env.target, upstream.version()).map_err(|detail| {
         Denial::new(
             Reason::MalformedTarget,
-            detail,
+            detail.to_string(),
             "send a well-formed request",
         )
     })?;

@@ -81,7 +81,7 @@ pub(crate) fn requested(
     headers: &HeaderMap,
     version: Version,
     protocol: Option<&[u8]>,
-) -> Result<Option<Switch>, String> {
+) -> Result<Option<Switch>, SwitchError> {
     let values: Vec<&[u8]> = headers
         .get_all(header::UPGRADE)
         .iter()
@@ -90,17 +90,13 @@ pub(crate) fn requested(
     if let Some(raw) = protocol {
         let shown = crate::redact::escape_raw(raw);
         if *method != Method::CONNECT || version != Version::HTTP_2 {
-            return Err(format!(
-                ":protocol {shown} outside an HTTP/2 CONNECT (RFC 8441 section 4)"
-            ));
+            return Err(SwitchError::ProtocolOutsideConnect(shown));
         }
         if !values.is_empty() {
-            return Err(
-                "an extended CONNECT with an Upgrade header (RFC 9113 section 8.2.2)".into(),
-            );
+            return Err(SwitchError::ExtendedWithUpgrade);
         }
-        return match UpgradeToken::parse(raw)? {
-            UpgradeToken::H2c => Err(h2c_refused()),
+        return match UpgradeToken::parse(raw).map_err(SwitchError::Token)? {
+            UpgradeToken::H2c => Err(SwitchError::H2c),
             token => Ok(Some(Switch {
                 token,
                 via: Via::ExtendedConnect,
@@ -108,10 +104,7 @@ pub(crate) fn requested(
         };
     }
     if *method == Method::CONNECT {
-        return Err(
-            "CONNECT inside a terminated tunnel is not relayed (a tunnel inside the tunnel would pass the request rules)"
-                .into(),
-        );
+        return Err(SwitchError::ConnectInside);
     }
     if values.is_empty() {
         return Ok(None);
@@ -125,17 +118,13 @@ pub(crate) fn requested(
         .collect();
     let shown = crate::redact::escape_raw(&tokens.join(&b", "[..]));
     if version != Version::HTTP_11 {
-        return Err(format!(
-            "Upgrade: {shown} in an {version:?} request: upgrades are HTTP/1.1 only"
-        ));
+        return Err(SwitchError::NotHttp11 { shown, version });
     }
     let [one] = tokens.as_slice() else {
-        return Err(format!(
-            "Upgrade: {shown}: one protocol at a time is relayed through TLS termination"
-        ));
+        return Err(SwitchError::SeveralTokens(shown));
     };
-    let token = match UpgradeToken::parse(one)? {
-        UpgradeToken::H2c => return Err(h2c_refused()),
+    let token = match UpgradeToken::parse(one).map_err(SwitchError::Token)? {
+        UpgradeToken::H2c => return Err(SwitchError::H2c),
         token => token,
     };
     let connection_upgrade = headers
@@ -144,9 +133,7 @@ pub(crate) fn requested(
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"));
     if !connection_upgrade {
-        return Err(format!(
-            "Upgrade: {token} without Connection: upgrade (RFC 9110 section 7.8)"
-        ));
+        return Err(SwitchError::NoConnectionUpgrade(token));
     }
     Ok(Some(Switch {
         token,
@@ -154,8 +141,45 @@ pub(crate) fn requested(
     }))
 }
 
-fn h2c_refused() -> String {
-    "Upgrade: h2c is not relayed through TLS termination (its HTTP/2 requests would pass the request rules)".into()
+/// Why a request's switch is refused (the detail of its denial), or cannot go upstream
+/// (the detail of a `502`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SwitchError {
+    #[error(":protocol {0} outside an HTTP/2 CONNECT (RFC 8441 section 4)")]
+    ProtocolOutsideConnect(String),
+    #[error("an extended CONNECT with an Upgrade header (RFC 9113 section 8.2.2)")]
+    ExtendedWithUpgrade,
+    #[error("{0}")]
+    Token(String),
+    #[error(
+        "Upgrade: h2c is not relayed through TLS termination (its HTTP/2 requests would pass the request rules)"
+    )]
+    H2c,
+    #[error(
+        "CONNECT inside a terminated tunnel is not relayed (a tunnel inside the tunnel would pass the request rules)"
+    )]
+    ConnectInside,
+    #[error("Upgrade: {shown} in an {version:?} request: upgrades are HTTP/1.1 only")]
+    NotHttp11 { shown: String, version: Version },
+    #[error("Upgrade: {0}: one protocol at a time is relayed through TLS termination")]
+    SeveralTokens(String),
+    #[error("Upgrade: {0} without Connection: upgrade (RFC 9110 section 7.8)")]
+    NoConnectionUpgrade(UpgradeToken),
+    #[error("the upstream connection speaks HTTP/2, which cannot carry an HTTP/1.1 upgrade")]
+    H2CannotUpgrade,
+    #[error(
+        "the origin's HTTP/2 connection does not accept extended CONNECT (no SETTINGS_ENABLE_CONNECT_PROTOCOL, RFC 8441 section 3), so :protocol {0} cannot reach it"
+    )]
+    NoExtendedConnect(UpgradeToken),
+    #[error("the origin answered the HTTP/1.1 upgrade to {token} with {status}, not 101")]
+    Not101 {
+        token: UpgradeToken,
+        status: StatusCode,
+    },
+    #[error(
+        "the origin's Sec-WebSocket-Accept does not answer the mediator's Sec-WebSocket-Key (RFC 6455 section 4.2.2)"
+    )]
+    BadAccept,
 }
 
 /// What the tunnel's upstream HTTP connection can carry.
@@ -189,7 +213,7 @@ pub(crate) enum Plan {
 /// # Errors
 /// The detail of a `502`: an HTTP/1.1 upgrade over an HTTP/2 upstream (HTTP/2 has no
 /// upgrade), or an extended CONNECT to an HTTP/2 origin that does not accept it.
-pub(crate) fn plan(switch: &Switch, carrier: Carrier) -> Result<Plan, String> {
+pub(crate) fn plan(switch: &Switch, carrier: Carrier) -> Result<Plan, SwitchError> {
     match (switch.via, carrier) {
         (Via::Upgrade, Carrier::H1)
         | (
@@ -198,18 +222,13 @@ pub(crate) fn plan(switch: &Switch, carrier: Carrier) -> Result<Plan, String> {
                 extended_connect: true,
             },
         ) => Ok(Plan::AsAsked),
-        (Via::Upgrade, Carrier::H2 { .. }) => Err(
-            "the upstream connection speaks HTTP/2, which cannot carry an HTTP/1.1 upgrade".into(),
-        ),
+        (Via::Upgrade, Carrier::H2 { .. }) => Err(SwitchError::H2CannotUpgrade),
         (
             Via::ExtendedConnect,
             Carrier::H2 {
                 extended_connect: false,
             },
-        ) => Err(format!(
-            "the origin's HTTP/2 connection does not accept extended CONNECT (no SETTINGS_ENABLE_CONNECT_PROTOCOL, RFC 8441 section 3), so :protocol {} cannot reach it",
-            switch.token
-        )),
+        ) => Err(SwitchError::NoExtendedConnect(switch.token.clone())),
         (Via::ExtendedConnect, Carrier::H1) => Ok(Plan::ToUpgrade {
             key: (switch.token == UpgradeToken::WebSocket)
                 .then(tungstenite::handshake::client::generate_key),
@@ -265,7 +284,7 @@ pub(crate) fn switched(
     parts: &mut http::response::Parts,
     switch: &Switch,
     plan: &Plan,
-) -> Result<bool, String> {
+) -> Result<bool, SwitchError> {
     match (switch.via, plan) {
         (Via::Upgrade, _) => {
             let up = parts.status == StatusCode::SWITCHING_PROTOCOLS;
@@ -288,10 +307,10 @@ pub(crate) fn switched(
         }
         (Via::ExtendedConnect, Plan::ToUpgrade { key }) => {
             if parts.status.is_success() {
-                return Err(format!(
-                    "the origin answered the HTTP/1.1 upgrade to {} with {}, not 101",
-                    switch.token, parts.status
-                ));
+                return Err(SwitchError::Not101 {
+                    token: switch.token.clone(),
+                    status: parts.status,
+                });
             }
             if parts.status != StatusCode::SWITCHING_PROTOCOLS {
                 return Ok(false);
@@ -300,10 +319,7 @@ pub(crate) fn switched(
                 let expected = tungstenite::handshake::derive_accept_key(key.as_bytes());
                 let got = parts.headers.get(&WS_ACCEPT).map(HeaderValue::as_bytes);
                 if got != Some(expected.as_bytes()) {
-                    return Err(
-                        "the origin's Sec-WebSocket-Accept does not answer the mediator's Sec-WebSocket-Key (RFC 6455 section 4.2.2)"
-                            .into(),
-                    );
+                    return Err(SwitchError::BadAccept);
                 }
             }
             parts.status = StatusCode::OK;

@@ -14,7 +14,7 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
 }
 
 fn h1(pairs: &[(&str, &str)]) -> Result<Option<Switch>, String> {
-    requested(&Method::GET, &headers(pairs), Version::HTTP_11, None)
+    requested(&Method::GET, &headers(pairs), Version::HTTP_11, None).map_err(|e| e.to_string())
 }
 
 #[test]

@@ -20,6 +20,22 @@ use crate::route::UpstreamStream;
 use crate::shared::Shared;
 use crate::tls::TlsState;
 
+/// Why a tunnel has no upstream HTTP connection (the detail of each of its `502`s).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UpstreamError {
+    #[error("{} is not a TLS server name: {error}", target.host)]
+    Name {
+        target: Target,
+        error: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("TLS to {0} failed: {1}")]
+    Tls(Target, String),
+    #[error("TLS to {0} timed out")]
+    Timeout(Target),
+    #[error("{0} handshake with the upstream failed: {1}")]
+    Handshake(&'static str, hyper::Error),
+}
+
 /// How long an extended CONNECT waits for an HTTP/2 origin's SETTINGS to say whether it
 /// accepts extended CONNECT (they come right after its TLS handshake; this is the bound
 /// for a slow one).
@@ -102,9 +118,12 @@ pub(super) async fn connect(
     target: &Target,
     shared: &Shared,
     client_h2: bool,
-) -> Result<tokio_rustls::client::TlsStream<UpstreamStream>, String> {
-    let name = ServerName::try_from(target.host.as_text())
-        .map_err(|e| format!("{} is not a TLS server name: {e}", target.host))?;
+) -> Result<tokio_rustls::client::TlsStream<UpstreamStream>, UpstreamError> {
+    let name =
+        ServerName::try_from(target.host.as_text()).map_err(|error| UpstreamError::Name {
+            target: target.clone(),
+            error,
+        })?;
     let config = if client_h2 {
         &tls.upstream
     } else {
@@ -113,11 +132,11 @@ pub(super) async fn connect(
     let connector = TlsConnector::from(Arc::clone(config));
     match tokio::time::timeout(shared.timeouts.connect, connector.connect(name, tcp)).await {
         Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => Err(format!(
-            "TLS to {target} failed: {}",
-            crate::tls::words::handshake_error(&e)
+        Ok(Err(e)) => Err(UpstreamError::Tls(
+            target.clone(),
+            crate::tls::words::handshake_error(&e),
         )),
-        Err(_) => Err(format!("TLS to {target} timed out")),
+        Err(_) => Err(UpstreamError::Timeout(target.clone())),
     }
 }
 
@@ -127,13 +146,13 @@ pub(super) async fn start_http(
     stream: tokio_rustls::client::TlsStream<UpstreamStream>,
     gone: CancellationToken,
     upgrading: Arc<AtomicBool>,
-) -> Result<Upstream, String> {
+) -> Result<Upstream, UpstreamError> {
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let io = TokioIo::new(stream);
     if h2 {
         let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
             .await
-            .map_err(|e| format!("HTTP/2 handshake with the upstream failed: {e}"))?;
+            .map_err(|e| UpstreamError::Handshake("HTTP/2", e))?;
         // The connection is shared with the question whether the origin's SETTINGS accept
         // extended CONNECT (RFC 8441 section 3), which only it can answer.
         let conn = Arc::new(std::sync::Mutex::new(Box::pin(conn)));
@@ -158,7 +177,7 @@ pub(super) async fn start_http(
     } else {
         let (sender, conn) = hyper::client::conn::http1::handshake(io)
             .await
-            .map_err(|e| format!("HTTP/1.1 handshake with the upstream failed: {e}"))?;
+            .map_err(|e| UpstreamError::Handshake("HTTP/1.1", e))?;
         tokio::spawn(async move {
             let _ = conn.with_upgrades().await;
             if !upgrading.load(Ordering::SeqCst) {

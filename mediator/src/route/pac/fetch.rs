@@ -115,14 +115,17 @@ impl Fetcher {
     ///
     /// # Errors
     /// A message saying what failed (read, connect, TLS, status, size).
-    pub(crate) async fn fetch(&self) -> Result<String, String> {
+    pub(crate) async fn fetch(&self) -> Result<String, FetchError> {
         let bytes = match &self.source {
             PacSource::File(path) => {
                 let bytes = tokio::fs::read(path)
                     .await
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                    .map_err(|error| FetchError::Read {
+                        path: path.clone(),
+                        error,
+                    })?;
                 if bytes.len() > MAX_PAC {
-                    return Err(format!("{} is larger than {MAX_PAC} bytes", path.display()));
+                    return Err(FetchError::TooLarge { path: path.clone() });
                 }
                 bytes
             }
@@ -131,17 +134,19 @@ impl Fetcher {
                 let limit = self.timeout + Duration::from_secs(20);
                 tokio::time::timeout(limit, self.fetch_url(url))
                     .await
-                    .map_err(|_| format!("fetching {url} took longer than {limit:?}"))??
+                    .map_err(|_| FetchError::Timeout(url.clone(), limit))??
             }
         };
-        String::from_utf8(bytes).map_err(|_| "the PAC script is not UTF-8".to_owned())
+        String::from_utf8(bytes).map_err(|_| FetchError::NotUtf8)
     }
 
-    async fn fetch_url(&self, url: &str) -> Result<Vec<u8>, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("bad PAC URL {url}: {e}"))?;
+    async fn fetch_url(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| FetchError::Url(url.to_owned(), e))?;
         let https = uri.scheme_str() == Some("https");
-        let authority = uri.authority().ok_or("PAC URL without a host")?;
-        let host = canonicalize_host(authority.host()).map_err(|e| e.to_string())?;
+        let authority = uri.authority().ok_or(FetchError::NoHost)?;
+        let host = canonicalize_host(authority.host())?;
         let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         let target = Target { host, port };
         let path = uri
@@ -153,12 +158,12 @@ impl Fetcher {
             None => {
                 let (resolved, _) = self.resolver.resolve(&target.host).await;
                 let addrs: Vec<SocketAddr> = resolved
-                    .map_err(|e| format!("cannot resolve {}: {e}", target.host))?
+                    .map_err(|e| FetchError::Resolve(target.host.to_string(), e.to_string()))?
                     .into_iter()
                     .map(|ip| SocketAddr::new(ip, port))
                     .collect();
                 let (r, _) = crate::route::connect::connect_addrs(&addrs, self.timeout).await;
-                let tcp = r.map_err(|e| format!("{target}: {e}"))?.0;
+                let tcp = r.map_err(|e| FetchError::Connect(target.to_string(), e))?.0;
                 (UpstreamStream::Plain(tcp), None)
             }
             Some(via) => self.through(via, &target, https).await?,
@@ -182,14 +187,14 @@ impl Fetcher {
         }
         let req = req
             .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("building the request: {e}"))?;
+            .map_err(FetchError::Request)?;
         if https {
-            let name = ServerName::try_from(target.host.as_text())
-                .map_err(|e| format!("bad TLS server name: {e}"))?;
+            let name =
+                ServerName::try_from(target.host.as_text()).map_err(FetchError::ServerName)?;
             let tls = tokio_rustls::TlsConnector::from(Arc::clone(&self.tls))
                 .connect(name, stream)
                 .await
-                .map_err(|e| format!("TLS with {target}: {e}"))?;
+                .map_err(|e| FetchError::Tls(target.to_string(), e))?;
             get(tls, req, url).await
         } else {
             get(stream, req, url).await
@@ -204,22 +209,22 @@ impl Fetcher {
         via: &ParentUrl,
         target: &Target,
         https: bool,
-    ) -> Result<(UpstreamStream, Option<Option<String>>), String> {
+    ) -> Result<(UpstreamStream, Option<Option<String>>), FetchError> {
         let (resolved, _) = self.resolver.resolve(&via.addr.host).await;
         let addrs: Vec<SocketAddr> = resolved
-            .map_err(|e| format!("cannot resolve pac_fetch_via {via}: {e}"))?
+            .map_err(|e| FetchError::Via(via.to_string(), format!("cannot resolve it: {e}")))?
             .into_iter()
             .map(|ip| SocketAddr::new(ip, via.addr.port))
             .collect();
         let (r, _) = crate::route::connect::connect_addrs(&addrs, self.timeout).await;
-        let (tcp, _) = r.map_err(|e| format!("pac_fetch_via {via}: {e}"))?;
+        let (tcp, _) = r.map_err(|e| FetchError::Via(via.to_string(), e.to_string()))?;
         let mut stream = match (&self.parent_tls, via.scheme) {
             (Some(tls), ParentScheme::Https) => tls
                 .connect(via, tcp)
                 .await
-                .map_err(|e| format!("pac_fetch_via {via}: {e}"))?,
+                .map_err(|e| FetchError::Via(via.to_string(), e.to_string()))?,
             (None, ParentScheme::Https) => {
-                return Err(format!("pac_fetch_via {via}: no TLS client"));
+                return Err(FetchError::Via(via.to_string(), "no TLS client".into()));
             }
             _ => UpstreamStream::Plain(tcp),
         };
@@ -233,13 +238,13 @@ impl Fetcher {
             ParentScheme::Http | ParentScheme::Https => {
                 parent::http_connect(&mut stream, dest, target.port, creds, &shown)
                     .await
-                    .map_err(handshake_text)?;
+                    .map_err(|e| FetchError::Via(shown.clone(), handshake_text(e)))?;
                 Ok((stream, None))
             }
             ParentScheme::Socks5 => {
                 parent::socks5_connect(&mut stream, dest, target.port, creds, &shown)
                     .await
-                    .map_err(handshake_text)?;
+                    .map_err(|e| FetchError::Via(shown.clone(), handshake_text(e)))?;
                 Ok((stream, None))
             }
         }
@@ -252,27 +257,68 @@ fn handshake_text(e: parent::HandshakeError) -> String {
     }
 }
 
+/// Why a PAC could not be fetched (the mediator does not start, or keeps the script it
+/// has).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    #[error("cannot read {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{} is larger than {MAX_PAC} bytes", path.display())]
+    TooLarge { path: PathBuf },
+    #[error("fetching {0} took longer than {1:?}")]
+    Timeout(String, Duration),
+    #[error("the PAC script is not UTF-8")]
+    NotUtf8,
+    #[error("bad PAC URL {0}: {1}")]
+    Url(String, http::uri::InvalidUri),
+    #[error("PAC URL without a host")]
+    NoHost,
+    #[error(transparent)]
+    Host(#[from] policy::PolicyError),
+    #[error("cannot resolve {0}: {1}")]
+    Resolve(String, String),
+    #[error("{0}: {1}")]
+    Connect(String, crate::route::ConnectFailure),
+    #[error("building the request: {0}")]
+    Request(http::Error),
+    #[error("bad TLS server name: {0}")]
+    ServerName(rustls::pki_types::InvalidDnsNameError),
+    #[error("TLS with {0}: {1}")]
+    Tls(String, std::io::Error),
+    #[error("pac_fetch_via {0}: {1}")]
+    Via(String, String),
+    #[error("GET {0}: {1}")]
+    Http(String, hyper::Error),
+    #[error("GET {0}: status {1}")]
+    Status(String, StatusCode),
+    #[error("GET {0}: body: {1}")]
+    Body(String, String),
+}
+
 /// One HTTP/1.1 GET over `io`; the body of a `200`, at most [`MAX_PAC`] bytes.
-async fn get<S>(io: S, req: Request<Empty<Bytes>>, url: &str) -> Result<Vec<u8>, String>
+async fn get<S>(io: S, req: Request<Empty<Bytes>>, url: &str) -> Result<Vec<u8>, FetchError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .map_err(|e| format!("HTTP handshake with {url}: {e}"))?;
+        .map_err(|e| FetchError::Http(url.to_owned(), e))?;
     let driver = tokio::spawn(conn);
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+        .map_err(|e| FetchError::Http(url.to_owned(), e))?;
     if resp.status() != StatusCode::OK {
         driver.abort();
-        return Err(format!("GET {url}: status {}", resp.status()));
+        return Err(FetchError::Status(url.to_owned(), resp.status()));
     }
     let body = Limited::new(resp.into_body(), MAX_PAC)
         .collect()
         .await
-        .map_err(|e| format!("GET {url}: body: {e}"))?
+        .map_err(|e| FetchError::Body(url.to_owned(), e.to_string()))?
         .to_bytes();
     driver.abort();
     Ok(body.to_vec())
