@@ -382,6 +382,8 @@ impl Ca {
     ///
     /// # Errors
     /// webpki's reason, as text.
+    // A `String` error: the finding goes verbatim into `mediator check`'s output and the
+    // tests' messages; no caller branches on it.
     pub fn verify_leaf(&self, leaf: &Leaf, name: &LeafName) -> Result<(), String> {
         let anchor = webpki::anchor_from_trusted_cert(&self.cert_der).map_err(|e| e.to_string())?;
         let Some(first) = leaf.chain.first() else {

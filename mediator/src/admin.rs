@@ -226,7 +226,7 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
             };
             let since = match parse_since(req.uri().query()) {
                 Ok(s) => s,
-                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why.to_string()),
             };
             let (denials, dropped) = live.denials(&since);
             json_response(
@@ -421,8 +421,16 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
     }
 }
 
+/// A `since=` that is neither a decision id nor an RFC 3339 instant.
+#[derive(Debug, thiserror::Error)]
+#[error("since={value:?}: give a decision id or an RFC 3339 UTC time ({error})")]
+struct SinceError {
+    value: String,
+    error: humantime::TimestampError,
+}
+
 /// `since=` is a decision id (denials after it) or an RFC 3339 instant (at or after it).
-fn parse_since(query: Option<&str>) -> Result<Since, String> {
+fn parse_since(query: Option<&str>) -> Result<Since, SinceError> {
     let Some(query) = query else {
         return Ok(Since::All);
     };
@@ -440,7 +448,7 @@ fn parse_since(query: Option<&str>) -> Result<Since, String> {
         let v = v.replace("%3A", ":").replace("%3a", ":");
         return humantime::parse_rfc3339(&v)
             .map(Since::Time)
-            .map_err(|e| format!("since={v:?}: give a decision id or an RFC 3339 UTC time ({e})"));
+            .map_err(|error| SinceError { value: v, error });
     }
     Ok(Since::All)
 }
@@ -487,9 +495,9 @@ mod tests {
 
     #[test]
     fn since_forms() {
-        assert_eq!(parse_since(None), Ok(Since::All));
-        assert_eq!(parse_since(Some("since=17")), Ok(Since::Id(17)));
-        assert_eq!(parse_since(Some("x=1&since=")), Ok(Since::All));
+        assert_eq!(parse_since(None).ok(), Some(Since::All));
+        assert_eq!(parse_since(Some("since=17")).ok(), Some(Since::Id(17)));
+        assert_eq!(parse_since(Some("x=1&since=")).ok(), Some(Since::All));
         assert!(matches!(
             parse_since(Some("since=2026-01-02T03:04:05Z")),
             Ok(Since::Time(_))

@@ -62,42 +62,54 @@ pub(crate) fn load_secrets(authority: &mut Authority) -> Result<(), Vec<String>>
     }
 }
 
-fn load_one(credential: &mut Credential) -> Result<(), String> {
+fn load_one(credential: &mut Credential) -> Result<(), LoadError> {
     let bytes = match &credential.source {
         SecretSource::File(path) => {
-            let shown = path.display();
-            let meta = std::fs::metadata(path)
-                .map_err(|e| format!("secret_file {shown:?}: cannot read it: {e}"))?;
+            let shown = path.display().to_string();
+            let unreadable = |e| LoadError::Read(shown.clone(), e);
+            let meta = std::fs::metadata(path).map_err(unreadable)?;
             if !meta.is_file() {
-                return Err(format!("secret_file {shown:?} is not a regular file"));
+                return Err(LoadError::NotFile(shown));
             }
-            let mode = meta.permissions().mode();
+            let mode = meta.permissions().mode() & 0o7777;
             if mode & 0o007 != 0 {
-                return Err(format!(
-                    "secret_file {shown:?} is readable or writable by others (mode {:04o}); make it 0600 or 0640 (chmod o= {shown:?})",
-                    mode & 0o7777
-                ));
+                return Err(LoadError::Others(shown, mode));
             }
             // Whoever may write the file may choose the secret the mediator sends.
             if mode & 0o020 != 0 {
-                return Err(format!(
-                    "secret_file {shown:?} is writable by its group (mode {:04o}); make it 0600 or 0640 (chmod g-w {shown:?})",
-                    mode & 0o7777
-                ));
+                return Err(LoadError::Group(shown, mode));
             }
-            std::fs::read(path)
-                .map_err(|e| format!("secret_file {shown:?}: cannot read it: {e}"))?
+            std::fs::read(path).map_err(unreadable)?
         }
         SecretSource::Env(name) => match std::env::var_os(name) {
             Some(v) => v.into_encoded_bytes(),
             None => {
-                return Err(format!(
-                    "secret_env {name:?} is not set in the mediator's environment"
-                ));
+                return Err(LoadError::Unset(name.clone()));
             }
         },
     };
-    credential.set_secret(bytes)
+    Ok(credential.set_secret(bytes)?)
+}
+
+/// Why a credential's secret could not be loaded (never quoting it).
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error("secret_file {0:?}: cannot read it: {1}")]
+    Read(String, std::io::Error),
+    #[error("secret_file {0:?} is not a regular file")]
+    NotFile(String),
+    #[error(
+        "secret_file {0:?} is readable or writable by others (mode {1:04o}); make it 0600 or 0640 (chmod o= {0:?})"
+    )]
+    Others(String, u32),
+    #[error(
+        "secret_file {0:?} is writable by its group (mode {1:04o}); make it 0600 or 0640 (chmod g-w {0:?})"
+    )]
+    Group(String, u32),
+    #[error("secret_env {0:?} is not set in the mediator's environment")]
+    Unset(String),
+    #[error(transparent)]
+    Secret(#[from] policy::ValueError),
 }
 
 /// A request's credentials, judged for a terminated request of `authority` to `target`:

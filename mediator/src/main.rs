@@ -349,6 +349,7 @@ fn emit(text: &str) -> anyhow::Result<()> {
 }
 
 /// `upstream: system: <source>: <what it said> -> <routing>`, or why it cannot be used.
+// A `String` error: the line `check` prints, success or failure.
 fn system_upstream(cfg: &policy::config::Config) -> Result<String, String> {
     mediator::route::system::summary(&cfg.upstream.system, &|k| std::env::var(k).ok())
         .map(|s| format!("upstream: system: {s}"))

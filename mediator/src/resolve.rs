@@ -46,9 +46,8 @@ impl std::fmt::Display for ResolveFailure {
 /// form. The canonicaliser already did IDNA and checked every label (letters, digits,
 /// hyphen, underscore: design section 4.1); parsing the text again (IDNA, as hickory's
 /// string conversion does) would refuse legal names such as `_dmarc.example.com`.
-fn fqdn(name: &str) -> Result<Name, String> {
-    let mut n = Name::from_labels(name.split('.').map(str::as_bytes))
-        .map_err(|e| format!("{name} is not a DNS name: {e}"))?;
+fn fqdn(name: &str) -> Result<Name, hickory_proto::ProtoError> {
+    let mut n = Name::from_labels(name.split('.').map(str::as_bytes))?;
     n.set_fqdn(true);
     Ok(n)
 }
@@ -122,7 +121,14 @@ impl Resolver {
         }
         let fqdn = match fqdn(name) {
             Ok(n) => n,
-            Err(e) => return (Err(ResolveFailure::Other(e)), start.elapsed()),
+            Err(e) => {
+                return (
+                    Err(ResolveFailure::Other(format!(
+                        "{name} is not a DNS name: {e}"
+                    ))),
+                    start.elapsed(),
+                );
+            }
         };
         let result = match tokio::time::timeout(self.timeout, self.dns.lookup_ip(fqdn)).await {
             Err(_) => Err(ResolveFailure::Timeout),

@@ -60,6 +60,7 @@ impl Seen {
 /// # Errors
 /// `authority` is not a valid authority name (the table would not load), or a line is not
 /// JSON (its number in the message).
+// A `String` error: the message `mediator suggest` prints; no caller branches on it.
 pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
     // The table is named `authority`: a name the loader refuses would make it unusable.
     policy::Grant::new(

@@ -225,3 +225,171 @@ pub enum PatternError {
     )]
     PrivateThisHost,
 }
+
+/// Why an upstream setting (a parent URL, its credentials, `parent_auth`, a PAC source) is
+/// refused. Never holds a password.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum UpstreamError {
+    /// `parent_auth = "ntlm"`.
+    #[error("NTLM is not supported; use \"negotiate\" (Kerberos) or \"basic\"")]
+    Ntlm,
+    /// Another `parent_auth` value.
+    #[error("unknown parent_auth {0:?}; write \"basic\" or \"negotiate\"")]
+    UnknownAuth(String),
+    /// An empty or over-long user name.
+    #[error("the parent user name must be 1..=255 bytes")]
+    UserLength,
+    /// An over-long password.
+    #[error("the parent password must be at most 255 bytes")]
+    PasswordLength,
+    /// A `:` in the user name.
+    #[error("the parent user name must not contain ':' (RFC 7617)")]
+    UserColon,
+    /// A control character in the user name or password.
+    #[error("parent credentials must not contain control characters")]
+    CredentialControl,
+    /// A malformed `%` escape in the user name.
+    #[error("bad percent-encoding in the parent user name")]
+    UserEncoding,
+    /// A malformed `%` escape in the password.
+    #[error("bad percent-encoding in the parent password")]
+    PasswordEncoding,
+    /// A parent URL without a scheme.
+    #[error(
+        "write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\""
+    )]
+    NoScheme,
+    /// `socks4://`.
+    #[error("SOCKS4 is not supported; use socks5://")]
+    Socks4,
+    /// Another scheme.
+    #[error("unknown scheme {0:?}; use http://, https:// or socks5://")]
+    UnknownScheme(String),
+    /// A path, query or fragment after a parent.
+    #[error("a parent URL has no path, query or fragment: write scheme://host:port")]
+    ParentPath,
+    /// The parent's host or port.
+    #[error(transparent)]
+    Host(#[from] PolicyError),
+    /// A PAC URL without a host, or with userinfo.
+    #[error("a PAC URL needs a host and no userinfo: write \"https://host/proxy.pac\"")]
+    PacHost,
+    /// A PAC URL with a space or control character.
+    #[error("a PAC URL must not contain spaces or control characters")]
+    PacControl,
+    /// A PAC URL whose host or port cannot be read.
+    #[error("a PAC URL needs a valid host and, if any, a port from 1 to 65535: {0:?} is not")]
+    PacAuthority(String),
+    /// Another scheme for a PAC.
+    #[error(
+        "a PAC URL must be http:// or https:// (WPAD and file:// are not used); or give an absolute path"
+    )]
+    PacScheme,
+    /// A relative PAC path.
+    #[error("write an absolute path to the PAC file, or an http(s):// URL")]
+    PacPath,
+}
+
+/// Why a request rule (design section 9) or one of its parts is refused at load, or an
+/// upgrade token cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RuleError {
+    /// An empty upgrade token.
+    #[error("an empty upgrade token")]
+    EmptyUpgrade,
+    /// An over-long upgrade token.
+    #[error(
+        "upgrade token \"{shown}\" is longer than {} bytes",
+        crate::request::MAX_UPGRADE_TOKEN
+    )]
+    LongUpgrade {
+        /// The token, escaped.
+        shown: String,
+    },
+    /// An upgrade token that is no `name[/version]` of token characters.
+    #[error(
+        "upgrade token \"{0}\" is not protocol-name[/protocol-version] of HTTP token characters (RFC 9110 section 7.8)"
+    )]
+    BadUpgrade(String),
+    /// A header name that is no token.
+    #[error("header name {0:?} is not an HTTP token")]
+    HeaderName(String),
+    /// A header value pattern.
+    #[error(
+        "header {name:?}: value pattern {pattern:?} must be visible ASCII, with * only at its end"
+    )]
+    HeaderPattern {
+        /// The header.
+        name: String,
+        /// The pattern.
+        pattern: String,
+    },
+    /// A query parameter name.
+    #[error("query parameter {0:?} must be letters, digits and - _ . ~ [ ] (as decoded)")]
+    QueryName(String),
+    /// A method of the wrong length.
+    #[error("method {0:?} must be 1..=32 characters")]
+    MethodLength(String),
+    /// A method with lowercase letters.
+    #[error("method {method:?} has lowercase letters; methods are case-sensitive: write {:?}", method.to_ascii_uppercase())]
+    MethodCase {
+        /// The method as written.
+        method: String,
+    },
+    /// A method that is no token.
+    #[error("method {0:?} is not an HTTP token")]
+    MethodToken(String),
+    /// A path prefix without a leading `/`.
+    #[error("path prefix {0:?} must start with /")]
+    PathStart(String),
+    /// A path prefix with a character a literal path cannot hold.
+    #[error(
+        "path prefix {0:?} contains {1:?}; write a literal path (no query, fragment, percent-encoding or wildcard)"
+    )]
+    PathChar(String, char),
+    /// A path prefix no normalised request path can have.
+    #[error("path prefix {0:?} can never match a request: {1}")]
+    PathNever(String, &'static str),
+}
+
+/// Why a configuration value (an authority's name, a socket mode, a watchdog endpoint, a
+/// credential's secret) is refused. Never quotes a secret.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ValueError {
+    /// An empty authority name.
+    #[error("authority name is empty")]
+    NameEmpty,
+    /// An authority name over 64 bytes.
+    #[error("authority name {0:?} is longer than 64 bytes")]
+    NameLong(String),
+    /// A character an authority name may not hold.
+    #[error("authority name {0:?} contains {1:?}; use only ASCII letters, digits, '-' and '_'")]
+    NameChar(String, char),
+    /// A socket mode that is no 3 or 4 octal digits.
+    #[error("write 3 or 4 octal digits, like \"0600\" or \"0660\"")]
+    ModeDigits,
+    /// setuid, setgid or sticky.
+    #[error("setuid, setgid and sticky bits are not allowed")]
+    ModeSpecial,
+    /// Bits for others.
+    #[error(
+        "bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group"
+    )]
+    ModeOthers,
+    /// A watchdog endpoint that is not local.
+    #[error(
+        "watchdog {0:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo): the watchdog sees every allowed destination and must run on this host"
+    )]
+    Watchdog(String),
+    /// An empty secret (named by its source).
+    #[error("{0}: the secret is empty")]
+    SecretEmpty(String),
+    /// A secret that is no header value: the 1-based position of the first bad byte.
+    #[error(
+        "{0}: the secret is not a valid header value (a control character, line break or non-ASCII byte at byte {1})"
+    )]
+    SecretByte(String, usize),
+    /// A secret that begins or ends with a space.
+    #[error("{0}: the secret begins or ends with a space")]
+    SecretSpace(String),
+}

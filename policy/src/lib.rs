@@ -26,7 +26,7 @@ pub mod upstream;
 
 pub use classify::{AddrClass, classify};
 pub use decision::{Decision, Reason, Verdict};
-pub use error::{HostError, PatternError, PolicyError};
+pub use error::{HostError, PatternError, PolicyError, RuleError, UpstreamError, ValueError};
 pub use grant::{Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_entry};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use request::{HeaderLookup, RequestFacts, UpgradeToken};

@@ -8,6 +8,7 @@
 //! `upgrade` key of a rule and for the `Upgrade` header (or HTTP/2 `:protocol`) of a
 //! request alike.
 
+use crate::error::RuleError;
 use std::collections::BTreeSet;
 
 /// The header values of a request, by name (the caller's header map).
@@ -87,7 +88,7 @@ pub enum UpgradeToken {
 }
 
 /// The longest upgrade token accepted (name, `/` and version).
-const MAX_UPGRADE_TOKEN: usize = 64;
+pub(crate) const MAX_UPGRADE_TOKEN: usize = 64;
 
 impl UpgradeToken {
     /// Parses one token (surrounding spaces and tabs trimmed).
@@ -95,27 +96,21 @@ impl UpgradeToken {
     /// # Errors
     /// Empty, longer than 64 bytes, more than one `/`, or a name or version that is not
     /// an RFC 9110 section 5.6.2 token.
-    pub fn parse(raw: &[u8]) -> Result<Self, String> {
+    pub fn parse(raw: &[u8]) -> Result<Self, RuleError> {
         let t = raw.trim_ascii();
         let shown = || String::from_utf8_lossy(t).escape_debug().to_string();
         if t.is_empty() {
-            return Err("an empty upgrade token".into());
+            return Err(RuleError::EmptyUpgrade);
         }
         if t.len() > MAX_UPGRADE_TOKEN {
-            return Err(format!(
-                "upgrade token \"{}\" is longer than {MAX_UPGRADE_TOKEN} bytes",
-                shown()
-            ));
+            return Err(RuleError::LongUpgrade { shown: shown() });
         }
         let mut parts = t.split(|&b| b == b'/');
         let name = parts.next().unwrap_or_default();
         let version = parts.next();
         let token = |p: &[u8]| !p.is_empty() && p.iter().all(|&b| is_tchar(b));
         if !token(name) || version.is_some_and(|v| !token(v)) || parts.next().is_some() {
-            return Err(format!(
-                "upgrade token \"{}\" is not protocol-name[/protocol-version] of HTTP token characters (RFC 9110 section 7.8)",
-                shown()
-            ));
+            return Err(RuleError::BadUpgrade(shown()));
         }
         let lower = String::from_utf8_lossy(t).to_ascii_lowercase();
         Ok(match lower.as_str() {
@@ -153,9 +148,9 @@ pub(crate) struct HeaderRule {
 
 impl HeaderRule {
     /// Validates one `headers` entry.
-    pub(crate) fn parse(name: &str, pattern: &str) -> Result<Self, String> {
+    pub(crate) fn parse(name: &str, pattern: &str) -> Result<Self, RuleError> {
         if name.is_empty() || !name.bytes().all(is_tchar) {
-            return Err(format!("header name {name:?} is not an HTTP token"));
+            return Err(RuleError::HeaderName(name.to_owned()));
         }
         if pattern.is_empty()
             || !pattern
@@ -163,9 +158,10 @@ impl HeaderRule {
                 .all(|b| b == b' ' || (0x21..0x7f).contains(&b))
             || pattern[..pattern.len() - 1].contains('*')
         {
-            return Err(format!(
-                "header {name:?}: value pattern {pattern:?} must be visible ASCII, with * only at its end"
-            ));
+            return Err(RuleError::HeaderPattern {
+                name: name.to_owned(),
+                pattern: pattern.to_owned(),
+            });
         }
         Ok(Self {
             name: name.to_ascii_lowercase(),
@@ -188,11 +184,9 @@ impl HeaderRule {
 }
 
 /// Validates one allowed query parameter name of a rule.
-pub(crate) fn check_query_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_query_name(name: &str) -> Result<(), RuleError> {
     if name.is_empty() || !name.bytes().all(is_name_byte) {
-        return Err(format!(
-            "query parameter {name:?} must be letters, digits and - _ . ~ [ ] (as decoded)"
-        ));
+        return Err(RuleError::QueryName(name.to_owned()));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //! they hold any control character, so nothing built from a [`ParentUrl`] can split a
 //! request line or header.
 
+use crate::error::UpstreamError;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -71,16 +72,12 @@ impl ParentAuth {
     ///
     /// # Errors
     /// A message saying what to write (NTLM is named as not supported).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, UpstreamError> {
         match s {
             "basic" => Ok(Self::Basic),
             "negotiate" => Ok(Self::Negotiate),
-            "ntlm" => {
-                Err("NTLM is not supported; use \"negotiate\" (Kerberos) or \"basic\"".into())
-            }
-            other => Err(format!(
-                "unknown parent_auth {other:?}; write \"basic\" or \"negotiate\""
-            )),
+            "ntlm" => Err(UpstreamError::Ntlm),
+            other => Err(UpstreamError::UnknownAuth(other.to_owned())),
         }
     }
 }
@@ -100,18 +97,18 @@ impl Credentials {
     ///
     /// # Errors
     /// A message saying what is wrong (never echoing the password).
-    pub fn new(user: String, password: String) -> Result<Self, String> {
+    pub fn new(user: String, password: String) -> Result<Self, UpstreamError> {
         if user.is_empty() || user.len() > 255 {
-            return Err("the parent user name must be 1..=255 bytes".into());
+            return Err(UpstreamError::UserLength);
         }
         if password.len() > 255 {
-            return Err("the parent password must be at most 255 bytes".into());
+            return Err(UpstreamError::PasswordLength);
         }
         if user.contains(':') {
-            return Err("the parent user name must not contain ':' (RFC 7617)".into());
+            return Err(UpstreamError::UserColon);
         }
         if user.chars().chain(password.chars()).any(char::is_control) {
-            return Err("parent credentials must not contain control characters".into());
+            return Err(UpstreamError::CredentialControl);
         }
         Ok(Self { user, password })
     }
@@ -193,16 +190,13 @@ const DEFAULT_ENV_PORT: u16 = 1080;
 /// A message naming what is wrong: unknown or unsupported scheme (SOCKS4 is not
 /// supported), a path or query, a bad host or port, bad credentials.
 /// Messages never contain the password.
-pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, String> {
+pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, UpstreamError> {
     let lenient = syntax == ParentSyntax::Environment;
     let (scheme, rest) = match input.split_once("://") {
         Some((s, r)) => (s.to_ascii_lowercase(), r),
         None if lenient => ("http".to_owned(), input),
         None => {
-            return Err(
-                "write scheme://host:port, like \"http://proxy.corp.example:8080\" or \"socks5://127.0.0.1:1080\""
-                    .into(),
-            );
+            return Err(UpstreamError::NoScheme);
         }
     };
     let scheme = match scheme.as_str() {
@@ -211,17 +205,15 @@ pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, 
         "socks5h" if lenient => ParentScheme::Socks5,
         "https" => ParentScheme::Https,
         "socks" | "socks4" | "socks4a" => {
-            return Err("SOCKS4 is not supported; use socks5://".into());
+            return Err(UpstreamError::Socks4);
         }
         other => {
-            return Err(format!(
-                "unknown scheme {other:?}; use http://, https:// or socks5://"
-            ));
+            return Err(UpstreamError::UnknownScheme(other.to_owned()));
         }
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains(['/', '?', '#']) {
-        return Err("a parent URL has no path, query or fragment: write scheme://host:port".into());
+        return Err(UpstreamError::ParentPath);
     }
     let (userinfo, hostport) = match rest.rsplit_once('@') {
         Some((u, h)) => (Some(u), h),
@@ -235,17 +227,17 @@ pub fn parse_parent_url(input: &str, syntax: ParentSyntax) -> Result<ParentUrl, 
             } else {
                 DEFAULT_ENV_PORT
             };
-            parse_authority_form(&format!("{hostport}:{port}")).map_err(|e| e.to_string())?
+            parse_authority_form(&format!("{hostport}:{port}"))?
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     let credentials = match userinfo {
         None => None,
         Some(u) => {
             let (user, password) = u.split_once(':').unwrap_or((u, ""));
             Some(Credentials::new(
-                percent_decode(user).ok_or("bad percent-encoding in the parent user name")?,
-                percent_decode(password).ok_or("bad percent-encoding in the parent password")?,
+                percent_decode(user).ok_or(UpstreamError::UserEncoding)?,
+                percent_decode(password).ok_or(UpstreamError::PasswordEncoding)?,
             )?)
         }
     };
@@ -298,18 +290,16 @@ pub enum PacSource {
 ///
 /// # Errors
 /// A message saying what to write instead.
-pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
+pub fn parse_pac_source(input: &str) -> Result<PacSource, UpstreamError> {
     let lower = input.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
         let after = &input[input.find("://").map_or(0, |i| i + 3)..];
         let authority = after.split(['/', '?', '#']).next().unwrap_or_default();
         if authority.is_empty() || authority.contains('@') {
-            return Err(
-                "a PAC URL needs a host and no userinfo: write \"https://host/proxy.pac\"".into(),
-            );
+            return Err(UpstreamError::PacHost);
         }
         if input.chars().any(|c| c.is_control() || c == ' ') {
-            return Err("a PAC URL must not contain spaces or control characters".into());
+            return Err(UpstreamError::PacControl);
         }
         // The host (and port) the fetcher connects to: a port it could not read would
         // otherwise fall back to the scheme's default.
@@ -319,17 +309,15 @@ pub fn parse_pac_source(input: &str) -> Result<PacSource, String> {
             canonicalize_host(authority).is_ok()
         };
         if !host_ok {
-            return Err(format!(
-                "a PAC URL needs a valid host and, if any, a port from 1 to 65535: {authority:?} is not"
-            ));
+            return Err(UpstreamError::PacAuthority(authority.to_owned()));
         }
         return Ok(PacSource::Url(input.to_owned()));
     }
     if input.contains("://") {
-        return Err("a PAC URL must be http:// or https:// (WPAD and file:// are not used); or give an absolute path".into());
+        return Err(UpstreamError::PacScheme);
     }
     if !input.starts_with('/') {
-        return Err("write an absolute path to the PAC file, or an http(s):// URL".into());
+        return Err(UpstreamError::PacPath);
     }
     Ok(PacSource::File(PathBuf::from(input)))
 }
@@ -384,7 +372,7 @@ mod tests {
         ] {
             let e = parse_parent_url(bad, ParentSyntax::Config);
             assert!(e.is_err(), "{bad}: {e:?}");
-            assert!(!e.unwrap_err().contains("b%00"), "{bad}");
+            assert!(!e.unwrap_err().to_string().contains("b%00"), "{bad}");
         }
         let env = |s| parse_parent_url(s, ParentSyntax::Environment).map(|p| p.to_string());
         assert_eq!(env("proxy.corp:3128").unwrap(), "http://proxy.corp:3128");
@@ -405,6 +393,7 @@ mod tests {
         assert!(
             ParentAuth::parse("ntlm")
                 .unwrap_err()
+                .to_string()
                 .contains("not supported")
         );
         assert!(ParentAuth::parse("Negotiate").is_err());

@@ -69,6 +69,7 @@ pub(crate) fn load(ca: &CaCert) -> Result<String> {
 }
 
 /// The certificates of a PEM text, re-encoded; `Err` says what is wrong with it.
+// A `String` error: the words the shim prints before exiting; no caller branches on it.
 fn certificates_pem(text: &[u8]) -> std::result::Result<String, String> {
     let blocks = pem::parse_many(text).map_err(|e| format!("not a PEM file: {e}"))?;
     if blocks.is_empty() {

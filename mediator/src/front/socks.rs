@@ -273,7 +273,7 @@ where
         Err(why) => {
             let denial = Denial::new(
                 Reason::MalformedTarget,
-                why,
+                why.to_string(),
                 "use a canonical host name or address and a port in 1..=65535",
             );
             let denial = record::deny(shared, ctx, Protocol::Socks5, &raw_label, denial);
@@ -285,20 +285,33 @@ where
 
 /// Canonicalises a wire address: domain names go through the same canonicaliser as every
 /// other front-end; port 0 is malformed.
-pub(crate) fn to_target(wire: &WireAddr, port: u16) -> Result<Target, String> {
+pub(crate) fn to_target(wire: &WireAddr, port: u16) -> Result<Target, TargetError> {
     if port == 0 {
-        return Err("port 0".into());
+        return Err(TargetError::PortZero);
     }
     let host = match wire {
         WireAddr::V4(a) => canonicalize_host(&a.to_string()),
         WireAddr::V6(a) => canonicalize_host(&a.to_string()),
         WireAddr::Domain(d) => match std::str::from_utf8(d) {
             Ok(s) => canonicalize_host(s),
-            Err(_) => return Err(format!("domain name is not UTF-8: {}", escape_raw(d))),
+            Err(_) => return Err(TargetError::NotUtf8(escape_raw(d))),
         },
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     Ok(Target { host, port })
+}
+
+/// Why a SOCKS5 destination is malformed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TargetError {
+    /// DST.PORT 0.
+    #[error("port 0")]
+    PortZero,
+    /// A domain name that is not UTF-8 (shown escaped).
+    #[error("domain name is not UTF-8: {0}")]
+    NotUtf8(String),
+    /// The host is refused by the canonicaliser.
+    #[error(transparent)]
+    Host(#[from] policy::PolicyError),
 }
 
 /// A reply (RFC 1928 section 6) with BND.ADDR/BND.PORT (zeros when unknown).
@@ -356,10 +369,14 @@ mod tests {
         let t = to_target(&WireAddr::V6("::ffff:192.0.2.1".parse().unwrap()), 80).unwrap();
         assert_eq!(t.host.as_text(), "192.0.2.1");
         assert_eq!(
-            to_target(&WireAddr::V4(Ipv4Addr::LOCALHOST), 0).unwrap_err(),
+            to_target(&WireAddr::V4(Ipv4Addr::LOCALHOST), 0)
+                .unwrap_err()
+                .to_string(),
             "port 0"
         );
-        let e = to_target(&WireAddr::Domain(vec![0xff, b'a']), 80).unwrap_err();
+        let e = to_target(&WireAddr::Domain(vec![0xff, b'a']), 80)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not UTF-8") && e.contains("\\xff"), "{e}");
         assert!(to_target(&WireAddr::Domain(b"127.1".to_vec()), 80).is_err());
     }

@@ -140,6 +140,8 @@ impl ForwardProxy {
     /// # Errors
     /// The detail: the token is not base64 or does not verify (the parent is not the
     /// service the ticket is for).
+    // A `String` error: it is the `detail` of the denial as is (naming the parent); no
+    // caller branches on it.
     pub(crate) async fn verify<'a>(
         &self,
         challenges: impl Iterator<Item = &'a str>,

@@ -199,6 +199,8 @@ impl Router {
     /// # Errors
     /// A detail when the PAC failed and `pac_on_error = "deny"`, or when it named no
     /// usable route.
+    // A `String` error: the route failure's `detail`, logged and answered as is; no caller
+    // branches on it.
     pub async fn plan(&self, via: Via, target: &Target) -> Result<Arc<[Route]>, String> {
         let strategy = self.current();
         match &*strategy {

@@ -150,7 +150,7 @@ pub(crate) enum SwitchError {
     #[error("an extended CONNECT with an Upgrade header (RFC 9113 section 8.2.2)")]
     ExtendedWithUpgrade,
     #[error("{0}")]
-    Token(String),
+    Token(policy::RuleError),
     #[error(
         "Upgrade: h2c is not relayed through TLS termination (its HTTP/2 requests would pass the request rules)"
     )]

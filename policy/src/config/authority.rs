@@ -5,6 +5,7 @@
 //! the socket mode, the token hash and the watchdog URL check (the watchdog must run on
 //! this host). This file never opens the socket or contacts the watchdog.
 
+use crate::error::ValueError;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -490,16 +491,16 @@ fn strip_location(message: &str, origin: &str, label: &str) -> String {
 
 /// Parses a socket mode: 3 or 4 octal digits, no setuid/setgid/sticky bits, no bits for
 /// "others".
-pub(super) fn parse_mode(s: &str) -> Result<u32, String> {
+pub(super) fn parse_mode(s: &str) -> Result<u32, ValueError> {
     if !(3..=4).contains(&s.len()) || !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-        return Err("write 3 or 4 octal digits, like \"0600\" or \"0660\"".into());
+        return Err(ValueError::ModeDigits);
     }
-    let mode = u32::from_str_radix(s, 8).map_err(|e| e.to_string())?;
+    let mode = u32::from_str_radix(s, 8).map_err(|_| ValueError::ModeDigits)?;
     if mode > 0o777 {
-        return Err("setuid, setgid and sticky bits are not allowed".into());
+        return Err(ValueError::ModeSpecial);
     }
     if mode & 0o007 != 0 {
-        return Err("bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group".into());
+        return Err(ValueError::ModeOthers);
     }
     Ok(mode)
 }

@@ -8,6 +8,7 @@
 //! Nothing here puts a secret in a message: [`Secret`] has no `Display`, and its `Debug`
 //! prints `<redacted>`.
 
+use crate::error::ValueError;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -121,7 +122,7 @@ impl Credential {
     ///
     /// # Errors
     /// A message (never quoting the secret) when it is empty or not a valid header value.
-    pub fn set_secret(&mut self, mut bytes: Vec<u8>) -> Result<(), String> {
+    pub fn set_secret(&mut self, mut bytes: Vec<u8>) -> Result<(), ValueError> {
         if bytes.last() == Some(&b'\n') {
             bytes.pop();
             if bytes.last() == Some(&b'\r') {
@@ -129,25 +130,18 @@ impl Credential {
             }
         }
         if bytes.is_empty() {
-            return Err(format!("{}: the secret is empty", self.source));
+            return Err(ValueError::SecretEmpty(self.source.to_string()));
         }
         if let Some(pos) = bytes
             .iter()
             .position(|&b| !(b == b' ' || b == b'\t' || (0x21..0x7f).contains(&b)))
         {
-            return Err(format!(
-                "{}: the secret is not a valid header value (a control character, line break or non-ASCII byte at byte {})",
-                self.source,
-                pos + 1
-            ));
+            return Err(ValueError::SecretByte(self.source.to_string(), pos + 1));
         }
         if bytes.first().is_some_and(u8::is_ascii_whitespace)
             || bytes.last().is_some_and(u8::is_ascii_whitespace)
         {
-            return Err(format!(
-                "{}: the secret begins or ends with a space",
-                self.source
-            ));
+            return Err(ValueError::SecretSpace(self.source.to_string()));
         }
         self.secret = Secret(bytes);
         Ok(())

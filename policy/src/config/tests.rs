@@ -806,7 +806,7 @@ secret_file = \"/etc/egress/key\"
     assert_eq!(creds[1].header_value(), b"k");
     assert_eq!(creds[1].placeholder(), None);
     for bad in [&b"\n"[..], b"", b"a\nb", b"a\x00b", b" a", "é".as_bytes()] {
-        let e = creds[1].set_secret(bad.to_vec()).unwrap_err();
+        let e = creds[1].set_secret(bad.to_vec()).unwrap_err().to_string();
         assert!(
             e.starts_with("secret_file \"/etc/egress/key\": the secret"),
             "{e}"

@@ -6,6 +6,7 @@
 //! socket (`unix:/absolute/path`) or an `http://` URL whose host is a loopback IP literal
 //! or `localhost` (taken as `127.0.0.1`), without userinfo. Nothing here connects.
 
+use crate::error::ValueError;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -31,14 +32,8 @@ impl WatchdogEndpoint {
     /// A message naming the value when it is neither `unix:/absolute/path` nor an
     /// `http://` URL on a loopback IP literal or `localhost` (with an optional port, no
     /// userinfo).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let must = || {
-            format!(
-                "watchdog {s:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" \
-                 (a loopback IP literal or localhost, no userinfo): the watchdog sees every \
-                 allowed destination and must run on this host"
-            )
-        };
+    pub fn parse(s: &str) -> Result<Self, ValueError> {
+        let must = || ValueError::Watchdog(s.to_owned());
         if let Some(path) = s.strip_prefix("unix:") {
             return if path.starts_with('/') {
                 Ok(Self::Unix(PathBuf::from(path)))
@@ -137,7 +132,10 @@ mod tests {
             "",
         ] {
             let e = WatchdogEndpoint::parse(bad).unwrap_err();
-            assert!(e.contains("must run on this host"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("must run on this host"),
+                "{bad}: {e}"
+            );
         }
     }
 }

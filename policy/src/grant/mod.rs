@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::decision::{Decision, Reason};
-use crate::error::{PatternError, PolicyError};
+use crate::error::{PatternError, PolicyError, ValueError};
 use crate::host::Target;
 use crate::pattern::{HostPattern, PatternKind, PatternUse, parse_entry};
 
@@ -142,20 +142,18 @@ impl GrantField {
 }
 
 /// Checks an authority name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
-pub(crate) fn check_authority_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_authority_name(name: &str) -> Result<(), ValueError> {
     if name.is_empty() {
-        return Err("authority name is empty".into());
+        return Err(ValueError::NameEmpty);
     }
     if name.len() > 64 {
-        return Err(format!("authority name {name:?} is longer than 64 bytes"));
+        return Err(ValueError::NameLong(name.to_owned()));
     }
     if let Some(c) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
     {
-        return Err(format!(
-            "authority name {name:?} contains {c:?}; use only ASCII letters, digits, '-' and '_'"
-        ));
+        return Err(ValueError::NameChar(name.to_owned(), c));
     }
     Ok(())
 }
@@ -250,7 +248,7 @@ impl Grant {
             errors.push(EntryError {
                 field: GrantField::Name,
                 index: 0,
-                message,
+                message: message.to_string(),
             });
         }
         let mut patterns = |field: GrantField, entries: &[String], usage: PatternUse| {

@@ -3,6 +3,7 @@
 //! ([`Grant::decide_request`]). Paths are normalised once, strictly; a rule never widens
 //! what the grant allows.
 
+use crate::error::RuleError;
 use std::collections::BTreeSet;
 
 use super::{EntryError, Grant, GrantField, pattern_covers};
@@ -260,22 +261,21 @@ pub(super) fn normalize_path(path: &str) -> Result<String, &'static str> {
 
 /// Validates one method: an RFC 9110 token, with no lowercase letters (methods are
 /// case-sensitive; `get` is not `GET`).
-pub(super) fn check_method(m: &str) -> Result<(), String> {
+pub(super) fn check_method(m: &str) -> Result<(), RuleError> {
     const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
     if m.is_empty() || m.len() > 32 {
-        return Err(format!("method {m:?} must be 1..=32 characters"));
+        return Err(RuleError::MethodLength(m.to_owned()));
     }
     if m.bytes().any(|b| b.is_ascii_lowercase()) {
-        return Err(format!(
-            "method {m:?} has lowercase letters; methods are case-sensitive: write {:?}",
-            m.to_ascii_uppercase()
-        ));
+        return Err(RuleError::MethodCase {
+            method: m.to_owned(),
+        });
     }
     if !m
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
     {
-        return Err(format!("method {m:?} is not an HTTP token"));
+        return Err(RuleError::MethodToken(m.to_owned()));
     }
     Ok(())
 }
@@ -283,22 +283,18 @@ pub(super) fn check_method(m: &str) -> Result<(), String> {
 /// Validates one path prefix: starts with `/`, no query, fragment, whitespace or control
 /// characters, no `%` (write the decoded path), no `*` (prefixes are literal), no dot
 /// segments.
-pub(super) fn check_path_prefix(p: &str) -> Result<(), String> {
+pub(super) fn check_path_prefix(p: &str) -> Result<(), RuleError> {
     if !p.starts_with('/') {
-        return Err(format!("path prefix {p:?} must start with /"));
+        return Err(RuleError::PathStart(p.to_owned()));
     }
     if let Some(c) = p
         .chars()
         .find(|c| matches!(c, '?' | '#' | '%' | '*' | '\\') || c.is_whitespace() || c.is_control())
     {
-        return Err(format!(
-            "path prefix {p:?} contains {c:?}; write a literal path (no query, fragment, percent-encoding or wildcard)"
-        ));
+        return Err(RuleError::PathChar(p.to_owned(), c));
     }
     if let Err(why) = normalize_path(p) {
-        return Err(format!(
-            "path prefix {p:?} can never match a request: {why}"
-        ));
+        return Err(RuleError::PathNever(p.to_owned(), why));
     }
     Ok(())
 }
@@ -449,13 +445,13 @@ pub(super) fn build_request_rules(
         }
         for m in &spec.methods {
             if let Err(e) = check_method(m) {
-                fail(e);
+                fail(e.to_string());
                 ok = false;
             }
         }
         for p in &spec.path_prefixes {
             if let Err(e) = check_path_prefix(p) {
-                fail(e);
+                fail(e.to_string());
                 ok = false;
             }
         }
@@ -464,14 +460,14 @@ pub(super) fn build_request_rules(
             match HeaderRule::parse(name, pattern) {
                 Ok(h) => headers.push(h),
                 Err(e) => {
-                    fail(e);
+                    fail(e.to_string());
                     ok = false;
                 }
             }
         }
         for name in spec.query.iter().flatten() {
             if let Err(e) = check_query_name(name) {
-                fail(e);
+                fail(e.to_string());
                 ok = false;
             }
         }

@@ -263,6 +263,7 @@ fn handoff_of(fds: Vec<OwnedFd>, payload: &[u8]) -> Result<Handoff> {
 }
 
 /// The payload of the hand-off (see [`handoff_of`]).
+// `capture`'s `String` is the reason capture degraded, said once on stderr.
 fn handoff_payload(port: u16, capture: &std::result::Result<Option<OwnedFd>, String>) -> Vec<u8> {
     let mut p = port.to_be_bytes().to_vec();
     match capture {

@@ -204,7 +204,12 @@ pub(crate) async fn forward(
 
     let upstream_req = match forward_request(req, &target, upstream.forward.as_ref()) {
         Ok(r) => r,
-        Err(detail) => return bad(&detail, "send a well-formed absolute-form request"),
+        Err(detail) => {
+            return bad(
+                &detail.to_string(),
+                "send a well-formed absolute-form request",
+            );
+        }
     };
     // Its trailer fields, after the body, may carry no placeholder either.
     let (parts, body) = upstream_req.into_parts();

@@ -31,7 +31,7 @@ pub(crate) fn forward_request<B>(
     req: Request<B>,
     target: &Target,
     forward: Option<&ForwardProxy>,
-) -> Result<Request<B>, String> {
+) -> Result<Request<B>, RewriteError> {
     let (mut parts, body) = req.into_parts();
     let path = parts
         .uri
@@ -43,20 +43,31 @@ pub(crate) fn forward_request<B>(
         Some(_) => format!("http://{host}{path}"),
         None => path,
     };
-    parts.uri = request_target
-        .parse::<Uri>()
-        .map_err(|e| format!("bad request path: {e}"))?;
+    parts.uri = request_target.parse::<Uri>().map_err(RewriteError::Path)?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
-    let host = HeaderValue::from_str(&host).map_err(|e| format!("bad host: {e}"))?;
+    let host = HeaderValue::from_str(&host).map_err(RewriteError::Host)?;
     parts.headers.insert(header::HOST, host);
     if let Some(auth) = forward.and_then(ForwardProxy::authorization) {
-        let value =
-            HeaderValue::from_str(&auth).map_err(|e| format!("bad parent credentials: {e}"))?;
+        let value = HeaderValue::from_str(&auth).map_err(RewriteError::Credentials)?;
         parts.headers.insert(header::PROXY_AUTHORIZATION, value);
     }
     Ok(Request::from_parts(parts, body))
+}
+
+/// Why a forwarded request could not be rebuilt.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RewriteError {
+    /// The rebuilt request target.
+    #[error("bad request path: {0}")]
+    Path(http::uri::InvalidUri),
+    /// The `Host` value.
+    #[error("bad host: {0}")]
+    Host(header::InvalidHeaderValue),
+    /// The parent's `Proxy-Authorization` value.
+    #[error("bad parent credentials: {0}")]
+    Credentials(header::InvalidHeaderValue),
 }
 
 /// Removes hop-by-hop headers (RFC 9110 section 7.6.1): those named in `Connection`, and

@@ -98,6 +98,7 @@ impl Router {
         Ok(Some((routing, fetcher)))
     }
 
+    // A `String` error: [`Router::plan`]'s detail (see there).
     pub(in crate::route) async fn plan_pac(
         &self,
         p: &PacRouting,

@@ -61,7 +61,7 @@ pub(crate) fn merge(
 ) -> Result<(), Error> {
     let bad =
         |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
-    let Some(group) = group_keys(text).map_err(bad)? else {
+    let Some(group) = group_keys(text).map_err(|e| bad(e.to_string()))? else {
         if named {
             return Err(bad(format!(
                 "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
@@ -81,7 +81,7 @@ pub(crate) fn merge(
 ///
 /// # Errors
 /// The INI parser's message.
-fn group_keys(text: &str) -> Result<Option<Vec<(String, String)>>, String> {
+fn group_keys(text: &str) -> Result<Option<Vec<(String, String)>>, ini::ParseError> {
     let ini = Ini::load_from_str_opt(
         text,
         ParseOption {
@@ -89,8 +89,7 @@ fn group_keys(text: &str) -> Result<Option<Vec<(String, String)>>, String> {
             enabled_escape: false,
             ..ParseOption::default()
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     Ok(ini.section(Some(GROUP)).map(|group| {
         group
             .iter()
@@ -206,7 +205,7 @@ pub(crate) fn decide(
 fn kde_proxy(
     value: &str,
     default_scheme: &str,
-) -> Result<Option<policy::upstream::ParentUrl>, String> {
+) -> Result<Option<policy::upstream::ParentUrl>, ValueError> {
     let (scheme, rest) = match value.split_once("://") {
         Some((s, r)) => (s.to_ascii_lowercase(), r),
         None => (default_scheme.to_owned(), value),
@@ -215,22 +214,37 @@ fn kde_proxy(
         "socks" | "socks5" => "socks5",
         "http" => "http",
         "https" => "https",
-        other => return Err(format!("unsupported scheme {other:?}")),
+        other => return Err(ValueError::Scheme(other.to_owned())),
     };
     let rest = rest.trim().trim_end_matches('/');
     let (host, port) = match rest.rsplit_once(char::is_whitespace) {
         Some((h, p)) => (h.trim(), p.trim()),
         None => match rest.rsplit_once(':') {
             Some((h, p)) if !h.ends_with(']') || rest.starts_with('[') => (h, p),
-            _ => return Err("no port".into()),
+            _ => return Err(ValueError::NoPort),
         },
     };
-    let port: u16 = port.parse().map_err(|_| format!("bad port {port:?}"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| ValueError::Port(port.to_owned()))?;
     if port == 0 || host.is_empty() {
         return Ok(None);
     }
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    parent(scheme, host, port).map(Some)
+    Ok(Some(parent(scheme, host, port)?))
+}
+
+/// Why a KDE proxy value cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum ValueError {
+    #[error("unsupported scheme {0:?}")]
+    Scheme(String),
+    #[error("no port")]
+    NoPort,
+    #[error("bad port {0:?}")]
+    Port(String),
+    #[error(transparent)]
+    Parent(#[from] policy::UpstreamError),
 }
 
 #[cfg(test)]

@@ -254,7 +254,11 @@ pub(crate) fn from_env(found: EnvProxies, source: String) -> Reading {
 ///
 /// # Errors
 /// The parser's message.
-pub(crate) fn parent(scheme: &str, host: &str, port: u16) -> Result<ParentUrl, String> {
+pub(crate) fn parent(
+    scheme: &str,
+    host: &str,
+    port: u16,
+) -> Result<ParentUrl, policy::UpstreamError> {
     let host = host.trim();
     let bare = host.split_once("://").map_or(host, |(_, h)| h);
     let bare = bare.trim_end_matches('/');
@@ -286,7 +290,7 @@ pub(crate) fn bypass<'a>(entries: impl IntoIterator<Item = &'a str>) -> NoProxy 
 ///
 /// # Errors
 /// What is wrong with it.
-pub(crate) fn pac_source(url: &str) -> Result<PacSource, String> {
+pub(crate) fn pac_source(url: &str) -> Result<PacSource, policy::UpstreamError> {
     let url = url.trim();
     let path = url.strip_prefix("file://").unwrap_or(url);
     policy::upstream::parse_pac_source(path)
