@@ -23,7 +23,7 @@ pub(crate) fn bind_authority(
     auth: &Authority,
 ) -> Result<(UnixListener, PathBuf), Error> {
     let name = auth.grant.name();
-    let path = dir.join(format!("{name}.sock"));
+    let path = policy::config::authority_socket(dir, name);
     let listener = bind_socket_file(&path, auth.socket_mode, auth.socket_uid, auth.socket_gid)?;
     Ok((listener, path))
 }

@@ -27,16 +27,41 @@ use crate::error::{Error, Result};
     long_about = None
 )]
 pub struct Cli {
+    /// What the run may do and where its channel is: the flags below, also the keys of
+    /// a `--profile` file.
+    #[command(flatten)]
+    pub(crate) options: Options,
+
+    /// A TOML profile with the same fields (snake_case); flags add to it.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) profile: Option<PathBuf>,
+
+    /// No transparent capture: clients that ignore HTTP_PROXY have no network (in a
+    /// profile: `capture = false`).
+    #[arg(long, conflicts_with = "capture")]
+    pub(crate) no_capture: bool,
+
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// The shim's options, one definition for both sources: each field is a flag
+/// (`--allow-write`) and a key of the `--profile` TOML file (`allow_write`). Relative
+/// paths in a profile are resolved against its directory.
+#[derive(Debug, Default, clap::Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct Options {
     /// The authority's Unix socket (`<socket_dir>/<authority>.sock` of a running mediator).
     #[arg(long, value_name = "PATH")]
     pub(crate) mediator_socket: Option<PathBuf>,
 
     /// A mediator config file; with --authority, the socket is `<listen.socket_dir>/<NAME>.sock`.
-    #[arg(long, value_name = "FILE", requires = "authority")]
+    #[arg(long, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
 
     /// The authority whose socket to use, with --config.
-    #[arg(long, value_name = "NAME", requires = "config")]
+    #[arg(long, value_name = "NAME")]
     pub(crate) authority: Option<String>,
 
     /// A directory tree the command may write (repeatable). Everything else is read-only.
@@ -70,10 +95,6 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub(crate) ca_cert: Option<PathBuf>,
 
-    /// A TOML profile with the same fields (snake_case); flags add to it.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) profile: Option<PathBuf>,
-
     /// Embedded mode: a host pattern the command may reach (repeatable).
     #[arg(long, value_name = "HOST_PATTERN")]
     pub(crate) allow: Vec<String>,
@@ -96,13 +117,10 @@ pub struct Cli {
 
     /// Transparent capture, required: clients that ignore HTTP_PROXY are mediated too (a
     /// TUN device is the sandbox's default route). It is on by default where the kernel
-    /// allows it; with this flag, a TUN device that cannot be made is an error.
-    #[arg(long, conflicts_with = "no_capture")]
-    pub(crate) capture: bool,
-
-    /// No transparent capture: clients that ignore HTTP_PROXY have no network.
-    #[arg(long)]
-    pub(crate) no_capture: bool,
+    /// allows it; with this flag, a TUN device that cannot be made is an error. In a
+    /// profile `capture = true` or `false` (as --no-capture).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub(crate) capture: Option<bool>,
 
     /// Print no line on stderr for each denial as it happens.
     #[arg(long)]
@@ -112,10 +130,6 @@ pub struct Cli {
     /// local origin (repeatable; a non-public ADDR also needs --allow-private).
     #[arg(long, value_name = "NAME=ADDR")]
     pub(crate) resolve: Vec<String>,
-
-    /// The command to run, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
-    pub(crate) command: Vec<OsString>,
 }
 
 /// A protection that the user may explicitly give up when the kernel lacks it.
@@ -128,63 +142,8 @@ pub(crate) enum Degradation {
     Landlock,
 }
 
-/// The `--profile` TOML file: the same fields as the flags, snake_case.
-///
-/// Relative paths are resolved against the profile file's directory.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Profile {
-    /// As `--mediator-socket`.
-    pub(crate) mediator_socket: Option<PathBuf>,
-    /// As `--config`.
-    pub(crate) config: Option<PathBuf>,
-    /// As `--authority`.
-    pub(crate) authority: Option<String>,
-    /// As `--allow-write`.
-    #[serde(default)]
-    pub(crate) allow_write: Vec<PathBuf>,
-    /// As `--deny-read`.
-    #[serde(default)]
-    pub(crate) deny_read: Vec<PathBuf>,
-    /// As `--allow-read`.
-    #[serde(default)]
-    pub(crate) allow_read: Vec<PathBuf>,
-    /// As `--allow-unix-sockets`.
-    #[serde(default)]
-    pub(crate) allow_unix_sockets: bool,
-    /// As `--report`.
-    #[serde(default)]
-    pub(crate) report: bool,
-    /// As `--report-file`.
-    pub(crate) report_file: Option<PathBuf>,
-    /// As `--ca-cert`.
-    pub(crate) ca_cert: Option<PathBuf>,
-    /// As `--allow`.
-    #[serde(default)]
-    pub(crate) allow: Vec<String>,
-    /// As `--deny`.
-    #[serde(default)]
-    pub(crate) deny: Vec<String>,
-    /// As `--allow-private`.
-    #[serde(default)]
-    pub(crate) allow_private: Vec<String>,
-    /// As `--decision-log`.
-    pub(crate) decision_log: Option<PathBuf>,
-    /// As `--allow-degraded`.
-    #[serde(default)]
-    pub(crate) allow_degraded: Vec<Degradation>,
-    /// `true` as `--capture`, `false` as `--no-capture`; absent: the default.
-    pub(crate) capture: Option<bool>,
-    /// As `--quiet-denials`.
-    #[serde(default)]
-    pub(crate) quiet_denials: bool,
-    /// As `--resolve`.
-    #[serde(default)]
-    pub(crate) resolve: Vec<String>,
-}
-
-impl Profile {
-    /// Read and parse a profile file, resolving its relative paths against its directory.
+impl Options {
+    /// Reads a `--profile` file, resolving its relative paths against its directory.
     ///
     /// # Errors
     /// [`Error::ProfileRead`] if it cannot be read, [`Error::ProfileParse`] (with line and
@@ -199,11 +158,6 @@ impl Profile {
             source,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let fix = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
         for p in profile
             .allow_write
             .iter_mut()
@@ -215,9 +169,40 @@ impl Profile {
             .chain(profile.ca_cert.iter_mut())
             .chain(profile.decision_log.iter_mut())
         {
-            fix(p);
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
         }
         Ok(profile)
+    }
+
+    /// `over` (the flags) on top of `self` (the profile): lists are concatenated, a
+    /// single value given in `over` wins, a switch is on if either turns it on.
+    fn merge(self, over: Self) -> Self {
+        fn cat<T>(mut a: Vec<T>, b: Vec<T>) -> Vec<T> {
+            a.extend(b);
+            a
+        }
+        Self {
+            mediator_socket: over.mediator_socket.or(self.mediator_socket),
+            config: over.config.or(self.config),
+            authority: over.authority.or(self.authority),
+            allow_write: cat(self.allow_write, over.allow_write),
+            deny_read: cat(self.deny_read, over.deny_read),
+            allow_read: cat(self.allow_read, over.allow_read),
+            allow_unix_sockets: self.allow_unix_sockets || over.allow_unix_sockets,
+            report: self.report || over.report,
+            report_file: over.report_file.or(self.report_file),
+            ca_cert: over.ca_cert.or(self.ca_cert),
+            allow: cat(self.allow, over.allow),
+            deny: cat(self.deny, over.deny),
+            allow_private: cat(self.allow_private, over.allow_private),
+            decision_log: over.decision_log.or(self.decision_log),
+            allow_degraded: cat(self.allow_degraded, over.allow_degraded),
+            capture: over.capture.or(self.capture),
+            quiet_denials: self.quiet_denials || over.quiet_denials,
+            resolve: cat(self.resolve, over.resolve),
+        }
     }
 }
 
@@ -334,36 +319,29 @@ impl Settings {
     /// `--profile` or `--config` file that cannot be read or parsed.
     pub fn from_cli(cli: Cli) -> Result<Self> {
         let profile = match &cli.profile {
-            Some(p) => Profile::load(p)?,
-            None => Profile::default(),
+            Some(p) => Options::load(p)?,
+            None => Options::default(),
         };
-        let cat = |a: Vec<PathBuf>, b: Vec<PathBuf>| a.into_iter().chain(b).collect::<Vec<_>>();
-        let allow: Vec<String> = profile.allow.into_iter().chain(cli.allow).collect();
-        let deny: Vec<String> = profile.deny.into_iter().chain(cli.deny).collect();
-        let allow_private: Vec<String> = profile
-            .allow_private
-            .into_iter()
-            .chain(cli.allow_private)
-            .collect();
-        let socket = cli.mediator_socket.or(profile.mediator_socket);
-        let config = cli.config.or(profile.config);
-        let authority = cli.authority.or(profile.authority);
+        let mut flags = cli.options;
+        if cli.no_capture {
+            flags.capture = Some(false);
+        }
+        let o = profile.merge(flags);
         let mut config_ca = None;
         let mut admin = None;
         let mut child_env = Vec::new();
         let mut hidden_env = Vec::new();
-        let socket = match (socket, config, authority) {
-            (Some(s), None, _) => Some(s),
+        let socket = match (o.mediator_socket, o.config, o.authority) {
+            (Some(s), None, None) => Some(s),
             (None, Some(c), Some(a)) => {
-                let (socket, ca, endpoint) = from_config(&c, &a)?;
-                let env = credential_env(&c, &a)?;
-                (child_env, hidden_env) = (env.set, env.hidden);
-                config_ca = ca;
-                admin = endpoint.map(|e| (e, a));
-                Some(socket)
+                let found = from_config(&c, &a)?;
+                (child_env, hidden_env) = (found.child_env, found.hidden_env);
+                config_ca = found.ca;
+                admin = found.admin.map(|e| (e, a));
+                Some(found.socket)
             }
             (None, None, None) => None,
-            (Some(_), Some(_), _) => {
+            (Some(_), Some(_), _) | (Some(_), None, Some(_)) => {
                 return Err(Error::Usage(
                     "give either --mediator-socket or --config/--authority, not both".into(),
                 ));
@@ -372,15 +350,14 @@ impl Settings {
                 return Err(Error::Usage("--config and --authority go together".into()));
             }
         };
-        let resolve: Vec<String> = profile.resolve.into_iter().chain(cli.resolve).collect();
-        let embedded_rules = !(allow.is_empty() && deny.is_empty() && allow_private.is_empty());
-        if socket.is_some() && !resolve.is_empty() {
+        let embedded_rules =
+            !(o.allow.is_empty() && o.deny.is_empty() && o.allow_private.is_empty());
+        if socket.is_some() && !o.resolve.is_empty() {
             return Err(Error::Usage(
                 "--resolve is for embedded mode; a standalone mediator resolves with its own [resolver] config".into(),
             ));
         }
-        let decision_log = cli.decision_log.or(profile.decision_log);
-        if socket.is_some() && decision_log.is_some() {
+        if socket.is_some() && o.decision_log.is_some() {
             return Err(Error::Usage(
                 "--decision-log is for embedded mode; a standalone mediator writes its own log"
                     .into(),
@@ -394,11 +371,11 @@ impl Settings {
             }
             Some(s) => ChannelSpec::Socket(s),
             None if embedded_rules => ChannelSpec::Embedded {
-                allow,
-                deny,
-                allow_private,
-                decision_log,
-                resolve,
+                allow: o.allow,
+                deny: o.deny,
+                allow_private: o.allow_private,
+                decision_log: o.decision_log,
+                resolve: o.resolve,
             },
             None => {
                 return Err(Error::Usage(
@@ -406,16 +383,9 @@ impl Settings {
                 ));
             }
         };
-        let report_file = cli.report_file.or(profile.report_file);
-        let report = if cli.report || profile.report || report_file.is_some() {
-            Some(report_file)
-        } else {
-            None
-        };
-        let mut allow_degraded = profile.allow_degraded;
-        allow_degraded.extend(cli.allow_degraded);
+        let report = (o.report || o.report_file.is_some()).then_some(o.report_file);
         // An explicit CA wins over the one the config implies.
-        let ca_cert = match cli.ca_cert.or(profile.ca_cert) {
+        let ca_cert = match o.ca_cert {
             Some(path) => Some(CaCert {
                 path,
                 origin: CaOrigin::Flag,
@@ -424,21 +394,19 @@ impl Settings {
         };
         Ok(Self {
             channel,
-            allow_write: cat(profile.allow_write, cli.allow_write),
-            deny_read: cat(profile.deny_read, cli.deny_read),
-            allow_read: cat(profile.allow_read, cli.allow_read),
-            allow_unix_sockets: cli.allow_unix_sockets || profile.allow_unix_sockets,
+            allow_write: o.allow_write,
+            deny_read: o.deny_read,
+            allow_read: o.allow_read,
+            allow_unix_sockets: o.allow_unix_sockets,
             report,
-            allow_degraded,
+            allow_degraded: o.allow_degraded,
             ca_cert,
-            capture: match (cli.capture, cli.no_capture, profile.capture) {
-                (true, _, _) => CaptureMode::Required,
-                (_, true, _) => CaptureMode::Off,
-                (false, false, Some(true)) => CaptureMode::Required,
-                (false, false, Some(false)) => CaptureMode::Off,
-                (false, false, None) => CaptureMode::Auto,
+            capture: match o.capture {
+                Some(true) => CaptureMode::Required,
+                Some(false) => CaptureMode::Off,
+                None => CaptureMode::Auto,
             },
-            live_denials: !(cli.quiet_denials || profile.quiet_denials),
+            live_denials: !o.quiet_denials,
             admin,
             child_env,
             hidden_env,
@@ -447,15 +415,34 @@ impl Settings {
     }
 }
 
-/// From a mediator config (only these keys are read; the mediator validates the rest):
-/// the socket `<listen.socket_dir>/<authority>.sock`, and, when the authority's
-/// `tls_terminate` is not empty, the CA certificate `<[tls] ca_dir>/ca.pem` (read later,
-/// never created here), and the admin API's endpoint (`[listen] admin_socket`, else
-/// `admin`) when it names one.
-fn from_config(
-    config: &Path,
-    authority: &str,
-) -> Result<(PathBuf, Option<CaCert>, Option<AdminEndpoint>)> {
+/// What the shim takes from a mediator config for one authority.
+struct FromConfig {
+    /// `<listen.socket_dir>/<authority>.sock`.
+    socket: PathBuf,
+    /// The mediator's CA certificate, when the authority terminates TLS.
+    ca: Option<CaCert>,
+    /// The admin API (`[listen] admin_socket`, else `admin`), if any.
+    admin: Option<AdminEndpoint>,
+    /// `child_env` and its placeholder, for each credential of the authority that has one.
+    child_env: Vec<(String, String)>,
+    /// Every `secret_env` of the config, of any authority (the child must not inherit
+    /// them: a secret stays with the mediator).
+    hidden_env: Vec<String>,
+}
+
+/// Reads the mediator config `config` with the mediator's own parser
+/// (`policy::config::parse`: a config the mediator would refuse is refused here too) and
+/// takes what the shim needs for `authority` (see [`FromConfig`]). The CA certificate is
+/// `<[tls] ca_dir>/ca.pem`, read later, never created here; a secret's file is not even
+/// opened.
+///
+/// # Errors
+/// [`Error::ProfileRead`] for a config that cannot be read, [`Error::Config`] for one the
+/// mediator would refuse, [`Error::Usage`] for an invalid authority name or no
+/// `listen.socket_dir`, [`Error::UnknownAuthority`] for an authority the file lacks and
+/// that has no socket (one created through the admin API is not in the file, but its
+/// socket exists).
+fn from_config(config: &Path, authority: &str) -> Result<FromConfig> {
     if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
         return Err(Error::Usage(format!(
             "--authority {authority:?} is not a valid authority name"
@@ -465,153 +452,71 @@ fn from_config(
         path: config.to_owned(),
         source,
     })?;
-    let value: toml::Table = toml::from_str(&text).map_err(|source| Error::ProfileParse {
-        path: config.to_owned(),
-        source,
+    let parsed = policy::config::parse(&text, &config.display().to_string()).map_err(|source| {
+        Error::Config {
+            path: config.to_owned(),
+            source,
+        }
     })?;
-    let dir = value
-        .get("listen")
-        .and_then(|l| l.get("socket_dir"))
-        .and_then(|d| d.as_str())
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: no listen.socket_dir, so no per-authority socket",
-                config.display()
-            ))
-        })?;
-    let socket = Path::new(dir).join(format!("{authority}.sock"));
-    let listen = value.get("listen");
-    let admin = listen
-        .and_then(|l| l.get("admin_socket"))
-        .and_then(|p| p.as_str())
-        .map(|p| AdminEndpoint::Unix(PathBuf::from(p)))
-        .or_else(|| {
-            listen
-                .and_then(|l| l.get("admin"))
-                .and_then(|a| a.as_str())
-                .and_then(|a| a.parse().ok())
-                .map(AdminEndpoint::Tcp)
-        });
-    let tables = || {
-        value
-            .get("authority")
-            .and_then(|a| a.as_array())
-            .into_iter()
-            .flatten()
+    let socket = parsed.listen.socket_path(authority).ok_or_else(|| {
+        Error::Usage(format!(
+            "{}: no listen.socket_dir, so no per-authority socket",
+            config.display()
+        ))
+    })?;
+    let admin = match (&parsed.listen.admin_socket, parsed.listen.admin) {
+        (Some(path), _) => Some(AdminEndpoint::Unix(path.clone())),
+        (None, Some(addr)) => Some(AdminEndpoint::Tcp(addr)),
+        (None, None) => None,
     };
-    let listed: Vec<String> = tables()
-        .filter_map(|a| a.get("name").and_then(|n| n.as_str()))
-        .map(str::to_owned)
-        .collect();
-    // An authority added through the admin API is not in the file, but its socket exists.
-    if !listed.iter().any(|n| n == authority)
+    let found = parsed.authority(authority);
+    if found.is_none()
         && std::fs::symlink_metadata(&socket)
             .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
     {
         return Err(Error::UnknownAuthority {
             authority: authority.to_owned(),
             config: config.to_owned(),
-            listed,
+            listed: parsed
+                .authorities
+                .iter()
+                .map(|a| a.grant.name().to_owned())
+                .collect(),
             socket,
         });
     }
-    // An authority added later through the admin API is not in the file: pass --ca-cert.
-    let terminates = tables()
-        .filter(|a| a.get("name").and_then(|n| n.as_str()) == Some(authority))
-        .any(|a| {
-            a.get("tls_terminate")
-                .and_then(|t| t.as_array())
-                .is_some_and(|t| !t.is_empty())
+    // The mediator refuses tls_terminate without a ca_dir, so the parse above did too.
+    let ca = found
+        .filter(|a| a.grant.terminates_any())
+        .and(parsed.tls.ca_dir.as_deref())
+        .map(|dir| CaCert {
+            path: dir.join(certs::CA_CERT_FILE),
+            origin: CaOrigin::Config {
+                config: config.to_owned(),
+                authority: authority.to_owned(),
+            },
         });
-    if !terminates {
-        return Ok((socket, None, admin));
-    }
-    let ca_dir = value
-        .get("tls")
-        .and_then(|t| t.get("ca_dir"))
-        .and_then(|d| d.as_str())
-        .filter(|d| !d.is_empty())
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: authority {authority:?} has tls_terminate but [tls] ca_dir is not set (the mediator refuses this config too)",
-                config.display()
-            ))
-        })?;
-    let ca = CaCert {
-        path: Path::new(ca_dir).join(certs::CA_CERT_FILE),
-        origin: CaOrigin::Config {
-            config: config.to_owned(),
-            authority: authority.to_owned(),
-        },
-    };
-    Ok((socket, Some(ca), admin))
-}
-
-/// The child's environment as the config's credentials shape it.
-struct CredentialEnv {
-    /// `child_env` and its placeholder, for each credential of the authority that has one.
-    set: Vec<(String, String)>,
-    /// Every `secret_env` of the config, of any authority.
-    hidden: Vec<String>,
-}
-
-/// From the `[[authority.credential]]` tables of the mediator config: the `child_env`
-/// variables of `authority`'s credentials, each with its placeholder, and the
-/// `secret_env` variables of every authority's credentials (the child must not inherit
-/// them). Only these three keys are read: the secret stays with the mediator (its file is
-/// not even opened here).
-///
-/// # Errors
-/// [`Error::ProfileRead`] / [`Error::ProfileParse`] for a config that cannot be read or
-/// parsed; [`Error::Usage`] for a `child_env` without a placeholder or a `secret_env`
-/// that is not a string (the mediator refuses both too).
-fn credential_env(config: &Path, authority: &str) -> Result<CredentialEnv> {
-    let text = std::fs::read_to_string(config).map_err(|source| Error::ProfileRead {
-        path: config.to_owned(),
-        source,
-    })?;
-    let value: toml::Table = toml::from_str(&text).map_err(|source| Error::ProfileParse {
-        path: config.to_owned(),
-        source,
-    })?;
-    let mut set = Vec::new();
-    let mut hidden = Vec::new();
-    let tables = value
-        .get("authority")
-        .and_then(|a| a.as_array())
+    let child_env = found
         .into_iter()
-        .flatten();
-    for a in tables {
-        let name = a.get("name").and_then(|n| n.as_str());
-        let credentials = a.get("credential").and_then(|c| c.as_array());
-        for c in credentials.into_iter().flatten() {
-            match c.get("secret_env") {
-                None => {}
-                Some(toml::Value::String(var)) => hidden.push(var.clone()),
-                Some(_) => {
-                    return Err(Error::Usage(format!(
-                        "{}: authority {:?}: a credential's secret_env is not a string",
-                        config.display(),
-                        name.unwrap_or_default()
-                    )));
-                }
-            }
-            if name != Some(authority) {
-                continue;
-            }
-            let Some(var) = c.get("child_env").and_then(|v| v.as_str()) else {
-                continue;
-            };
-            let Some(placeholder) = c.get("placeholder").and_then(|v| v.as_str()) else {
-                return Err(Error::Usage(format!(
-                    "{}: authority {authority:?}: credential child_env {var:?} has no placeholder",
-                    config.display()
-                )));
-            };
-            set.push((var.to_owned(), placeholder.to_owned()));
-        }
-    }
-    Ok(CredentialEnv { set, hidden })
+        .flat_map(|a| &a.credentials)
+        .filter_map(|c| Some((c.child_env()?.to_owned(), c.placeholder()?.to_owned())))
+        .collect();
+    let hidden_env = parsed
+        .authorities
+        .iter()
+        .flat_map(|a| &a.credentials)
+        .filter_map(|c| match &c.source {
+            policy::config::SecretSource::Env(var) => Some(var.clone()),
+            policy::config::SecretSource::File(_) => None,
+        })
+        .collect();
+    Ok(FromConfig {
+        socket,
+        ca,
+        admin,
+        child_env,
+        hidden_env,
+    })
 }
 
 #[cfg(test)]

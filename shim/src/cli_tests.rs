@@ -103,7 +103,7 @@ fn profile_rejects_unknown_keys_and_merges() {
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "allow_writes = [\"/x\"]\n").unwrap();
-    let err = Profile::load(&bad).unwrap_err().to_string();
+    let err = Options::load(&bad).unwrap_err().to_string();
     assert!(err.contains("allow_writes"), "{err}");
     let good = dir.join("good.toml");
     std::fs::write(
@@ -128,7 +128,7 @@ fn profile_rejects_unknown_keys_and_merges() {
 
 #[test]
 fn example_profile_parses() {
-    let p: Profile = toml::from_str(include_str!("../examples/profile.toml")).unwrap();
+    let p: Options = toml::from_str(include_str!("../examples/profile.toml")).unwrap();
     assert!(p.mediator_socket.is_some() && p.report && !p.allow_unix_sockets);
 }
 
@@ -180,8 +180,12 @@ fn credential_placeholders_of_the_authority_become_child_variables() {
         &cfg,
         r#"[listen]
 socket_dir = "/run/egress"
+[tls]
+ca_dir = "/nonexistent/ca"
 [[authority]]
 name = "agent-a"
+allow = ["api.test"]
+tls_terminate = ["api.test"]
 [[authority.credential]]
 host = "api.test"
 header = "Authorization"
@@ -194,6 +198,8 @@ header = "X-Key"
 secret_env = "K"
 [[authority]]
 name = "agent-b"
+allow = ["api.test"]
+tls_terminate = ["api.test"]
 [[authority.credential]]
 host = "api.test"
 header = "Authorization"
@@ -219,6 +225,23 @@ child_env = "B_TOKEN"
     );
     // Every authority's secret_env, not only agent-a's.
     assert_eq!(s.hidden_env, ["K", "B"]);
+    // A config the mediator would refuse is refused here too, with its reasons.
+    std::fs::write(&cfg, "[listen]\nsocket_dir = \"/run/egress\"\n[[authority]]\nname = \"agent-a\"\nallow = [\"*\"]\n").unwrap();
+    let e = parse(&[
+        "shim",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--authority",
+        "agent-a",
+        "--",
+        "true",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("invalid mediator config") && e.contains("would allow every host"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -28,6 +28,15 @@ pub enum Error {
         source: toml::de::Error,
     },
 
+    /// The `--config` file is not a configuration the mediator would accept.
+    #[error("invalid mediator config {path}: {source}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// Every problem the mediator's parser found, located.
+        source: policy::PolicyError,
+    },
+
     /// `--authority` names an authority that `--config` does not list, and that has no
     /// socket either (as one added through the admin API would).
     #[error(

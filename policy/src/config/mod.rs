@@ -99,6 +99,28 @@ pub struct Listen {
     pub admin_allow_anonymous_writes: bool,
 }
 
+impl Listen {
+    /// The Unix socket of authority `name` (`<socket_dir>/<name>.sock`), when a
+    /// `socket_dir` is configured: where the mediator makes it and the shim finds it.
+    pub fn socket_path(&self, name: &str) -> Option<PathBuf> {
+        self.socket_dir
+            .as_deref()
+            .map(|dir| authority_socket(dir, name))
+    }
+}
+
+/// `<dir>/<name>.sock`: the one spelling of an authority's socket path (design section 5).
+pub fn authority_socket(dir: &std::path::Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.sock"))
+}
+
+impl Config {
+    /// The `[[authority]]` named `name`, if the file has it.
+    pub fn authority(&self, name: &str) -> Option<&Authority> {
+        self.authorities.iter().find(|a| a.grant.name() == name)
+    }
+}
+
 /// `[resolver]`: where names are resolved. The default is the system configuration with
 /// no static answers.
 #[derive(Debug, Clone, Default)]

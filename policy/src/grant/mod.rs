@@ -453,6 +453,11 @@ impl Grant {
             .any(|t| pattern_covers(t, pattern))
     }
 
+    /// Whether the grant terminates TLS for any host (`tls_terminate` is not empty).
+    pub fn terminates_any(&self) -> bool {
+        !self.tls_terminate.is_empty()
+    }
+
     /// Whether `target` matches a `tls_terminate` pattern.
     pub fn terminates_tls(&self, target: &Target) -> bool {
         self.tls_terminate.iter().any(|p| p.matches(target))

@@ -20,12 +20,14 @@ fn config_credentials_give_the_child_its_placeholders() -> TestResult {
     std::fs::write(
         &cfg,
         format!(
-            "[listen]\nsocket_dir = {:?}\n\
+            "[listen]\nsocket_dir = {:?}\n[tls]\nca_dir = {:?}\n\
              [[authority]]\nname = \"authority\"\nallow = [\"api.example\"]\n\
+             tls_terminate = [\"api.example\"]\n\
              [[authority.credential]]\nhost = \"api.example\"\nheader = \"Authorization\"\n\
              secret_file = \"/nonexistent/secret\"\nplaceholder = \"mediator:api:authority\"\n\
              child_env = \"API_TOKEN\"\n",
             socket_dir.to_str().unwrap(),
+            ca_dir(&fx).to_str().unwrap(),
         ),
     )
     .unwrap();
@@ -55,17 +57,20 @@ fn the_child_never_inherits_a_secret_env() -> TestResult {
     std::fs::write(
         &cfg,
         format!(
-            "[listen]\nsocket_dir = {:?}\n\
+            "[listen]\nsocket_dir = {:?}\n[tls]\nca_dir = {:?}\n\
              [[authority]]\nname = \"authority\"\nallow = [\"api.example\"]\n\
+             tls_terminate = [\"api.example\"]\n\
              [[authority.credential]]\nhost = \"api.example\"\nheader = \"Authorization\"\n\
              secret_env = \"T15_SECRET_ENV\"\n\
              [[authority.credential]]\nhost = \"api.example\"\nheader = \"X-Key\"\n\
              secret_env = \"API_TOKEN\"\nplaceholder = \"mediator:api:authority\"\n\
              child_env = \"API_TOKEN\"\n\
              [[authority]]\nname = \"other\"\nallow = [\"api.example\"]\n\
+             tls_terminate = [\"api.example\"]\n\
              [[authority.credential]]\nhost = \"api.example\"\nheader = \"Authorization\"\n\
              secret_env = \"OTHER_SECRET\"\n",
             socket_dir.to_str().unwrap(),
+            ca_dir(&fx).to_str().unwrap(),
         ),
     )
     .unwrap();
@@ -85,4 +90,17 @@ fn the_child_never_inherits_a_secret_env() -> TestResult {
         &stdout(&out),
         "kept   mediator:api:authority",
     )
+}
+
+/// A CA for the fixture (a credential needs TLS termination, which needs a CA): made in
+/// `<fixture>/ca` once, its directory returned.
+fn ca_dir(fx: &Fixture) -> std::path::PathBuf {
+    let dir = fx.path("ca");
+    if !dir.join(certs::CA_CERT_FILE).exists() {
+        certs::Ca::create(&certs::CaOptions::default())
+            .unwrap()
+            .persist(&dir)
+            .unwrap();
+    }
+    dir
 }
