@@ -18,6 +18,7 @@
 
 mod authority;
 mod credential;
+pub mod keys;
 mod raw;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,195 @@
+//! Every key of `mediator.toml` in one table: its section, default, an example and what
+//! it means. The config reference of `docs/operating.md` is rendered from it
+//! ([`reference`]); unit tests keep the page equal to the rendering, the keys equal to
+//! those the parser accepts, and each checked default equal to what an empty config
+//! yields. To change the page, change this table and run
+//! `REGENERATE_DOCS=1 cargo test -p policy config::keys`.
+
+use super::Config;
+
+/// One key of one section.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    /// The key (`socket_dir`).
+    pub key: &'static str,
+    /// Its default, as the reference shows it (Markdown).
+    pub default: &'static str,
+    /// An example value (Markdown).
+    pub example: &'static str,
+    /// What it means (Markdown).
+    pub meaning: &'static str,
+    /// The default an empty configuration yields, rendered as `default`'s first code span
+    /// shows it, for the test that reads it back (`None`: a default in words only).
+    pub check: Option<fn(&Config) -> String>,
+}
+
+/// A key without a checked default.
+const fn key(
+    key: &'static str,
+    default: &'static str,
+    example: &'static str,
+    meaning: &'static str,
+) -> Key {
+    Key {
+        key,
+        default,
+        example,
+        meaning,
+        check: None,
+    }
+}
+
+impl Key {
+    /// The same key, its default checked by `check` against an empty config.
+    const fn checked(self, check: fn(&Config) -> String) -> Self {
+        Self {
+            check: Some(check),
+            ..self
+        }
+    }
+}
+
+/// One section (`[listen]`, `[[authority]]`) and its keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    /// The heading: `[listen]`, `[[authority.credential]]`.
+    pub heading: &'static str,
+    /// Prose before the table (Markdown; may be empty).
+    pub before: &'static str,
+    /// The keys, in the reference's order.
+    pub keys: &'static [Key],
+    /// Prose after the table (Markdown; may be empty).
+    pub after: &'static str,
+}
+
+/// Every section of `mediator.toml`, in the reference's order.
+#[rustfmt::skip]
+pub const SECTIONS: &[Section] = &[
+    Section { heading: "[listen]", before: "", after: "", keys: &[
+        key("socket_dir", "none (no Unix sockets)", "`\"/run/egress-mediator\"`", "one socket per authority, `<socket_dir>/<name>.sock`"),
+        key("tcp", "none", "`\"0.0.0.0:3128\"`", "the shared TCP listener; clients name their authority by credential"),
+        key("admin", "none", "`\"127.0.0.1:9901\"`", "the admin API; a loopback address only"),
+        key("admin_socket", "none", "`\"/run/egress-mediator-admin/admin.sock\"`", "the admin API on a Unix socket of its own (mode 0600), never inside `socket_dir`"),
+        key("admin_token_sha256", "none (no token)", "`\"9f86d081…\"` (64 hex)", "SHA-256 of the bearer token the admin API requires on every path but `/healthz`, `/readyz` and `/metrics`"),
+        key("admin_allow_anonymous_writes", "`false`", "`true`", "let the TCP admin API create, reload and revoke without a token (warned at start); the admin socket is guarded by its file mode instead").checked(|c| c.listen.admin_allow_anonymous_writes.to_string()),
+    ] },
+    Section { heading: "[resolver]", before: "", after: "", keys: &[
+        key("nameservers", "`[]`: the system's `/etc/resolv.conf`", "`[\"127.0.0.1:5353\"]`", "DNS servers, `ip:port`"),
+        key("hosts", "`{}`", "`{ \"origin.test\" = [\"127.0.0.1\"] }`", "static answers, consulted before DNS (still vetted)"),
+    ] },
+    Section { heading: "[upstream]", before: "", after: "", keys: &[
+        key("mode", "`\"direct\"`", "`\"pac\"`", "`direct`, `parent`, `env`, `pac` or `system` (the desktop's proxy settings) ([routing.md](routing.md))").checked(|c| format!("{:?}", c.upstream.mode.as_str())),
+        key("parents", "`[]`", "`[\"http://proxy.corp.example:8080\"]`", "`mode = \"parent\"`: parents tried left to right (`http://[user:pass@]h:p`, `https://[user:pass@]h:p`, `socks5://h:p`)"),
+        key("pac", "none", "`\"/etc/egress/proxy.pac\"`", "`mode = \"pac\"`: a file path or an `http(s)://` URL"),
+        key("allowed_parents", "`[]`", "`[\"proxy.corp.example:8080\"]`", "the parents a PAC may name, `host:port`"),
+        key("pin_through_parent", "`true`", "`false`", "a parent's CONNECT names the vetted IP (else the canonical name)").checked(|c| c.upstream.pin_through_parent.to_string()),
+        key("parent_retry_secs", "`30`", "`60`", "a parent that failed at the connection level is tried last for this long").checked(|c| c.upstream.parent_retry.as_secs().to_string()),
+        key("parent_credentials_file", "none", "`\"/etc/egress-mediator-secrets/parents.cred\"`", "lines `host:port user:password` for the parents"),
+        key("parent_auth", "`{}` (Basic)", "`{ \"proxy.corp.example:8080\" = \"negotiate\" }`", "per parent `host:port`: `basic` or `negotiate` (Kerberos, RFC 4559)"),
+        key("kerberos_ccache", "none (`KRB5CCNAME`, else the default cache)", "`\"FILE:/var/lib/egress-mediator/krb5cc\"`", "the credential cache Negotiate takes tickets from"),
+        key("kerberos_keytab", "none (`KRB5_CLIENT_KTNAME`)", "`\"/etc/egress/mediator.keytab\"`", "a client keytab to get tickets with"),
+        key("gssapi_library", "none (`libgssapi_krb5.so.2` from the loader's search path)", "`\"/opt/krb5/lib/libgssapi_krb5.so.2\"`", "the GSSAPI library Negotiate loads (absolute; not writable by group or others)"),
+        key("system_user", "none", "`\"alice\"`", "`mode = \"system\"`: read this user's desktop settings before the system defaults"),
+        key("dconf_databases", "the databases of `/etc/dconf/profile/user`", "`[\"/etc/dconf/db/local\"]`", "`mode = \"system\"`: exactly these dconf databases"),
+        key("kioslaverc_files", "`~system_user/.config/kioslaverc`, then `/etc/xdg/kioslaverc`", "`[\"/etc/xdg/kioslaverc\"]`", "`mode = \"system\"`: exactly these kioslaverc files"),
+        key("pac_cache_secs", "`300`", "`0`", "PAC answers cached per destination; 0 = evaluate every time").checked(|c| c.upstream.pac_cache.as_secs().to_string()),
+        key("pac_refresh_secs", "`300`", "`0`", "the PAC is fetched again this often; 0 = never").checked(|c| c.upstream.pac_refresh.as_secs().to_string()),
+        key("pac_budget_ms", "`200`", "`100`", "CPU time of one PAC evaluation").checked(|c| c.upstream.pac_budget.as_millis().to_string()),
+        key("pac_memory_mb", "`16`", "`32`", "memory of the PAC engine").checked(|c| (c.upstream.pac_memory / (1024 * 1024)).to_string()),
+        key("pac_on_error", "`\"deny\"`", "`\"direct\"`", "what a PAC that throws or overruns its budget means"),
+        key("pac_fetch_via", "none (direct)", "`\"http://proxy.corp.example:8080\"`", "fetch the PAC through this parent"),
+    ] },
+    Section { heading: "[tls]", before: "", after: "", keys: &[
+        key("ca_dir", "none (no TLS termination)", "`\"/var/lib/egress-mediator/ca\"`", "the CA leaves are issued from (`ca.pem`, `ca-key.pem` 0600); created on first start if absent"),
+        key("extra_ca_files", "`[]`", "`[\"/etc/ssl/corp-root.pem\"]`", "PEM bundles trusted upstream besides the system store"),
+    ] },
+    Section { heading: "[timeouts]", before: "Whole seconds, at most 86400 (a day); `shutdown_grace` and `revoke_grace` may be 0, every\nother timeout is at least 1 (`1..=86400`). A value out of range is an error.", after: "", keys: &[
+        key("request_head", "`10`", "`5`", "reading a request head").checked(|c| c.timeouts.request_head.as_secs().to_string()),
+        key("dns", "`5`", "`3`", "one resolution").checked(|c| c.timeouts.dns.as_secs().to_string()),
+        key("connect", "`10`", "`5`", "one upstream connect").checked(|c| c.timeouts.connect.as_secs().to_string()),
+        key("idle_tunnel", "`300`", "`900`", "a tunnel with no bytes either way is closed after this; a plain `http://` request whose upstream (origin or parent) moves no byte this long while its answer is awaited gets `504 upstream_failure`").checked(|c| c.timeouts.idle_tunnel.as_secs().to_string()),
+        key("shutdown_grace", "`10`", "`20`", "on SIGTERM, live connections get this long (may be 0)").checked(|c| c.timeouts.shutdown_grace.as_secs().to_string()),
+        key("revoke_grace", "`5`", "`0`", "a revoked authority's live connections get this long (may be 0)").checked(|c| c.timeouts.revoke_grace.as_secs().to_string()),
+        key("watchdog", "`2`", "`1`", "an authority's watchdog must answer within this").checked(|c| c.timeouts.watchdog.as_secs().to_string()),
+    ] },
+    Section { heading: "[limits]", before: "`request_head_bytes` is `8192..=1048576`; the connection counts are `0..=1000000` (0:\nderived). A value out of range is an error.", after: "`mediator check` and the `ready` line print the values in force.", keys: &[
+        key("request_head_bytes", "`65536`", "`16384`", "larger request heads get 431 (8192..=1048576)").checked(|c| c.limits.request_head_bytes.to_string()),
+        key("max_connections", "`0`: derived from the open-files limit", "`5000`", "open client connections in all").checked(|c| c.limits.max_connections.to_string()),
+        key("authority_connections", "`0`: derived", "`500`", "the default cap per authority").checked(|c| c.limits.authority_connections.to_string()),
+        key("unidentified_connections", "`0`: derived", "`500`", "TCP connections whose authority is not known yet").checked(|c| c.limits.unidentified_connections.to_string()),
+    ] },
+    Section { heading: "[log]", before: "", after: "", keys: &[
+        key("decisions", "`\"stdout\"`", "`\"/var/log/egress-mediator/decisions.jsonl\"`", "`\"stdout\"` or a file (appended, created 0600, reopened on SIGUSR1)"),
+    ] },
+    Section { heading: "[global]", before: "", after: "", keys: &[
+        key("deny", "`[]`", "`[\"*:25\", \"metadata.google.internal\"]`", "deny entries applied to every authority, those of the admin API included"),
+    ] },
+    Section { heading: "[[authority]]", before: "", after: "", keys: &[
+        key("name", "required", "`\"agent-a\"`", "the authority; letters, digits, `-`, `_` (its socket is `<name>.sock`)"),
+        key("allow", "`[]` (nothing)", "`[\"api.github.com:443\", \"*.githubusercontent.com\"]`", "host patterns it may reach"),
+        key("deny", "`[]`", "`[\"gist.githubusercontent.com\"]`", "host patterns it may not reach (beat `allow`)"),
+        key("allow_private", "`[]`", "`[\"10.20.0.0/16\"]`", "CIDRs excepted from the non-public-address refusal"),
+        key("token_sha256", "none (no TCP access)", "`\"42e6b787…\"` (64 hex)", "SHA-256 of its token on the TCP listener (`mediator hash-token`)"),
+        key("sni_check", "`true`", "`false`", "a CONNECT to 443 must carry a ClientHello whose SNI is the CONNECT host"),
+        key("tls_terminate", "`[]`", "`[\"api.github.com\"]`", "host patterns whose TLS the mediator terminates (needs `[tls] ca_dir`)"),
+        key("watchdog", "none", "`\"unix:/run/watchdog.sock\"`", "asked before each allowed connection; can only narrow"),
+        key("socket_mode", "`\"0600\"`", "`\"0660\"`", "mode of its socket file (octal string; no bits for others)"),
+        key("socket_uid", "the mediator's", "`1000`", "owner of its socket file"),
+        key("socket_gid", "the mediator's", "`20001`", "group of its socket file"),
+        key("request_rule", "none", "see below", "`[[authority.request_rule]]` tables narrowing terminated requests"),
+        key("credential", "none", "see below", "`[[authority.credential]]` tables: secrets the mediator adds to terminated requests ([tls.md](tls.md#credentials-the-child-never-sees))"),
+        key("max_connections", "`[limits] authority_connections`", "`200`", "its cap on open connections"),
+        key("connect_rate", "`0` (unlimited)", "`50`", "new connections per second (token bucket)"),
+        key("connect_burst", "`connect_rate`", "`100`", "the bucket's size"),
+    ] },
+    Section { heading: "[[authority.request_rule]]", before: "", after: "", keys: &[
+        key("host", "required", "`\"api.github.com\"`", "a host of the authority's `tls_terminate`"),
+        key("methods", "`[]` (any)", "`[\"GET\", \"HEAD\"]`", "the methods allowed to that host"),
+        key("path_prefixes", "`[]` (any)", "`[\"/repos/\"]`", "the path prefixes allowed to that host"),
+        key("headers", "`{}` (none)", "`{ \"content-type\" = \"application/json*\" }`", "headers the request must carry: each value equals the pattern, or starts with it when it ends in `*`"),
+        key("query", "any query", "`[\"page\", \"per_page\"]`", "the query parameter names allowed (decoded); `[]`: no query"),
+        key("upgrade", "`[]` (none)", "`[\"foo/1\"]`", "upgrade tokens besides `websocket` (always relayed) that the requests this rule allows may switch to (RFC 9110 section 7.8, any case); `h2c` is refused ([tls.md](tls.md#websocket-and-other-upgrades-through-termination))"),
+    ] },
+    Section { heading: "[[authority.credential]]", before: "", after: "", keys: &[
+        key("host", "required", "`\"api.github.com\"`", "the host pattern the secret belongs to; must be covered by `tls_terminate`"),
+        key("header", "required", "`\"Authorization\"`", "the request header the secret goes in"),
+        key("secret_file", "one of the two", "`\"/etc/egress/secrets/github\"`", "file holding the secret (one trailing newline ignored); not readable by others"),
+        key("secret_env", "one of the two", "`\"GITHUB_TOKEN\"`", "variable of the mediator's own environment holding the secret"),
+        key("format", "`\"{secret}\"`", "`\"Bearer {secret}\"`", "the header value, `{secret}` exactly once"),
+        key("placeholder", "none (always add)", "`\"mediator:github:agent-a\"`", "what the child holds; the header is set only where the client sent it"),
+        key("child_env", "none", "`\"GITHUB_TOKEN\"`", "the shim (`--config F --authority A`) sets this variable to the placeholder"),
+    ] },
+];
+
+/// The config reference as `docs/operating.md` shows it: one heading and table per
+/// section, from ``#### `[listen]` `` to the end of the last table.
+pub fn reference() -> String {
+    let mut out = String::new();
+    for (i, s) in SECTIONS.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&format!("#### `{}`\n\n", s.heading));
+        if !s.before.is_empty() {
+            out.push_str(s.before);
+            out.push_str("\n\n");
+        }
+        out.push_str("| key | default | example | meaning |\n|---|---|---|---|\n");
+        for k in s.keys {
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} |\n",
+                k.key, k.default, k.example, k.meaning
+            ));
+        }
+        if !s.after.is_empty() {
+            out.push('\n');
+            out.push_str(s.after);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "keys_tests.rs"]
+mod tests;
