@@ -2,8 +2,7 @@
 //! the connection's steps (`crate::conn`), and decide nothing themselves. One socket
 //! serves both: the first byte `0x05` means SOCKS5 ([`socks`]), anything else HTTP/1.1
 //! ([`http`]: CONNECT and absolute-form forwarding). A tunnel whose host's TLS is
-//! terminated is served, after its SNI gate, by [`tls`] (its upgrades by [`upgrade`], its
-//! HTTP/2 streams reset as malformed found by [`h2_resets`]).
+//! terminated is served, after its SNI gate, by `crate::terminate`.
 
 pub(crate) mod http;
 pub(crate) mod socks;
