@@ -1,6 +1,6 @@
 //! Command-line flags and the TOML profile, in two stages (as ripgrep does): the raw
-//! flags ([`Cli`]) and profile ([`Profile`]) as typed, then one validated [`Settings`]
-//! that the rest of the shim trusts.
+//! options ([`Options`]: the flags of [`Cli`], or a profile file) as typed, then one
+//! validated [`Settings`] that the rest of the shim trusts.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

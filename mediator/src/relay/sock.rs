@@ -14,7 +14,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::rewind::Rewind;
 
-/// A plain socket under a stream: what [`relay_sockets`] can move bytes between.
+/// A plain socket under a stream: what [`relay_sockets`](super::relay_sockets) can move bytes between.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Sock<'a> {
     /// A TCP connection.

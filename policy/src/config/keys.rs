@@ -1,6 +1,6 @@
 //! Every key of `mediator.toml` in one table: its section, default, an example and what
 //! it means. The config reference of `docs/operating.md` is rendered from it
-//! ([`reference`]); unit tests keep the page equal to the rendering, the keys equal to
+//! ([`reference`](fn@reference)); unit tests keep the page equal to the rendering, the keys equal to
 //! those the parser accepts, and each checked default equal to what an empty config
 //! yields. To change the page, change this table and run
 //! `REGENERATE_DOCS=1 cargo test -p policy config::keys`.
