@@ -23,13 +23,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use policy::{Reason, Verdict};
 
 use crate::denial::Cause;
 use crate::error::Error;
-use crate::vocab::{Channel, CloseReason, Event, Protocol, serialize_reason, serialize_verdict};
+use crate::vocab::{
+    Channel, CloseReason, Event, Protocol, deserialize_reason, deserialize_verdict,
+    serialize_reason, serialize_verdict,
+};
 
 /// How a connection proved its authority, with the peer it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +80,40 @@ impl Serialize for Peer {
     }
 }
 
+impl<'de> Deserialize<'de> for Peer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            pid: Option<i32>,
+            uid: Option<u32>,
+            gid: Option<u32>,
+            addr: Option<String>,
+        }
+        let f = Fields::deserialize(d)?;
+        match (f.uid, f.gid, f.addr) {
+            (Some(uid), Some(gid), None) => Ok(Self::Unix {
+                pid: f.pid,
+                uid,
+                gid,
+            }),
+            (None, None, Some(addr)) => addr
+                .parse()
+                .map(Self::Tcp)
+                .map_err(serde::de::Error::custom),
+            (None, None, None) => Ok(Self::Embedded),
+            _ => Err(serde::de::Error::custom(
+                "a peer is uid/gid, addr, or nothing",
+            )),
+        }
+    }
+}
+
 /// One decision-log line (design section 10): a decision, or the close of an allowed
 /// connection. Close-only fields are omitted on decision lines. Every field that code
-/// branches on is typed; strings appear only when the record is serialised.
-#[derive(Debug, Clone, Serialize)]
+/// branches on is typed; strings appear only when the record is serialised. It reads back
+/// too (`Deserialize`), so a test or a tool parses a line into the same type.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     /// A decision or a close.
     pub event: Event,
@@ -103,10 +136,16 @@ pub struct Record {
     /// Destination port.
     pub port: Option<u16>,
     /// Allow or deny.
-    #[serde(serialize_with = "serialize_verdict")]
+    #[serde(
+        serialize_with = "serialize_verdict",
+        deserialize_with = "deserialize_verdict"
+    )]
     pub decision: Verdict,
     /// Reason (design section 4.3).
-    #[serde(serialize_with = "serialize_reason")]
+    #[serde(
+        serialize_with = "serialize_reason",
+        deserialize_with = "deserialize_reason"
+    )]
     pub reason: Reason,
     /// The grant entry that decided, as written.
     pub rule: Option<String>,
@@ -151,18 +190,20 @@ pub struct Record {
     /// `true` on the lines of a connection the shim captured transparently (design section
     /// 15); omitted otherwise. On a Unix socket it is the client's own claim (the
     /// `X-Mediator-Capture` header of its CONNECT); in embedded mode the shim sets it.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub capture: bool,
     /// Requests the mediator added a held secret to (design section 14): each
     /// credential's header and host, never its value; omitted when none.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credential: Vec<CredentialUse>,
     /// The close record of an upgraded request inside a terminated tunnel: the protocol
     /// it was upgraded to, its token in lowercase (`websocket`, also for an HTTP/2
     /// extended CONNECT; a token a request rule allows); omitted otherwise.
     #[serde(
+        default,
         skip_serializing_if = "Option::is_none",
-        serialize_with = "serialize_upgrade"
+        serialize_with = "serialize_upgrade",
+        deserialize_with = "deserialize_upgrade"
     )]
     pub upgrade: Option<policy::UpgradeToken>,
 }
@@ -177,8 +218,16 @@ fn serialize_upgrade<S: serde::Serializer>(
     }
 }
 
+fn deserialize_upgrade<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<policy::UpgradeToken>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|s| policy::UpgradeToken::parse(s.as_bytes()).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 /// One credential added to a request: which header, for which host pattern (as written).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CredentialUse {
     /// The header, lowercase (`authorization`).
     pub header: String,
@@ -592,4 +641,79 @@ impl Write for MemoryWriter {
 /// The current time as RFC 3339 UTC with milliseconds (`2026-11-29T08:56:13.123Z`).
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(peer: Peer) -> Record {
+        Record {
+            event: Event::Close,
+            ts: "2026-12-04T00:00:00.000Z".into(),
+            id: 7,
+            conn: 3,
+            authority: Some("agent-a".into()),
+            channel: peer.channel(),
+            peer,
+            protocol: Protocol::Tls,
+            host: Some("api.test".into()),
+            port: Some(443),
+            decision: Verdict::Deny,
+            reason: Reason::CredentialMisuse,
+            rule: Some("allow[1] api.test".into()),
+            detail: "a detail".into(),
+            hint: String::new(),
+            cause: Cause::default(),
+            pin: Some("192.0.2.1".into()),
+            route: Some("direct".into()),
+            dns_ms: Some(1.5),
+            connect_ms: Some(0.25),
+            bytes_up: Some(10),
+            bytes_down: Some(20),
+            duration_ms: Some(30),
+            close_reason: Some(CloseReason::Shutdown),
+            method: Some("GET".into()),
+            path: Some("/x?<redacted>".into()),
+            capture: true,
+            credential: vec![CredentialUse {
+                header: "authorization".into(),
+                host: "api.test".into(),
+            }],
+            upgrade: Some(policy::UpgradeToken::WebSocket),
+        }
+    }
+
+    /// A line reads back as the record it was written from, for every kind of peer (the
+    /// typed records the tests and tools read).
+    #[test]
+    fn a_line_reads_back_as_its_record() {
+        for peer in [
+            Peer::Unix {
+                pid: Some(42),
+                uid: 1000,
+                gid: 1000,
+            },
+            Peer::Tcp("127.0.0.1:4242".parse().unwrap()),
+            Peer::Embedded,
+        ] {
+            let line = serde_json::to_string(&record(peer)).unwrap();
+            let back: Record = serde_json::from_str(&line).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), line);
+            assert_eq!(back.peer, peer);
+        }
+        let mut bare = record(Peer::Embedded);
+        bare.event = Event::Decision;
+        (bare.bytes_up, bare.close_reason, bare.upgrade) = (None, None, None);
+        bare.capture = false;
+        bare.credential.clear();
+        let line = serde_json::to_string(&bare).unwrap();
+        assert!(
+            !line.contains("capture") && !line.contains("upgrade"),
+            "{line}"
+        );
+        let back: Record = serde_json::from_str(&line).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), line);
+        assert!(serde_json::from_str::<Record>(&line.replace("\"deny\"", "\"maybe\"")).is_err());
+    }
 }

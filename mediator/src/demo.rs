@@ -55,6 +55,10 @@ allow = ["api.example.org:443"]
 ///
 /// # Errors
 /// [`Error`] if the origin or the mediator cannot start on loopback.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the demo script: each case is one client call and its printed line"
+)]
 pub async fn run() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
     let origin = TcpListener::bind("127.0.0.1:0").await?;

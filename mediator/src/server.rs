@@ -59,6 +59,10 @@ pub struct Running {
 /// [`Error`] when a listener cannot be bound, the resolver cannot be configured, the
 /// metrics cannot be registered, the CA or the PAC cannot be loaded, or the decision log
 /// cannot be opened. Nothing is left listening on error.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the start in its order: nothing listens until everything before it is loaded"
+)]
 pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     let sink = options.sink.unwrap_or_else(|| match &config.log {
         policy::config::Log::Stdout => Sink::Stdout,

@@ -302,6 +302,7 @@ mod tests {
     }
 
     #[test]
+    #[expect(clippy::too_many_lines, reason = "a table of grouping rows")]
     fn the_smallest_grant_groups_by_the_psl_and_keeps_address_classes_denied() {
         let log = [
             line(

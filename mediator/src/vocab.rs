@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The protocol a decision was taken for (the `protocol` log field and metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +67,16 @@ pub enum CloseReason {
 }
 
 impl CloseReason {
+    /// Every close reason.
+    pub const ALL: [Self; 6] = [
+        Self::ClientClosed,
+        Self::UpstreamClosed,
+        Self::IdleTimeout,
+        Self::Error,
+        Self::Shutdown,
+        Self::SniMismatch,
+    ];
+
     /// The contract string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,6 +119,9 @@ pub enum Event {
 }
 
 impl Event {
+    /// Both events.
+    pub const ALL: [Self; 2] = [Self::Decision, Self::Close];
+
     /// The contract string: `decision` or `close`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -130,6 +143,9 @@ pub enum Channel {
 }
 
 impl Channel {
+    /// Every channel.
+    pub const ALL: [Self; 3] = [Self::Unix, Self::Tcp, Self::Embedded];
+
     /// The contract string: `unix`, `tcp` or `embedded`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -153,6 +169,16 @@ macro_rules! string_forms {
                 s.serialize_str(self.as_str())
             }
         }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                <$t>::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| serde::de::Error::custom(format!("unknown value {s:?}")))
+            }
+        }
     )*};
 }
 
@@ -161,6 +187,24 @@ string_forms!(Protocol, CloseReason, Event, Channel);
 /// Serialises a policy [`policy::Reason`] as its contract string (for `#[serde(serialize_with)]`).
 pub(crate) fn serialize_reason<S: Serializer>(r: &policy::Reason, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(r.as_str())
+}
+
+/// Reads a policy [`policy::Reason`] from its contract string.
+pub(crate) fn deserialize_reason<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<policy::Reason, D::Error> {
+    let s = String::deserialize(d)?;
+    policy::Reason::parse(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown reason {s:?}")))
+}
+
+/// Reads a policy [`policy::Verdict`] from `allow` or `deny`.
+pub(crate) fn deserialize_verdict<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<policy::Verdict, D::Error> {
+    let s = String::deserialize(d)?;
+    policy::Verdict::parse(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown decision {s:?}")))
 }
 
 /// Serialises a policy [`policy::Verdict`] as `allow` or `deny`.

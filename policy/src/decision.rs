@@ -15,6 +15,14 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Both verdicts.
+    pub const ALL: [Self; 2] = [Self::Allow, Self::Deny];
+
+    /// The verdict whose [`Self::as_str`] is `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
+
     /// The log and metric label value: `"allow"` or `"deny"`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -64,6 +72,11 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason whose [`Self::as_str`] is `s` (a log line's `reason`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
     /// Every reason, in the order design section 4.3 lists them.
     pub const ALL: [Self; 15] = [
         Self::Allowed,

@@ -29,6 +29,10 @@ use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
 /// # Errors
 /// Any [`Error`] that stops the sandbox from being built exactly as asked (nothing has run
 /// then), the embedded mediator's refusal to start, or a report that cannot be written.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one run: channel, backend, child, report, in order"
+)]
 pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     let channel = Channel::resolve(&settings.channel)?;
     let deny_read = deny_read(settings)?;

@@ -2,6 +2,7 @@
 //! grants; the same destination gets opposite verdicts depending on who asks, and each
 //! decision line names the authority that asked, on both channels.
 
+use crate::support::{is, records};
 use anyhow::Result;
 use e2e::case;
 use e2e::harness::Case;
@@ -9,7 +10,9 @@ use e2e::{
     AGENT_A, AGENT_B, AuthoritySpec, Fixture, LOG_TIMEOUT, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B,
     agent_a_spec, check_deny, check_line,
 };
-use serde_json::{Value, json};
+use mediator::vocab::Event;
+use policy::{Reason, Verdict};
+use serde_json::json;
 
 use crate::support::mediator;
 
@@ -27,21 +30,15 @@ async fn fixture() -> Result<Fixture> {
     Ok(fx)
 }
 
-/// The decision lines for `host`, as `(authority, decision, reason)`.
-fn verdicts(fx: &Fixture, host: &str) -> Result<Vec<(Value, Value, Value)>> {
-    Ok(fx
-        .mediator
-        .decisions()?
+/// The decision lines for `host`, as `(authority, decision, reason)`, by authority.
+fn verdicts(fx: &Fixture, host: &str) -> Result<Vec<(String, Verdict, Reason)>> {
+    let mut out: Vec<_> = records(&fx.mediator)?
         .into_iter()
-        .filter(|v| v["host"] == host)
-        .map(|v| {
-            (
-                v["authority"].clone(),
-                v["decision"].clone(),
-                v["reason"].clone(),
-            )
-        })
-        .collect())
+        .filter(|r| r.event == Event::Decision && r.host.as_deref() == Some(host))
+        .map(|r| (r.authority.unwrap_or_default(), r.decision, r.reason))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
 async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()> {
@@ -59,24 +56,21 @@ async fn same_destination_opposite_verdicts_over_tcp_credentials() -> Result<()>
         assert_eq!(body["authority"], denied_by.0);
     }
     fx.mediator
-        .wait_for_count(|v| v["event"] == "decision", 4, LOG_TIMEOUT)
+        .wait_for_count(is(|r| r.event == Event::Decision), 4, LOG_TIMEOUT)
         .await?;
-    let mut origin = verdicts(&fx, ORIGIN_HOST)?;
-    origin.sort_by_key(|v| v.0.to_string());
     assert_eq!(
-        origin,
+        verdicts(&fx, ORIGIN_HOST)?,
         vec![
-            (json!(AGENT_A), json!("allow"), json!("allowed")),
-            (json!(AGENT_B), json!("deny"), json!("not_in_allowlist")),
+            (AGENT_A.to_owned(), Verdict::Allow, Reason::Allowed),
+            (AGENT_B.to_owned(), Verdict::Deny, Reason::NotInAllowlist),
         ]
     );
-    let mut other = verdicts(&fx, "other.test")?;
-    other.sort_by_key(|v| v.0.to_string());
+    let other = verdicts(&fx, "other.test")?;
     assert_eq!(
         other,
         vec![
-            (json!(AGENT_A), json!("deny"), json!("not_in_allowlist")),
-            (json!(AGENT_B), json!("allow"), json!("allowed")),
+            (AGENT_A.to_owned(), Verdict::Deny, Reason::NotInAllowlist),
+            (AGENT_B.to_owned(), Verdict::Allow, Reason::Allowed),
         ]
     );
     for line in fx.mediator.decisions()? {
@@ -97,15 +91,13 @@ async fn same_destination_opposite_verdicts_over_unix_sockets() -> Result<()> {
     let body = check_deny(&no, 403, "not_in_allowlist")?;
     assert_eq!(body["authority"], AGENT_B);
     fx.mediator
-        .wait_for_count(|v| v["event"] == "decision", 2, LOG_TIMEOUT)
+        .wait_for_count(is(|r| r.event == Event::Decision), 2, LOG_TIMEOUT)
         .await?;
-    let mut got = verdicts(&fx, ORIGIN_HOST)?;
-    got.sort_by_key(|v| v.0.to_string());
     assert_eq!(
-        got,
+        verdicts(&fx, ORIGIN_HOST)?,
         vec![
-            (json!(AGENT_A), json!("allow"), json!("allowed")),
-            (json!(AGENT_B), json!("deny"), json!("not_in_allowlist")),
+            (AGENT_A.to_owned(), Verdict::Allow, Reason::Allowed),
+            (AGENT_B.to_owned(), Verdict::Deny, Reason::NotInAllowlist),
         ]
     );
     for line in fx.mediator.decisions()? {

@@ -2,11 +2,14 @@
 //! given as a target, a name that live traffic would deny after resolving it (only
 //! `--resolve` resolves), a placeholder in the host name, the count of authorities.
 
+use crate::support::is;
 use anyhow::{Result, ensure};
 use e2e::case;
 use e2e::harness::Case;
 use e2e::mediator::{toml_list, toml_str};
 use e2e::{AGENT_A, Fixture, agent_a_spec};
+use mediator::vocab::Event;
+use policy::Reason;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::support::mediator;
@@ -137,7 +140,7 @@ async fn explain_refuses_a_placeholder_in_the_host_as_live_traffic_does() -> Res
     let line = fx
         .mediator
         .wait_for_log(
-            |v| v["event"] == "decision" && v["reason"] == "credential_misuse",
+            is(|r| r.event == Event::Decision && r.reason == Reason::CredentialMisuse),
             std::time::Duration::from_secs(10),
         )
         .await?;

@@ -314,6 +314,10 @@ async fn explain(m: &Mediator, authority: &str, target: &str) -> Result<(i32, Va
     Ok((out.status.code().unwrap_or(-1), v))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of conformance rows, each judged by explain and by live traffic"
+)]
 async fn explain_agrees_with_live_traffic_on_the_conformance_rows() -> Result<()> {
     let fx = Fixture::start(
         mediator().global_deny(&["*:25"]).authority(

@@ -3,8 +3,10 @@
 //! client receives (a forged `X-Mediator-Decision` stripped), and the requests that must
 //! be refused with 400 or 431 before anything is resolved or connected.
 
+use crate::support::is;
 use e2e::case;
 use e2e::harness::Case;
+use policy::Reason;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -264,7 +266,7 @@ async fn userinfo_in_a_target_is_never_logged_or_echoed() -> Result<()> {
     assert!(!resp.text().contains(secret), "echoed: {}", resp.text());
     fx.mediator
         .wait_for_count(
-            |v| v["reason"] == "malformed_target",
+            is(|r| r.reason == Reason::MalformedTarget),
             2,
             Duration::from_secs(5),
         )

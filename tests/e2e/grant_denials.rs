@@ -6,8 +6,11 @@
 //! loopback DNS server; the mediator must refuse them, and the test connects only to the
 //! mediator.
 
+use crate::support::is;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::Event;
+use policy::Reason;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -402,7 +405,7 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
     let counted = fx
         .mediator
         .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "malformed_target",
+            is(|r| r.event == Event::Decision && r.reason == Reason::MalformedTarget),
             refused,
             Duration::from_secs(5),
         )
@@ -414,7 +417,7 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
         .mediator
         .decisions()?
         .into_iter()
-        .filter(|v| v["reason"] == "malformed_target")
+        .filter(is(|r| r.reason == Reason::MalformedTarget))
         .collect();
     for line in &lines {
         check_line(

@@ -2,9 +2,11 @@
 //! check` reports every problem with its location, a bad config refuses to start, and
 //! SIGTERM shuts down cleanly and removes the per-authority socket files.
 
+use crate::support::{is, record};
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::{Event, Protocol};
 use std::path::Path;
 use std::time::Duration;
 
@@ -59,7 +61,9 @@ async fn exit_and_tunnel_close(fx: &mut Fixture) -> Result<Value> {
     let lines = fx.mediator.decision_lines()?;
     lines
         .into_iter()
-        .find(|l| l["event"] == "close" && l["protocol"] == "connect")
+        .find(is(|r| {
+            r.event == Event::Close && r.protocol == Protocol::Connect
+        }))
         .ok_or_else(|| anyhow!("no close record: {:?}", fx.mediator.decision_lines()))
 }
 
@@ -228,7 +232,10 @@ async fn a_connect_pending_at_shutdown_still_gets_its_decision_line() -> Result<
     let decisions = fx.mediator.decisions()?;
     let line = decisions
         .iter()
-        .find(|l| l["event"] == "decision" && l["protocol"] == "connect")
+        .find(|v| {
+            let r = record(v);
+            r.event == Event::Decision && r.protocol == Protocol::Connect
+        })
         .with_context(|| format!("no decision line for the pending CONNECT: {decisions:?}"))?;
     assert_eq!(line["decision"], "deny", "{line}");
     assert_eq!(line["reason"], "upstream_failure", "{line}");

@@ -4,6 +4,7 @@
 //! budgets with `pac_on_error`; the per-host cache; the URL handed to the script; fetching
 //! over HTTP with refresh and the last good copy; and failing closed at start.
 
+use crate::support::is;
 use e2e::case;
 use e2e::harness::Case;
 use std::time::{Duration, Instant};
@@ -318,7 +319,12 @@ async fn pac_from_http_url_refreshes_and_keeps_the_last_good_copy() -> Result<()
     }
     assert_eq!(tunnel_status(&fx, ORIGIN_HOST).await?, 200);
     let lines = fx.mediator.decisions()?;
-    assert!(lines.iter().all(|l| l["route"] == "direct"), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(is(|r| r.route.as_deref() == Some("direct"))),
+        "{lines:?}"
+    );
     // A good new script is used.
     server.set(Some(&format!(
         "function FindProxyForURL(u, h) {{ return 'PROXY {}'; }}",

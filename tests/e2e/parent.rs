@@ -6,6 +6,7 @@
 //! reaching a parent. Routing comes after the decision: a denied target never reaches a
 //! parent.
 
+use crate::support::is;
 use anyhow::{Context, Result};
 use e2e::case;
 use e2e::harness::Case;
@@ -16,6 +17,8 @@ use e2e::{
     TOKEN_A, agent_a_spec, basic_auth, check_contains, check_deny, get_through,
     proxy_authorization,
 };
+use mediator::vocab::Event;
+use policy::Reason;
 use serde_json::json;
 
 use crate::support::mediator;
@@ -35,7 +38,7 @@ async fn get_through_tunnel(fx: &Fixture, host: &str) -> Result<HttpResponse> {
 async fn allowed_lines(fx: &Fixture, n: usize) -> Result<Vec<serde_json::Value>> {
     fx.mediator
         .wait_for_count(
-            |v| v["event"] == "decision" && v["reason"] == "allowed",
+            is(|r| r.event == Event::Decision && r.reason == Reason::Allowed),
             n,
             LOG_TIMEOUT,
         )

@@ -4,6 +4,7 @@
 //! verify is a connection failure of that parent (the next route is tried), logged in
 //! words; PAC `HTTPS host:port` entries and SOCKS5 clients use the same path.
 
+use crate::support::is;
 use anyhow::Result;
 use e2e::case;
 use e2e::harness::Case;
@@ -14,6 +15,7 @@ use e2e::{
     AGENT_A, Fixture, LOOPBACK, MediatorBuilder, ORIGIN_HOST, TOKEN_A, agent_a_spec,
     check_contains, get_through, proxy_authorization,
 };
+use mediator::vocab::{Event, Protocol};
 use serde_json::json;
 
 use crate::support::mediator;
@@ -101,7 +103,7 @@ async fn plain_http_and_socks5_go_through_the_https_parent_too() -> Result<()> {
     let line = fx
         .mediator
         .wait_for_log(
-            |v| v["event"] == "decision" && v["protocol"] == "socks5",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Socks5),
             e2e::LOG_TIMEOUT,
         )
         .await?;

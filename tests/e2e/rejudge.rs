@@ -4,9 +4,12 @@
 //! the grace ends, and a cut reaches the client as a reset, never as the origin's end of
 //! a complete transfer.
 
+use crate::support::is;
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::{Event, Protocol};
+use policy::Reason;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -158,9 +161,9 @@ async fn a_reload_that_widens_a_grant_keeps_its_live_connections_under_the_new_g
         "the slots moved to the new generation"
     );
     ensure!(
-        !m.decisions()?
-            .iter()
-            .any(|l| l["event"] == "close" && l["authority"] == AGENT_A),
+        !m.decisions()?.iter().any(is(
+            |r| r.event == Event::Close && r.authority.as_deref() == Some(AGENT_A)
+        )),
         "no connection closed"
     );
     Ok(())
@@ -219,7 +222,7 @@ async fn a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl
     );
     let close = m
         .wait_for_log(
-            |l| l["event"] == "close" && l["protocol"] == "connect",
+            is(|r| r.event == Event::Close && r.protocol == Protocol::Connect),
             LOG_TIMEOUT,
         )
         .await?;
@@ -282,7 +285,7 @@ async fn requests_during_reloads_never_meet_a_missing_authority() -> Result<()> 
     let missing: Vec<Value> = m
         .decisions()?
         .into_iter()
-        .filter(|l| l["reason"] == "unknown_authority")
+        .filter(is(|r| r.reason == Reason::UnknownAuthority))
         .collect();
     ensure!(missing.is_empty(), "{missing:?}");
     Ok(())

@@ -14,6 +14,10 @@ use crate::support::mediator;
 
 const API: &str = "api.test";
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of header and query rows against one terminated origin"
+)]
 async fn header_and_query_rules_narrow_terminated_requests() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let test_ca = TestCa::create(dir.path())?;

@@ -5,9 +5,11 @@
 //! authorities created through the admin API, and the operator guide's config reference
 //! against the config schema.
 
+use crate::support::{is, record};
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::Event;
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -72,7 +74,7 @@ async fn sigusr1_reopens_the_decision_log_without_losing_a_line() -> Result<()> 
             Ok::<_, anyhow::Error>(answered)
         })
     };
-    m.wait_for_count(|v| v["event"] == "decision", 50, LOG_TIMEOUT)
+    m.wait_for_count(is(|r| r.event == Event::Decision), 50, LOG_TIMEOUT)
         .await?;
     std::fs::rename(&log, &rotated).context("rotating the log")?;
     m.signal(Signal::SIGUSR1)?;
@@ -86,7 +88,7 @@ async fn sigusr1_reopens_the_decision_log_without_losing_a_line() -> Result<()> 
         let closes = old
             .iter()
             .chain(&new)
-            .filter(|v| v["event"] == "close")
+            .filter(|v| record(v).event == Event::Close)
             .count();
         Ok((closes >= REQUESTS).then_some((old, new)))
     };
@@ -140,7 +142,7 @@ async fn a_reopen_that_fails_keeps_writing_to_the_old_file() -> Result<()> {
         || {
             Ok(log_lines(&rotated)?
                 .into_iter()
-                .find(|v| v["event"] == "decision"))
+                .find(is(|r| r.event == Event::Decision)))
         },
         || "no decision line in the old file".to_owned(),
     )

@@ -7,9 +7,12 @@
 //! loopback) that records what each connection sent; it does not speak TLS, so curl's
 //! handshake fails after the mediator's verdict, which is all these tests need.
 
+use crate::support::is;
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::{CloseReason, Event};
+use policy::Reason;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -167,7 +170,7 @@ async fn domain_fronting_with_another_sni_is_refused_before_the_origin_sees_a_by
     let close = fx
         .mediator
         .wait_for_log(
-            |v| v["event"] == "close" && v["close_reason"] == "sni_mismatch",
+            is(|r| r.event == Event::Close && r.close_reason == Some(CloseReason::SniMismatch)),
             Duration::from_secs(5),
         )
         .await?;
@@ -273,7 +276,9 @@ async fn a_binary_stream_starting_with_0x16_passes_off_443() -> Result<()> {
     assert_eq!(first.as_slice(), payload.as_slice());
     let decisions = fx.mediator.decisions()?;
     assert!(
-        !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),
+        !decisions
+            .iter()
+            .any(is(|r| r.reason == Reason::SniMismatch)),
         "{decisions:?}"
     );
     Ok(())
@@ -305,7 +310,9 @@ async fn a_long_matching_hello_off_443_reaches_the_origin_byte_for_byte() -> Res
     assert!(first == hello, "the origin received other bytes");
     let decisions = fx.mediator.decisions()?;
     assert!(
-        !decisions.iter().any(|l| l["reason"] == "sni_mismatch"),
+        !decisions
+            .iter()
+            .any(is(|r| r.reason == Reason::SniMismatch)),
         "{decisions:?}"
     );
     Ok(())
@@ -341,7 +348,7 @@ async fn a_tunnel_where_nobody_speaks_is_cut_at_the_idle_timeout() -> Result<()>
     let close = fx
         .mediator
         .wait_for_log(
-            |v| v["event"] == "close" && v["host"] == FRONT,
+            is(|r| r.event == Event::Close && r.host.as_deref() == Some(FRONT)),
             Duration::from_secs(5),
         )
         .await?;
@@ -367,7 +374,7 @@ async fn a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked() -> Resu
     let close = fx
         .mediator
         .wait_for_log(
-            |v| v["event"] == "close" && v["host"] == FRONT,
+            is(|r| r.event == Event::Close && r.host.as_deref() == Some(FRONT)),
             Duration::from_secs(5),
         )
         .await?;

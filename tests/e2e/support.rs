@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::Result;
 use e2e::{Fixture, MediatorBuilder, agent_a_spec};
+use mediator::decision_log::Record;
+use serde_json::Value;
 
 /// The `mediator` binary Cargo built for this test target.
 pub(crate) fn bin() -> &'static Path {
@@ -22,4 +24,33 @@ pub(crate) fn mediator() -> MediatorBuilder {
 /// with `allow_private = ["127.0.0.0/8"]` so the loopback origin passes.
 pub(crate) async fn agent_a() -> Result<Fixture> {
     Fixture::start(mediator().authority(agent_a_spec())).await
+}
+
+/// A predicate on typed decision-log records as the log helpers take it (they read JSON):
+/// `expect_log(is(|r| r.protocol == Protocol::Tls), ...)`.
+pub(crate) fn is(pred: impl Fn(&Record) -> bool) -> impl Fn(&Value) -> bool {
+    move |v| pred(&record(v))
+}
+
+/// `v` read as the mediator's own record type. A log line that is not a [`Record`]
+/// fails the test at once (it would otherwise match no predicate, and a negative check
+/// would pass on it).
+#[expect(
+    clippy::panic,
+    reason = "test support: a malformed log line is a failure"
+)]
+pub(crate) fn record(v: &Value) -> Record {
+    serde_json::from_value(v.clone())
+        .unwrap_or_else(|e| panic!("a decision-log line that is not a record ({e}): {v}"))
+}
+
+/// Every record of the decision log so far, typed.
+///
+/// # Errors
+/// The log cannot be read, or a line is not a record.
+pub(crate) fn records(m: &e2e::Mediator) -> Result<Vec<Record>> {
+    m.decision_lines()?
+        .into_iter()
+        .map(|v| serde_json::from_value(v).map_err(anyhow::Error::from))
+        .collect()
 }

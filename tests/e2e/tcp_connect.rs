@@ -2,9 +2,11 @@
 //! driven by real curl, the close record's byte counts, credential failures, and the
 //! upstream failures (refused -> 502, connect timeout -> 504, NXDOMAIN -> 502).
 
+use crate::support::{is, record};
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use policy::Verdict;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -194,11 +196,11 @@ async fn every_failed_authentication_gets_the_same_answer() -> Result<()> {
     // The log keeps the difference: who was impersonated, and how.
     let lines = fx
         .mediator
-        .wait_for_count(|v| v["decision"] == "deny", 4, LOG_TIMEOUT)
+        .wait_for_count(is(|r| r.decision == Verdict::Deny), 4, LOG_TIMEOUT)
         .await?;
     let reasons: Vec<(&str, &str)> = lines
         .iter()
-        .filter(|v| v["decision"] == "deny")
+        .filter(|v| record(v).decision == Verdict::Deny)
         .map(|v| {
             (
                 v["reason"].as_str().unwrap_or(""),

@@ -7,9 +7,12 @@
 //! Clients: real curl (`--http1.1`, `--http2`) trusting only the mediator's CA, and a hyper
 //! HTTP/2 client over rustls.
 
+use crate::support::is;
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::{Event, Protocol};
+use policy::{Reason, Verdict};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -219,7 +222,7 @@ async fn http1_request_is_terminated_forwarded_and_logged_with_the_query_redacte
     env.fx
         .mediator
         .expect_log(
-            |v| v["event"] == "decision" && v["protocol"] == "tls",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
             &[
                 ("decision", json!("allow")),
                 ("reason", json!("allowed")),
@@ -237,7 +240,7 @@ async fn http1_request_is_terminated_forwarded_and_logged_with_the_query_redacte
     env.fx
         .mediator
         .expect_log(
-            |v| v["event"] == "decision" && v["protocol"] == "connect",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
             &[("reason", json!("allowed"))],
         )
         .await?;
@@ -298,7 +301,7 @@ async fn http2_with_curl_is_terminated_and_post_outside_the_rules_gets_the_json_
     env.fx
         .mediator
         .expect_log(
-            |v| v["protocol"] == "tls" && v["decision"] == "deny",
+            is(|r| r.protocol == Protocol::Tls && r.decision == Verdict::Deny),
             &[
                 ("reason", json!("denied_by_rule")),
                 ("method", json!("POST")),
@@ -506,14 +509,14 @@ async fn socks5_tunnels_are_terminated_under_the_same_rules() -> Result<()> {
     env.fx
         .mediator
         .expect_log(
-            |v| v["protocol"] == "tls" && v["method"] == "DELETE",
+            is(|r| r.protocol == Protocol::Tls && r.method.as_deref() == Some("DELETE")),
             &[("reason", json!("denied_by_rule"))],
         )
         .await?;
     env.fx
         .mediator
         .expect_log(
-            |v| v["event"] == "decision" && v["protocol"] == "socks5",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Socks5),
             &[("reason", json!("allowed"))],
         )
         .await?;
@@ -636,7 +639,7 @@ async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Res
     env.fx
         .mediator
         .expect_log(
-            |v| v["protocol"] == "http" && v["method"] == "POST",
+            is(|r| r.protocol == Protocol::Http && r.method.as_deref() == Some("POST")),
             &[
                 ("decision", json!("deny")),
                 ("reason", json!("denied_by_rule")),
@@ -648,7 +651,9 @@ async fn request_rules_also_apply_to_plain_http_for_the_terminated_host() -> Res
     env.fx
         .mediator
         .expect_log(
-            |v| v["protocol"] == "http" && v["path"] == "/public/b?<redacted>",
+            is(|r| {
+                r.protocol == Protocol::Http && r.path.as_deref() == Some("/public/b?<redacted>")
+            }),
             &[("decision", json!("allow")), ("method", json!("GET"))],
         )
         .await?;
@@ -699,7 +704,7 @@ async fn requests_on_an_open_terminated_connection_stop_when_the_authority_is_re
     env.fx
         .mediator
         .expect_log(
-            |v| v["protocol"] == "tls" && v["reason"] == "unknown_authority",
+            is(|r| r.protocol == Protocol::Tls && r.reason == Reason::UnknownAuthority),
             &[("path", json!("/public/after"))],
         )
         .await?;
@@ -770,7 +775,7 @@ async fn a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2() -
         .fx
         .mediator
         .wait_for_log(
-            |v| v["protocol"] == "tls" && v["reason"] == "malformed_target",
+            is(|r| r.protocol == Protocol::Tls && r.reason == Reason::MalformedTarget),
             std::time::Duration::from_secs(10),
         )
         .await?;

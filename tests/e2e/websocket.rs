@@ -6,9 +6,12 @@
 //! reaches an HTTP/2 origin by extended CONNECT and an HTTP/1.1 origin translated; an
 //! upgrade token other than websocket needs a request rule listing it.
 
+use crate::support::is;
 use e2e::Tool;
 use e2e::case;
 use e2e::harness::Case;
+use mediator::vocab::{Event, Protocol};
+use policy::UpgradeToken;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 
@@ -30,6 +33,10 @@ const WS: &str = "ws.test";
 const SECRET: &str = "ws_e2eSecretValue31c7";
 const PLACEHOLDER: &str = "mediator:ws:agent-a";
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one WebSocket scenario: handshake, frames both ways, close, and the close record"
+)]
 async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_bytes() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
@@ -76,7 +83,7 @@ async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_byt
     let decision = fx
         .mediator
         .expect_log(
-            |v| v["event"] == "decision" && v["protocol"] == "tls",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
             &[
                 ("decision", json!("allow")),
                 ("method", json!("GET")),
@@ -91,7 +98,7 @@ async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_byt
     let close = fx
         .mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "tls",
+            is(|r| r.event == Event::Close && r.protocol == Protocol::Tls),
             &[
                 ("upgrade", json!("websocket")),
                 ("id", decision["id"].clone()),
@@ -114,7 +121,7 @@ async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_byt
     // The tunnel's own close record follows.
     fx.mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "connect",
+            is(|r| r.event == Event::Close && r.protocol == Protocol::Connect),
             &[("host", json!(WS))],
         )
         .await?;
@@ -246,7 +253,11 @@ async fn expect_exchange_close(fx: &Fixture, decision: &Value, token: &str) -> R
     let close = fx
         .mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "tls" && v["id"] == decision["id"],
+            is(|r| {
+                r.event == Event::Close
+                    && r.protocol == Protocol::Tls
+                    && Some(r.id) == decision["id"].as_u64()
+            }),
             &[("upgrade", json!(token))],
         )
         .await?;
@@ -301,7 +312,7 @@ async fn an_h2_websocket_reaches_an_h2_origin_by_extended_connect() -> Result<()
     let decision =
         s.fx.mediator
             .expect_log(
-                |v| v["event"] == "decision" && v["protocol"] == "tls",
+                is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
                 &[
                     ("decision", json!("allow")),
                     ("method", json!("GET")),
@@ -353,7 +364,7 @@ async fn an_h2_websocket_is_translated_to_an_http1_upgrade_for_an_http1_origin()
     let decision =
         s.fx.mediator
             .expect_log(
-                |v| v["event"] == "decision" && v["protocol"] == "tls",
+                is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
                 &[("decision", json!("allow")), ("method", json!("GET"))],
             )
             .await?;
@@ -390,7 +401,7 @@ async fn an_h2_origin_without_extended_connect_gets_a_502() -> Result<()> {
     );
     s.fx.mediator
         .expect_log(
-            |v| v["event"] == "decision" && v["protocol"] == "tls",
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
             &[
                 ("decision", json!("deny")),
                 ("reason", json!("upstream_failure")),
@@ -481,7 +492,7 @@ async fn a_websocket_whose_origin_drops_the_connection_is_upstream_closed() -> R
     drop(ws);
     s.fx.mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "tls",
+            is(|r| r.event == Event::Close && r.protocol == Protocol::Tls),
             &[
                 ("upgrade", json!("websocket")),
                 ("close_reason", json!("upstream_closed")),
@@ -506,7 +517,11 @@ async fn a_websocket_whose_client_drops_the_connection_is_client_closed() -> Res
     drop(ws);
     s.fx.mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "tls" && v["upgrade"] == "websocket",
+            is(|r| {
+                r.event == Event::Close
+                    && r.protocol == Protocol::Tls
+                    && r.upgrade.as_ref().map(UpgradeToken::as_str) == Some("websocket")
+            }),
             &[("close_reason", json!("client_closed"))],
         )
         .await?;
@@ -557,7 +572,7 @@ async fn an_upgrade_token_a_rule_lists_is_relayed_and_an_unlisted_one_is_refused
     let decision =
         s.fx.mediator
             .expect_log(
-                |v| v["event"] == "decision" && v["protocol"] == "tls",
+                is(|r| r.event == Event::Decision && r.protocol == Protocol::Tls),
                 &[
                     ("decision", json!("allow")),
                     ("rule", json!(format!("request_rule[1] {WS}"))),
@@ -566,7 +581,11 @@ async fn an_upgrade_token_a_rule_lists_is_relayed_and_an_unlisted_one_is_refused
             .await?;
     s.fx.mediator
         .expect_log(
-            |v| v["event"] == "close" && v["protocol"] == "tls" && v["id"] == decision["id"],
+            is(|r| {
+                r.event == Event::Close
+                    && r.protocol == Protocol::Tls
+                    && Some(r.id) == decision["id"].as_u64()
+            }),
             &[
                 ("upgrade", json!("foo")),
                 ("bytes_up", json!(1003)),

@@ -170,6 +170,10 @@ pub(crate) async fn establish(
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the decision steps in their order (design section 3), read top to bottom"
+)]
 async fn steps(
     shared: &Arc<Shared>,
     ctx: &Ctx,

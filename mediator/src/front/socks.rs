@@ -121,6 +121,10 @@ fn choose_method(on_unix: bool, offered: &[u8]) -> Option<u8> {
 
 /// Runs method negotiation, authentication and the request. Returns the canonical target,
 /// or `None` when the connection was already answered with a failure.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the RFC 1928/1929 handshake in wire order"
+)]
 pub(crate) async fn handshake<S>(
     io: &mut S,
     shared: &Shared,

@@ -261,6 +261,10 @@ impl Router {
     /// Establishes a connection for `target` (already allowed and vetted: `pin`), trying
     /// the planned routes in order. Returns the connection or why none could be made, and
     /// the time spent connecting.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the planned routes tried in order, each outcome handled where it happens"
+    )]
     pub(crate) async fn connect(
         &self,
         via: Via,

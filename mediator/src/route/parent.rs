@@ -481,6 +481,10 @@ const ATYP_IPV6: u8 = 0x04;
 /// # Errors
 /// [`HandshakeError`]: `Broken` when the connection fails or the parent does not speak
 /// SOCKS5; `Refused` for an authentication failure or a non-zero `REP`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the RFC 1928/1929 client handshake in wire order"
+)]
 pub(crate) async fn socks5_connect<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     dest: Dest<'_>,

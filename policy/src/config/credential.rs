@@ -226,6 +226,10 @@ const RESERVED_HEADERS: &[&str] = &[
 
 /// Validates one credential table (`position`: 1-based, for messages). `terminated`
 /// says whether a host pattern is covered by the grant's `tls_terminate`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "every check of one [[authority.credential]] table, each located"
+)]
 pub(super) fn build(
     spec: &CredentialSpec,
     position: usize,

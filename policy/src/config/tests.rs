@@ -815,6 +815,10 @@ secret_file = \"/etc/egress/key\"
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of located credential errors"
+)]
 fn credential_errors_are_located() {
     let cases: &[(&str, &str)] = &[
         (

@@ -170,6 +170,10 @@ impl Default for Upstream {
 impl Validator<'_> {
     /// Validates `[upstream]`: the mode, the keys that belong to it (a key of another mode
     /// is an error, not ignored), and the tuning values' ranges.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "every key of [upstream] checked in the order the reference lists them"
+    )]
     pub(super) fn upstream(&mut self, raw: RawUpstream) -> Upstream {
         let what = "[upstream]";
         let mode = match &raw.mode {

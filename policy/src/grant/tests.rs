@@ -692,6 +692,7 @@ mod request_rules {
     /// `headers` and `query` narrow like methods and paths: GET under /repos/ without
     /// ?access_token=, and POST only as JSON.
     #[test]
+    #[expect(clippy::too_many_lines, reason = "a table of header and query rows")]
     fn header_and_query_rules_narrow_and_judge_the_decoded_names() {
         let get = RequestRuleSpec {
             query: Some(vec!["per_page".into(), "page".into()]),

@@ -52,6 +52,10 @@ pub(crate) struct Filters(Vec<BpfProgram>);
 /// # Errors
 /// [`Error::Seccomp`] if the architecture is unsupported or compilation fails.
 #[allow(clippy::unnecessary_cast)] // libc's `Ioctl` is not `u64` on every target
+#[expect(
+    clippy::too_many_lines,
+    reason = "the seccomp rules, one per syscall family, in one list"
+)]
 pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
     let arch = target_arch()?;
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();

@@ -67,6 +67,10 @@ impl Pool {
 }
 
 /// Decides and forwards one absolute-form request of `ctx`'s authority.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one forwarded request from decision to answer, read top to bottom"
+)]
 pub(crate) async fn forward(
     req: Request<Incoming>,
     shared: Arc<Shared>,

@@ -43,6 +43,10 @@ fn step<T>(what: impl FnOnce() -> String, r: std::result::Result<T, Errno>) -> R
 /// # Errors
 /// [`Error::MissingFeature`] when the kernel lacks the new mount API (Linux 5.12), and
 /// [`Error::Sys`] naming the step for any other failure; the caller then aborts the run.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the mount steps in the order the kernel needs them"
+)]
 pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
     step(
         || "make / private in the sandbox's mount namespace".into(),
