@@ -5,7 +5,10 @@
 //!
 //! One test binary, a test target of the `mediator` package (see `mediator/Cargo.toml`),
 //! so that Cargo builds the binary first and names it in `CARGO_BIN_EXE_mediator`
-//! ([`support::bin`]). Run one area with `cargo test -p mediator --test e2e -- socks5::`.
+//! ([`support::bin`]). The cases sit by area, one directory each, as the manual's pages
+//! (`channels/`, `decisions/`, `tls/`, `upstream/`, `control/`, `service/`), each
+//! `mod.rs` saying what the area proves. Run one area or module with a filter:
+//! `cargo test -p mediator --test e2e -- tls::` or `-- channels::socks5::`.
 //!
 //! Tests run in parallel threads of this one process. None changes process-wide state
 //! (environment, working directory, signal dispositions): a mediator's environment is set
@@ -22,58 +25,22 @@
 
 mod support;
 
-mod admin;
-mod attribution;
-mod cli;
+mod channels;
 mod control;
-mod credentials;
-mod dns_pinning;
-mod forward;
-mod grant_denials;
-mod lifecycle;
-mod limits;
-mod negotiate;
-mod pac;
-mod parent;
-mod parent_https;
-mod rejudge;
-mod request_rules;
+mod decisions;
 mod service;
-mod sni;
-mod socks5;
-mod system;
-mod tcp_connect;
-mod tls_terminate;
-mod unix_channel;
-mod websocket;
+mod tls;
+mod upstream;
 
 fn main() {
     e2e::harness::run(
         [
-            admin::cases(),
-            attribution::cases(),
-            cli::cases(),
+            channels::cases(),
+            decisions::cases(),
+            tls::cases(),
+            upstream::cases(),
             control::cases(),
-            credentials::cases(),
-            dns_pinning::cases(),
-            forward::cases(),
-            grant_denials::cases(),
-            lifecycle::cases(),
-            limits::cases(),
-            negotiate::cases(),
-            pac::cases(),
-            parent::cases(),
-            parent_https::cases(),
-            rejudge::cases(),
-            request_rules::cases(),
             service::cases(),
-            sni::cases(),
-            socks5::cases(),
-            system::cases(),
-            tcp_connect::cases(),
-            tls_terminate::cases(),
-            unix_channel::cases(),
-            websocket::cases(),
         ]
         .concat(),
     )
