@@ -2,12 +2,12 @@
 //! authorities, and connections judged again under a new grant.
 
 mod admin;
-mod control;
 mod rejudge;
+mod reload;
 
 use e2e::harness::Case;
 
 /// This area's cases.
 pub(crate) fn cases() -> Vec<Case> {
-    [admin::cases(), control::cases(), rejudge::cases()].concat()
+    [admin::cases(), reload::cases(), rejudge::cases()].concat()
 }

@@ -3,11 +3,11 @@
 
 mod cli;
 mod lifecycle;
-mod service;
+mod signals;
 
 use e2e::harness::Case;
 
 /// This area's cases.
 pub(crate) fn cases() -> Vec<Case> {
-    [service::cases(), lifecycle::cases(), cli::cases()].concat()
+    [signals::cases(), lifecycle::cases(), cli::cases()].concat()
 }
