@@ -523,9 +523,66 @@ async fn every_shipped_config_passes_check() -> Result<()> {
     Ok(())
 }
 
+/// ARCHITECTURE.md is the map of the code: every source file is named in it, as a code
+/// span of its path below its crate's `src/` (or its test directory). A unit-test file
+/// beside the code (`*_tests.rs`, a folder's `tests.rs`) is covered by the page's rule.
+async fn architecture_names_every_source_file() -> Result<()> {
+    let top = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let map = std::fs::read_to_string(top.join("ARCHITECTURE.md"))?;
+    ensure!(
+        map.contains("sibling `*_tests.rs`"),
+        "ARCHITECTURE.md no longer states where unit tests sit"
+    );
+    let roots = [
+        "policy/src",
+        "certs/src",
+        "gss/src",
+        "mediator/src",
+        "shim/src",
+        "bench/src",
+        "tests/src",
+        "tests/e2e",
+        "shim/tests/sandbox",
+        "policy/tests",
+    ];
+    let mut missing = Vec::new();
+    for root in roots {
+        let base = top.join(root);
+        let mut dirs = vec![base.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
+                if !name.ends_with(".rs") || name.ends_with("_tests.rs") || name == "tests.rs" {
+                    continue;
+                }
+                let rel = path.strip_prefix(&base)?.to_string_lossy().into_owned();
+                if !map.contains(&format!("`{rel}`")) {
+                    missing.push(format!("{root}/{rel}"));
+                }
+            }
+        }
+    }
+    missing.sort();
+    ensure!(
+        missing.is_empty(),
+        "ARCHITECTURE.md does not name {} source file(s): {missing:?}",
+        missing.len()
+    );
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
+        case!(architecture_names_every_source_file),
         case!(sigusr1_reopens_the_decision_log_without_losing_a_line).threads(4),
         case!(a_reopen_that_fails_keeps_writing_to_the_old_file),
         case!(a_decision_log_that_cannot_be_written_stops_the_mediator),
