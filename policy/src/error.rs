@@ -4,6 +4,9 @@
 
 use thiserror::Error;
 
+/// What a target is, for the messages about near misses.
+const TARGET_FORM: &str = "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
+
 /// Everything that can go wrong in the policy crate. Each message names the offending
 /// input and, where it helps, what would fix it.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -39,9 +42,9 @@ pub enum HostError {
     /// Nothing, or only a trailing dot.
     #[error("empty host")]
     Empty,
-    /// Longer than any host can be.
-    #[error("longer than {} bytes", crate::host::MAX_INPUT_BYTES)]
-    TooLong,
+    /// Longer than any host can be (the bound, in bytes).
+    #[error("longer than {0} bytes")]
+    TooLong(usize),
     /// `[` without `]`.
     #[error("'[' without a closing ']'")]
     UnclosedBracket,
@@ -121,7 +124,7 @@ pub enum HostError {
     PortRequired,
     /// A URL, a path, query or fragment, or userinfo where a target was expected, with
     /// the target probably meant when that one is valid.
-    #[error("{problem}; {}{}", crate::host::TARGET_FORM, meant.as_ref().map(|t| format!(", e.g. \"{t}\"")).unwrap_or_default())]
+    #[error("{problem}; {}{}", TARGET_FORM, meant.as_ref().map(|t| format!(", e.g. \"{t}\"")).unwrap_or_default())]
     NotATarget {
         /// What the input is instead.
         problem: &'static str,
@@ -142,7 +145,7 @@ pub enum HostError {
     /// Two or more `:` outside brackets that make no IPv6 literal.
     #[error(
         "more than one ':' outside brackets; {}, with an IPv6 host in brackets, e.g. \"[2001:db8::1]:443\"",
-        crate::host::TARGET_FORM
+        TARGET_FORM
     )]
     ManyColons,
     /// `host:`.
@@ -298,13 +301,12 @@ pub enum RuleError {
     #[error("an empty upgrade token")]
     EmptyUpgrade,
     /// An over-long upgrade token.
-    #[error(
-        "upgrade token \"{shown}\" is longer than {} bytes",
-        crate::request::MAX_UPGRADE_TOKEN
-    )]
+    #[error("upgrade token \"{shown}\" is longer than {max} bytes")]
     LongUpgrade {
         /// The token, escaped.
         shown: String,
+        /// The bound, in bytes.
+        max: usize,
     },
     /// An upgrade token that is no `name[/version]` of token characters.
     #[error(

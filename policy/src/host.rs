@@ -90,7 +90,7 @@ impl fmt::Display for Target {
 /// The longest host input looked at; anything longer cannot be a valid host (a name is at
 /// most 253 bytes, but IDN input may be longer before mapping) and is rejected before any
 /// IDNA work is spent on it.
-pub(crate) const MAX_INPUT_BYTES: usize = 1024;
+const MAX_INPUT_BYTES: usize = 1024;
 
 /// Canonicalises one host string (no port, no brackets except around an IPv6 literal).
 ///
@@ -127,7 +127,7 @@ pub(crate) fn canonicalize_inner(input: &str) -> Result<CanonicalHost, HostError
         return Err(HostError::Empty);
     }
     if input.len() > MAX_INPUT_BYTES {
-        return Err(HostError::TooLong);
+        return Err(HostError::TooLong(MAX_INPUT_BYTES));
     }
     if let Some(rest) = input.strip_prefix('[') {
         let Some(inner) = rest.strip_suffix(']') else {
@@ -329,10 +329,6 @@ pub fn parse_authority_form(input: &str) -> Result<Target, PolicyError> {
         why,
     })
 }
-
-/// What a target is, for the messages about near misses.
-pub(crate) const TARGET_FORM: &str =
-    "a target is host:port (authority-form, RFC 9112 section 3.2.3)";
 
 /// [`parse_authority_form`] with only the reason as error.
 fn authority_form(input: &str) -> Result<Target, HostError> {

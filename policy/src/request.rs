@@ -88,7 +88,7 @@ pub enum UpgradeToken {
 }
 
 /// The longest upgrade token accepted (name, `/` and version).
-pub(crate) const MAX_UPGRADE_TOKEN: usize = 64;
+const MAX_UPGRADE_TOKEN: usize = 64;
 
 impl UpgradeToken {
     /// Parses one token (surrounding spaces and tabs trimmed).
@@ -103,7 +103,10 @@ impl UpgradeToken {
             return Err(RuleError::EmptyUpgrade);
         }
         if t.len() > MAX_UPGRADE_TOKEN {
-            return Err(RuleError::LongUpgrade { shown: shown() });
+            return Err(RuleError::LongUpgrade {
+                shown: shown(),
+                max: MAX_UPGRADE_TOKEN,
+            });
         }
         let mut parts = t.split(|&b| b == b'/');
         let name = parts.next().unwrap_or_default();

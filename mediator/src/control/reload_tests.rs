@@ -23,10 +23,3 @@ fn fingerprints_see_table_and_global_changes_only() {
     );
     assert_ne!(a.authorities["b"], global.authorities["b"]);
 }
-
-#[test]
-fn tokens_are_fresh() {
-    let a = random_token().unwrap();
-    assert_eq!(a.len(), 64);
-    assert_ne!(a, random_token().unwrap());
-}

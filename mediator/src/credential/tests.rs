@@ -1,6 +1,9 @@
 //! Unit tests of `credential`.
 
+use super::body::check_trailers;
 use super::*;
+use policy::Reason;
+use std::os::unix::fs::PermissionsExt as _;
 
 const CONFIG: &str = r#"
 [tls]

@@ -1,0 +1,293 @@
+//! A config reload (SIGHUP, `POST /v1/reload`): the file diffed by authority table
+//! against the one the running set was built from; new authorities added, removed ones
+//! revoked, changed ones revoked and re-created (live connections judged again).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::PoisonError;
+
+use policy::config::{Authority, Config};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::create::{CreateError, credential_fields};
+use super::{Control, TARGET};
+use crate::authorities::Origin;
+
+/// What a reload did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Added: `(name, generation)`.
+    pub added: Vec<(String, u64)>,
+    /// Revoked: `(name, generation)`.
+    pub removed: Vec<(String, u64)>,
+    /// Revoked and re-created: `(name, old generation, new generation)`.
+    pub changed: Vec<(String, u64, u64)>,
+    /// Left as they were.
+    pub unchanged: Vec<String>,
+    /// Sections whose changes need a restart (ignored by the reload).
+    pub ignored_sections: Vec<String>,
+    /// Authorities that could not be (re-)created (each is absent, so fails closed).
+    pub failed: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(super) struct Baseline {
+    authorities: BTreeMap<String, String>,
+    sections: BTreeMap<String, String>,
+}
+
+impl Control {
+    /// Records the configuration text the running set was built from, so that a later
+    /// [`Self::reload`] can tell which authorities changed. Called once after start.
+    pub(crate) fn set_baseline(&self, text: &str) {
+        let baseline = fingerprints(text);
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(baseline);
+    }
+
+    /// Applies a new configuration (already parsed and validated from `text`): authorities
+    /// of the file that are new are added, those no longer in the file are revoked, those
+    /// whose table (or the global deny list) changed are revoked and re-created with a new
+    /// generation. Authorities created through the admin API are left alone unless the
+    /// file now defines the same name (the file's then replaces it). Changes to other
+    /// sections need a restart and are reported, not applied.
+    ///
+    /// The caller validates first: a file that does not parse or validate never gets here,
+    /// so it changes nothing.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "a reload diffs the config by authority table in one pass"
+    )]
+    pub(crate) fn reload(&self, config: Config, text: &str) -> ReloadReport {
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let new = fingerprints(text);
+        let old = self
+            .baseline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default();
+        let mut report = ReloadReport::default();
+        for (section, fp) in &new.sections {
+            if old.sections.get(section) != Some(fp) {
+                report.ignored_sections.push(section.clone());
+            }
+        }
+        for section in old.sections.keys() {
+            if !new.sections.contains_key(section) {
+                report.ignored_sections.push(section.clone());
+            }
+        }
+        report.ignored_sections.sort();
+        report.ignored_sections.dedup();
+        let global_changed = {
+            let mut global = self
+                .global_deny
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let changed = *global != config.global_deny;
+            global.clone_from(&config.global_deny);
+            changed
+        };
+        // The global deny list is part of every grant, those created through the API
+        // included: when it changed, re-create them under the new list (new generation).
+        if global_changed {
+            let tables: Vec<(String, String)> = self
+                .api_tables
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .filter(|(name, _)| !new.authorities.contains_key(*name))
+                .map(|(n, t)| (n.clone(), t.clone()))
+                .collect();
+            for (name, text) in tables {
+                let is_api = self
+                    .shared
+                    .authorities
+                    .get(&name)
+                    .is_some_and(|l| l.origin == Origin::Api);
+                if !is_api {
+                    continue;
+                }
+                let parsed = policy::config::parse_authority(&text, &config.global_deny).and_then(
+                    |mut a| {
+                        crate::credential::load_secrets(&mut a).map_err(credential_fields)?;
+                        Ok(a)
+                    },
+                );
+                let authority = match parsed {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Cannot happen for a table that was valid with other deny entries,
+                        // but fail closed: revoke rather than keep the old, wider grant.
+                        self.revoke_locked(
+                            &name,
+                            "revoked by reload (invalid under the new [global] deny list)",
+                        );
+                        report.failed.push((name.clone(), format!("{e:?}")));
+                        continue;
+                    }
+                };
+                let (old_generation, added) = self.replace_locked(
+                    &name,
+                    authority,
+                    Origin::Api,
+                    "replaced by reload ([global] deny changed)",
+                );
+                match added {
+                    Ok(live) => {
+                        if let Some(g) = old_generation {
+                            report.changed.push((name.clone(), g, live.generation));
+                        }
+                    }
+                    Err(e) => report.failed.push((name.clone(), format!("{e:?}"))),
+                }
+            }
+        }
+
+        // Removed from the file: revoke (only those that came from the file).
+        for name in old.authorities.keys() {
+            if new.authorities.contains_key(name) {
+                continue;
+            }
+            if let Some(live) = self.shared.authorities.get(name)
+                && live.origin == Origin::Config
+                && let Some(l) =
+                    self.revoke_locked(name, "revoked by reload (removed from the file)")
+            {
+                report.removed.push((name.clone(), l.generation));
+            }
+        }
+        let mut by_name: HashMap<String, Authority> = config
+            .authorities
+            .into_iter()
+            .map(|a| (a.grant.name().to_owned(), a))
+            .collect();
+        for (name, fp) in &new.authorities {
+            // The file's definition replaces one created through the API.
+            self.api_tables
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(name);
+            let Some(authority) = by_name.remove(name) else {
+                continue;
+            };
+            let current = self.shared.authorities.get(name);
+            // A rotated secret is a change too (a new generation), with the same table.
+            let same = current.as_ref().is_some_and(|l| {
+                l.origin == Origin::Config && same_secrets(&l.authority, &authority)
+            }) && old.authorities.get(name) == Some(fp);
+            if same {
+                report.unchanged.push(name.clone());
+                continue;
+            }
+            let (old_generation, added) = if current.is_some() {
+                self.replace_locked(
+                    name,
+                    authority,
+                    Origin::Config,
+                    "replaced by reload (its table changed)",
+                )
+            } else {
+                (None, self.add_locked(authority, Origin::Config, None))
+            };
+            match added {
+                Ok(live) => match old_generation {
+                    Some(g) => report.changed.push((name.clone(), g, live.generation)),
+                    None => report.added.push((name.clone(), live.generation)),
+                },
+                Err(e) => {
+                    let why = match e {
+                        CreateError::Listen(e) => e.to_string(),
+                        CreateError::Duplicate(n) => format!("{n} is live"),
+                        CreateError::Invalid(v) => format!("{v:?}"),
+                    };
+                    tracing::error!(target: TARGET, "reload: cannot add authority {name:?}: {why}; it stays absent");
+                    report.failed.push((name.clone(), why));
+                }
+            }
+        }
+        // The authorities now run as the file says; the other sections still run as they
+        // did at start (a reload does not apply them), so the next reload compares with
+        // those: a change stays reported until a restart applies it, and a change undone
+        // is no longer reported.
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline {
+            authorities: new.authorities,
+            sections: old.sections,
+        });
+        tracing::info!(
+            target: TARGET,
+            "reload applied: added {:?}, removed {:?}, changed {:?}, unchanged {:?}",
+            report.added,
+            report.removed,
+            report.changed,
+            report.unchanged
+        );
+        if !report.ignored_sections.is_empty() {
+            tracing::warn!(
+                target: TARGET,
+                "reload: changes to {} need a restart and were not applied",
+                report.ignored_sections.join(", ")
+            );
+        }
+        report
+    }
+}
+
+/// Whether two authorities of one table hold the same secrets (a reload re-reads them).
+fn same_secrets(old: &Authority, new: &Authority) -> bool {
+    old.credentials.len() == new.credentials.len()
+        && old
+            .credentials
+            .iter()
+            .zip(&new.credentials)
+            .all(|(a, b)| a.same_secret(b))
+}
+
+/// Per-authority and per-section fingerprints of a configuration text. An authority's
+/// fingerprint covers its own table and the `[global]` table (whose deny list is part of
+/// every grant). Text that does not parse gives empty maps (callers validate first).
+fn fingerprints(text: &str) -> Baseline {
+    let mut out = Baseline::default();
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return out;
+    };
+    let global = table.get("global").map(canonical).unwrap_or_default();
+    for (key, value) in &table {
+        if key == "authority" {
+            for a in value.as_array().into_iter().flatten() {
+                if let Some(name) = a.get("name").and_then(toml::Value::as_str) {
+                    let fp = hex::encode(Sha256::digest(
+                        format!("{}\n{global}", canonical(a)).as_bytes(),
+                    ));
+                    out.authorities.insert(name.to_owned(), fp);
+                }
+            }
+        } else if key != "global" {
+            out.sections.insert(key.clone(), canonical(value));
+        }
+    }
+    out
+}
+
+/// A canonical JSON rendering (object keys sorted) of a TOML value.
+fn canonical(v: &toml::Value) -> String {
+    fn sort(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let sorted: BTreeMap<String, Value> =
+                    m.into_iter().map(|(k, v)| (k, sort(v))).collect();
+                Value::Object(sorted.into_iter().collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sort).collect()),
+            other => other,
+        }
+    }
+    serde_json::to_value(v)
+        .map(sort)
+        .map(|v| v.to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+#[path = "reload_tests.rs"]
+mod tests;

@@ -1,0 +1,163 @@
+//! A terminated request's trailer fields, checked for the authority's placeholders:
+//! they arrive after the body, so a refused one cuts the request ([`CheckedBody`]).
+
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::HeaderMap;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use policy::Target;
+use policy::config::Authority;
+
+use crate::denial::Denial;
+use crate::error::Error;
+
+use super::scan::{Place, has_placeholders, misuse, scan};
+
+/// The trailer fields of a request of `authority` to `target` (RFC 9110 section 6.5): a
+/// placeholder there is never replaced (a credential's header is a header, not a
+/// trailer), so it is refused on every host, the credential's own included.
+///
+/// # Errors
+/// A `credential_misuse` denial naming the credential.
+pub(crate) fn check_trailers(
+    authority: &Authority,
+    target: &Target,
+    trailers: &HeaderMap,
+) -> Result<(), Denial> {
+    if !has_placeholders(authority) {
+        return Ok(());
+    }
+    let texts = trailers
+        .iter()
+        .map(|(name, value)| (Place::Trailer(name.as_str().to_owned()), value.as_bytes()));
+    match scan(authority, texts) {
+        None => Ok(()),
+        Some(found) => Err(misuse(
+            authority,
+            &found,
+            target,
+            &format!(
+                "{}, sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
+                found.place_words()
+            ),
+        )),
+    }
+}
+
+/// A request body passed on upstream with its trailer fields checked
+/// ([`check_trailers`]): they arrive after the body, when the request head (and the body)
+/// may already be upstream, so a trailer that carries a placeholder is never yielded:
+/// the body fails instead, which cuts the upstream request (HTTP/2: its stream is reset;
+/// HTTP/1.1: the connection is closed before the last chunk), and the denial is recorded
+/// at once by the `record` callback and kept for the request's answer ([`TrailerVerdict`]).
+/// Data frames pass through untouched; bodies themselves are not scanned.
+pub(crate) struct CheckedBody {
+    inner: Incoming,
+    /// `None` when the authority holds no placeholder: nothing to check.
+    check: Option<Box<TrailerCheck>>,
+    /// A trailer was refused: nothing more is passed on.
+    cut: bool,
+}
+
+pub(super) struct TrailerCheck {
+    authority: Arc<Authority>,
+    target: Target,
+    denied: Arc<OnceLock<Denial>>,
+    record: Box<dyn FnOnce(&Denial) + Send>,
+}
+
+/// What the trailer check of one [`CheckedBody`] found, readable after the upstream
+/// request ended.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TrailerVerdict(Option<Arc<OnceLock<Denial>>>);
+
+impl TrailerVerdict {
+    /// The `credential_misuse` denial of a trailer, once the body reached it.
+    pub(crate) fn denial(&self) -> Option<&Denial> {
+        self.0.as_ref().and_then(|d| d.get())
+    }
+}
+
+impl CheckedBody {
+    /// `body` as it is: for what needs no check (an authority without placeholders).
+    pub(crate) fn unchecked(body: Incoming) -> Self {
+        Self {
+            inner: body,
+            check: None,
+            cut: false,
+        }
+    }
+
+    /// `body` of a request of `authority` to `target`, its trailers checked; `record`
+    /// logs the denial once, when a trailer is refused.
+    pub(crate) fn new(
+        body: Incoming,
+        authority: &Arc<Authority>,
+        target: &Target,
+        record: impl FnOnce(&Denial) + Send + 'static,
+    ) -> (Self, TrailerVerdict) {
+        if !has_placeholders(authority) {
+            return (Self::unchecked(body), TrailerVerdict::default());
+        }
+        let denied = Arc::new(OnceLock::new());
+        let check = TrailerCheck {
+            authority: Arc::clone(authority),
+            target: target.clone(),
+            denied: Arc::clone(&denied),
+            record: Box::new(record),
+        };
+        (
+            Self {
+                inner: body,
+                check: Some(Box::new(check)),
+                cut: false,
+            },
+            TrailerVerdict(Some(denied)),
+        )
+    }
+}
+
+impl Body for CheckedBody {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = &mut *self;
+        if this.cut {
+            return Poll::Ready(None);
+        }
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Error::ClientBody(e)))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let (Some(trailers), Some(check)) = (frame.trailers_ref(), &this.check)
+            && let Err(denial) = check_trailers(&check.authority, &check.target, trailers)
+        {
+            // Taken so that the callback runs once; a body polled again after its error
+            // passes nothing more on either.
+            this.cut = true;
+            if let Some(check) = this.check.take() {
+                (check.record)(&denial);
+                let _ = check.denied.set(denial);
+            }
+            return Poll::Ready(Some(Err(Error::PlaceholderInTrailer)));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.cut || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
