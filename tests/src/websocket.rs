@@ -8,7 +8,7 @@
 //! The origins echo every text and binary message; the text [`DROP`] makes the HTTP/1.1
 //! origin drop its connection without a Close frame or TLS close_notify.
 
-use std::convert::Infallible;
+pub use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use tokio_tungstenite::WebSocketStream;
+pub use tokio_tungstenite::WebSocketStream;
 /// A WebSocket message (the type the client sends and receives).
 pub use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};

@@ -20,7 +20,7 @@ use e2e::mediator::{toml_list, toml_str};
 use e2e::tls::TestCa;
 use e2e::upgrade::{BYE, UpgradeOrigin, upgrade_through_connect};
 use e2e::websocket::{
-    DROP, H2Answer, H2WebSocket, Message, SinkExt as _, StreamExt as _, WsFlavor, WsOrigin,
+    DROP, H2Answer, Message, SinkExt as _, StreamExt as _, WebSocketStream, WsFlavor, WsOrigin,
     ws_h2_through_connect, ws_through_connect,
 };
 use e2e::{AGENT_A, Fixture, TOKEN_A, agent_a_allowing};
@@ -33,17 +33,13 @@ const WS: &str = "ws.test";
 const SECRET: &str = "ws_e2eSecretValue31c7";
 const PLACEHOLDER: &str = "mediator:ws:agent-a";
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one WebSocket scenario: handshake, frames both ways, close, and the close record"
-)]
 async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_bytes() -> Result<()> {
     let s = setup("").await?;
     let origin = WsOrigin::start(&s.test_ca.ca, WS).await?;
     let (fx, ca_pem) = (&s.fx, &s.ca_pem);
 
     let auth = format!("Bearer {PLACEHOLDER}");
-    let mut ws = ws_through_connect(
+    let ws = ws_through_connect(
         fx.mediator.tcp_addr(),
         (AGENT_A, TOKEN_A),
         (WS, origin.port()),
@@ -60,25 +56,9 @@ async fn a_websocket_is_relayed_through_termination_and_its_close_counts_the_byt
             .any(|(k, v)| k == "authorization" && *v == format!("Bearer {SECRET}")),
         "{handshake:?}"
     );
-    let text = "x".repeat(1000);
-    let binary = vec![7u8; 5000];
-    ws.send(Message::text(text.clone())).await?;
-    ws.send(Message::binary(binary.clone())).await?;
-    let first = ws.next().await.transpose()?;
-    let second = ws.next().await.transpose()?;
-    ensure!(
-        first == Some(Message::text(text)) && second == Some(Message::binary(binary)),
-        "echoed: {first:?} {second:?}"
-    );
-    ws.close(None).await?;
-    // The close handshake completes: the origin's Close comes back, then the end; the
-    // client closes its side.
-    while let Some(msg) = ws.next().await {
-        if msg.is_err() {
-            break;
-        }
-    }
-    drop(ws);
+    // Frames both ways; the close handshake completes (the origin's Close comes back,
+    // then the end) and the client closes its side.
+    exchange_and_close(ws).await?;
 
     let decision = fx
         .mediator
@@ -227,7 +207,10 @@ async fn chat_echoed_once(s: &Setup, origin: &WsOrigin) -> Result<e2e::websocket
 
 /// Sends a 1000-byte text and a 5000-byte binary message, checks both echoes, completes
 /// the close handshake and closes.
-async fn exchange_and_close(mut ws: H2WebSocket) -> Result<()> {
+async fn exchange_and_close<S>(mut ws: WebSocketStream<S>) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let text = "x".repeat(1000);
     let binary = vec![7u8; 5000];
     ws.send(Message::text(text.clone())).await?;

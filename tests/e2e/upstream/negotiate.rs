@@ -56,19 +56,31 @@ fn negotiate_mediator(kdc: &Kdc, url: &str, creds: &[String]) -> MediatorBuilder
     b
 }
 
-async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
-    let (kdc, keytab) = realm().await?;
-    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+/// An HTTP parent demanding Negotiate with the service keys of `keytab`, and a mediator
+/// routing through it with the credentials of `ccache` (the parent's name resolving to
+/// loopback); the parent's URL as the mediator names it.
+async fn kerberos_parent(
+    kdc: &Kdc,
+    keytab: &std::path::Path,
+    ccache: &str,
+) -> Result<(HttpParent, String, Fixture)> {
     let parent =
-        HttpParent::start_with(None, HttpParentMode::Negotiate(Acceptor::new(&keytab))).await?;
+        HttpParent::start_with(None, HttpParentMode::Negotiate(Acceptor::new(keytab))).await?;
     let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
     let fx = Fixture::start(negotiate_mediator(
-        &kdc,
+        kdc,
         &url,
         &[format!("kerberos_ccache = {ccache:?}")],
     ))
     .await?;
     fx.resolve(&[PARENT_HOST], LOOPBACK);
+    Ok((parent, url, fx))
+}
+
+async fn curl_reaches_the_origin_through_a_kerberos_parent() -> Result<()> {
+    let (kdc, keytab) = realm().await?;
+    let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
+    let (parent, url, fx) = kerberos_parent(&kdc, &keytab, &ccache).await?;
     let target = format!("http://{}/through-kerberos", fx.origin_target());
     let out = fx
         .mediator
@@ -246,19 +258,7 @@ async fn a_ticket_the_parent_cannot_accept_is_refused_with_a_clear_detail() -> R
     kdc.keytab(&format!("HTTP/{PARENT_HOST}"), "rotated.keytab")
         .await?;
     let ccache = kdc.kinit("alice", "alice-pw", "alice.ccache", "1h").await?;
-    let parent = HttpParent::start_with(
-        None,
-        HttpParentMode::Negotiate(Acceptor::new(&stale_keytab)),
-    )
-    .await?;
-    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
-    let fx = Fixture::start(negotiate_mediator(
-        &kdc,
-        &url,
-        &[format!("kerberos_ccache = {ccache:?}")],
-    ))
-    .await?;
-    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let (parent, url, fx) = kerberos_parent(&kdc, &stale_keytab, &ccache).await?;
     let resp = fx
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
         .await?;
@@ -289,16 +289,7 @@ async fn expired_or_missing_credentials_are_refused_before_the_parent_sees_a_tok
         std::time::Duration::from_secs(30),
     )
     .await?;
-    let parent =
-        HttpParent::start_with(None, HttpParentMode::Negotiate(Acceptor::new(&keytab))).await?;
-    let url = format!("http://{PARENT_HOST}:{}", parent.addr().port());
-    let fx = Fixture::start(negotiate_mediator(
-        &kdc,
-        &url,
-        &[format!("kerberos_ccache = {ccache:?}")],
-    ))
-    .await?;
-    fx.resolve(&[PARENT_HOST], LOOPBACK);
+    let (parent, url, fx) = kerberos_parent(&kdc, &keytab, &ccache).await?;
     let resp = fx
         .connect(&fx.origin_target(), Some((AGENT_A, TOKEN_A)))
         .await?;
