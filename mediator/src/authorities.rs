@@ -3,12 +3,12 @@
 //! live authority carries the signals that end its channel (its listener, at once) and its
 //! connections (after the revoke grace), and a bounded ring of its recent denials.
 //!
-//! A connection keeps the `Arc<Authority>` it was attributed to; [`Registry::is_live`]
+//! A connection keeps the `Arc<Authority>` it was attributed to; [`LiveSet::is_live`]
 //! compares that exact grant (by identity, not by name) with the live one, so a connection
 //! of a revoked authority can never be served by a later one of the same name, nor keep
 //! getting new decisions from the old one. Only a reload that re-creates an authority
 //! under a changed table, on an unchanged channel, names a *successor*
-//! ([`Registry::succeed`]): its connections are then judged again under the successor's
+//! ([`LiveSet::succeed`]): its connections are then judged again under the successor's
 //! grant (`crate::conn::standing`), and continue under it only if still allowed.
 
 use std::collections::{HashMap, VecDeque};
@@ -238,7 +238,7 @@ pub(crate) fn grant_digest(a: &Authority) -> String {
 
 /// The live authorities by name.
 #[derive(Debug, Default)]
-pub(crate) struct Registry {
+pub(crate) struct LiveSet {
     map: RwLock<HashMap<String, Arc<Live>>>,
     generations: AtomicU64,
     /// Reload replacements: (a replaced authority, the entry that replaced it). Weak both
@@ -252,7 +252,7 @@ pub(crate) struct Registry {
     withdrawn: Mutex<Vec<Weak<Live>>>,
 }
 
-impl Registry {
+impl LiveSet {
     /// An empty registry.
     pub(crate) fn new() -> Self {
         Self::default()

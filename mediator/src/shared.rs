@@ -12,7 +12,7 @@ use policy::OwnAddrs;
 use policy::config::{Limits, Timeouts};
 use tokio::sync::Notify;
 
-use crate::authorities::Registry;
+use crate::authorities::LiveSet;
 use crate::decision_log::DecisionLog;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
@@ -41,7 +41,7 @@ pub(crate) struct Parts {
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// The live authorities.
-    pub(crate) authorities: Registry,
+    pub(crate) authorities: LiveSet,
     /// The Prometheus metrics.
     pub(crate) metrics: Metrics,
     /// The resolver of destinations.
@@ -99,7 +99,7 @@ impl Shared {
             serving,
         } = parts;
         Self {
-            authorities: Registry::new(),
+            authorities: LiveSet::new(),
             metrics,
             resolver,
             router,

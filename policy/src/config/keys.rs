@@ -124,6 +124,16 @@ pub const SECTIONS: &[Section] = &[
     Section { heading: "[global]", before: "", after: "", keys: &[
         key("deny", "`[]`", "`[\"*:25\", \"metadata.google.internal\"]`", "deny entries applied to every authority, those of the admin API included"),
     ] },
+    Section { heading: "[registry]", before: "Where authorities created through the admin API are kept ([control.md](control.md#the-registry-authorities-that-outlive-the-process)). Nothing secret is stored: the table, its generation, `created_at`, `expires_at`, the token's SHA-256.", after: "", keys: &[
+        key("backend", "`\"local\"`", "`\"etcd\"`", "`local` (files under `state_dir`, written durably), `etcd` (shared by every replica; built with the cargo feature `etcd`) or `memory` (lost when the process ends; warned at start)").checked(|c| format!("{:?}", c.registry.backend.as_str())),
+        key("state_dir", "`$STATE_DIRECTORY`, else `$XDG_STATE_HOME/egress-mediator`, else `~/.local/state/egress-mediator`; `/var/lib/egress-mediator` as root", "`\"/var/lib/egress-mediator\"`", "`local`: the directory of the records (made 0700; one mediator at a time: it is locked)"),
+        key("endpoints", "`[]`", "`[\"http://10.0.0.5:2379\", \"http://10.0.0.6:2379\"]`", "`etcd`: the members' client URLs (`http://` or `https://`, host and port)").checked(|c| format!("{:?}", c.registry.endpoints)),
+        key("prefix", "`\"/egress-mediator/\"`", "`\"/team-a/egress/\"`", "`etcd`: records live under `<prefix>authorities/<name>`").checked(|c| format!("{:?}", c.registry.prefix)),
+        key("max_staleness_s", "`10`", "`5`", "`etcd`: how long a replica may go without confirming its view is current before it refuses decisions under registry authorities (`registry_unavailable`), 1..=3600").checked(|c| c.registry.max_staleness.as_secs().to_string()),
+        key("ca_file", "none", "`\"/etc/egress-mediator/etcd-ca.pem\"`", "`etcd` over https: the CA the members' certificates chain to"),
+        key("cert_file", "none", "`\"/etc/egress-mediator/etcd-client.pem\"`", "`etcd` over https: client certificate (with `key_file`)"),
+        key("key_file", "none", "`\"/etc/egress-mediator/etcd-client.key\"`", "`etcd` over https: client key (with `cert_file`)"),
+    ] },
     Section { heading: "[[authority]]", before: "", after: "", keys: &[
         key("name", "required", "`\"agent-a\"`", "the authority; letters, digits, `-`, `_` (its socket is `<name>.sock`)"),
         key("allow", "`[]` (nothing)", "`[\"api.github.com:443\", \"*.githubusercontent.com\"]`", "host patterns it may reach"),

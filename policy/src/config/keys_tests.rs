@@ -66,6 +66,7 @@ fn the_table_lists_exactly_the_keys_the_parser_accepts() {
         ("[limits]", "[limits]\nzz_unknown = 1\n"),
         ("[log]", "[log]\nzz_unknown = 1\n"),
         ("[global]", "[global]\nzz_unknown = 1\n"),
+        ("[registry]", "[registry]\nzz_unknown = 1\n"),
         (
             "[[authority]]",
             "[[authority]]\nname = \"a\"\nzz_unknown = 1\n",
@@ -121,5 +122,5 @@ fn checked_defaults_are_what_an_empty_config_yields() {
             checked += 1;
         }
     }
-    assert!(checked >= 19, "{checked} defaults checked");
+    assert!(checked >= 23, "{checked} defaults checked");
 }

@@ -20,6 +20,7 @@ mod authority;
 mod credential;
 pub mod keys;
 mod raw;
+mod registry;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -44,6 +45,7 @@ pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{
     Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
 };
+pub use registry::{DEFAULT_MAX_STALENESS, DEFAULT_PREFIX, Registry, RegistryBackend};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
@@ -65,6 +67,8 @@ pub struct Config {
     pub log: Log,
     /// `[tls]`: the CA of TLS termination and extra upstream trust anchors.
     pub tls: Tls,
+    /// `[registry]`: where authorities created through the admin API are kept.
+    pub registry: Registry,
     /// `[[authority]]`, in file order, names unique.
     pub authorities: Vec<Authority>,
     /// `[global] deny`, the valid entries (already folded into every grant; kept so that
@@ -311,6 +315,12 @@ impl Validator<'_> {
             None => Some(Vec::new()),
         }
         .unwrap_or_default();
+        let registry = match section("registry") {
+            Some(v) => self
+                .table::<registry::RawRegistry>("[registry]", v)
+                .map(|r| self.registry(r)),
+            None => Some(Registry::default()),
+        };
         let authorities = match section("authority") {
             Some(v) => self.authorities(v, &global_deny),
             None => Vec::new(),
@@ -333,6 +343,7 @@ impl Validator<'_> {
             limits: limits?,
             log: log?,
             tls: tls?,
+            registry: registry?,
             authorities,
             global_deny,
             warnings: Vec::new(),

@@ -19,6 +19,7 @@ pub(super) const TOP_LEVEL_KEYS: &[&str] = &[
     "limits",
     "log",
     "global",
+    "registry",
     "authority",
 ];
 

@@ -2,12 +2,14 @@
 //! location, and the messages a user reads.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::authority::parse_mode;
 use super::validate::{Ctx, parse_sha256};
-use super::{FieldError, Log, Timeouts, Upstream, parse, parse_authority};
+use super::{
+    FieldError, Log, Registry, RegistryBackend, Timeouts, Upstream, parse, parse_authority,
+};
 use crate::error::PolicyError;
 use crate::upstream::{PacOnError, PacSource};
 
@@ -1016,4 +1018,76 @@ secret_env = "T"
         c.warnings
     );
     assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
+}
+
+#[test]
+fn registry_backends_and_their_keys() {
+    let c = parse("", "m.toml").unwrap();
+    assert_eq!(c.registry, Registry::default());
+    assert_eq!(c.registry.backend, RegistryBackend::Local);
+    let c = parse(
+        "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\", \"https://[::1]:2379/\"]\nprefix = \"/t/\"\nmax_staleness_s = 3\nca_file = \"/ca.pem\"\n",
+        "m.toml",
+    )
+    .unwrap();
+    assert_eq!(c.registry.backend, RegistryBackend::Etcd);
+    assert_eq!(c.registry.endpoints.len(), 2);
+    assert_eq!(c.registry.prefix, "/t/");
+    assert_eq!(c.registry.max_staleness, Duration::from_secs(3));
+    let c = parse("[registry]\nstate_dir = \"/var/lib/x\"\n", "m.toml").unwrap();
+    assert_eq!(
+        c.registry.state_dir.as_deref(),
+        Some(Path::new("/var/lib/x"))
+    );
+    for (text, want) in [
+        ("[registry]\nbackend = \"sql\"\n", "backend \"sql\""),
+        ("[registry]\nbackend = \"etcd\"\n", "needs endpoints"),
+        (
+            "[registry]\nstate_dir = \"relative\"\n",
+            "state_dir: write an absolute path",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n",
+            "write http://host:port",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"ftp://a:1\"]\n",
+            "scheme is http or https",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://u@a:1/x\"]\n",
+            "no path or userinfo",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://a\"]\n",
+            "not valid",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://a:1\"]\nprefix = \"x\"\n",
+            "prefix must start and end",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://a:1\"]\nmax_staleness_s = 0\n",
+            "out of range",
+        ),
+        (
+            "[registry]\nbackend = \"etcd\"\nendpoints = [\"http://a:1\"]\ncert_file = \"/c\"\n",
+            "cert_file and key_file go together",
+        ),
+        (
+            "[registry]\nendpoints = [\"http://a:1\"]\n",
+            "endpoints is for backend = \"etcd\"",
+        ),
+        (
+            "[registry]\nbackend = \"memory\"\nstate_dir = \"/x\"\n",
+            "\"memory\" keeps nothing",
+        ),
+        ("[registry]\nttl = 1\n", "unknown field `ttl`"),
+    ] {
+        let e = errors(text);
+        assert!(
+            e.iter().any(|l| l.contains(want) && l.contains("m.toml:")),
+            "{text:?}: {e:?}"
+        );
+    }
 }
