@@ -170,6 +170,13 @@ impl Validator<'_> {
                 );
             }
         }
+        self.registry_fits_backend(&raw, &out);
+        out
+    }
+
+    /// The keys of `[registry]` that its backend needs, and none of another's.
+    fn registry_fits_backend(&mut self, raw: &RawRegistry, out: &Registry) {
+        let what = "[registry]";
         match out.backend {
             RegistryBackend::Etcd => {
                 if out.endpoints.is_empty() {
@@ -222,7 +229,6 @@ impl Validator<'_> {
                 }
             }
         }
-        out
     }
 }
 

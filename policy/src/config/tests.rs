@@ -277,7 +277,7 @@ x = 1
             "m.toml:42:8: authority \"bad name\": authority name \"bad name\" contains ' '; use only ASCII letters, digits, '-' and '_'",
             "m.toml:43:18: authority \"bad name\": invalid allow_private entry \"10.0.0.1/8\": CIDR has host bits set; write \"10.0.0.0/8\"",
             "m.toml:46:13: [log]: decisions is empty; write \"stdout\" or a file path",
-            "m.toml:48:2: unknown top-level key \"extra\"; expected one of listen, resolver, upstream, tls, timeouts, limits, log, global, authority",
+            "m.toml:48:2: unknown top-level key \"extra\"; expected one of listen, resolver, upstream, tls, timeouts, limits, log, global, registry, authority",
         ]
     );
 }
