@@ -6,10 +6,10 @@
 //! |---|---|
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /healthz` | 200 while the process serves |
-//! | `GET /readyz` | 200 when accepting, 503 while shutting down or at `max_connections` |
-//! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, live connections |
-//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`); 201 (with `"persisted": false`: it lives in this process only), 400 naming each bad field, 409 duplicate |
-//! | `DELETE /v1/authorities/<name>` | revoke; 200, 404 |
+//! | `GET /readyz` | 200 when accepting; 503 while shutting down, at `max_connections`, or with a stale `registry` |
+//! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, `expires_at`, live connections |
+//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`, `"ttl_s": N`), stored durably in the registry first; 201 (`"persisted"`, `"backend"`), 400 naming each bad field, 409 duplicate, 503 registry unavailable |
+//! | `DELETE /v1/authorities/<name>` | revoke (once the registry's removal is durable); 200, 404, 503 |
 //! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
 //!
 //! `/healthz`, `/readyz` and `/metrics` are always open. With `[listen]
@@ -29,6 +29,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use policy::config::RegistryBackend;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -36,15 +37,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::authorities::{Live, Since};
+use crate::authorities::{Live, Origin, Since};
 use crate::conn::accept::{Listener, accept_loop};
-use crate::control::{Control, CreateError};
+use crate::control::{Control, CreateError, Deleted};
 use crate::limits::ADMIN_CONNECTIONS;
 
-/// What a `POST /v1/authorities` answer says of the authority's lifetime.
-const PER_PROCESS: &str = "this authority lives in this mediator process only: it and its \
-     token are gone when the mediator restarts, and other replicas do not have it; to keep \
-     it, add its [[authority]] table to the config file";
+/// What a `POST /v1/authorities` answer says of the authority's lifetime with
+/// `[registry] backend = "memory"`.
+const PER_PROCESS: &str = "[registry] backend = \"memory\": this authority lives in this \
+     mediator process only: it and its token are gone when the mediator restarts, and other \
+     replicas do not have it; use backend = \"local\" (the default) or \"etcd\" to keep it";
 
 /// Largest request body accepted, in bytes.
 const MAX_BODY: usize = 64 * 1024;
@@ -188,6 +190,11 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
         (&Method::GET, ["readyz"]) => {
             if shared.signals.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+            } else if shared.authorities.registry_stale() {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "registry: its view cannot be confirmed current; authorities from the registry are refused (registry_unavailable)\n",
+                )
             } else if shared.limiter.is_pressured() {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -207,8 +214,10 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
             json_response(StatusCode::OK, &json!({ "authorities": list }))
         }
         (&Method::POST, ["v1", "authorities"]) => create(req, admin).await,
-        (&Method::DELETE, ["v1", "authorities", name]) => match admin.control.revoke(name) {
-            Some(live) => json_response(
+        (&Method::DELETE, ["v1", "authorities", name]) => match admin.control.delete(name).await {
+            Ok(Deleted {
+                live: Some(live), ..
+            }) => json_response(
                 StatusCode::OK,
                 &json!({
                     "revoked": live.name(),
@@ -216,9 +225,30 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
                     "socket_removed": live.socket,
                     "live_connections": shared.metrics.active_of(live.name()),
                     "connections_close_in_seconds": admin.control.revoke_grace().as_secs(),
+                    "persisted": live.origin == Origin::Api && admin.control.store().backend() != RegistryBackend::Memory,
                 }),
             ),
-            None => not_found(name),
+            // A stored record that was not live (not loaded: its name is the file's, or its
+            // socket could not be made): removed all the same.
+            Ok(Deleted {
+                live: None,
+                stored: true,
+            }) => json_response(
+                StatusCode::OK,
+                &json!({
+                    "revoked": name,
+                    "generation": null,
+                    "socket_removed": null,
+                    "live_connections": 0,
+                    "connections_close_in_seconds": 0,
+                    "persisted": true,
+                }),
+            ),
+            Ok(Deleted {
+                live: None,
+                stored: false,
+            }) => not_found(name),
+            Err(e) => create_error(e),
         },
         (&Method::GET, ["v1", "authorities", name]) => match shared.authorities.get(name) {
             Some(live) => json_response(StatusCode::OK, &describe(admin, &live)),
@@ -322,6 +352,7 @@ fn describe(admin: &Admin, live: &Live) -> Value {
         "generation": live.generation,
         "origin": live.origin,
         "created": live.created,
+        "expires_at": live.expires_at,
         "channel": {
             "socket": live.socket,
             "tcp": a.token_sha256.and(admin.control.tcp_addr()).map(|s| s.to_string()),
@@ -368,7 +399,7 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
             );
         }
     };
-    match admin.control.create_from_json(&value) {
+    match admin.control.create(&value).await {
         Ok(created) => {
             let mut out = describe(admin, &created.live);
             if let Value::Object(map) = &mut out {
@@ -379,13 +410,27 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
                         Value::String("shown once: the mediator keeps only its SHA-256".into()),
                     );
                 }
-                // Design 16: authorities created here are per process.
-                map.insert("persisted".into(), Value::Bool(false));
-                map.insert("persistence_note".into(), Value::String(PER_PROCESS.into()));
+                let store = admin.control.store();
+                let backend = store.backend();
+                map.insert(
+                    "persisted".into(),
+                    Value::Bool(backend != RegistryBackend::Memory),
+                );
+                map.insert("backend".into(), Value::String(backend.as_str().into()));
+                if backend == RegistryBackend::Memory {
+                    map.insert("persistence_note".into(), Value::String(PER_PROCESS.into()));
+                }
             }
             json_response(StatusCode::CREATED, &out)
         }
-        Err(CreateError::Invalid(errors)) => {
+        Err(e) => create_error(e),
+    }
+}
+
+/// The answer to a create or delete that failed.
+fn create_error(e: CreateError) -> Response<Body> {
+    match e {
+        CreateError::Invalid(errors) => {
             let first = errors.first().map(|e| e.field.clone()).unwrap_or_default();
             let list: Vec<Value> = errors
                 .iter()
@@ -401,7 +446,7 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
                 }),
             )
         }
-        Err(CreateError::Duplicate(name)) => json_response(
+        CreateError::Duplicate(name) => json_response(
             StatusCode::CONFLICT,
             &json!({
                 "error": "duplicate_authority",
@@ -409,18 +454,25 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
                 "message": format!("authority {name:?} exists; grants are immutable: DELETE it first to replace it"),
             }),
         ),
-        Err(CreateError::Listen(e)) => {
-            // The whole chain: the top line alone ("cannot listen on unix ...") hides
-            // the cause (a chown the kernel refused, a full directory).
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                message.push_str(": ");
-                message.push_str(&cause.to_string());
-                source = cause.source();
-            }
+        CreateError::Unavailable(why) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "registry_unavailable",
+                "message": format!("{why}; nothing was changed: retry once the registry is reachable"),
+            }),
+        ),
+        CreateError::Listen(e) => {
+            let message = crate::error::chain(&e);
             tracing::warn!("POST /v1/authorities: {message}");
             error(StatusCode::INTERNAL_SERVER_ERROR, &message)
+        }
+        CreateError::Store(e) => {
+            let message = format!("the registry could not store the change: {e}");
+            tracing::error!("/v1/authorities: {message}");
+            json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &json!({ "error": "registry_error", "message": message }),
+            )
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use policy::Reason;
@@ -39,6 +39,19 @@ pub(crate) enum Origin {
     Config,
     /// `POST /v1/authorities`.
     Api,
+}
+
+/// How a live authority came to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Birth {
+    /// Its generation.
+    pub(crate) generation: u64,
+    /// Where it came from.
+    pub(crate) origin: Origin,
+    /// When it was created (RFC 3339), for a stored one; `None`: now.
+    pub(crate) created: Option<String>,
+    /// When it expires (RFC 3339), for one created with `ttl_s`.
+    pub(crate) expires_at: Option<String>,
 }
 
 /// One recent denial of an authority.
@@ -108,8 +121,11 @@ pub(crate) struct Live {
     pub(crate) origin: Origin,
     /// SHA-256 (hex) of the grant as held (see [`grant_digest`]).
     pub(crate) digest: String,
-    /// When it was added (RFC 3339).
+    /// When it was created (RFC 3339): added, or, for a stored authority, created through
+    /// the admin API (it keeps that time across restarts).
     pub(crate) created: String,
+    /// When it is revoked by itself (RFC 3339), for one created with `ttl_s`.
+    pub(crate) expires_at: Option<String>,
     /// Its Unix socket, if it has one.
     pub(crate) socket: Option<PathBuf>,
     /// Its open connections and connect-rate bucket (design section 13).
@@ -132,12 +148,17 @@ impl Live {
     /// A live authority whose signals are children of the mediator's `signals`.
     pub(crate) fn new(
         authority: Arc<Authority>,
-        generation: u64,
-        origin: Origin,
+        birth: Birth,
         socket: Option<PathBuf>,
         signals: &Signals,
         in_force: &InForce,
     ) -> Self {
+        let Birth {
+            generation,
+            origin,
+            created,
+            expires_at,
+        } = birth;
         let digest = grant_digest(&authority);
         let counts = Arc::new(AuthorityCounts::new(&authority.limits, in_force));
         let (replaced, closing) = (CancellationToken::new(), signals.closing.child_token());
@@ -146,7 +167,8 @@ impl Live {
             generation,
             origin,
             digest,
-            created: crate::decision_log::now_rfc3339(),
+            created: created.unwrap_or_else(crate::decision_log::now_rfc3339),
+            expires_at,
             counts,
             socket,
             stop: signals.draining.child_token(),
@@ -241,6 +263,9 @@ pub(crate) fn grant_digest(a: &Authority) -> String {
 pub(crate) struct LiveSet {
     map: RwLock<HashMap<String, Arc<Live>>>,
     generations: AtomicU64,
+    /// Whether the registry's view cannot be vouched for (design section 17): decisions
+    /// under the authorities it holds are then refused (`registry_unavailable`).
+    registry_stale: AtomicBool,
     /// Reload replacements: (a replaced authority, the entry that replaced it). Weak both
     /// ways, so an entry never keeps a grant alive, and one whose old grant is gone (no
     /// connection holds it) is pruned; a live `Weak` also pins the allocation, so identity
@@ -253,14 +278,28 @@ pub(crate) struct LiveSet {
 }
 
 impl LiveSet {
-    /// An empty registry.
-    pub(crate) fn new() -> Self {
-        Self::default()
+    /// An empty set whose generations are `base + 1`, `base + 2`, ... (`base` is the
+    /// run's start number in the high bits, so that no two runs share a generation).
+    pub(crate) fn starting_at(base: u64) -> Self {
+        Self {
+            generations: AtomicU64::new(base),
+            ..Self::default()
+        }
     }
 
-    /// The next generation number (1, 2, ...).
+    /// The next generation number.
     pub(crate) fn next_generation(&self) -> u64 {
         self.generations.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Says whether the registry's view is stale.
+    pub(crate) fn set_registry_stale(&self, stale: bool) {
+        self.registry_stale.store(stale, Ordering::Release);
+    }
+
+    /// Whether the registry's view is stale: decisions under its authorities are refused.
+    pub(crate) fn registry_stale(&self) -> bool {
+        self.registry_stale.load(Ordering::Acquire)
     }
 
     /// The live authority named `name`.

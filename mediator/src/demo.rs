@@ -34,6 +34,11 @@ pub const DEMO_CONFIG: &str = r#"
 socket_dir = "@DIR@"
 tcp = "127.0.0.1:0"
 
+[registry]
+# The demo keeps its records in its own temporary directory (the default is the
+# machine's state directory: see docs/control.md).
+state_dir = "@DIR@/state"
+
 [resolver]
 # A static hosts map stands in for DNS: both names live on loopback.
 hosts = { "origin.test" = ["127.0.0.1"], "internal.test" = ["127.0.0.2"] }

@@ -184,6 +184,7 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
         (Reason::MalformedTarget, _) => 400,
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
         (Reason::RateLimited, _) => 429,
+        (Reason::RegistryUnavailable, _) => 503,
         (Reason::DnsFailure, Cause::DnsTimeout) => 504,
         (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ResponseTimeout) => 504,
         (Reason::DnsFailure | Reason::UpstreamFailure, _) => 502,
@@ -215,7 +216,7 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
             Reason::UpstreamFailure,
             Cause::ConnectTimeout | Cause::ConnectError | Cause::ResponseTimeout,
         ) => 0x04,
-        (Reason::UpstreamFailure, _) => 0x01,
+        (Reason::UpstreamFailure | Reason::RegistryUnavailable, _) => 0x01,
         (
             Reason::Allowed
             | Reason::NotInAllowlist

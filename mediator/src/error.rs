@@ -62,4 +62,22 @@ pub enum Error {
     /// A control-plane operation (adding an authority at start) failed.
     #[error("{0}")]
     Control(String),
+    /// The authority registry (`[registry]`, design section 17) cannot be opened: the
+    /// state directory cannot be made, read or locked, or etcd is asked of a build
+    /// without it.
+    #[error("registry: {0}")]
+    Registry(String),
+}
+
+/// An error and its sources, joined with `: ` (the top line alone, "cannot listen on unix
+/// ...", hides the cause: a chown the kernel refused, a full directory).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }

@@ -31,6 +31,17 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+enum RegistryAction {
+    /// List the stored authorities (name, generation, created, expires, allow entries,
+    /// whether a token is set; never a token) and the records that cannot be read.
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
     /// Validate the configuration, print every problem with its location, and exit.
     Check,
@@ -40,6 +51,12 @@ enum Command {
     Demo,
     /// Read a token on standard input and print its SHA-256 in hex (for `token_sha256`).
     HashToken,
+    /// The authority registry (`[registry]`): what it holds, read without changing it.
+    Registry {
+        /// What to do.
+        #[command(subcommand)]
+        action: RegistryAction,
+    },
     /// Print the CA certificate (PEM) that TLS termination issues leaves from, creating
     /// the CA in `[tls] ca_dir` if it is absent: for the trust stores of children.
     CaCert,
@@ -225,6 +242,30 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Some(Command::Registry {
+            action: RegistryAction::List { json },
+        }) => {
+            let path = cli.config.context("--config FILE is required")?;
+            let config = match mediator::config::load(&path) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{:#}", anyhow::Error::from(e));
+                    return Ok(ExitCode::from(1));
+                }
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            match rt.block_on(mediator::registry_listing(&config)) {
+                Ok(listing) if json => {
+                    emit(&format!("{}\n", serde_json::to_string_pretty(&listing)?))?;
+                }
+                Ok(listing) => emit(&listing.render_text())?,
+                Err(e) => {
+                    eprintln!("{}: {:#}", path.display(), anyhow::Error::from(e));
+                    return Ok(ExitCode::from(1));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Some(Command::CaCert) => {
             let path = cli.config.context("--config FILE is required")?;
@@ -517,7 +558,13 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
             "ready (reload failed: the running authorities are unchanged; see the log)".to_owned()
         }
         Ok((config, text)) => {
-            let r = running.reload(config, &text);
+            let r = match running.reload(config, &text) {
+                Ok(r) => r,
+                Err(refused) => {
+                    eprintln!("mediator: reload failed: {refused}");
+                    return "ready (reload refused: a name of the file is held by the registry; the running authorities are unchanged)".to_owned();
+                }
+            };
             let names = |v: Vec<String>| {
                 if v.is_empty() {
                     "-".to_owned()

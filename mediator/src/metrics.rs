@@ -314,6 +314,17 @@ impl Metrics {
         self.active.with_label_values(&[authority]).get()
     }
 
+    /// Registers another family with the mediator's registry (rendered with the others).
+    ///
+    /// # Errors
+    /// [`prometheus::Error`] when the name is taken.
+    pub(crate) fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
+    }
+
     /// Every family in the Prometheus text exposition format (version 0.0.4).
     pub(crate) fn render(&self) -> String {
         let mut out = Vec::new();

@@ -15,9 +15,10 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin, AdminDoor};
-use crate::authorities::Origin;
 use crate::conn::accept::{attributed_ctx, serve_tcp, spawn_conn};
-use crate::control::{Control, CreateError, ReloadReport};
+use crate::control::registry::inspect::Listing;
+use crate::control::registry::{self, RegistryMetrics};
+use crate::control::{Control, CreateError, ReloadRefused, ReloadReport, Setup};
 use crate::decision_log::{DecisionLog, Peer, Sink, Tap};
 use crate::error::Error;
 use crate::limits::{InForce, Limiter, raise_nofile};
@@ -112,6 +113,17 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     }
     crate::relay::set_pipe_budget(in_force.pipes);
 
+    // Before any listener: a registry that cannot be opened (a state directory another
+    // mediator holds, no start number) stops the start.
+    let registry_metrics = RegistryMetrics::new(&metrics)?;
+    let store = registry::open(&config.registry, registry_metrics.clone())
+        .await
+        .map_err(|e| Error::Registry(e.to_string()))?;
+    let boot = store.boot().await.map_err(|e| {
+        Error::Registry(format!(
+            "{e}: cannot number this run's generations and decision ids"
+        ))
+    })?;
     let shared = Arc::new(Shared::new(Parts {
         metrics,
         resolver,
@@ -123,31 +135,30 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         limits: config.limits,
         limiter: Arc::new(Limiter::new(in_force)),
         serving: Serving::start(serving_threads())?,
+        boot,
     }));
-    let control = Arc::new(Control::new(
+    let control = Control::new(
         Arc::clone(&shared),
-        config.listen.socket_dir.clone(),
-        tcp_addr,
-        config.timeouts.revoke_grace,
-        config.global_deny.clone(),
-    ));
+        Setup {
+            socket_dir: config.listen.socket_dir.clone(),
+            tcp: tcp_addr,
+            revoke_grace: config.timeouts.revoke_grace,
+            global_deny: config.global_deny.clone(),
+            store: Arc::clone(&store),
+            registry_metrics,
+        },
+    );
     shared.metrics.set_authorities(0);
-    for authority in config.authorities {
-        if let Err(e) = control.add(authority, Origin::Config) {
-            for live in shared.authorities.list() {
-                control.revoke(live.name());
-            }
-            if let Some(path) = &config.listen.admin_socket {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(match e {
-                CreateError::Listen(e) => e,
-                CreateError::Duplicate(name) => {
-                    Error::Control(format!("authority {name:?} is defined twice"))
-                }
-                CreateError::Invalid(v) => Error::Control(format!("{v:?}")),
-            });
+    let admin_api_on = config.listen.admin.is_some() || config.listen.admin_socket.is_some();
+    let added = add_authorities(&control, config.authorities, admin_api_on).await;
+    if let Err(e) = added {
+        for live in shared.authorities.list() {
+            control.revoke(live.name());
         }
+        if let Some(path) = &config.listen.admin_socket {
+            let _ = std::fs::remove_file(path);
+        }
+        return Err(e);
     }
     if let Some(l) = tcp {
         // Served on a serving thread: the listener is registered with that thread's
@@ -208,6 +219,74 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     })
 }
 
+/// Adds the authorities of the file, then those the registry holds (design section 17),
+/// and starts following the registry's other writers (etcd).
+async fn add_authorities(
+    control: &Arc<Control>,
+    authorities: Vec<policy::config::Authority>,
+    admin_api_on: bool,
+) -> Result<(), Error> {
+    for authority in authorities {
+        control.add(authority).map_err(|e| match e {
+            CreateError::Listen(e) => e,
+            CreateError::Duplicate(name) => {
+                Error::Control(format!("authority {name:?} is defined twice"))
+            }
+            CreateError::Invalid(v) => Error::Control(format!("{v:?}")),
+            CreateError::Unavailable(why) => Error::Registry(why),
+            CreateError::Store(e) => Error::Registry(e.to_string()),
+        })?;
+    }
+    let store = Arc::clone(control.store());
+    let backend = store.backend();
+    if backend == policy::config::RegistryBackend::Memory && admin_api_on {
+        tracing::warn!(
+            "[registry] backend = \"memory\": authorities created through the admin API are lost when this process ends"
+        );
+        eprintln!(
+            "mediator: WARNING: [registry] backend = \"memory\": authorities created through the admin API are lost when this process ends, and other replicas do not have them"
+        );
+    }
+    let revision = match control.load_registry().await {
+        Ok(revision) => revision,
+        // etcd out of reach: served stale (registry authorities refused) until the
+        // follower confirms a current view; the file's authorities are unaffected.
+        Err(registry::RegistryError::Unavailable(why)) => {
+            control.set_fresh(false);
+            eprintln!(
+                "mediator: registry: {why}; authorities from the registry are refused (registry_unavailable) until it answers"
+            );
+            0
+        }
+        Err(e) => return Err(Error::Registry(e.to_string())),
+    };
+    eprintln!(
+        "mediator: registry: {backend} {} ({} stored authorities loaded)",
+        store.location(),
+        control.stored_count()
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let fresh: Arc<dyn Fn(bool) + Send + Sync> = {
+        let control = Arc::downgrade(control);
+        Arc::new(move |fresh| {
+            if let Some(c) = control.upgrade() {
+                c.set_fresh(fresh);
+            }
+        })
+    };
+    store.follow(tx, fresh, revision);
+    let applier = Arc::downgrade(control);
+    tokio::spawn(async move {
+        while let Some(change) = rx.recv().await {
+            let Some(control) = applier.upgrade() else {
+                break;
+            };
+            control.apply_change(change);
+        }
+    });
+    Ok(())
+}
+
 /// How many serving threads to start: `TOKIO_WORKER_THREADS` when set to a number (the
 /// variable tokio's own multi-threaded runtime reads), else one per core this process may
 /// run on.
@@ -266,7 +345,42 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
         "[upstream] mode = \"{}\": usable",
         config.upstream.mode
     ));
+    let listing = registry_listing(config).await?;
+    notes.push(format!(
+        "registry: {} {}: {} stored {}{}",
+        listing.backend,
+        listing.location,
+        listing.authorities.len(),
+        if listing.authorities.len() == 1 {
+            "authority"
+        } else {
+            "authorities"
+        },
+        if listing.rejected.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} unreadable (a start sets them aside: mediator registry list names them)",
+                listing.rejected.len()
+            )
+        }
+    ));
+    if let Some(note) = listing.note {
+        notes.push(format!("registry: {note}"));
+    }
     Ok(notes)
+}
+
+/// The authorities `[registry]` holds, read without changing anything (no lock taken,
+/// nothing set aside): `mediator registry list` and `mediator check`.
+///
+/// # Errors
+/// [`Error::Registry`] when the state directory cannot be read or would not be usable by
+/// a start, or etcd cannot be reached.
+pub async fn registry_listing(config: &Config) -> Result<Listing, Error> {
+    registry::inspect::inspect(&config.registry)
+        .await
+        .map_err(|e| Error::Registry(e.to_string()))
 }
 
 /// The limits `config` would run with here (the soft open-files limit raised to the hard
@@ -382,10 +496,15 @@ impl Running {
 
     /// Applies a new configuration parsed from `text`: authorities added, revoked, or
     /// (changed) revoked and re-created; other sections need a restart.
-    pub fn reload(&self, config: Config, text: &str) -> ReloadReport {
+    ///
+    /// # Errors
+    /// [`ReloadRefused`] when the file defines a name a stored API authority holds;
+    /// nothing is changed.
+    pub fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
+        let report = self.control.reload(config, text)?;
         // `[upstream] mode = "system"`: the desktop settings are read again too.
         self.shared.router.reread();
-        self.control.reload(config, text)
+        Ok(report)
     }
 
     /// Serves a connection that arrives by other means than a listener (embedded mode):
@@ -532,7 +651,7 @@ mod tests {
             }
         });
         let text = format!(
-            "[listen]\nsocket_dir = {:?}\n[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts = {{ \"ok.test\" = [\"127.0.0.1\"] }}\n[[authority]]\nname = \"a\"\nallow = [\"ok.test\"]\nallow_private = [\"127.0.0.1/32\"]\n",
+            "[listen]\nsocket_dir = {:?}\n[resolver]\nnameservers = [\"127.0.0.1:9\"]\nhosts = {{ \"ok.test\" = [\"127.0.0.1\"] }}\n[registry]\nbackend = \"memory\"\n[[authority]]\nname = \"a\"\nallow = [\"ok.test\"]\nallow_private = [\"127.0.0.1/32\"]\n",
             dir.path().display()
         );
         let config = policy::config::parse(&text, "test.toml").unwrap();

@@ -22,6 +22,13 @@ use crate::serving::Serving;
 use crate::signal::Signals;
 use crate::tls::TlsState;
 
+/// Bits of a generation below the run's start number: 2^32 authorities added per run.
+pub(crate) const GENERATION_BITS: u32 = 32;
+
+/// Bits of a decision id below the run's start number: 2^40 ids per run (35 years at
+/// 1,000 decisions a second). With at most 2^24 starts, ids fit in 64 bits.
+pub(crate) const ID_BITS: u32 = 40;
+
 /// What [`Shared::new`] is built from.
 #[derive(Debug)]
 pub(crate) struct Parts {
@@ -35,6 +42,9 @@ pub(crate) struct Parts {
     pub(crate) limits: Limits,
     pub(crate) limiter: Arc<Limiter>,
     pub(crate) serving: Serving,
+    /// This run's start number (the registry's `boot`): the high bits of generations
+    /// (`boot << 32`) and decision ids (`boot << 40`), so that no two runs share one.
+    pub(crate) boot: u64,
 }
 
 /// State shared by every connection of one mediator.
@@ -97,9 +107,10 @@ impl Shared {
             limits,
             limiter,
             serving,
+            boot,
         } = parts;
         Self {
-            authorities: LiveSet::new(),
+            authorities: LiveSet::starting_at(boot << GENERATION_BITS),
             metrics,
             resolver,
             router,
@@ -111,7 +122,7 @@ impl Shared {
             limiter,
             serving,
             signals: Signals::new(),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new((boot << ID_BITS) + 1),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
         }

@@ -50,5 +50,6 @@ pub(crate) fn shared(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
             0,
         ))),
         serving: Serving::start(1).unwrap(),
+        boot: 0,
     }))
 }

@@ -69,6 +69,9 @@ pub enum Reason {
     /// A request carried a placeholder of one of the authority's credentials (design
     /// section 14) to a host the credential does not belong to, or in clear text.
     CredentialMisuse,
+    /// The authority comes from the registry (created through the admin API), and this
+    /// replica cannot confirm its view of the registry is current (design section 17).
+    RegistryUnavailable,
 }
 
 impl Reason {
@@ -78,7 +81,7 @@ impl Reason {
     }
 
     /// Every reason, in the order design section 4.3 lists them.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Allowed,
         Self::NotInAllowlist,
         Self::DeniedByRule,
@@ -94,6 +97,7 @@ impl Reason {
         Self::WatchdogDenied,
         Self::RateLimited,
         Self::CredentialMisuse,
+        Self::RegistryUnavailable,
     ];
 
     /// The contract string: `allowed`, `not_in_allowlist`, ... (design section 4.3).
@@ -114,6 +118,7 @@ impl Reason {
             Self::WatchdogDenied => "watchdog_denied",
             Self::RateLimited => "rate_limited",
             Self::CredentialMisuse => "credential_misuse",
+            Self::RegistryUnavailable => "registry_unavailable",
         }
     }
 }

@@ -27,7 +27,10 @@ pub mod upstream;
 pub use classify::{AddrClass, classify};
 pub use decision::{Decision, Reason, Verdict};
 pub use error::{HostError, PatternError, PolicyError, RuleError, UpstreamError, ValueError};
-pub use grant::{Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_entry};
+pub use grant::{
+    Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_authority_name,
+    check_entry,
+};
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use request::{HeaderLookup, RequestFacts, UpgradeToken};
 pub use sni::{SniMismatch, check_sni};

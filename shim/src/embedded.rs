@@ -156,6 +156,13 @@ impl Embedded {
                 }
             })
         };
+        // The embedded mediator has no admin API: nothing is created at run time, and the
+        // host's state directory (another mediator's) is never touched.
+        let mut config = config;
+        config.registry = policy::config::Registry {
+            backend: policy::config::RegistryBackend::Memory,
+            ..policy::config::Registry::default()
+        };
         let running = runtime
             .block_on(mediator::start(
                 config,

@@ -13,6 +13,7 @@ pub mod admin;
 pub mod curl;
 pub mod dconf;
 pub mod dns;
+pub mod etcd;
 pub mod expect;
 pub mod fixture;
 pub mod h2frames;

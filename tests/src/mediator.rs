@@ -382,6 +382,16 @@ impl MediatorBuilder {
             "\n[log]\ndecisions = {}",
             toml_str(&log.to_string_lossy())
         );
+        // Each mediator keeps its registry in its own temp dir (the default, the machine's
+        // state directory, is one mediator's at a time), unless the test says otherwise.
+        if !self.extra.contains("[registry]") {
+            let state = dir.join("state");
+            let _ = writeln!(
+                out,
+                "\n[registry]\nstate_dir = {}",
+                toml_str(&state.to_string_lossy())
+            );
+        }
         out.push_str(&self.extra);
         for a in &self.authorities {
             a.render(&mut out);
@@ -625,6 +635,35 @@ impl Mediator {
         let placeholder = tempfile::tempdir().context("creating a temp dir")?;
         let dir = std::mem::replace(&mut self.dir, placeholder);
         Self::start_with(&self.bin, Launcher::Direct, dir, &config, &[], &[]).await
+    }
+
+    /// Kills this mediator with SIGKILL (no cleanup of any kind: what a crash, an OOM kill
+    /// or a power cut leaves), reaps it, and starts a new one in the same directory with
+    /// the config file as it is now: a crash and a restart.
+    ///
+    /// # Errors
+    /// The signal cannot be sent, or the new one does not start.
+    pub async fn crash_restart(mut self) -> Result<Self> {
+        self.signal(Signal::SIGKILL)?;
+        self.wait_exit(EXIT_TIMEOUT).await?;
+        self.restart_after_exit().await
+    }
+
+    /// Starts a new mediator in the same directory with the config file as it is now,
+    /// once this one has exited (after [`Self::exited`], or a kill).
+    ///
+    /// # Errors
+    /// The new one does not start.
+    pub async fn restart_after_exit(mut self) -> Result<Self> {
+        let config = std::fs::read_to_string(&self.config_path).context("reading mediator.toml")?;
+        let placeholder = tempfile::tempdir().context("creating a temp dir")?;
+        let dir = std::mem::replace(&mut self.dir, placeholder);
+        Self::start_with(&self.bin, Launcher::Direct, dir, &config, &[], &[]).await
+    }
+
+    /// The binary this mediator runs.
+    pub fn bin(&self) -> &Path {
+        &self.bin
     }
 
     /// The parsed `ready` line.

@@ -33,6 +33,9 @@ pub enum Tool {
     Git,
     /// A C compiler, `cc`.
     Cc,
+    /// etcd, the key-value store of the shared registry (design section 17), and its
+    /// `etcdctl`.
+    Etcd,
 }
 
 impl Tool {
@@ -58,6 +61,7 @@ impl Tool {
             Self::Prlimit => &[("prlimit", "util-linux")],
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
+            Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
         }
     }
 

@@ -25,6 +25,7 @@ use super::identify::revoked;
 use super::record::{self, Allowed, Timing};
 use super::standing::{self, Standing, Subject};
 use super::{Ctx, TargetLabel};
+use crate::authorities::Origin;
 use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
 use crate::metrics::UpstreamErrorKind;
@@ -211,6 +212,29 @@ async fn steps(
     let ctx = &ctx.attributed(&live.authority);
     let authority = &live.authority;
     let id = shared.next_id();
+    // An authority from the registry is decided for only while this replica can vouch
+    // that it still exists (design section 17): fail closed. Tunnels already open are not
+    // cut for staleness alone.
+    if live.origin == Origin::Api && shared.authorities.registry_stale() {
+        let denial = Denial::new(
+            Reason::RegistryUnavailable,
+            format!(
+                "authority \"{}\" comes from the registry, and this mediator cannot confirm its view of the registry is current",
+                live.name()
+            ),
+            "retry shortly; authorities from the registry are served again once it answers",
+        );
+        record::decision(
+            shared,
+            ctx,
+            id,
+            protocol,
+            &TargetLabel::from(target),
+            Err(&denial),
+            Timing::default(),
+        );
+        return Err(denial);
+    }
     let started = Instant::now();
     let label = TargetLabel::from(target);
     let log = |result: Result<Allowed<'_>, &Denial>, timing: Timing| {

@@ -9,26 +9,29 @@
 //! Control-plane events are logged with the tracing target `mediator::control` (shown by
 //! the binary at level `info`).
 
+mod apply;
 mod create;
+pub(crate) mod registry;
 mod reload;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use policy::config::Authority;
 
-use crate::authorities::{Live, Origin};
+use crate::authorities::{Birth, Live, Origin};
 use crate::conn::accept::serve_authority;
 use crate::error::Error;
 use crate::shared::Shared;
 use crate::socket_file;
 
-pub(crate) use create::CreateError;
+pub(crate) use create::{CreateError, Deleted};
+use registry::{RegistryMetrics, Store, Stored};
 use reload::Baseline;
-pub use reload::ReloadReport;
+pub use reload::{ReloadRefused, ReloadReport};
 
 /// Log target of control-plane events.
 pub(crate) const TARGET: &str = "mediator::control";
@@ -45,24 +48,55 @@ pub(crate) struct Control {
     /// applied, and of its other sections as running (from start: a reload does not apply
     /// them): the baseline a reload diffs against.
     baseline: Mutex<Option<Baseline>>,
-    /// Serialises control operations.
+    /// Serialises changes of the live set.
     op: Mutex<()>,
-    /// The `[[authority]]` table (TOML text, a generated token's hash included) of each
-    /// authority created through the admin API, so that a reload that changes the global
-    /// deny list can re-create them under it: the global list applies to every authority.
-    api_tables: Mutex<HashMap<String, String>>,
+    /// Where authorities created through the admin API are kept (design section 17).
+    store: Arc<dyn Store>,
+    /// The registry's metrics.
+    registry_metrics: RegistryMetrics,
+    /// Serialises registry writes (create, delete, expire) with the change they make.
+    writes: tokio::sync::Mutex<()>,
+    /// The stored records applied to the live set, by name (a generated token's hash
+    /// included), so that a reload that changes the global deny list can re-create them
+    /// under it (the global list applies to every authority), and a change seen twice is
+    /// applied once.
+    stored: Mutex<HashMap<String, Stored>>,
+    /// etcd: the revision at which each name was last removed, so that a create older than
+    /// the removal, seen late, is not applied.
+    tombstones: Mutex<HashMap<String, u64>>,
+    /// Itself, for the timers it starts (`ttl_s`).
+    me: Weak<Self>,
+}
+
+/// What a [`Control`] is built from, besides the shared state.
+#[derive(Debug)]
+pub(crate) struct Setup {
+    /// `[listen] socket_dir`.
+    pub(crate) socket_dir: Option<PathBuf>,
+    /// The shared TCP listener's address.
+    pub(crate) tcp: Option<SocketAddr>,
+    /// `[timeouts] revoke_grace`.
+    pub(crate) revoke_grace: Duration,
+    /// `[global] deny`.
+    pub(crate) global_deny: Vec<String>,
+    /// The registry.
+    pub(crate) store: Arc<dyn Store>,
+    /// Its metrics.
+    pub(crate) registry_metrics: RegistryMetrics,
 }
 
 impl Control {
     /// A control plane for `shared`.
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        socket_dir: Option<PathBuf>,
-        tcp: Option<SocketAddr>,
-        revoke_grace: Duration,
-        global_deny: Vec<String>,
-    ) -> Self {
-        Self {
+    pub(crate) fn new(shared: Arc<Shared>, setup: Setup) -> Arc<Self> {
+        let Setup {
+            socket_dir,
+            tcp,
+            revoke_grace,
+            global_deny,
+            store,
+            registry_metrics,
+        } = setup;
+        Arc::new_cyclic(|me| Self {
             shared,
             socket_dir,
             tcp,
@@ -70,8 +104,18 @@ impl Control {
             global_deny: Mutex::new(global_deny),
             baseline: Mutex::new(None),
             op: Mutex::new(()),
-            api_tables: Mutex::new(HashMap::new()),
-        }
+            store,
+            registry_metrics,
+            writes: tokio::sync::Mutex::new(()),
+            stored: Mutex::new(HashMap::new()),
+            tombstones: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// The registry's backend.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     /// The shared state.
@@ -89,19 +133,26 @@ impl Control {
         self.revoke_grace
     }
 
-    /// Adds `authority`: binds its socket (when a `socket_dir` is configured), makes it
-    /// live and starts accepting. Must run inside the tokio runtime.
+    /// Adds `authority` from the configuration file: binds its socket (when a
+    /// `socket_dir` is configured), makes it live and starts accepting. Must run inside the
+    /// tokio runtime.
     ///
     /// # Errors
     /// [`CreateError::Duplicate`] when the name is live, [`CreateError::Listen`] when the
     /// socket cannot be created (nothing is left behind).
-    pub(crate) fn add(
-        &self,
-        authority: Authority,
-        origin: Origin,
-    ) -> Result<Arc<Live>, CreateError> {
+    pub(crate) fn add(&self, authority: Authority) -> Result<Arc<Live>, CreateError> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
-        self.add_locked(authority, origin, None)
+        self.add_locked(authority, self.config_birth(), None)
+    }
+
+    /// The birth of an authority of the configuration file: a fresh generation, now.
+    fn config_birth(&self) -> Birth {
+        Birth {
+            generation: self.shared.authorities.next_generation(),
+            origin: Origin::Config,
+            created: None,
+            expires_at: None,
+        }
     }
 
     /// Makes `authority` live; with `replacing`, in the place of that entry of the same
@@ -109,7 +160,7 @@ impl Control {
     fn add_locked(
         &self,
         authority: Authority,
-        origin: Origin,
+        birth: Birth,
         replacing: Option<&Arc<Live>>,
     ) -> Result<Arc<Live>, CreateError> {
         let name = authority.grant.name().to_owned();
@@ -133,11 +184,10 @@ impl Control {
             }
             None => (None, None),
         };
-        let generation = self.shared.authorities.next_generation();
+        let (generation, origin) = (birth.generation, birth.origin);
         let live = Arc::new(Live::new(
             Arc::new(authority),
-            generation,
-            origin,
+            birth,
             socket.clone(),
             &self.shared.signals,
             self.shared.limiter.in_force(),
@@ -190,10 +240,6 @@ impl Control {
     /// revoked entry, or `None` when no such authority is live.
     pub(crate) fn revoke(&self, name: &str) -> Option<Arc<Live>> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
-        self.api_tables
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(name);
         self.revoke_locked(name, "revoked")
     }
 
@@ -262,7 +308,7 @@ impl Control {
         &self,
         name: &str,
         authority: Authority,
-        origin: Origin,
+        birth: Birth,
         why: &str,
     ) -> (Option<u64>, Result<Arc<Live>, CreateError>) {
         // The old entry stays in the live set until the new one takes its place: a TCP
@@ -272,7 +318,7 @@ impl Control {
             old.stop_listener();
             remove_socket(old.socket.as_ref());
         }
-        let added = self.add_locked(authority, origin, old.as_ref());
+        let added = self.add_locked(authority, birth, old.as_ref());
         if let (Some(old), Err(_)) = (&old, &added) {
             // No successor: withdrawn, as a revoke would.
             if let Some(current) = self.shared.authorities.get(name)

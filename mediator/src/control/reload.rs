@@ -9,9 +9,22 @@ use policy::config::{Authority, Config};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::create::{CreateError, credential_fields};
+use super::create::CreateError;
+use super::registry::Stored;
 use super::{Control, TARGET};
-use crate::authorities::Origin;
+use crate::authorities::{Birth, Origin};
+
+/// A reload that would give the configuration file a name a stored API authority holds
+/// (a name is either config or api, design section 17): nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the file defines {} that the registry holds (created through the admin API): a name is either config or api; DELETE /v1/authorities/<name> first, or rename it in the file. Nothing was changed",
+    names.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+)]
+pub struct ReloadRefused {
+    /// The names held by both.
+    pub names: Vec<String>,
+}
 
 /// What a reload did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -47,18 +60,37 @@ impl Control {
     /// Applies a new configuration (already parsed and validated from `text`): authorities
     /// of the file that are new are added, those no longer in the file are revoked, those
     /// whose table (or the global deny list) changed are revoked and re-created with a new
-    /// generation. Authorities created through the admin API are left alone unless the
-    /// file now defines the same name (the file's then replaces it). Changes to other
-    /// sections need a restart and are reported, not applied.
+    /// generation. Authorities created through the admin API are left alone (re-created
+    /// when the `[global]` deny list changed). Changes to other sections need a restart and
+    /// are reported, not applied.
     ///
     /// The caller validates first: a file that does not parse or validate never gets here,
     /// so it changes nothing.
+    ///
+    /// # Errors
+    /// [`ReloadRefused`] when the file defines a name a stored API authority holds; nothing
+    /// is changed.
     #[expect(
         clippy::too_many_lines,
         reason = "a reload diffs the config by authority table in one pass"
     )]
-    pub(crate) fn reload(&self, config: Config, text: &str) -> ReloadReport {
+    pub(crate) fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let held: Vec<String> = {
+            let stored = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut held: Vec<String> = config
+                .authorities
+                .iter()
+                .map(|a| a.grant.name().to_owned())
+                .filter(|n| stored.contains_key(n))
+                .collect();
+            held.sort();
+            held
+        };
+        if !held.is_empty() {
+            tracing::error!(target: TARGET, "reload refused: {}", ReloadRefused { names: held.clone() });
+            return Err(ReloadRefused { names: held });
+        }
         let new = fingerprints(text);
         let old = self
             .baseline
@@ -91,30 +123,24 @@ impl Control {
         // The global deny list is part of every grant, those created through the API
         // included: when it changed, re-create them under the new list (new generation).
         if global_changed {
-            let tables: Vec<(String, String)> = self
-                .api_tables
+            let stored: Vec<Stored> = self
+                .stored
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .filter(|(name, _)| !new.authorities.contains_key(*name))
-                .map(|(n, t)| (n.clone(), t.clone()))
+                .values()
+                .cloned()
                 .collect();
-            for (name, text) in tables {
-                let is_api = self
+            for record in stored {
+                let name = record.record.name.clone();
+                let Some(current) = self
                     .shared
                     .authorities
                     .get(&name)
-                    .is_some_and(|l| l.origin == Origin::Api);
-                if !is_api {
+                    .filter(|l| l.origin == Origin::Api)
+                else {
                     continue;
-                }
-                let parsed = policy::config::parse_authority(&text, &config.global_deny).and_then(
-                    |mut a| {
-                        crate::credential::load_secrets(&mut a).map_err(credential_fields)?;
-                        Ok(a)
-                    },
-                );
-                let authority = match parsed {
+                };
+                let authority = match self.authority_of(&record) {
                     Ok(a) => a,
                     Err(e) => {
                         // Cannot happen for a table that was valid with other deny entries,
@@ -127,10 +153,16 @@ impl Control {
                         continue;
                     }
                 };
+                let birth = Birth {
+                    generation: self.shared.authorities.next_generation(),
+                    origin: Origin::Api,
+                    created: Some(current.created.clone()),
+                    expires_at: current.expires_at.clone(),
+                };
                 let (old_generation, added) = self.replace_locked(
                     &name,
                     authority,
-                    Origin::Api,
+                    birth,
                     "replaced by reload ([global] deny changed)",
                 );
                 match added {
@@ -163,11 +195,6 @@ impl Control {
             .map(|a| (a.grant.name().to_owned(), a))
             .collect();
         for (name, fp) in &new.authorities {
-            // The file's definition replaces one created through the API.
-            self.api_tables
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(name);
             let Some(authority) = by_name.remove(name) else {
                 continue;
             };
@@ -181,14 +208,15 @@ impl Control {
                 continue;
             }
             let (old_generation, added) = if current.is_some() {
+                let birth = self.config_birth();
                 self.replace_locked(
                     name,
                     authority,
-                    Origin::Config,
+                    birth,
                     "replaced by reload (its table changed)",
                 )
             } else {
-                (None, self.add_locked(authority, Origin::Config, None))
+                (None, self.add_locked(authority, self.config_birth(), None))
             };
             match added {
                 Ok(live) => match old_generation {
@@ -200,6 +228,8 @@ impl Control {
                         CreateError::Listen(e) => e.to_string(),
                         CreateError::Duplicate(n) => format!("{n} is live"),
                         CreateError::Invalid(v) => format!("{v:?}"),
+                        CreateError::Unavailable(why) => why,
+                        CreateError::Store(e) => e.to_string(),
                     };
                     tracing::error!(target: TARGET, "reload: cannot add authority {name:?}: {why}; it stays absent");
                     report.failed.push((name.clone(), why));
@@ -229,7 +259,7 @@ impl Control {
                 report.ignored_sections.join(", ")
             );
         }
-        report
+        Ok(report)
     }
 }
 

@@ -26,8 +26,8 @@ pub fn config(data: &[u8]) {
     }
 }
 
-/// The body of `POST /v1/authorities` (`serde_json`, then `Control::create_from_json`),
-/// against a mediator without a socket directory. Properties: a created authority has the
+/// The body of `POST /v1/authorities` (`serde_json`, then `Control::create`), against a
+/// mediator without a socket directory, with a memory registry. Properties: a created authority has the
 /// body's name, and a generated token is the one whose SHA-256 is stored; it is revoked
 /// again at once.
 pub fn admin_json(data: &[u8]) {
@@ -35,8 +35,7 @@ pub fn admin_json(data: &[u8]) {
         return;
     };
     let fx = fixture();
-    let _enter = fx.runtime.enter();
-    if let Ok(created) = fx.control.create_from_json(&body) {
+    if let Ok(created) = fx.runtime.block_on(fx.control.create(&body)) {
         let name = created.live.authority.grant.name().to_owned();
         assert_eq!(
             body.get("name").and_then(Value::as_str),
@@ -46,7 +45,8 @@ pub fn admin_json(data: &[u8]) {
             let stored = created.live.authority.token_sha256;
             assert_eq!(stored, Some(Sha256::digest(token.as_bytes()).into()));
         }
-        assert!(fx.control.revoke(&name).is_some());
+        let deleted = fx.runtime.block_on(fx.control.delete(&name)).ok().unwrap();
+        assert!(deleted.live.is_some() && deleted.stored);
     }
     fx.forget();
 }

@@ -33,8 +33,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::authorities::Origin;
-use crate::control::Control;
+use crate::control::registry::RegistryMetrics;
+use crate::control::registry::memory::Memory;
+use crate::control::{Control, Setup};
 use crate::shared::Shared;
 use crate::testing;
 use http::Uri;
@@ -94,7 +95,7 @@ fn connect_target(uri: &Uri) -> Option<Result<Target, policy::PolicyError>> {
 struct Fixture {
     runtime: tokio::runtime::Runtime,
     shared: Arc<Shared>,
-    control: Control,
+    control: Arc<Control>,
     authority: Arc<policy::config::Authority>,
     lines: Arc<Mutex<Vec<String>>>,
 }
@@ -117,7 +118,18 @@ fn fixture() -> &'static Fixture {
             .unwrap();
         let lines = Arc::default();
         let shared = testing::shared(Arc::clone(&lines));
-        let control = Control::new(Arc::clone(&shared), None, None, Duration::ZERO, Vec::new());
+        let registry_metrics = RegistryMetrics::new(&shared.metrics).unwrap();
+        let control = Control::new(
+            Arc::clone(&shared),
+            Setup {
+                socket_dir: None,
+                tcp: None,
+                revoke_grace: Duration::ZERO,
+                global_deny: Vec::new(),
+                store: Arc::new(Memory::default()),
+                registry_metrics,
+            },
+        );
         let table = format!(
             "[[authority]]\nname = \"{AUTHORITY}\"\ntoken_sha256 = \"{}\"\nallow = [\"example.com\"]\n",
             hex::encode(Sha256::digest(TOKEN.as_bytes()))
@@ -128,7 +140,7 @@ fn fixture() -> &'static Fixture {
             .remove(0);
         let live = {
             let _enter = runtime.enter();
-            control.add(authority, Origin::Config).ok().unwrap()
+            control.add(authority).ok().unwrap()
         };
         Fixture {
             authority: Arc::clone(&live.authority),

@@ -46,8 +46,9 @@ pub struct Registry {
     /// Where API authorities are kept.
     pub backend: RegistryBackend,
     /// `local`: the directory of the records, as configured (absolute); `None`: the
-    /// default the mediator resolves (`$STATE_DIRECTORY`, else `$XDG_STATE_HOME`, else
-    /// `~/.local/state`, each with `egress-mediator`; `/var/lib/egress-mediator` as root).
+    /// default the mediator resolves (`$STATE_DIRECTORY`, else
+    /// `$XDG_STATE_HOME/egress-mediator`, else `/var/lib/egress-mediator` as root, else
+    /// `~/.local/state/egress-mediator`).
     pub state_dir: Option<PathBuf>,
     /// `etcd`: the members' client URLs (`http://127.0.0.1:2379`, `https://...`).
     pub endpoints: Vec<String>,

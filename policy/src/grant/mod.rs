@@ -142,7 +142,11 @@ impl GrantField {
 }
 
 /// Checks an authority name: 1..=64 bytes of ASCII letters, digits, `-` and `_`.
-pub(crate) fn check_authority_name(name: &str) -> Result<(), ValueError> {
+///
+/// # Errors
+/// [`ValueError::NameEmpty`], [`ValueError::NameLong`] or the first character that is not
+/// allowed.
+pub fn check_authority_name(name: &str) -> Result<(), ValueError> {
     if name.is_empty() {
         return Err(ValueError::NameEmpty);
     }

@@ -1,13 +1,25 @@
 //! Live control (control.md): the admin API, metrics, reloads that add and revoke
-//! authorities, and connections judged again under a new grant.
+//! authorities, connections judged again under a new grant, and the registry of the
+//! authorities created through the admin API (local; etcd with the feature `etcd`).
 
 mod admin;
+mod registry;
 mod rejudge;
 mod reload;
+#[cfg(feature = "etcd")]
+mod shared_registry;
 
 use e2e::harness::Case;
 
 /// This area's cases.
 pub(crate) fn cases() -> Vec<Case> {
-    [admin::cases(), reload::cases(), rejudge::cases()].concat()
+    [
+        admin::cases(),
+        reload::cases(),
+        rejudge::cases(),
+        registry::cases(),
+        #[cfg(feature = "etcd")]
+        shared_registry::cases(),
+    ]
+    .concat()
 }

@@ -449,12 +449,23 @@ async fn completions_and_man_pages_come_from_the_cli() -> Result<()> {
     Ok(())
 }
 
-async fn api_authorities_are_per_process_and_say_so() -> Result<()> {
+async fn a_memory_registry_keeps_api_authorities_per_process_and_says_so() -> Result<()> {
     let Fixture {
         dns,
         origin,
         mediator: m,
-    } = Fixture::start(mediator().authority(e2e::agent_a_spec()).admin(true)).await?;
+    } = Fixture::start(
+        mediator()
+            .authority(e2e::agent_a_spec())
+            .admin(true)
+            .extra_toml("\n[registry]\nbackend = \"memory\"\n"),
+    )
+    .await?;
+    let stderr = m.stderr_text();
+    assert!(
+        stderr.contains("WARNING: [registry] backend = \"memory\""),
+        "{stderr}"
+    );
     let target = format!("{ORIGIN_HOST}:{}", origin.port());
     let body = json!({
         "name": "agent-c",
@@ -470,6 +481,7 @@ async fn api_authorities_are_per_process_and_say_so() -> Result<()> {
     let created = resp.json()?;
     // The answer says plainly that it will not survive a restart.
     assert_eq!(created["persisted"], false);
+    assert_eq!(created["backend"], "memory");
     let note = created["persistence_note"].as_str().unwrap_or_default();
     assert!(note.contains("gone when the mediator restarts"), "{note}");
     let token = created["token"].as_str().unwrap().to_owned();
@@ -593,7 +605,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(health_finds_the_admin_socket_in_the_config),
         case!(version_names_the_git_revision).needs(&[Tool::Git]),
         case!(completions_and_man_pages_come_from_the_cli),
-        case!(api_authorities_are_per_process_and_say_so),
+        case!(a_memory_registry_keeps_api_authorities_per_process_and_says_so),
         case!(every_shipped_config_passes_check),
     ]
 }

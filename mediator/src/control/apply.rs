@@ -1,0 +1,382 @@
+//! The one way a stored authority comes and goes (design section 17): an admin create or
+//! delete, a record loaded at start, a change an etcd watch saw, and a `ttl_s` expiry all
+//! end here, so each is applied alike: validated under this mediator's `[global]` deny
+//! list, never over a name of the configuration file, at most once per generation.
+
+use std::collections::HashSet;
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::SystemTime;
+
+use policy::config::{Authority, FieldError, RegistryBackend};
+
+use super::registry::{Change, ErrorKind, Loaded, Op, RegistryError, Rejected, Stored};
+use super::{Control, CreateError, TARGET};
+use crate::authorities::{Birth, Live, Origin};
+
+impl Control {
+    /// Loads every stored authority (at start, before `ready`): expired ones are dropped,
+    /// the others applied; what cannot be read or applied is named and counted. Returns
+    /// the view's revision (etcd), to follow from.
+    ///
+    /// # Errors
+    /// [`RegistryError`] when the store cannot be read at all.
+    pub(crate) async fn load_registry(&self) -> Result<i64, RegistryError> {
+        let loaded = match self.store.load().await {
+            Ok(l) => l,
+            Err(e) => {
+                self.registry_metrics.operation(Op::Load, "error");
+                return Err(e);
+            }
+        };
+        let revision = loaded.revision;
+        self.registry_metrics.set_revision(revision);
+        self.apply_snapshot(loaded, Op::Load);
+        Ok(revision)
+    }
+
+    /// How many stored authorities are applied.
+    pub(crate) fn stored_count(&self) -> usize {
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Validates a stored record's table as an authority, under the current `[global]`
+    /// deny list, exactly as `POST /v1/authorities` does.
+    pub(super) fn authority_of(&self, stored: &Stored) -> Result<Authority, Vec<FieldError>> {
+        let text = super::create::table_text(&stored.record.authority)?;
+        let global = self
+            .global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut authority = policy::config::parse_authority(&text, &global)?;
+        crate::credential::load_secrets(&mut authority)
+            .map_err(super::create::credential_fields)?;
+        Ok(authority)
+    }
+
+    /// Applies one stored record to the live set: added, or, when the record of that
+    /// name applied before has an older generation (it was changed in place by another
+    /// writer), put in its place like a changed `[[authority]]` on reload. Returns the
+    /// live entry, or `None` when there is nothing to do (this generation is applied, or
+    /// it is older than what was applied or removed since).
+    ///
+    /// # Errors
+    /// [`CreateError::Invalid`] (not an authority under this configuration),
+    /// [`CreateError::Duplicate`] (a name of the configuration file),
+    /// [`CreateError::Listen`] (its socket cannot be made).
+    pub(super) fn apply_put(&self, stored: Stored) -> Result<Option<Arc<Live>>, CreateError> {
+        let authority = self.authority_of(&stored).map_err(CreateError::Invalid)?;
+        let name = stored.record.name.clone();
+        let generation = stored.generation;
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = self
+            .stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name)
+            .map(|s| s.generation);
+        let removed = self
+            .tombstones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name)
+            .copied();
+        if known.is_some_and(|g| g >= generation) || removed.is_some_and(|r| r >= generation) {
+            return Ok(None);
+        }
+        let current = self.shared.authorities.get(&name);
+        if current.as_ref().is_some_and(|l| l.origin == Origin::Config) {
+            return Err(CreateError::Duplicate(name));
+        }
+        let birth = Birth {
+            generation,
+            origin: Origin::Api,
+            created: Some(stored.record.created_at.clone()),
+            expires_at: stored.record.expires_at.clone(),
+        };
+        let live = if current.is_some() {
+            let (_, added) = self.replace_locked(
+                &name,
+                authority,
+                birth,
+                "replaced (its stored record was changed by another writer)",
+            );
+            added?
+        } else {
+            self.add_locked(authority, birth, None)?
+        };
+        let expires = stored.record.expires_at.clone();
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.clone(), stored);
+        if let Some(at) = expires {
+            self.expire_at(&name, generation, &at);
+        }
+        Ok(Some(live))
+    }
+
+    /// Applies the removal of the record named `name`: the authority is revoked (an
+    /// authority of the configuration file of that name is left alone). `revision`
+    /// (etcd): the removal's revision; a record of a later generation is kept, and an
+    /// older create seen late is not applied. Returns the revoked entry.
+    pub(super) fn apply_delete(&self, name: &str, revision: Option<u64>) -> Option<Arc<Live>> {
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stored = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = revision {
+            let mut tombstones = self
+                .tombstones
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let t = tombstones.entry(name.to_owned()).or_insert(r);
+            *t = (*t).max(r);
+            if stored.get(name).is_some_and(|s| s.generation > r) {
+                return None;
+            }
+        }
+        stored.remove(name);
+        drop(stored);
+        let live = self.shared.authorities.get(name)?;
+        if live.origin != Origin::Api {
+            return None;
+        }
+        self.revoke_locked(name, "revoked")
+    }
+
+    /// Applies a whole view (start, or a re-list after a lost watch): records no longer in
+    /// it are revoked, the others applied; problems are counted and named.
+    pub(super) fn apply_snapshot(&self, loaded: Loaded, op: Op) {
+        let present: HashSet<String> = loaded
+            .records
+            .iter()
+            .map(|s| s.record.name.clone())
+            .collect();
+        let gone: Vec<(String, u64)> = self
+            .stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(name, _)| !present.contains(*name))
+            .map(|(name, s)| (name.clone(), s.generation))
+            .collect();
+        let revision = u64::try_from(loaded.revision).unwrap_or(0);
+        for (name, generation) in gone {
+            if revision == 0 || generation <= revision {
+                self.apply_delete(&name, (revision > 0).then_some(revision));
+                tracing::info!(target: TARGET, "registry: authority {name:?} is no longer stored; revoked");
+            }
+        }
+        for rejected in loaded.rejected {
+            self.report_rejected(&rejected);
+        }
+        let now = SystemTime::now();
+        for stored in loaded.records {
+            if stored.record.expired(now) {
+                self.drop_expired(stored);
+                continue;
+            }
+            self.apply_or_report(stored, op);
+        }
+    }
+
+    /// Applies one change from a watch.
+    pub(crate) fn apply_change(&self, change: Change) {
+        match change {
+            Change::Put(stored) => {
+                if stored.record.expired(SystemTime::now()) {
+                    self.drop_expired(stored);
+                } else {
+                    self.apply_or_report(stored, Op::Watch);
+                }
+            }
+            Change::Delete { name, revision } => {
+                if self.apply_delete(&name, Some(revision)).is_some() {
+                    self.registry_metrics.operation(Op::Watch, "ok");
+                    tracing::info!(target: TARGET, "registry: authority {name:?} was removed (revision {revision}); revoked");
+                }
+            }
+            Change::Rejected(rejected) => self.report_rejected(&rejected),
+            Change::Snapshot(loaded) => {
+                let revision = loaded.revision;
+                self.apply_snapshot(loaded, Op::Load);
+                self.registry_metrics.set_revision(revision);
+            }
+            Change::Progress(revision) => {
+                self.registry_metrics.set_revision(revision);
+                self.prune_tombstones(u64::try_from(revision).unwrap_or(0));
+            }
+        }
+    }
+
+    /// Applies a stored record; what cannot be applied is named and counted (a record that
+    /// is not a valid authority is set aside), never silently dropped.
+    fn apply_or_report(&self, stored: Stored, op: Op) {
+        let name = stored.record.name.clone();
+        let generation = stored.generation;
+        match self.apply_put(stored) {
+            Ok(Some(live)) => {
+                self.registry_metrics.operation(op, "ok");
+                tracing::debug!(target: TARGET, "registry: authority {:?} generation {} applied", live.name(), live.generation);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.registry_metrics.operation(op, "error");
+                let (kind, why) = match e {
+                    CreateError::Invalid(errors) => (
+                        ErrorKind::Invalid,
+                        errors
+                            .iter()
+                            .map(|e| format!("{}: {}", e.field, e.message))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    ),
+                    CreateError::Duplicate(_) => (
+                        ErrorKind::Conflict,
+                        "the configuration file defines an authority of that name (a name is either config or api); the stored one is not loaded and is left in place".to_owned(),
+                    ),
+                    CreateError::Listen(e) => (ErrorKind::Socket, crate::error::chain(&e)),
+                    CreateError::Unavailable(why) => (ErrorKind::Unavailable, why),
+                    CreateError::Store(e) => (ErrorKind::Io, e.to_string()),
+                };
+                self.registry_metrics.error(kind);
+                if kind == ErrorKind::Invalid {
+                    let store = Arc::clone(&self.store);
+                    let what_name = name;
+                    tokio::spawn(async move {
+                        let what = store.set_aside(&what_name).await;
+                        tracing::error!(target: TARGET, "registry: stored authority {what_name:?} (generation {generation}) is not valid here and was set aside as {what}: {why}");
+                        eprintln!(
+                            "mediator: registry: stored authority {what_name:?} (generation {generation}) is not valid here and was set aside as {what}: {why}"
+                        );
+                    });
+                } else {
+                    tracing::error!(target: TARGET, "registry: stored authority {name:?} (generation {generation}) is not loaded: {why}");
+                    eprintln!(
+                        "mediator: registry: stored authority {name:?} (generation {generation}) is not loaded: {why}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Names and counts a record that could not be read.
+    fn report_rejected(&self, rejected: &Rejected) {
+        self.registry_metrics.error(rejected.kind);
+        tracing::error!(target: TARGET, "registry: {} cannot be read and was set aside: {}", rejected.what, rejected.why);
+        eprintln!(
+            "mediator: registry: {} cannot be read and was set aside: {}",
+            rejected.what, rejected.why
+        );
+    }
+
+    /// Drops a record whose `expires_at` has passed: removed from the store (only that
+    /// generation), never applied.
+    fn drop_expired(&self, stored: Stored) {
+        let name = stored.record.name.clone();
+        let generation = stored.generation;
+        let store = Arc::clone(&self.store);
+        let metrics = self.registry_metrics.clone();
+        tracing::info!(target: TARGET, "registry: authority {name:?} expired at {}; dropped", stored.record.expires_at.as_deref().unwrap_or("-"));
+        tokio::spawn(async move {
+            match store.delete(&name, Some(generation)).await {
+                Ok(_) => metrics.operation(Op::Expire, "ok"),
+                Err(e) => {
+                    metrics.operation(Op::Expire, "error");
+                    tracing::warn!(target: TARGET, "registry: cannot remove expired authority {name:?}: {e}");
+                }
+            }
+        });
+    }
+
+    /// Starts the timer that revokes `name` (this generation only) at `at` (RFC 3339).
+    fn expire_at(&self, name: &str, generation: u64, at: &str) {
+        let wait = humantime::parse_rfc3339(at)
+            .ok()
+            .and_then(|t| t.duration_since(SystemTime::now()).ok())
+            .unwrap_or_default();
+        let me: Weak<Self> = self.me.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Some(control) = me.upgrade() {
+                control.expire(&name, generation).await;
+            }
+        });
+    }
+
+    /// Revokes `name` at its `expires_at`, exactly as a `DELETE` would, if this generation
+    /// is still the one applied. etcd removes the record itself when its lease ends; the
+    /// revocation here does not wait for that.
+    async fn expire(&self, name: &str, generation: u64) {
+        let _writes = self.writes.lock().await;
+        let applied = self
+            .stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .is_some_and(|s| s.generation == generation);
+        if !applied {
+            return;
+        }
+        let removed = self.store.delete(name, Some(generation)).await;
+        match &removed {
+            Ok(_) => self.registry_metrics.operation(Op::Expire, "ok"),
+            Err(e) => {
+                self.registry_metrics.operation(Op::Expire, "error");
+                tracing::warn!(target: TARGET, "registry: cannot remove expired authority {name:?} from the {} registry: {e}; revoked here all the same", self.store.backend());
+            }
+        }
+        let revision = match (self.store.backend(), removed) {
+            (RegistryBackend::Etcd, Ok(Some(r))) => Some(r),
+            _ => None,
+        };
+        // The removal of exactly this generation, whatever the store answered.
+        self.stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = revision {
+            self.tombstones
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(name.to_owned(), r);
+        }
+        if self
+            .shared
+            .authorities
+            .get(name)
+            .is_some_and(|l| l.origin == Origin::Api && l.generation == generation)
+        {
+            self.revoke_locked(name, "expired (ttl_s)");
+        }
+    }
+
+    /// Forgets removals at or before `revision`: the watch has passed it, so no older
+    /// event can come (etcd).
+    fn prune_tombstones(&self, revision: u64) {
+        self.tombstones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, r| *r > revision);
+    }
+
+    /// Says whether the registry's view is current; while it is not, decisions under
+    /// stored authorities are refused and writes answered 503.
+    pub(crate) fn set_fresh(&self, fresh: bool) {
+        let was = self.shared.authorities.registry_stale();
+        self.shared.authorities.set_registry_stale(!fresh);
+        self.registry_metrics.set_stale(!fresh);
+        if was == fresh {
+            if fresh {
+                tracing::warn!(target: TARGET, "registry: the view is current again; authorities from the registry are served");
+            } else {
+                self.registry_metrics.error(ErrorKind::Unavailable);
+                tracing::error!(target: TARGET, "registry: the view cannot be confirmed current (the {} registry at {} is unreachable or has no quorum); decisions under its authorities are refused: registry_unavailable", self.store.backend(), self.store.location());
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The authority registry (design section 17): where the authorities created through the
+//! admin API are kept, so that they outlive the process and, with a shared backend, are
+//! the same on every replica. Config authorities are not stored: the file is their record.
+//!
+//! One small trait, [`Store`], with three backends: [`memory`] (the process only),
+//! [`local`] (files under a state directory, the default) and `etcd` (cargo feature
+//! `etcd`). The control plane asks the store to create or remove, then changes the live
+//! set; an etcd watch event takes the same path (`super::apply`).
+//!
+//! What is stored is a [`Record`]: the validated `[[authority]]` table as flat JSON (the
+//! token's SHA-256, never a token; API authorities cannot name credentials), `created_at`
+//! and `expires_at`, plus its generation, sealed with a SHA-256 so that a damaged record is
+//! refused, never half-read.
+
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
+pub(crate) mod inspect;
+pub(crate) mod local;
+pub(crate) mod memory;
+pub(crate) mod metrics;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use policy::config::{Registry, RegistryBackend};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+pub(crate) use metrics::{ErrorKind, Op, RegistryMetrics};
+
+/// The version of the stored record format.
+const FORMAT: u32 = 1;
+
+/// One stored authority: what a create writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    /// The authority's name (also the table's `name`).
+    pub(crate) name: String,
+    /// When it was created (RFC 3339, UTC).
+    pub(crate) created_at: String,
+    /// When it is revoked by itself (RFC 3339, UTC), for a create that asked `ttl_s`.
+    pub(crate) expires_at: Option<String>,
+    /// The `[[authority]]` table as flat JSON, as validated at create (a generated token's
+    /// SHA-256 included).
+    pub(crate) authority: Map<String, Value>,
+}
+
+impl Record {
+    /// Whether it has expired at `now`. A record whose `expires_at` cannot be read counts
+    /// as expired: it cannot be vouched for.
+    pub(crate) fn expired(&self, now: std::time::SystemTime) -> bool {
+        self.expires_at
+            .as_deref()
+            .is_some_and(|t| humantime::parse_rfc3339(t).map_or(true, |t| t <= now))
+    }
+}
+
+/// A record as loaded or watched, with its generation (local: assigned at create; etcd:
+/// the key's revision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    /// The record.
+    pub(crate) record: Record,
+    /// Its generation.
+    pub(crate) generation: u64,
+}
+
+/// A stored record that could not be read, set aside (named, never silently dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rejected {
+    /// Which record: a file, or an etcd key.
+    pub(crate) what: String,
+    /// Why.
+    pub(crate) why: String,
+    /// The metric label.
+    pub(crate) kind: ErrorKind,
+}
+
+/// Everything a store holds at one moment.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Loaded {
+    /// The readable records (expired ones included: the caller drops them).
+    pub(crate) records: Vec<Stored>,
+    /// The records that could not be read.
+    pub(crate) rejected: Vec<Rejected>,
+    /// etcd: the revision this view is at; 0 elsewhere.
+    pub(crate) revision: i64,
+}
+
+/// A change a watch saw, applied in order (etcd only).
+#[derive(Debug, Clone)]
+#[cfg_attr(
+    not(feature = "etcd"),
+    expect(dead_code, reason = "made by the etcd backend's watch")
+)]
+pub(crate) enum Change {
+    /// A record was created, or changed in place by another writer.
+    Put(Stored),
+    /// A record was removed (deleted, or its lease expired), at `revision`.
+    Delete {
+        /// The authority.
+        name: String,
+        /// The revision of the removal.
+        revision: u64,
+    },
+    /// A record under the prefix that cannot be read.
+    Rejected(Rejected),
+    /// The whole view, re-listed after a lost watch that cannot resume (compacted).
+    Snapshot(Loaded),
+    /// Every change up to this revision has been sent.
+    Progress(i64),
+}
+
+/// Why a registry operation failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegistryError {
+    /// A record of that name exists (create-if-absent refused).
+    #[error("authority {0:?} is already stored")]
+    Exists(String),
+    /// The backend cannot be reached or did not confirm in time.
+    #[error("the registry is unavailable: {0}")]
+    #[cfg_attr(
+        not(feature = "etcd"),
+        expect(dead_code, reason = "only a remote backend is ever unreachable")
+    )]
+    Unavailable(String),
+    /// The state directory or one of its files cannot be used.
+    #[error("registry {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The state directory is in use by another mediator.
+    #[error(
+        "registry {path} is in use by another mediator (its lock is held); give each mediator its own [registry] state_dir"
+    )]
+    Locked {
+        /// The state directory.
+        path: PathBuf,
+    },
+    /// A record cannot be encoded (cannot happen for a validated table).
+    #[error("cannot encode the record: {0}")]
+    Encode(String),
+    /// This build has no such backend.
+    #[cfg(not(feature = "etcd"))]
+    #[error(
+        "[registry] backend = \"etcd\" needs a mediator built with the cargo feature \"etcd\" (cargo build --release --features etcd; the release image has it)"
+    )]
+    NotBuilt,
+}
+
+impl RegistryError {
+    /// An I/O error on `path`.
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The registry's one interface: load all, create if absent, delete, and (etcd) watch.
+pub(crate) trait Store: Send + Sync + std::fmt::Debug {
+    /// Which backend this is.
+    fn backend(&self) -> RegistryBackend;
+
+    /// Where it keeps records, for messages (`/var/lib/egress-mediator`, the endpoints).
+    fn location(&self) -> String;
+
+    /// A number no earlier start with this store was given (local: a counter file; etcd: a
+    /// counter key; memory: 0): the high bits of this run's generations and decision ids.
+    fn boot(&self) -> BoxFuture<'_, Result<u64, RegistryError>>;
+
+    /// Every stored record; unreadable ones are set aside and listed.
+    fn load(&self) -> BoxFuture<'_, Result<Loaded, RegistryError>>;
+
+    /// Stores `record` if no record of its name exists, durably before it returns;
+    /// `generation` is the one this process assigned (etcd uses the key's revision
+    /// instead, and `ttl` becomes a lease). Returns the record's generation.
+    fn create<'a>(
+        &'a self,
+        record: &'a Record,
+        generation: u64,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<u64, RegistryError>>;
+
+    /// Removes the record named `name` (only if its generation is `generation`, when
+    /// given), durably before it returns. Returns the revision of the removal (etcd) or 0,
+    /// or `None` when there was no such record.
+    fn delete<'a>(
+        &'a self,
+        name: &'a str,
+        generation: Option<u64>,
+    ) -> BoxFuture<'a, Result<Option<u64>, RegistryError>>;
+
+    /// Sets aside a record that was read but is not a valid authority (local: renamed
+    /// `*.rejected`; etcd: left in place). Returns what it was named, for messages.
+    fn set_aside<'a>(&'a self, name: &'a str) -> BoxFuture<'a, String>;
+
+    /// Starts following changes made by other writers (etcd: the watch, and the periodic
+    /// confirmation that the view is current): each goes to `changes`, in revision order;
+    /// `fresh` says whether the view is confirmed current. Local and memory stores have no
+    /// other writer and start nothing.
+    fn follow(
+        self: Arc<Self>,
+        changes: tokio::sync::mpsc::Sender<Change>,
+        fresh: Arc<dyn Fn(bool) + Send + Sync>,
+        since: i64,
+    ) {
+        let _ = (changes, fresh, since);
+    }
+}
+
+/// Opens the store `[registry]` names.
+///
+/// # Errors
+/// [`RegistryError`] when the state directory cannot be made or locked, or etcd is asked
+/// for in a build without it.
+pub(crate) async fn open(
+    config: &Registry,
+    metrics: RegistryMetrics,
+) -> Result<Arc<dyn Store>, RegistryError> {
+    match config.backend {
+        RegistryBackend::Memory => Ok(Arc::new(memory::Memory::default())),
+        RegistryBackend::Local => {
+            let dir = match &config.state_dir {
+                Some(d) => d.clone(),
+                None => default_state_dir(|k| std::env::var_os(k), is_root()),
+            };
+            Ok(Arc::new(local::Local::open(&dir, metrics)?))
+        }
+        #[cfg(feature = "etcd")]
+        RegistryBackend::Etcd => Ok(Arc::new(etcd::Etcd::connect(config, metrics).await?)),
+        #[cfg(not(feature = "etcd"))]
+        RegistryBackend::Etcd => {
+            let _ = metrics;
+            Err(RegistryError::NotBuilt)
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// The default state directory (design section 17): `$STATE_DIRECTORY` (systemd's
+/// `StateDirectory=`; the first of a colon-separated list), else
+/// `$XDG_STATE_HOME/egress-mediator`, else `/var/lib/egress-mediator` as root, else
+/// `~/.local/state/egress-mediator`. Relative values are ignored, as the XDG base
+/// directory specification says.
+pub(crate) fn default_state_dir(
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    root: bool,
+) -> PathBuf {
+    let absolute = |v: Option<std::ffi::OsString>| {
+        v.map(PathBuf::from)
+            .filter(|p| p.is_absolute() && !p.as_os_str().is_empty())
+    };
+    if let Some(dir) = env("STATE_DIRECTORY").and_then(|v| {
+        let first = v.to_string_lossy().split(':').next().map(PathBuf::from)?;
+        first.is_absolute().then_some(first)
+    }) {
+        return dir;
+    }
+    if let Some(dir) = absolute(env("XDG_STATE_HOME")) {
+        return dir.join("egress-mediator");
+    }
+    if !root && let Some(home) = absolute(env("HOME")) {
+        return home.join(".local/state/egress-mediator");
+    }
+    PathBuf::from("/var/lib/egress-mediator")
+}
+
+/// The sealed form of a record, as stored.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sealed {
+    format: u32,
+    generation: u64,
+    record: Record,
+    sha256: String,
+}
+
+/// The bytes the seal covers: the format, the generation and the record, as JSON.
+fn sealed_digest(generation: u64, record: &Record) -> Result<String, RegistryError> {
+    let body = serde_json::to_vec(&(FORMAT, generation, record))
+        .map_err(|e| RegistryError::Encode(e.to_string()))?;
+    Ok(hex::encode(Sha256::digest(&body)))
+}
+
+/// Encodes `record` with its generation and seal.
+pub(crate) fn encode(record: &Record, generation: u64) -> Result<Vec<u8>, RegistryError> {
+    let sealed = Sealed {
+        format: FORMAT,
+        generation,
+        sha256: sealed_digest(generation, record)?,
+        record: record.clone(),
+    };
+    let mut out =
+        serde_json::to_vec_pretty(&sealed).map_err(|e| RegistryError::Encode(e.to_string()))?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// Decodes a stored record; `name` is the name its place says (file or key). Returns the
+/// record and its stored generation.
+///
+/// # Errors
+/// Why it cannot be trusted: not JSON of the format, another format version, a seal
+/// that does not match, or a name that is not its place's.
+pub(crate) fn decode(bytes: &[u8], name: &str) -> Result<(Record, u64), String> {
+    let sealed: Sealed =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a stored authority: {e}"))?;
+    if sealed.format != FORMAT {
+        return Err(format!(
+            "format {} (this mediator reads {FORMAT})",
+            sealed.format
+        ));
+    }
+    let want = sealed_digest(sealed.generation, &sealed.record).map_err(|e| e.to_string())?;
+    if want != sealed.sha256 {
+        return Err("its SHA-256 does not match its content (damaged or edited)".into());
+    }
+    if sealed.record.name != name {
+        return Err(format!(
+            "it names authority {:?}, but is stored as {name:?}",
+            sealed.record.name
+        ));
+    }
+    if sealed.record.authority.get("name").and_then(Value::as_str) != Some(name) {
+        return Err("its table's name is not its own".into());
+    }
+    Ok((sealed.record, sealed.generation))
+}
+
+#[cfg(test)]
+mod tests;
