@@ -5,7 +5,7 @@
 # Dockerfile, less its build stage. Needs buildah (Debian: apt-get install -y buildah)
 # and nothing from a registry.
 #
-#   cargo build --release -p mediator -p shim
+#   cargo build --release -p mediator -p shim --features mediator/etcd
 #   docker/build-image.sh [IMAGE]        # default localhost/egress-mediator:<version>
 #
 # The label org.opencontainers.image.source is $IMAGE_SOURCE if set, else the URL of the
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 bin=${CARGO_TARGET_DIR:-target}/release
 for b in mediator shim; do
   if [ ! -x "$bin/$b" ]; then
-    echo "build-image.sh: no $bin/$b; run: cargo build --release -p mediator -p shim" \
+    echo "build-image.sh: no $bin/$b; run: cargo build --release -p mediator -p shim --features mediator/etcd" \
       "(CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-unset})" >&2
     exit 1
   fi

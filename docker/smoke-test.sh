@@ -61,6 +61,7 @@ cat > "$work/mediator.toml" <<TOML
 socket_dir = "/run/egress-mediator"
 tcp = "127.0.0.1:$tcp_port"
 admin = "127.0.0.1:$admin_port"
+admin_token_sha256 = "$token_sha256"
 
 [resolver]
 hosts = { "origin.test" = ["127.0.0.1"] }
@@ -191,6 +192,30 @@ PY
 done
 [ -n "$found" ] || fail "the decision log lacks the allow and deny lines: $(cat "$work/decisions.jsonl")"
 ok "decision log (stdout) has the allow and the deny line, every line JSON"
+
+# An authority created through the admin API is kept in the state directory (the image's
+# VOLUME): after SIGKILL and a start of the same container it is back, token and all.
+created=$(curl -sS --max-time 10 -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+  -d '{"name":"agent-api","allow":["origin.test"],"allow_private":["127.0.0.1/32"],"generate_token":true}' \
+  "http://127.0.0.1:$admin_port/v1/authorities") || fail "POST /v1/authorities failed"
+api_token=$(printf %s "$created" | python3 -c 'import json,sys; v=json.load(sys.stdin); assert v["persisted"] is True and v["backend"] == "local", v; print(v["token"])') \
+  || fail "the create did not say persisted (local): $created"
+"${podman[@]}" kill -s KILL "$name" >/dev/null 2>&1 || fail "podman kill failed"
+"${podman[@]}" wait "$name" >/dev/null 2>&1 || true
+"${podman[@]}" start "$name" >/dev/null 2>"$work/podman-start.err" || fail "podman start failed: $(cat "$work/podman-start.err")"
+healthy=
+for _ in $(seq 1 100); do
+  if curl -fsS --max-time 2 "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1; then
+    healthy=1
+    break
+  fi
+  sleep 0.2
+done
+[ -n "$healthy" ] || fail "no /readyz within 20 s after the restart"
+body=$(curl -sS --max-time 10 --proxy "http://127.0.0.1:$tcp_port" --proxy-user "agent-api:$api_token" \
+  "http://origin.test:$origin_port/") || fail "the API authority's request failed after kill -9"
+[ "$body" = smoke-origin-ok ] || fail "the API authority's request after kill -9 got: $body"
+ok "an authority created through the admin API survives kill -9 (state in the VOLUME)"
 
 "${podman[@]}" stop -t 20 "$name" >/dev/null 2>"$work/podman-stop.err" \
   || fail "podman stop failed: $(cat "$work/podman-stop.err")"

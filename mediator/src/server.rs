@@ -345,6 +345,16 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
         "[upstream] mode = \"{}\": usable",
         config.upstream.mode
     ));
+    if config.registry.backend == policy::config::RegistryBackend::Etcd {
+        // Checked, not contacted: `mediator registry list` reads the cluster.
+        registry::inspect::check_etcd_build().map_err(|e| Error::Registry(e.to_string()))?;
+        notes.push(format!(
+            "registry: etcd {} prefix {} (not contacted; mediator registry list reads it)",
+            config.registry.endpoints.join(","),
+            config.registry.prefix
+        ));
+        return Ok(notes);
+    }
     let listing = registry_listing(config).await?;
     notes.push(format!(
         "registry: {} {}: {} stored {}{}",

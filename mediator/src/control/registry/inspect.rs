@@ -152,6 +152,17 @@ pub(crate) async fn inspect(config: &Registry) -> Result<Listing, RegistryError>
     })
 }
 
+/// Whether this build can use `backend = "etcd"`.
+///
+/// # Errors
+/// [`RegistryError::NotBuilt`] in a build without the cargo feature `etcd`.
+pub(crate) fn check_etcd_build() -> Result<(), RegistryError> {
+    #[cfg(not(feature = "etcd"))]
+    return Err(RegistryError::NotBuilt);
+    #[cfg(feature = "etcd")]
+    Ok(())
+}
+
 /// The local state directory as a start would find it.
 fn local_view(dir: &Path) -> Result<(Loaded, Option<String>), RegistryError> {
     if std::fs::symlink_metadata(dir).is_err() {
