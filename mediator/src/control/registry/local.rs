@@ -268,8 +268,12 @@ pub(crate) fn read(dir: &Path, repair: bool) -> Result<Loaded, RegistryError> {
         let Some(name) = file.strip_suffix(RECORD) else {
             continue;
         };
+        let regular = entry.file_type().is_ok_and(|t| t.is_file());
         let read = if policy::check_authority_name(name).is_err() {
             Err("its file name is not an authority name".to_owned())
+        } else if !regular {
+            // Never followed: a link could make the mediator read any file.
+            Err("not a regular file (a symbolic link or another kind)".to_owned())
         } else {
             fs::read(&path)
                 .map_err(|e| format!("cannot read it: {e}"))

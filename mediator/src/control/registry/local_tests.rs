@@ -78,6 +78,8 @@ async fn damaged_records_are_set_aside_and_named_and_the_others_load() {
     fs::write(records.join("garbage.json"), b"{\"format\": 1, \"genera").unwrap();
     // A record under another authority's name.
     fs::rename(records.join("moved.json"), records.join("other.json")).unwrap();
+    // A link is never followed.
+    std::os::unix::fs::symlink("/etc/hostname", records.join("link.json")).unwrap();
     // A write a crash interrupted: never acknowledged, removed.
     fs::write(records.join(".half.json.123.tmp"), b"{").unwrap();
 
@@ -94,7 +96,10 @@ async fn damaged_records_are_set_aside_and_named_and_the_others_load() {
         .map(|r| (r.what.clone(), r.why.clone()))
         .collect();
     why.sort();
-    assert_eq!(why.len(), 3, "{why:?}");
+    assert_eq!(why.len(), 4, "{why:?}");
+    let link = why.remove(2);
+    assert!(link.0.ends_with("link.json.rejected"), "{link:?}");
+    assert!(link.1.contains("not a regular file"), "{link:?}");
     assert!(why[0].0.ends_with("flipped.json.rejected"), "{why:?}");
     assert!(why[0].1.contains("SHA-256 does not match"), "{why:?}");
     assert!(why[1].0.ends_with("garbage.json.rejected"), "{why:?}");
