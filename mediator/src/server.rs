@@ -260,11 +260,13 @@ async fn add_authorities(
         }
         Err(e) => return Err(Error::Registry(e.to_string())),
     };
-    eprintln!(
-        "mediator: registry: {backend} {} ({} stored authorities loaded)",
-        store.location(),
-        control.stored_count()
-    );
+    if admin_api_on || backend != policy::config::RegistryBackend::Memory {
+        eprintln!(
+            "mediator: registry: {backend} {} ({} stored authorities loaded)",
+            store.location(),
+            control.stored_count()
+        );
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let fresh: Arc<dyn Fn(bool) + Send + Sync> = {
         let control = Arc::downgrade(control);
