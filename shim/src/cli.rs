@@ -88,6 +88,12 @@ pub(crate) struct Options {
     #[arg(long, value_name = "FILE")]
     pub(crate) report_file: Option<PathBuf>,
 
+    /// Write each refused filesystem operation of the command as one JSON line, live, to
+    /// PATH (appended) or to the descriptor N this shim was given (`fd:N`); also said on
+    /// stderr unless --quiet-denials. --report lists them too.
+    #[arg(long, value_name = "PATH|fd:N")]
+    pub(crate) violations: Option<String>,
+
     /// A PEM CA certificate the command must trust (the mediator's, when it terminates
     /// TLS): the CA variables (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ...) then point at it,
     /// joined to the system bundle. With --config it is found by itself when the
@@ -193,6 +199,7 @@ impl Options {
             allow_unix_sockets: self.allow_unix_sockets || over.allow_unix_sockets,
             report: self.report || over.report,
             report_file: over.report_file.or(self.report_file),
+            violations: over.violations.or(self.violations),
             ca_cert: over.ca_cert.or(self.ca_cert),
             allow: cat(self.allow, over.allow),
             deny: cat(self.deny, over.deny),
@@ -284,6 +291,8 @@ pub struct Settings {
     pub(crate) allow_unix_sockets: bool,
     /// `None`: no report; `Some(None)`: report to stderr; `Some(Some(f))`: to file `f`.
     pub(crate) report: Option<Option<PathBuf>>,
+    /// `--violations PATH|fd:N`, as given.
+    pub(crate) violations: Option<String>,
     /// Protections the user gave up explicitly.
     pub(crate) allow_degraded: Vec<Degradation>,
     /// The CA the command must trust (`None`: no CA variable is set or changed).
@@ -399,6 +408,7 @@ impl Settings {
             allow_read: o.allow_read,
             allow_unix_sockets: o.allow_unix_sockets,
             report,
+            violations: o.violations,
             allow_degraded: o.allow_degraded,
             ca_cert,
             capture: match o.capture {

@@ -20,6 +20,7 @@ use crate::feed::Feed;
 use crate::relay::{self, RelayStats};
 use crate::report::{Denials, FILESYSTEM, Report};
 use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
+use crate::violations::{Sink, Violations};
 
 /// Confine and run `settings.command` with `backend`; returns the status to leave with.
 ///
@@ -47,6 +48,13 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             required: mode == CaptureMode::Required,
         }),
     };
+    // Filesystem violations: observed when asked for live or in the report.
+    let violations = if settings.violations.is_some() || settings.report.is_some() {
+        let sink = settings.violations.as_deref().map(Sink::open).transpose()?;
+        Some(Arc::new(Violations::new(sink, settings.live_denials)))
+    } else {
+        None
+    };
     let job = Job {
         command: &settings.command,
         allow_write: &settings.allow_write,
@@ -58,6 +66,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         capture,
         child_env: &settings.child_env,
         hidden_env: &settings.hidden_env,
+        violations: violations.clone(),
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));
@@ -132,7 +141,10 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             source,
             tampering: &outcome.tampering,
             capture: &capture,
-            filesystem: FILESYSTEM,
+            filesystem: &violations.as_ref().map_or_else(
+                || serde_json::json!({ "observed": false, "note": FILESYSTEM }),
+                |v| v.summary(),
+            ),
         }
         .write(dest.as_deref())?;
     }

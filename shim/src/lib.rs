@@ -25,6 +25,7 @@ mod linux;
 mod relay;
 mod report;
 mod sandbox;
+mod violations;
 
 pub use cli::{Cli, Settings};
 pub use error::{BadFlag, Error, Result};

@@ -265,12 +265,13 @@ pub(crate) struct Report<'a> {
     pub(crate) tampering: &'a [Tampering],
     /// Transparent capture: its state, connections, and what it dropped.
     pub(crate) capture: &'a serde_json::Value,
-    /// What the report says of filesystem denials.
-    pub(crate) filesystem: &'static str,
+    /// The command's refused filesystem operations (design section 18): counts by
+    /// operation and rule, the first distinct paths, and what could not be observed.
+    pub(crate) filesystem: &'a serde_json::Value,
 }
 
-/// The report's statement on filesystem denials.
-pub(crate) const FILESYSTEM: &str = "not included: the kernel refuses writes (EROFS, EACCES) and masked reads inside the sandbox without telling the shim; the command sees each refusal as an error";
+/// The report's statement on filesystem denials when they were not observed.
+pub(crate) const FILESYSTEM: &str = "not observed in this run: without --violations or --report the kernel's refusals (EROFS, EACCES) reach the command only as errors";
 
 impl Report<'_> {
     /// Write the report as one JSON line: to stderr (`dest` `None`) or to the file `dest`.
@@ -321,7 +322,7 @@ mod tests {
             source: "test",
             tampering: &tampering,
             capture: &serde_json::json!({"state": "off"}),
-            filesystem: FILESYSTEM,
+            filesystem: &serde_json::json!({ "observed": false, "note": FILESYSTEM }),
         };
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

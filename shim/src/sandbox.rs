@@ -13,12 +13,14 @@ use std::ffi::OsString;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::ca::TrustFiles;
 use crate::capture::Addresses;
 use crate::cli::Degradation;
 use crate::error::Result;
 use crate::report::Tampering;
+use crate::violations::Violations;
 
 /// Exit status of the shim when it fails itself (as `docker run` and `env` do).
 pub const EXIT_SHIM_FAILURE: i32 = 125;
@@ -55,6 +57,10 @@ pub(crate) struct Job<'a> {
     /// Variables the command never inherits: every `secret_env` of the config's
     /// credentials (design section 14). A name also in `child_env` is set all the same.
     pub(crate) hidden_env: &'a [String],
+    /// `--violations` or `--report`: observe the command's refused filesystem operations
+    /// (design section 18) and hand them here. Observation only: a backend that cannot
+    /// observe a kind says so ([`Violations::unobservable`]) and runs all the same.
+    pub(crate) violations: Option<Arc<Violations>>,
 }
 
 /// What capture asks of a backend: a TUN device as the sandbox's default route, its own

@@ -15,6 +15,7 @@
 mod capture;
 mod fs;
 mod landlock;
+mod notify;
 mod seccomp;
 #[allow(unsafe_code)] // every system-call wrapper of the shim; each block has a SAFETY comment
 mod sys;
@@ -77,6 +78,9 @@ struct InnerPlan {
     ca: Option<crate::env::CaFiles>,
     capture: Option<CaptureJob>,
     handoff: OwnedFd,
+    /// `--violations`/`--report`: the notification filter and the socket its listener
+    /// goes back to the outer shim on.
+    notify: Option<NotifyHalf>,
 }
 
 /// The Linux backend (see the module documentation).
@@ -144,6 +148,7 @@ fn run_planned(
 ) -> Result<Outcome> {
     let watch = fs_plan.watch.clone();
     let filters = seccomp::build(job.allow_unix_sockets)?;
+    let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
     let (outer, inner) = nix::sys::socket::socketpair(
@@ -186,8 +191,15 @@ fn run_planned(
         ca,
         capture: job.capture,
         handoff: inner,
+        notify: notify_inner,
     });
-    let keep_fd = inner_plan.as_ref().map(|p| p.handoff.as_raw_fd());
+    let keep_fds: Vec<i32> = inner_plan
+        .iter()
+        .flat_map(|p| {
+            std::iter::once(p.handoff.as_raw_fd())
+                .chain(p.notify.as_ref().map(|(_, fd)| fd.as_raw_fd()))
+        })
+        .collect();
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -199,7 +211,7 @@ fn run_planned(
             // Only the first call matters: the callback runs once, in the child.
             let code = match inner_plan.take() {
                 Some(p) => {
-                    let _ = sys::close_fds_except(&keep_fd.into_iter().collect::<Vec<_>>());
+                    let _ = sys::close_fds_except(&keep_fds);
                     inner_main(p)
                 }
                 None => EXIT_SHIM_FAILURE,
@@ -219,6 +231,11 @@ fn run_planned(
         Err(e) => return Err(Error::sys("clone into new namespaces", e)),
     };
     drop(inner_plan);
+    if let Err(e) = start_supervisor(notify_outer, job) {
+        let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(init, None);
+        return Err(e);
+    }
 
     // The listener, bound inside the sandbox's network namespace, arrives first (with the
     // TUN device when capture is on). If init fails before handing it over, it prints
@@ -243,6 +260,71 @@ fn run_planned(
         exit_status,
         tampering,
     })
+}
+
+/// The command's half of the violation channel: the notification filter it installs,
+/// and the socket its listener goes back to the outer shim on.
+type NotifyHalf = (Vec<libc::sock_filter>, OwnedFd);
+
+/// Filesystem violations (`--violations`, `--report`): hands the walls as planned to the
+/// reporter, and makes the channel the command's notification listener comes back on
+/// (the outer end, and the filter with the inner end). `(None, None)` when not asked.
+fn violation_channel(
+    job: &Job<'_>,
+    fs_plan: &fs::FsPlan,
+) -> Result<(Option<OwnedFd>, Option<NotifyHalf>)> {
+    let Some(v) = &job.violations else {
+        return Ok((None, None));
+    };
+    v.observe_with(walls_of(fs_plan));
+    v.unobservable(
+        &[crate::violations::FsOp::Read],
+        "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
+    );
+    let (outer, inner) = nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
+    Ok((Some(outer), Some((notify::program()?, inner))))
+}
+
+/// Starts the thread that serves the command's violation notifications, when asked.
+fn start_supervisor(outer: Option<OwnedFd>, job: &Job<'_>) -> Result<()> {
+    let (Some(outer), Some(v)) = (outer, &job.violations) else {
+        return Ok(());
+    };
+    let v = std::sync::Arc::clone(v);
+    std::thread::Builder::new()
+        .name("violations".into())
+        .spawn(move || notify::supervise(outer, v))
+        .map(drop)
+        .map_err(|e| Error::io("start the violations thread", e))
+}
+
+/// The walls the plan builds, for judging violations: the writable roots (and `/dev`),
+/// the masks, the re-opened reads and the mandatory deny set, by canonical path.
+fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
+    use crate::violations::Wall;
+    let mut entries: Vec<(PathBuf, Wall)> = plan
+        .ops
+        .iter()
+        .map(|op| {
+            let wall = match op.kind {
+                fs::OpKind::Writable => Wall::Writable,
+                fs::OpKind::Readable => Wall::ReadOnly,
+                fs::OpKind::Mask => Wall::Masked,
+                fs::OpKind::Pin => Wall::Pinned,
+                fs::OpKind::Protect => Wall::Protected,
+            };
+            (op.path.clone(), wall)
+        })
+        .collect();
+    entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
+    entries.push((PathBuf::from("/dev"), Wall::Writable));
+    crate::violations::Walls::new(entries)
 }
 
 /// What init handed over: `[listener, tun?]`, and the payload `port (2 bytes), capture
@@ -387,7 +469,7 @@ fn write_file(path: &str, content: &str) -> Result<()> {
     std::fs::write(path, content).map_err(|e| Error::io(format!("write {path}"), e))
 }
 
-fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
+fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     // If the shim dies, so does init, and with it every process in the PID namespace.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| Error::sys("PR_SET_PDEATHSIG", e))?;
@@ -456,15 +538,14 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
         .collect();
 
     // The command.
+    let notify = plan.notify.take();
     let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
         let Err(e) = exec_command(
             &plan.cwd,
-            &plan.fs.writable_roots,
-            plan.landlock,
+            (plan.landlock, &plan.fs.writable_roots),
             &plan.filters,
-            &plan.program,
-            &plan.args,
-            &env,
+            notify.as_ref(),
+            (&plan.program, &plan.args, &env),
         );
         eprintln!("shim: {e}");
         let code = match &e {
@@ -478,6 +559,8 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
         sys::exit_now(code)
     };
 
+    // Only the command sends the listener; init's copy would keep the shim waiting.
+    drop(notify);
     // Init keeps no privilege it does not need to reap and forward signals.
     nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
     sys::drop_all_capabilities().map_err(|e| Error::sys("drop init's capabilities", e))?;
@@ -506,14 +589,14 @@ fn inner_setup_and_run(plan: InnerPlan) -> Result<i32> {
 }
 
 /// In the command's process: the last layers, then `execve`. Returns only on failure.
+/// `landlock` is whether to use it and the writable roots; `command` the program, its
+/// arguments and its environment.
 fn exec_command(
     cwd: &Path,
-    roots: &[PathBuf],
-    use_landlock: bool,
+    (use_landlock, roots): (bool, &[PathBuf]),
     filters: &seccomp::Filters,
-    program: &CString,
-    args: &[CString],
-    env: &[CString],
+    notify: Option<&NotifyHalf>,
+    (program, args, env): (&CString, &[CString], &[CString]),
 ) -> Result<std::convert::Infallible> {
     SigSet::empty()
         .thread_set_mask()
@@ -535,6 +618,9 @@ fn exec_command(
         landlock::restrict_writes(roots)?;
     }
     sys::drop_all_capabilities().map_err(|e| Error::sys("drop capabilities", e))?;
+    if let Some((prog, to_shim)) = notify {
+        notify::install(prog, to_shim.as_fd());
+    }
     filters.install()?;
     let e = nix::unistd::execvpe(program, args, env)
         .err()

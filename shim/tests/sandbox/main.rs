@@ -62,6 +62,7 @@ mod privileges;
 mod probe;
 mod protect;
 mod support;
+mod violations;
 
 /// What a test returns: `Err` says what was expected and what was seen.
 pub(crate) type TestResult = Result<(), String>;
@@ -99,6 +100,7 @@ fn all() -> Vec<(&'static str, Test)> {
         credential::tests(),
         capture::tests(),
         errors::tests(),
+        violations::tests(),
     ]
     .concat()
 }

@@ -22,7 +22,7 @@ mod protect;
 mod quarantine;
 
 pub(crate) use apply::{apply, cover_file};
-pub(crate) use plan::{FsPlan, plan};
+pub(crate) use plan::{FsPlan, OpKind, plan};
 pub(crate) use protect::Placeholder;
 pub(crate) use quarantine::{Watch, quarantine};
 

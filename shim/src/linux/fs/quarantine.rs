@@ -35,6 +35,13 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// The watched path.
+    pub(crate) fn path(&self) -> PathBuf {
+        let mut p = self.root.clone();
+        p.extend(&self.names);
+        p
+    }
+
     /// Watches `root/rel`, which does not exist now. `None` when it cannot come into
     /// existence (a name on the way is neither a directory, nor a link, nor missing) or
     /// `rel` is not a plain relative path.

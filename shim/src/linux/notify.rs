@@ -1,0 +1,341 @@
+//! Filesystem violations observed with seccomp user notifications (design section 18):
+//! a filter on the write-intent system calls only (`openat`/`openat2` with a write,
+//! create or truncate flag, `mkdirat`, `mknodat`, `unlinkat`, `renameat2`, `linkat`,
+//! `symlinkat`, `fchmodat`, `truncate`, and their older forms) sends each call to a
+//! supervisor thread of the outer shim, which reads the path from the caller's memory,
+//! resolves it against the caller's working directory or directory descriptor, hands it
+//! to [`crate::violations`] to judge against the walls, and lets the call continue
+//! (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`): the kernel (mounts, Landlock) decides it as if
+//! there were no filter.
+//!
+//! It observes and never decides: whatever the supervisor reads or concludes, every call
+//! continues, so a bug here (or a child that rewrites its path between our read and the
+//! kernel's) can make a report wrong, never widen access.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::unistd::Pid;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::sys;
+use crate::error::{Error, Result};
+use crate::violations::{Attempt, FsOp, Violations};
+
+/// The marker action the filter is compiled with, replaced by `SECCOMP_RET_USER_NOTIF`.
+const MARKER: u32 = 0x5eed;
+
+/// Longest path read from a caller (`PATH_MAX`).
+const PATH_MAX: usize = 4096;
+
+/// What a watched system call's arguments are: where its paths are, and what it does.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    /// `(dirfd, path, flags)`: `openat`.
+    OpenAt,
+    /// `(path, flags)`: `open`.
+    Open,
+    /// `(path)`: `creat`.
+    Creat,
+    /// `(dirfd, path, how)`: `openat2` (flags read from `struct open_how`).
+    OpenAt2,
+    /// `(dirfd, path, ...)` doing `op`.
+    At(FsOp),
+    /// `(path, ...)` doing `op`.
+    Plain(FsOp),
+    /// `(olddirfd, old, newdirfd, new)`: `renameat`, `renameat2`, `linkat`.
+    TwoAt(FsOp),
+    /// `(old, new)`: `rename`, `link`.
+    TwoPlain(FsOp),
+    /// `(target, newdirfd, linkpath)`: `symlinkat`.
+    SymlinkAt,
+    /// `(target, linkpath)`: `symlink`.
+    Symlink,
+    /// `(dirfd, path, flags)`: `unlinkat`.
+    UnlinkAt,
+}
+
+/// The watched system calls of this architecture.
+fn watched() -> Vec<(i64, Shape)> {
+    let mut v = vec![
+        (libc::SYS_openat, Shape::OpenAt),
+        (libc::SYS_openat2, Shape::OpenAt2),
+        (libc::SYS_mkdirat, Shape::At(FsOp::Mkdir)),
+        (libc::SYS_mknodat, Shape::At(FsOp::Create)),
+        (libc::SYS_unlinkat, Shape::UnlinkAt),
+        (libc::SYS_renameat2, Shape::TwoAt(FsOp::Rename)),
+        (libc::SYS_linkat, Shape::TwoAt(FsOp::Link)),
+        (libc::SYS_symlinkat, Shape::SymlinkAt),
+        (libc::SYS_fchmodat, Shape::At(FsOp::Chmod)),
+        (libc::SYS_truncate, Shape::Plain(FsOp::Truncate)),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        (libc::SYS_open, Shape::Open),
+        (libc::SYS_creat, Shape::Creat),
+        (libc::SYS_mkdir, Shape::Plain(FsOp::Mkdir)),
+        (libc::SYS_mknod, Shape::Plain(FsOp::Create)),
+        (libc::SYS_unlink, Shape::Plain(FsOp::Unlink)),
+        (libc::SYS_rmdir, Shape::Plain(FsOp::Unlink)),
+        (libc::SYS_rename, Shape::TwoPlain(FsOp::Rename)),
+        (libc::SYS_renameat, Shape::TwoAt(FsOp::Rename)),
+        (libc::SYS_link, Shape::TwoPlain(FsOp::Link)),
+        (libc::SYS_symlink, Shape::Symlink),
+        (libc::SYS_chmod, Shape::Plain(FsOp::Chmod)),
+    ]);
+    #[cfg(target_arch = "aarch64")]
+    v.push((libc::SYS_renameat, Shape::TwoAt(FsOp::Rename)));
+    v.push((452, Shape::At(FsOp::Chmod))); // fchmodat2 (Linux 6.6), the same on every arch
+    v
+}
+
+/// `open` flags that write: a call without any of them only reads.
+const WRITE_FLAGS: [u64; 4] = [
+    libc::O_WRONLY as u64,
+    libc::O_RDWR as u64,
+    libc::O_CREAT as u64,
+    libc::O_TRUNC as u64,
+];
+
+/// The notification filter, as a BPF program: every watched call notifies (`open` and
+/// `openat` only with a write flag), everything else is allowed.
+///
+/// # Errors
+/// [`Error::Seccomp`] when it cannot be compiled for this architecture.
+pub(crate) fn program() -> Result<Vec<libc::sock_filter>> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| Error::Seccomp(format!("unsupported architecture: {e}")))?;
+    let flag_rules = |arg: u8| -> Result<Vec<SeccompRule>> {
+        WRITE_FLAGS
+            .iter()
+            .map(|f| {
+                let c = SeccompCondition::new(
+                    arg,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(*f),
+                    *f,
+                )
+                .map_err(|e| Error::Seccomp(e.to_string()))?;
+                SeccompRule::new(vec![c]).map_err(|e| Error::Seccomp(e.to_string()))
+            })
+            .collect()
+    };
+    let mut rules = std::collections::BTreeMap::new();
+    for (nr, shape) in watched() {
+        let r = match shape {
+            Shape::OpenAt => flag_rules(2)?,
+            Shape::Open => flag_rules(1)?,
+            _ => Vec::new(),
+        };
+        rules.insert(nr, r);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Trace(MARKER),
+        arch,
+    )
+    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    let prog: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
+    const BPF_RET_K: u16 = 0x06;
+    let marker = libc::SECCOMP_RET_TRACE | MARKER;
+    Ok(prog
+        .into_iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: if i.code == BPF_RET_K && i.k == marker {
+                libc::SECCOMP_RET_USER_NOTIF
+            } else {
+                i.k
+            },
+        })
+        .collect())
+}
+
+/// In the command's process, before `execve`: installs the notification filter and sends
+/// its listener to the outer shim over `to_shim`. A kernel without user notifications
+/// is told to the shim (payload `u`) and the run goes on unobserved.
+pub(crate) fn install(prog: &[libc::sock_filter], to_shim: BorrowedFd<'_>) {
+    match sys::seccomp_notify_listener(prog) {
+        Ok(listener) => {
+            let _ = sys::send_fds(to_shim, &[listener.as_fd()], b"n");
+        }
+        Err(e) => {
+            let _ = sys::send_fds(to_shim, &[], format!("u{e}").as_bytes());
+        }
+    }
+}
+
+/// In the outer shim: receives the listener from the command's process and serves its
+/// notifications until every task of the sandbox is gone. Runs on its own thread.
+pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
+    let mut payload = [0u8; 256];
+    let received = sys::recv_fds(from_command.as_fd(), &mut payload);
+    drop(from_command);
+    let listener = match received {
+        Ok(Some((mut fds, n))) if payload.first() == Some(&b'n') && !fds.is_empty() => {
+            let _ = n;
+            fds.remove(0)
+        }
+        Ok(Some((_, n))) => {
+            let why = String::from_utf8_lossy(payload.get(1..n).unwrap_or_default()).into_owned();
+            violations.unobservable(
+                &FsOp::WRITES,
+                &format!("this kernel has no seccomp user notifications for them ({why}; Linux 5.5 or later)"),
+            );
+            return;
+        }
+        // The command never got that far (it failed to start).
+        Ok(None) | Err(_) => return,
+    };
+    let table = watched();
+    let _ = sys::seccomp_notif_sync_wake_up(listener.as_fd());
+    // A bare blocking receive (no poll before it: one wake-up per call of the command).
+    // When the sandbox is gone no notification comes any more, and the thread stays
+    // blocked until the shim exits; it holds nothing else.
+    loop {
+        let n = match sys::seccomp_notif_recv(listener.as_fd()) {
+            Ok(n) => n,
+            // The task died before we took it (ENOENT), or a signal: next.
+            Err(Errno::ENOENT | Errno::EINTR) => continue,
+            Err(_) => return,
+        };
+        let attempt = table
+            .iter()
+            .find(|(nr, _)| *nr == i64::from(n.data.nr))
+            .and_then(|(_, shape)| read_attempt(&n, *shape));
+        // Judged before the call goes on: the path read is the one the task named (the
+        // id is checked afterwards, so a recycled pid is not blamed).
+        if let Some(a) = attempt
+            && sys::seccomp_notif_valid(listener.as_fd(), n.id)
+        {
+            violations.observe(a, || exe_of(n.pid));
+        }
+        if let Err(e) = sys::seccomp_notif_continue(listener.as_fd(), n.id)
+            && e != Errno::ENOENT
+        {
+            return;
+        }
+    }
+}
+
+/// What a notification asks, with its paths made absolute; `None` for an `open` that
+/// only reads, or a path that cannot be read.
+fn read_attempt(n: &libc::seccomp_notif, shape: Shape) -> Option<Attempt> {
+    let pid = Pid::from_raw(i32::try_from(n.pid).ok()?);
+    let a = n.data.args;
+    let at = |dirfd: u64, ptr: u64| -> Option<PathBuf> {
+        let path = read_path(pid, ptr)?;
+        Some(absolute(pid, dirfd_of(dirfd), path))
+    };
+    let plain = |ptr: u64| at(AT_FDCWD, ptr);
+    let open_op = |flags: u64| {
+        if flags & libc::O_CREAT as u64 != 0 {
+            Some(FsOp::Create)
+        } else if flags & (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) as u64 != 0 {
+            Some(FsOp::OpenWrite)
+        } else {
+            None
+        }
+    };
+    let (op, paths) = match shape {
+        Shape::OpenAt => (open_op(a[2])?, vec![at(a[0], a[1])?]),
+        Shape::Open => (open_op(a[1])?, vec![plain(a[0])?]),
+        Shape::Creat => (FsOp::Create, vec![plain(a[0])?]),
+        Shape::OpenAt2 => {
+            let flags = read_u64(pid, a[2])?;
+            (open_op(flags)?, vec![at(a[0], a[1])?])
+        }
+        Shape::At(op) => (op, vec![at(a[0], a[1])?]),
+        Shape::Plain(op) => (op, vec![plain(a[0])?]),
+        Shape::TwoAt(op) => (op, vec![at(a[0], a[1])?, at(a[2], a[3])?]),
+        Shape::TwoPlain(op) => (op, vec![plain(a[0])?, plain(a[1])?]),
+        Shape::SymlinkAt => (FsOp::Symlink, vec![at(a[1], a[2])?]),
+        Shape::Symlink => (FsOp::Symlink, vec![plain(a[1])?]),
+        Shape::UnlinkAt => (FsOp::Unlink, vec![at(a[0], a[1])?]),
+    };
+    Some(Attempt {
+        pid: n.pid,
+        op,
+        paths,
+    })
+}
+
+/// `AT_FDCWD` as the raw argument.
+const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
+
+/// The directory a `*at` call's `dirfd` names: `None` for `AT_FDCWD`.
+fn dirfd_of(raw: u64) -> Option<i32> {
+    let fd = raw as u32 as i32;
+    (fd != libc::AT_FDCWD).then_some(fd)
+}
+
+/// `path` made absolute against the task's working directory (`dirfd` `None`) or the
+/// directory its descriptor names, lexically normalised (`.` and `..`).
+fn absolute(pid: Pid, dirfd: Option<i32>, path: PathBuf) -> PathBuf {
+    if path.is_absolute() {
+        return crate::violations::normalise(&path);
+    }
+    let base = match dirfd {
+        None => std::fs::read_link(format!("/proc/{pid}/cwd")),
+        Some(fd) => std::fs::read_link(format!("/proc/{pid}/fd/{fd}")),
+    }
+    .unwrap_or_else(|_| PathBuf::from("/"));
+    crate::violations::normalise(&base.join(path))
+}
+
+/// A NUL-terminated path from the task's memory, read page by page (a path may end just
+/// before an unmapped page).
+fn read_path(pid: Pid, addr: u64) -> Option<PathBuf> {
+    let mut out = Vec::new();
+    let mut at = addr;
+    while out.len() < PATH_MAX {
+        let page_left = 4096 - (at % 4096) as usize;
+        let want = page_left.min(PATH_MAX - out.len());
+        let mut buf = vec![0u8; want];
+        let got = read_mem(pid, at, &mut buf)?;
+        if got == 0 {
+            return None;
+        }
+        if let Some(end) = buf[..got].iter().position(|b| *b == 0) {
+            out.extend_from_slice(&buf[..end]);
+            return Some(PathBuf::from(OsString::from_vec(out)));
+        }
+        out.extend_from_slice(&buf[..got]);
+        at += got as u64;
+    }
+    None
+}
+
+fn read_u64(pid: Pid, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    (read_mem(pid, addr, &mut b)? == 8).then(|| u64::from_ne_bytes(b))
+}
+
+fn read_mem(pid: Pid, addr: u64, buf: &mut [u8]) -> Option<usize> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+    let remote = [RemoteIoVec {
+        base: usize::try_from(addr).ok()?,
+        len: buf.len(),
+    }];
+    let mut local = [std::io::IoSliceMut::new(buf)];
+    process_vm_readv(pid, &mut local, &remote).ok()
+}
+
+/// The executable of `pid`, as the host names it.
+fn exe_of(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}

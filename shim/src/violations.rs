@@ -1,0 +1,527 @@
+//! Filesystem violations (design section 18): each filesystem operation of the confined
+//! tree that the walls refuse, as one JSON object an agent can act on:
+//!
+//! ```json
+//! {"type":"fs_denied","ts":"2026-12-04T10:00:00.123Z","pid":4242,"exe":"/usr/bin/touch",
+//!  "op":"create","path":"/etc/x","rule":"outside_write_roots",
+//!  "hint":"/etc/x is outside the write roots; write under /work or ask for --allow-write /etc"}
+//! ```
+//!
+//! The backend observes the attempts (Linux: seccomp user notifications, `linux::notify`)
+//! and hands them here; this module judges each against the [`Walls`] the backend built
+//! (the same plan its mounts and Landlock enforce), writes the refused ones live to
+//! `--violations PATH|fd:N`, says them on stderr, and keeps the counts and the first
+//! [`MAX_PATHS`] distinct paths for `--report`. It only ever reports: the kernel decided
+//! each call already, whatever is concluded here.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Distinct paths a report lists.
+pub(crate) const MAX_PATHS: usize = 100;
+
+/// A filesystem operation (the `op` of a record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FsOp {
+    /// An open for writing (or truncating) of an existing file.
+    OpenWrite,
+    /// A new file (an open with `O_CREAT`, `creat`, `mknod`).
+    Create,
+    /// A removal (`unlink`, `rmdir`).
+    Unlink,
+    /// A rename (either end).
+    Rename,
+    /// A new directory.
+    Mkdir,
+    /// A hard link (either end).
+    Link,
+    /// A new symbolic link.
+    Symlink,
+    /// A mode change.
+    Chmod,
+    /// A truncation by path.
+    Truncate,
+    /// A read of a `--deny-read` path.
+    Read,
+}
+
+impl FsOp {
+    /// Every write operation.
+    pub(crate) const WRITES: [Self; 9] = [
+        Self::OpenWrite,
+        Self::Create,
+        Self::Unlink,
+        Self::Rename,
+        Self::Mkdir,
+        Self::Link,
+        Self::Symlink,
+        Self::Chmod,
+        Self::Truncate,
+    ];
+
+    /// The record's string.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenWrite => "open_write",
+            Self::Create => "create",
+            Self::Unlink => "unlink",
+            Self::Rename => "rename",
+            Self::Mkdir => "mkdir",
+            Self::Link => "link",
+            Self::Symlink => "symlink",
+            Self::Chmod => "chmod",
+            Self::Truncate => "truncate",
+            Self::Read => "read",
+        }
+    }
+
+    /// Whether the operation follows a symbolic link in its last component.
+    fn follows(self) -> bool {
+        matches!(
+            self,
+            Self::OpenWrite | Self::Chmod | Self::Truncate | Self::Read
+        )
+    }
+}
+
+/// Which wall refused it (the `rule` of a record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FsRule {
+    /// Not beneath any writable root.
+    OutsideWriteRoots,
+    /// In the mandatory deny set (files that make tools run code), even in a write root.
+    MandatoryDeny,
+    /// Beneath a `--deny-read` path.
+    DenyRead,
+}
+
+impl FsRule {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::OutsideWriteRoots => "outside_write_roots",
+            Self::MandatoryDeny => "mandatory_deny",
+            Self::DenyRead => "deny_read",
+        }
+    }
+}
+
+/// What a path of the sandbox's view is, as the backend built it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wall {
+    /// A writable root (and the sandbox's private `/dev`).
+    Writable,
+    /// Shown read-only (a path re-opened for reading, the CA files).
+    ReadOnly,
+    /// Masked (`--deny-read`).
+    Masked,
+    /// Read-only: the mandatory deny set.
+    Protected,
+    /// Writable inside, but the path itself cannot be removed or renamed (`.git`).
+    Pinned,
+    /// In the mandatory deny set but missing at start, with no placeholder (a shell
+    /// startup file in a root that is not the home directory): what the command puts
+    /// there is moved aside when the run ends.
+    Watched,
+}
+
+/// The walls, by canonical host path.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Walls {
+    entries: Vec<(PathBuf, Wall)>,
+    roots: Vec<PathBuf>,
+}
+
+impl Walls {
+    /// Walls from `(path, wall)` entries (canonical paths).
+    pub(crate) fn new(entries: Vec<(PathBuf, Wall)>) -> Self {
+        let roots = entries
+            .iter()
+            .filter(|(p, w)| *w == Wall::Writable && p != Path::new("/dev"))
+            .map(|(p, _)| p.clone())
+            .collect();
+        Self { entries, roots }
+    }
+
+    /// The rule that refuses `op` on `path` (absolute, lexically normalised), if any.
+    pub(crate) fn judge(&self, op: FsOp, path: &Path) -> Option<FsRule> {
+        if is_descriptor_link(path) {
+            return None;
+        }
+        // The path as named first (no system call: this runs for every write of the
+        // command); a refusal is confirmed with its links resolved as the kernel resolves
+        // them, so a link into a write root is not blamed. A link inside a write root that
+        // leads out of it is refused by the kernel without a record (docs/shim.md).
+        self.judge_resolved(op, path)?;
+        self.judge_resolved(op, &resolved(op, path))
+    }
+
+    fn judge_resolved(&self, op: FsOp, path: &Path) -> Option<FsRule> {
+        let deepest = self
+            .entries
+            .iter()
+            .filter(|(p, _)| path.starts_with(p))
+            .max_by_key(|(p, _)| p.components().count());
+        match deepest {
+            Some((p, Wall::Pinned)) => (p == path && matches!(op, FsOp::Unlink | FsOp::Rename))
+                .then_some(FsRule::MandatoryDeny),
+            Some((_, Wall::Writable)) => None,
+            Some((_, Wall::Protected | Wall::Watched)) => Some(FsRule::MandatoryDeny),
+            Some((_, Wall::Masked)) => Some(FsRule::DenyRead),
+            Some((_, Wall::ReadOnly)) | None => Some(FsRule::OutsideWriteRoots),
+        }
+    }
+
+    /// What to do about a refusal, in words an agent can follow.
+    pub(crate) fn hint(&self, rule: FsRule, path: &Path) -> String {
+        match rule {
+            FsRule::OutsideWriteRoots => {
+                let ask = path
+                    .parent()
+                    .filter(|p| *p != Path::new("/"))
+                    .unwrap_or(path)
+                    .display();
+                if self.roots.is_empty() {
+                    format!(
+                        "{} is outside the write roots (this sandbox has none); ask for --allow-write {ask}",
+                        path.display()
+                    )
+                } else {
+                    let roots: Vec<String> =
+                        self.roots.iter().map(|r| r.display().to_string()).collect();
+                    format!(
+                        "{} is outside the write roots; write under {} or ask for --allow-write {ask}",
+                        path.display(),
+                        roots.join(", ")
+                    )
+                }
+            }
+            FsRule::MandatoryDeny if self.watched(path) => format!(
+                "{} is in the mandatory deny set (files that make shells and tools run code): what is written there is moved aside when the run ends; leave it alone",
+                path.display()
+            ),
+            FsRule::MandatoryDeny => format!(
+                "{} is in the mandatory deny set (files that make shells and tools run code) and is read-only in every sandbox; leave it as it is",
+                path.display()
+            ),
+            FsRule::DenyRead => format!(
+                "{} is hidden from this sandbox (--deny-read): it can be neither read nor written",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl Walls {
+    /// Whether `path` is at or beneath a watched path.
+    fn watched(&self, path: &Path) -> bool {
+        self.entries
+            .iter()
+            .any(|(p, w)| *w == Wall::Watched && path.starts_with(p))
+    }
+}
+
+/// `/proc/<pid>/fd/<n>` (and `self`, `thread-self`): a descriptor the task holds, not a
+/// place in the tree.
+fn is_descriptor_link(path: &Path) -> bool {
+    let c: Vec<&str> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect();
+    c.len() >= 3 && c[0] == "proc" && c[2] == "fd"
+}
+
+/// `path` with its symbolic links resolved as the operation resolves them: the directory
+/// it is in always, the last component only for an operation that follows it. A path
+/// that does not exist (yet) keeps its missing components.
+fn resolved(op: FsOp, path: &Path) -> PathBuf {
+    if op.follows()
+        && let Ok(c) = std::fs::canonicalize(path)
+    {
+        return c;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| path.to_owned()),
+        _ => path.to_owned(),
+    }
+}
+
+/// `path` with `.` and `..` taken out lexically (`..` at `/` stays at `/`).
+pub(crate) fn normalise(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::Normal(s) => out.push(s),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// One attempted operation, as the backend saw it.
+#[derive(Debug, Clone)]
+pub(crate) struct Attempt {
+    /// The task (host PID).
+    pub(crate) pid: u32,
+    /// What it tried.
+    pub(crate) op: FsOp,
+    /// The path(s) it named, absolute (a rename and a link name two).
+    pub(crate) paths: Vec<PathBuf>,
+}
+
+/// One refused operation: the record of `--violations`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FsDenied {
+    /// Always `fs_denied`.
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    /// When (RFC 3339, UTC).
+    pub(crate) ts: String,
+    /// The task (host PID).
+    pub(crate) pid: u32,
+    /// Its executable.
+    pub(crate) exe: String,
+    /// What it tried.
+    pub(crate) op: FsOp,
+    /// The path it named, absolute.
+    pub(crate) path: PathBuf,
+    /// Which wall refused it.
+    pub(crate) rule: FsRule,
+    /// What to do instead.
+    pub(crate) hint: String,
+}
+
+/// Where `--violations` goes.
+#[derive(Debug)]
+pub(crate) struct Sink(File);
+
+impl Sink {
+    /// Opens `PATH` (appended, created 0600) or `fd:N` (the caller's descriptor N, which
+    /// the confined command never inherits).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a bad `fd:` value, [`Error::Io`] when it cannot be opened.
+    pub(crate) fn open(spec: &str) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(n) = spec.strip_prefix("fd:") {
+            let fd: u32 = n.parse().map_err(|_| {
+                Error::Usage(format!("--violations {spec}: write fd:N with N a number"))
+            })?;
+            if fd < 3 && fd != 1 && fd != 2 {
+                return Err(Error::Usage(format!(
+                    "--violations {spec}: descriptor {fd} is not writable output"
+                )));
+            }
+            // A new open of the same file or pipe: no unsafe adoption of a raw descriptor.
+            let path = format!("/proc/self/fd/{fd}");
+            return std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map(Self)
+                .map_err(|e| Error::io(format!("--violations {spec}: descriptor {fd}"), e));
+        }
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(spec)
+            .map(Self)
+            .map_err(|e| Error::io(format!("--violations {spec}"), e))
+    }
+}
+
+/// A kind of operation that cannot be observed here, and why (said once).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Unobserved {
+    /// The operations.
+    pub(crate) ops: Vec<FsOp>,
+    /// Why.
+    pub(crate) why: String,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    total: u64,
+    by_op: BTreeMap<FsOp, u64>,
+    by_rule: BTreeMap<FsRule, u64>,
+    /// The first [`MAX_PATHS`] distinct (path, op, rule), with how often each was seen.
+    paths: Vec<(PathBuf, FsOp, FsRule, u64)>,
+    unobserved: Vec<Unobserved>,
+    observing: bool,
+}
+
+/// The run's filesystem violations: judged, written live, counted for the report.
+#[derive(Debug)]
+pub(crate) struct Violations {
+    walls: Mutex<Walls>,
+    sink: Option<Mutex<Sink>>,
+    live: bool,
+    tally: Mutex<Tally>,
+}
+
+impl Violations {
+    /// Violations written to `sink` (if any), and said on stderr when `live`.
+    pub(crate) fn new(sink: Option<Sink>, live: bool) -> Self {
+        Self {
+            walls: Mutex::new(Walls::default()),
+            sink: sink.map(Mutex::new),
+            live,
+            tally: Mutex::new(Tally::default()),
+        }
+    }
+
+    /// The backend's walls, and that it observes: called once the sandbox is planned.
+    pub(crate) fn observe_with(&self, walls: Walls) {
+        *self
+            .walls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = walls;
+        self.tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observing = true;
+    }
+
+    /// Judges `a`; a refused operation is written, said and counted. `exe` is asked only
+    /// then.
+    pub(crate) fn observe(&self, a: Attempt, exe: impl FnOnce() -> String) {
+        let walls = self
+            .walls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let refused = a
+            .paths
+            .iter()
+            .find_map(|p| walls.judge(a.op, p).map(|rule| (p, rule)));
+        let Some((path, rule)) = refused else {
+            return;
+        };
+        // An open with O_CREAT of a file that exists writes to it; it creates nothing.
+        let op = if a.op == FsOp::Create && std::fs::symlink_metadata(path).is_ok() {
+            FsOp::OpenWrite
+        } else {
+            a.op
+        };
+        let record = FsDenied {
+            kind: "fs_denied",
+            ts: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            pid: a.pid,
+            exe: exe(),
+            op,
+            path: path.clone(),
+            rule,
+            hint: walls.hint(rule, path),
+        };
+        drop(walls);
+        self.write(&record);
+        let first = self.count(&record);
+        if self.live && first {
+            eprintln!(
+                "shim: filesystem: {} {} refused ({}): {}",
+                record.op.as_str(),
+                record.path.display(),
+                rule.as_str(),
+                record.hint
+            );
+        }
+    }
+
+    /// Says once that `ops` cannot be observed, and why.
+    pub(crate) fn unobservable(&self, ops: &[FsOp], why: &str) {
+        let u = Unobserved {
+            ops: ops.to_vec(),
+            why: why.to_owned(),
+        };
+        let line = serde_json::json!({
+            "type": "fs_unobserved",
+            "ts": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            "ops": u.ops,
+            "why": u.why,
+        });
+        self.write_line(&line.to_string());
+        self.tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unobserved
+            .push(u);
+    }
+
+    fn write(&self, record: &FsDenied) {
+        if let Ok(line) = serde_json::to_string(record) {
+            self.write_line(&line);
+        }
+    }
+
+    fn write_line(&self, line: &str) {
+        if let Some(sink) = &self.sink {
+            let mut s = sink
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // One write per line, so a reader never sees half a record.
+            let _ = s.0.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Counts `r`; whether its (path, op, rule) is new among the first [`MAX_PATHS`].
+    fn count(&self, r: &FsDenied) -> bool {
+        let mut t = self
+            .tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.total += 1;
+        *t.by_op.entry(r.op).or_default() += 1;
+        *t.by_rule.entry(r.rule).or_default() += 1;
+        if let Some(e) = t
+            .paths
+            .iter_mut()
+            .find(|(p, o, rule, _)| *p == r.path && *o == r.op && *rule == r.rule)
+        {
+            e.3 += 1;
+            return false;
+        }
+        if t.paths.len() < MAX_PATHS {
+            t.paths.push((r.path.clone(), r.op, r.rule, 1));
+            return true;
+        }
+        false
+    }
+
+    /// The report's `filesystem` section.
+    pub(crate) fn summary(&self) -> serde_json::Value {
+        let t = self
+            .tally
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        serde_json::json!({
+            "observed": t.observing,
+            "denied": t.total,
+            "by_op": t.by_op.iter().map(|(k, v)| (k.as_str(), *v)).collect::<BTreeMap<_, _>>(),
+            "by_rule": t.by_rule.iter().map(|(k, v)| (k.as_str(), *v)).collect::<BTreeMap<_, _>>(),
+            "paths": t.paths.iter().map(|(p, o, r, n)| serde_json::json!({
+                "path": p, "op": o, "rule": r, "count": n,
+            })).collect::<Vec<_>>(),
+            "paths_limit": MAX_PATHS,
+            "unobserved": t.unobserved,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "violations_tests.rs"]
+mod tests;

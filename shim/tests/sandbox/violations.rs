@@ -1,0 +1,218 @@
+//! Filesystem violations (design section 18): each refused write of the confined tree is
+//! one JSON line, live, on `--violations PATH|fd:N`, with the path resolved against the
+//! command's working directory or directory descriptor, the rule that refused it and a
+//! hint; the report counts them; observing never makes a refused write succeed.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::support::{Fixture, expect, read_json, succeeded};
+use crate::{Test, TestResult};
+
+pub(crate) fn tests() -> Vec<(&'static str, Test)> {
+    cases![
+        refused_writes_are_reported_live_with_path_rule_and_hint,
+        violations_go_to_a_descriptor_the_command_never_holds,
+        the_report_counts_them_and_names_what_is_not_observed,
+    ]
+}
+
+/// The `fs_denied` records of a `--violations` file.
+fn records(path: &Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("{l:?}: {e}")))
+        .collect()
+}
+
+/// The record for `path`, with what it must say.
+fn has(records: &[Value], op: &str, path: &Path, rule: &str) -> TestResult {
+    let want = path.display().to_string();
+    let found = records
+        .iter()
+        .find(|r| r["type"] == "fs_denied" && r["path"] == want.as_str() && r["op"] == op);
+    let Some(r) = found else {
+        return Err(format!("no {op} record for {want}: {records:#?}"));
+    };
+    expect(
+        &format!("rule of {op} {want}"),
+        r["rule"].as_str().unwrap_or(""),
+        rule,
+    )?;
+    let hint = r["hint"].as_str().unwrap_or_default();
+    if !hint.contains(&want) {
+        return Err(format!("the hint does not name the path: {r}"));
+    }
+    if r["pid"].as_u64().is_none() || r["exe"].as_str().is_none_or(str::is_empty) {
+        return Err(format!("no pid or exe: {r}"));
+    }
+    if humantime::parse_rfc3339(r["ts"].as_str().unwrap_or_default()).is_err() {
+        return Err(format!("no RFC 3339 ts: {r}"));
+    }
+    Ok(())
+}
+
+fn refused_writes_are_reported_live_with_path_rule_and_hint() -> TestResult {
+    let fx = Fixture::new("violations");
+    let w = fx.mkdir("work");
+    std::fs::write(w.join(".bashrc"), "original\n").unwrap();
+    std::fs::create_dir_all(w.join("sub")).unwrap();
+    let out_dir = fx.mkdir("outside");
+    std::fs::write(out_dir.join("file"), "x").unwrap();
+    let log = fx.path("v.jsonl");
+    let script = format!(
+        "cd {w}; \
+         echo x > ../outside/new 2>/dev/null; \
+         echo y >> .bashrc 2>/dev/null; \
+         mkdir {o}/dir 2>/dev/null; \
+         mv sub {o}/moved 2>/dev/null; \
+         ln -s /x {o}/link 2>/dev/null; \
+         chmod 600 {o}/file 2>/dev/null; \
+         truncate -s 0 {o}/file 2>/dev/null; \
+         rm -f {o}/file 2>/dev/null; \
+         echo ok > {w}/allowed; \
+         cat {o}/file",
+        w = w.display(),
+        o = out_dir.display()
+    );
+    let out = fx
+        .shim(
+            &args!["--allow-write", &w, "--violations", &log],
+            &["sh", "-c", &script],
+        )
+        .output()
+        .unwrap();
+    // Observing decided nothing: every write outside failed, the file is intact.
+    let out = succeeded(out)?;
+    expect(
+        "the outside file",
+        &String::from_utf8_lossy(&out.stdout),
+        "x",
+    )?;
+    expect(
+        ".bashrc",
+        &std::fs::read_to_string(w.join(".bashrc")).unwrap(),
+        "original\n",
+    )?;
+    if out_dir.join("new").exists() || out_dir.join("dir").exists() {
+        return Err("a refused write landed".into());
+    }
+    let r = records(&log)?;
+    has(&r, "create", &out_dir.join("new"), "outside_write_roots")?;
+    has(&r, "open_write", &w.join(".bashrc"), "mandatory_deny")?;
+    has(&r, "mkdir", &out_dir.join("dir"), "outside_write_roots")?;
+    has(&r, "rename", &out_dir.join("moved"), "outside_write_roots")?;
+    has(&r, "symlink", &out_dir.join("link"), "outside_write_roots")?;
+    has(&r, "chmod", &out_dir.join("file"), "outside_write_roots")?;
+    // `truncate` opens the file for writing (then ftruncate on the descriptor).
+    has(
+        &r,
+        "open_write",
+        &out_dir.join("file"),
+        "outside_write_roots",
+    )?;
+    has(&r, "unlink", &out_dir.join("file"), "outside_write_roots")?;
+    // An allowed write is no violation.
+    let allowed = w.join("allowed").display().to_string();
+    if r.iter().any(|v| v["path"] == allowed.as_str()) {
+        return Err(format!("the allowed write was reported: {r:#?}"));
+    }
+    // What cannot be seen is said once.
+    let unobserved: Vec<&Value> = r.iter().filter(|v| v["type"] == "fs_unobserved").collect();
+    if unobserved.len() != 1 || unobserved[0]["ops"] != serde_json::json!(["read"]) {
+        return Err(format!("fs_unobserved: {unobserved:?}"));
+    }
+    // And the hint says where to write instead.
+    let new = r
+        .iter()
+        .find(|v| v["op"] == "create")
+        .and_then(|v| v["hint"].as_str())
+        .unwrap_or_default();
+    if !new.contains(&format!("write under {}", w.display())) || !new.contains("--allow-write") {
+        return Err(format!("hint: {new}"));
+    }
+    Ok(())
+}
+
+fn violations_go_to_a_descriptor_the_command_never_holds() -> TestResult {
+    let fx = Fixture::new("violations-fd");
+    let w = fx.mkdir("work");
+    let log = fx.path("fd.jsonl");
+    let shim = Path::new(crate::support::SHIM);
+    // The caller opens descriptor 3; the command tries to write it too.
+    let line = format!(
+        "exec 3>>{log} && {shim} --mediator-socket {sock} --allow-write {w} --violations fd:3 -- sh -c 'touch /etc/shim-fd-test 2>/dev/null; echo leak >&3 && echo wrote-fd3 || echo no-fd3'",
+        log = log.display(),
+        shim = shim.display(),
+        sock = fx.socket.display(),
+        w = w.display()
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .current_dir(&fx.dir.0)
+        .output()
+        .unwrap();
+    let out = succeeded(out)?;
+    expect(
+        "the command's fd 3",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "no-fd3",
+    )?;
+    let r = records(&log)?;
+    has(
+        &r,
+        "create",
+        Path::new("/etc/shim-fd-test"),
+        "outside_write_roots",
+    )?;
+    if std::fs::read_to_string(&log).unwrap().contains("leak") {
+        return Err("the command wrote the violations descriptor".into());
+    }
+    Ok(())
+}
+
+fn the_report_counts_them_and_names_what_is_not_observed() -> TestResult {
+    let fx = Fixture::new("violations-report");
+    let w = fx.mkdir("work");
+    let report = fx.path("report.json");
+    let script = "for i in 1 2 3; do touch /etc/shim-r-$i 2>/dev/null; done; touch /etc/shim-r-1 2>/dev/null; true";
+    succeeded(
+        fx.shim(
+            &args![
+                "--allow-write",
+                &w,
+                "--report-file",
+                &report,
+                "--quiet-denials"
+            ],
+            &["sh", "-c", script],
+        )
+        .output()
+        .unwrap(),
+    )?;
+    let v = read_json(&report)?;
+    let fs = &v["filesystem"];
+    expect("observed", &fs["observed"].to_string(), "true")?;
+    expect("denied", &fs["denied"].to_string(), "4")?;
+    expect(
+        "by_rule",
+        &fs["by_rule"].to_string(),
+        r#"{"outside_write_roots":4}"#,
+    )?;
+    let paths = fs["paths"].as_array().cloned().unwrap_or_default();
+    expect("distinct paths", &paths.len().to_string(), "3")?;
+    let first = &paths[0];
+    expect(
+        "first path",
+        first["path"].as_str().unwrap_or(""),
+        "/etc/shim-r-1",
+    )?;
+    expect("its count", &first["count"].to_string(), "2")?;
+    let unobserved = fs["unobserved"].to_string();
+    if !unobserved.contains("read") {
+        return Err(format!("unobserved: {unobserved}"));
+    }
+    Ok(())
+}
