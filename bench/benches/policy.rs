@@ -46,7 +46,7 @@ fn grant(n: usize) -> Grant {
         deny: vec!["blocked.zone1.example.net".into()],
         ..GrantSpec::default()
     };
-    match Grant::new(&spec, &["*:25".to_owned()]) {
+    match Grant::new(&spec, &["*:25".into()]) {
         Ok(g) => g,
         Err(e) => panic!("generated grant rejected: {e}"),
     }

@@ -76,6 +76,9 @@ pub(crate) struct DenialEntry {
     pub(crate) detail: String,
     /// What would make it work, as the client was told.
     pub(crate) hint: String,
+    /// The operator's own words, as the client was told (design section 18).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) message: Option<String>,
     /// The answer the client got: the HTTP status, or the SOCKS5 REP code.
     pub(crate) status: u16,
     /// The connection's peer, as in the decision log (the shim keeps its own run's).

@@ -155,6 +155,10 @@ pub struct Record {
     /// answer carries it; a [`Tap`] sees it).
     #[serde(skip)]
     pub hint: String,
+    /// Denials: the operator's own words (a deny entry's `reason`, or the grant's
+    /// `default_deny_reason`, design section 18); omitted when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// What exactly failed, when the reason alone does not say how the client was
     /// answered (not logged: [`crate::Denial::http_status`] and
     /// [`crate::Denial::socks_rep`] derive the wire answer from it).

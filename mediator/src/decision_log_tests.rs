@@ -19,6 +19,7 @@ fn record(peer: Peer) -> Record {
         rule: Some("allow[1] api.test".into()),
         detail: "a detail".into(),
         hint: String::new(),
+        message: None,
         cause: Cause::default(),
         pin: Some("192.0.2.1".into()),
         route: Some("direct".into()),

@@ -63,10 +63,14 @@ pub struct Denial {
     pub hint: String,
     /// The grant entry that decided, if any.
     pub rule: Option<String>,
+    /// The operator's own words for this denial (design section 18): a deny entry's
+    /// `reason` or the grant's `default_deny_reason`; printable ASCII, at most 400 bytes.
+    /// (A `Box<str>`: a denial travels in `Result::Err` and is kept small.)
+    pub message: Option<Box<str>>,
     /// A configured authority that a failed credential named (wrong token, or no token
     /// configured): the decision log attributes the attempt to it, so a security team
     /// sees who is being impersonated. `None` for names that are not authorities.
-    pub claimed_authority: Option<String>,
+    pub claimed_authority: Option<Box<str>>,
 }
 
 impl Denial {
@@ -78,6 +82,7 @@ impl Denial {
             detail: detail.into(),
             hint: hint.into(),
             rule: None,
+            message: None,
             claimed_authority: None,
         }
     }
@@ -111,7 +116,7 @@ impl Denial {
     /// The same denial, attributed to the configured authority a credential claimed.
     #[must_use]
     pub fn claiming(mut self, authority: Option<String>) -> Self {
-        self.claimed_authority = authority;
+        self.claimed_authority = authority.map(String::into_boxed_str);
         self
     }
 
@@ -172,7 +177,9 @@ impl Denial {
 
 impl From<Decision> for Denial {
     fn from(d: Decision) -> Self {
-        Self::new(d.reason, d.detail, d.hint).with_rule(d.rule)
+        let mut denial = Self::new(d.reason, d.detail, d.hint).with_rule(d.rule);
+        denial.message = d.message.map(String::into_boxed_str);
+        denial
     }
 }
 

@@ -416,7 +416,7 @@ impl AuthorityCounts {
     }
 
     /// Takes a slot and a token for a new connection of authority `name`.
-    fn take(&self, name: &str) -> Result<(), (LimitKind, Denial)> {
+    fn take(&self, name: &str) -> Result<(), Box<(LimitKind, Denial)>> {
         let open = self.open.fetch_add(1, Ordering::AcqRel);
         if open >= self.cap {
             self.open.fetch_sub(1, Ordering::AcqRel);
@@ -425,7 +425,7 @@ impl AuthorityCounts {
             } else {
                 format!("max_connections = {}", self.cap)
             };
-            return Err((
+            return Err(Box::new((
                 LimitKind::Connections,
                 Denial::new(
                     Reason::RateLimited,
@@ -433,7 +433,7 @@ impl AuthorityCounts {
                     "close connections it no longer needs (idle keep-alive or tunnels), or ask an operator to raise max_connections",
                 )
                 .with_cause(Cause::Limited { retry_after: 1 }),
-            ));
+            )));
         }
         if self.rate > 0 {
             let mut b = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
@@ -447,7 +447,7 @@ impl AuthorityCounts {
                 self.open.fetch_sub(1, Ordering::AcqRel);
                 // Whole seconds, rounded up (RFC 9110 section 10.2.3).
                 let retry_after = u32::try_from(wait.ceil() as u64).unwrap_or(u32::MAX).max(1);
-                return Err((
+                return Err(Box::new((
                     LimitKind::Rate,
                     Denial::new(
                         Reason::RateLimited,
@@ -458,7 +458,7 @@ impl AuthorityCounts {
                         format!("retry after {retry_after} s, or ask an operator to raise connect_rate"),
                     )
                     .with_cause(Cause::Limited { retry_after }),
-                ));
+                )));
             }
             b.tokens -= 1.0;
         }
@@ -562,7 +562,8 @@ impl Admission {
                 self.leave(before);
                 Attributed::Admitted
             }
-            Err((kind, denial)) => {
+            Err(refused) => {
+                let (kind, denial) = *refused;
                 counts.refusing.fetch_add(1, Ordering::AcqRel);
                 let before = std::mem::replace(
                     &mut *state,

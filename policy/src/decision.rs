@@ -143,6 +143,37 @@ pub struct Decision {
     pub detail: String,
     /// What would make it work (`"add \"example.com:443\" to the authority's allow list"`).
     pub hint: String,
+    /// The operator's own words (design section 18): the `reason` of the deny entry that
+    /// matched, or the grant's `default_deny_reason` for a host outside it. Printable
+    /// ASCII, at most [`MAX_OPERATOR_REASON`] bytes; `None` when the operator wrote none.
+    pub message: Option<String>,
+}
+
+/// The longest operator reason, in bytes (design section 18).
+pub const MAX_OPERATOR_REASON: usize = 400;
+
+/// Checks an operator reason (a deny entry's `reason`, a `default_deny_reason`): 1 to
+/// [`MAX_OPERATOR_REASON`] bytes of printable ASCII (0x20 to 0x7E), so that it can travel
+/// in a JSON body, a log line, an HTTP header and an SSH disconnect message unchanged.
+///
+/// # Errors
+/// What is wrong with it, for a configuration error message.
+pub fn check_operator_reason(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("a reason must not be empty".to_owned());
+    }
+    if text.len() > MAX_OPERATOR_REASON {
+        return Err(format!(
+            "a reason is at most {MAX_OPERATOR_REASON} bytes; this one has {}",
+            text.len()
+        ));
+    }
+    if let Some((i, c)) = text.char_indices().find(|(_, c)| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "a reason is printable ASCII only; byte {i} is {c:?}"
+        ));
+    }
+    Ok(())
 }
 
 impl Decision {
@@ -154,6 +185,7 @@ impl Decision {
             rule: Some(rule.into()),
             detail: String::new(),
             hint: String::new(),
+            message: None,
         }
     }
 
@@ -165,6 +197,7 @@ impl Decision {
             rule: None,
             detail: detail.into(),
             hint: hint.into(),
+            message: None,
         }
     }
 
@@ -172,6 +205,13 @@ impl Decision {
     #[must_use]
     pub(crate) fn with_rule(mut self, rule: impl Into<String>) -> Self {
         self.rule = Some(rule.into());
+        self
+    }
+
+    /// The same decision, carrying the operator's `message` (if any).
+    #[must_use]
+    pub(crate) fn with_message(mut self, message: Option<&String>) -> Self {
+        self.message = message.cloned();
         self
     }
 

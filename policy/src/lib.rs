@@ -25,11 +25,11 @@ mod sni;
 pub mod upstream;
 
 pub use classify::{AddrClass, classify};
-pub use decision::{Decision, Reason, Verdict};
+pub use decision::{Decision, MAX_OPERATOR_REASON, Reason, Verdict, check_operator_reason};
 pub use error::{HostError, PatternError, PolicyError, RuleError, UpstreamError, ValueError};
 pub use grant::{
-    Advice, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec, check_authority_name,
-    check_entry,
+    Advice, DenyEntry, EntryKind, Grant, GrantSpec, OwnAddrs, Pin, RequestRuleSpec,
+    check_authority_name, check_entry,
 };
 pub use host::{CanonicalHost, Target, canonicalize_host, parse_authority_form};
 pub use request::{HeaderLookup, RequestFacts, UpgradeToken};

@@ -47,7 +47,7 @@ pub(crate) fn config(
     let spec = policy::GrantSpec {
         name: AUTHORITY.to_owned(),
         allow: allow.to_vec(),
-        deny: deny.to_vec(),
+        deny: deny.iter().map(|d| d.as_str().into()).collect(),
         allow_private: allow_private.to_vec(),
         sni_check: true,
         // The grant is the command line: hints name the flags that would widen it.
@@ -246,6 +246,7 @@ fn denial_of(rec: &mediator::Record) -> Option<Denial> {
         port: rec.port,
         detail: Some(rec.detail.clone()),
         hint: (!rec.hint.is_empty()).then(|| rec.hint.clone()),
+        message: rec.message.clone(),
     })
 }
 
@@ -338,6 +339,7 @@ mod tests {
             rule: None,
             detail: "d".into(),
             hint: "add --allow evil.example:443 to the shim command".into(),
+            message: None,
             cause,
             pin: None,
             route: None,

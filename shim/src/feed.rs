@@ -114,6 +114,7 @@ fn poll(
             port: e["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
             detail: s("detail"),
             hint: s("hint").filter(|h| !h.is_empty()),
+            message: s("message"),
         });
     }
     Some(next.unwrap_or_else(|| since.to_owned()))

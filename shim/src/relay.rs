@@ -157,6 +157,7 @@ pub(crate) fn inspect_reply(b: &[u8]) -> Sniff {
                     "SOCKS5 REP 0x{rep:02x} ({meaning}); a SOCKS5 reply carries no reason: the mediator's decision log has it"
                 )),
                 hint: None,
+                message: None,
             }),
         };
     }
@@ -220,6 +221,7 @@ pub(crate) fn inspect_reply(b: &[u8]) -> Sniff {
             .and_then(|p| u16::try_from(p).ok()),
         detail: s("detail"),
         hint: s("hint"),
+        message: s("message"),
     })
 }
 

@@ -40,6 +40,10 @@ pub(crate) struct Denial {
     /// The mediator's `hint`: what would make it work, as the client was told.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) hint: Option<String>,
+    /// The operator's own words (a deny entry's `reason`, the grant's
+    /// `default_deny_reason`; design section 18), from the mediator's `message`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) message: Option<String>,
 }
 
 impl Denial {
@@ -60,8 +64,14 @@ impl Denial {
             .hint
             .as_deref()
             .or(self.detail.as_deref())
-            .filter(|s| !s.is_empty())
-            .map_or_else(String::new, |s| format!(": {s}"));
+            .filter(|s| !s.is_empty());
+        // The operator's words first: they say why, the hint says what would work.
+        let advice = match (self.message.as_deref(), advice) {
+            (Some(m), Some(a)) => format!(": {m} ({a})"),
+            (Some(m), None) => format!(": {m}"),
+            (None, Some(a)) => format!(": {a}"),
+            (None, None) => String::new(),
+        };
         format!("mediator: denied{target} ({reason}){advice}")
     }
 }
@@ -304,6 +314,7 @@ mod tests {
             port: Some(80),
             detail: None,
             hint: None,
+            message: None,
         }];
         let tampering = [Tampering {
             path: "/w/.git/commondir".into(),
@@ -352,6 +363,7 @@ mod tests {
             port: Some(443),
             detail: Some("api.example.com is not allowed".into()),
             hint: Some("add --allow api.example.com:443 to the shim command".into()),
+            message: None,
         };
         assert_eq!(
             d.line(),
@@ -365,6 +377,7 @@ mod tests {
             port: None,
             detail: Some("SOCKS5 REP 0x02".into()),
             hint: None,
+            message: None,
         };
         assert_eq!(socks.line(), "mediator: denied (socks5 2): SOCKS5 REP 0x02");
         let v6 = Denial {
@@ -385,6 +398,7 @@ mod tests {
             port: None,
             detail: None,
             hint: None,
+            message: None,
         };
         for _ in 0..MAX_DENIALS + 3 {
             denials.push(one.clone());

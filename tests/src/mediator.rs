@@ -54,6 +54,22 @@ pub fn toml_list<S: AsRef<str>>(items: &[S]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
+/// A TOML `deny` array: the plain patterns, then `{ host, reason }` tables (design 18).
+fn deny_list(plain: &[String], reasoned: &[(String, String)]) -> String {
+    let inner: Vec<String> = plain
+        .iter()
+        .map(|s| toml_str(s))
+        .chain(reasoned.iter().map(|(host, reason)| {
+            format!(
+                "{{ host = {}, reason = {} }}",
+                toml_str(host),
+                toml_str(reason)
+            )
+        }))
+        .collect();
+    format!("[{}]", inner.join(", "))
+}
+
 /// One `[[authority]]` table of the generated configuration.
 #[derive(Debug, Clone, Default)]
 pub struct AuthoritySpec {
@@ -63,6 +79,8 @@ pub struct AuthoritySpec {
     pub allow: Vec<String>,
     /// `deny` host patterns.
     pub deny: Vec<String>,
+    /// `deny` entries with the operator's reason: `(host, reason)`.
+    pub deny_reasons: Vec<(String, String)>,
     /// `allow_private` CIDRs.
     pub allow_private: Vec<String>,
     /// The plain token; the config gets its SHA-256 as `token_sha256`.
@@ -96,6 +114,13 @@ impl AuthoritySpec {
         self
     }
 
+    /// Adds a `deny` entry with the operator's `reason` (`{ host, reason }`).
+    #[must_use]
+    pub fn deny_because(mut self, host: &str, reason: &str) -> Self {
+        self.deny_reasons.push((host.to_owned(), reason.to_owned()));
+        self
+    }
+
     /// Adds `allow_private` CIDRs.
     #[must_use]
     pub fn allow_private<S: AsRef<str>>(mut self, cidrs: &[S]) -> Self {
@@ -122,7 +147,7 @@ impl AuthoritySpec {
         let _ = writeln!(out, "\n[[authority]]");
         let _ = writeln!(out, "name = {}", toml_str(&self.name));
         let _ = writeln!(out, "allow = {}", toml_list(&self.allow));
-        let _ = writeln!(out, "deny = {}", toml_list(&self.deny));
+        let _ = writeln!(out, "deny = {}", deny_list(&self.deny, &self.deny_reasons));
         let _ = writeln!(out, "allow_private = {}", toml_list(&self.allow_private));
         if let Some(t) = &self.token {
             let _ = writeln!(out, "token_sha256 = {}", toml_str(&sha256_hex(t)));
@@ -142,6 +167,7 @@ pub struct MediatorBuilder {
     unix: bool,
     nameservers: Vec<SocketAddr>,
     global_deny: Vec<String>,
+    global_deny_reasons: Vec<(String, String)>,
     request_head_bytes: Option<usize>,
     connect_timeout_secs: Option<u64>,
     extra: String,
@@ -167,6 +193,7 @@ impl MediatorBuilder {
             unix: true,
             nameservers: Vec::new(),
             global_deny: Vec::new(),
+            global_deny_reasons: Vec::new(),
             request_head_bytes: None,
             connect_timeout_secs: None,
             extra: String::new(),
@@ -235,6 +262,14 @@ impl MediatorBuilder {
     pub fn global_deny<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
         self.global_deny
             .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Adds a `[global] deny` entry with the operator's `reason`.
+    #[must_use]
+    pub fn global_deny_because(mut self, host: &str, reason: &str) -> Self {
+        self.global_deny_reasons
+            .push((host.to_owned(), reason.to_owned()));
         self
     }
 
@@ -373,8 +408,12 @@ impl MediatorBuilder {
         for line in &self.limits_extra {
             let _ = writeln!(out, "{line}");
         }
-        if !self.global_deny.is_empty() {
-            let _ = writeln!(out, "\n[global]\ndeny = {}", toml_list(&self.global_deny));
+        if !self.global_deny.is_empty() || !self.global_deny_reasons.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n[global]\ndeny = {}",
+                deny_list(&self.global_deny, &self.global_deny_reasons)
+            );
         }
         let log = dir.join("decisions.jsonl");
         let _ = writeln!(

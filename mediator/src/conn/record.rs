@@ -66,6 +66,7 @@ pub(crate) fn base(
         rule: None,
         detail: String::new(),
         hint: String::new(),
+        message: None,
         cause: Cause::Policy,
         pin: None,
         route: None,
@@ -120,7 +121,7 @@ pub(crate) fn deny(
     }
     let mut rec = base(ctx, shared.next_id(), Event::Decision, protocol, label);
     if rec.authority.is_none() {
-        rec.authority.clone_from(&denial.claimed_authority);
+        rec.authority = denial.claimed_authority.as_deref().map(str::to_owned);
     }
     fill_deny(&mut rec, &denial);
     emit(shared, ctx, &rec);
@@ -251,6 +252,7 @@ fn fill_deny(rec: &mut Record, denial: &Denial) {
     rec.rule.clone_from(&denial.rule);
     rec.detail.clone_from(&denial.detail);
     rec.hint.clone_from(&denial.hint);
+    rec.message = denial.message.as_deref().map(str::to_owned);
 }
 
 /// Counts, keeps (denials) and writes one decision line.
@@ -280,6 +282,7 @@ fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
                 rule: rec.rule.clone(),
                 detail: rec.detail.clone(),
                 hint: rec.hint.clone(),
+                message: rec.message.clone(),
                 status: match rec.protocol {
                     Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
                     _ => crate::denial::http_status(rec.reason, rec.cause),

@@ -43,7 +43,7 @@ pub(crate) struct Control {
     socket_dir: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     revoke_grace: Duration,
-    global_deny: Mutex<Vec<String>>,
+    global_deny: Mutex<Vec<policy::DenyEntry>>,
     /// Fingerprints of the authorities that came from the configuration file as last
     /// applied, and of its other sections as running (from start: a reload does not apply
     /// them): the baseline a reload diffs against.
@@ -78,7 +78,7 @@ pub(crate) struct Setup {
     /// `[timeouts] revoke_grace`.
     pub(crate) revoke_grace: Duration,
     /// `[global] deny`.
-    pub(crate) global_deny: Vec<String>,
+    pub(crate) global_deny: Vec<policy::DenyEntry>,
     /// The registry.
     pub(crate) store: Arc<dyn Store>,
     /// Its metrics.

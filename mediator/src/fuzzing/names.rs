@@ -73,7 +73,7 @@ fn decided_alike(raw: &str, x: &CanonicalHost) {
             &GrantSpec {
                 name: "fuzz".into(),
                 allow: vec![allow.to_owned()],
-                deny: deny.iter().map(|d| (*d).to_owned()).collect(),
+                deny: deny.iter().map(|d| (*d).into()).collect(),
                 ..GrantSpec::default()
             },
             &[],
@@ -134,7 +134,7 @@ pub fn pattern(data: &[u8]) {
     let spec = |allow: &[&str], deny: &[&str]| GrantSpec {
         name: "fuzz".into(),
         allow: allow.iter().map(|a| (*a).to_owned()).collect(),
-        deny: deny.iter().map(|d| (*d).to_owned()).collect(),
+        deny: deny.iter().map(|d| (*d).into()).collect(),
         ..GrantSpec::default()
     };
     let as_allow = Grant::new(&spec(&[entry], &[]), &[]);

@@ -16,7 +16,7 @@ use super::credential::{self, Credential, CredentialSpec};
 use super::raw::RawAuthority;
 use super::validate::{Ctx, MAX_CONNECTIONS, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
-use crate::grant::{Grant, GrantField, GrantSpec, RequestRuleSpec};
+use crate::grant::{DenyEntry, Grant, GrantField, GrantSpec, RequestRuleSpec};
 
 /// One validated `[[authority]]`: its frozen grant and how its channel socket is made.
 #[derive(Debug)]
@@ -72,7 +72,10 @@ pub struct FieldError {
 ///
 /// # Errors
 /// Every problem found, each tied to the key it concerns ([`FieldError::field`]).
-pub fn parse_authority(text: &str, global_deny: &[String]) -> Result<Authority, Vec<FieldError>> {
+pub fn parse_authority(
+    text: &str,
+    global_deny: &[DenyEntry],
+) -> Result<Authority, Vec<FieldError>> {
     const ORIGIN: &str = "authority";
     // A leading newline keeps offset 0 (where whole-table problems are reported) outside
     // every key, so they are never pinned on the first key.
@@ -107,11 +110,18 @@ pub fn parse_authority(text: &str, global_deny: &[String]) -> Result<Authority, 
         _ => Err(errors
             .iter()
             .map(|(offset, message)| {
+                let at = *offset..offset.saturating_add(1);
+                // The key whose key or value holds the offset; else (inside an array of
+                // tables, `[[deny]]`, whose value span is its header only) the last key
+                // written before it.
                 let field = table
                     .iter()
-                    .find(|(k, val)| {
-                        let at = *offset..offset.saturating_add(1);
-                        covers(&k.span(), &at) || covers(&val.span(), &at)
+                    .find(|(k, val)| covers(&k.span(), &at) || covers(&val.span(), &at))
+                    .or_else(|| {
+                        table
+                            .iter()
+                            .filter(|(k, _)| k.span().start <= *offset)
+                            .max_by_key(|(k, _)| k.span().start)
                     })
                     .map(|(k, _)| k.get_ref().to_string())
                     .unwrap_or_default();
@@ -151,7 +161,7 @@ impl Validator<'_> {
     pub(super) fn authorities(
         &mut self,
         value: &Spanned<DeValue<'_>>,
-        global_deny: &[String],
+        global_deny: &[DenyEntry],
     ) -> Vec<Authority> {
         let DeValue::Array(items) = value.get_ref() else {
             self.error(
@@ -199,22 +209,9 @@ impl Validator<'_> {
         raw: &RawAuthority,
         label: &str,
         span: Range<usize>,
-        global_deny: &[String],
+        global_deny: &[DenyEntry],
     ) -> Option<Authority> {
-        let spec = GrantSpec {
-            name: raw
-                .name
-                .as_ref()
-                .map(|n| n.get_ref().clone())
-                .unwrap_or_default(),
-            allow: strings(raw.allow.as_ref()),
-            deny: strings(raw.deny.as_ref()),
-            allow_private: strings(raw.allow_private.as_ref()),
-            sni_check: raw.sni_check.unwrap_or(true),
-            tls_terminate: strings(raw.tls_terminate.as_ref()),
-            request_rules: request_rule_specs(raw),
-            advice: crate::grant::Advice::Operator,
-        };
+        let spec = grant_spec(raw);
         let grant = match Grant::build(&spec, global_deny) {
             Ok(g) => Some(g),
             Err(errors) => {
@@ -225,7 +222,14 @@ impl Validator<'_> {
                     let at = match e.field {
                         GrantField::Name => raw.name.as_ref().map(Spanned::span),
                         GrantField::Allow => entry(raw.allow.as_ref()),
-                        GrantField::Deny => entry(raw.deny.as_ref()),
+                        GrantField::Deny => raw
+                            .deny
+                            .as_ref()
+                            .and_then(|l| l.get(e.index))
+                            .map(Spanned::span),
+                        GrantField::DefaultDenyReason => {
+                            raw.default_deny_reason.as_ref().map(Spanned::span)
+                        }
                         GrantField::AllowPrivate => entry(raw.allow_private.as_ref()),
                         GrantField::TlsTerminate => entry(raw.tls_terminate.as_ref()),
                         GrantField::RequestRule => raw
@@ -471,6 +475,33 @@ fn request_rule_specs(raw: &RawAuthority) -> Vec<RequestRuleSpec> {
             }
         })
         .collect()
+}
+
+/// The grant as the table writes it, before any check.
+fn grant_spec(raw: &RawAuthority) -> GrantSpec {
+    GrantSpec {
+        name: raw
+            .name
+            .as_ref()
+            .map(|n| n.get_ref().clone())
+            .unwrap_or_default(),
+        allow: strings(raw.allow.as_ref()),
+        deny: raw
+            .deny
+            .iter()
+            .flatten()
+            .map(|d| d.get_ref().0.clone())
+            .collect(),
+        default_deny_reason: raw
+            .default_deny_reason
+            .as_ref()
+            .map(|r| r.get_ref().clone()),
+        allow_private: strings(raw.allow_private.as_ref()),
+        sni_check: raw.sni_check.unwrap_or(true),
+        tls_terminate: strings(raw.tls_terminate.as_ref()),
+        request_rules: request_rule_specs(raw),
+        advice: crate::grant::Advice::Operator,
+    }
 }
 
 fn strings(list: Option<&Vec<Spanned<String>>>) -> Vec<String> {

@@ -122,7 +122,7 @@ pub const SECTIONS: &[Section] = &[
         key("decisions", "`\"stdout\"`", "`\"/var/log/egress-mediator/decisions.jsonl\"`", "`\"stdout\"` or a file (appended, created 0600, reopened on SIGUSR1)"),
     ] },
     Section { heading: "[global]", before: "", after: "", keys: &[
-        key("deny", "`[]`", "`[\"*:25\", \"metadata.google.internal\"]`", "deny entries applied to every authority, those of the admin API included"),
+        key("deny", "`[]`", "`[\"*:25\", { host = \"*.pastebin.com\", reason = \"paste sites are off limits\" }]`", "deny entries applied to every authority, those of the admin API included; a table entry carries the operator's `reason` (printable ASCII, at most 400 bytes), given to the denied client as `message`"),
     ] },
     Section { heading: "[registry]", before: "Where authorities created through the admin API are kept ([control.md](control.md#the-registry-authorities-that-outlive-the-process)). Nothing secret is stored: the table, its generation, `created_at`, `expires_at`, the token's SHA-256.", after: "", keys: &[
         key("backend", "`\"local\"`", "`\"etcd\"`", "`local` (files under `state_dir`, written durably), `etcd` (shared by every replica; built with the cargo feature `etcd`) or `memory` (lost when the process ends; warned at start)").checked(|c| format!("{:?}", c.registry.backend.as_str())),
@@ -137,7 +137,8 @@ pub const SECTIONS: &[Section] = &[
     Section { heading: "[[authority]]", before: "", after: "", keys: &[
         key("name", "required", "`\"agent-a\"`", "the authority; letters, digits, `-`, `_` (its socket is `<name>.sock`)"),
         key("allow", "`[]` (nothing)", "`[\"api.github.com:443\", \"*.githubusercontent.com\"]`", "host patterns it may reach"),
-        key("deny", "`[]`", "`[\"gist.githubusercontent.com\"]`", "host patterns it may not reach (beat `allow`)"),
+        key("deny", "`[]`", "`[\"gist.githubusercontent.com\", { host = \"*.pastebin.com\", reason = \"use gist.corp\" }]`", "host patterns it may not reach (beat `allow`); a table entry carries the operator's `reason` (printable ASCII, at most 400 bytes), given to the denied client as `message`"),
+        key("default_deny_reason", "none", "`\"ask #netops for new hosts\"`", "the operator's words for a host outside the grant (`not_in_allowlist`, `port_not_allowed`), given as `message`; printable ASCII, at most 400 bytes"),
         key("allow_private", "`[]`", "`[\"10.20.0.0/16\"]`", "CIDRs excepted from the non-public-address refusal"),
         key("token_sha256", "none (no TCP access)", "`\"42e6b787…\"` (64 hex)", "SHA-256 of its token on the TCP listener (`mediator hash-token`)"),
         key("sni_check", "`true`", "`false`", "a CONNECT to 443 must carry a ClientHello whose SNI is the CONNECT host"),

@@ -73,7 +73,7 @@ pub struct Config {
     pub authorities: Vec<Authority>,
     /// `[global] deny`, the valid entries (already folded into every grant; kept so that
     /// authorities created later, e.g. by the admin API, get the same list).
-    pub global_deny: Vec<String>,
+    pub global_deny: Vec<crate::grant::DenyEntry>,
     /// Policy that cannot do what it says (`FILE:LINE:COL: ...`, in file order): an allow
     /// entry a deny entry refuses whole, a request rule or credential for a host no allow
     /// entry reaches, a token without a TCP listener, a TCP listener off loopback. The

@@ -104,7 +104,43 @@ pub(super) struct RawLog {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawGlobal {
-    pub(super) deny: Option<Vec<Spanned<String>>>,
+    pub(super) deny: Option<Vec<Spanned<RawDeny>>>,
+}
+
+/// One `deny` entry as written: a plain host pattern, or a table with the operator's
+/// reason (`{ host = "*.pastebin.com", reason = "..." }`, design section 18).
+pub(super) struct RawDeny(pub(super) crate::grant::DenyEntry);
+
+/// The table form of a `deny` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDenyTable {
+    host: String,
+    reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawDeny {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawDeny;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a host pattern, or a table { host = \"...\", reason = \"...\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDeny, E> {
+                Ok(RawDeny(v.into()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawDeny, A::Error> {
+                let t =
+                    RawDenyTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawDeny(crate::grant::DenyEntry {
+                    host: t.host,
+                    reason: t.reason,
+                }))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// One `[[authority]]` (also the whole document given to `parse_authority`).
@@ -113,7 +149,8 @@ pub(super) struct RawGlobal {
 pub(super) struct RawAuthority {
     pub(super) name: Option<Spanned<String>>,
     pub(super) allow: Option<Vec<Spanned<String>>>,
-    pub(super) deny: Option<Vec<Spanned<String>>>,
+    pub(super) deny: Option<Vec<Spanned<RawDeny>>>,
+    pub(super) default_deny_reason: Option<Spanned<String>>,
     pub(super) allow_private: Option<Vec<Spanned<String>>>,
     pub(super) token_sha256: Option<Spanned<String>>,
     pub(super) sni_check: Option<bool>,

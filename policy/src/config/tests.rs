@@ -267,8 +267,8 @@ x = 1
             "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`",
-            "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a string",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `default_deny_reason`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`",
+            "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a host pattern, or a table { host = \"...\", reason = \"...\" }",
             "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
             "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
             "m.toml:33:12: authority \"agent-a\": watchdog \"ftp://x\" must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo): the watchdog sees every allowed destination and must run on this host",
@@ -518,7 +518,7 @@ fn design_example_wildcard_over_private_psl_suffix_is_accepted() {
 
 #[test]
 fn one_authority_from_a_flat_table() {
-    let global = vec!["*:25".to_owned()];
+    let global = vec![crate::grant::DenyEntry::from("*:25")];
     let a = parse_authority(
         "name = \"api-made\"\nallow = [\"origin.test\"]\nallow_private = [\"127.0.0.0/8\"]\n",
         &global,
@@ -567,7 +567,7 @@ fn admin_listen_keys() {
         Some(PathBuf::from("/run/admin.sock"))
     );
     assert_eq!(c.listen.admin_token_sha256.unwrap()[0], 0x9f);
-    assert_eq!(c.global_deny, ["*:25"]);
+    assert_eq!(c.global_deny, [crate::grant::DenyEntry::from("*:25")]);
     assert_eq!(
         errors(
             "[listen]\nsocket_dir = \"/run/m\"\nadmin_socket = \"/run/m/admin.sock\"\nadmin_token_sha256 = \"x\"\n"
@@ -1090,4 +1090,71 @@ fn registry_backends_and_their_keys() {
             "{text:?}: {e:?}"
         );
     }
+}
+
+#[test]
+fn operator_reasons_reach_the_decision_and_are_checked_at_load() {
+    let c = parse(
+        r#"
+[global]
+deny = [{ host = "*:25", reason = "no mail from agents" }, "*:23"]
+
+[[authority]]
+name = "agent-a"
+allow = ["ok.test", "*.pastebin.com", "mail.test"]
+deny = ["plain.test", { host = "*.pastebin.com", reason = "paste sites are off limits; use gist.corp" }]
+default_deny_reason = "ask #netops for new hosts"
+"#,
+        "m.toml",
+    )
+    .unwrap();
+    let g = &c.authorities[0].grant;
+    let message = |t: &str| g.decide(&crate::parse_authority_form(t).unwrap()).message;
+    assert_eq!(
+        message("x.pastebin.com:443").as_deref(),
+        Some("paste sites are off limits; use gist.corp")
+    );
+    assert_eq!(
+        message("mail.test:25").as_deref(),
+        Some("no mail from agents")
+    );
+    assert_eq!(message("mail.test:23"), None, "a plain entry has no reason");
+    assert_eq!(message("plain.test:443"), None);
+    assert_eq!(
+        message("elsewhere.test:443").as_deref(),
+        Some("ask #netops for new hosts"),
+        "outside the grant"
+    );
+    assert_eq!(message("ok.test:443"), None, "an allow carries no message");
+
+    // Checked at load, each at its location.
+    let long = "x".repeat(401);
+    assert_eq!(
+        errors(&format!(
+            r#"
+[global]
+deny = [{{ host = "*:25", reason = "tab	inside" }}]
+
+[[authority]]
+name = "a"
+deny = [{{ host = "b.test", reason = "{long}" }}]
+default_deny_reason = ""
+"#
+        )),
+        [
+            "m.toml:3:9: [global]: invalid reason of global deny entry \"*:25\": a reason is printable ASCII only; byte 3 is '\\t'",
+            "m.toml:7:9: authority \"a\": invalid reason of deny entry \"b.test\": a reason is at most 400 bytes; this one has 401",
+            "m.toml:8:23: authority \"a\": invalid default_deny_reason: a reason must not be empty",
+        ]
+    );
+    assert_eq!(
+        errors("[[authority]]\nname = \"a\"\ndeny = [{ host = \"c.test\", reson = \"typo\" }]\n"),
+        ["m.toml:3:28: authority \"a\": unknown field `reson`, expected `host` or `reason`"]
+    );
+    assert_eq!(
+        errors("[[authority]]\nname = \"a\"\ndefault_deny_reason = \"caf\u{e9}\"\n"),
+        [
+            "m.toml:3:23: authority \"a\": invalid default_deny_reason: a reason is printable ASCII only; byte 3 is '\u{e9}'"
+        ]
+    );
 }

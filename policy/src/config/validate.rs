@@ -468,13 +468,27 @@ impl<'a> Validator<'a> {
 
     /// Validates the global deny list; returns only the valid entries (the invalid ones
     /// are reported here, once, not again for every authority).
-    pub(super) fn global(&mut self, raw: RawGlobal) -> Vec<String> {
+    pub(super) fn global(&mut self, raw: RawGlobal) -> Vec<crate::grant::DenyEntry> {
         let mut out = Vec::new();
         for entry in raw.deny.unwrap_or_default() {
-            match HostPattern::parse("global deny", entry.get_ref(), PatternUse::Deny) {
-                Ok(_) => out.push(entry.into_inner()),
-                Err(e) => self.error(Some(entry.span()), "[global]", e),
+            let span = entry.span();
+            let entry = entry.into_inner().0;
+            if let Err(e) = HostPattern::parse("global deny", &entry.host, PatternUse::Deny) {
+                self.error(Some(span), "[global]", e);
+                continue;
             }
+            if let Some(Err(why)) = entry.reason.as_deref().map(crate::check_operator_reason) {
+                self.error(
+                    Some(span),
+                    "[global]",
+                    format!(
+                        "invalid reason of global deny entry {:?}: {why}",
+                        entry.host
+                    ),
+                );
+                continue;
+            }
+            out.push(entry);
         }
         out
     }

@@ -31,8 +31,11 @@ pub struct GrantSpec {
     /// `*.internal`), a wildcard anywhere but as the whole first label, userinfo, paths.
     pub allow: Vec<String>,
     /// Deny entries: the same syntax, plus `*` (every host) and `*:port` (every host on
-    /// that port). Deny beats allow.
-    pub deny: Vec<String>,
+    /// that port), each with the operator's reason if any. Deny beats allow.
+    pub deny: Vec<DenyEntry>,
+    /// The operator's words for a host outside the grant (`not_in_allowlist`,
+    /// `port_not_allowed`), carried as the decision's `message` (design section 18).
+    pub default_deny_reason: Option<String>,
     /// Exceptions to the address check (design section 4.2): CIDRs without host bits
     /// (`10.1.0.0/16`) or single addresses (`127.0.0.1`). Never `/0`, and never a range
     /// holding `0.0.0.0/8` or `::` (connecting there reaches this host's listeners).
@@ -45,6 +48,32 @@ pub struct GrantSpec {
     pub request_rules: Vec<RequestRuleSpec>,
     /// Who can widen this grant: decides what a denial's hint tells an agent to ask for.
     pub advice: Advice,
+}
+
+/// One deny entry (design sections 4.1 and 18): a host pattern, written as a plain string
+/// or as a table `{ host = "*.pastebin.com", reason = "paste sites are off limits" }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DenyEntry {
+    /// The host pattern (the deny syntax of [`GrantSpec::deny`]).
+    pub host: String,
+    /// The operator's reason, given to whoever is denied as the decision's `message`:
+    /// printable ASCII, at most 400 bytes ([`crate::check_operator_reason`]).
+    pub reason: Option<String>,
+}
+
+impl From<&str> for DenyEntry {
+    fn from(host: &str) -> Self {
+        Self {
+            host: host.to_owned(),
+            reason: None,
+        }
+    }
+}
+
+impl From<String> for DenyEntry {
+    fn from(host: String) -> Self {
+        Self { host, reason: None }
+    }
 }
 
 /// Who can widen a grant, so that a denial's `hint` names the change that would make the
@@ -93,6 +122,9 @@ pub struct Grant {
     name: String,
     allow: Vec<HostPattern>,
     deny: Vec<HostPattern>,
+    /// The operator's reason of each `deny` entry, by the same index.
+    deny_reasons: Vec<Option<String>>,
+    default_deny_reason: Option<String>,
     allow_private: Vec<IpNet>,
     sni_check: bool,
     tls_terminate: Vec<HostPattern>,
@@ -121,6 +153,7 @@ pub(crate) enum GrantField {
     Deny,
     /// `[global] deny`, whose entries every grant holds after its own.
     GlobalDeny,
+    DefaultDenyReason,
     AllowPrivate,
     TlsTerminate,
     RequestRule,
@@ -134,6 +167,7 @@ impl GrantField {
             Self::Allow => "allow",
             Self::Deny => "deny",
             Self::GlobalDeny => "global deny",
+            Self::DefaultDenyReason => "default_deny_reason",
             Self::AllowPrivate => "allow_private",
             Self::TlsTerminate => "tls_terminate",
             Self::RequestRule => "request_rule",
@@ -231,6 +265,45 @@ fn allow_private_net(entry: &str) -> Result<IpNet, PatternError> {
     Ok(net)
 }
 
+/// Checks the operator reasons of a grant's deny entries, its global ones and its
+/// `default_deny_reason`; returns each deny entry's reason by the grant's deny index
+/// (its own entries, then the global ones).
+fn check_reasons(
+    own: &[DenyEntry],
+    global: &[DenyEntry],
+    default: Option<&String>,
+    errors: &mut Vec<EntryError>,
+) -> Vec<Option<String>> {
+    let mut check = |field: GrantField, index: usize, text: &str, what: &str| {
+        if let Err(why) = crate::decision::check_operator_reason(text) {
+            errors.push(EntryError {
+                field,
+                index,
+                message: format!("invalid {what}: {why}"),
+            });
+        }
+    };
+    if let Some(text) = default {
+        check(
+            GrantField::DefaultDenyReason,
+            0,
+            text,
+            "default_deny_reason",
+        );
+    }
+    let mut out = Vec::with_capacity(own.len() + global.len());
+    for (field, entries) in [(GrantField::Deny, own), (GrantField::GlobalDeny, global)] {
+        for (index, e) in entries.iter().enumerate() {
+            if let Some(text) = &e.reason {
+                let what = format!("reason of {} entry {:?}", field.as_str(), e.host);
+                check(field, index, text, &what);
+            }
+            out.push(e.reason.clone());
+        }
+    }
+    out
+}
+
 impl Grant {
     /// Validates `spec` and freezes it. `global_deny` entries are applied as if they were
     /// part of the grant's deny list (reported with their own source in `rule`).
@@ -238,7 +311,7 @@ impl Grant {
     /// # Errors
     /// [`PolicyError::Config`] listing every bad entry (not just the first), each naming
     /// the field and the entry.
-    pub fn new(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, PolicyError> {
+    pub fn new(spec: &GrantSpec, global_deny: &[DenyEntry]) -> Result<Self, PolicyError> {
         Self::build(spec, global_deny)
             .map_err(|errors| PolicyError::Config(errors.into_iter().map(|e| e.message).collect()))
     }
@@ -246,7 +319,10 @@ impl Grant {
     /// [`Grant::new`] with each problem tied to its field and entry index, so that the
     /// config loader can give file locations. Global deny entries are reported with the
     /// field `"global deny"` and their index in `global_deny`.
-    pub(crate) fn build(spec: &GrantSpec, global_deny: &[String]) -> Result<Self, Vec<EntryError>> {
+    pub(crate) fn build(
+        spec: &GrantSpec,
+        global_deny: &[DenyEntry],
+    ) -> Result<Self, Vec<EntryError>> {
         let mut errors = Vec::new();
         if let Err(message) = check_authority_name(&spec.name) {
             errors.push(EntryError {
@@ -269,12 +345,15 @@ impl Grant {
             }
             out
         };
+        let hosts = |entries: &[DenyEntry]| -> Vec<String> {
+            entries.iter().map(|e| e.host.clone()).collect()
+        };
         let allow = patterns(GrantField::Allow, &spec.allow, PatternUse::Allow);
-        let mut deny = patterns(GrantField::Deny, &spec.deny, PatternUse::Deny);
+        let mut deny = patterns(GrantField::Deny, &hosts(&spec.deny), PatternUse::Deny);
         let global_deny_from = deny.len();
         deny.extend(patterns(
             GrantField::GlobalDeny,
-            global_deny,
+            &hosts(global_deny),
             PatternUse::Deny,
         ));
         let tls_terminate = patterns(
@@ -283,6 +362,12 @@ impl Grant {
             PatternUse::Allow,
         );
         let request_rules = build_request_rules(&spec.request_rules, &tls_terminate, &mut errors);
+        let deny_reasons = check_reasons(
+            &spec.deny,
+            global_deny,
+            spec.default_deny_reason.as_ref(),
+            &mut errors,
+        );
         let mut allow_private = Vec::with_capacity(spec.allow_private.len());
         for (index, entry) in spec.allow_private.iter().enumerate() {
             match parse_allow_private(entry) {
@@ -303,6 +388,8 @@ impl Grant {
             deny_index: RuleIndex::build(&deny),
             allow,
             deny,
+            deny_reasons,
+            default_deny_reason: spec.default_deny_reason.clone(),
             allow_private,
             sni_check: spec.sni_check,
             tls_terminate,
@@ -360,7 +447,9 @@ impl Grant {
                     },
                 )
             };
-            return Decision::deny(Reason::DeniedByRule, detail, hint).with_rule(rule.clone());
+            return Decision::deny(Reason::DeniedByRule, detail, hint)
+                .with_rule(rule.clone())
+                .with_message(self.deny_reasons.get(i).and_then(Option::as_ref));
         }
 
         let found = self.allow_index.lookup(&self.allow, target);
@@ -382,7 +471,8 @@ impl Grant {
                         format!("{} is not allowed by the shim's --allow flags", target.host)
                     }
                 };
-                return Decision::deny(Reason::NotInAllowlist, detail, hint);
+                return Decision::deny(Reason::NotInAllowlist, detail, hint)
+                    .with_message(self.default_deny_reason.as_ref());
             };
             let mut on_other_ports: Vec<usize> = Vec::new();
             self.allow_index
@@ -410,7 +500,8 @@ impl Grant {
                 },
                 hint,
             )
-            .with_rule(self.allow[first].source.clone());
+            .with_rule(self.allow[first].source.clone())
+            .with_message(self.default_deny_reason.as_ref());
         };
 
         if let Some(ip) = target.host.ip()

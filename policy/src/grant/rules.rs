@@ -343,6 +343,7 @@ impl Grant {
                 rule: None,
                 detail: String::new(),
                 hint: String::new(),
+                message: None,
             };
         }
         let normalized = match normalize_path(path) {

@@ -9,18 +9,23 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
+fn denies(v: &[&str]) -> Vec<DenyEntry> {
+    v.iter().map(|s| (*s).into()).collect()
+}
+
 fn grant(allow: &[&str], deny: &[&str], allow_private: &[&str], global: &[&str]) -> Grant {
     let spec = GrantSpec {
         name: "agent-a".into(),
         allow: strings(allow),
-        deny: strings(deny),
+        deny: denies(deny),
         allow_private: strings(allow_private),
         sni_check: true,
         tls_terminate: Vec::new(),
         request_rules: Vec::new(),
         advice: Advice::Operator,
+        default_deny_reason: None,
     };
-    Grant::new(&spec, &strings(global)).unwrap()
+    Grant::new(&spec, &denies(global)).unwrap()
 }
 
 fn target(s: &str) -> Target {
@@ -264,8 +269,8 @@ fn decide_with_ten_thousand_rules_uses_the_index() {
             ]
         })
         .collect();
-    let deny: Vec<String> = (0..100)
-        .map(|i| format!("bad{i}.zone7.example.org"))
+    let deny: Vec<DenyEntry> = (0..100)
+        .map(|i| format!("bad{i}.zone7.example.org").into())
         .collect();
     let spec = GrantSpec {
         name: "bulk".into(),
@@ -308,14 +313,15 @@ fn new_reports_every_bad_entry() {
     let spec = GrantSpec {
         name: "bad name".into(),
         allow: strings(&["ok.example.com", "*.com", "*", "a.*.com"]),
-        deny: strings(&["*", "user@x.com"]),
+        deny: denies(&["*", "user@x.com"]),
         allow_private: strings(&["10.0.0.1/8", "localhost", "0.0.0.0/0", "127.0.0.1"]),
         sni_check: false,
         tls_terminate: strings(&["*.co.uk"]),
         request_rules: Vec::new(),
         advice: Advice::Operator,
+        default_deny_reason: None,
     };
-    let Err(PolicyError::Config(errors)) = Grant::new(&spec, &strings(&["*.", "*:25"])) else {
+    let Err(PolicyError::Config(errors)) = Grant::new(&spec, &denies(&["*.", "*:25"])) else {
         panic!("expected a config error");
     };
     assert_eq!(
@@ -576,14 +582,15 @@ fn accessors_and_tls_terminate() {
     let spec = GrantSpec {
         name: "agent-b".into(),
         allow: strings(&["*.example.com", "example.com"]),
-        deny: strings(&["bad.example.com"]),
+        deny: denies(&["bad.example.com"]),
         allow_private: strings(&["127.0.0.1"]),
         sni_check: true,
         tls_terminate: strings(&["*.example.com"]),
         request_rules: Vec::new(),
         advice: Advice::Operator,
+        default_deny_reason: None,
     };
-    let g = Grant::new(&spec, &strings(&["*:25"])).unwrap();
+    let g = Grant::new(&spec, &denies(&["*:25"])).unwrap();
     assert_eq!(g.name(), "agent-b");
     assert!(g.sni_check());
     assert_eq!(
@@ -1178,7 +1185,7 @@ fn hints_name_the_shim_flags_when_the_shim_owns_the_grant() {
     let spec = GrantSpec {
         name: "shim".into(),
         allow: strings(&["origin.test:80"]),
-        deny: strings(&["bad.origin.test"]),
+        deny: denies(&["bad.origin.test"]),
         advice: Advice::ShimFlags,
         ..GrantSpec::default()
     };

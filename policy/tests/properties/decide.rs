@@ -201,11 +201,11 @@ proptest! {
             &GrantSpec {
                 name: "props".into(),
                 allow: texts(&d.allow),
-                deny: texts(&d.deny),
+                deny: texts(&d.deny).into_iter().map(Into::into).collect(),
                 allow_private: d.allow_private.clone(),
                 ..GrantSpec::default()
             },
-            &texts(&d.global),
+            &texts(&d.global).into_iter().map(Into::into).collect::<Vec<_>>(),
         );
         let grant = match grant {
             Ok(g) => g,

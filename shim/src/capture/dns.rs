@@ -148,6 +148,7 @@ impl Stub {
             port: None,
             detail: Some(format!("{detail}: the stub resolver answered NXDOMAIN")),
             hint: Some(format!("add --allow {host} to the shim command")),
+            message: None,
         });
     }
 }

@@ -163,10 +163,16 @@ pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
         Destination::Mediator(target) => {
             flows.connections.fetch_add(1, Ordering::Relaxed);
             match ask(&flows, &target).await {
-                Some(pair) => pair,
-                None => {
+                Ok(pair) => pair,
+                Err(refusal) => {
                     flows.refused.fetch_add(1, Ordering::Relaxed);
-                    flows.shared.refuse(flow);
+                    match refusal {
+                        // An SSH client is told why, in words `ssh` prints.
+                        Some(denial) if flow.dst.port() == SSH_PORT => {
+                            tell_ssh_client(&flows, flow, &denial).await;
+                        }
+                        _ => flows.shared.refuse(flow),
+                    }
                     return;
                 }
             }
@@ -178,9 +184,52 @@ pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
     relay(conn, upstream, early).await;
 }
 
+/// The port an SSH client of a denied flow is answered on (design section 18).
+const SSH_PORT: u16 = 22;
+
+/// How long a denied SSH client may keep its connection open after its answer.
+const SSH_LINGER: Duration = Duration::from_secs(10);
+
+/// Completes the denied flow of an SSH client and sends it the identification line and
+/// an `SSH_MSG_DISCONNECT` carrying the operator's reason (or the hint), then ends it.
+async fn tell_ssh_client(flows: &Flows, flow: NewFlow, denial: &crate::report::Denial) {
+    let text = denial
+        .message
+        .clone()
+        .or_else(|| denial.hint.clone())
+        .or_else(|| denial.detail.clone())
+        .unwrap_or_default();
+    let host = denial.host.as_deref().unwrap_or("this host");
+    let reason = denial.reason.as_deref().unwrap_or("denied");
+    let text = format!("egress to {host} port 22 denied ({reason}): {text}");
+    let Some(conn) = flows.shared.accept(flow) else {
+        return;
+    };
+    let Ok((ours, theirs)) = UnixStream::pair() else {
+        conn.abort();
+        return;
+    };
+    // The other end answers nothing more: it sends end of stream at once and reads what
+    // the client says until the client ends or the linger is over.
+    let mut theirs = theirs;
+    tokio::spawn(async move {
+        let _ = theirs.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(SSH_LINGER, async {
+            while matches!(theirs.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    });
+    relay(conn, ours, super::ssh::disconnect(&text)).await;
+}
+
 /// `CONNECT target` on a new channel connection: the connection and any bytes that came
-/// after the success reply, or `None` (the denial recorded) when it was refused.
-async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
+/// after the success reply, or the refusal: the denial (recorded when the run records
+/// them), or `None` when the channel failed.
+async fn ask(
+    flows: &Flows,
+    target: &str,
+) -> Result<(UnixStream, Vec<u8>), Option<crate::report::Denial>> {
     let failed = |error: String| {
         flows.channel_errors.fetch_add(1, Ordering::Relaxed);
         flows.denials.channel_failed(
@@ -196,7 +245,7 @@ async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
         Ok(up) => up,
         Err(e) => {
             failed(e.to_string());
-            return None;
+            return Err(None);
         }
     };
     let request =
@@ -210,27 +259,28 @@ async fn ask(flows: &Flows, target: &str) -> Option<(UnixStream, Vec<u8>)> {
         Ok(Ok(a)) => a,
         Ok(Err(e)) if e.kind() == ErrorKind::UnexpectedEof => {
             failed("it closed the connection without an answer".to_owned());
-            return None;
+            return Err(None);
         }
         Ok(Err(e)) => {
             failed(e.to_string());
-            return None;
+            return Err(None);
         }
         Err(_) => {
             failed(format!("no answer within {} s", ANSWER_TIMEOUT.as_secs()));
-            return None;
+            return Err(None);
         }
     };
     if status_ok {
-        return Some((up, buf[head_len..].to_vec()));
+        return Ok((up, buf[head_len..].to_vec()));
     }
-    if flows.record
-        && let Sniff::Denied(mut d) = inspect_reply(&buf)
-    {
-        d.protocol = "connect";
-        flows.denials.push(d);
+    let Sniff::Denied(mut d) = inspect_reply(&buf) else {
+        return Err(None);
+    };
+    d.protocol = "connect";
+    if flows.record {
+        flows.denials.push(d.clone());
     }
-    None
+    Err(Some(d))
 }
 
 /// Read a CONNECT answer: whether it is a 2xx, the bytes read, and the head's length. A

@@ -17,6 +17,7 @@ mod dns;
 mod drops;
 mod flow;
 mod names;
+mod ssh;
 mod stack;
 
 use std::os::fd::OwnedFd;

@@ -29,6 +29,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         bytes_an_origin_sends_first_reach_the_client_every_time,
         a_name_outside_the_grant_is_nxdomain_at_once_and_reported,
         socket_mode_marks_the_connect_and_a_denial_resets_at_once,
+        a_denied_ssh_client_prints_the_operators_reason,
         a_channel_that_cannot_be_reached_is_said_and_listed,
         getent_shows_synthetic_addresses,
         a_burst_of_dns_queries_is_answered_in_full,
@@ -394,8 +395,14 @@ fn stand_in(dir: &Path, allowed: String, origin: u16) -> (PathBuf, Arc<Mutex<Vec
                 continue;
             }
             let (host, port) = target.rsplit_once(':').unwrap_or((&target, "0"));
+            // On port 22, the operator's reason too (design 18).
+            let message = if port == "22" {
+                format!(r#","message":"{SSH_REASON}""#)
+            } else {
+                String::new()
+            };
             let body = format!(
-                r#"{{"error":"egress_denied","authority":"agent","host":"{host}","port":{port},"reason":"not_in_allowlist","detail":"{host} is not in the allow list","hint":"add \"{host}:{port}\" to the allow list of authority \"agent\""}}"#
+                r#"{{"error":"egress_denied","authority":"agent","host":"{host}","port":{port},"reason":"not_in_allowlist","detail":"{host} is not in the allow list","hint":"add \"{host}:{port}\" to the allow list of authority \"agent\""{message}}}"#
             );
             let _ = write!(
                 c,
@@ -472,6 +479,59 @@ except ConnectionRefusedError:
         "\"connect\" 403 \"not_in_allowlist\" \"198.51.100.7\" 5432",
     )?;
     expect("refused", &report["capture"]["refused"].to_string(), "1")
+}
+
+/// The operator's reason the stand-in gives for port 22.
+const SSH_REASON: &str = "forges are reached through the mirror; use git.mirror.test";
+
+fn a_denied_ssh_client_prints_the_operators_reason() -> TestResult {
+    tun_usable()?;
+    if !Path::new("/usr/bin/ssh").exists() {
+        let why = "needs ssh: sudo apt-get install openssh-client";
+        return if std::env::var("CI").is_ok_and(|v| v == "true") {
+            Err(format!("CI=true, and this test cannot run: {why}"))
+        } else {
+            Err(format!("{IGNORED}{why}"))
+        };
+    }
+    let s = Scratch::new("cap-ssh");
+    let (socket, _) = stand_in(&s.0, "none.test:1".to_owned(), http_origin());
+    let out = Command::new(SHIM)
+        .arg("--mediator-socket")
+        .arg(&socket)
+        .args([
+            "--",
+            "/usr/bin/ssh",
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "ConnectTimeout=10",
+            "git@198.51.100.7",
+            "true",
+        ])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "Received disconnect from 198.51.100.7 port 22:1: egress to 198.51.100.7 port 22 denied (not_in_allowlist): {SSH_REASON}"
+    );
+    if !stderr.contains(&want) {
+        return Err(format!("ssh should print {want:?}; {}", all_output(&out)));
+    }
+    // And the live line says it too.
+    if !stderr.contains(&format!(
+        "mediator: denied 198.51.100.7:22 (not_in_allowlist): {SSH_REASON}"
+    )) {
+        return Err(format!("no live denial line with the reason: {stderr}"));
+    }
+    Ok(())
 }
 
 fn a_channel_that_cannot_be_reached_is_said_and_listed() -> TestResult {

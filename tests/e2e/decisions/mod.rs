@@ -5,6 +5,7 @@
 mod dns_pinning;
 mod grant_denials;
 mod limits;
+mod operator_reasons;
 
 use e2e::harness::Case;
 
@@ -14,6 +15,7 @@ pub(crate) fn cases() -> Vec<Case> {
         grant_denials::cases(),
         dns_pinning::cases(),
         limits::cases(),
+        operator_reasons::cases(),
     ]
     .concat()
 }

@@ -43,7 +43,7 @@ pub(crate) fn deny_response(
 ) -> Response<Body> {
     let denial = denial.public();
     let denial = denial.as_ref();
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "error": "egress_denied",
         "authority": authority,
         "host": label.host,
@@ -51,8 +51,11 @@ pub(crate) fn deny_response(
         "reason": denial.reason.as_str(),
         "detail": denial.detail,
         "hint": denial.hint,
-    })
-    .to_string();
+    });
+    if let Some(message) = &denial.message {
+        body["message"] = serde_json::Value::from(&**message);
+    }
+    let body = body.to_string();
     let status = StatusCode::from_u16(denial.http_status()).unwrap_or(StatusCode::FORBIDDEN);
     let length = body.len();
     let mut resp = Response::new(full(body));
