@@ -36,6 +36,18 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub(crate) profile: Option<PathBuf>,
 
+    /// Hand the caller's open descriptor N (one accepted connection, a socketpair end) to
+    /// the command under the same number (repeatable). Not a listening socket: that is
+    /// --listen-fd. Every other inherited descriptor is closed.
+    #[arg(long, value_name = "N")]
+    pub(crate) pass_fd: Vec<i32>,
+
+    /// Hand the caller's listening socket N to the command, placed at descriptor 3 (then
+    /// 4, ...) with LISTEN_FDS and LISTEN_PID set (sd_listen_fds(3)): the command may then
+    /// accept any number of inbound connections on it (repeatable).
+    #[arg(long, value_name = "N")]
+    pub(crate) listen_fd: Vec<i32>,
+
     /// No transparent capture: clients that ignore HTTP_PROXY have no network (in a
     /// profile: `capture = false`).
     #[arg(long, conflicts_with = "capture")]
@@ -314,6 +326,10 @@ pub struct Settings {
     pub(crate) hidden_env: Vec<String>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
+    /// `--pass-fd`, as given (checked at launch).
+    pub(crate) pass_fd: Vec<i32>,
+    /// `--listen-fd`, as given (checked at launch).
+    pub(crate) listen_fd: Vec<i32>,
 }
 
 impl Settings {
@@ -421,6 +437,8 @@ impl Settings {
             child_env,
             hidden_env,
             command: cli.command,
+            pass_fd: cli.pass_fd,
+            listen_fd: cli.listen_fd,
         })
     }
 }

@@ -83,7 +83,9 @@ fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
             .chain(CA_EXTRA_VARS)
             .any(|v| v.eq_ignore_ascii_case(name))
     };
-    PROXY_VARS.iter().any(|v| v.eq_ignore_ascii_case(name)) || (with_ca && ca())
+    PROXY_VARS.iter().any(|v| v.eq_ignore_ascii_case(name))
+        || crate::handover::LISTEN_VARS.contains(&name)
+        || (with_ca && ca())
 }
 
 /// The full environment for the command: `inherited` without the shim-owned variables,

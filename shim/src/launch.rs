@@ -35,6 +35,10 @@ use crate::violations::{Sink, Violations};
     reason = "one run: channel, backend, child, report, in order"
 )]
 pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
+    let handover =
+        crate::handover::Handover::check(&settings.pass_fd, &settings.listen_fd, |fd| {
+            backend.probe_fd(fd)
+        })?;
     let channel = Channel::resolve(&settings.channel)?;
     let deny_read = deny_read(settings)?;
     let trust = match &settings.ca_cert {
@@ -56,6 +60,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         None
     };
     let job = Job {
+        handover: &handover,
         command: &settings.command,
         allow_write: &settings.allow_write,
         deny_read: &deny_read,

@@ -19,6 +19,7 @@ mod embedded;
 mod env;
 mod error;
 mod feed;
+mod handover;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;

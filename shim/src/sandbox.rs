@@ -61,6 +61,9 @@ pub(crate) struct Job<'a> {
     /// (design section 18) and hand them here. Observation only: a backend that cannot
     /// observe a kind says so ([`Violations::unobservable`]) and runs all the same.
     pub(crate) violations: Option<Arc<Violations>>,
+    /// `--pass-fd` and `--listen-fd` (design section 18), checked: the only descriptors
+    /// beyond the standard streams the command gets.
+    pub(crate) handover: &'a crate::handover::Handover,
 }
 
 /// What capture asks of a backend: a TUN device as the sandbox's default route, its own
@@ -124,4 +127,8 @@ pub(crate) trait Backend {
     /// Any error that stops the sandbox from being built exactly as `job` asks, or the
     /// error of `serve`.
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome>;
+
+    /// What descriptor `fd` of this process is: `None` when it is not open, else whether
+    /// it is a listening socket (for `--pass-fd` and `--listen-fd`).
+    fn probe_fd(&self, fd: std::os::fd::RawFd) -> Option<bool>;
 }

@@ -81,6 +81,8 @@ struct InnerPlan {
     /// `--violations`/`--report`: the notification filter and the socket its listener
     /// goes back to the outer shim on.
     notify: Option<NotifyHalf>,
+    /// `--pass-fd` and `--listen-fd`: kept open into the command.
+    handover: crate::handover::Handover,
 }
 
 /// The Linux backend (see the module documentation).
@@ -92,6 +94,10 @@ impl Backend for Linux {
     /// removed before returning, and by a janitor process if the shim itself is killed.
     /// Errors that happen inside the sandbox after `clone` are printed there and yield
     /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
+    fn probe_fd(&self, fd: std::os::fd::RawFd) -> Option<bool> {
+        sys::probe_fd(fd)
+    }
+
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
         if job.capture.is_some() {
             sys::large_allocations_by_mmap();
@@ -192,14 +198,9 @@ fn run_planned(
         capture: job.capture,
         handoff: inner,
         notify: notify_inner,
+        handover: job.handover.clone(),
     });
-    let keep_fds: Vec<i32> = inner_plan
-        .iter()
-        .flat_map(|p| {
-            std::iter::once(p.handoff.as_raw_fd())
-                .chain(p.notify.as_ref().map(|(_, fd)| fd.as_raw_fd()))
-        })
-        .collect();
+    let keep_fds = kept_fds(inner_plan.as_ref());
     let flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -289,6 +290,18 @@ fn violation_channel(
     )
     .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
     Ok((Some(outer), Some((notify::program()?, inner))))
+}
+
+/// The descriptors init keeps: the handoff socket, the violation filter's, and those
+/// handed over to the command. Every other one is closed in init (and so in the command).
+fn kept_fds(plan: Option<&InnerPlan>) -> Vec<i32> {
+    plan.iter()
+        .flat_map(|p| {
+            std::iter::once(p.handoff.as_raw_fd())
+                .chain(p.notify.as_ref().map(|(_, fd)| fd.as_raw_fd()))
+                .chain(p.handover.kept())
+        })
+        .collect()
 }
 
 /// Starts the thread that serves the command's violation notifications, when asked.
@@ -544,7 +557,7 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             &plan.cwd,
             (plan.landlock, &plan.fs.writable_roots),
             &plan.filters,
-            notify.as_ref(),
+            (notify.as_ref(), &plan.handover),
             (&plan.program, &plan.args, &env),
         );
         eprintln!("shim: {e}");
@@ -589,13 +602,14 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
 }
 
 /// In the command's process: the last layers, then `execve`. Returns only on failure.
-/// `landlock` is whether to use it and the writable roots; `command` the program, its
-/// arguments and its environment.
+/// `landlock` is whether to use it and the writable roots; `fds` the violation filter's
+/// half and the descriptors handed over; `command` the program, its arguments and its
+/// environment.
 fn exec_command(
     cwd: &Path,
     (use_landlock, roots): (bool, &[PathBuf]),
     filters: &seccomp::Filters,
-    notify: Option<&NotifyHalf>,
+    (notify, handover): (Option<&NotifyHalf>, &crate::handover::Handover),
     (program, args, env): (&CString, &[CString], &[CString]),
 ) -> Result<std::convert::Infallible> {
     SigSet::empty()
@@ -621,6 +635,24 @@ fn exec_command(
     if let Some((prog, to_shim)) = notify {
         notify::install(prog, to_shim.as_fd());
     }
+    // After the listener went to the shim: the listening sockets may take its number.
+    sys::place_handover(&handover.pass, &handover.listen)
+        .map_err(|e| Error::sys("hand over --pass-fd/--listen-fd", e))?;
+    let mut with_listen = Vec::new();
+    let env = if handover.listen.is_empty() {
+        env
+    } else {
+        // sd_listen_fds(3): LISTEN_PID is this process, which execve keeps.
+        with_listen.extend_from_slice(env);
+        for kv in [
+            format!("LISTEN_FDS={}", handover.listen.len()),
+            format!("LISTEN_PID={}", nix::unistd::getpid()),
+        ] {
+            with_listen
+                .push(CString::new(kv).map_err(|_| Error::sys("LISTEN_FDS", Errno::EINVAL))?);
+        }
+        &with_listen
+    };
     filters.install()?;
     let e = nix::unistd::execvpe(program, args, env)
         .err()

@@ -545,3 +545,60 @@ pub(crate) fn seccomp_notif_sync_wake_up(listener: BorrowedFd<'_>) -> Result<(),
     };
     if rc < 0 { Err(Errno::last()) } else { Ok(()) }
 }
+
+/// What descriptor `fd` of this process is: `None` when it is not open, else whether it
+/// is a listening socket (`SO_ACCEPTCONN`).
+pub(crate) fn probe_fd(fd: RawFd) -> Option<bool> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; a closed number fails (EBADF).
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    let mut on: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `on`, which is that size; a
+    // descriptor that is not a socket fails (ENOTSOCK).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut on).cast(),
+            &raw mut len,
+        )
+    };
+    Some(rc == 0 && on != 0)
+}
+
+/// Places the handed descriptors in the command's process, just before `execve`: each
+/// `--pass-fd` stays under its number, without close-on-exec; the `--listen-fd` sockets
+/// move to 3, 4, ... (each first copied above that range, so that no move overwrites a
+/// socket still to be moved).
+pub(crate) fn place_handover(pass: &[RawFd], listen: &[RawFd]) -> Result<(), Errno> {
+    for fd in pass {
+        // SAFETY: clears FD_CLOEXEC on a descriptor this process holds.
+        unit_result(unsafe { libc::fcntl(*fd, libc::F_SETFD, 0) }.into())?;
+    }
+    let above = 3 + RawFd::try_from(listen.len()).map_err(|_| Errno::EMFILE)?;
+    let mut moved = Vec::with_capacity(listen.len());
+    for fd in listen {
+        // SAFETY: duplicates a descriptor this process holds to the lowest free number
+        // above the target range, close-on-exec.
+        let high = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above) };
+        if high < 0 {
+            return Err(Errno::last());
+        }
+        moved.push(high);
+    }
+    for (i, high) in moved.into_iter().enumerate() {
+        let target = 3 + RawFd::try_from(i).map_err(|_| Errno::EMFILE)?;
+        // SAFETY: dup2 makes `target` a copy of `high` (without close-on-exec), closing
+        // what `target` was; `high` is ours and closed right after.
+        let rc = unsafe { libc::dup2(high, target) };
+        // SAFETY: `high` is the duplicate made above, not used after this.
+        unsafe { libc::close(high) };
+        if rc < 0 {
+            return Err(Errno::last());
+        }
+    }
+    Ok(())
+}

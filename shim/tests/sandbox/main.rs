@@ -56,6 +56,7 @@ mod capture;
 mod credential;
 mod errors;
 mod fs;
+mod handover;
 mod lifecycle;
 mod net;
 mod privileges;
@@ -101,6 +102,7 @@ fn all() -> Vec<(&'static str, Test)> {
         capture::tests(),
         errors::tests(),
         violations::tests(),
+        handover::tests(),
     ]
     .concat()
 }
