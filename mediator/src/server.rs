@@ -475,6 +475,26 @@ impl Running {
         self.admin
     }
 
+    /// Makes `authority` live beside the others, as an authority of the configuration
+    /// (the embedded mediator's rebind, design section 18: a new authority, never an
+    /// edited grant). Must run inside the mediator's runtime.
+    ///
+    /// # Errors
+    /// [`Error::Control`] when an authority of that name is live, or its socket cannot
+    /// be created.
+    pub fn add_authority(&self, authority: policy::config::Authority) -> Result<(), Error> {
+        let name = authority.grant.name().to_owned();
+        self.control.add(authority).map(drop).map_err(|e| {
+            Error::Control(match e {
+                CreateError::Duplicate(n) => format!("authority \"{n}\" is live already"),
+                CreateError::Listen(e) => format!("authority \"{name}\": {e}"),
+                CreateError::Invalid(_) | CreateError::Unavailable(_) | CreateError::Store(_) => {
+                    format!("authority \"{name}\" cannot be added")
+                }
+            })
+        })
+    }
+
     /// The Unix socket path of `authority`, if it is live and has one.
     pub fn socket_path(&self, authority: &str) -> Option<PathBuf> {
         self.shared

@@ -48,6 +48,13 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     pub(crate) listen_fd: Vec<i32>,
 
+    /// Make a control socket at PATH (outside the sandbox, mode 0600, masked inside) on
+    /// which the host sends one JSON line per command: {"rebind": "NAME" or "/path.sock"}
+    /// moves the command's new connections to another authority's channel (embedded
+    /// mode: {"rebind": {"allow": [...]}} to a new grant); open ones finish on the old.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) control: Option<PathBuf>,
+
     /// No transparent capture: clients that ignore HTTP_PROXY have no network (in a
     /// profile: `capture = false`).
     #[arg(long, conflicts_with = "capture")]
@@ -330,6 +337,8 @@ pub struct Settings {
     pub(crate) pass_fd: Vec<i32>,
     /// `--listen-fd`, as given (checked at launch).
     pub(crate) listen_fd: Vec<i32>,
+    /// `--control PATH`: the rebind socket.
+    pub(crate) control: Option<PathBuf>,
 }
 
 impl Settings {
@@ -439,6 +448,7 @@ impl Settings {
             command: cli.command,
             pass_fd: cli.pass_fd,
             listen_fd: cli.listen_fd,
+            control: cli.control,
         })
     }
 }

@@ -27,6 +27,44 @@ pub(crate) fn config(
     allow_private: &[String],
     resolve: &[String],
 ) -> Result<(policy::config::Config, policy::Grant)> {
+    let bad_resolve: Vec<BadFlag> = resolve
+        .iter()
+        .filter_map(|v| resolve_entry(v).err())
+        .collect();
+    let built = authority(AUTHORITY, allow, deny, allow_private);
+    let (authority, names) = match (built, bad_resolve.is_empty()) {
+        (Ok(a), true) => a,
+        (Ok(_), false) => return Err(Error::Grant(bad_resolve)),
+        (Err(Error::Grant(mut problems)), _) => {
+            problems.extend(bad_resolve);
+            return Err(Error::Grant(problems));
+        }
+        (Err(e), _) => return Err(e),
+    };
+    // Every other section at its defaults.
+    let mut config =
+        policy::config::parse("", "embedded mode").map_err(|e| Error::Usage(e.to_string()))?;
+    for v in resolve {
+        if let Ok((name, addr)) = resolve_entry(v) {
+            config.resolver.hosts.entry(name).or_default().push(addr);
+        }
+    }
+    config.authorities.push(authority);
+    Ok((config, names))
+}
+
+/// One authority of the embedded mediator named `name`, with the grant of these flag
+/// values, and the same grant again for capture's stub resolver.
+///
+/// # Errors
+/// [`Error::Grant`] naming every flag value the policy rejects (`--allow '*.com': ...`);
+/// [`Error::Usage`] if the grant they make together is refused.
+fn authority(
+    name: &str,
+    allow: &[String],
+    deny: &[String],
+    allow_private: &[String],
+) -> Result<(policy::config::Authority, policy::Grant)> {
     let problems: Vec<BadFlag> = allow
         .iter()
         .filter_map(|v| check_flag("--allow", v, EntryKind::Allow))
@@ -39,13 +77,12 @@ pub(crate) fn config(
                 .iter()
                 .filter_map(|v| check_flag("--allow-private", v, EntryKind::AllowPrivate)),
         )
-        .chain(resolve.iter().filter_map(|v| resolve_entry(v).err()))
         .collect();
     if !problems.is_empty() {
         return Err(Error::Grant(problems));
     }
     let spec = policy::GrantSpec {
-        name: AUTHORITY.to_owned(),
+        name: name.to_owned(),
         allow: allow.to_vec(),
         deny: deny.iter().map(|d| d.as_str().into()).collect(),
         allow_private: allow_private.to_vec(),
@@ -58,25 +95,19 @@ pub(crate) fn config(
     // The same grant again, for the capture's stub resolver (a grant is never shared by
     // mutation, and this one is built from the same validated spec).
     let names = policy::Grant::new(&spec, &[]).map_err(|e| Error::Usage(e.to_string()))?;
-    // Every other section at its defaults.
-    let mut config =
-        policy::config::parse("", "embedded mode").map_err(|e| Error::Usage(e.to_string()))?;
-    for v in resolve {
-        if let Ok((name, addr)) = resolve_entry(v) {
-            config.resolver.hosts.entry(name).or_default().push(addr);
-        }
-    }
-    config.authorities.push(policy::config::Authority {
-        grant,
-        token_sha256: None,
-        socket_mode: 0o600,
-        socket_uid: None,
-        socket_gid: None,
-        watchdog: None,
-        limits: policy::config::AuthorityLimits::default(),
-        credentials: Vec::new(),
-    });
-    Ok((config, names))
+    Ok((
+        policy::config::Authority {
+            grant,
+            token_sha256: None,
+            socket_mode: 0o600,
+            socket_uid: None,
+            socket_gid: None,
+            watchdog: None,
+            limits: policy::config::AuthorityLimits::default(),
+            credentials: Vec::new(),
+        },
+        names,
+    ))
 }
 
 /// One `--resolve NAME=ADDR`: the canonical name and the address.
@@ -117,6 +148,8 @@ pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
     running: Arc<mediator::Running>,
     accept: tokio::task::JoinHandle<()>,
+    /// The authority new connections go to.
+    binding: Arc<crate::control::Binding>,
     /// Connections accepted from the sandbox.
     pub(crate) connections: Arc<AtomicU64>,
 }
@@ -137,6 +170,7 @@ impl Embedded {
         listener: std::net::TcpListener,
         decision_log: Option<&Path>,
         denials: Arc<Denials>,
+        binding: Arc<crate::control::Binding>,
     ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -186,10 +220,14 @@ impl Embedded {
                 .map_err(|e| Error::io("listener into the runtime", e))?;
             let running = Arc::clone(&running);
             let connections = Arc::clone(&connections);
+            let binding = Arc::clone(&binding);
             runtime.spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
                     connections.fetch_add(1, Ordering::Relaxed);
-                    running.serve_embedded(stream, AUTHORITY);
+                    // The authority as it is now: a rebind moves new connections only.
+                    if let crate::control::Bound::Embedded { authority, .. } = binding.current() {
+                        running.serve_embedded(stream, &authority);
+                    }
                 }
             })
         };
@@ -197,6 +235,7 @@ impl Embedded {
             runtime,
             running,
             accept,
+            binding,
             connections,
         })
     }
@@ -206,8 +245,49 @@ impl Embedded {
         crate::capture::Dial::Embedded {
             running: Arc::clone(&self.running),
             handle: self.runtime.handle().clone(),
-            authority: AUTHORITY,
+            binding: Arc::clone(&self.binding),
         }
+    }
+
+    /// The rebinder of `--control` (design section 18): `{"allow": [...], "deny": [...],
+    /// "allow_private": [...]}` becomes a new authority of this mediator (`rebind-1`,
+    /// `rebind-2`, ...) with that grant, checked as the flags are. The authorities of
+    /// earlier bindings stay live: their open connections finish on them.
+    pub(crate) fn rebinder(&self) -> crate::control::Rebinder {
+        let running = Arc::downgrade(&self.running);
+        let handle = self.runtime.handle().clone();
+        let mut count = 0u32;
+        Box::new(move |v| {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Grant {
+                #[serde(default)]
+                allow: Vec<String>,
+                #[serde(default)]
+                deny: Vec<String>,
+                #[serde(default)]
+                allow_private: Vec<String>,
+            }
+            let g: Grant = serde_json::from_value(v.clone()).map_err(|e| {
+                Error::Usage(format!(
+                    "embedded mode: rebind to a grant {{\"allow\": [...], \"deny\": [...], \"allow_private\": [...]}}: {e}"
+                ))
+            })?;
+            let name = format!("rebind-{}", count + 1);
+            let (authority, names) = authority(&name, &g.allow, &g.deny, &g.allow_private)?;
+            let running = running
+                .upgrade()
+                .ok_or_else(|| Error::Usage("the embedded mediator has stopped".into()))?;
+            let _in_mediator = handle.enter();
+            running
+                .add_authority(authority)
+                .map_err(|e| Error::Usage(format!("rebind: {e}")))?;
+            count += 1;
+            Ok(crate::control::Bound::Embedded {
+                authority: name.into(),
+                grant: Arc::new(names),
+            })
+        })
     }
 
     /// Stop (the sandbox is gone, so connections are closing) and flush the decision log.

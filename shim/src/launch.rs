@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::ca::TrustFiles;
 use crate::capture::{Addresses, Capture, Dial, Summary};
 use crate::cli::{CaptureMode, ChannelSpec, Settings};
+use crate::control::{Binding, Bound, ControlSocket, Rebinder};
 use crate::embedded::Embedded;
 use crate::error::{Error, Result};
 use crate::feed::Feed;
@@ -40,7 +41,15 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             backend.probe_fd(fd)
         })?;
     let channel = Channel::resolve(&settings.channel)?;
-    let deny_read = deny_read(settings)?;
+    // Bound before the sandbox is built, so that it is masked inside.
+    let mut control = settings
+        .control
+        .as_deref()
+        .map(ControlSocket::bind)
+        .transpose()?;
+    let mut deny_read = deny_read(settings)?;
+    deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
+    let binding = Arc::new(Binding::new(channel.first_binding()));
     let trust = match &settings.ca_cert {
         Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
         None => None,
@@ -86,9 +95,14 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
-        serving = Some(channel.serve(handoff, capture, &denials, admin)?);
+        let (served, rebinder) = channel.serve(handoff, capture, &denials, admin, &binding)?;
+        serving = Some(served);
+        if let Some(c) = &mut control {
+            c.serve(Arc::clone(&binding), rebinder)?;
+        }
         Ok(())
     })?;
+    drop(control);
     let (channel, connections, channel_errors, source, summary) = match serving {
         Some(s) => {
             let errors = s.capture_errors();
@@ -146,6 +160,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             source,
             tampering: &outcome.tampering,
             capture: &capture,
+            rebinds: &binding.rebinds().0,
             filesystem: &violations.as_ref().map_or_else(
                 || serde_json::json!({ "observed": false, "note": FILESYSTEM }),
                 |v| v.summary(),
@@ -192,6 +207,17 @@ enum Channel {
 }
 
 impl Channel {
+    /// Where new connections go until a rebind (`--control`).
+    fn first_binding(&self) -> Bound {
+        match self {
+            Self::Socket(p) => Bound::Socket(p.clone()),
+            Self::Embedded(_, _, grant) => Bound::Embedded {
+                authority: crate::embedded::AUTHORITY.into(),
+                grant: Arc::clone(grant),
+            },
+        }
+    }
+
     /// Check the socket, or build and validate the embedded grant.
     ///
     /// # Errors
@@ -227,7 +253,8 @@ impl Channel {
         capture: Option<CaptureJob>,
         denials: &Arc<Denials>,
         admin: Option<Admin>,
-    ) -> Result<Serving> {
+        binding: &Arc<Binding>,
+    ) -> Result<(Serving, Rebinder)> {
         let feed = match admin {
             Some(a) => Some(
                 Feed::start(a.endpoint, a.authority, a.since, Arc::clone(denials))
@@ -235,7 +262,7 @@ impl Channel {
             ),
             None => None,
         };
-        let (channel, dial, grant) = match self {
+        let (channel, dial, grant, rebinder) = match self {
             Self::Socket(socket) => {
                 let stats = Arc::new(RelayStats {
                     connections: AtomicU64::new(0),
@@ -243,24 +270,32 @@ impl Channel {
                     denials: Arc::clone(denials),
                     record: feed.is_none(),
                 });
-                let (sock, st) = (socket.clone(), Arc::clone(&stats));
+                let (b, st) = (Arc::clone(binding), Arc::clone(&stats));
                 let listener = handoff.listener;
                 std::thread::Builder::new()
                     .name("relay-accept".into())
-                    .spawn(move || relay::serve(listener, sock, st))
+                    .spawn(move || relay::serve(listener, b, st))
                     .map_err(|e| Error::io("start the relay", e))?;
-                let dial = Dial::Socket(socket.clone());
-                (Served::Relay(socket, stats), dial, None)
+                let dial = Dial::Socket(Arc::clone(binding));
+                let rebinder = crate::control::socket_rebinder(&socket);
+                (Served::Relay(socket, stats), dial, None, rebinder)
             }
-            Self::Embedded(config, log, grant) => {
+            Self::Embedded(config, log, _) => {
                 let e = Embedded::start(
                     *config,
                     handoff.listener,
                     log.as_deref(),
                     Arc::clone(denials),
+                    Arc::clone(binding),
                 )?;
                 let dial = e.dial();
-                (Served::Embedded(e), dial, Some(grant))
+                let rebinder = e.rebinder();
+                (
+                    Served::Embedded(e),
+                    dial,
+                    Some(Arc::clone(binding)),
+                    rebinder,
+                )
             }
         };
         let capture = match (handoff.capture, capture) {
@@ -285,11 +320,14 @@ impl Channel {
             }
             _ => CaptureRun::Done(Summary::without("off", None)),
         };
-        Ok(Serving {
-            channel,
-            capture,
-            feed,
-        })
+        Ok((
+            Serving {
+                channel,
+                capture,
+                feed,
+            },
+            rebinder,
+        ))
     }
 }
 

@@ -15,6 +15,7 @@
 mod ca;
 mod capture;
 mod cli;
+mod control;
 mod embedded;
 mod env;
 mod error;

@@ -9,10 +9,10 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::control::{Binding, Bound};
 use crate::report::{ChannelFailure, Denial, Denials};
 
 /// What the relay counted during the run.
@@ -30,11 +30,14 @@ pub(crate) struct RelayStats {
 }
 
 /// Accept forever, one pair of threads per connection.
-pub(crate) fn serve(listener: TcpListener, socket: PathBuf, stats: Arc<RelayStats>) {
+pub(crate) fn serve(listener: TcpListener, binding: Arc<Binding>, stats: Arc<RelayStats>) {
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         stats.connections.fetch_add(1, Ordering::Relaxed);
-        let socket = socket.clone();
+        // The channel as it is now: a rebind moves new connections only.
+        let Bound::Socket(socket) = binding.current() else {
+            continue;
+        };
         let stats = Arc::clone(&stats);
         let _ = std::thread::Builder::new()
             .name("relay".into())

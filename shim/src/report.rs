@@ -275,6 +275,9 @@ pub(crate) struct Report<'a> {
     pub(crate) tampering: &'a [Tampering],
     /// Transparent capture: its state, connections, and what it dropped.
     pub(crate) capture: &'a serde_json::Value,
+    /// `--control` rebinds, in order (design section 18): when, from which channel, to
+    /// which.
+    pub(crate) rebinds: &'a [crate::control::Rebind],
     /// The command's refused filesystem operations (design section 18): counts by
     /// operation and rule, the first distinct paths, and what could not be observed.
     pub(crate) filesystem: &'a serde_json::Value,
@@ -333,6 +336,7 @@ mod tests {
             source: "test",
             tampering: &tampering,
             capture: &serde_json::json!({"state": "off"}),
+            rebinds: &[],
             filesystem: &serde_json::json!({ "observed": false, "note": FILESYSTEM }),
         };
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));

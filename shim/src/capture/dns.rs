@@ -19,6 +19,7 @@ use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 
 use super::addrs::Addresses;
 use super::names::Names;
+use crate::control::Binding;
 use crate::report::{Denial, Denials};
 
 /// TTL of a synthetic answer, in seconds: the mapping holds for the whole run.
@@ -32,18 +33,20 @@ const MAX_RECORDED: usize = 4096;
 pub(crate) struct Stub {
     addrs: Addresses,
     names: Arc<Names>,
-    /// Embedded mode: the grant names are checked against.
-    grant: Option<Arc<policy::Grant>>,
+    /// Embedded mode: the binding whose grant names are checked against (a rebind
+    /// changes it for the next query).
+    grant: Option<Arc<Binding>>,
     denials: Arc<Denials>,
     recorded: Mutex<HashSet<String>>,
 }
 
 impl Stub {
-    /// A stub answering from `names`; with `grant`, names outside it get NXDOMAIN.
+    /// A stub answering from `names`; with `grant`, names outside the grant it is bound
+    /// to get NXDOMAIN.
     pub(crate) fn new(
         addrs: Addresses,
         names: Arc<Names>,
-        grant: Option<Arc<policy::Grant>>,
+        grant: Option<Arc<Binding>>,
         denials: Arc<Denials>,
     ) -> Self {
         Self {
@@ -109,7 +112,7 @@ impl Stub {
             resp.add_answer(Record::from_rdata(q.name.clone(), TTL, rdata));
             return ResponseCode::NoError;
         }
-        if let Some(grant) = &self.grant {
+        if let Some(grant) = self.grant.as_ref().and_then(|b| b.grant()) {
             // Any port: the mediator decides the port when the connection comes.
             let target = policy::Target { host, port: 443 };
             let d = grant.decide(&target);
@@ -159,6 +162,7 @@ mod tests {
     use hickory_proto::rr::Name;
 
     use super::*;
+    use crate::control::Bound;
 
     fn query(name: &str, qtype: RecordType) -> Vec<u8> {
         let mut m = Message::query();
@@ -180,7 +184,10 @@ mod tests {
                 advice: policy::Advice::ShimFlags,
                 ..policy::GrantSpec::default()
             };
-            Arc::new(policy::Grant::new(&spec, &[]).unwrap())
+            Arc::new(Binding::new(Bound::Embedded {
+                authority: "shim".into(),
+                grant: Arc::new(policy::Grant::new(&spec, &[]).unwrap()),
+            }))
         });
         let denials = Arc::new(Denials::default());
         let s = Stub::new(

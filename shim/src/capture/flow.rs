@@ -12,7 +12,6 @@
 use std::future::poll_fn;
 use std::io::ErrorKind;
 use std::net::{IpAddr, Shutdown};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -27,6 +26,7 @@ use super::dns::Stub;
 use super::drops::{Drops, Kind};
 use super::names::Names;
 use super::stack::{Conn, NewFlow, Shared};
+use crate::control::{Binding, Bound};
 use crate::relay::{Sniff, inspect_reply};
 use crate::report::{ChannelFailure, Denials};
 
@@ -38,18 +38,19 @@ const MAX_ANSWER: usize = 16 * 1024;
 /// The DNS-over-TCP stub's idle limit.
 const DNS_IDLE: Duration = Duration::from_secs(10);
 
-/// How a captured connection reaches its authority's channel.
+/// How a captured connection reaches its authority's channel: the one the binding names
+/// when the connection is made (a rebind moves new connections only).
 pub(crate) enum Dial {
     /// A running mediator's per-authority Unix socket.
-    Socket(PathBuf),
+    Socket(Arc<Binding>),
     /// The embedded mediator, which marks the connection itself.
     Embedded {
         /// The mediator.
         running: Arc<mediator::Running>,
         /// Its runtime (its connections run there).
         handle: tokio::runtime::Handle,
-        /// The one authority it serves.
-        authority: &'static str,
+        /// Its authority new connections go to.
+        binding: Arc<Binding>,
     },
 }
 
@@ -57,31 +58,38 @@ impl Dial {
     /// The channel as the user named it: the socket's path, or `embedded`.
     fn name(&self) -> String {
         match self {
-            Self::Socket(path) => path.display().to_string(),
+            Self::Socket(binding) => binding.current().name(),
             Self::Embedded { .. } => "embedded".to_owned(),
         }
     }
 
     async fn open(&self) -> std::io::Result<UnixStream> {
-        match self {
-            Self::Socket(path) => UnixStream::connect(path).await,
-            Self::Embedded {
-                running,
-                handle,
-                authority,
-            } => {
+        let binding = match self {
+            Self::Socket(b) | Self::Embedded { binding: b, .. } => b,
+        };
+        match (self, binding.current()) {
+            (Self::Socket(_), Bound::Socket(path)) => UnixStream::connect(path).await,
+            (
+                Self::Embedded {
+                    running, handle, ..
+                },
+                Bound::Embedded { authority, .. },
+            ) => {
                 let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
                 ours.set_nonblocking(true)?;
                 theirs.set_nonblocking(true)?;
                 {
                     let _in_mediator = handle.enter();
                     let theirs = UnixStream::from_std(theirs)?;
-                    if !running.serve_captured(theirs, authority) {
+                    if !running.serve_captured(theirs, &authority) {
                         return Err(std::io::Error::other("the embedded authority is gone"));
                     }
                 }
                 UnixStream::from_std(ours)
             }
+            _ => Err(std::io::Error::other(
+                "the channel is bound to another kind of channel than this run serves",
+            )),
         }
     }
 }

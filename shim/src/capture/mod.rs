@@ -75,7 +75,7 @@ impl Summary {
 impl Capture {
     /// Serve the sandbox's TUN device `tun` with `addrs`, carrying connections through
     /// `dial`. `grant` (embedded mode) makes the stub answer NXDOMAIN for names outside
-    /// it; `record` makes the flows record the mediator's denials they see (socket mode).
+    /// the grant it is bound to; `record` makes the flows record the mediator's denials they see (socket mode).
     ///
     /// # Errors
     /// [`Error::Io`] if the thread or its runtime cannot start.
@@ -83,7 +83,7 @@ impl Capture {
         tun: OwnedFd,
         addrs: Addresses,
         dial: Dial,
-        grant: Option<Arc<policy::Grant>>,
+        grant: Option<Arc<crate::control::Binding>>,
         denials: Arc<Denials>,
         record: bool,
     ) -> Result<Self> {

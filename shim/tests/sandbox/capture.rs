@@ -63,7 +63,7 @@ fn tun_usable() -> TestResult {
 }
 
 /// An HTTP origin on 127.0.0.1 answering every request with `hi`.
-fn http_origin() -> u16 {
+pub(crate) fn http_origin() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -363,7 +363,11 @@ except socket.gaierror as e:
 /// A stand-in for a mediator's authority socket: answers each CONNECT (recording its
 /// head) with a 200 and a relay to `origin` when the target is `allowed`, else with the
 /// mediator's 403 JSON.
-fn stand_in(dir: &Path, allowed: String, origin: u16) -> (PathBuf, Arc<Mutex<Vec<String>>>) {
+pub(crate) fn stand_in(
+    dir: &Path,
+    allowed: String,
+    origin: u16,
+) -> (PathBuf, Arc<Mutex<Vec<String>>>) {
     std::fs::create_dir_all(dir.join("sockets")).unwrap();
     let path = dir.join("sockets/agent.sock");
     let l = UnixListener::bind(&path).unwrap();

@@ -69,10 +69,20 @@ fn a_passed_connection_is_served_and_nothing_else_is_held_or_reached() -> TestRe
     let port = listener.local_addr().unwrap().port();
     let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let (accepted, _) = listener.accept().unwrap();
+    // A port free on the host: the command listens on it inside its namespace, and the
+    // host cannot reach that listener.
+    let inner_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let script = format!(
         r#"
 import os, socket
 s = socket.socket(fileno=5)
+inner = socket.socket()
+inner.bind(("127.0.0.1", {inner_port}))
+inner.listen()
 s.sendall(b"hello from the sandbox\n")
 got = s.makefile("rb").readline()
 s.sendall(b"got " + got)
@@ -98,6 +108,12 @@ print("LISTEN_FDS", os.environ.get("LISTEN_FDS"))
     let mut line = String::new();
     reader.read_line(&mut line).map_err(|e| e.to_string())?;
     expect("greeting", &line, "hello from the sandbox\n")?;
+    // The command listens now; no connection from outside its namespace reaches it.
+    if let Ok(c) = TcpStream::connect(("127.0.0.1", inner_port)) {
+        return Err(format!(
+            "the host reached a listener inside the sandbox: {c:?}"
+        ));
+    }
     (&client).write_all(b"ping\n").map_err(|e| e.to_string())?;
     line.clear();
     reader.read_line(&mut line).map_err(|e| e.to_string())?;

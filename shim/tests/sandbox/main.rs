@@ -53,6 +53,7 @@ macro_rules! cases {
 
 mod ca;
 mod capture;
+mod control;
 mod credential;
 mod errors;
 mod fs;
@@ -103,6 +104,7 @@ fn all() -> Vec<(&'static str, Test)> {
         errors::tests(),
         violations::tests(),
         handover::tests(),
+        control::tests(),
     ]
     .concat()
 }

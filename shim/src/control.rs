@@ -1,0 +1,324 @@
+//! Rebinding, never editing (design section 18): `--control PATH` makes a Unix socket
+//! outside the sandbox (mode 0600, the caller's; masked inside) on which the host sends
+//! one JSON line per command, `{"rebind": "<authority socket path or name>"}` (socket
+//! mode) or `{"rebind": {"allow": [...], "deny": [...], "allow_private": [...]}}`
+//! (embedded mode: a new in-process authority with that grant). New connections of the
+//! command then go to that channel; open ones finish on the one they were opened on. A
+//! grant is never changed: widening or narrowing mid-run is moving the command to
+//! another immutable grant. Each rebind is answered with one JSON line and listed in the
+//! report (`rebinds: [{ts, from, to}]`).
+//!
+//! [`Binding`] is the one place new connections read their channel from: the relay, the
+//! embedded listener, capture's dial and capture's stub resolver (its grant, in embedded
+//! mode).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Longest command line read from the control socket.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// Most rebinds a run keeps for its report (later ones are still made, and counted).
+const MAX_REBINDS: usize = 1_000;
+
+/// Where new connections of the command go.
+#[derive(Debug, Clone)]
+pub(crate) enum Bound {
+    /// A running mediator's per-authority Unix socket.
+    Socket(PathBuf),
+    /// An authority of the embedded mediator, and its grant (for the stub resolver).
+    Embedded {
+        /// The authority's name in the embedded mediator.
+        authority: Arc<str>,
+        /// Its grant, for the names capture's stub resolver answers.
+        grant: Arc<policy::Grant>,
+    },
+}
+
+impl Bound {
+    /// The channel as the report names it: the socket's path, or `embedded:<authority>`.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Socket(p) => p.display().to_string(),
+            Self::Embedded { authority, .. } => format!("embedded:{authority}"),
+        }
+    }
+}
+
+/// One rebind, as the report lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Rebind {
+    /// When (RFC 3339, UTC).
+    pub(crate) ts: String,
+    /// The channel new connections took before.
+    pub(crate) from: String,
+    /// The channel they take since.
+    pub(crate) to: String,
+}
+
+/// The channel new connections take, swapped by a rebind.
+#[derive(Debug)]
+pub(crate) struct Binding {
+    current: RwLock<Bound>,
+    rebinds: Mutex<(Vec<Rebind>, u64)>,
+}
+
+impl Binding {
+    /// Bound to `first`.
+    pub(crate) fn new(first: Bound) -> Self {
+        Self {
+            current: RwLock::new(first),
+            rebinds: Mutex::new((Vec::new(), 0)),
+        }
+    }
+
+    /// Where a new connection goes now.
+    pub(crate) fn current(&self) -> Bound {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Embedded mode: the grant names are answered from now (`None` in socket mode).
+    pub(crate) fn grant(&self) -> Option<Arc<policy::Grant>> {
+        match &*self.current.read().unwrap_or_else(PoisonError::into_inner) {
+            Bound::Socket(_) => None,
+            Bound::Embedded { grant, .. } => Some(Arc::clone(grant)),
+        }
+    }
+
+    /// Moves new connections to `to`; returns the rebind as the report lists it.
+    pub(crate) fn rebind(&self, to: Bound) -> Rebind {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        let r = Rebind {
+            ts: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            from: current.name(),
+            to: to.name(),
+        };
+        *current = to;
+        drop(current);
+        let mut list = self.rebinds.lock().unwrap_or_else(PoisonError::into_inner);
+        if list.0.len() < MAX_REBINDS {
+            list.0.push(r.clone());
+        } else {
+            list.1 += 1;
+        }
+        r
+    }
+
+    /// The run's rebinds, in order, and how many were made beyond those kept.
+    pub(crate) fn rebinds(&self) -> (Vec<Rebind>, u64) {
+        self.rebinds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Turns the value of a `rebind` command into the channel it names (checked), or says
+/// why it cannot.
+pub(crate) type Rebinder = Box<dyn FnMut(&serde_json::Value) -> Result<Bound> + Send>;
+
+/// The control socket, bound before the sandbox is built (so that it can be masked in
+/// it), served once the channel runs; its file is removed when it is dropped.
+#[derive(Debug)]
+pub(crate) struct ControlSocket {
+    path: PathBuf,
+    listener: Option<UnixListener>,
+}
+
+impl ControlSocket {
+    /// Binds `path` (absolute; nothing may exist there) with mode 0600.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a relative path or one that exists; [`Error::Io`] when it
+    /// cannot be bound.
+    pub(crate) fn bind(path: &Path) -> Result<Self> {
+        if !path.is_absolute() {
+            return Err(Error::Usage(format!(
+                "--control {}: give an absolute path (it is masked inside the sandbox by that name)",
+                path.display()
+            )));
+        }
+        if std::fs::symlink_metadata(path).is_ok() {
+            return Err(Error::Usage(format!(
+                "--control {}: something exists there already; the shim makes the socket itself and removes it at exit",
+                path.display()
+            )));
+        }
+        let listener = UnixListener::bind(path)
+            .map_err(|e| Error::io(format!("bind --control {}", path.display()), e))?;
+        let me = Self {
+            path: path.to_owned(),
+            listener: Some(listener),
+        };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod 0600 --control {}", path.display()), e))?;
+        Ok(me)
+    }
+
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves commands on a thread of its own until the shim exits.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the thread cannot start.
+    pub(crate) fn serve(&mut self, binding: Arc<Binding>, rebinder: Rebinder) -> Result<()> {
+        let Some(listener) = self.listener.take() else {
+            return Ok(());
+        };
+        let mut rebinder = rebinder;
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                // One client at a time: only the caller (mode 0600) can connect.
+                for conn in listener.incoming() {
+                    let Ok(conn) = conn else { continue };
+                    serve_one(conn, &binding, &mut rebinder);
+                }
+            })
+            .map(drop)
+            .map_err(|e| Error::io("start the control thread", e))
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Answers each line of one client with one JSON line.
+fn serve_one(conn: UnixStream, binding: &Binding, rebinder: &mut Rebinder) {
+    let Ok(mut out) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut line = Vec::new();
+        match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") && line.len() as u64 >= MAX_LINE {
+            let _ = writeln!(
+                out,
+                "{}",
+                error(&format!("a command line is at most {MAX_LINE} bytes"))
+            );
+            return;
+        }
+        let answer = match command(&line, binding, rebinder) {
+            Ok(r) => {
+                eprintln!(
+                    "shim: rebound: new connections go to {} (was {})",
+                    r.to, r.from
+                );
+                serde_json::json!({"ok": true, "rebind": r})
+            }
+            Err(e) => error(&e.to_string()),
+        };
+        if writeln!(out, "{answer}").is_err() {
+            return;
+        }
+    }
+}
+
+fn error(why: &str) -> serde_json::Value {
+    serde_json::json!({"ok": false, "error": why})
+}
+
+/// One command: `{"rebind": VALUE}` and nothing else.
+fn command(line: &[u8], binding: &Binding, rebinder: &mut Rebinder) -> Result<Rebind> {
+    let v: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| Error::Usage(format!("not a JSON line: {e}")))?;
+    let Some(obj) = v.as_object().filter(|o| o.len() == 1) else {
+        return Err(Error::Usage(
+            "a command is one JSON object with one key: {\"rebind\": ...}".into(),
+        ));
+    };
+    let Some(target) = obj.get("rebind") else {
+        return Err(Error::Usage(format!(
+            "unknown command {:?}; the one command is \"rebind\"",
+            obj.keys().next().map_or("", String::as_str)
+        )));
+    };
+    let to = rebinder(target)?;
+    Ok(binding.rebind(to))
+}
+
+/// Socket mode's rebinder: `"NAME"` is `<directory of the first socket>/NAME.sock`, an
+/// absolute path names a socket itself; either must be a live socket.
+pub(crate) fn socket_rebinder(first: &Path) -> Rebinder {
+    let dir = first.parent().map(Path::to_owned).unwrap_or_default();
+    Box::new(move |v| {
+        let Some(s) = v.as_str() else {
+            return Err(Error::Usage(
+                "socket mode: rebind to an authority's name or its socket's absolute path (a string)".into(),
+            ));
+        };
+        let path = if s.starts_with('/') {
+            PathBuf::from(s)
+        } else {
+            policy::check_authority_name(s)
+                .map_err(|e| Error::Usage(format!("rebind {s:?}: {e}")))?;
+            dir.join(format!("{s}.sock"))
+        };
+        match std::fs::metadata(&path) {
+            Ok(m) if m.file_type().is_socket() => Ok(Bound::Socket(path)),
+            Ok(_) => Err(Error::Usage(format!(
+                "rebind: {} is not a Unix socket",
+                path.display()
+            ))),
+            Err(e) => Err(Error::Usage(format!(
+                "rebind: {}: {e} (is the authority live in the mediator?)",
+                path.display()
+            ))),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rebind_is_listed_and_new_connections_take_it() {
+        let b = Binding::new(Bound::Socket("/run/m/a.sock".into()));
+        let r = b.rebind(Bound::Socket("/run/m/b.sock".into()));
+        assert_eq!(
+            (r.from.as_str(), r.to.as_str()),
+            ("/run/m/a.sock", "/run/m/b.sock")
+        );
+        assert!(matches!(b.current(), Bound::Socket(p) if p == Path::new("/run/m/b.sock")));
+        assert_eq!(b.rebinds().0, [r]);
+    }
+
+    #[test]
+    fn commands_are_checked() {
+        let b = Binding::new(Bound::Socket("/nonexistent/a.sock".into()));
+        let mut r = socket_rebinder(Path::new("/nonexistent/a.sock"));
+        let e =
+            |line: &str, r: &mut Rebinder| command(line.as_bytes(), &b, r).unwrap_err().to_string();
+        assert!(e("nope", &mut r).contains("not a JSON line"));
+        assert!(e(r#"{"edit": {}}"#, &mut r).contains("unknown command"));
+        assert!(e(r#"{"rebind": "b", "x": 1}"#, &mut r).contains("one key"));
+        assert!(e(r#"{"rebind": "../b"}"#, &mut r).contains("rebind \"../b\""));
+        assert!(e(r#"{"rebind": "b"}"#, &mut r).contains("/nonexistent/b.sock"));
+        assert!(e(r#"{"rebind": 5}"#, &mut r).contains("a string"));
+        assert!(b.rebinds().0.is_empty(), "nothing was rebound");
+    }
+}

@@ -1,0 +1,199 @@
+//! Rebinding, never editing (design section 18): `--control PATH` is a 0600 socket of the
+//! caller's, masked inside the sandbox; `{"rebind": ...}` moves the command's new
+//! connections to another authority's channel (socket mode) or to a new in-process
+//! authority with the grant given (embedded mode), a bad command changes nothing, and
+//! the report lists each rebind.
+//!
+//! Network rule: the stand-in mediators and the origin are on the host's 127.0.0.1; the
+//! command reaches them only through the shim's proxy listener inside its namespace.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use crate::capture::{http_origin, stand_in};
+use crate::support::{SHIM, Scratch, expect, read_json};
+use crate::{Test, TestResult};
+
+pub(crate) fn tests() -> Vec<(&'static str, Test)> {
+    cases![
+        socket_mode_rebinds_new_connections_to_another_authority,
+        embedded_mode_rebinds_to_a_new_grant,
+    ]
+}
+
+/// One command line on the control socket, and its answer.
+fn send(control: &Path, line: &str) -> Result<serde_json::Value, String> {
+    let mut c = UnixStream::connect(control).map_err(|e| format!("control socket: {e}"))?;
+    writeln!(c, "{line}").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(c)
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&answer).map_err(|e| format!("{answer:?}: {e}"))
+}
+
+/// The shim with `flags`, running `script` (sh) whose fd 5 reads what the test writes
+/// on the returned pipe: the script waits on it while the test rebinds.
+fn shim_waiting(flags: &[&str], script: &str) -> (Child, std::io::PipeWriter) {
+    let (r, w) = std::io::pipe().unwrap();
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec 5<&0 0</dev/null; shift; exec "$@""#)
+        .arg("sh")
+        .arg("-")
+        .arg(SHIM)
+        .args(flags)
+        .args(["--pass-fd", "5", "--", "sh", "-c", script])
+        .stdin(Stdio::from(r))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, w)
+}
+
+/// The script: one request before the rebind, one after; each prints curl's CONNECT
+/// status and the body (`hi` from the origin). It also says whether it sees `control`.
+fn script(port: u16, control: &Path) -> String {
+    format!(
+        r#"test -S {c} && echo control visible || echo control hidden
+curl -s -p -o /dev/null -w '%{{http_connect}}\n' -m 10 http://origin.test:{port}/
+read go <&5
+curl -s -p -w '\n%{{http_connect}}\n' -m 10 http://origin.test:{port}/"#,
+        c = control.display()
+    )
+}
+
+fn first_lines(child: &mut Child, n: usize) -> Result<Vec<String>, String> {
+    let out = child.stdout.as_mut().ok_or("no stdout")?;
+    let mut r = BufReader::new(out);
+    let mut lines = Vec::new();
+    for _ in 0..n {
+        let mut l = String::new();
+        r.read_line(&mut l).map_err(|e| e.to_string())?;
+        lines.push(l.trim_end().to_owned());
+    }
+    Ok(lines)
+}
+
+fn socket_mode_rebinds_new_connections_to_another_authority() -> TestResult {
+    let s = Scratch::new("control-sock");
+    let port = http_origin();
+    // `narrow` allows nothing useful; `wide` allows the origin.
+    let (narrow, _) = stand_in(&s.path("narrow"), "none.test:1".to_owned(), port);
+    let (wide, heads) = stand_in(&s.path("wide"), format!("origin.test:{port}"), port);
+    let control = s.path("control.sock");
+    let report = s.path("report.json");
+    let (mut child, mut go) = shim_waiting(
+        &[
+            "--no-capture",
+            "--mediator-socket",
+            narrow.to_str().unwrap(),
+            "--control",
+            control.to_str().unwrap(),
+            "--report-file",
+            report.to_str().unwrap(),
+        ],
+        &script(port, &control),
+    );
+    let before = first_lines(&mut child, 2)?;
+    expect("before", &before.join(" "), "control hidden 403")?;
+    let mode = std::fs::metadata(&control)
+        .map_err(|e| e.to_string())?
+        .permissions()
+        .mode();
+    expect("control mode", &format!("{:o}", mode & 0o777), "600")?;
+    // A bad command changes nothing.
+    for bad in [
+        r#"{"rebind": "no-such-authority"}"#,
+        r#"{"edit": {"allow": ["*"]}}"#,
+        "not json",
+    ] {
+        let a = send(&control, bad)?;
+        if a["ok"] != false || a["error"].as_str().is_none_or(str::is_empty) {
+            return Err(format!("{bad}: {a}"));
+        }
+    }
+    let a = send(
+        &control,
+        &format!(r#"{{"rebind": {:?}}}"#, wide.to_str().unwrap()),
+    )?;
+    if a["ok"] != true {
+        return Err(format!("rebind refused: {a}"));
+    }
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    expect("after", &String::from_utf8_lossy(&out.stdout), "hi\n200\n")?;
+    if !heads
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|h| h.starts_with("CONNECT origin.test"))
+    {
+        return Err("the wide authority never saw the request".into());
+    }
+    let r = read_json(&report)?;
+    let rebinds = r["rebinds"].as_array().cloned().unwrap_or_default();
+    if rebinds.len() != 1
+        || rebinds[0]["from"] != narrow.to_str().unwrap()
+        || rebinds[0]["to"] != wide.to_str().unwrap()
+        || rebinds[0]["ts"].as_str().is_none()
+    {
+        return Err(format!("report rebinds: {}", r["rebinds"]));
+    }
+    if control.exists() {
+        return Err("the control socket outlived the run".into());
+    }
+    Ok(())
+}
+
+fn embedded_mode_rebinds_to_a_new_grant() -> TestResult {
+    let s = Scratch::new("control-emb");
+    let port = http_origin();
+    let control = s.path("control.sock");
+    let report = s.path("report.json");
+    let resolve = "origin.test=127.0.0.1".to_owned();
+    let (mut child, mut go) = shim_waiting(
+        &[
+            "--no-capture",
+            "--allow",
+            "none.test",
+            "--allow-private",
+            "127.0.0.1",
+            "--resolve",
+            &resolve,
+            "--control",
+            control.to_str().unwrap(),
+            "--report-file",
+            report.to_str().unwrap(),
+        ],
+        &script(port, &control),
+    );
+    let before = first_lines(&mut child, 2)?;
+    expect("before", &before.join(" "), "control hidden 403")?;
+    let a = send(&control, r#"{"rebind": {"allow": ["*.com"]}}"#)?;
+    if a["ok"] != false || !a["error"].as_str().unwrap_or("").contains("*.com") {
+        return Err(format!("a bad grant must be refused naming it: {a}"));
+    }
+    let a = send(
+        &control,
+        &format!(
+            r#"{{"rebind": {{"allow": ["origin.test:{port}"], "allow_private": ["127.0.0.1"]}}}}"#
+        ),
+    )?;
+    if a["ok"] != true {
+        return Err(format!("rebind refused: {a}"));
+    }
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    expect("after", &String::from_utf8_lossy(&out.stdout), "hi\n200\n")?;
+    let r = read_json(&report)?;
+    expect(
+        "rebinds",
+        &format!("{} -> {}", r["rebinds"][0]["from"], r["rebinds"][0]["to"]),
+        "\"embedded:shim\" -> \"embedded:rebind-1\"",
+    )
+}
