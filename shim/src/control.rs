@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 /// Longest command line read from the control socket.
 const MAX_LINE: u64 = 64 * 1024;
 
+/// How long a control client may stay silent before it is disconnected.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Most rebinds a run keeps for its report (later ones are still made, and counted).
 const MAX_REBINDS: usize = 1_000;
 
@@ -203,6 +206,8 @@ impl Drop for ControlSocket {
 
 /// Answers each line of one client with one JSON line.
 fn serve_one(conn: UnixStream, binding: &Binding, rebinder: &mut Rebinder) {
+    // One client at a time: an idle one gives way to the next after this long.
+    let _ = conn.set_read_timeout(Some(IDLE));
     let Ok(mut out) = conn.try_clone() else {
         return;
     };
@@ -231,7 +236,8 @@ fn serve_one(conn: UnixStream, binding: &Binding, rebinder: &mut Rebinder) {
             }
             Err(e) => error(&e.to_string()),
         };
-        if writeln!(out, "{answer}").is_err() {
+        // One write per answer: a client reading once gets the whole line.
+        if out.write_all(format!("{answer}\n").as_bytes()).is_err() {
             return;
         }
     }

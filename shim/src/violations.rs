@@ -428,12 +428,19 @@ impl Violations {
             rule,
             hint: walls.hint(rule, path),
         };
+        // A watched path of the mandatory deny set takes the write; it is moved aside
+        // when the run ends (the quarantine), which is how it is denied.
+        let outcome = if rule == FsRule::MandatoryDeny && walls.watched(path) {
+            "denied: moved aside at exit"
+        } else {
+            "refused"
+        };
         drop(walls);
         self.write(&record);
         let first = self.count(&record);
         if self.live && first {
             eprintln!(
-                "shim: filesystem: {} {} refused ({}): {}",
+                "shim: filesystem: {} {} {outcome} ({}): {}",
                 record.op.as_str(),
                 record.path.display(),
                 rule.as_str(),
