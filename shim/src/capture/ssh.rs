@@ -2,7 +2,7 @@
 //! 18): the server's identification line (RFC 4253 section 4.2) and one unencrypted
 //! binary packet (section 6) holding `SSH_MSG_DISCONNECT` (section 11.1) with reason
 //! code 1, `SSH_DISCONNECT_HOST_NOT_ALLOWED_TO_CONNECT`, and the denial's text. OpenSSH
-//! prints it ("Received disconnect from ... port 22:1: <text>"; it shows at most 400
+//! prints it ("Received disconnect from ... port 22:1: TEXT"; it shows at most 400
 //! bytes, the limit of an operator reason) instead of "Connection reset by peer".
 
 /// The identification line sent first (`SSH-protoversion-softwareversion CR LF`).
