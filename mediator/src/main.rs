@@ -554,6 +554,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
         });
     match parsed {
         Err(why) => {
+            running.reload_failed();
             eprintln!("mediator: reload failed; the running authorities are unchanged:\n{why}");
             "ready (reload failed: the running authorities are unchanged; see the log)".to_owned()
         }

@@ -80,6 +80,54 @@ impl UpstreamErrorKind {
     }
 }
 
+/// Seconds since the Unix epoch, now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A latency histogram with the [`LATENCY_BUCKETS`].
+fn latency(name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
+}
+
+/// The families about the service itself, registered in `registry`: reloads by result,
+/// the time of the last good one, and the build (`mediator_build_info`, set to 1).
+fn service_families(
+    registry: &Registry,
+) -> Result<(IntCounterVec, prometheus::Gauge), prometheus::Error> {
+    let reloads = IntCounterVec::new(
+        Opts::new(
+            "mediator_reloads_total",
+            "Configuration reloads (SIGHUP, --watch-config), by result: ok, partial (some authorities kept their old version), failed (nothing applied).",
+        ),
+        &["result"],
+    )?;
+    let last_reload = prometheus::Gauge::new(
+        "mediator_last_reload_success_timestamp_seconds",
+        "When the configuration was last applied as a whole (Unix time, seconds); the start until then.",
+    )?;
+    let build_info = IntGaugeVec::new(
+        Opts::new(
+            "mediator_build_info",
+            "Always 1; the labels name the build: its version and git revision.",
+        ),
+        &["version", "revision"],
+    )?;
+    build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::service::GIT_REVISION])
+        .set(1);
+    for result in ReloadResult::ALL {
+        reloads.with_label_values(&[result.as_str()]);
+    }
+    last_reload.set(unix_now());
+    registry.register(Box::new(reloads.clone()))?;
+    registry.register(Box::new(last_reload.clone()))?;
+    registry.register(Box::new(build_info))?;
+    Ok((reloads, last_reload))
+}
+
 /// The mediator's metric families, registered in a registry of their own. Cheap to clone
 /// (every family is reference-counted).
 #[derive(Debug, Clone)]
@@ -95,6 +143,33 @@ pub(crate) struct Metrics {
     routed: IntCounterVec,
     limited: IntCounterVec,
     open: IntGaugeVec,
+    reloads: IntCounterVec,
+    last_reload: prometheus::Gauge,
+}
+
+/// How a configuration reload ended (`mediator_reloads_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReloadResult {
+    /// Applied as a whole.
+    Ok,
+    /// Applied, but some authorities could not be (their old versions stay).
+    Partial,
+    /// Not applied: the file could not be read or parsed, or it was refused.
+    Failed,
+}
+
+impl ReloadResult {
+    /// Every result, for priming the series.
+    const ALL: [Self; 3] = [Self::Ok, Self::Partial, Self::Failed];
+
+    /// The label value.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Partial => "partial",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 impl Metrics {
@@ -127,19 +202,13 @@ impl Metrics {
             ),
             &["authority", "direction"],
         )?;
-        let connect = Histogram::with_opts(
-            HistogramOpts::new(
-                "mediator_connect_duration_seconds",
-                "Time to connect to a pinned upstream address (successful or not).",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+        let connect = latency(
+            "mediator_connect_duration_seconds",
+            "Time to connect to a pinned upstream address (successful or not).",
         )?;
-        let dns = Histogram::with_opts(
-            HistogramOpts::new(
-                "mediator_dns_duration_seconds",
-                "Time to resolve a destination name (hosts map or DNS; IP literals are not counted).",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+        let dns = latency(
+            "mediator_dns_duration_seconds",
+            "Time to resolve a destination name (hosts map or DNS; IP literals are not counted).",
         )?;
         let upstream_errors = IntCounterVec::new(
             Opts::new(
@@ -173,6 +242,7 @@ impl Metrics {
             ),
             &["authority"],
         )?;
+        let (reloads, last_reload) = service_families(&registry)?;
         registry.register(Box::new(limited.clone()))?;
         registry.register(Box::new(open.clone()))?;
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
@@ -204,7 +274,17 @@ impl Metrics {
             routed,
             limited,
             open,
+            reloads,
+            last_reload,
         })
+    }
+
+    /// Counts one configuration reload; a whole success also sets the time of the last.
+    pub(crate) fn reloaded(&self, result: ReloadResult) {
+        self.reloads.with_label_values(&[result.as_str()]).inc();
+        if result == ReloadResult::Ok {
+            self.last_reload.set(unix_now());
+        }
     }
 
     /// Creates the per-authority series with value 0 (so that a new authority shows up on

@@ -475,6 +475,14 @@ impl Running {
         self.admin
     }
 
+    /// Counts a reload that never reached [`Self::reload`]: its file could not be read or
+    /// parsed (`mediator_reloads_total{result="failed"}`).
+    pub fn reload_failed(&self) {
+        self.shared
+            .metrics
+            .reloaded(crate::metrics::ReloadResult::Failed);
+    }
+
     /// Makes `authority` live beside the others, as an authority of the configuration
     /// (the embedded mediator's rebind, design section 18: a new authority, never an
     /// edited grant). Must run inside the mediator's runtime.
@@ -533,7 +541,15 @@ impl Running {
     /// [`ReloadRefused`] when the file defines a name a stored API authority holds;
     /// nothing is changed.
     pub fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
-        let report = self.control.reload(config, text)?;
+        use crate::metrics::ReloadResult;
+        let report = self.control.reload(config, text).inspect_err(|_| {
+            self.shared.metrics.reloaded(ReloadResult::Failed);
+        })?;
+        self.shared.metrics.reloaded(if report.failed.is_empty() {
+            ReloadResult::Ok
+        } else {
+            ReloadResult::Partial
+        });
         // `[upstream] mode = "system"`: the desktop settings are read again too.
         self.shared.router.reread();
         Ok(report)

@@ -152,6 +152,35 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
     let now = m.admin_get("/v1/authorities").await?;
     assert_eq!(generations(&now)?, generations(&before)?);
     assert_eq!(digest(&now), digest(&before));
+    // Both are counted, and the last good reload is still the start.
+    let metrics = m.metrics().await?;
+    let reloads = |r: &str| metrics.get("mediator_reloads_total", &[("result", r)]);
+    assert_eq!((reloads("failed"), reloads("ok")), (2.0, 0.0));
+    let started = metrics.get("mediator_last_reload_success_timestamp_seconds", &[]);
+    // A good one is counted and moves the time.
+    let good = reloadable()
+        .nameserver(fx.dns.addr())
+        .authority(agent_a_spec())
+        .render(m.dir());
+    std::fs::write(m.config_path(), &good)?;
+    let out = m.reload_with(&good).await?;
+    ensure!(out.contains("reload applied"), "{out}");
+    let metrics = m.metrics().await?;
+    assert_eq!(
+        metrics.get("mediator_reloads_total", &[("result", "ok")]),
+        1.0
+    );
+    assert!(metrics.get("mediator_last_reload_success_timestamp_seconds", &[]) >= started);
+    assert_eq!(
+        metrics.get(
+            "mediator_build_info",
+            &[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("revision", mediator::service::GIT_REVISION)
+            ]
+        ),
+        1.0
+    );
     Ok(())
 }
 
