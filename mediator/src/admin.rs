@@ -390,12 +390,21 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
             );
         }
     };
-    let value: Value = match serde_json::from_slice(&body) {
+    let value: Value = match crate::control::body::parse(&body) {
         Ok(v) => v,
         Err(e) => {
-            return error(
+            let message = e.to_string();
+            let crate::control::body::BodyError::DuplicateKey { field, .. } = e else {
+                return error(StatusCode::BAD_REQUEST, &message);
+            };
+            return json_response(
                 StatusCode::BAD_REQUEST,
-                &format!("the body is not JSON: {e}"),
+                &json!({
+                    "error": "invalid_authority",
+                    "field": field,
+                    "message": message,
+                    "errors": [{ "field": field, "message": message }],
+                }),
             );
         }
     };

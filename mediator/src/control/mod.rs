@@ -10,6 +10,7 @@
 //! the binary at level `info`).
 
 mod apply;
+pub(crate) mod body;
 mod create;
 pub(crate) mod registry;
 mod reload;

@@ -382,6 +382,34 @@ async fn admin_api_creates_lists_and_revokes_authorities_while_traffic_flows() -
         .admin("POST", "/v1/authorities", Some("not json"), None)
         .await?;
     assert_eq!(resp.status, 400);
+    // A key given twice is refused naming it (at any depth), and nothing is created:
+    // the body a reviewer reads is the grant that would apply.
+    for (raw, field, key) in [
+        (
+            r#"{"name":"dup-a","allow":["origin.test"],"allow":["*.example.org"]}"#,
+            "allow",
+            "allow",
+        ),
+        (
+            r#"{"name":"dup-b","deny":[{"host":"a.test","host":"b.test"}]}"#,
+            "deny",
+            "host",
+        ),
+        (r#"{"name":"dup-c","name":"dup-d"}"#, "name", "name"),
+    ] {
+        let resp = m.admin("POST", "/v1/authorities", Some(raw), None).await?;
+        assert_eq!(resp.status, 400, "{raw}: {}", resp.text());
+        let v = resp.json()?;
+        assert_eq!(v["field"], field, "{raw}: {v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("{key:?}"))),
+            "{raw}: {v}"
+        );
+    }
+    let list = m.admin_get("/v1/authorities").await?.to_string();
+    assert!(!list.contains("dup-"), "{list}");
 
     // Denials of agent-c land in its ring.
     check_deny(
