@@ -263,8 +263,76 @@ pub enum Sink {
 pub struct DecisionLog {
     handle: Arc<Handle>,
     tap: Option<Tap>,
+    /// `instance` and `run`, added to every line (design section 19).
+    stamp: Arc<Stamp>,
     /// The file of a [`Sink::File`] (what [`Self::reopen`] opens again).
     path: Option<Arc<PathBuf>>,
+}
+
+/// What every line of this process carries besides its record (design section 19):
+/// which mediator (`instance`) and which start of it (`run`) wrote it, so that `(run, id)`
+/// never repeats across restarts and replicas.
+#[derive(Debug)]
+struct Stamp {
+    run: String,
+    /// `,"instance":"...","run":"..."`, ready to append.
+    fields: String,
+}
+
+impl Stamp {
+    fn new(instance: Option<&str>) -> Self {
+        let instance = instance.map_or_else(host_name, str::to_owned);
+        let run = random_run();
+        let fields = format!(
+            ",\"instance\":{},\"run\":{}",
+            serde_json::Value::from(instance.as_str()),
+            serde_json::Value::from(run.as_str())
+        );
+        Self { run, fields }
+    }
+
+    /// Adds the fields to `line`, one serialised record (a JSON object): `instance`,
+    /// `run`, and on TCP the peer's `peer_ip` and `peer_port`.
+    fn append(&self, line: &mut Vec<u8>, peer: &Peer) {
+        if line.last() != Some(&b'}') {
+            return;
+        }
+        line.pop();
+        line.extend_from_slice(self.fields.as_bytes());
+        if let Peer::Tcp(addr) = peer {
+            let _ = write!(
+                line,
+                ",\"peer_ip\":\"{}\",\"peer_port\":{}",
+                addr.ip(),
+                addr.port()
+            );
+        }
+        line.push(b'}');
+    }
+}
+
+/// This host's name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// 16 hex digits from the kernel's random source; the time and pid when it cannot be read
+/// (a run only has to differ from the others of this instance).
+fn random_run() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (now as u64 ^ u64::from(std::process::id()).rotate_left(32)).to_be_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// What [`DecisionLog::reopen`] did.
@@ -391,8 +459,25 @@ impl DecisionLog {
         Ok(Self {
             handle: Arc::new(Handle(queue)),
             tap: None,
+            stamp: Arc::new(Stamp::new(None)),
             path,
         })
+    }
+
+    /// The same log, its lines naming `instance` (`[log] instance`; `None`: the host
+    /// name). The run stays this process's.
+    #[must_use]
+    pub fn with_instance(mut self, instance: Option<&str>) -> Self {
+        let run = self.stamp.run.clone();
+        let mut stamp = Stamp::new(instance);
+        stamp.run = run;
+        self.stamp = Arc::new(stamp);
+        self
+    }
+
+    /// This process's `run`: 16 hex digits drawn at start.
+    pub fn run(&self) -> &str {
+        &self.stamp.run
     }
 
     /// Opens the log file again by its path (after logrotate renamed it) and writes later
@@ -451,6 +536,7 @@ impl DecisionLog {
                 tracing::error!("cannot serialise decision record: {e}");
                 return;
             }
+            self.stamp.append(line, &record.peer);
             line.push(b'\n');
             let queue = &self.handle.0;
             let mut state = queue.lock();

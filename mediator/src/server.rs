@@ -69,7 +69,9 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         policy::config::Log::Stdout => Sink::Stdout,
         policy::config::Log::File(p) => Sink::File(p.clone()),
     });
-    let log = DecisionLog::open(sink)?.with_tap(options.tap);
+    let log = DecisionLog::open(sink)?
+        .with_tap(options.tap)
+        .with_instance(config.log_instance.as_deref());
     let metrics = Metrics::new()?;
     let resolver = resolver_of(&config)?;
     // Before any listener: a CA that cannot be loaded stops the start.

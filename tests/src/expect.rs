@@ -142,6 +142,32 @@ pub fn check_tcp_peer(line: &Value) -> Result<()> {
         "peer.addr should be our loopback address, got {} in {line}",
         line["peer"]
     );
+    // Split out too (design 19), and the line says which mediator and run wrote it.
+    ensure!(
+        parsed.is_some_and(
+            |a| line["peer_ip"] == a.ip().to_string().as_str() && line["peer_port"] == a.port()
+        ),
+        "peer_ip/peer_port should split {addr}: {line}"
+    );
+    check_stamp(line)
+}
+
+/// Checks that a decision line names its mediator (`instance`, non-empty) and run (16
+/// hex digits).
+///
+/// # Errors
+/// Either missing or malformed.
+pub fn check_stamp(line: &Value) -> Result<()> {
+    ensure!(
+        line["instance"].as_str().is_some_and(|i| !i.is_empty()),
+        "no instance: {line}"
+    );
+    ensure!(
+        line["run"]
+            .as_str()
+            .is_some_and(|r| r.len() == 16 && r.bytes().all(|b| b.is_ascii_hexdigit())),
+        "run should be 16 hex digits: {line}"
+    );
     Ok(())
 }
 

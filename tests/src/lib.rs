@@ -41,7 +41,7 @@ pub use crate::curl::{CurlOutput, curl};
 pub use crate::dns::{DnsServer, QueryKind};
 pub use crate::expect::{
     CLOSE_FIELDS, DECISION_FIELDS, Denial, PROXY_CHALLENGE, check_contains, check_deny,
-    check_fields, check_line, check_tcp_peer, expect_http_200,
+    check_fields, check_line, check_stamp, check_tcp_peer, expect_http_200,
 };
 pub use crate::fixture::Fixture;
 pub use crate::http::{HttpConn, HttpResponse, basic_auth, get_through, proxy_authorization};

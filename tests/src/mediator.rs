@@ -169,6 +169,7 @@ pub struct MediatorBuilder {
     global_deny: Vec<String>,
     global_deny_reasons: Vec<(String, String)>,
     request_head_bytes: Option<usize>,
+    log_instance: Option<String>,
     connect_timeout_secs: Option<u64>,
     extra: String,
     admin: bool,
@@ -195,6 +196,7 @@ impl MediatorBuilder {
             global_deny: Vec::new(),
             global_deny_reasons: Vec::new(),
             request_head_bytes: None,
+            log_instance: None,
             connect_timeout_secs: None,
             extra: String::new(),
             admin: false,
@@ -262,6 +264,13 @@ impl MediatorBuilder {
     pub fn global_deny<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
         self.global_deny
             .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Sets `[log] instance`.
+    #[must_use]
+    pub fn log_instance(mut self, name: &str) -> Self {
+        self.log_instance = Some(name.to_owned());
         self
     }
 
@@ -421,6 +430,9 @@ impl MediatorBuilder {
             "\n[log]\ndecisions = {}",
             toml_str(&log.to_string_lossy())
         );
+        if let Some(i) = &self.log_instance {
+            let _ = writeln!(out, "instance = {}", toml_str(i));
+        }
         // Each mediator keeps its registry in its own temp dir (the default, the machine's
         // state directory, is one mediator's at a time), unless the test says otherwise.
         if !self.extra.contains("[registry]") {

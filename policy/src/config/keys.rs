@@ -120,6 +120,7 @@ pub const SECTIONS: &[Section] = &[
     ] },
     Section { heading: "[log]", before: "", after: "", keys: &[
         key("decisions", "`\"stdout\"`", "`\"/var/log/egress-mediator/decisions.jsonl\"`", "`\"stdout\"` or a file (appended, created 0600, reopened on SIGUSR1)"),
+        key("instance", "the host name", "`\"mediator-eu-1\"`", "the name every decision record carries as `instance` (with `run`, random per start): which mediator wrote it"),
     ] },
     Section { heading: "[global]", before: "", after: "", keys: &[
         key("deny", "`[]`", "`[\"*:25\", { host = \"*.pastebin.com\", reason = \"paste sites are off limits\" }]`", "deny entries applied to every authority, those of the admin API included; a table entry carries the operator's `reason` (printable ASCII, at most 400 bytes), given to the denied client as `message`"),

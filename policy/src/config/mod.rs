@@ -65,6 +65,9 @@ pub struct Config {
     pub limits: Limits,
     /// `[log]`: where decision lines go.
     pub log: Log,
+    /// `[log] instance`: the name every decision record carries as `instance` (design
+    /// section 19); `None`: the host name. Printable ASCII without spaces, 1..=253 bytes.
+    pub log_instance: Option<String>,
     /// `[tls]`: the CA of TLS termination and extra upstream trust anchors.
     pub tls: Tls,
     /// `[registry]`: where authorities created through the admin API are kept.
@@ -306,7 +309,7 @@ impl Validator<'_> {
         };
         let log = match section("log") {
             Some(v) => self.table::<RawLog>("[log]", v).map(|r| self.log(r)),
-            None => Some(Log::Stdout),
+            None => Some((Log::Stdout, None)),
         };
         let global_deny = match section("global") {
             Some(v) => self
@@ -341,7 +344,8 @@ impl Validator<'_> {
             upstream: upstream?,
             timeouts: timeouts?,
             limits: limits?,
-            log: log?,
+            log: log.as_ref()?.0.clone(),
+            log_instance: log?.1,
             tls: tls?,
             registry: registry?,
             authorities,

@@ -99,6 +99,7 @@ pub(super) struct RawLimits {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLog {
     pub(super) decisions: Option<Spanned<String>>,
+    pub(super) instance: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

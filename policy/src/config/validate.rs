@@ -450,8 +450,24 @@ impl<'a> Validator<'a> {
         }
     }
 
-    pub(super) fn log(&mut self, raw: RawLog) -> Log {
-        match raw.decisions {
+    pub(super) fn log(&mut self, raw: RawLog) -> (Log, Option<String>) {
+        let instance = raw.instance.and_then(|i| {
+            let text = i.get_ref();
+            let ok = !text.is_empty()
+                && text.len() <= 253
+                && text.bytes().all(|b| b.is_ascii_graphic());
+            if ok {
+                Some(i.into_inner())
+            } else {
+                self.error(
+                    Some(i.span()),
+                    "[log]",
+                    "instance is 1 to 253 printable ASCII characters without spaces (e.g. the host name, or \"mediator-eu-1\")",
+                );
+                None
+            }
+        });
+        let log = match raw.decisions {
             None => Log::Stdout,
             Some(d) if d.get_ref() == "stdout" => Log::Stdout,
             Some(d) if d.get_ref().is_empty() => {
@@ -463,7 +479,8 @@ impl<'a> Validator<'a> {
                 Log::Stdout
             }
             Some(d) => Log::File(PathBuf::from(d.into_inner())),
-        }
+        };
+        (log, instance)
     }
 
     /// Validates the global deny list; returns only the valid entries (the invalid ones

@@ -477,7 +477,13 @@ async fn a_name_is_either_config_or_api() -> Result<()> {
 }
 
 async fn generations_and_decision_ids_never_repeat_across_restarts() -> Result<()> {
-    let fx = Fixture::start(mediator().authority(agent_a_spec()).admin(true)).await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .admin(true)
+            .log_instance("edge-1"),
+    )
+    .await?;
     let target = fx.origin_target();
     assert_eq!(fx.connect_a(&target).await?.status, 200);
     let Fixture {
@@ -528,6 +534,15 @@ async fn generations_and_decision_ids_never_repeat_across_restarts() -> Result<(
         ids.iter().filter(|i| **i == first_id).count() == 1 && ids.iter().max() > Some(&first_id),
         "decision ids {ids:?} repeat {first_id}"
     );
+    // Every line names the instance configured and its run; the restart is another run,
+    // so (run, id) never repeats even where ids would.
+    let lines = m.decisions()?;
+    for l in &lines {
+        e2e::check_stamp(l)?;
+        ensure!(l["instance"] == "edge-1", "{l}");
+    }
+    let runs: BTreeSet<&str> = lines.iter().filter_map(|l| l["run"].as_str()).collect();
+    ensure!(runs.len() == 2, "two starts, two runs: {runs:?}");
     drop((dns, origin));
     Ok(())
 }
