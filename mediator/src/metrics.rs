@@ -358,23 +358,80 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the client connections each authority in `live` (name, count) holds, and 0 for
-    /// every other authority with a series (one revoked whose connections are all gone;
-    /// its last count would otherwise show for ever).
+    /// Sets the client connections each authority in `live` (name, count) holds: the live
+    /// ones and the revoked or replaced ones still holding connections. The series of any
+    /// other authority (revoked, its last connection closed) are removed from every
+    /// family, so that churn of task-scoped authorities does not grow `/metrics` for ever
+    /// (design section 19); a name created again starts from zero.
     pub(crate) fn set_open<'a>(&self, live: impl IntoIterator<Item = (&'a str, u32)>) {
         let live: HashMap<&str, u32> = live.into_iter().collect();
-        for family in prometheus::core::Collector::collect(&self.open) {
+        let mut gone: Vec<String> = Vec::new();
+        for family in prometheus::core::Collector::collect(&self.open)
+            .iter()
+            .chain(&prometheus::core::Collector::collect(&self.decisions))
+        {
             for metric in family.get_metric() {
                 for label in metric.get_label() {
-                    if label.name() == "authority" && !live.contains_key(label.value()) {
-                        self.open.with_label_values(&[label.value()]).set(0);
+                    let name = label.value();
+                    if label.name() == "authority"
+                        && name != NO_AUTHORITY
+                        && !live.contains_key(name)
+                        && !gone.iter().any(|g| g == name)
+                    {
+                        gone.push(name.to_owned());
                     }
                 }
+            }
+        }
+        for name in &gone {
+            // Its upstream connections hold it: a non-zero gauge means one is still open.
+            if self.active.with_label_values(&[name]).get() == 0 {
+                self.forget(name);
             }
         }
         for (authority, n) in live {
             self.open.with_label_values(&[authority]).set(i64::from(n));
         }
+    }
+
+    /// Removes every series labelled `authority = name`.
+    fn forget(&self, name: &str) {
+        fn remove_from<T: prometheus::core::Collector>(
+            family: &T,
+            name: &str,
+            remove: impl Fn(&HashMap<&str, &str>),
+        ) {
+            for f in family.collect() {
+                for metric in f.get_metric() {
+                    let labels: HashMap<&str, &str> = metric
+                        .get_label()
+                        .iter()
+                        .map(|l| (l.name(), l.value()))
+                        .collect();
+                    if labels.get("authority") == Some(&name) {
+                        remove(&labels);
+                    }
+                }
+            }
+        }
+        remove_from(&self.decisions, name, |l| {
+            let _ = self.decisions.remove(l);
+        });
+        remove_from(&self.bytes, name, |l| {
+            let _ = self.bytes.remove(l);
+        });
+        remove_from(&self.routed, name, |l| {
+            let _ = self.routed.remove(l);
+        });
+        remove_from(&self.limited, name, |l| {
+            let _ = self.limited.remove(l);
+        });
+        remove_from(&self.active, name, |l| {
+            let _ = self.active.remove(l);
+        });
+        remove_from(&self.open, name, |l| {
+            let _ = self.open.remove(l);
+        });
     }
 
     /// Counts one upstream failure.

@@ -210,6 +210,11 @@ impl PromText {
             .map_or(0.0, |(_, v)| *v)
     }
 
+    /// Every series as printed (`name{labels}`).
+    pub fn raw_series(&self) -> Vec<String> {
+        self.series.keys().cloned().collect()
+    }
+
     /// Number of series whose name starts with `prefix`.
     pub fn count(&self, prefix: &str) -> usize {
         self.series.keys().filter(|k| k.starts_with(prefix)).count()

@@ -480,6 +480,14 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
 
     let resp = m.revoke(AGENT_A).await?;
     assert_eq!(resp.status, 200, "{}", resp.text());
+    // Its series stay while its tunnel is open...
+    let mine = format!("authority=\"{AGENT_A}\"");
+    let p = m.metrics().await?;
+    assert_eq!(
+        p.get("mediator_active_connections", &[("authority", AGENT_A)]),
+        1.0
+    );
+    assert!(p.count("mediator_decisions_total{") > 0);
     assert!(!sock.exists(), "socket file still there after revocation");
     assert!(
         HttpConn::unix(&sock).await.is_err(),
@@ -500,6 +508,23 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
         p.get("mediator_active_connections", &[("authority", AGENT_A)]),
         0.0
     );
+    // ...and leave every family once its last connection is gone (design 19): the
+    // connection's task lets go of the authority just after its close line.
+    let deadline = std::time::Instant::now() + CLOSE_DEADLINE;
+    loop {
+        let text = m.metrics().await?.raw_series();
+        if !text.iter().any(|k| k.contains(&mine)) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "series of the revoked authority remain: {:?}",
+            text.iter()
+                .filter(|k| k.contains(&mine))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 
