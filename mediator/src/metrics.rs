@@ -198,7 +198,7 @@ impl Metrics {
         let bytes = IntCounterVec::new(
             Opts::new(
                 "mediator_bytes_total",
-                "Bytes relayed by closed connections, by authority and direction (up: client to upstream, down: upstream to client).",
+                "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open tunnel adds its bytes every 5 s.",
             ),
             &["authority", "direction"],
         )?;
@@ -331,9 +331,14 @@ impl Metrics {
     }
 
     /// An allowed upstream connection of `authority` closed after relaying `up` and
-    /// `down` bytes.
+    /// `down` more bytes (those not counted by [`Self::bytes`] while it was open).
     pub(crate) fn closed(&self, authority: &str, up: u64, down: u64) {
         self.active.with_label_values(&[authority]).dec();
+        self.bytes(authority, up, down);
+    }
+
+    /// Counts bytes relayed for `authority` (up: client to upstream).
+    pub(crate) fn bytes(&self, authority: &str, up: u64, down: u64) {
         self.bytes.with_label_values(&[authority, "up"]).inc_by(up);
         self.bytes
             .with_label_values(&[authority, "down"])

@@ -307,6 +307,7 @@ mod tests {
                 unreachable!(),
                 unreachable!(),
                 unreachable!(),
+                unreachable!(),
             )
         });
         assert!(unix <= 5 * 1024, "dispatch (unix) future is {unix} bytes");

@@ -49,6 +49,9 @@ pub(crate) struct Opened {
     /// Takes the connection's standing (`super::standing`) out of its authority's
     /// members when the connection closes.
     keeper: Option<Membership>,
+    /// Bytes already added to `mediator_bytes_total` while the connection was open (up,
+    /// down): the close adds only the rest.
+    reported: [std::sync::atomic::AtomicU64; 2],
     /// Set once the record is written.
     written: bool,
 }
@@ -75,7 +78,20 @@ impl Opened {
             label,
             facts,
             keeper: None,
+            reported: Default::default(),
             written: false,
+        }
+    }
+
+    /// Bytes moved since the last call while the connection is open (the relay's
+    /// progress): counted in `mediator_bytes_total` now, not only at the close (design
+    /// section 19).
+    pub(crate) fn progress(&self, up: u64, down: u64) {
+        use std::sync::atomic::Ordering;
+        if let Some(name) = self.ctx.authority_name() {
+            self.shared.metrics.bytes(name, up, down);
+            self.reported[0].fetch_add(up, Ordering::Relaxed);
+            self.reported[1].fetch_add(down, Ordering::Relaxed);
         }
     }
 
@@ -128,7 +144,16 @@ impl Opened {
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
         rec.close_reason = Some(outcome.close_reason);
         if let Some(name) = self.ctx.authority_name() {
-            self.shared.metrics.closed(name, outcome.up, outcome.down);
+            let [up, down] = &self.reported;
+            let (up, down) = (
+                up.load(std::sync::atomic::Ordering::Relaxed),
+                down.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            self.shared.metrics.closed(
+                name,
+                outcome.up.saturating_sub(up),
+                outcome.down.saturating_sub(down),
+            );
         }
         self.shared.log.write(&rec);
     }

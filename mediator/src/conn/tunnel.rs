@@ -145,7 +145,18 @@ pub(crate) async fn run<C>(
         return;
     }
     // Per authority: closes on revocation (after the grace) and on shutdown.
-    let mut outcome = relay(client, upstream, shared.timeouts.idle_tunnel, closing).await;
+    // Bytes reach `mediator_bytes_total` while the tunnel is open, not only at its close:
+    // the client's first bytes (read before the relay) at once.
+    opened.progress(prefix.len() as u64, 0);
+    let progress = |up, down| opened.progress(up, down);
+    let mut outcome = relay(
+        client,
+        upstream,
+        shared.timeouts.idle_tunnel,
+        closing,
+        Some(&progress),
+    )
+    .await;
     outcome.up += prefix.len() as u64;
     opened.finish(outcome);
 }

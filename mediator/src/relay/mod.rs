@@ -71,6 +71,7 @@ pub(crate) async fn relay<C>(
     upstream: UpstreamStream,
     idle: Duration,
     closing: CancellationToken,
+    progress: Progress<'_>,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin + 'static,
@@ -79,13 +80,14 @@ where
         UpstreamStream::Plain(mut tcp) => {
             let mut outcome = match socket_of(&client) {
                 Some(sock) => {
-                    let mut outcome = relay_sockets(sock, Sock::Tcp(&tcp), idle, closing).await;
+                    let mut outcome =
+                        relay_sockets(sock, Sock::Tcp(&tcp), idle, closing, progress).await;
                     if outcome.close_reason.is_cut() {
                         outcome.down -= sock.reset_on_close().min(outcome.down);
                     }
                     outcome
                 }
-                None => relay_streams(client, &mut tcp, idle, closing).await,
+                None => relay_streams(client, &mut tcp, idle, closing, progress).await,
             };
             if outcome.close_reason.is_cut() {
                 outcome.up -= Sock::Tcp(&tcp).reset_on_close().min(outcome.up);
@@ -96,7 +98,7 @@ where
             // The client's socket is reached through a second descriptor once the relay
             // has taken (and dropped) the stream; the reset comes when that one closes.
             let client_fd = socket_of(&client).and_then(Sock::reset_handle);
-            let mut outcome = relay_streams(client, tls, idle, closing).await;
+            let mut outcome = relay_streams(client, tls, idle, closing, progress).await;
             if let (true, Some(fd)) = (outcome.close_reason.is_cut(), &client_fd) {
                 outcome.down -= reset_fd_on_close(fd).min(outcome.down);
             }
@@ -111,6 +113,7 @@ pub(crate) async fn relay_streams<C, U>(
     upstream: U,
     idle: Duration,
     closing: CancellationToken,
+    progress: Progress<'_>,
 ) -> RelayOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -130,6 +133,7 @@ where
         } => state.reason(both),
         () = idle_watch(&state, idle, None) => CloseReason::IdleTimeout,
         () = closing.cancelled() => CloseReason::Shutdown,
+        () = report_progress(&state, progress) => CloseReason::Error,
     };
     state.outcome(reason)
 }
@@ -144,6 +148,7 @@ pub(crate) async fn relay_sockets(
     upstream: Sock<'_>,
     idle: Duration,
     closing: CancellationToken,
+    progress: Progress<'_>,
 ) -> RelayOutcome {
     let state = State::new();
     let reason = tokio::select! {
@@ -155,6 +160,7 @@ pub(crate) async fn relay_sockets(
         } => state.reason(both),
         () = idle_watch(&state, idle, Some((client, upstream))) => CloseReason::IdleTimeout,
         () = closing.cancelled() => CloseReason::Shutdown,
+        () = report_progress(&state, progress) => CloseReason::Error,
     };
     state.outcome(reason)
 }
@@ -213,6 +219,33 @@ impl State {
             up: self.up.load(Ordering::Relaxed),
             down: self.down.load(Ordering::Relaxed),
             close_reason,
+        }
+    }
+}
+
+/// Told the bytes moved (up, down) since it was last told, every [`PROGRESS_EVERY`] while
+/// a relay runs (`None`: nobody asks). The close still reports the totals.
+pub(crate) type Progress<'a> = Option<&'a (dyn Fn(u64, u64) + Sync)>;
+
+/// How often a running relay tells its [`Progress`].
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Tells `progress` what moved, every [`PROGRESS_EVERY`]; never resolves (without a
+/// `progress`, it waits for ever).
+async fn report_progress(state: &State, progress: Progress<'_>) {
+    let Some(tell) = progress else {
+        return std::future::pending().await;
+    };
+    let (mut up, mut down) = (0, 0);
+    loop {
+        tokio::time::sleep(PROGRESS_EVERY).await;
+        let (now_up, now_down) = (
+            state.up.load(Ordering::Relaxed),
+            state.down.load(Ordering::Relaxed),
+        );
+        if (now_up, now_down) != (up, down) {
+            tell(now_up - up, now_down - down);
+            (up, down) = (now_up, now_down);
         }
     }
 }

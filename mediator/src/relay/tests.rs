@@ -11,7 +11,13 @@ async fn half_close_each_direction_ends_on_its_own() {
     let (client, mut client_peer) = duplex(64);
     let (upstream, mut upstream_peer) = duplex(64);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(60), rx));
+    let task = tokio::spawn(relay_streams(
+        client,
+        upstream,
+        Duration::from_secs(60),
+        rx,
+        None,
+    ));
 
     client_peer.write_all(b"request").await.unwrap();
     client_peer.shutdown().await.unwrap(); // client half-closes
@@ -37,7 +43,13 @@ async fn bulk_transfer_grows_the_buffer_and_keeps_every_byte_in_order() {
     let (client, mut client_peer) = duplex(256 * 1024);
     let (upstream, mut upstream_peer) = duplex(256 * 1024);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(60), rx));
+    let task = tokio::spawn(relay_streams(
+        client,
+        upstream,
+        Duration::from_secs(60),
+        rx,
+        None,
+    ));
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     let sent = data.clone();
     let writer = tokio::spawn(async move {
@@ -84,6 +96,7 @@ async fn socket_relay_splices_bulk_transfers_both_ways_without_losing_a_byte() {
             UpstreamStream::Plain(upstream),
             Duration::from_secs(60),
             rx,
+            None,
         )
         .await
     });
@@ -135,6 +148,7 @@ async fn urgent_data_does_not_cut_a_spliced_stream_short() {
         UpstreamStream::Plain(upstream),
         Duration::from_secs(60),
         rx,
+        None,
     ));
     let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
     let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
@@ -175,6 +189,7 @@ async fn a_reset_on_one_side_ends_the_whole_tunnel() {
         UpstreamStream::Plain(upstream),
         Duration::from_secs(600),
         rx,
+        None,
     ));
     // SO_LINGER 0: close sends a reset.
     socket2::SockRef::from(&client_peer)
@@ -200,6 +215,7 @@ async fn counts_are_exact_when_a_bulk_transfer_is_cut_off() {
         UpstreamStream::Plain(upstream),
         Duration::from_secs(60),
         rx,
+        None,
     ));
     let feeder = tokio::spawn(async move {
         let chunk = vec![7u8; 1 << 20];
@@ -244,7 +260,13 @@ async fn a_slow_reader_is_not_idle_but_a_stopped_one_is() {
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
     let idle = Duration::from_millis(1000);
-    let task = tokio::spawn(relay(client, UpstreamStream::Plain(upstream), idle, rx));
+    let task = tokio::spawn(relay(
+        client,
+        UpstreamStream::Plain(upstream),
+        idle,
+        rx,
+        None,
+    ));
     let feeder = tokio::spawn(async move {
         let chunk = vec![1u8; 1 << 20];
         for _ in 0..64 {
@@ -298,6 +320,7 @@ async fn socket_relay_passes_a_half_close_and_ends_on_idle() {
             UpstreamStream::Plain(upstream),
             Duration::from_millis(300),
             rx,
+            None,
         )
         .await
     });
@@ -323,7 +346,13 @@ async fn idle_tunnel_is_closed_after_the_idle_timeout() {
     let (client, mut client_peer) = duplex(64);
     let (upstream, _upstream_peer) = duplex(64);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(30), rx));
+    let task = tokio::spawn(relay_streams(
+        client,
+        upstream,
+        Duration::from_secs(30),
+        rx,
+        None,
+    ));
     client_peer.write_all(b"x").await.unwrap();
     let out = task.await.unwrap();
     assert_eq!((out.up, out.close_reason), (1, CloseReason::IdleTimeout));
@@ -340,6 +369,7 @@ async fn shutdown_signal_closes_a_live_tunnel() {
         upstream,
         Duration::from_secs(300),
         rx,
+        None,
     ));
     tx.cancel();
     assert_eq!(task.await.unwrap().close_reason, CloseReason::Shutdown);

@@ -369,6 +369,7 @@ pub(crate) async fn relay(
                 EndWithoutNotify::new(TokioIo::new(u), &gone, CloseReason::UpstreamClosed),
                 facts.shared.timeouts.idle_tunnel,
                 closing,
+                None,
             )
             .await;
             if let (CloseReason::Error, Some(side)) = (outcome.close_reason, gone.get()) {

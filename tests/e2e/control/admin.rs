@@ -31,6 +31,53 @@ async fn get_keepalive(conn: &mut HttpConn, path: &str) -> Result<u16> {
     Ok(conn.get(ORIGIN_HOST, path, false).await?.status)
 }
 
+/// A day-long tunnel is on the dashboard while it lasts (design 19): its bytes reach
+/// `mediator_bytes_total` while it is open, and its close adds only the rest, so the total
+/// equals the close line's counts.
+async fn an_open_tunnels_bytes_are_counted_before_it_closes() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    let mut tunnel = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    assert_eq!(tunnel.connect(&fx.origin_target(), None).await?.status, 200);
+    assert_eq!(get_keepalive(&mut tunnel, "/first").await?, 200);
+    let decision = m.wait_for_decision("allowed", Some(ORIGIN_HOST)).await?;
+    let bytes = |p: &PromText, d: &str| {
+        p.get(
+            "mediator_bytes_total",
+            &[("authority", AGENT_A), ("direction", d)],
+        )
+    };
+    // The relay reports every 5 s: within a few periods, with the tunnel still open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let during = loop {
+        let p = m.metrics().await?;
+        if bytes(&p, "up") > 0.0 && bytes(&p, "down") > 0.0 {
+            break p;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no bytes counted while the tunnel is open: {:?}",
+            p.family("mediator_bytes_total")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        during.get("mediator_active_connections", &[("authority", AGENT_A)]),
+        1.0,
+        "the tunnel is still open"
+    );
+    assert_eq!(get_keepalive(&mut tunnel, "/second").await?, 200);
+    drop(tunnel);
+    let close = m.wait_for_close(&decision["id"]).await?;
+    let p = m.metrics().await?;
+    assert_eq!(bytes(&p, "up"), close["bytes_up"].as_f64().unwrap_or(-1.0));
+    assert_eq!(
+        bytes(&p, "down"),
+        close["bytes_down"].as_f64().unwrap_or(-1.0)
+    );
+    Ok(())
+}
+
 /// An absolute-form `GET url` with `Connection: close`, as `auth` when given.
 fn forward_req(url: &str, auth: Option<(&str, &str)>) -> String {
     let host = url
@@ -697,6 +744,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_flood_of_distinct_hosts_does_not_grow_the_series_count),
         case!(admin_api_creates_lists_and_revokes_authorities_while_traffic_flows),
         case!(revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace),
+        case!(an_open_tunnels_bytes_are_counted_before_it_closes),
         case!(admin_token_guards_everything_but_health),
         case!(admin_writes_on_tcp_need_a_token_by_default),
         case!(anonymous_admin_writes_are_warned_at_start),
