@@ -131,9 +131,8 @@ where
                 pump(&mut ur, &mut cw, &state.down, &state, CloseReason::UpstreamClosed),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle, None) => CloseReason::IdleTimeout,
+        () = idle_watch(&state, idle, None, progress) => CloseReason::IdleTimeout,
         () = closing.cancelled() => CloseReason::Shutdown,
-        () = report_progress(&state, progress) => CloseReason::Error,
     };
     state.outcome(reason)
 }
@@ -158,9 +157,8 @@ pub(crate) async fn relay_sockets(
                 pump_sockets(upstream, client, &state.down, &state, CloseReason::UpstreamClosed),
             )
         } => state.reason(both),
-        () = idle_watch(&state, idle, Some((client, upstream))) => CloseReason::IdleTimeout,
+        () = idle_watch(&state, idle, Some((client, upstream)), progress) => CloseReason::IdleTimeout,
         () = closing.cancelled() => CloseReason::Shutdown,
-        () = report_progress(&state, progress) => CloseReason::Error,
     };
     state.outcome(reason)
 }
@@ -230,36 +228,39 @@ pub(crate) type Progress<'a> = Option<&'a (dyn Fn(u64, u64) + Sync)>;
 /// How often a running relay tells its [`Progress`].
 pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Tells `progress` what moved, every [`PROGRESS_EVERY`]; never resolves (without a
-/// `progress`, it waits for ever).
-async fn report_progress(state: &State, progress: Progress<'_>) {
-    let Some(tell) = progress else {
-        return std::future::pending().await;
-    };
-    let (mut up, mut down) = (0, 0);
-    loop {
-        tokio::time::sleep(PROGRESS_EVERY).await;
-        let (now_up, now_down) = (
-            state.up.load(Ordering::Relaxed),
-            state.down.load(Ordering::Relaxed),
-        );
-        if (now_up, now_down) != (up, down) {
-            tell(now_up - up, now_down - down);
-            (up, down) = (now_up, now_down);
-        }
-    }
-}
-
 /// Resolves once no byte has moved for `idle`. For a socket relay (`socks`), bytes still
 /// leaving our send queues count as movement: a slow reader drains them while we have
 /// nothing new to write, and must not be cut off as idle; a reader that takes nothing is.
-async fn idle_watch(state: &State, idle: Duration, socks: Option<(Sock<'_>, Sock<'_>)>) {
+///
+/// It also tells `progress` what moved, every [`PROGRESS_EVERY`] (one timer for both, so
+/// that every tunnel's future stays small).
+async fn idle_watch(
+    state: &State,
+    idle: Duration,
+    socks: Option<(Sock<'_>, Sock<'_>)>,
+    progress: Progress<'_>,
+) {
     let queued = |(a, b): (Sock<'_>, Sock<'_>)| send_queue(a.fd()) + send_queue(b.fd());
     // A tunnel starts with (next to) nothing queued: counting from zero spares every
     // tunnel two ioctls at its start; a queue that was full from the start only gets one
     // more idle period.
     let mut last_queued = socks.map(|_| 0);
+    let mut told = (0, 0);
+    let mut next_tell = state.origin + PROGRESS_EVERY;
     loop {
+        if let Some(tell) = progress
+            && Instant::now() >= next_tell
+        {
+            let now = (
+                state.up.load(Ordering::Relaxed),
+                state.down.load(Ordering::Relaxed),
+            );
+            if now != told {
+                tell(now.0 - told.0, now.1 - told.1);
+                told = now;
+            }
+            next_tell += PROGRESS_EVERY;
+        }
         let last = Duration::from_millis(state.last.load(Ordering::Relaxed));
         let deadline = state.origin + last + idle;
         if Instant::now() >= deadline {
@@ -271,7 +272,12 @@ async fn idle_watch(state: &State, idle: Duration, socks: Option<(Sock<'_>, Sock
             state.touch();
             continue;
         }
-        tokio::time::sleep_until(deadline).await;
+        let wake = if progress.is_some() {
+            deadline.min(next_tell)
+        } else {
+            deadline
+        };
+        tokio::time::sleep_until(wake).await;
     }
 }
 
