@@ -275,20 +275,21 @@ pub struct DecisionLog {
 #[derive(Debug)]
 struct Stamp {
     run: String,
+    /// `[log] format = "ocsf"`: lines are OCSF events ([`crate::export::ocsf`]).
+    ocsf: bool,
     /// `,"instance":"...","run":"..."`, ready to append.
     fields: String,
 }
 
 impl Stamp {
-    fn new(instance: Option<&str>) -> Self {
+    fn new(instance: Option<&str>, run: String, ocsf: bool) -> Self {
         let instance = instance.map_or_else(host_name, str::to_owned);
-        let run = random_run();
         let fields = format!(
             ",\"instance\":{},\"run\":{}",
             serde_json::Value::from(instance.as_str()),
             serde_json::Value::from(run.as_str())
         );
-        Self { run, fields }
+        Self { run, ocsf, fields }
     }
 
     /// Adds the fields to `line`, one serialised record (a JSON object): `instance`,
@@ -459,19 +460,20 @@ impl DecisionLog {
         Ok(Self {
             handle: Arc::new(Handle(queue)),
             tap: None,
-            stamp: Arc::new(Stamp::new(None)),
+            stamp: Arc::new(Stamp::new(None, random_run(), false)),
             path,
         })
     }
 
-    /// The same log, its lines naming `instance` (`[log] instance`; `None`: the host
-    /// name). The run stays this process's.
+    /// The same log, writing `format` (`[log] format`, design section 19) and naming
+    /// `instance` (`[log] instance`; `None`: the host name). The run stays this process's.
     #[must_use]
-    pub fn with_instance(mut self, instance: Option<&str>) -> Self {
-        let run = self.stamp.run.clone();
-        let mut stamp = Stamp::new(instance);
-        stamp.run = run;
-        self.stamp = Arc::new(stamp);
+    pub fn with_stamp(mut self, instance: Option<&str>, format: policy::config::LogFormat) -> Self {
+        self.stamp = Arc::new(Stamp::new(
+            instance,
+            self.stamp.run.clone(),
+            format == policy::config::LogFormat::Ocsf,
+        ));
         self
     }
 
@@ -537,6 +539,18 @@ impl DecisionLog {
                 return;
             }
             self.stamp.append(line, &record.peer);
+            if self.stamp.ocsf {
+                // The native line, stamped, becomes the event's `unmapped`.
+                let Ok(native) = serde_json::from_slice::<serde_json::Value>(line) else {
+                    return;
+                };
+                let event = crate::export::ocsf::render(record, native, &self.stamp.run);
+                line.clear();
+                if let Err(e) = serde_json::to_writer(&mut *line, &event) {
+                    tracing::error!("cannot serialise an OCSF event: {e}");
+                    return;
+                }
+            }
             line.push(b'\n');
             let queue = &self.handle.0;
             let mut state = queue.lock();

@@ -24,6 +24,7 @@ pub mod demo;
 pub mod denial;
 pub mod error;
 pub mod explain;
+mod export;
 mod front;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

@@ -71,7 +71,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     });
     let log = DecisionLog::open(sink)?
         .with_tap(options.tap)
-        .with_instance(config.log_instance.as_deref());
+        .with_stamp(config.log_instance.as_deref(), config.log_format);
     let metrics = Metrics::new()?;
     let resolver = resolver_of(&config)?;
     // Before any listener: a CA that cannot be loaded stops the start.

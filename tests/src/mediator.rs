@@ -170,6 +170,7 @@ pub struct MediatorBuilder {
     global_deny_reasons: Vec<(String, String)>,
     request_head_bytes: Option<usize>,
     log_instance: Option<String>,
+    log_format: Option<String>,
     connect_timeout_secs: Option<u64>,
     extra: String,
     admin: bool,
@@ -197,6 +198,7 @@ impl MediatorBuilder {
             global_deny_reasons: Vec::new(),
             request_head_bytes: None,
             log_instance: None,
+            log_format: None,
             connect_timeout_secs: None,
             extra: String::new(),
             admin: false,
@@ -264,6 +266,13 @@ impl MediatorBuilder {
     pub fn global_deny<S: AsRef<str>>(mut self, entries: &[S]) -> Self {
         self.global_deny
             .extend(entries.iter().map(|s| s.as_ref().to_owned()));
+        self
+    }
+
+    /// Sets `[log] format` (`native`, `ocsf`).
+    #[must_use]
+    pub fn log_format(mut self, format: &str) -> Self {
+        self.log_format = Some(format.to_owned());
         self
     }
 
@@ -432,6 +441,9 @@ impl MediatorBuilder {
         );
         if let Some(i) = &self.log_instance {
             let _ = writeln!(out, "instance = {}", toml_str(i));
+        }
+        if let Some(f) = &self.log_format {
+            let _ = writeln!(out, "format = {}", toml_str(f));
         }
         // Each mediator keeps its registry in its own temp dir (the default, the machine's
         // state directory, is one mediator's at a time), unless the test says otherwise.

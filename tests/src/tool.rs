@@ -36,6 +36,9 @@ pub enum Tool {
     /// etcd, the key-value store of the shared registry (design section 17), and its
     /// `etcdctl`.
     Etcd,
+    /// Python's `jsonschema` (a JSON Schema 2020-12 validator), run by `python3`: checks
+    /// the OCSF events against the published schema (design section 19).
+    Jsonschema,
 }
 
 impl Tool {
@@ -62,6 +65,13 @@ impl Tool {
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
             Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
+            Self::Jsonschema => &[
+                ("python3", "python3"),
+                (
+                    "/usr/lib/python3/dist-packages/jsonschema/__init__.py",
+                    "python3-jsonschema",
+                ),
+            ],
         }
     }
 

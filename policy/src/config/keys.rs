@@ -120,6 +120,7 @@ pub const SECTIONS: &[Section] = &[
     ] },
     Section { heading: "[log]", before: "", after: "", keys: &[
         key("decisions", "`\"stdout\"`", "`\"/var/log/egress-mediator/decisions.jsonl\"`", "`\"stdout\"` or a file (appended, created 0600, reopened on SIGUSR1)"),
+        key("format", "`\"native\"`", "`\"ocsf\"`", "`native` (the mediator's JSON lines) or `ocsf` (OCSF 1.5.0 Network Activity events, class 4001: [control.md](control.md#ocsf))").checked(|c| format!("{:?}", c.log_format.as_str())),
         key("instance", "the host name", "`\"mediator-eu-1\"`", "the name every decision record carries as `instance` (with `run`, random per start): which mediator wrote it"),
     ] },
     Section { heading: "[global]", before: "", after: "", keys: &[

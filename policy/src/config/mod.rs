@@ -65,6 +65,8 @@ pub struct Config {
     pub limits: Limits,
     /// `[log]`: where decision lines go.
     pub log: Log,
+    /// `[log] format`: how each decision record is written (design section 19).
+    pub log_format: LogFormat,
     /// `[log] instance`: the name every decision record carries as `instance` (design
     /// section 19); `None`: the host name. Printable ASCII without spaces, 1..=253 bytes.
     pub log_instance: Option<String>,
@@ -86,7 +88,7 @@ pub struct Config {
 
 /// `[listen]`: the mediator's listeners. Every one is optional; with none, the mediator
 /// serves no one.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Listen {
     /// Directory of the per-authority Unix sockets (`<socket_dir>/<name>.sock`).
     pub socket_dir: Option<PathBuf>,
@@ -185,6 +187,29 @@ pub enum Log {
     File(PathBuf),
 }
 
+/// `[log] format`: the shape of each decision record (design section 19).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// The mediator's own JSON lines (design section 10).
+    #[default]
+    Native,
+    /// OCSF 1.5.0 Network Activity events (class 4001), one JSON line each.
+    Ocsf,
+}
+
+impl LogFormat {
+    /// Both formats.
+    pub const ALL: [Self; 2] = [Self::Native, Self::Ocsf];
+
+    /// The config value: `native` or `ocsf`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Ocsf => "ocsf",
+        }
+    }
+}
+
 /// `[tls]`: trust material for TLS termination (design section 9).
 #[derive(Debug, Clone, Default)]
 pub struct Tls {
@@ -270,14 +295,7 @@ impl Validator<'_> {
             Some(v) => self
                 .table::<RawListen>("[listen]", v)
                 .and_then(|r| self.listen(r)),
-            None => Some(Listen {
-                socket_dir: None,
-                tcp: None,
-                admin: None,
-                admin_socket: None,
-                admin_token_sha256: None,
-                admin_allow_anonymous_writes: false,
-            }),
+            None => Some(Listen::default()),
         };
         let resolver = match section("resolver") {
             Some(v) => self
@@ -309,7 +327,7 @@ impl Validator<'_> {
         };
         let log = match section("log") {
             Some(v) => self.table::<RawLog>("[log]", v).map(|r| self.log(r)),
-            None => Some((Log::Stdout, None)),
+            None => Some((Log::Stdout, None, LogFormat::Native)),
         };
         let global_deny = match section("global") {
             Some(v) => self
@@ -345,6 +363,7 @@ impl Validator<'_> {
             timeouts: timeouts?,
             limits: limits?,
             log: log.as_ref()?.0.clone(),
+            log_format: log.as_ref()?.2,
             log_instance: log?.1,
             tls: tls?,
             registry: registry?,

@@ -100,6 +100,7 @@ pub(super) struct RawLimits {
 pub(super) struct RawLog {
     pub(super) decisions: Option<Spanned<String>>,
     pub(super) instance: Option<Spanned<String>>,
+    pub(super) format: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -450,7 +450,24 @@ impl<'a> Validator<'a> {
         }
     }
 
-    pub(super) fn log(&mut self, raw: RawLog) -> (Log, Option<String>) {
+    pub(super) fn log(&mut self, raw: RawLog) -> (Log, Option<String>, super::LogFormat) {
+        let format = match raw.format {
+            None => super::LogFormat::Native,
+            Some(f) => match super::LogFormat::ALL
+                .into_iter()
+                .find(|x| x.as_str() == f.get_ref())
+            {
+                Some(x) => x,
+                None => {
+                    self.error(
+                        Some(f.span()),
+                        "[log]",
+                        format!("format {:?}: write \"native\" or \"ocsf\"", f.get_ref()),
+                    );
+                    super::LogFormat::Native
+                }
+            },
+        };
         let instance = raw.instance.and_then(|i| {
             let text = i.get_ref();
             let ok = !text.is_empty()
@@ -480,7 +497,7 @@ impl<'a> Validator<'a> {
             }
             Some(d) => Log::File(PathBuf::from(d.into_inner())),
         };
-        (log, instance)
+        (log, instance, format)
     }
 
     /// Validates the global deny list; returns only the valid entries (the invalid ones

@@ -5,6 +5,7 @@
 mod dns_pinning;
 mod grant_denials;
 mod limits;
+mod ocsf;
 mod operator_reasons;
 
 use e2e::harness::Case;
@@ -16,6 +17,7 @@ pub(crate) fn cases() -> Vec<Case> {
         dns_pinning::cases(),
         limits::cases(),
         operator_reasons::cases(),
+        ocsf::cases(),
     ]
     .concat()
 }
