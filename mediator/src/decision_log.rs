@@ -541,12 +541,9 @@ impl DecisionLog {
             self.stamp.append(line, &record.peer);
             if self.stamp.ocsf {
                 // The native line, stamped, becomes the event's `unmapped`.
-                let Ok(native) = serde_json::from_slice::<serde_json::Value>(line) else {
-                    return;
-                };
-                let event = crate::export::ocsf::render(record, native, &self.stamp.run);
-                line.clear();
-                if let Err(e) = serde_json::to_writer(&mut *line, &event) {
+                let native = std::mem::take(line);
+                if let Err(e) = crate::export::ocsf::render(record, &native, &self.stamp.run, line)
+                {
                     tracing::error!("cannot serialise an OCSF event: {e}");
                     return;
                 }

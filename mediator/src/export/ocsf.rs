@@ -30,9 +30,18 @@ pub(crate) const VERSION: &str = "1.5.0";
 const CLASS_UID: u64 = 4001;
 const CATEGORY_UID: u64 = 4;
 
-/// `record` as one OCSF event; `native` is the record as the native log writes it (a JSON
-/// object, `instance` and `run` included), kept whole under `unmapped`.
-pub(crate) fn render(record: &Record, native: Value, run: &str) -> Value {
+/// `record` as one OCSF event, written to `out` (one JSON object); `native` is the record
+/// as the native log writes it (a JSON object, `instance` and `run` included), kept whole
+/// under `unmapped` as it is (never parsed again).
+///
+/// # Errors
+/// The event cannot be serialised (only a programming error could cause it).
+pub(crate) fn render(
+    record: &Record,
+    native: &[u8],
+    run: &str,
+    out: &mut Vec<u8>,
+) -> serde_json::Result<()> {
     let allow = record.decision == policy::Verdict::Allow;
     let activity_id: u64 = match record.event {
         Event::Decision => 1,
@@ -96,8 +105,13 @@ pub(crate) fn render(record: &Record, native: Value, run: &str) -> Value {
     if let Some(ms) = record.duration_ms {
         event["duration"] = Value::from(ms);
     }
-    event["unmapped"] = native;
-    event
+    serde_json::to_writer(&mut *out, &event)?;
+    // `{...}` then `,"unmapped":{native}}`.
+    out.pop();
+    out.extend_from_slice(b",\"unmapped\":");
+    out.extend_from_slice(native);
+    out.push(b'}');
+    Ok(())
 }
 
 /// `src_endpoint`, `actor` and `dst_endpoint` of `record`, set on `event`.
