@@ -270,7 +270,8 @@ impl Limiter {
                 return;
             }
             if !self.pressured.swap(true, Ordering::AcqRel) {
-                eprintln!(
+                crate::say!(
+                    Warning,
                     "mediator: {} open client connections reached the limit (max_connections = {}); \
                      not accepting new ones until some close; /readyz answers 503 meanwhile",
                     self.open(),
@@ -338,7 +339,8 @@ impl Limiter {
         if before >= self.in_force.tcp_mark() {
             self.room.notify_waiters();
             if before <= self.in_force.tcp_mark() && self.pressured.swap(false, Ordering::AcqRel) {
-                eprintln!(
+                crate::say!(
+                    Info,
                     "mediator: below the connection limit again ({} open); accepting",
                     before - 1
                 );

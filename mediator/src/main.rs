@@ -120,7 +120,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(mediator::service::journal::JournalStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MEDIATOR_LOG").unwrap_or_else(|_| {
@@ -132,7 +132,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mediator: {e:#}");
+            mediator::say!(Error, "mediator: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -180,7 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("mediator suggest: {e}");
+                    mediator::say!(Error, "mediator suggest: {e}");
                     Ok(ExitCode::from(2))
                 }
             }
@@ -214,7 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{:#}", anyhow::Error::from(e));
+                    mediator::say!(Error, "{:#}", anyhow::Error::from(e));
                     return Ok(ExitCode::from(2));
                 }
             };
@@ -250,7 +250,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{:#}", anyhow::Error::from(e));
+                    mediator::say!(Error, "{:#}", anyhow::Error::from(e));
                     return Ok(ExitCode::from(1));
                 }
             };
@@ -261,7 +261,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 Ok(listing) => emit(&listing.render_text())?,
                 Err(e) => {
-                    eprintln!("{}: {:#}", path.display(), anyhow::Error::from(e));
+                    mediator::say!(Error, "{}: {:#}", path.display(), anyhow::Error::from(e));
                     return Ok(ExitCode::from(1));
                 }
             }
@@ -272,7 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::load(&path) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{:#}", anyhow::Error::from(e));
+                    mediator::say!(Error, "{:#}", anyhow::Error::from(e));
                     return Ok(ExitCode::from(1));
                 }
             };
@@ -293,8 +293,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let notes = match rt.block_on(mediator::check_resources(&cfg)) {
                         Ok(notes) => notes,
                         Err(e) => {
-                            eprintln!("{}: {:#}", path.display(), anyhow::Error::from(e));
-                            eprintln!(
+                            mediator::say!(
+                                Error,
+                                "{}: {:#}",
+                                path.display(),
+                                anyhow::Error::from(e)
+                            );
+                            mediator::say!(
+                                Error,
                                 "mediator: the configuration is valid, but a start would fail"
                             );
                             return Ok(ExitCode::from(1));
@@ -328,7 +334,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         match system_upstream(&cfg) {
                             Ok(line) => text.push_str(&format!("{line}\n")),
                             Err(e) => {
-                                eprintln!("{e}");
+                                mediator::say!(Error, "{e}");
                                 return Ok(ExitCode::from(1));
                             }
                         }
@@ -337,7 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("{:#}", anyhow::Error::from(e));
+                    mediator::say!(Error, "{:#}", anyhow::Error::from(e));
                     Ok(ExitCode::from(1))
                 }
             }
@@ -351,13 +357,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = match mediator::config::parse(&text, &path.display().to_string()) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{:#}", anyhow::Error::from(e));
-                    eprintln!("mediator: refusing to start: the configuration has errors");
+                    mediator::say!(Error, "{:#}", anyhow::Error::from(e));
+                    mediator::say!(
+                        Error,
+                        "mediator: refusing to start: the configuration has errors"
+                    );
                     return Ok(ExitCode::from(1));
                 }
             };
             for w in &config.warnings {
-                eprintln!("mediator: warning: {w}");
+                mediator::say!(Warning, "mediator: warning: {w}");
             }
             let rt = tokio::runtime::Runtime::new()?;
             let (log, broken) = rt.block_on(serve(config, text, path, cli.watch_config))?;
@@ -428,11 +437,17 @@ fn health(
             Ok(ExitCode::SUCCESS)
         }
         Ok(a) => {
-            eprintln!("mediator: {addr} {}: {} {}", which.path(), a.status, a.body);
+            mediator::say!(
+                Info,
+                "mediator: {addr} {}: {} {}",
+                which.path(),
+                a.status,
+                a.body
+            );
             Ok(ExitCode::from(1))
         }
         Err(e) => {
-            eprintln!("mediator: {addr} {}: {e}", which.path());
+            mediator::say!(Error, "mediator: {addr} {}: {e}", which.path());
             Ok(ExitCode::from(1))
         }
     }
@@ -469,7 +484,7 @@ async fn serve(
         show(socket_dir.map(|d| d.display().to_string())),
         running.limits(),
     );
-    eprintln!("{ready}");
+    mediator::say!(Info, "{ready}");
     // `start` returned: every listener is bound and every configured authority is live.
     notify::ready(&ready);
     let mut watch = watch_config.then(|| watch::ConfigWatch::new(&path, &text));
@@ -481,7 +496,7 @@ async fn serve(
         tokio::select! {
             e = log.broken() => {
                 // Fail closed: a decision that cannot be recorded must not be made.
-                eprintln!(
+                mediator::say!(Error,
                     "mediator: the decision log cannot be written ({e}); stopping, since no decision may go unrecorded"
                 );
                 broken = Some(e);
@@ -498,18 +513,18 @@ async fn serve(
                 }
             }
             _ = usr1.recv() => reopen(running.log()).await,
-            _ = usr2.recv() => eprintln!(
+            _ = usr2.recv() => mediator::say!(Warning,
                 "mediator: SIGUSR2 ignored (SIGHUP reloads, SIGUSR1 reopens the decision log)"
             ),
             _ = tick.tick(), if watch.is_some() => {
                 if watch.as_mut().is_some_and(watch::ConfigWatch::changed) {
-                    eprintln!("mediator: {} changed; reloading", path.display());
+                    mediator::say!(Info, "mediator: {} changed; reloading", path.display());
                     reload(&running, &path);
                 }
             }
         }
     }
-    eprintln!("mediator: shutting down");
+    mediator::say!(Info, "mediator: shutting down");
     notify::stopping();
     running.shutdown().await;
     Ok((log, broken))
@@ -521,16 +536,20 @@ async fn reopen(log: &mediator::DecisionLog) {
     let log = log.clone();
     match tokio::task::spawn_blocking(move || log.reopen()).await {
         Ok(Ok(mediator::Reopened::File(p))) => {
-            eprintln!("mediator: decision log reopened: {}", p.display());
+            mediator::say!(Info, "mediator: decision log reopened: {}", p.display());
         }
         Ok(Ok(mediator::Reopened::NotAFile)) => {
-            eprintln!("mediator: SIGUSR1: the decision log is not a file; nothing to reopen");
+            mediator::say!(
+                Info,
+                "mediator: SIGUSR1: the decision log is not a file; nothing to reopen"
+            );
         }
-        Ok(Err(e)) => eprintln!(
+        Ok(Err(e)) => mediator::say!(
+            Error,
             "mediator: cannot reopen the decision log ({:#}); still writing to the file it had",
             anyhow::Error::from(e)
         ),
-        Err(e) => eprintln!("mediator: cannot reopen the decision log: {e}"),
+        Err(e) => mediator::say!(Error, "mediator: cannot reopen the decision log: {e}"),
     }
 }
 
@@ -555,14 +574,17 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
     match parsed {
         Err(why) => {
             running.reload_failed();
-            eprintln!("mediator: reload failed; the running authorities are unchanged:\n{why}");
+            mediator::say!(
+                Error,
+                "mediator: reload failed; the running authorities are unchanged:\n{why}"
+            );
             "ready (reload failed: the running authorities are unchanged; see the log)".to_owned()
         }
         Ok((config, text)) => {
             let r = match running.reload(config, &text) {
                 Ok(r) => r,
                 Err(refused) => {
-                    eprintln!("mediator: reload failed: {refused}");
+                    mediator::say!(Error, "mediator: reload failed: {refused}");
                     return "ready (reload refused: a name of the file is held by the registry; the running authorities are unchanged)".to_owned();
                 }
             };
@@ -573,7 +595,8 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
                     v.join(",")
                 }
             };
-            eprintln!(
+            mediator::say!(
+                Error,
                 "mediator: reload applied: added={} removed={} changed={} unchanged={} failed={}{}",
                 names(r.added.iter().map(|(n, g)| format!("{n}@{g}")).collect()),
                 names(r.removed.iter().map(|(n, g)| format!("{n}@{g}")).collect()),

@@ -88,10 +88,10 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     )
     .await?;
     if let Some(reading) = router.system_reading() {
-        eprintln!("mediator: upstream system: {reading}");
+        crate::say!(Info, "mediator: upstream system: {reading}");
     }
     if let Some(library) = router.gssapi_library() {
-        eprintln!("mediator: {library}");
+        crate::say!(Info, "mediator: {library}");
     }
 
     let tcp = bind_tcp(config.listen.tcp, "tcp").await?;
@@ -183,7 +183,8 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
             "admin_allow_anonymous_writes = true: any local process that can reach {addr} \
                  can create and revoke authorities (set admin_token_sha256 instead)"
         );
-        eprintln!(
+        crate::say!(
+            Warning,
             "mediator: WARNING: admin_allow_anonymous_writes = true: any local process can \
                  create and revoke authorities through the admin API on {addr}"
         );
@@ -245,7 +246,8 @@ async fn add_authorities(
         tracing::warn!(
             "[registry] backend = \"memory\": authorities created through the admin API are lost when this process ends"
         );
-        eprintln!(
+        crate::say!(
+            Warning,
             "mediator: WARNING: [registry] backend = \"memory\": authorities created through the admin API are lost when this process ends, and other replicas do not have them"
         );
     }
@@ -255,7 +257,8 @@ async fn add_authorities(
         // follower confirms a current view; the file's authorities are unaffected.
         Err(registry::RegistryError::Unavailable(why)) => {
             control.set_fresh(false);
-            eprintln!(
+            crate::say!(
+                Warning,
                 "mediator: registry: {why}; authorities from the registry are refused (registry_unavailable) until it answers"
             );
             0
@@ -263,7 +266,8 @@ async fn add_authorities(
         Err(e) => return Err(Error::Registry(e.to_string())),
     };
     if admin_api_on || backend != policy::config::RegistryBackend::Memory {
-        eprintln!(
+        crate::say!(
+            Info,
             "mediator: registry: {backend} {} ({} stored authorities loaded)",
             store.location(),
             control.stored_count()

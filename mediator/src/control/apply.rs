@@ -248,13 +248,15 @@ impl Control {
                     tokio::spawn(async move {
                         let what = store.set_aside(&what_name).await;
                         tracing::error!(target: TARGET, "registry: stored authority {what_name:?} (generation {generation}) is not valid here and was set aside as {what}: {why}");
-                        eprintln!(
+                        crate::say!(
+                            Warning,
                             "mediator: registry: stored authority {what_name:?} (generation {generation}) is not valid here and was set aside as {what}: {why}"
                         );
                     });
                 } else {
                     tracing::error!(target: TARGET, "registry: stored authority {name:?} (generation {generation}) is not loaded: {why}");
-                    eprintln!(
+                    crate::say!(
+                        Warning,
                         "mediator: registry: stored authority {name:?} (generation {generation}) is not loaded: {why}"
                     );
                 }
@@ -266,9 +268,11 @@ impl Control {
     fn report_rejected(&self, rejected: &Rejected) {
         self.registry_metrics.error(rejected.kind);
         tracing::error!(target: TARGET, "registry: {} cannot be read and was set aside: {}", rejected.what, rejected.why);
-        eprintln!(
+        crate::say!(
+            Warning,
             "mediator: registry: {} cannot be read and was set aside: {}",
-            rejected.what, rejected.why
+            rejected.what,
+            rejected.why
         );
     }
 

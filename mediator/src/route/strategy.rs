@@ -148,12 +148,14 @@ impl Router {
             match router.build().await {
                 Ok((strategy, fetcher)) => {
                     router.install(strategy, fetcher);
-                    eprintln!(
+                    crate::say!(
+                        Info,
                         "mediator: upstream system settings re-read: {}",
                         router.system_reading().unwrap_or_default()
                     );
                 }
-                Err(e) => eprintln!(
+                Err(e) => crate::say!(
+                    Warning,
                     "mediator: upstream system settings re-read failed; the routing in force is kept: {e}"
                 ),
             }

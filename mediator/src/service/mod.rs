@@ -5,6 +5,7 @@
 //! Kubernetes ConfigMap). None of it takes a decision or touches a connection.
 
 pub mod health;
+pub mod journal;
 pub mod notify;
 pub mod watch;
 

@@ -48,7 +48,8 @@ impl ConfigWatch {
             }
             Err(e) => {
                 if !self.unreadable {
-                    eprintln!(
+                    crate::say!(
+                        Warning,
                         "mediator: --watch-config: cannot read {}: {e}; the running authorities are unchanged",
                         self.path.display()
                     );

@@ -591,10 +591,94 @@ async fn architecture_names_every_source_file() -> Result<()> {
     Ok(())
 }
 
+/// Starts the mediator with `config`, its stderr a file, and `JOURNAL_STREAM` naming that
+/// file (`journal`) or another stream; returns the stderr text once `until` is in it (or
+/// the process ended).
+async fn stderr_with_journal(config: &str, journal: bool, until: &str) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir()?;
+    let config = config.replace("DIR", &dir.path().display().to_string());
+    std::fs::write(dir.path().join("m.toml"), config)?;
+    let err_path = dir.path().join("stderr");
+    let err = std::fs::File::create(&err_path)?;
+    let meta = err.metadata()?;
+    let stream = if journal {
+        format!("{}:{}", meta.dev(), meta.ino())
+    } else {
+        format!("{}:{}", meta.dev(), meta.ino() + 1)
+    };
+    let mut child = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(dir.path().join("m.toml"))
+        .env("JOURNAL_STREAM", stream)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .spawn()?;
+    let waited = wait_until(LOG_TIMEOUT, until, || {
+        std::fs::read_to_string(&err_path).is_ok_and(|t| t.contains(until))
+            || child.try_wait().ok().flatten().is_some()
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    waited?;
+    Ok(std::fs::read_to_string(&err_path)?)
+}
+
+/// Under systemd, stderr is the journal (`JOURNAL_STREAM`): each line carries its syslog
+/// priority (`<3>` errors, `<4>` warnings, `<6>` the rest), so `journalctl -p warning`
+/// finds the warnings; anywhere else the lines are plain (design section 19).
+async fn stderr_lines_carry_priorities_when_stderr_is_the_journal() -> Result<()> {
+    let config = r#"
+[listen]
+admin = "127.0.0.1:0"
+admin_allow_anonymous_writes = true
+[registry]
+backend = "memory"
+[log]
+decisions = "DIR/decisions.jsonl"
+"#;
+    let text = stderr_with_journal(config, true, "ready tcp=").await?;
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| l.contains(needle))
+            .map(str::to_owned)
+            .ok_or_else(|| anyhow!("no line with {needle:?} in:\n{text}"))
+    };
+    ensure!(
+        line("WARNING: admin_allow_anonymous_writes")?.starts_with("<4>mediator: WARNING"),
+        "{text}"
+    );
+    ensure!(
+        line("WARN mediator::server")?.starts_with("<4>"),
+        "tracing's too: {text}"
+    );
+    ensure!(line("ready")?.starts_with("<6>"), "{text}");
+    ensure!(
+        text.lines().all(|l| l.starts_with('<')),
+        "every line has a priority:\n{text}"
+    );
+    // A start that fails says so at priority 3.
+    let failing = config.replace("DIR/decisions.jsonl", "DIR/missing/dir/decisions.jsonl");
+    let text = stderr_with_journal(&failing, true, "decision log").await?;
+    ensure!(
+        text.lines()
+            .any(|l| l.starts_with("<3>mediator:") && l.contains("decision log")),
+        "{text}"
+    );
+    // Another stream: plain lines.
+    let text = stderr_with_journal(config, false, "ready tcp=").await?;
+    ensure!(!text.contains("<4>") && !text.contains("<6>"), "{text}");
+    ensure!(text.contains("mediator: WARNING"), "{text}");
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
         case!(architecture_names_every_source_file),
+        case!(stderr_lines_carry_priorities_when_stderr_is_the_journal),
         case!(sigusr1_reopens_the_decision_log_without_losing_a_line).threads(4),
         case!(a_reopen_that_fails_keeps_writing_to_the_old_file),
         case!(a_decision_log_that_cannot_be_written_stops_the_mediator),
