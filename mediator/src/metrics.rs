@@ -20,6 +20,7 @@
 //! | `process_*` | (process collector) | |
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use policy::{Reason, Verdict};
@@ -145,7 +146,19 @@ pub(crate) struct Metrics {
     open: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: prometheus::Gauge,
+    /// The authority names that have series of their own (at most `label_cap`); every
+    /// other one is counted under [`OVERFLOW`].
+    labelled: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
+    label_cap: usize,
 }
+
+/// The most authority names with series of their own: beyond it, a new authority's
+/// series are counted under [`OVERFLOW`], so that `/metrics` stays bounded even with
+/// many thousands of live task-scoped authorities.
+pub(crate) const AUTHORITY_LABEL_CAP: usize = 2_000;
+
+/// The `authority` label of the authorities beyond [`AUTHORITY_LABEL_CAP`].
+pub(crate) const OVERFLOW: &str = "_overflow";
 
 /// How a configuration reload ended (`mediator_reloads_total{result}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,7 +289,25 @@ impl Metrics {
             open,
             reloads,
             last_reload,
+            labelled: Arc::default(),
+            label_cap: AUTHORITY_LABEL_CAP,
         })
+    }
+
+    /// The `authority` label of `name`: the name itself if it has series of its own,
+    /// else [`OVERFLOW`].
+    fn label<'a>(&self, name: &'a str) -> &'a str {
+        if name == NO_AUTHORITY
+            || self
+                .labelled
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(name)
+        {
+            name
+        } else {
+            OVERFLOW
+        }
     }
 
     /// Counts one configuration reload; a whole success also sets the time of the last.
@@ -290,6 +321,16 @@ impl Metrics {
     /// Creates the per-authority series with value 0 (so that a new authority shows up on
     /// dashboards before its first connection).
     pub(crate) fn prime(&self, authority: &str) {
+        {
+            let mut labelled = self
+                .labelled
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if labelled.len() < self.label_cap {
+                labelled.insert(authority.to_owned());
+            }
+        }
+        let authority = self.label(authority);
         self.active.with_label_values(&[authority]);
         self.open.with_label_values(&[authority]);
         for kind in [LimitKind::Connections, LimitKind::Rate] {
@@ -308,7 +349,7 @@ impl Metrics {
         decision: Verdict,
         reason: Reason,
     ) {
-        let authority = authority.unwrap_or(NO_AUTHORITY);
+        let authority = self.label(authority.unwrap_or(NO_AUTHORITY));
         self.decisions
             .with_label_values(&[
                 authority,
@@ -322,23 +363,30 @@ impl Metrics {
     /// An allowed upstream connection of `authority` was routed `route` (`"direct"` or
     /// `"parent"`, [`crate::route::Route::kind`]).
     pub(crate) fn routed(&self, authority: &str, route: &'static str) {
-        self.routed.with_label_values(&[authority, route]).inc();
+        self.routed
+            .with_label_values(&[self.label(authority), route])
+            .inc();
     }
 
     /// An allowed upstream connection was opened for `authority`.
     pub(crate) fn opened(&self, authority: &str) {
-        self.active.with_label_values(&[authority]).inc();
+        self.active
+            .with_label_values(&[self.label(authority)])
+            .inc();
     }
 
     /// An allowed upstream connection of `authority` closed after relaying `up` and
     /// `down` more bytes (those not counted by [`Self::bytes`] while it was open).
     pub(crate) fn closed(&self, authority: &str, up: u64, down: u64) {
-        self.active.with_label_values(&[authority]).dec();
+        self.active
+            .with_label_values(&[self.label(authority)])
+            .dec();
         self.bytes(authority, up, down);
     }
 
     /// Counts bytes relayed for `authority` (up: client to upstream).
     pub(crate) fn bytes(&self, authority: &str, up: u64, down: u64) {
+        let authority = self.label(authority);
         self.bytes.with_label_values(&[authority, "up"]).inc_by(up);
         self.bytes
             .with_label_values(&[authority, "down"])
@@ -359,7 +407,10 @@ impl Metrics {
     /// or `None` for the unidentified pool and the global limit).
     pub(crate) fn limited(&self, authority: Option<&str>, limit: LimitKind) {
         self.limited
-            .with_label_values(&[authority.unwrap_or(NO_AUTHORITY), limit.as_str()])
+            .with_label_values(&[
+                self.label(authority.unwrap_or(NO_AUTHORITY)),
+                limit.as_str(),
+            ])
             .inc();
     }
 
@@ -380,6 +431,7 @@ impl Metrics {
                     let name = label.value();
                     if label.name() == "authority"
                         && name != NO_AUTHORITY
+                        && name != OVERFLOW
                         && !live.contains_key(name)
                         && !gone.iter().any(|g| g == name)
                     {
@@ -394,13 +446,27 @@ impl Metrics {
                 self.forget(name);
             }
         }
+        let mut overflow = 0;
         for (authority, n) in live {
-            self.open.with_label_values(&[authority]).set(i64::from(n));
+            let label = self.label(authority);
+            if label == OVERFLOW {
+                overflow += i64::from(n);
+            } else {
+                self.open.with_label_values(&[label]).set(i64::from(n));
+            }
+        }
+        if overflow > 0 || self.open.get_metric_with_label_values(&[OVERFLOW]).is_ok() {
+            self.open.with_label_values(&[OVERFLOW]).set(overflow);
         }
     }
 
-    /// Removes every series labelled `authority = name`.
+    /// Removes every series labelled `authority = name`, and gives its place among the
+    /// labelled names back.
     fn forget(&self, name: &str) {
+        self.labelled
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(name);
         fn remove_from<T: prometheus::core::Collector>(
             family: &T,
             name: &str,
@@ -453,7 +519,9 @@ impl Metrics {
 
     /// The live connections of `authority` (the gauge's value).
     pub(crate) fn active_of(&self, authority: &str) -> i64 {
-        self.active.with_label_values(&[authority]).get()
+        self.active
+            .with_label_values(&[self.label(authority)])
+            .get()
     }
 
     /// Registers another family with the mediator's registry (rendered with the others).
@@ -517,5 +585,35 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }
         assert!(text.contains("process_start_time_seconds"), "{text}");
+    }
+
+    #[test]
+    fn authorities_beyond_the_cap_share_one_label_until_a_place_frees() {
+        let mut m = Metrics::new().unwrap();
+        m.label_cap = 2;
+        for a in ["a", "b", "c", "d"] {
+            m.prime(a);
+            m.decision(Some(a), Protocol::Connect, Verdict::Allow, Reason::Allowed);
+        }
+        m.opened("c");
+        let get = |m: &Metrics, a: &str| {
+            m.decisions
+                .with_label_values(&[a, "connect", "allow", "allowed"])
+                .get()
+        };
+        assert_eq!((get(&m, "a"), get(&m, "b"), get(&m, OVERFLOW)), (1, 1, 2));
+        assert!(!m.render().contains("authority=\"c\""));
+        assert_eq!(m.active_of("c"), 1, "counted under the overflow label");
+        // "a" revoked and gone: its place is free for the next new authority.
+        m.set_open([("b", 0), ("c", 0), ("d", 0)]);
+        assert!(!m.render().contains("authority=\"a\""));
+        m.prime("e");
+        m.decision(
+            Some("e"),
+            Protocol::Connect,
+            Verdict::Allow,
+            Reason::Allowed,
+        );
+        assert_eq!(get(&m, "e"), 1);
     }
 }
