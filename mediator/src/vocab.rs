@@ -59,21 +59,24 @@ pub enum CloseReason {
     /// A reset, a failed write, a failed handshake, or a connection that ended on no
     /// path that wrote its record (the connection's owner was dropped unfinished).
     Error,
-    /// The mediator cut it: shutdown grace over, or its authority revoked and the revoke
-    /// grace over.
+    /// The mediator cut it: the shutdown grace is over.
     Shutdown,
+    /// The mediator cut it: its authority was revoked (or the grant it was opened under
+    /// replaced by a narrower one on reload) and the revoke grace is over.
+    Revoked,
     /// The SNI gate refused the tunnel (design section 6); its close record is a deny.
     SniMismatch,
 }
 
 impl CloseReason {
     /// Every close reason.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ClientClosed,
         Self::UpstreamClosed,
         Self::IdleTimeout,
         Self::Error,
         Self::Shutdown,
+        Self::Revoked,
         Self::SniMismatch,
     ];
 
@@ -85,6 +88,7 @@ impl CloseReason {
             Self::IdleTimeout => "idle_timeout",
             Self::Error => "error",
             Self::Shutdown => "shutdown",
+            Self::Revoked => "revoked",
             Self::SniMismatch => "sni_mismatch",
         }
     }
@@ -92,7 +96,7 @@ impl CloseReason {
     /// Whether the mediator ended the connection itself (idle, shutdown or revocation):
     /// such an end is a reset, never a clean close.
     pub fn is_cut(self) -> bool {
-        matches!(self, Self::IdleTimeout | Self::Shutdown)
+        matches!(self, Self::IdleTimeout | Self::Shutdown | Self::Revoked)
     }
 
     /// The verdict and reason a close record carries: a tunnel the SNI gate cut ends
@@ -104,7 +108,8 @@ impl CloseReason {
             | Self::UpstreamClosed
             | Self::IdleTimeout
             | Self::Error
-            | Self::Shutdown => (policy::Verdict::Allow, policy::Reason::Allowed),
+            | Self::Shutdown
+            | Self::Revoked => (policy::Verdict::Allow, policy::Reason::Allowed),
         }
     }
 }

@@ -142,7 +142,12 @@ impl Opened {
         rec.bytes_up = Some(outcome.up);
         rec.bytes_down = Some(outcome.down);
         rec.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
-        rec.close_reason = Some(outcome.close_reason);
+        // The closing signal is the same for both cuts: outside the shutdown drain it was
+        // the authority's revocation (or its grant's replacement).
+        rec.close_reason = Some(match outcome.close_reason {
+            CloseReason::Shutdown if !self.shared.signals.is_draining() => CloseReason::Revoked,
+            other => other,
+        });
         if let Some(name) = self.ctx.authority_name() {
             let [up, down] = &self.reported;
             let (up, down) = (

@@ -212,7 +212,12 @@ pub(crate) fn upgrade_close(
     rec.bytes_up = Some(outcome.up);
     rec.bytes_down = Some(outcome.down);
     rec.duration_ms = Some(u64::try_from(facts.started.elapsed().as_millis()).unwrap_or(u64::MAX));
-    rec.close_reason = Some(outcome.close_reason);
+    rec.close_reason = Some(match outcome.close_reason {
+        crate::vocab::CloseReason::Shutdown if !shared.signals.is_draining() => {
+            crate::vocab::CloseReason::Revoked
+        }
+        other => other,
+    });
     rec.upgrade = Some(facts.kind);
     shared.log.write(&rec);
 }

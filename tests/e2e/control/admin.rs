@@ -550,7 +550,8 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
         "tunnel still open after the grace"
     );
     let close = m.wait_for_close(&decision["id"]).await?;
-    assert_eq!(close["close_reason"], "shutdown");
+    // A cut by revocation says so, distinct from a shutdown's.
+    assert_eq!(close["close_reason"], "revoked");
     let list = m.admin_get("/v1/authorities").await?;
     assert_eq!(list["authorities"], json!([]));
     let p = m.metrics().await?;

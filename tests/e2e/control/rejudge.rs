@@ -226,7 +226,7 @@ async fn a_reload_that_narrows_a_grant_cuts_its_tunnels_after_the_grace_and_curl
             LOG_TIMEOUT,
         )
         .await?;
-    ensure!(close["close_reason"] == "shutdown", "{close}");
+    ensure!(close["close_reason"] == "revoked", "{close}");
     Ok(())
 }
 

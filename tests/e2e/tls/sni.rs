@@ -378,7 +378,7 @@ async fn a_tunnel_waiting_at_the_gate_is_cut_with_a_reset_when_revoked() -> Resu
             Duration::from_secs(5),
         )
         .await?;
-    assert_eq!(close["close_reason"], "shutdown", "{close}");
+    assert_eq!(close["close_reason"], "revoked", "{close}");
     let first = first_recorded(&seen).await?;
     assert!(first.is_empty(), "origin received {} bytes", first.len());
     Ok(())
