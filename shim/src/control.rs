@@ -139,11 +139,12 @@ pub(crate) struct ControlSocket {
 }
 
 impl ControlSocket {
-    /// Binds `path` (absolute; nothing may exist there) with mode 0600.
+    /// Binds `path` (absolute) with mode 0600. Nothing may exist there but a stale socket
+    /// (one nobody listens on: a shim killed with SIGKILL left it), which is replaced.
     ///
     /// # Errors
-    /// [`Error::Usage`] for a relative path or one that exists; [`Error::Io`] when it
-    /// cannot be bound.
+    /// [`Error::Usage`] for a relative path, or one where a file or a live socket is;
+    /// [`Error::Io`] when it cannot be bound.
     pub(crate) fn bind(path: &Path) -> Result<Self> {
         if !path.is_absolute() {
             return Err(Error::Usage(format!(
@@ -151,11 +152,23 @@ impl ControlSocket {
                 path.display()
             )));
         }
-        if std::fs::symlink_metadata(path).is_ok() {
-            return Err(Error::Usage(format!(
-                "--control {}: something exists there already; the shim makes the socket itself and removes it at exit",
-                path.display()
-            )));
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            // A socket nobody listens on is what a shim killed with SIGKILL leaves: taken
+            // over. Anything else (a live socket, a file) is not ours to replace.
+            let stale = meta.file_type().is_socket()
+                && matches!(
+                    UnixStream::connect(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+                );
+            if !stale {
+                return Err(Error::Usage(format!(
+                    "--control {}: something exists there already (a live socket or a file); the shim makes the socket itself and removes it at exit",
+                    path.display()
+                )));
+            }
+            std::fs::remove_file(path).map_err(|e| {
+                Error::io(format!("remove the stale --control {}", path.display()), e)
+            })?;
         }
         let listener = UnixListener::bind(path)
             .map_err(|e| Error::io(format!("bind --control {}", path.display()), e))?;
@@ -311,6 +324,32 @@ mod tests {
         );
         assert!(matches!(b.current(), Bound::Socket(p) if p == Path::new("/run/m/b.sock")));
         assert_eq!(b.rebinds().0, [r]);
+    }
+
+    #[test]
+    fn a_stale_socket_is_taken_over_and_a_live_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("shim-control-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        // Live: refused.
+        let live = UnixListener::bind(&path).unwrap();
+        assert!(
+            ControlSocket::bind(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("exists")
+        );
+        // Stale (its listener gone, the file left): taken over.
+        drop(live);
+        let c = ControlSocket::bind(&path).unwrap();
+        assert!(UnixStream::connect(&path).is_ok());
+        drop(c);
+        assert!(!path.exists(), "removed at drop");
+        // A file: refused, and left alone.
+        std::fs::write(&path, "x").unwrap();
+        assert!(ControlSocket::bind(&path).is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "x");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
