@@ -79,7 +79,7 @@ pub(crate) fn http_origin() -> u16 {
 }
 
 /// An echo origin on 127.0.0.1: bytes back until EOF, then its own FIN.
-fn echo_origin() -> u16 {
+pub(crate) fn echo_origin() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {

@@ -13,13 +13,14 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use crate::capture::{http_origin, stand_in};
+use crate::capture::{echo_origin, http_origin, stand_in};
 use crate::support::{SHIM, Scratch, expect, read_json};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
     cases![
         socket_mode_rebinds_new_connections_to_another_authority,
+        an_open_tunnel_finishes_on_the_channel_it_was_opened_on,
         embedded_mode_rebinds_to_a_new_grant,
     ]
 }
@@ -148,6 +149,68 @@ fn socket_mode_rebinds_new_connections_to_another_authority() -> TestResult {
         return Err("the control socket outlived the run".into());
     }
     Ok(())
+}
+
+/// A tunnel opened before a rebind keeps working on its channel; the next one opens on
+/// the new channel.
+fn an_open_tunnel_finishes_on_the_channel_it_was_opened_on() -> TestResult {
+    let s = Scratch::new("control-open");
+    let port = echo_origin();
+    let target = format!("echo.test:{port}");
+    let (old, old_heads) = stand_in(&s.path("old"), target.clone(), port);
+    let (new, new_heads) = stand_in(&s.path("new"), target.clone(), port);
+    let control = s.path("control.sock");
+    let script = format!(
+        r#"exec /usr/bin/python3 -c '
+import os, socket, sys
+def tunnel():
+    c = socket.create_connection(("127.0.0.1", int(os.environ["HTTP_PROXY"].rsplit(":", 1)[1].strip("/"))))
+    c.sendall(b"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += c.recv(1)
+    return c
+t = tunnel()
+t.sendall(b"one"); print(t.recv(3).decode(), flush=True)
+os.read(5, 3)
+t.sendall(b"two"); print(t.recv(3).decode(), flush=True)
+u = tunnel(); u.sendall(b"new"); print(u.recv(3).decode(), flush=True)
+'"#
+    );
+    let (mut child, mut go) = shim_waiting(
+        &[
+            "--no-capture",
+            "--mediator-socket",
+            old.to_str().unwrap(),
+            "--control",
+            control.to_str().unwrap(),
+        ],
+        &script,
+    );
+    expect("before", &first_lines(&mut child, 1)?.join(" "), "one")?;
+    let a = send(
+        &control,
+        &format!(r#"{{"rebind": {:?}}}"#, new.to_str().unwrap()),
+    )?;
+    if a["ok"] != true {
+        return Err(format!("rebind refused: {a}"));
+    }
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    expect("after", &String::from_utf8_lossy(&out.stdout), "two\nnew\n")
+        .map_err(|e| format!("{e}; {}", String::from_utf8_lossy(&out.stderr)))?;
+    let count = |h: &std::sync::Arc<std::sync::Mutex<Vec<String>>>| {
+        h.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("CONNECT"))
+            .count()
+    };
+    expect(
+        "CONNECTs seen by the old and the new channel",
+        &format!("{} {}", count(&old_heads), count(&new_heads)),
+        "1 1",
+    )
 }
 
 fn embedded_mode_rebinds_to_a_new_grant() -> TestResult {
