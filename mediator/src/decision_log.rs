@@ -265,6 +265,8 @@ pub struct DecisionLog {
     tap: Option<Tap>,
     /// `instance` and `run`, added to every line (design section 19).
     stamp: Arc<Stamp>,
+    /// `[telemetry] otlp_endpoint`: every record is offered to it too.
+    exporter: Option<Arc<crate::export::otlp::Exporter>>,
     /// The file of a [`Sink::File`] (what [`Self::reopen`] opens again).
     path: Option<Arc<PathBuf>>,
 }
@@ -313,7 +315,7 @@ impl Stamp {
 }
 
 /// This host's name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
@@ -461,6 +463,7 @@ impl DecisionLog {
             handle: Arc::new(Handle(queue)),
             tap: None,
             stamp: Arc::new(Stamp::new(None, random_run(), false)),
+            exporter: None,
             path,
         })
     }
@@ -474,6 +477,13 @@ impl DecisionLog {
             self.stamp.run.clone(),
             format == policy::config::LogFormat::Ocsf,
         ));
+        self
+    }
+
+    /// The same log, offering every record to `exporter` as well (design section 19).
+    #[must_use]
+    pub(crate) fn with_exporter(mut self, exporter: crate::export::otlp::Exporter) -> Self {
+        self.exporter = Some(Arc::new(exporter));
         self
     }
 
@@ -539,6 +549,9 @@ impl DecisionLog {
                 return;
             }
             self.stamp.append(line, &record.peer);
+            if let Some(exporter) = &self.exporter {
+                exporter.offer(record, line, &self.stamp.run);
+            }
             if self.stamp.ocsf {
                 // The native line, stamped, becomes the event's `unmapped`.
                 let native = std::mem::take(line);

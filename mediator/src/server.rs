@@ -73,6 +73,18 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         .with_tap(options.tap)
         .with_stamp(config.log_instance.as_deref(), config.log_format);
     let metrics = Metrics::new()?;
+    let log = match &config.otlp_endpoint {
+        Some(endpoint) => {
+            let instance = config
+                .log_instance
+                .clone()
+                .unwrap_or_else(crate::decision_log::host_name);
+            log.with_exporter(crate::export::otlp::Exporter::start(
+                endpoint, &instance, &metrics,
+            )?)
+        }
+        None => log,
+    };
     let resolver = resolver_of(&config)?;
     // Before any listener: a CA that cannot be loaded stops the start.
     let tls = TlsState::load(&config.tls)?.map(Arc::new);

@@ -3,3 +3,4 @@
 //! a record as an OCSF Network Activity event.
 
 pub(crate) mod ocsf;
+pub(crate) mod otlp;

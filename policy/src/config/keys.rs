@@ -123,6 +123,9 @@ pub const SECTIONS: &[Section] = &[
         key("format", "`\"native\"`", "`\"ocsf\"`", "`native` (the mediator's JSON lines) or `ocsf` (OCSF 1.5.0 Network Activity events, class 4001: [control.md](control.md#ocsf))").checked(|c| format!("{:?}", c.log_format.as_str())),
         key("instance", "the host name", "`\"mediator-eu-1\"`", "the name every decision record carries as `instance` (with `run`, random per start): which mediator wrote it"),
     ] },
+    Section { heading: "[telemetry]", before: "Decision records sent off the box besides the decision log ([control.md](control.md#otlp)).", after: "", keys: &[
+        key("otlp_endpoint", "none", "`\"http://127.0.0.1:4318\"`", "an OTLP/HTTP receiver: each record also goes there as an OTLP log record (protobuf), batched through a bounded queue that never delays a decision; what it drops is counted (`mediator_export_dropped_total`)"),
+    ] },
     Section { heading: "[global]", before: "", after: "", keys: &[
         key("deny", "`[]`", "`[\"*:25\", { host = \"*.pastebin.com\", reason = \"paste sites are off limits\" }]`", "deny entries applied to every authority, those of the admin API included; a table entry carries the operator's `reason` (printable ASCII, at most 400 bytes), given to the denied client as `message`"),
     ] },

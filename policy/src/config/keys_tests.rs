@@ -65,6 +65,7 @@ fn the_table_lists_exactly_the_keys_the_parser_accepts() {
         ("[timeouts]", "[timeouts]\nzz_unknown = 1\n"),
         ("[limits]", "[limits]\nzz_unknown = 1\n"),
         ("[log]", "[log]\nzz_unknown = 1\n"),
+        ("[telemetry]", "[telemetry]\nzz_unknown = 1\n"),
         ("[global]", "[global]\nzz_unknown = 1\n"),
         ("[registry]", "[registry]\nzz_unknown = 1\n"),
         (

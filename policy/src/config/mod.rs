@@ -67,6 +67,9 @@ pub struct Config {
     pub log: Log,
     /// `[log] format`: how each decision record is written (design section 19).
     pub log_format: LogFormat,
+    /// `[telemetry] otlp_endpoint`: where decision records also go as OTLP/HTTP log
+    /// records (design section 19); `None`: nowhere.
+    pub otlp_endpoint: Option<OtlpEndpoint>,
     /// `[log] instance`: the name every decision record carries as `instance` (design
     /// section 19); `None`: the host name. Printable ASCII without spaces, 1..=253 bytes.
     pub log_instance: Option<String>,
@@ -185,6 +188,15 @@ pub enum Log {
     Stdout,
     /// Decision log lines are appended to this file.
     File(PathBuf),
+}
+
+/// `[telemetry] otlp_endpoint`: an OTLP/HTTP receiver (protobuf), `http://host:port[/path]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpEndpoint {
+    /// `host:port` (the port defaults to 4318, OTLP/HTTP's).
+    pub authority: String,
+    /// The request path (default `/v1/logs`).
+    pub path: String,
 }
 
 /// `[log] format`: the shape of each decision record (design section 19).
@@ -336,6 +348,9 @@ impl Validator<'_> {
             None => Some(Vec::new()),
         }
         .unwrap_or_default();
+        let otlp_endpoint = section("telemetry")
+            .and_then(|v| self.table::<raw::RawTelemetry>("[telemetry]", v))
+            .and_then(|r| self.telemetry(r));
         let registry = match section("registry") {
             Some(v) => self
                 .table::<registry::RawRegistry>("[registry]", v)
@@ -364,6 +379,7 @@ impl Validator<'_> {
             limits: limits?,
             log: log.as_ref()?.0.clone(),
             log_format: log.as_ref()?.2,
+            otlp_endpoint,
             log_instance: log?.1,
             tls: tls?,
             registry: registry?,

@@ -18,6 +18,7 @@ pub(super) const TOP_LEVEL_KEYS: &[&str] = &[
     "timeouts",
     "limits",
     "log",
+    "telemetry",
     "global",
     "registry",
     "authority",
@@ -101,6 +102,12 @@ pub(super) struct RawLog {
     pub(super) decisions: Option<Spanned<String>>,
     pub(super) instance: Option<Spanned<String>>,
     pub(super) format: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelemetry {
+    pub(super) otlp_endpoint: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -277,7 +277,7 @@ x = 1
             "m.toml:42:8: authority \"bad name\": authority name \"bad name\" contains ' '; use only ASCII letters, digits, '-' and '_'",
             "m.toml:43:18: authority \"bad name\": invalid allow_private entry \"10.0.0.1/8\": CIDR has host bits set; write \"10.0.0.0/8\"",
             "m.toml:46:13: [log]: decisions is empty; write \"stdout\" or a file path",
-            "m.toml:48:2: unknown top-level key \"extra\"; expected one of listen, resolver, upstream, tls, timeouts, limits, log, global, registry, authority",
+            "m.toml:48:2: unknown top-level key \"extra\"; expected one of listen, resolver, upstream, tls, timeouts, limits, log, telemetry, global, registry, authority",
         ]
     );
 }
@@ -1157,4 +1157,38 @@ default_deny_reason = ""
             "m.toml:3:23: authority \"a\": invalid default_deny_reason: a reason is printable ASCII only; byte 3 is '\u{e9}'"
         ]
     );
+}
+
+#[test]
+fn the_otlp_endpoint_is_an_http_url() {
+    let c = parse(
+        "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+        "m.toml",
+    )
+    .unwrap();
+    let e = c.otlp_endpoint.unwrap();
+    assert_eq!(
+        (e.authority.as_str(), e.path.as_str()),
+        ("127.0.0.1:4318", "/v1/logs")
+    );
+    let c = parse(
+        "[telemetry]\notlp_endpoint = \"http://collector.test/otlp/v1/logs\"\n",
+        "m.toml",
+    )
+    .unwrap();
+    let e = c.otlp_endpoint.unwrap();
+    assert_eq!(
+        (e.authority.as_str(), e.path.as_str()),
+        ("collector.test:4318", "/otlp/v1/logs")
+    );
+    assert!(parse("", "m.toml").unwrap().otlp_endpoint.is_none());
+    for bad in [
+        "https://x.test:4318",
+        "127.0.0.1:4318",
+        "http://",
+        "http://u@x.test",
+    ] {
+        let e = errors(&format!("[telemetry]\notlp_endpoint = {bad:?}\n"));
+        assert!(e[0].contains("is not an OTLP/HTTP URL"), "{bad}: {e:?}");
+    }
 }

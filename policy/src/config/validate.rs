@@ -500,6 +500,51 @@ impl<'a> Validator<'a> {
         (log, instance, format)
     }
 
+    /// `[telemetry]`: the OTLP/HTTP endpoint, `http://host:port[/path]`.
+    pub(super) fn telemetry(
+        &mut self,
+        raw: super::raw::RawTelemetry,
+    ) -> Option<super::OtlpEndpoint> {
+        let url = raw.otlp_endpoint?;
+        let text = url.get_ref();
+        let parsed = text.strip_prefix("http://").and_then(|rest| {
+            let (authority, path) = match rest.find('/') {
+                Some(i) => (&rest[..i], &rest[i..]),
+                None => (rest, ""),
+            };
+            let ok = !authority.is_empty()
+                && !authority.contains('@')
+                && authority.bytes().all(|b| b.is_ascii_graphic())
+                && path.bytes().all(|b| b.is_ascii_graphic());
+            ok.then(|| super::OtlpEndpoint {
+                authority: if authority
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+                    && !authority.ends_with(']')
+                {
+                    authority.to_owned()
+                } else {
+                    format!("{authority}:4318")
+                },
+                path: if path.is_empty() || path == "/" {
+                    "/v1/logs".to_owned()
+                } else {
+                    path.to_owned()
+                },
+            })
+        });
+        if parsed.is_none() {
+            self.error(
+                Some(url.span()),
+                "[telemetry]",
+                format!(
+                    "otlp_endpoint {text:?} is not an OTLP/HTTP URL: write \"http://host:port\" (records are POSTed to /v1/logs unless the URL has a path)"
+                ),
+            );
+        }
+        parsed
+    }
+
     /// Validates the global deny list; returns only the valid entries (the invalid ones
     /// are reported here, once, not again for every authority).
     pub(super) fn global(&mut self, raw: RawGlobal) -> Vec<crate::grant::DenyEntry> {

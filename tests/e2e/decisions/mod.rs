@@ -7,6 +7,7 @@ mod grant_denials;
 mod limits;
 mod ocsf;
 mod operator_reasons;
+mod otlp;
 
 use e2e::harness::Case;
 
@@ -18,6 +19,7 @@ pub(crate) fn cases() -> Vec<Case> {
         limits::cases(),
         operator_reasons::cases(),
         ocsf::cases(),
+        otlp::cases(),
     ]
     .concat()
 }
