@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Cost of the decision record's format (design 19): the same mediator with [log] format
-# "native" and "ocsf" (decision log to a file), side by side in one run, on the CONNECT and
+# Cost of the decision record's format and export (design 19): the same mediator with
+# [log] format "native", "ocsf", and native plus [telemetry] otlp_endpoint (a Python
+# receiver on loopback answering 200), decision log to a file, side by side in one run, on the CONNECT and
 # forward benchmarks at concurrency 8 over the authority's Unix socket. Prints requests/s,
 # the mediator's CPU seconds per 1,000 requests and the OCSF/native ratio per mode.
 # RUNS=N alternations (default 3), DURATION seconds per run (default 4).
@@ -19,15 +20,33 @@ trap cleanup EXIT
 pids+=($!)
 for _ in $(seq 100); do grep -q '^listening' "$work/origin.out" && break; sleep 0.1; done
 origin=$(awk '/^listening/ {print $2}' "$work/origin.out")
+# An OTLP/HTTP sink: reads each POST and answers 200.
+otlp_port=$("$bin/loadgen" free-port)
+python3 - "$otlp_port" <<'PY' &
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+PY
+pids+=($!)
 
-for format in native ocsf; do
+for format in native ocsf otlp; do
     mkdir -p "$work/$format/sockets"
+    case $format in
+        otlp) fmt=native; telemetry="[telemetry]
+otlp_endpoint = \"http://127.0.0.1:$otlp_port\"" ;;
+        *) fmt=$format; telemetry= ;;
+    esac
     cat >"$work/$format/mediator.toml" <<TOML
 [listen]
 socket_dir = "$work/$format/sockets"
 [log]
 decisions = "$work/$format/decisions.log"
-format = "$format"
+format = "$fmt"
+$telemetry
 [registry]
 backend = "memory"
 [[authority]]
@@ -43,7 +62,7 @@ done
 
 for _ in $(seq "$RUNS"); do
     for mode in connect-rate forward-rate; do
-        for format in native ocsf; do
+        for format in native ocsf otlp; do
             "$bin/loadgen" run --origin "$origin" --mode "$mode" --concurrency 8 \
                 --duration "$DURATION" --warmup 1 --label "$format" \
                 --via "unix:$work/$format/sockets/agent-0.sock" \
@@ -57,7 +76,10 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for mode in ("connect-rate", "forward-rate"):
     pick = lambda f, k: statistics.median(r[k] or 0.0 for r in rows if r["mode"] == mode and r["label"] == f)
-    n, o = pick("native", "rate"), pick("ocsf", "rate")
-    cn, co = pick("native", "proxy_cpu_per_1000"), pick("ocsf", "proxy_cpu_per_1000")
-    print(f"{mode:>13}: native {n:8.0f} req/s ({cn:.3f} CPU s/1k), ocsf {o:8.0f} req/s ({co:.3f} CPU s/1k), ratio {o / n:.3f}")
+    n, cn = pick("native", "rate"), pick("native", "proxy_cpu_per_1000")
+    line = f"{mode:>13}: native {n:8.0f} req/s ({cn:.3f} CPU s/1k)"
+    for f in ("ocsf", "otlp"):
+        r, c = pick(f, "rate"), pick(f, "proxy_cpu_per_1000")
+        line += f", {f} {r:8.0f} req/s ({c:.3f} CPU s/1k, ratio {r / n:.3f})"
+    print(line)
 PY
