@@ -188,7 +188,7 @@ impl From<Decision> for Denial {
 pub fn http_status(reason: Reason, cause: Cause) -> u16 {
     match (reason, cause) {
         (_, Cause::AfterReply) => 200,
-        (Reason::MalformedTarget, _) => 400,
+        (Reason::MalformedTarget | Reason::BadRequest, _) => 400,
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
         (Reason::RateLimited, _) => 429,
         (Reason::RegistryUnavailable, _) => 503,
@@ -223,7 +223,7 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
             Reason::UpstreamFailure,
             Cause::ConnectTimeout | Cause::ConnectError | Cause::ResponseTimeout,
         ) => 0x04,
-        (Reason::UpstreamFailure | Reason::RegistryUnavailable, _) => 0x01,
+        (Reason::UpstreamFailure | Reason::RegistryUnavailable | Reason::BadRequest, _) => 0x01,
         (
             Reason::Allowed
             | Reason::NotInAllowlist

@@ -50,6 +50,10 @@ pub enum Reason {
     SpecialAddress,
     /// The request target could not be parsed or canonicalised.
     MalformedTarget,
+    /// The request head itself is not HTTP/1.1 the mediator takes (a bare CR, an
+    /// obs-folded line, a `Transfer-Encoding` it does not implement): the client's fault,
+    /// answered 400 before any target is read.
+    BadRequest,
     /// The host matches an allow entry, but not on this port.
     PortNotAllowed,
     /// A credential names an authority that does not exist.
@@ -81,7 +85,7 @@ impl Reason {
     }
 
     /// Every reason, in the order design section 4.3 lists them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Allowed,
         Self::NotInAllowlist,
         Self::DeniedByRule,
@@ -98,6 +102,7 @@ impl Reason {
         Self::RateLimited,
         Self::CredentialMisuse,
         Self::RegistryUnavailable,
+        Self::BadRequest,
     ];
 
     /// The contract string: `allowed`, `not_in_allowlist`, ... (design section 4.3).
@@ -109,6 +114,7 @@ impl Reason {
             Self::PrivateAddress => "private_address",
             Self::SpecialAddress => "special_address",
             Self::MalformedTarget => "malformed_target",
+            Self::BadRequest => "bad_request",
             Self::PortNotAllowed => "port_not_allowed",
             Self::UnknownAuthority => "unknown_authority",
             Self::BadCredential => "bad_credential",

@@ -14,7 +14,7 @@ use policy::Reason;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 use e2e::{
     AGENT_A, AGENT_B, AuthoritySpec, Denial, Fixture, LOOPBACK, ORIGIN_HOST, TOKEN_A, TOKEN_B,
     check_deny, check_line, check_tcp_peer,
@@ -445,8 +445,39 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
 }
 
 /// This module's cases.
+/// A request head the mediator does not take (RFC 9112: a transfer coding it does not
+/// implement, an obs-folded line, a bare CR) is the client's fault: the JSON deny with
+/// `bad_request`, 400, and a log line whose `host` is not the raw request line.
+async fn heads_it_does_not_take_are_400_bad_request() -> Result<()> {
+    let fx = fixture().await?;
+    let port = fx.origin.port();
+    let auth = e2e::proxy_authorization(AGENT_A, TOKEN_A);
+    for raw in [
+        format!(
+            "POST http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{auth}Transfer-Encoding: xchunked\r\n\r\n"
+        ),
+        format!(
+            "GET http://origin.test:{port}/ HTTP/1.1\r\nHost: origin.test\r\n{auth}X-A: b\r\n  folded\r\n\r\n"
+        ),
+        format!("GET http://origin.test:{port}/ HTTP/1.1\rHost: origin.test\r\n{auth}\r\n"),
+    ] {
+        let resp = fx.request(&raw).await?;
+        let body =
+            check_deny(&resp, 400, "bad_request").map_err(|e| anyhow::anyhow!("{raw:?}: {e}"))?;
+        ensure!(body["host"].is_null(), "{raw:?}: {body}");
+    }
+    let lines = fx
+        .mediator
+        .wait_for_count(|v| v["reason"] == "bad_request", 3, e2e::LOG_TIMEOUT)
+        .await?;
+    ensure!(lines.iter().all(|l| l["host"].is_null()), "{lines:#?}");
+    ensure!(fx.origin.connections() == 0);
+    Ok(())
+}
+
 pub(crate) fn cases() -> Vec<Case> {
     vec![
+        case!(heads_it_does_not_take_are_400_bad_request),
         case!(host_outside_grant_is_403_not_in_allowlist_and_never_resolved),
         case!(deny_rule_beats_allow_wildcard_403_denied_by_rule),
         case!(wildcard_deny_on_port_applies_to_every_host),

@@ -52,6 +52,7 @@ pub(crate) async fn serve<S>(
         Preflight::Pass(head) => head,
         Preflight::Closed => return,
         Preflight::Reject {
+            reason,
             label,
             detail,
             protocol,
@@ -67,11 +68,12 @@ pub(crate) async fn serve<S>(
                 Ok(a) => ctx.attributed(&a),
                 Err(_) => ctx,
             };
-            let denial = Denial::new(
-                Reason::MalformedTarget,
-                detail,
-                "send CONNECT host:port, or an absolute-form http:// URI, with a valid request line",
-            );
+            let hint = if reason == Reason::BadRequest {
+                "send an HTTP/1.1 request head with CRLF line ends, no folded header lines, and no Transfer-Encoding other than chunked"
+            } else {
+                "send CONNECT host:port, or an absolute-form http:// URI, with a valid request line"
+            };
+            let denial = Denial::new(reason, detail, hint);
             let resp = refuse(&shared, &ctx, protocol, &label, denial);
             let _ = write_raw_response(&mut io, resp).await;
             return;

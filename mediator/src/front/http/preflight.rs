@@ -30,7 +30,11 @@ pub(crate) enum Preflight {
     Pass(Head),
     /// The request line cannot be parsed: answer the JSON 400.
     Reject {
-        /// The raw target (or request line), escaped.
+        /// `malformed_target` (the target is not a URI) or `bad_request` (the head is not
+        /// HTTP/1.1 the mediator takes).
+        reason: policy::Reason,
+        /// The raw target, escaped (none for a `bad_request`: its request line is not
+        /// trusted to say where the client meant to go).
         label: TargetLabel,
         /// What is wrong.
         detail: String,
@@ -100,6 +104,9 @@ pub(crate) fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
             } else {
                 Protocol::Http
             };
+            if let Some(reject) = unimplemented_coding(&req, protocol) {
+                return Ok(reject);
+            }
             if let Err(e) = target.parse::<Uri>() {
                 let proxy_authorization = req
                     .headers
@@ -107,6 +114,7 @@ pub(crate) fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
                     .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
                     .and_then(|h| HeaderValue::from_bytes(h.value).ok());
                 return Ok(Preflight::Reject {
+                    reason: policy::Reason::MalformedTarget,
                     label: TargetLabel {
                         host: Some(escape_raw(target.as_bytes())),
                         port: None,
@@ -141,27 +149,74 @@ pub(crate) fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
         }
         Ok(httparse::Status::Partial) => {}
         Err(httparse::Error::TooManyHeaders) => return Ok(Preflight::Pass(Head::Other(buf))),
-        Err(e) => {
-            let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
-            return Ok(Preflight::Reject {
-                label: TargetLabel {
-                    host: Some(escape_raw(&buf[..line_end.min(256)])),
-                    port: None,
-                },
-                detail: format!("unparsable request head: {e}"),
-                protocol: if buf.starts_with(b"CONNECT ") {
-                    Protocol::Connect
-                } else {
-                    Protocol::Http
-                },
-                proxy_authorization: raw_proxy_authorization(&buf),
-            });
-        }
+        Err(e) => return Ok(unparsable(&buf, &e)),
     }
     if buf.len() > limit {
         return Ok(Preflight::Pass(Head::Other(buf)));
     }
     Err(buf)
+}
+
+/// RFC 9112 section 6.1: a request with a transfer coding the recipient does not
+/// implement is answered 400. Only `chunked` is implemented.
+fn unimplemented_coding(req: &httparse::Request<'_, '_>, protocol: Protocol) -> Option<Preflight> {
+    let te = req.headers.iter().find(|h| {
+        h.name.eq_ignore_ascii_case("transfer-encoding")
+            && !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
+    })?;
+    Some(Preflight::Reject {
+        reason: policy::Reason::BadRequest,
+        label: TargetLabel {
+            host: None,
+            port: None,
+        },
+        detail: format!(
+            "Transfer-Encoding: {} is not a coding this proxy implements (only chunked)",
+            escape_raw(te.value)
+        ),
+        protocol,
+        proxy_authorization: req
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("proxy-authorization"))
+            .and_then(|h| HeaderValue::from_bytes(h.value).ok()),
+    })
+}
+
+/// The rejection of a head httparse refused. A request line that is not three tokens
+/// names no target to go by: `malformed_target`, labelled with the line. A bare CR
+/// anywhere, or a bad header line (obs-fold, a bad name) under a sound request line, is
+/// the head's fault: `bad_request`, and the line is not shown as a host.
+fn unparsable(buf: &[u8], e: &httparse::Error) -> Preflight {
+    let line_end = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+    let line = buf[..line_end]
+        .strip_suffix(b"\r")
+        .unwrap_or(&buf[..line_end]);
+    let bare_cr = buf
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\r' && buf.get(i + 1).is_some_and(|&n| n != b'\n'));
+    let sound_line = line.split(|&b| b == b' ').count() == 3
+        && line.iter().all(|&b| b.is_ascii_graphic() || b == b' ');
+    let (reason, host) = if bare_cr || sound_line {
+        (policy::Reason::BadRequest, None)
+    } else {
+        (
+            policy::Reason::MalformedTarget,
+            Some(escape_raw(&buf[..line_end.min(256)])),
+        )
+    };
+    Preflight::Reject {
+        reason,
+        label: TargetLabel { host, port: None },
+        detail: format!("unparsable request head: {e}"),
+        protocol: if buf.starts_with(b"CONNECT ") {
+            Protocol::Connect
+        } else {
+            Protocol::Http
+        },
+        proxy_authorization: raw_proxy_authorization(buf),
+    }
 }
 
 /// The `Proxy-Authorization` value of a head that httparse refused (its request line is
