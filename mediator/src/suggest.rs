@@ -272,11 +272,25 @@ fn show_host(host: &str) -> String {
 
 /// `s` as the text of a TOML comment: control characters (a line break would end the
 /// comment and start a line of the table; TOML allows none but tab) escaped as `\n`,
-/// `\u{..}`. Hosts and timestamps come from the log as they were sent.
+/// `\u{..}`, and so are the characters that make a terminal or an editor show text other
+/// than it is: the Unicode line and paragraph separators (U+2028, U+2029, line breaks to
+/// some viewers) and the bidirectional controls (U+061C, U+200E, U+200F, U+202A-U+202E,
+/// U+2066-U+2069, "Trojan Source", CVE-2021-42574). Hosts and timestamps come from the log
+/// as they were sent.
 fn comment_text(s: &str) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            let deceptive = matches!(
+                c,
+                '\u{2028}'
+                    | '\u{2029}'
+                    | '\u{061C}'
+                    | '\u{200E}'
+                    | '\u{200F}'
+                    | '\u{202A}'..='\u{202E}'
+                    | '\u{2066}'..='\u{2069}'
+            );
+            if c.is_control() || deceptive {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -428,6 +442,17 @@ allow = [
         // What it prints is a configuration the loader accepts.
         let c = policy::config::parse(&got, "suggested.toml").unwrap();
         assert_eq!(c.authorities[0].grant.allow_entries().count(), 6);
+    }
+
+    #[test]
+    fn separators_and_bidi_controls_are_escaped_in_comments() {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}',
+        ] {
+            let text = comment_text(&format!("a{c}b"));
+            assert_eq!(text, format!("a{}b", c.escape_default()), "{c:?}");
+        }
+        assert_eq!(comment_text("b\u{fc}cher.test"), "b\u{fc}cher.test");
     }
 
     #[test]
