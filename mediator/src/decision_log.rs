@@ -265,10 +265,35 @@ pub struct DecisionLog {
     tap: Option<Tap>,
     /// `instance` and `run`, added to every line (design section 19).
     stamp: Arc<Stamp>,
+    /// `[log] format = "ocsf"`: what each stamped native line is rendered into.
+    render: Option<Arc<dyn Render>>,
     /// `[telemetry] otlp_endpoint`: every record is offered to it too.
-    exporter: Option<Arc<crate::export::otlp::Exporter>>,
+    ship: Option<Arc<dyn Ship>>,
     /// The file of a [`Sink::File`] (what [`Self::reopen`] opens again).
     path: Option<Arc<PathBuf>>,
+}
+
+/// A format a record is written in instead of the native line (design section 19;
+/// implemented in `export/`, so that the writer never names a format).
+pub(crate) trait Render: Send + Sync {
+    /// Writes `record` to `out`; `native` is its stamped native line (a JSON object).
+    ///
+    /// # Errors
+    /// The rendering cannot be serialised.
+    fn render(
+        &self,
+        record: &Record,
+        native: &[u8],
+        run: &str,
+        out: &mut Vec<u8>,
+    ) -> serde_json::Result<()>;
+}
+
+/// Somewhere a copy of each record goes besides the log (design section 19; implemented
+/// in `export/`). It must never block: the caller is deciding.
+pub(crate) trait Ship: Send + Sync {
+    /// Offers `record` (its stamped native line `line`); may drop it (and count it).
+    fn offer(&self, record: &Record, line: &[u8], run: &str);
 }
 
 /// What every line of this process carries besides its record (design section 19):
@@ -277,21 +302,19 @@ pub struct DecisionLog {
 #[derive(Debug)]
 struct Stamp {
     run: String,
-    /// `[log] format = "ocsf"`: lines are OCSF events ([`crate::export::ocsf`]).
-    ocsf: bool,
     /// `,"instance":"...","run":"..."`, ready to append.
     fields: String,
 }
 
 impl Stamp {
-    fn new(instance: Option<&str>, run: String, ocsf: bool) -> Self {
+    fn new(instance: Option<&str>, run: String) -> Self {
         let instance = instance.map_or_else(host_name, str::to_owned);
         let fields = format!(
             ",\"instance\":{},\"run\":{}",
             serde_json::Value::from(instance.as_str()),
             serde_json::Value::from(run.as_str())
         );
-        Self { run, ocsf, fields }
+        Self { run, fields }
     }
 
     /// Adds the fields to `line`, one serialised record (a JSON object): `instance`,
@@ -425,6 +448,8 @@ const LINE_KEEP: usize = 16 << 10;
 thread_local! {
     /// Each thread's buffer for the record it is serialising.
     static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each thread's buffer for a record's rendering (`[log] format` other than native).
+    static RENDERED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// How long the writer waits after a batch before taking the next, so that lines arriving
@@ -462,28 +487,33 @@ impl DecisionLog {
         Ok(Self {
             handle: Arc::new(Handle(queue)),
             tap: None,
-            stamp: Arc::new(Stamp::new(None, random_run(), false)),
-            exporter: None,
+            stamp: Arc::new(Stamp::new(None, random_run())),
+            render: None,
+            ship: None,
             path,
         })
     }
 
-    /// The same log, writing `format` (`[log] format`, design section 19) and naming
-    /// `instance` (`[log] instance`; `None`: the host name). The run stays this process's.
+    /// The same log, naming `instance` (`[log] instance`; `None`: the host name). The
+    /// run stays this process's.
     #[must_use]
-    pub fn with_stamp(mut self, instance: Option<&str>, format: policy::config::LogFormat) -> Self {
-        self.stamp = Arc::new(Stamp::new(
-            instance,
-            self.stamp.run.clone(),
-            format == policy::config::LogFormat::Ocsf,
-        ));
+    pub fn with_stamp(mut self, instance: Option<&str>) -> Self {
+        self.stamp = Arc::new(Stamp::new(instance, self.stamp.run.clone()));
         self
     }
 
-    /// The same log, offering every record to `exporter` as well (design section 19).
+    /// The same log, writing each record as `render` makes it (`[log] format`, design
+    /// section 19); `None`: the native line.
     #[must_use]
-    pub(crate) fn with_exporter(mut self, exporter: crate::export::otlp::Exporter) -> Self {
-        self.exporter = Some(Arc::new(exporter));
+    pub(crate) fn with_render(mut self, render: Option<Arc<dyn Render>>) -> Self {
+        self.render = render;
+        self
+    }
+
+    /// The same log, offering every record to `ship` as well (design section 19).
+    #[must_use]
+    pub(crate) fn with_ship(mut self, ship: Arc<dyn Ship>) -> Self {
+        self.ship = Some(ship);
         self
     }
 
@@ -549,15 +579,22 @@ impl DecisionLog {
                 return;
             }
             self.stamp.append(line, &record.peer);
-            if let Some(exporter) = &self.exporter {
-                exporter.offer(record, line, &self.stamp.run);
+            if let Some(ship) = &self.ship {
+                ship.offer(record, line, &self.stamp.run);
             }
-            if self.stamp.ocsf {
-                // The native line, stamped, becomes the event's `unmapped`.
-                let native = std::mem::take(line);
-                if let Err(e) = crate::export::ocsf::render(record, &native, &self.stamp.run, line)
-                {
-                    tracing::error!("cannot serialise an OCSF event: {e}");
+            if let Some(render) = &self.render {
+                // Rendered from the stamped native line into this thread's second buffer,
+                // which then becomes the line (both keep their capacity).
+                let rendered = RENDERED.with_borrow_mut(|out| {
+                    out.clear();
+                    let r = render.render(record, line, &self.stamp.run, out);
+                    if r.is_ok() {
+                        std::mem::swap(line, out);
+                    }
+                    r
+                });
+                if let Err(e) = rendered {
+                    tracing::error!("cannot render a decision record: {e}");
                     return;
                 }
             }

@@ -71,7 +71,11 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     });
     let log = DecisionLog::open(sink)?
         .with_tap(options.tap)
-        .with_stamp(config.log_instance.as_deref(), config.log_format);
+        .with_stamp(config.log_instance.as_deref())
+        .with_render(match config.log_format {
+            policy::config::LogFormat::Native => None,
+            policy::config::LogFormat::Ocsf => Some(Arc::new(crate::export::ocsf::Ocsf)),
+        });
     let metrics = Metrics::new()?;
     let log = match &config.otlp_endpoint {
         Some(endpoint) => {
@@ -79,9 +83,9 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
                 .log_instance
                 .clone()
                 .unwrap_or_else(crate::decision_log::host_name);
-            log.with_exporter(crate::export::otlp::Exporter::start(
+            log.with_ship(Arc::new(crate::export::otlp::Exporter::start(
                 endpoint, &instance, &metrics,
-            )?)
+            )?))
         }
         None => log,
     };

@@ -20,7 +20,7 @@
 
 use serde_json::{Value, json};
 
-use crate::decision_log::{Peer, Record};
+use crate::decision_log::{Peer, Record, Render};
 use crate::vocab::Event;
 
 /// The OCSF schema version the events follow.
@@ -30,18 +30,29 @@ pub(crate) const VERSION: &str = "1.5.0";
 const CLASS_UID: u64 = 4001;
 const CATEGORY_UID: u64 = 4;
 
+/// The `[log] format = "ocsf"` rendering.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ocsf;
+
+impl Render for Ocsf {
+    fn render(
+        &self,
+        record: &Record,
+        native: &[u8],
+        run: &str,
+        out: &mut Vec<u8>,
+    ) -> serde_json::Result<()> {
+        render(record, native, run, out)
+    }
+}
+
 /// `record` as one OCSF event, written to `out` (one JSON object); `native` is the record
 /// as the native log writes it (a JSON object, `instance` and `run` included), kept whole
 /// under `unmapped` as it is (never parsed again).
 ///
 /// # Errors
 /// The event cannot be serialised (only a programming error could cause it).
-pub(crate) fn render(
-    record: &Record,
-    native: &[u8],
-    run: &str,
-    out: &mut Vec<u8>,
-) -> serde_json::Result<()> {
+fn render(record: &Record, native: &[u8], run: &str, out: &mut Vec<u8>) -> serde_json::Result<()> {
     let allow = record.decision == policy::Verdict::Allow;
     let activity_id: u64 = match record.event {
         Event::Decision => 1,

@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::decision_log::Record;
+use crate::decision_log::{Record, Ship};
 
 /// Most records waiting to be sent; more are dropped (and counted).
 const QUEUE: usize = 16_384;
@@ -79,9 +79,11 @@ impl Exporter {
         ));
         Ok(Self { tx, dropped })
     }
+}
 
+impl Ship for Exporter {
     /// Queues `record` (whose native line is `line`); a full queue drops it, counted.
-    pub(crate) fn offer(&self, record: &Record, line: &[u8], run: &str) {
+    fn offer(&self, record: &Record, line: &[u8], run: &str) {
         let deny = record.decision == policy::Verdict::Deny;
         let time = humantime::parse_rfc3339(&record.ts)
             .ok()
