@@ -310,6 +310,32 @@ pub(crate) fn socket_rebinder(first: &Path) -> Rebinder {
     })
 }
 
+/// Checks that `socket` is a live authority socket's file (it exists and is a Unix
+/// socket): the first channel, and every rebind target.
+///
+/// # Errors
+/// [`Error::Channel`] saying what is wrong with it.
+pub(crate) fn check_socket(socket: &Path) -> Result<()> {
+    let meta = std::fs::metadata(socket).map_err(|e| Error::Channel {
+        path: socket.to_owned(),
+        detail: if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "{e}: the mediator makes this socket while it runs; is it running with this \
+                 socket_dir (`mediator --config FILE`), and is the authority in its config?"
+            )
+        } else {
+            e.to_string()
+        },
+    })?;
+    if !meta.file_type().is_socket() {
+        return Err(Error::Channel {
+            path: socket.to_owned(),
+            detail: "not a Unix socket".into(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,6 @@
 //! can check itself (the channel, the socket's directory, the CA file) it checks before
 //! the backend starts.
 
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -226,7 +225,7 @@ impl Channel {
     fn resolve(spec: &ChannelSpec) -> Result<Self> {
         Ok(match spec {
             ChannelSpec::Socket(p) => {
-                check_socket(p)?;
+                crate::control::check_socket(p)?;
                 Self::Socket(p.clone())
             }
             ChannelSpec::Embedded {
@@ -337,27 +336,6 @@ struct Admin {
     authority: String,
     /// The run's start (RFC 3339).
     since: String,
-}
-
-fn check_socket(socket: &Path) -> Result<()> {
-    let meta = std::fs::metadata(socket).map_err(|e| Error::Channel {
-        path: socket.to_owned(),
-        detail: if e.kind() == std::io::ErrorKind::NotFound {
-            format!(
-                "{e}: the mediator makes this socket while it runs; is it running with this \
-                 socket_dir (`mediator --config FILE`), and is the authority in its config?"
-            )
-        } else {
-            e.to_string()
-        },
-    })?;
-    if !meta.file_type().is_socket() {
-        return Err(Error::Channel {
-            path: socket.to_owned(),
-            detail: "not a Unix socket".into(),
-        });
-    }
-    Ok(())
 }
 
 /// What serves the sandbox once it handed its listener (and TUN device) out.
