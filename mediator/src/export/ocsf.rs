@@ -58,10 +58,7 @@ fn render(record: &Record, native: &[u8], run: &str, out: &mut Vec<u8>) -> serde
         Event::Decision => 1,
         Event::Close => 2,
     };
-    let time = humantime::parse_rfc3339(&record.ts)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let time = u64::try_from(super::since_epoch(record).as_millis()).unwrap_or(u64::MAX);
     let mut event = json!({
         "class_uid": CLASS_UID,
         "class_name": "Network Activity",

@@ -85,10 +85,7 @@ impl Ship for Exporter {
     /// Queues `record` (whose native line is `line`); a full queue drops it, counted.
     fn offer(&self, record: &Record, line: &[u8], run: &str) {
         let deny = record.decision == policy::Verdict::Deny;
-        let time = humantime::parse_rfc3339(&record.ts)
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let time = u64::try_from(super::since_epoch(record).as_nanos()).unwrap_or(u64::MAX);
         let mut attributes = vec![
             attr("event", record.event.as_str()),
             attr("decision", record.decision.as_str()),
