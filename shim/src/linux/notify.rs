@@ -300,11 +300,14 @@ fn absolute(pid: Pid, dirfd: Option<i32>, path: PathBuf) -> PathBuf {
 fn read_path(pid: Pid, addr: u64) -> Option<PathBuf> {
     let mut out = Vec::new();
     let mut at = addr;
+    // One page at most per read, into one buffer on the stack (this runs for every
+    // write-intent call of the command).
+    let mut page = [0u8; 4096];
     while out.len() < PATH_MAX {
         let page_left = 4096 - (at % 4096) as usize;
         let want = page_left.min(PATH_MAX - out.len());
-        let mut buf = vec![0u8; want];
-        let got = read_mem(pid, at, &mut buf)?;
+        let buf = &mut page[..want];
+        let got = read_mem(pid, at, buf)?;
         if got == 0 {
             return None;
         }
