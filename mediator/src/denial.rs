@@ -99,6 +99,17 @@ impl Denial {
         )
     }
 
+    /// The `bad_request` denial of a request whose body the client sent wrong: not valid
+    /// chunked coding (RFC 9112 section 7.1: every chunk-size line ends in CRLF), or cut
+    /// short of its framing; `fault` says what hyper found.
+    pub fn bad_body(fault: &str) -> Self {
+        Self::new(
+            Reason::BadRequest,
+            format!("the request body could not be read: {fault}"),
+            "send a body that matches its framing: Content-Length bytes, or chunked coding with CRLF line ends",
+        )
+    }
+
     /// The same denial with `cause`.
     #[must_use]
     pub fn with_cause(mut self, cause: Cause) -> Self {

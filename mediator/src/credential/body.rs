@@ -60,6 +60,8 @@ pub(crate) struct CheckedBody {
     check: Option<Box<TrailerCheck>>,
     /// A trailer was refused: nothing more is passed on.
     cut: bool,
+    /// Where the client's own body failure is told (see [`TrailerVerdict::client_fault`]).
+    fault: Arc<OnceLock<String>>,
 }
 
 pub(super) struct TrailerCheck {
@@ -69,25 +71,36 @@ pub(super) struct TrailerCheck {
     record: Box<dyn FnOnce(&Denial) + Send>,
 }
 
-/// What the trailer check of one [`CheckedBody`] found, readable after the upstream
-/// request ended.
+/// What the trailer check of one [`CheckedBody`] found, and whether the client's body
+/// itself failed, readable after the upstream request ended.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct TrailerVerdict(Option<Arc<OnceLock<Denial>>>);
+pub(crate) struct TrailerVerdict {
+    denied: Option<Arc<OnceLock<Denial>>>,
+    fault: Arc<OnceLock<String>>,
+}
 
 impl TrailerVerdict {
     /// The `credential_misuse` denial of a trailer, once the body reached it.
     pub(crate) fn denial(&self) -> Option<&Denial> {
-        self.0.as_ref().and_then(|d| d.get())
+        self.denied.as_ref().and_then(|d| d.get())
+    }
+
+    /// What was wrong with the client's body when reading it failed (e.g. a chunk-size
+    /// line that does not end in CRLF, RFC 9112 section 7.1, or a body cut short): the
+    /// upstream request failed by the client's fault, not the upstream's.
+    pub(crate) fn client_fault(&self) -> Option<&str> {
+        self.fault.get().map(String::as_str)
     }
 }
 
 impl CheckedBody {
     /// `body` as it is: for what needs no check (an authority without placeholders).
-    pub(crate) fn unchecked(body: Incoming) -> Self {
+    fn unchecked(body: Incoming, fault: Arc<OnceLock<String>>) -> Self {
         Self {
             inner: body,
             check: None,
             cut: false,
+            fault,
         }
     }
 
@@ -99,8 +112,9 @@ impl CheckedBody {
         target: &Target,
         record: impl FnOnce(&Denial) + Send + 'static,
     ) -> (Self, TrailerVerdict) {
+        let verdict = TrailerVerdict::default();
         if !has_placeholders(authority) {
-            return (Self::unchecked(body), TrailerVerdict::default());
+            return (Self::unchecked(body, Arc::clone(&verdict.fault)), verdict);
         }
         let denied = Arc::new(OnceLock::new());
         let check = TrailerCheck {
@@ -114,8 +128,12 @@ impl CheckedBody {
                 inner: body,
                 check: Some(Box::new(check)),
                 cut: false,
+                fault: Arc::clone(&verdict.fault),
             },
-            TrailerVerdict(Some(denied)),
+            TrailerVerdict {
+                denied: Some(denied),
+                fault: verdict.fault,
+            },
         )
     }
 }
@@ -134,7 +152,10 @@ impl Body for CheckedBody {
         }
         let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
-            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Error::ClientBody(e)))),
+            Poll::Ready(Some(Err(e))) => {
+                let _ = this.fault.set(chain(&e));
+                return Poll::Ready(Some(Err(Error::ClientBody(e))));
+            }
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => return Poll::Pending,
         };
@@ -160,4 +181,17 @@ impl Body for CheckedBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// `e` and each of its sources, joined with `: ` (hyper's own text for a body error is
+/// only "error reading a body from connection"; the source says what was wrong).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -19,6 +19,7 @@
 mod authority;
 mod client;
 pub(crate) mod h2_resets;
+mod head;
 mod rebuild;
 mod request;
 pub(crate) mod upgrade;
@@ -40,7 +41,9 @@ use crate::conn::record;
 use crate::conn::standing::Standing;
 use crate::conn::{Ctx, TargetLabel};
 use crate::denial::Denial;
+use crate::front::http::preflight::MIN_BUF;
 use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
+use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::TlsState;
 use crate::vocab::CloseReason;
@@ -122,6 +125,19 @@ pub(crate) async fn terminate<C>(
         upgrading,
         relays: Relays::default(),
     });
+    // HTTP/1.1: the first head is judged as the proxy's own first head is.
+    let client_tls = if client_h2 {
+        Rewind::new(Vec::new(), client_tls)
+    } else {
+        match head::first(client_tls, &env).await {
+            Ok(replayed) => replayed,
+            Err(reason) => {
+                drop(env);
+                opened.finish(bytes.outcome(reason));
+                return;
+            }
+        }
+    };
     let client_tls = ResetWatch::new(
         client_tls,
         client_h2.then(|| request::malformed_h2(&shared, &ctx, &label, target)),
@@ -182,6 +198,7 @@ where
 {
     let (timeouts, limits) = (env.shared.timeouts, env.shared.limits);
     let (closing, target) = (env.closing.clone(), env.target.clone());
+    let conn_env = Arc::clone(&env);
     let svc = service_fn(move |req| {
         let env = Arc::clone(&env);
         async move { Ok::<_, Infallible>(request::handle(req, &env).await) }
@@ -191,6 +208,7 @@ where
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.request_head)
+        .max_buf_size(limits.request_head_bytes.max(MIN_BUF))
         .keep_alive(true);
     // WebSockets over HTTP/2 (RFC 8441): SETTINGS_ENABLE_CONNECT_PROTOCOL = 1. The header
     // list (SETTINGS_MAX_HEADER_LIST_SIZE, RFC 9113 section 6.5.2) is bounded by
@@ -208,6 +226,7 @@ where
             Ok(()) => CloseReason::ClientClosed,
             Err(e) => {
                 tracing::debug!("terminated tunnel to {target}: {e}");
+                request::refused_head(&*e, &conn_env);
                 CloseReason::Error
             }
         },

@@ -6,7 +6,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Uri, Version};
 use policy::Target;
 
-use crate::front::http::rewrite::{host_value, strip_hop_by_hop};
+use crate::front::http::rewrite::{host_value, is_chunked, keep_chunked, strip_hop_by_hop};
 
 /// The upstream request: hop-by-hop headers removed (keeping `TE: trailers` for HTTP/2,
 /// which gRPC needs), the target rebuilt from canonical values: origin-form with a `Host`
@@ -21,6 +21,7 @@ pub(super) fn rebuild<B>(
         .headers
         .get(header::TE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    let chunked = is_chunked(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::HOST);
     let authority = host_value(target, 443);
@@ -43,6 +44,7 @@ pub(super) fn rebuild<B>(
         parts.uri = path.parse::<Uri>().map_err(RebuildError::Target)?;
         let host = HeaderValue::from_str(&authority).map_err(RebuildError::Host)?;
         parts.headers.insert(header::HOST, host);
+        keep_chunked(chunked, &mut parts.headers);
     }
     remove_h2_forbidden(&mut parts.headers);
     Ok(Request::from_parts(parts, body))

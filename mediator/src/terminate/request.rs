@@ -27,7 +27,7 @@ use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::credential::{CheckedBody, TrailerVerdict};
 use crate::denial::{Cause, Denial};
-use crate::front::http::response::{Body, DECISION_HEADER, deny_response};
+use crate::front::http::response::{self, Body, DECISION_HEADER, deny_response};
 use crate::front::http::rewrite::strip_hop_by_hop;
 use crate::redact::logged_path;
 use crate::shared::Shared;
@@ -262,6 +262,13 @@ async fn send(
         env.upgrading.store(false, Ordering::SeqCst);
         return deny_response(Some(name), &env.label, denial);
     }
+    // The client's body failed (not valid chunked coding, cut short): its fault, not the
+    // upstream's, and an answer to the part that got through is not the answer to the
+    // request the client sent (a line of its own, after the request's allowing one).
+    if let Some(fault) = trailers.client_fault() {
+        env.upgrading.store(false, Ordering::SeqCst);
+        return asking.refuse(env, &Denial::bad_body(fault));
+    }
     let mut resp = match answer {
         Ok(resp) => resp,
         Err(e) => {
@@ -327,6 +334,20 @@ async fn send(
 
 /// The decision line of an HTTP/2 request the HTTP/2 layer reset as malformed before it
 /// reached [`handle`] (`super::h2_resets`): no method or path can be logged.
+/// Writes the decision line of an HTTP/1.1 request head hyper refused itself (answered
+/// with a bare `400`, or `431` over `[limits] request_head_bytes`): a head after the
+/// first, which [`super::head`] judged. Any other end of the connection writes nothing.
+pub(super) fn refused_head(e: &(dyn std::error::Error + Send + Sync + 'static), env: &Env) {
+    let Some(e) = e.downcast_ref::<hyper::Error>() else {
+        return;
+    };
+    let Some(denial) = response::refused_head(e, env.shared.limits.request_head_bytes) else {
+        return;
+    };
+    let ctx = env.ctx.attributed(&env.standing.authority());
+    record::deny(&env.shared, &ctx, Protocol::Tls, &env.label, denial);
+}
+
 pub(super) fn malformed_h2(
     shared: &Arc<Shared>,
     ctx: &Ctx,

@@ -444,7 +444,55 @@ async fn check_malformed(targets: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// This module's cases.
+/// A chunked body on a GET is passed on. A chunked request body whose chunk-size line ends in a bare LF (RFC 9112 section 7.1
+/// wants CRLF) is the client's fault: 400 `bad_request` naming the body, and a decision
+/// line saying so, never a 502 `upstream_failure` blamed on the origin.
+async fn a_chunked_body_with_a_bare_lf_is_400_bad_request_not_502() -> Result<()> {
+    let fx = fixture().await?;
+    let port = fx.origin.port();
+    let auth = e2e::proxy_authorization(AGENT_A, TOKEN_A);
+    let raw = format!(
+        "POST http://origin.test:{port}/upload HTTP/1.1\r\nHost: origin.test\r\n{auth}Transfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n"
+    );
+    // A GET with a well-formed chunked body first: the body reaches the origin (hyper
+    // would send a GET whose length it does not know as one with no body).
+    let good = format!(
+        "GET http://origin.test:{port}/chunked HTTP/1.1\r\nHost: origin.test\r\n{auth}Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    );
+    let resp = fx.request(&good).await?;
+    ensure!(resp.status == 200, "{resp:?}");
+    assert_eq!(resp.json()?["body"], "hello");
+    let resp = fx.request(&raw).await?;
+    let body = check_deny(&resp, 400, "bad_request")?;
+    ensure!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("request body") && d.contains("chunk")),
+        "{body}"
+    );
+    assert_eq!(body["host"], "origin.test", "{body}");
+    let line = fx
+        .mediator
+        .wait_for_log(|v| v["reason"] == "bad_request", e2e::LOG_TIMEOUT)
+        .await?;
+    check_line(
+        &line,
+        &[
+            ("decision", json!("deny")),
+            ("authority", json!(AGENT_A)),
+            ("host", json!("origin.test")),
+        ],
+    )?;
+    ensure!(
+        fx.mediator
+            .decision_lines()?
+            .iter()
+            .all(|v| v["reason"] != "upstream_failure"),
+        "the client's bad body was blamed on the upstream"
+    );
+    Ok(())
+}
+
 /// A request head the mediator does not take (RFC 9112: a transfer coding it does not
 /// implement, an obs-folded line, a bare CR) is the client's fault: the JSON deny with
 /// `bad_request`, 400, and a log line whose `host` is not the raw request line.
@@ -472,12 +520,45 @@ async fn heads_it_does_not_take_are_400_bad_request() -> Result<()> {
         .await?;
     ensure!(lines.iter().all(|l| l["host"].is_null()), "{lines:#?}");
     ensure!(fx.origin.connections() == 0);
+    // A later head on a kept-alive connection is hyper's to refuse (a bare 400); it is
+    // logged all the same (its credential never parsed: no authority).
+    let mut conn = fx.tcp_conn().await?;
+    let first = conn
+        .request(
+            format!(
+                "GET http://origin.test:{port}/one HTTP/1.1\r\nHost: origin.test\r\n{auth}\r\n"
+            )
+            .as_bytes(),
+        )
+        .await?;
+    ensure!(first.status == 200, "{first:?}");
+    let second = conn
+        .request(
+            format!("GET http://origin.test:{port}/two HTTP/1.1\rHost: origin.test\r\n{auth}\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    ensure!(second.status == 400, "{second:?}");
+    fx.mediator
+        .wait_for_count(
+            |v| {
+                v["reason"] == "bad_request"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("unparsable"))
+            },
+            3,
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
     Ok(())
 }
 
+/// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
         case!(heads_it_does_not_take_are_400_bad_request),
+        case!(a_chunked_body_with_a_bare_lf_is_400_bad_request_not_502),
         case!(host_outside_grant_is_403_not_in_allowlist_and_never_resolved),
         case!(deny_rule_beats_allow_wildcard_403_denied_by_rule),
         case!(wildcard_deny_on_port_applies_to_every_host),

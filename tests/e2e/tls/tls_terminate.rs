@@ -791,6 +791,147 @@ async fn a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2() -
     Ok(())
 }
 
+/// Writes `raw` into a fresh HTTP/1.1 connection inside a terminated tunnel and reads
+/// until the mediator closes it (a TLS read error after the answer counts as the end).
+async fn exchange_h1(env: &Env, raw: &[u8]) -> Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tls = tls_through_connect(
+        env.fx.mediator.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        &env.target(),
+        API,
+        &env.mediator_ca,
+        &[b"http/1.1"],
+    )
+    .await?;
+    tls.write_all(raw).await?;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(e2e::LOG_TIMEOUT, async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = tls.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    ensure!(read.is_ok(), "the mediator did not close the connection");
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// Malformed HTTP/1.1 inside a terminated tunnel gets what it gets on the proxy itself:
+/// a first head the mediator does not take (an unimplemented transfer coding, an
+/// obs-folded line, a bare CR) is the JSON 400 `bad_request` for the tunnel host; a later
+/// head hyper refuses, and a head over `[limits] request_head_bytes` (431), each write a
+/// `bad_request` line; a chunked body with a bare-LF size line is 400 `bad_request`, not
+/// 502.
+async fn malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line() -> Result<()> {
+    let env = start(true).await?;
+    let before = env.origin.requests();
+    for raw in [
+        "GET /public/a HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        "GET /public/a HTTP/1.1\r\nHost: api.test\r\nX-A: b\r\n  folded\r\n\r\n",
+        "GET /public/a HTTP/1.1\rHost: api.test\r\n\r\n",
+    ] {
+        let got = exchange_h1(&env, raw.as_bytes()).await?;
+        ensure!(got.starts_with("HTTP/1.1 400"), "{raw:?}: {got}");
+        let body: Value = serde_json::from_str(got.split_once("\r\n\r\n").map_or("", |b| b.1))?;
+        assert_eq!(body["reason"], "bad_request", "{raw:?}: {body}");
+        assert_eq!(body["host"], API, "{raw:?}: {body}");
+        assert_eq!(body["authority"], AGENT_A, "{raw:?}: {body}");
+    }
+    ensure!(env.origin.requests() == before, "nothing was forwarded");
+    let lines = env
+        .fx
+        .mediator
+        .wait_for_count(
+            |v| v["protocol"] == "tls" && v["reason"] == "bad_request",
+            3,
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(lines.iter().all(|l| l["host"] == API), "{lines:#?}");
+
+    // A later head: the first is served, the second refused by hyper (a bare 400), and
+    // still logged.
+    let host = env.target();
+    let got = exchange_h1(
+        &env,
+        format!("GET /public/one HTTP/1.1\r\nHost: {host}\r\n\r\nGET /public/two HTTP/1.1\rHost: {host}\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    ensure!(got.starts_with("HTTP/1.1 200"), "{got}");
+    ensure!(got.contains("HTTP/1.1 400"), "{got}");
+    env.fx
+        .mediator
+        .wait_for_count(
+            |v| {
+                v["protocol"] == "tls"
+                    && v["reason"] == "bad_request"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("unparsable"))
+            },
+            1,
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+
+    // Over [limits] request_head_bytes (64 KiB by default): 431, and a line.
+    let big = format!(
+        "GET /public/big HTTP/1.1\r\nHost: {host}\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    let got = exchange_h1(&env, big.as_bytes()).await?;
+    ensure!(got.starts_with("HTTP/1.1 431"), "{got}");
+    env.fx
+        .mediator
+        .wait_for_count(
+            |v| {
+                v["protocol"] == "tls"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("request_head_bytes"))
+            },
+            1,
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+
+    // A GET with a well-formed chunked body: the body reaches the origin (hyper would
+    // send a GET whose length it does not know as one with no body).
+    let got = exchange_h1(
+        &env,
+        format!("GET /public/chunked HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    ensure!(got.starts_with("HTTP/1.1 200"), "{got}");
+    ensure!(got.contains("\"body\":\"hello\""), "{got}");
+
+    // A chunk-size line ending in a bare LF: the client's fault.
+    let got = exchange_h1(
+        &env,
+        format!("GET /public/body HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    ensure!(got.starts_with("HTTP/1.1 400"), "{got}");
+    ensure!(got.contains("\"bad_request\""), "{got}");
+    env.fx
+        .mediator
+        .wait_for_count(
+            |v| {
+                v["protocol"] == "tls"
+                    && v["reason"] == "bad_request"
+                    && v["path"] == "/public/body"
+            },
+            1,
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -812,5 +953,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(requests_on_an_open_terminated_connection_stop_when_the_authority_is_revoked),
         case!(a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2)
             .needs(&[Tool::Curl]),
+        case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
     ]
 }

@@ -262,6 +262,18 @@ pub(crate) async fn forward(
     if let Some(denial) = trailers.denial() {
         return deny_response(Some(name), &label, denial);
     }
+    // The client's body failed (not valid chunked coding, cut short): its fault, not the
+    // upstream's; and an answer to the part of it that got through is not the answer to
+    // the request the client sent.
+    if let Some(fault) = trailers.client_fault() {
+        return refuse(
+            &shared,
+            &ctx,
+            Protocol::Http,
+            &label,
+            Denial::bad_body(fault),
+        );
+    }
     match answer {
         // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
         // it to the client as if it were the origin's answer. The connection is not kept.

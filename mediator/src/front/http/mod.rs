@@ -31,8 +31,8 @@ use self::connect::{Fast, connect_fast};
 use self::credentials::{Verified, authority_of};
 use self::forward::Pool;
 use self::preflight::{Head, MIN_BUF, Preflight, preflight};
-use self::response::{Body, raw_label, refuse, write_raw_response};
-use crate::conn::{Ctx, tunnel};
+use self::response::{Body, raw_label, refuse, refused_head, write_raw_response};
+use crate::conn::{Ctx, TargetLabel, record, tunnel};
 use crate::denial::Denial;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
@@ -124,6 +124,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let ctx = Arc::new(ctx);
+    // For the line of a later head hyper refuses itself.
+    let conn_ctx = Arc::clone(&ctx);
     let pool = Arc::new(Pool::default());
     // Dropped when this client connection ends: its upstream connection then closes as
     // `client_closed`.
@@ -160,6 +162,10 @@ where
         res = conn.as_mut() => {
             if let Err(e) = res {
                 tracing::debug!("client connection ended: {e}");
+                if let Some(denial) = refused_head(&e, shared.limits.request_head_bytes) {
+                    let label = TargetLabel { host: None, port: None };
+                    record::deny(&shared, &conn_ctx, Protocol::Http, &label, denial);
+                }
             }
         }
         () = shared.signals.draining.cancelled() => {

@@ -68,6 +68,19 @@ pub(crate) enum Head {
     Other(Vec<u8>),
 }
 
+impl Head {
+    /// Every byte read so far, to be replayed to whoever serves the connection.
+    pub(crate) fn into_buf(self) -> Vec<u8> {
+        match self {
+            Self::Connect { buf, .. } | Self::Other(buf) => buf,
+        }
+    }
+}
+
+/// The start of the HTTP/2 connection preface (RFC 9113 section 3.4): a client with prior
+/// knowledge sends it where an HTTP/1.1 head would be; it is for hyper to judge.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n";
+
 /// Reads the first request head (by `deadline`, at most `limit` bytes before hyper judges
 /// it) and judges it.
 pub(crate) async fn preflight<S: AsyncRead + Unpin>(
@@ -94,6 +107,12 @@ pub(crate) async fn preflight<S: AsyncRead + Unpin>(
 
 /// The verdict on the bytes read so far, or the bytes back when the head is incomplete.
 pub(crate) fn judge(buf: Vec<u8>, limit: usize) -> Result<Preflight, Vec<u8>> {
+    if buf.starts_with(H2_PREFACE) {
+        return Ok(Preflight::Pass(Head::Other(buf)));
+    }
+    if H2_PREFACE.starts_with(&buf) {
+        return Err(buf);
+    }
     let mut headers = [httparse::EMPTY_HEADER; 100];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(&buf) {
@@ -280,6 +299,15 @@ mod tests {
             };
             assert_eq!(capture, want, "{}", String::from_utf8_lossy(raw));
         }
+    }
+
+    #[test]
+    fn an_http2_preface_is_for_hyper_to_judge() {
+        assert!(judged(b"PRI * HTTP/2").is_err(), "read on");
+        assert!(matches!(
+            judged(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+            Ok(Preflight::Pass(Head::Other(_)))
+        ));
     }
 
     #[test]

@@ -23,6 +23,30 @@ pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 /// The header that carries a decision to the client (design section 6).
 pub(crate) const DECISION_HEADER: &str = "x-mediator-decision";
 
+/// The denial a decision line records for a request head that hyper refused itself: a
+/// head after the first on a kept-alive connection (the first is judged before hyper sees
+/// it), answered by hyper with a bare `400`, or `431` for one over `[limits]
+/// request_head_bytes` (`limit`, in bytes). `None` for an error that is not a refused
+/// head.
+pub(crate) fn refused_head(e: &hyper::Error, limit: usize) -> Option<Denial> {
+    if e.is_parse_too_large() {
+        return Some(Denial::new(
+            policy::Reason::BadRequest,
+            format!(
+                "the request head is larger than [limits] request_head_bytes ({limit} bytes); it was answered 431 and the connection closed"
+            ),
+            "send a smaller request head, or ask the operator to raise [limits] request_head_bytes",
+        ));
+    }
+    e.is_parse().then(|| {
+        Denial::new(
+            policy::Reason::BadRequest,
+            format!("unparsable request head ({e}); it was answered 400 and the connection closed"),
+            "send HTTP/1.1 request heads with CRLF line ends, no folded header lines, and no Transfer-Encoding other than chunked",
+        )
+    })
+}
+
 /// Logs `denial` for `ctx` and answers it.
 pub(crate) fn refuse(
     shared: &Shared,

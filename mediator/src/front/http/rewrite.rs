@@ -45,7 +45,9 @@ pub(crate) fn forward_request<B>(
     };
     parts.uri = request_target.parse::<Uri>().map_err(RewriteError::Path)?;
     parts.version = Version::HTTP_11;
+    let chunked = is_chunked(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    keep_chunked(chunked, &mut parts.headers);
     parts.headers.remove(header::HOST);
     let host = HeaderValue::from_str(&host).map_err(RewriteError::Host)?;
     parts.headers.insert(header::HOST, host);
@@ -68,6 +70,24 @@ pub(crate) enum RewriteError {
     /// The parent's `Proxy-Authorization` value.
     #[error("bad parent credentials: {0}")]
     Credentials(header::InvalidHeaderValue),
+}
+
+/// Whether a request's body is chunked (RFC 9112 section 6.1; the only coding a request
+/// reaching here may have).
+pub(crate) fn is_chunked(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+}
+
+/// Says again, on an HTTP/1.1 upstream request whose hop-by-hop headers were stripped,
+/// that its body is `chunked`: without it hyper would send a `GET` (or `HEAD`) with a body
+/// of unknown length as a request with no body, and the client's body would be lost.
+pub(crate) fn keep_chunked(chunked: bool, headers: &mut HeaderMap) {
+    if chunked {
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
 }
 
 /// Removes hop-by-hop headers (RFC 9110 section 7.6.1): those named in `Connection`, and
