@@ -198,20 +198,18 @@ pub fn upgrade(data: &[u8]) {
 
 /// The frame scan of the terminated leg's HTTP/2 server output
 /// (`terminate::h2_resets`). The input's first byte is the write size (0 counts as 1); the
-/// rest is the byte stream, as if the server had written it. Properties: the resets found
-/// do not depend on how the stream is split into writes, and they are exactly those of an
-/// independent walk of the frames (RFC 9113 section 4.1: 9-byte headers, a 24-bit
-/// length; a complete `RST_STREAM`, type 0x3, of length 4 whose error code is
-/// `PROTOCOL_ERROR`, 0x1).
+/// rest is the byte stream, as if the server had written it. Properties: the refusals
+/// found do not depend on how the stream is split into writes, and the resets among them
+/// are exactly those of an independent walk of the frames (RFC 9113 section 4.1: 9-byte
+/// headers, a 24-bit length; a complete `RST_STREAM`, type 0x3, of length 4 whose error
+/// code is `PROTOCOL_ERROR`, 0x1, or `REFUSED_STREAM`, 0x7).
 pub fn h2_resets(data: &[u8]) {
+    use crate::terminate::h2_resets::{Refusal, resets_in};
     let Some((&step, bytes)) = data.split_first() else {
         return;
     };
-    let found = crate::terminate::h2_resets::resets_in(bytes, usize::from(step));
-    assert_eq!(
-        found,
-        crate::terminate::h2_resets::resets_in(bytes, bytes.len())
-    );
+    let found = resets_in(bytes, usize::from(step));
+    assert_eq!(found, resets_in(bytes, bytes.len()));
     let mut expected = Vec::new();
     let mut rest = bytes;
     while rest.len() >= 9 {
@@ -219,12 +217,21 @@ pub fn h2_resets(data: &[u8]) {
         let Some(payload) = rest.get(9..9 + len) else {
             break;
         };
-        if rest[3] == 0x3 && len == 4 && payload == 1u32.to_be_bytes() {
-            expected.push(u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff);
+        let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]) & 0x7fff_ffff;
+        if rest[3] == 0x3 && len == 4 {
+            match u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) {
+                1 => expected.push(Refusal::Malformed(stream)),
+                7 => expected.push(Refusal::Refused(stream)),
+                _ => {}
+            }
         }
         rest = &rest[9 + len..];
     }
-    assert_eq!(found, expected);
+    let resets: Vec<Refusal> = found
+        .into_iter()
+        .filter(|r| !matches!(r, Refusal::TooLarge(_)))
+        .collect();
+    assert_eq!(resets, expected);
 }
 
 /// An RFC 9110 section 5.6.2 `tchar`.

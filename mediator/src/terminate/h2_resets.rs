@@ -1,16 +1,25 @@
-//! The malformed HTTP/2 requests of a terminated tunnel that never reach the mediator's
-//! checks: the HTTP/2 layer (the `h2` crate under hyper) refuses a request whose
-//! pseudo-headers are malformed (an `:authority` or `:path` that is not URI syntax, a
-//! missing `:method`; RFC 9113 section 8.1.1) by resetting its stream with
-//! `PROTOCOL_ERROR` before any service sees it, so nothing could answer `421` or log it.
-//! [`ResetWatch`] reads the frame headers the mediator's own HTTP/2 server writes to the
-//! client (RFC 9113 section 4.1) and reports every `RST_STREAM` (type `0x3`) with error
-//! code `PROTOCOL_ERROR` (`0x1`, IANA "HTTP/2 Error Code" registry), so that the tunnel
-//! logs a decision line for it. hyper itself never resets a server stream with that code
-//! (it uses `INTERNAL_ERROR`, `CANCEL`, `NO_ERROR`), so each one is a malformed request.
+//! The HTTP/2 requests of a terminated tunnel that the HTTP/2 layer (the `h2` crate under
+//! hyper) refuses itself, before any service sees them, so that nothing could answer or
+//! log them; [`ResetWatch`] reads the frame headers the mediator's own HTTP/2 server
+//! writes to the client (RFC 9113 section 4.1) and reports each, so that the tunnel logs
+//! a decision line for it:
+//! - `RST_STREAM` (type `0x3`) with `PROTOCOL_ERROR` (`0x1`, IANA "HTTP/2 Error Code"
+//!   registry): a malformed request (an `:authority` or `:path` that is not URI syntax, a
+//!   missing `:method`; RFC 9113 section 8.1.1). hyper itself never resets a server stream
+//!   with that code (it uses `INTERNAL_ERROR`, `CANCEL`, `NO_ERROR`).
+//! - `RST_STREAM` with `REFUSED_STREAM` (`0x7`): the connection had as many streams open
+//!   as the mediator's `SETTINGS_MAX_CONCURRENT_STREAMS`; the client may retry it.
+//! - A `HEADERS` frame with `END_STREAM` whose header block holds one field and that opens
+//!   the answers on a stream above every stream answered so far: the `431` the HTTP/2
+//!   layer sends for a header list over `SETTINGS_MAX_HEADER_LIST_SIZE` (RFC 9113 section
+//!   6.5.2; `[limits] request_head_bytes`). Every answer that comes from the mediator's
+//!   service carries at least `:status` and `date` (hyper adds it); trailers come on a
+//!   stream already answered. Only the block's structure is walked (RFC 7541 section 6:
+//!   how many fields), never its strings or the dynamic table.
 //!
 //! It reads only what the mediator writes, never the client's bytes, changes no byte, and
-//! holds at most one frame header (9 bytes) and one error code (4 bytes) of state.
+//! holds at most one frame header (9 bytes), 8 payload bytes and one stream identifier of
+//! state.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -18,18 +27,44 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// `HEADERS` (RFC 9113 section 6.2).
+const HEADERS: u8 = 0x1;
+/// `CONTINUATION` (RFC 9113 section 6.10).
+const CONTINUATION: u8 = 0x9;
 /// `RST_STREAM` (RFC 9113 section 6.4).
 const RST_STREAM: u8 = 0x3;
-/// `PROTOCOL_ERROR` (RFC 9113 section 7).
+/// `HEADERS` flags (RFC 9113 section 6.2): `END_STREAM`, `END_HEADERS`, `PADDED`,
+/// `PRIORITY`.
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+/// `PROTOCOL_ERROR` and `REFUSED_STREAM` (RFC 9113 section 7).
 const PROTOCOL_ERROR: u32 = 0x1;
+const REFUSED_STREAM: u32 = 0x7;
 /// A frame header: length (24 bits), type, flags, stream identifier (31 bits).
 const HEAD: usize = 9;
+/// The payload bytes kept of a frame that may be a refusal: an `RST_STREAM`'s 4, or a
+/// one-field header block (`:status 431`: at most 1 + 1 + 3 bytes; a table size update
+/// may come first).
+const KEPT: usize = 8;
 
-/// What is told of each reset stream: its identifier.
-pub(crate) type OnReset = Box<dyn FnMut(u32) + Send>;
+/// A request the HTTP/2 layer refused on its own, by stream identifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Reset with `PROTOCOL_ERROR`: a malformed request.
+    Malformed(u32),
+    /// Reset with `REFUSED_STREAM`: over the concurrent streams limit.
+    Refused(u32),
+    /// Answered `431`: its header list is over the limit.
+    TooLarge(u32),
+}
 
-/// An I/O stream whose written HTTP/2 frames are watched for `RST_STREAM(PROTOCOL_ERROR)`;
-/// `on_reset` is called with each such stream's identifier. Without a callback (an
+/// What is told of each refused request.
+pub(crate) type OnReset = Box<dyn FnMut(Refusal) + Send>;
+
+/// An I/O stream whose written HTTP/2 frames are watched for the HTTP/2 layer's own
+/// refusals; `on_reset` is called with each. Without a callback (an
 /// HTTP/1.1 connection) it only passes bytes through.
 pub(crate) struct ResetWatch<S> {
     inner: S,
@@ -118,14 +153,15 @@ struct FrameScan {
     head_len: usize,
     /// Payload bytes of the current frame still to come.
     left: usize,
-    /// The current frame is an `RST_STREAM`: its stream and the error code so far.
-    reset: Option<(u32, [u8; 4], usize)>,
+    /// The current frame may be a refusal: its first payload bytes, and how many.
+    kept: Option<([u8; KEPT], usize)>,
+    /// The highest stream a `HEADERS` frame was written on.
+    answered: u32,
 }
 
 impl FrameScan {
-    /// Reads `bytes`, the next written ones, calling `on_reset` for each completed
-    /// `RST_STREAM(PROTOCOL_ERROR)`.
-    fn feed(&mut self, mut bytes: &[u8], on_reset: &mut dyn FnMut(u32)) {
+    /// Reads `bytes`, the next written ones, calling `on_reset` for each refusal.
+    fn feed(&mut self, mut bytes: &[u8], on_reset: &mut dyn FnMut(Refusal)) {
         while !bytes.is_empty() {
             if self.head_len < HEAD {
                 let n = (HEAD - self.head_len).min(bytes.len());
@@ -133,45 +169,140 @@ impl FrameScan {
                 self.head_len += n;
                 bytes = &bytes[n..];
                 if self.head_len == HEAD {
-                    let h = self.head;
-                    let len = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-                    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-                    self.left = len;
-                    self.reset = (h[3] == RST_STREAM && len == 4).then_some((stream, [0; 4], 0));
-                    if len == 0 {
-                        self.head_len = 0;
+                    self.left = self.len();
+                    self.kept = self.may_refuse().then_some(([0; KEPT], 0));
+                    if self.left == 0 {
+                        self.finish(on_reset);
                     }
                 }
                 continue;
             }
             let n = self.left.min(bytes.len());
-            if let Some((_, code, have)) = &mut self.reset {
-                let take = n.min(4 - *have);
-                code[*have..*have + take].copy_from_slice(&bytes[..take]);
+            if let Some((kept, have)) = &mut self.kept {
+                let take = n.min(KEPT - *have);
+                kept[*have..*have + take].copy_from_slice(&bytes[..take]);
                 *have += take;
             }
             self.left -= n;
             bytes = &bytes[n..];
             if self.left == 0 {
-                if let Some((stream, code, 4)) = self.reset.take()
-                    && u32::from_be_bytes(code) == PROTOCOL_ERROR
-                {
-                    on_reset(stream);
-                }
-                self.head_len = 0;
+                self.finish(on_reset);
             }
         }
     }
+
+    fn len(&self) -> usize {
+        let h = &self.head;
+        usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2])
+    }
+
+    fn stream(&self) -> u32 {
+        let h = &self.head;
+        u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff
+    }
+
+    /// Whether the frame whose header was read may be a refusal (its payload is kept).
+    fn may_refuse(&self) -> bool {
+        let (kind, flags, len) = (self.head[3], self.head[4], self.len());
+        match kind {
+            RST_STREAM => len == 4,
+            HEADERS => {
+                flags & (END_STREAM | END_HEADERS) == END_STREAM | END_HEADERS
+                    && flags & (PADDED | PRIORITY) == 0
+                    && len <= KEPT
+                    && self.stream() > self.answered
+            }
+            _ => false,
+        }
+    }
+
+    /// The frame ended: reports it if it is a refusal.
+    fn finish(&mut self, on_reset: &mut dyn FnMut(Refusal)) {
+        let (kind, stream) = (self.head[3], self.stream());
+        if let Some((kept, have)) = self.kept.take() {
+            let payload = &kept[..have];
+            match kind {
+                RST_STREAM => match u32::from_be_bytes([kept[0], kept[1], kept[2], kept[3]]) {
+                    PROTOCOL_ERROR => on_reset(Refusal::Malformed(stream)),
+                    REFUSED_STREAM => on_reset(Refusal::Refused(stream)),
+                    _ => {}
+                },
+                _ if fields(payload) == Some(1) => on_reset(Refusal::TooLarge(stream)),
+                _ => {}
+            }
+        }
+        if kind == HEADERS || kind == CONTINUATION {
+            self.answered = self.answered.max(stream);
+        }
+        self.head_len = 0;
+    }
 }
 
-/// The streams of the completed `RST_STREAM(PROTOCOL_ERROR)` frames in `bytes`, fed to
-/// one scan in writes of `step` bytes (at least one): what the fuzz target compares.
+/// How many header fields an HPACK header block holds (RFC 7541 section 6: indexed
+/// fields, literals with or without indexing or never indexed; a dynamic table size
+/// update is no field), or `None` when it is not a whole block. The strings are skipped,
+/// never decoded.
+fn fields(mut block: &[u8]) -> Option<usize> {
+    let mut n = 0;
+    while let Some(&first) = block.first() {
+        block = if first & 0x80 != 0 {
+            n += 1;
+            int(block, 7)?.1
+        } else if first & 0xc0 == 0x40 {
+            n += 1;
+            literal(block, 6)?
+        } else if first & 0xe0 == 0x20 {
+            int(block, 5)?.1
+        } else {
+            n += 1;
+            literal(block, 4)?
+        };
+    }
+    Some(n)
+}
+
+/// A literal field (RFC 7541 section 6.2) whose name index has a `prefix`-bit prefix: the
+/// rest of the block after it.
+fn literal(block: &[u8], prefix: u32) -> Option<&[u8]> {
+    let (name, rest) = int(block, prefix)?;
+    let rest = if name == 0 { string(rest)? } else { rest };
+    string(rest)
+}
+
+/// A string literal (RFC 7541 section 5.2): the rest of the block after it.
+fn string(block: &[u8]) -> Option<&[u8]> {
+    let (len, rest) = int(block, 7)?;
+    rest.get(len..)
+}
+
+/// An integer with a `prefix`-bit prefix (RFC 7541 section 5.1), and the rest of the
+/// block; `None` when cut short or over 2^28 (no block kept here is that long).
+fn int(block: &[u8], prefix: u32) -> Option<(usize, &[u8])> {
+    let max = (1usize << prefix) - 1;
+    let (&first, mut rest) = block.split_first()?;
+    let mut value = usize::from(first) & max;
+    if value < max {
+        return Some((value, rest));
+    }
+    for shift in (0..28).step_by(7) {
+        let (&b, more) = rest.split_first()?;
+        rest = more;
+        value += (usize::from(b) & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some((value, rest));
+        }
+    }
+    None
+}
+
+/// The refusals in `bytes`, fed to one scan in writes of `step` bytes (at least one):
+/// what the fuzz target compares.
 #[cfg(any(test, feature = "fuzzing"))]
-pub(crate) fn resets_in(bytes: &[u8], step: usize) -> Vec<u32> {
+pub(crate) fn resets_in(bytes: &[u8], step: usize) -> Vec<Refusal> {
     let mut scan = FrameScan::default();
     let mut found = Vec::new();
     for chunk in bytes.chunks(step.max(1)) {
-        scan.feed(chunk, &mut |s| found.push(s));
+        scan.feed(chunk, &mut |r| found.push(r));
     }
     found
 }
@@ -204,8 +335,47 @@ mod tests {
             for chunk in bytes.chunks(step) {
                 scan.feed(chunk, &mut |s| found.push(s));
             }
-            assert_eq!(found, [3, 7], "writes of {step} bytes");
+            assert_eq!(
+                found,
+                [Refusal::Malformed(3), Refusal::Malformed(7)],
+                "writes of {step} bytes"
+            );
         }
+    }
+
+    #[test]
+    fn refused_streams_and_the_layers_own_431_are_found() {
+        let end = END_STREAM | END_HEADERS;
+        let mut bytes = frame(HEADERS, END_HEADERS, 1, &[0x88, 0xbe]); // 200, date
+        bytes.extend(frame(HEADERS, end, 1, &[0x40, 0x01, b'x', 0x01, b'y'])); // trailers
+        bytes.extend(frame(HEADERS, end, 3, &[0x88, 0xbe])); // 200, date: the service's
+        // `:status 431`, literal with incremental indexing (name 8), Huffman value.
+        bytes.extend(frame(HEADERS, end, 5, &[0x48, 0x82, 0x64, 0x02]));
+        bytes.extend(frame(RST_STREAM, 0, 7, &REFUSED_STREAM.to_be_bytes()));
+        // The same 431 again, now from the dynamic table, after a table size update.
+        bytes.extend(frame(HEADERS, end, 9, &[0x3f, 0x01, 0xbe]));
+        bytes.extend(frame(HEADERS, end, 11, &[0x48, 0x82])); // cut short: no block
+        for step in [1, 2, 5, 9, bytes.len()] {
+            assert_eq!(
+                resets_in(&bytes, step),
+                [
+                    Refusal::TooLarge(5),
+                    Refusal::Refused(7),
+                    Refusal::TooLarge(9)
+                ],
+                "writes of {step} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn hpack_blocks_are_counted_not_decoded() {
+        assert_eq!(fields(&[0x88]), Some(1));
+        assert_eq!(fields(&[0x88, 0xbe, 0x0f, 0x10, 0x01, b'a']), Some(3));
+        assert_eq!(fields(&[0x00, 0x01, b'n', 0x01, b'v']), Some(1));
+        assert_eq!(fields(&[0x20]), Some(0));
+        assert_eq!(fields(&[0x00, 0x05, b'n']), None);
+        assert_eq!(fields(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), None);
     }
 
     #[test]
@@ -220,6 +390,6 @@ mod tests {
             panic!("watched");
         };
         scan.feed(&reset[10..], &mut |s| found.push(s));
-        assert_eq!(found, [9]);
+        assert_eq!(found, [Refusal::Malformed(9)]);
     }
 }

@@ -13,8 +13,8 @@
 //! (`client.rs`), the upstream connection (`upstream.rs`), serving the requests
 //! (`request.rs`, each as named steps: who asks, the tunnel's rules, the credentials, the
 //! upstream request, the answer; `authority.rs` and `rebuild.rs` are its pure parts), the
-//! protocol switches (`upgrade.rs`) and the HTTP/2 streams reset as malformed
-//! (`h2_resets.rs`).
+//! protocol switches (`upgrade.rs`) and the HTTP/2 requests the HTTP/2 layer refuses
+//! itself (`h2_resets.rs`).
 
 mod authority;
 mod client;
@@ -49,6 +49,11 @@ use crate::tls::TlsState;
 use crate::vocab::CloseReason;
 use h2_resets::ResetWatch;
 use upstream::Upstream;
+
+/// The streams one client HTTP/2 connection may have open at once
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113 section 6.5.2; hyper's default); a stream
+/// over it is refused with `REFUSED_STREAM`, and logged.
+const MAX_STREAMS: u32 = 200;
 
 /// Runs one terminated tunnel to completion; its [`Connected::opened`] writes the close
 /// record. `prefix` holds the client bytes the SNI gate already read (the start of the
@@ -140,7 +145,7 @@ pub(crate) async fn terminate<C>(
     };
     let client_tls = ResetWatch::new(
         client_tls,
-        client_h2.then(|| request::malformed_h2(&shared, &ctx, &label, target)),
+        client_h2.then(|| request::refused_h2(&shared, &ctx, &label, target)),
     );
     let served = serve(client_tls, Arc::clone(&env), reset.as_ref(), &upstream_gone).await;
     // Switched streams end with the tunnel (or before): an HTTP/1.1 upgrade took the
@@ -218,6 +223,7 @@ where
     builder
         .http2()
         .enable_connect_protocol()
+        .max_concurrent_streams(MAX_STREAMS)
         .max_header_list_size(header_list);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(client_tls), svc);
     tokio::pin!(conn);

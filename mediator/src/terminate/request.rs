@@ -18,10 +18,10 @@ use policy::config::Authority;
 use policy::{Decision, Reason, Target};
 
 use super::authority::check_authority;
-use super::h2_resets::OnReset;
+use super::h2_resets::{OnReset, Refusal};
 use super::rebuild::rebuild;
 use super::upgrade::{self, Plan, Switch, SwitchError};
-use super::{Env, Upstream};
+use super::{Env, MAX_STREAMS, Upstream};
 use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
@@ -332,8 +332,6 @@ async fn send(
     Response::from_parts(parts, body.boxed())
 }
 
-/// The decision line of an HTTP/2 request the HTTP/2 layer reset as malformed before it
-/// reached [`handle`] (`super::h2_resets`): no method or path can be logged.
 /// Writes the decision line of an HTTP/1.1 request head hyper refused itself (answered
 /// with a bare `400`, or `431` over `[limits] request_head_bytes`): a head after the
 /// first, which [`super::head`] judged. Any other end of the connection writes nothing.
@@ -348,7 +346,9 @@ pub(super) fn refused_head(e: &(dyn std::error::Error + Send + Sync + 'static), 
     record::deny(&env.shared, &ctx, Protocol::Tls, &env.label, denial);
 }
 
-pub(super) fn malformed_h2(
+/// Writes the decision line of each HTTP/2 request the HTTP/2 layer refused before it
+/// reached [`handle`] (`super::h2_resets`): no method or path can be logged.
+pub(super) fn refused_h2(
     shared: &Arc<Shared>,
     ctx: &Ctx,
     label: &TargetLabel,
@@ -360,14 +360,31 @@ pub(super) fn malformed_h2(
         label.clone(),
         target.clone(),
     );
-    Box::new(move |stream| {
-        let denial = Denial::new(
-            Reason::MalformedTarget,
-            format!(
-                "HTTP/2 stream {stream} in the tunnel to {target} was a malformed request (RFC 9113 section 8.1.1: e.g. an :authority or :path that is not URI syntax, or a body that does not match its content-length); it was reset with PROTOCOL_ERROR before it could be judged, and nothing more of it was forwarded"
+    Box::new(move |refusal| {
+        let denial = match refusal {
+            Refusal::Malformed(stream) => Denial::new(
+                Reason::MalformedTarget,
+                format!(
+                    "HTTP/2 stream {stream} in the tunnel to {target} was a malformed request (RFC 9113 section 8.1.1: e.g. an :authority or :path that is not URI syntax, or a body that does not match its content-length); it was reset with PROTOCOL_ERROR before it could be judged, and nothing more of it was forwarded"
+                ),
+                format!("send well-formed requests whose :authority is {target}"),
             ),
-            format!("send well-formed requests whose :authority is {target}"),
-        );
+            Refusal::TooLarge(stream) => Denial::new(
+                Reason::BadRequest,
+                format!(
+                    "HTTP/2 stream {stream} in the tunnel to {target}: its header list is larger than [limits] request_head_bytes ({} bytes, the SETTINGS_MAX_HEADER_LIST_SIZE the mediator announced); it was answered 431 before it could be judged",
+                    shared.limits.request_head_bytes
+                ),
+                "send a smaller header list, or ask the operator to raise [limits] request_head_bytes",
+            ),
+            Refusal::Refused(stream) => Denial::new(
+                Reason::RateLimited,
+                format!(
+                    "HTTP/2 stream {stream} in the tunnel to {target} was refused with REFUSED_STREAM: the connection already had {MAX_STREAMS} streams open (the SETTINGS_MAX_CONCURRENT_STREAMS the mediator announced); nothing of it was processed"
+                ),
+                "keep fewer streams open at once on one connection, or retry the request when one ends",
+            ),
+        };
         record::deny(&shared, &ctx, Protocol::Tls, &label, denial);
     })
 }

@@ -932,6 +932,71 @@ async fn malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line() ->
     Ok(())
 }
 
+/// HTTP/2 requests the HTTP/2 layer refuses before any service sees them still get their
+/// decision lines: a header list larger than `[limits] request_head_bytes` (answered
+/// `431`: `bad_request`), and a stream over the connection's 200 concurrent streams
+/// (`REFUSED_STREAM`: `rate_limited`).
+async fn http2_requests_the_http2_layer_refuses_are_logged() -> Result<()> {
+    let env = start(true).await?;
+    let before = env.origin.requests();
+    let target = env.target();
+    let connect = || {
+        tls_through_connect(
+            env.fx.mediator.tcp_addr(),
+            (AGENT_A, TOKEN_A),
+            &target,
+            API,
+            &env.mediator_ca,
+            &[b"h2"],
+        )
+    };
+    let mut tls = connect().await?;
+    let mut block = e2e::h2frames::get_with_authority(env.target().as_bytes());
+    block.extend(e2e::h2frames::hpack_literal_new_name(
+        b"x-big",
+        "a".repeat(70_000).as_bytes(),
+    ));
+    let got = e2e::h2frames::send_headers(&mut tls, &block).await?;
+    assert_eq!(got, e2e::h2frames::StreamEnd::Answered);
+    let line = env
+        .fx
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "tls" && v["reason"] == "bad_request",
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(
+        line["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("stream 1") && d.contains("431")),
+        "{line}"
+    );
+    assert_eq!(line["authority"], AGENT_A, "{line}");
+    ensure!(env.origin.requests() == before, "nothing was forwarded");
+
+    // 201 requests whose bodies stay open: the 201st stream (401) is refused.
+    let mut tls = connect().await?;
+    let block = e2e::h2frames::get_with_authority(env.target().as_bytes());
+    let refused = e2e::h2frames::open_streams(&mut tls, 201, &block).await?;
+    assert_eq!(refused, 401);
+    let line = env
+        .fx
+        .mediator
+        .wait_for_log(
+            |v| v["protocol"] == "tls" && v["reason"] == "rate_limited",
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(
+        line["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("stream 401") && d.contains("REFUSED_STREAM")),
+        "{line}"
+    );
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -954,5 +1019,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_malformed_or_foreign_authority_is_refused_and_logged_in_h1_and_h2)
             .needs(&[Tool::Curl]),
         case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
+        case!(http2_requests_the_http2_layer_refuses_are_logged),
     ]
 }
