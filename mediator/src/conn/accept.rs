@@ -16,12 +16,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use super::Ctx;
+use policy::Reason;
+
+use super::{Ctx, TargetLabel, record};
 use crate::authorities::Live;
 use crate::decision_log::Peer;
+use crate::denial::Denial;
 use crate::limits::{Attributed, Door, LimitKind};
 use crate::serving::Load;
 use crate::shared::{ActiveGuard, Shared};
+use crate::vocab::Protocol;
 
 /// How long the loop waits after a failed `accept` (e.g. `EMFILE`) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -252,6 +256,12 @@ where
         let _counted = (guard, load);
         let conn = ctx.conn;
         let shed = ctx.admission.shed_signal().clone();
+        // Only a connection that has not named its authority yet can be shed: what its
+        // decision line needs then.
+        let unidentified = ctx
+            .authority
+            .is_none()
+            .then(|| (ctx.clone(), Arc::clone(&shared)));
         let serving = AssertUnwindSafe(crate::front::dispatch(io, shared, ctx)).catch_unwind();
         tokio::select! {
             outcome = serving => {
@@ -268,9 +278,28 @@ where
             }
             () = shed.cancelled() => {
                 tracing::debug!("connection {conn} shed from the unidentified pool");
+                if let Some((ctx, shared)) = unidentified {
+                    record_shed(&shared, &ctx);
+                }
             }
         }
     }
+}
+
+/// The decision line of a connection shed from the unidentified pool: `rate_limited`,
+/// no authority or host (none was read), protocol `http` (the TCP listener's; a SOCKS5
+/// client shed mid-handshake is logged the same way).
+fn record_shed(shared: &Shared, ctx: &Ctx) {
+    let cap = shared.limiter.in_force().unidentified_connections;
+    let denial = Denial::new(
+        Reason::RateLimited,
+        format!(
+            "connection {} was shed from the unidentified pool (unidentified_connections = {cap}, full) to admit a newer one: it had not sent a complete, authenticated request head yet",
+            ctx.conn
+        ),
+        "send the request head (with its credential) as soon as the connection opens",
+    );
+    record::deny(shared, ctx, Protocol::Http, &TargetLabel::default(), denial);
 }
 
 #[cfg(test)]

@@ -81,8 +81,25 @@ pub(crate) async fn serve<S>(
     let head = tokio::time::timeout_at(deadline, handshake(&mut io, &shared, &mut ctx)).await;
     let target = match head {
         Err(_) => return, // request-head timeout: close silently, nothing was asked.
-        Ok(Err(e)) => {
+        Ok(Err(SocksError::Io(e))) => {
+            // The client went away mid-handshake: nothing to answer.
             tracing::debug!("SOCKS5 handshake failed: {e}");
+            return;
+        }
+        Ok(Err(SocksError::Protocol(what))) => {
+            // Not SOCKS5 the mediator takes: cut, and logged as every refusal is.
+            let denial = Denial::new(
+                Reason::BadRequest,
+                format!("SOCKS5 handshake refused: {what}"),
+                "speak SOCKS5 (RFC 1928) with RFC 1929 username/password authentication",
+            );
+            record::deny(
+                &shared,
+                &ctx,
+                Protocol::Socks5,
+                &TargetLabel::default(),
+                denial,
+            );
             return;
         }
         Ok(Ok(None)) => return, // already answered (denied)

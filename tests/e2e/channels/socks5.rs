@@ -90,6 +90,43 @@ async fn socks5_without_user_pass_method_on_tcp_gets_0xff() -> Result<()> {
     Ok(())
 }
 
+/// A handshake that is not SOCKS5 the mediator takes (an RFC 1929 subnegotiation of
+/// another version; a request of another version) is cut, and logged as `bad_request`.
+async fn socks5_handshakes_it_does_not_take_are_cut_and_logged() -> Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let fx = fixture().await?;
+    let mut s = fx.socks().await?;
+    assert_eq!(s.greet(&[METHOD_USER_PASS]).await?, METHOD_USER_PASS);
+    s.stream()
+        .write_all(&[0x02, 0x01, b'a', 0x01, b'b'])
+        .await?;
+    assert!(s.closes_within(Duration::from_secs(5)).await);
+    let mut s = fx.socks().await?;
+    assert_eq!(s.greet(&[METHOD_USER_PASS]).await?, METHOD_USER_PASS);
+    assert_eq!(s.auth(AGENT_A, TOKEN_A).await?, 0);
+    s.stream()
+        .write_all(&[0x04, 0x01, 0x00, 0x01, 127, 0, 0, 1, 0, 80])
+        .await?;
+    assert!(s.closes_within(Duration::from_secs(5)).await);
+    let lines = fx
+        .mediator
+        .wait_for_count(
+            |v| v["protocol"] == "socks5" && v["reason"] == "bad_request",
+            2,
+            LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(
+        lines[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("RFC 1929")),
+        "{lines:#?}"
+    );
+    assert_eq!(lines[1]["authority"], AGENT_A, "{lines:#?}");
+    assert_eq!(fx.origin.connections(), 0);
+    Ok(())
+}
+
 async fn socks5_prefers_user_pass_when_offered_alongside_no_auth() -> Result<()> {
     let fx = fixture().await?;
     let mut s = fx.socks().await?;
@@ -315,6 +352,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(socks5_domain_outside_grant_gets_rep_0x02),
         case!(socks5_without_user_pass_method_on_tcp_gets_0xff),
         case!(socks5_prefers_user_pass_when_offered_alongside_no_auth),
+        case!(socks5_handshakes_it_does_not_take_are_cut_and_logged),
         case!(socks5_wrong_password_fails_auth_and_closes),
         case!(socks5_unknown_authority_fails_auth_and_closes),
         case!(socks5_bind_and_udp_associate_get_rep_0x07),

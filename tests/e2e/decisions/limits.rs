@@ -259,6 +259,23 @@ async fn a_full_unidentified_pool_sheds_its_oldest_silent_member() -> Result<()>
         &[("authority", "-"), ("limit", "unidentified")],
     );
     ensure!(shed >= 1.0, "unidentified sheds counted: {shed}");
+    // And it is a decision line, as every refusal is.
+    let line = fx
+        .mediator
+        .wait_for_log(
+            |v| {
+                v["reason"] == "rate_limited"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.contains("unidentified pool"))
+            },
+            LOG_TIMEOUT,
+        )
+        .await?;
+    ensure!(
+        line["authority"].is_null() && line["host"].is_null(),
+        "{line}"
+    );
     Ok(())
 }
 
