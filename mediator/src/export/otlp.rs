@@ -59,8 +59,13 @@ impl Exporter {
             "mediator_export_sent_total",
             "Decision records the OTLP endpoint accepted.",
         )?;
+        let queued = prometheus::IntGauge::new(
+            "mediator_export_queued",
+            "Decision records waiting in the OTLP export queue (at most 16384; a full queue drops), as of the last batch taken.",
+        )?;
         metrics.register(Box::new(dropped.clone()))?;
         metrics.register(Box::new(sent.clone()))?;
+        metrics.register(Box::new(queued.clone()))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let resource = Resource {
             attributes: vec![
@@ -74,8 +79,11 @@ impl Exporter {
             rx,
             endpoint.clone(),
             resource,
-            dropped.clone(),
-            sent,
+            Counters {
+                dropped: dropped.clone(),
+                sent,
+                queued,
+            },
         ));
         Ok(Self { tx, dropped })
     }
@@ -136,14 +144,25 @@ fn attr(key: &str, value: &str) -> KeyValue {
     }
 }
 
+/// The export's own metrics, kept by the send loop.
+struct Counters {
+    dropped: prometheus::IntCounter,
+    sent: prometheus::IntCounter,
+    queued: prometheus::IntGauge,
+}
+
 /// Takes batches off the queue and sends them until the queue closes.
 async fn send_loop(
     mut rx: mpsc::Receiver<LogRecord>,
     endpoint: policy::config::OtlpEndpoint,
     resource: Resource,
-    dropped: prometheus::IntCounter,
-    sent: prometheus::IntCounter,
+    counters: Counters,
 ) {
+    let Counters {
+        dropped,
+        sent,
+        queued,
+    } = counters;
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         let Some(first) = rx.recv().await else {
@@ -157,6 +176,7 @@ async fn send_loop(
                 Ok(None) | Err(_) => break,
             }
         }
+        queued.set(i64::try_from(rx.len()).unwrap_or(i64::MAX));
         let n = batch.len() as u64;
         let request = ExportLogsServiceRequest {
             resource_logs: vec![ResourceLogs {

@@ -1,7 +1,9 @@
 //! Running as a service (operating.md): signals, shutdown and drain, the CLI (check,
-//! explain, version, completions), and the shipped configs.
+//! explain, version, completions), the shipped configs, and the metrics the shipped
+//! dashboard and alerts name.
 
 mod cli;
+mod dashboard;
 mod lifecycle;
 mod signals;
 
@@ -9,5 +11,11 @@ use e2e::harness::Case;
 
 /// This area's cases.
 pub(crate) fn cases() -> Vec<Case> {
-    [signals::cases(), lifecycle::cases(), cli::cases()].concat()
+    [
+        signals::cases(),
+        lifecycle::cases(),
+        cli::cases(),
+        dashboard::cases(),
+    ]
+    .concat()
 }
