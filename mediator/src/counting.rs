@@ -22,6 +22,32 @@ impl Counters {
     }
 }
 
+/// Runs `work` to its end; every `every` while it runs, tells `progress` the bytes moved
+/// since it was last told, `(up, down)` as `moved` reads them off the counters: so an
+/// open connection's bytes reach `mediator_bytes_total` before it closes (design section
+/// 19). What moved after the last tick is the close record's to count.
+pub(crate) async fn reporting<F: Future>(
+    work: F,
+    every: std::time::Duration,
+    moved: impl Fn() -> (u64, u64),
+    progress: impl Fn(u64, u64),
+) -> F::Output {
+    tokio::pin!(work);
+    let mut told = (0, 0);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tick.tick() => {
+                let now = moved();
+                progress(now.0.saturating_sub(told.0), now.1.saturating_sub(told.1));
+                told = now;
+            }
+        }
+    }
+}
+
 /// Wraps `S`, counting bytes written (up) and read (down).
 #[derive(Debug)]
 pub(crate) struct Counting<S> {

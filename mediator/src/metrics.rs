@@ -211,7 +211,7 @@ impl Metrics {
         let bytes = IntCounterVec::new(
             Opts::new(
                 "mediator_bytes_total",
-                "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open tunnel adds its bytes every 5 s.",
+                "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open connection (tunnel, terminated tunnel, forwarding connection) adds its bytes every 5 s.",
             ),
             &["authority", "direction"],
         )?;

@@ -93,6 +93,38 @@ impl Mediator {
             .await
     }
 
+    /// Polls `/metrics` (up to 20 s) until `authority`'s `mediator_bytes_total` is above 0
+    /// in both directions while it still has an open connection: an open connection's
+    /// bytes are reported every 5 s, not only at its close (design section 19).
+    ///
+    /// # Errors
+    /// A failed scrape, or no bytes counted in time.
+    pub async fn bytes_counted_while_open(&self, authority: &str) -> Result<PromText> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let p = self.metrics().await?;
+            let bytes = |d: &str| {
+                p.get(
+                    "mediator_bytes_total",
+                    &[("authority", authority), ("direction", d)],
+                )
+            };
+            if bytes("up") > 0.0 && bytes("down") > 0.0 {
+                anyhow::ensure!(
+                    p.get("mediator_active_connections", &[("authority", authority)]) >= 1.0,
+                    "the bytes were counted, but no connection is open any more"
+                );
+                return Ok(p);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "no bytes counted while the connection is open: {:?}",
+                p.family("mediator_bytes_total")
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// `GET /metrics`, parsed.
     ///
     /// # Errors

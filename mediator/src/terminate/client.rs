@@ -28,6 +28,12 @@ pub(super) struct Leg<C> {
 pub(super) struct Bytes(Counters);
 
 impl Bytes {
+    /// `(up, down)` so far: what the client sent, what it was sent.
+    pub(super) fn moved(&self) -> (u64, u64) {
+        let (written, read) = self.0.get();
+        (read, written)
+    }
+
     /// The tunnel's outcome with these counts: up is what the client sent (read), down
     /// what it was sent (written).
     pub(super) fn outcome(&self, close_reason: CloseReason) -> RelayOutcome {

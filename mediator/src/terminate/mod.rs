@@ -40,9 +40,10 @@ use crate::conn::establish::Connected;
 use crate::conn::record;
 use crate::conn::standing::Standing;
 use crate::conn::{Ctx, TargetLabel};
+use crate::counting::reporting;
 use crate::denial::Denial;
 use crate::front::http::preflight::MIN_BUF;
-use crate::relay::{RelayOutcome, Sock, reset_fd_on_close, socket_of};
+use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, reset_fd_on_close, socket_of};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::TlsState;
@@ -147,7 +148,32 @@ pub(crate) async fn terminate<C>(
         client_tls,
         client_h2.then(|| request::refused_h2(&shared, &ctx, &label, target)),
     );
-    let served = serve(client_tls, Arc::clone(&env), reset.as_ref(), &upstream_gone).await;
+    // Its bytes reach the metrics while it is open (every PROGRESS_EVERY), as a plain
+    // tunnel's do.
+    let reason = reporting(
+        served(client_tls, &env, reset.as_ref(), &upstream_gone, client_h2),
+        PROGRESS_EVERY,
+        || bytes.moved(),
+        |up, down| opened.progress(up, down),
+    )
+    .await;
+    drop(env);
+    opened.finish(bytes.outcome(reason));
+}
+
+/// Serves the client's requests (`serve`), then waits for the relays of switched
+/// requests; returns how the tunnel ended.
+async fn served<S>(
+    client_tls: S,
+    env: &Arc<Env>,
+    reset: Option<&std::os::fd::OwnedFd>,
+    upstream_gone: &CancellationToken,
+    client_h2: bool,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let served = serve(client_tls, Arc::clone(env), reset, upstream_gone).await;
     // Switched streams end with the tunnel (or before): an HTTP/1.1 upgrade took the
     // connection over, so the tunnel ends as its relay ended; HTTP/2 streams end with
     // their connection.
@@ -155,15 +181,14 @@ pub(crate) async fn terminate<C>(
     let mut reason = served;
     while let Some(ended) = relays.join_next().await {
         let outcome = ended.map_or(CloseReason::Error, |o| o.close_reason);
-        if let (true, Some(fd)) = (outcome.is_cut(), &reset) {
+        if let (true, Some(fd)) = (outcome.is_cut(), reset) {
             let _ = reset_fd_on_close(fd);
         }
         if !client_h2 {
             reason = outcome;
         }
     }
-    drop(env);
-    opened.finish(bytes.outcome(reason));
+    reason
 }
 
 /// The CA and the leaf for exactly the tunnel host.

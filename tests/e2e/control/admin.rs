@@ -48,24 +48,7 @@ async fn an_open_tunnels_bytes_are_counted_before_it_closes() -> Result<()> {
         )
     };
     // The relay reports every 5 s: within a few periods, with the tunnel still open.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let during = loop {
-        let p = m.metrics().await?;
-        if bytes(&p, "up") > 0.0 && bytes(&p, "down") > 0.0 {
-            break p;
-        }
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "no bytes counted while the tunnel is open: {:?}",
-            p.family("mediator_bytes_total")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(
-        during.get("mediator_active_connections", &[("authority", AGENT_A)]),
-        1.0,
-        "the tunnel is still open"
-    );
+    m.bytes_counted_while_open(AGENT_A).await?;
     assert_eq!(get_keepalive(&mut tunnel, "/second").await?, 200);
     drop(tunnel);
     let close = m.wait_for_close(&decision["id"]).await?;
@@ -75,6 +58,33 @@ async fn an_open_tunnels_bytes_are_counted_before_it_closes() -> Result<()> {
         bytes(&p, "down"),
         close["bytes_down"].as_f64().unwrap_or(-1.0)
     );
+    Ok(())
+}
+
+/// The same for a kept-alive plain `http://` forwarding connection: its upstream
+/// connection's bytes are reported while it is open.
+async fn an_open_forwarding_connections_bytes_are_counted_before_it_closes() -> Result<()> {
+    let fx = Fixture::start(mediator().admin(true).authority(agent_a_spec())).await?;
+    let m = &fx.mediator;
+    let mut conn = HttpConn::unix(&m.socket_path(AGENT_A)).await?;
+    let url = format!("http://{}/kept", fx.origin_target());
+    let req = format!("GET {url} HTTP/1.1\r\nHost: {ORIGIN_HOST}\r\n\r\n");
+    assert_eq!(conn.request(req.as_bytes()).await?.status, 200);
+    let decision = m.wait_for_decision("allowed", Some(ORIGIN_HOST)).await?;
+    m.bytes_counted_while_open(AGENT_A).await?;
+    drop(conn);
+    let close = m.wait_for_close(&decision["id"]).await?;
+    let p = m.metrics().await?;
+    for (direction, field) in [("up", "bytes_up"), ("down", "bytes_down")] {
+        assert_eq!(
+            p.get(
+                "mediator_bytes_total",
+                &[("authority", AGENT_A), ("direction", direction)]
+            ),
+            close[field].as_f64().unwrap_or(-1.0),
+            "{direction}"
+        );
+    }
     Ok(())
 }
 
@@ -750,6 +760,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(admin_api_creates_lists_and_revokes_authorities_while_traffic_flows),
         case!(revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace),
         case!(an_open_tunnels_bytes_are_counted_before_it_closes),
+        case!(an_open_forwarding_connections_bytes_are_counted_before_it_closes),
         case!(admin_token_guards_everything_but_health),
         case!(admin_writes_on_tcp_need_a_token_by_default),
         case!(anonymous_admin_writes_are_warned_at_start),

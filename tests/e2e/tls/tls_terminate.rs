@@ -997,6 +997,40 @@ async fn http2_requests_the_http2_layer_refuses_are_logged() -> Result<()> {
     Ok(())
 }
 
+/// A terminated tunnel's bytes reach `mediator_bytes_total` while it is open, as a plain
+/// tunnel's do, and its close adds only the rest.
+async fn an_open_terminated_tunnels_bytes_are_counted_before_it_closes() -> Result<()> {
+    let env = start_with(true, any_loopback_port(), |b| b.admin(true)).await?;
+    let m = &env.fx.mediator;
+    let mut h2 = env.h2().await?;
+    let resp = h2
+        .send_request(h2_request("GET", env.url("/public/open"), "")?)
+        .await?;
+    assert_eq!(resp.status(), 200);
+    h2_json(resp).await?;
+    let decision = m
+        .wait_for_log(
+            |v| v["protocol"] == "connect" && v["decision"] == "allow",
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    m.bytes_counted_while_open(AGENT_A).await?;
+    drop(h2);
+    let close = m.wait_for_close(&decision["id"]).await?;
+    let p = m.metrics().await?;
+    for (direction, field) in [("up", "bytes_up"), ("down", "bytes_down")] {
+        assert_eq!(
+            p.get(
+                "mediator_bytes_total",
+                &[("authority", AGENT_A), ("direction", direction)]
+            ),
+            close[field].as_f64().unwrap_or(-1.0),
+            "{direction}"
+        );
+    }
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -1020,5 +1054,6 @@ pub(crate) fn cases() -> Vec<Case> {
             .needs(&[Tool::Curl]),
         case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
         case!(http2_requests_the_http2_layer_refuses_are_logged),
+        case!(an_open_terminated_tunnels_bytes_are_counted_before_it_closes),
     ]
 }

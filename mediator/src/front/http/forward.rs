@@ -26,11 +26,11 @@ use crate::conn::establish::{Connected, establish};
 use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
-use crate::counting::{Counters, Counting};
+use crate::counting::{Counters, Counting, reporting};
 use crate::credential::CheckedBody;
 use crate::denial::{Cause, Denial};
 use crate::redact::logged_path;
-use crate::relay::RelayOutcome;
+use crate::relay::{PROGRESS_EVERY, RelayOutcome};
 use crate::route::{ForwardProxy, Route};
 use crate::shared::Shared;
 use crate::vocab::{CloseReason, Protocol};
@@ -421,15 +421,25 @@ async fn open(
     let client_gone = pool.client_gone.clone();
     tokio::spawn(async move {
         let _guard = guard;
-        let close_reason = tokio::select! {
-            r = conn => match r {
-                // The client connection ended and dropped its sender.
-                Ok(()) if client_gone.is_cancelled() => CloseReason::ClientClosed,
-                Ok(()) => CloseReason::UpstreamClosed,
-                Err(_) => CloseReason::Error,
-            },
-            () = closing.cancelled() => CloseReason::Shutdown,
+        let ended = async {
+            tokio::select! {
+                r = conn => match r {
+                    // The client connection ended and dropped its sender.
+                    Ok(()) if client_gone.is_cancelled() => CloseReason::ClientClosed,
+                    Ok(()) => CloseReason::UpstreamClosed,
+                    Err(_) => CloseReason::Error,
+                },
+                () = closing.cancelled() => CloseReason::Shutdown,
+            }
         };
+        // Its bytes reach the metrics while it is open, as a tunnel's do.
+        let close_reason = reporting(
+            ended,
+            PROGRESS_EVERY,
+            || counters.get(),
+            |up, down| opened.progress(up, down),
+        )
+        .await;
         let (up, down) = counters.get();
         opened.finish(RelayOutcome {
             up,
