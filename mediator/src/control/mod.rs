@@ -268,7 +268,10 @@ impl Control {
     /// replaced it, and its connections are being judged again under the new grant.
     fn close_after_grace(&self, live: &Arc<Live>, why: &str, rejudged: bool) {
         let grace = self.revoke_grace;
-        let closing = Arc::clone(live);
+        // Weak: the connections hold their authority; with none left there is nothing to
+        // cut, and holding it here would keep its metric series for the whole grace.
+        let closing = Arc::downgrade(live);
+        let (name, generation) = (live.name().to_owned(), live.generation);
         let (now, then) = if rejudged {
             (
                 "live connections are judged again under the new grant; those it no longer allows are cut in",
@@ -282,12 +285,12 @@ impl Control {
         };
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            closing.close_connections();
+            if let Some(closing) = closing.upgrade() {
+                closing.close_connections();
+            }
             tracing::info!(
                 target: TARGET,
-                "authority {:?} generation {}: revoke grace over; {then}",
-                closing.name(),
-                closing.generation
+                "authority {name:?} generation {generation}: revoke grace over; {then}"
             );
         });
         tracing::info!(

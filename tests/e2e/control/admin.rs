@@ -590,6 +590,46 @@ async fn revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace
     Ok(())
 }
 
+/// A revoked authority with no connection left leaves `/metrics` at once, not after the
+/// revoke grace (30 s here): nothing holds it for the grace.
+async fn a_revoked_authority_without_connections_leaves_metrics_at_once() -> Result<()> {
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
+            .timeout("revoke_grace", 30)
+            .authority(agent_a_spec()),
+    )
+    .await?;
+    let m = &fx.mediator;
+    let resp = fx
+        .request(&forward_req(
+            &format!("http://{}/once", fx.origin_target()),
+            Some((AGENT_A, TOKEN_A)),
+        ))
+        .await?;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let decision = m.wait_for_decision("allowed", Some(ORIGIN_HOST)).await?;
+    m.wait_for_close(&decision["id"]).await?;
+    assert_eq!(m.revoke(AGENT_A).await?.status, 200);
+    let mine = format!("authority=\"{AGENT_A}\"");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let series = m.metrics().await?.raw_series();
+        if !series.iter().any(|k| k.contains(&mine)) {
+            return Ok(());
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "series of the revoked authority remain 5 s later: {:?}",
+            series
+                .iter()
+                .filter(|k| k.contains(&mine))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn admin_token_guards_everything_but_health() -> Result<()> {
     let token = "admin-secret-7d1";
     let dir = tempfile::tempdir()?;
@@ -761,6 +801,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(revoked_authority_socket_is_gone_and_live_tunnels_close_after_the_grace),
         case!(an_open_tunnels_bytes_are_counted_before_it_closes),
         case!(an_open_forwarding_connections_bytes_are_counted_before_it_closes),
+        case!(a_revoked_authority_without_connections_leaves_metrics_at_once),
         case!(admin_token_guards_everything_but_health),
         case!(admin_writes_on_tcp_need_a_token_by_default),
         case!(anonymous_admin_writes_are_warned_at_start),
