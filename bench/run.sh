@@ -12,7 +12,8 @@
 # IDLE_TUNNELS (10000), IDLE_PEERS (1: also Squid and tinyproxy), CRITERION (1),
 # THROUGHPUT_BYTES (268435456 per request), KEEP (1: keep the temp dir), SHIM_STARTUP
 # (a saved output of bench/shim-startup.sh for the report's shim start-up goal; that is
-# not measured here).
+# not measured here), TLS (1: then bench/tls-terminate.sh, TLS termination against Squid
+# ssl-bump and mitmproxy, its report appended).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -23,6 +24,7 @@ IDLE_TUNNELS=${IDLE_TUNNELS:-10000}
 IDLE_PEERS=${IDLE_PEERS:-1}
 CRITERION=${CRITERION:-1}
 THROUGHPUT_BYTES=${THROUGHPUT_BYTES:-268435456}
+TLS=${TLS:-1}
 started=$(date +%s)
 log() { printf '[bench %4ds] %s\n' "$(( $(date +%s) - started ))" "$*" >&2; }
 
@@ -290,3 +292,17 @@ python3 "$ROOT/bench/report.py" "${shim_args[@]}" \
     --settings "REPS=$REPS DURATION=${DURATION}s WARMUP=${WARMUP}s THROUGHPUT_BYTES=$THROUGHPUT_BYTES; idle tunnels $idle_count (asked $IDLE_TUNNELS, open files limit $(ulimit -n))" \
     | tee "$ROOT/bench/results/latest.md"
 log "wrote bench/results/latest.md"
+
+# --- TLS termination ---------------------------------------------------------------------------
+# Against Squid ssl-bump and mitmproxy: its own script (its own origin and peers), its
+# report appended.
+if [ "$TLS" = 1 ]; then
+    log "TLS termination (bench/tls-terminate.sh)"
+    if REPS=$REPS DURATION=$DURATION WARMUP=$WARMUP bash "$ROOT/bench/tls-terminate.sh" >"$work.tls.md"; then
+        { echo; cat "$work.tls.md"; } >>"$ROOT/bench/results/latest.md"
+        cat "$work.tls.md"
+    else
+        log "bench/tls-terminate.sh failed"
+    fi
+    rm -f "$work.tls.md"
+fi
