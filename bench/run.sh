@@ -13,7 +13,8 @@
 # THROUGHPUT_BYTES (268435456 per request), KEEP (1: keep the temp dir), SHIM_STARTUP
 # (a saved output of bench/shim-startup.sh for the report's shim start-up goal; that is
 # not measured here), TLS (1: then bench/tls-terminate.sh, TLS termination against Squid
-# ssl-bump and mitmproxy, its report appended).
+# ssl-bump and mitmproxy, its report appended), CAPTURE (1: then bench/shim-capture.sh, a
+# captured download against the proxy path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,6 +26,7 @@ IDLE_PEERS=${IDLE_PEERS:-1}
 CRITERION=${CRITERION:-1}
 THROUGHPUT_BYTES=${THROUGHPUT_BYTES:-268435456}
 TLS=${TLS:-1}
+CAPTURE=${CAPTURE:-1}
 started=$(date +%s)
 log() { printf '[bench %4ds] %s\n' "$(( $(date +%s) - started ))" "$*" >&2; }
 
@@ -292,6 +294,21 @@ python3 "$ROOT/bench/report.py" "${shim_args[@]}" \
     --settings "REPS=$REPS DURATION=${DURATION}s WARMUP=${WARMUP}s THROUGHPUT_BYTES=$THROUGHPUT_BYTES; idle tunnels $idle_count (asked $IDLE_TUNNELS, open files limit $(ulimit -n))" \
     | tee "$ROOT/bench/results/latest.md"
 log "wrote bench/results/latest.md"
+
+# --- capture ---------------------------------------------------------------------------------
+# A download captured by the shim against the proxy path and direct (bench/shim-capture.sh).
+if [ "$CAPTURE" = 1 ]; then
+    log "capture at proxy speed (bench/shim-capture.sh)"
+    cargo build --release -p shim >&2
+    if SHIM="$bin/shim" MEDIATOR="$bin/mediator" ORIGIN="$bin/origin" RUNS=$REPS \
+        bash "$ROOT/bench/shim-capture.sh" >"$work.capture.md"; then
+        { echo; echo "## Capture (bench/shim-capture.sh)"; echo; cat "$work.capture.md"; } >>"$ROOT/bench/results/latest.md"
+        cat "$work.capture.md"
+    else
+        log "bench/shim-capture.sh failed"
+    fi
+    rm -f "$work.capture.md"
+fi
 
 # --- TLS termination ---------------------------------------------------------------------------
 # Against Squid ssl-bump and mitmproxy: its own script (its own origin and peers), its

@@ -6,11 +6,11 @@
 # and direct (no shim, no mediator). Prints MB/s, the shim's and the mediator's CPU
 # seconds per GB, and the goals: captured >= 0.8x the proxy path; the shim's CPU per GB
 # at most 2x the mediator's on the proxy path. Loopback and the sandbox's own namespace
-# only. Knobs: BYTES (300000000), RUNS (3), SHIM and MEDIATOR (binaries: nothing is built
+# only. Knobs: BYTES (1000000000), RUNS (3), SHIM and MEDIATOR (binaries: nothing is built
 # when both are given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BYTES=${BYTES:-300000000}
+BYTES=${BYTES:-1000000000}
 RUNS=${RUNS:-3}
 if [ -n "${SHIM:-}" ] && [ -n "${MEDIATOR:-}" ]; then
     shim=$(realpath "$SHIM"); mediator=$(realpath "$MEDIATOR")

@@ -133,8 +133,13 @@ fn main() -> anyhow::Result<()> {
     let out = rt.block_on(run(args))?;
     eprintln!(
         "{:>14} {:>9} c={:<3} {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
-        out.label, format!("{:?}", out.mode), out.concurrency, out.rate, out.latency.p50_ms,
-        out.latency.p99_ms, out.errors
+        out.label,
+        format!("{:?}", out.mode),
+        out.concurrency,
+        out.rate,
+        out.latency.p50_ms,
+        out.latency.p99_ms,
+        out.errors
     );
     println!("{}", serde_json::to_string(&out)?);
     Ok(())
@@ -165,8 +170,7 @@ fn rustls_pemfile_certs(
     pem: &[u8],
 ) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
     use rustls::pki_types::pem::PemObject as _;
-    let certs: Result<Vec<_>, _> =
-        rustls::pki_types::CertificateDer::pem_slice_iter(pem).collect();
+    let certs: Result<Vec<_>, _> = rustls::pki_types::CertificateDer::pem_slice_iter(pem).collect();
     let certs = certs.context("parsing the CA file")?;
     if certs.is_empty() {
         bail!("no certificate in the CA file");
@@ -197,9 +201,15 @@ async fn run(args: Args) -> anyhow::Result<Output> {
     let sampler = tokio::spawn(async move {
         tokio::time::sleep_until(start.into()).await;
         let me = std::process::id();
-        let a = (pid.map(procstat::cpu_seconds).transpose()?, procstat::cpu_seconds(me)?);
+        let a = (
+            pid.map(procstat::cpu_seconds).transpose()?,
+            procstat::cpu_seconds(me)?,
+        );
         tokio::time::sleep_until(end.into()).await;
-        let b = (pid.map(procstat::cpu_seconds).transpose()?, procstat::cpu_seconds(me)?);
+        let b = (
+            pid.map(procstat::cpu_seconds).transpose()?,
+            procstat::cpu_seconds(me)?,
+        );
         let rss = pid.map(procstat::memory).transpose()?.map(|m| m.rss_kib);
         let proxy = a.0.zip(b.0).map(|(a, b)| b - a);
         anyhow::Ok((proxy, b.1 - a.1, rss))
@@ -259,7 +269,10 @@ async fn worker(ctx: &Ctx) -> (Vec<u64>, Option<String>) {
             },
             Mode::Keepalive => {
                 if kept.is_none() {
-                    kept = open(ctx).await.map_err(|e| note(&mut first_error, ctx, &e)).ok();
+                    kept = open(ctx)
+                        .await
+                        .map_err(|e| note(&mut first_error, ctx, &e))
+                        .ok();
                 }
                 match kept.as_mut() {
                     Some(sender) => {
@@ -339,7 +352,10 @@ async fn connect_answer<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> anyhow:
         head.push(b);
     }
     if !(head.starts_with(b"HTTP/1.1 2") || head.starts_with(b"HTTP/1.0 2")) {
-        bail!("CONNECT refused: {}", String::from_utf8_lossy(&head).lines().next().unwrap_or(""));
+        bail!(
+            "CONNECT refused: {}",
+            String::from_utf8_lossy(&head).lines().next().unwrap_or("")
+        );
     }
     Ok(())
 }

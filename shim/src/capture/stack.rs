@@ -42,7 +42,7 @@ use super::drops::{Drops, Kind};
 use super::names::Names;
 
 /// The TUN device's MTU (bytes); the sandbox's interface is set to the same.
-pub(crate) const MTU: usize = 1500;
+pub(crate) const MTU: usize = 65_535;
 /// Most TCP connections (held SYNs and open sockets) at once.
 pub(crate) const MAX_FLOWS: usize = 4096;
 /// Most packets queued for the TUN device; smoltcp waits (and TCP retransmits) past it.
@@ -51,9 +51,11 @@ const TX_QUEUE: usize = 1024;
 /// send before the loop reads them (a burst of DNS queries), past which its kernel drops.
 pub(crate) const TUN_QUEUE: u32 = 8192;
 /// Each TCP socket's receive and send buffer (bytes).
-const TCP_BUFFER: usize = 64 * 1024;
+const TCP_BUFFER: usize = 256 * 1024;
 /// How long smoltcp keeps retransmitting to a silent peer before it gives up.
 const TCP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Most packet buffers kept for reuse (at most this many MTUs of memory).
+const SPARE: usize = 32;
 /// Most IP packets read from the TUN per turn of the loop.
 const READ_BATCH: usize = 256;
 
@@ -71,10 +73,22 @@ pub(crate) struct NewFlow {
 struct Queues {
     rx: VecDeque<Vec<u8>>,
     tx: VecDeque<Vec<u8>>,
+    /// Buffers of packets already written to the TUN, for the next ones: a fresh buffer
+    /// per segment of up to 64 KiB costs page faults and zeroing on every packet.
+    spare: Vec<Vec<u8>>,
+}
+
+impl Queues {
+    /// Keeps the buffers of written packets (at most [`SPARE`]) for new ones.
+    fn recycle(&mut self, written: &mut Vec<Vec<u8>>) {
+        let room = SPARE.saturating_sub(self.spare.len());
+        self.spare.extend(written.drain(..).take(room));
+        written.clear();
+    }
 }
 
 struct Rx(Vec<u8>);
-struct Tx<'a>(&'a mut VecDeque<Vec<u8>>);
+struct Tx<'a>(&'a mut VecDeque<Vec<u8>>, &'a mut Vec<Vec<u8>>);
 
 impl RxToken for Rx {
     fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
@@ -84,7 +98,9 @@ impl RxToken for Rx {
 
 impl TxToken for Tx<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        let mut buf = vec![0u8; len];
+        let mut buf = self.1.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(len, 0);
         let r = f(&mut buf);
         self.0.push_back(buf);
         r
@@ -100,12 +116,12 @@ impl Device for Queues {
             return None;
         }
         let frame = self.rx.pop_front()?;
-        Some((Rx(frame), Tx(&mut self.tx)))
+        Some((Rx(frame), Tx(&mut self.tx, &mut self.spare)))
     }
 
     fn transmit(&mut self, _: Instant) -> Option<Tx<'_>> {
         if self.tx.len() < TX_QUEUE {
-            Some(Tx(&mut self.tx))
+            Some(Tx(&mut self.tx, &mut self.spare))
         } else {
             None
         }
@@ -325,6 +341,8 @@ pub(crate) async fn run(
     let tun = register(tun)?;
     let mut buf = vec![0u8; MTU + 64];
     let mut replies = Vec::with_capacity(READ_BATCH);
+    // The packets for the sandbox, written each turn; their buffers go back to the stack.
+    let mut frames: Vec<Vec<u8>> = Vec::new();
     loop {
         // 1. What the sandbox sent; DNS answered at once.
         let mut closed = false;
@@ -356,16 +374,14 @@ pub(crate) async fn run(
             }
         }
         // 2. smoltcp's turn.
-        let (frames, delay) = {
+        let delay = {
             let mut st = shared.lock();
+            st.queues.recycle(&mut frames);
             st.poll();
             st.reap();
-            let frames: Vec<Vec<u8>> = st.queues.tx.drain(..).collect();
-            let delay = {
-                let State { iface, sockets, .. } = &mut *st;
-                iface.poll_delay(Instant::now(), sockets)
-            };
-            (frames, delay)
+            frames.extend(st.queues.tx.drain(..));
+            let State { iface, sockets, .. } = &mut *st;
+            iface.poll_delay(Instant::now(), sockets)
         };
         // 3. To the sandbox. A full TUN queue drops the packet; TCP sends it again.
         for f in &frames {
