@@ -69,6 +69,7 @@ pub(crate) struct Rebind {
 /// The channel new connections take, swapped by a rebind.
 #[derive(Debug)]
 pub(crate) struct Binding {
+    first: Bound,
     current: RwLock<Bound>,
     rebinds: Mutex<(Vec<Rebind>, u64)>,
 }
@@ -77,9 +78,15 @@ impl Binding {
     /// Bound to `first`.
     pub(crate) fn new(first: Bound) -> Self {
         Self {
-            current: RwLock::new(first),
+            current: RwLock::new(first.clone()),
+            first,
             rebinds: Mutex::new((Vec::new(), 0)),
         }
+    }
+
+    /// The channel the run started on.
+    pub(crate) fn first(&self) -> &Bound {
+        &self.first
     }
 
     /// Where a new connection goes now.

@@ -6,9 +6,14 @@
 //! live lines include what the replies cannot show: SOCKS5 denials with their reason,
 //! denials inside terminated TLS tunnels, the SNI rule's refusal after the `200`.
 //!
+//! After a rebind (`--control`), new connections reach another authority's socket: the
+//! feed then polls every authority the run has been bound to, each with its own cursor,
+//! so the denials taken under the new grant are in the report and said live too.
+//!
 //! It polls every [`POLL`] while the run lasts, and once more at the end. Reads of the
 //! admin API need no token. It never writes to the mediator.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -25,6 +30,9 @@ const MAX_ANSWER: u64 = 8 * 1024 * 1024;
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The authorities whose denials are the run's, asked before each round of polls.
+pub(crate) type Authorities = Box<dyn Fn() -> Vec<String> + Send>;
+
 /// The feed of one run.
 pub(crate) struct Feed {
     thread: std::thread::JoinHandle<()>,
@@ -32,10 +40,11 @@ pub(crate) struct Feed {
 }
 
 impl Feed {
-    /// Start polling `endpoint` for `authority`'s denials since `since` (RFC 3339).
+    /// Start polling `endpoint` for the denials since `since` (RFC 3339) of each authority
+    /// `authorities` names (asked before every round: the run's channels so far).
     pub(crate) fn start(
         endpoint: AdminEndpoint,
-        authority: String,
+        authorities: Authorities,
         since: String,
         denials: Arc<Denials>,
     ) -> std::io::Result<Self> {
@@ -45,14 +54,18 @@ impl Feed {
         let thread = std::thread::Builder::new()
             .name("denial-feed".into())
             .spawn(move || {
-                let mut cursor = since;
-                let mut seen = 0;
+                // Per authority: the cursor and the last decision id seen.
+                let mut state: HashMap<String, (String, u64)> = HashMap::new();
                 loop {
                     let last = d.load(Ordering::Acquire);
-                    if let Some(next) =
-                        poll(&endpoint, &authority, &cursor, pid, &mut seen, &denials)
-                    {
-                        cursor = next;
+                    for authority in authorities() {
+                        let (cursor, seen) = state
+                            .entry(authority.clone())
+                            .or_insert_with(|| (since.clone(), 0));
+                        if let Some(next) = poll(&endpoint, &authority, cursor, pid, seen, &denials)
+                        {
+                            *cursor = next;
+                        }
                     }
                     if last {
                         return;

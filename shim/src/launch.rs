@@ -255,10 +255,13 @@ impl Channel {
         binding: &Arc<Binding>,
     ) -> Result<(Serving, Rebinder)> {
         let feed = match admin {
-            Some(a) => Some(
-                Feed::start(a.endpoint, a.authority, a.since, Arc::clone(denials))
-                    .map_err(|e| Error::io("start the denial feed", e))?,
-            ),
+            Some(a) => {
+                let authorities = bound_authorities(a.authority, Arc::clone(binding));
+                Some(
+                    Feed::start(a.endpoint, authorities, a.since, Arc::clone(denials))
+                        .map_err(|e| Error::io("start the denial feed", e))?,
+                )
+            }
             None => None,
         };
         let (channel, dial, grant, rebinder) = match self {
@@ -331,6 +334,34 @@ impl Channel {
 }
 
 /// Where socket mode reads the run's denials from (see [`crate::feed`]).
+/// The authorities of the mediator whose admin API the feed reads that the run has been
+/// bound to: `first`, then each rebind target that is a socket in the first socket's
+/// directory (`<socket_dir>/<name>.sock`, that mediator's). A socket elsewhere belongs
+/// to no authority this admin API knows; its denials come from the replies only.
+fn bound_authorities(first: String, binding: Arc<Binding>) -> crate::feed::Authorities {
+    let dir = match binding.first() {
+        Bound::Socket(p) => p.parent().map(Path::to_owned),
+        Bound::Embedded { .. } => None,
+    };
+    Box::new(move || {
+        let mut names = vec![first.clone()];
+        for r in binding.rebinds().0 {
+            let to = Path::new(&r.to);
+            let name = to
+                .file_name()
+                .and_then(|f| f.to_str())
+                .and_then(|f| f.strip_suffix(".sock"));
+            if let Some(name) = name
+                && to.parent() == dir.as_deref()
+                && !names.iter().any(|n| n == name)
+            {
+                names.push(name.to_owned());
+            }
+        }
+        names
+    })
+}
+
 struct Admin {
     endpoint: crate::cli::AdminEndpoint,
     authority: String,

@@ -7,11 +7,13 @@
 //! Network rule: the stand-in mediators and the origin are on the host's 127.0.0.1; the
 //! command reaches them only through the shim's proxy listener inside its namespace.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::capture::{echo_origin, http_origin, stand_in};
 use crate::support::{SHIM, Scratch, expect, read_json};
@@ -22,6 +24,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         socket_mode_rebinds_new_connections_to_another_authority,
         an_open_tunnel_finishes_on_the_channel_it_was_opened_on,
         embedded_mode_rebinds_to_a_new_grant,
+        after_a_rebind_the_report_has_the_new_authoritys_denials,
     ]
 }
 
@@ -199,7 +202,7 @@ u = tunnel(); u.sendall(b"new"); print(u.recv(3).decode(), flush=True)
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     expect("after", &String::from_utf8_lossy(&out.stdout), "two\nnew\n")
         .map_err(|e| format!("{e}; {}", String::from_utf8_lossy(&out.stderr)))?;
-    let count = |h: &std::sync::Arc<std::sync::Mutex<Vec<String>>>| {
+    let count = |h: &Arc<std::sync::Mutex<Vec<String>>>| {
         h.lock()
             .unwrap()
             .iter()
@@ -259,4 +262,111 @@ fn embedded_mode_rebinds_to_a_new_grant() -> TestResult {
         &format!("{} -> {}", r["rebinds"][0]["from"], r["rebinds"][0]["to"]),
         "\"embedded:shim\" -> \"embedded:rebind-1\"",
     )
+}
+
+/// A stand-in authority socket that answers every SOCKS5 request with REP 0x02.
+fn refusing_socket(path: &Path) {
+    let l = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 512];
+            let _ = c.read(&mut buf); // greeting
+            let _ = c.write_all(&[5, 0]);
+            let _ = c.read(&mut buf); // request
+            let _ = c.write_all(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        }
+    });
+}
+
+/// Socket mode with the mediator's admin API (`--config`): after a rebind to another
+/// authority, the run's denials under it (which the SOCKS5 reply cannot carry) come from
+/// its own `/denials`, so the report has them with their operator's message.
+fn after_a_rebind_the_report_has_the_new_authoritys_denials() -> TestResult {
+    let s = Scratch::new("control-feed");
+    std::fs::create_dir_all(s.path("sockets")).unwrap();
+    refusing_socket(&s.path("sockets/agent.sock"));
+    refusing_socket(&s.path("sockets/wide.sock"));
+    let admin = UnixListener::bind(s.path("admin.sock")).unwrap();
+    let pid = Arc::new(AtomicU32::new(0));
+    let p = Arc::clone(&pid);
+    std::thread::spawn(move || {
+        for c in admin.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 2048];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let mine = p.load(Ordering::SeqCst);
+            let body = if head.starts_with("GET /v1/authorities/wide/denials") {
+                format!(
+                    r#"{{"authority":"wide","denials":[{{"id":9,"ts":"2026-01-01T00:00:00.000Z","protocol":"socks5","host":"wide-denied.test","port":443,"reason":"denied_by_rule","rule":"wide-denied.test","detail":"d","hint":"h","message":"not from agents","status":2,"peer":{{"pid":{mine},"uid":0,"gid":0}}}}],"dropped":0}}"#
+                )
+            } else {
+                r#"{"authority":"agent","denials":[],"dropped":0}"#.to_owned()
+            };
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let config = s.path("mediator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listen]\nsocket_dir = \"{}\"\nadmin_socket = \"{}\"\n\n[[authority]]\nname = \"agent\"\nallow = [\"x.test\"]\n\n[[authority]]\nname = \"wide\"\nallow = [\"y.test\"]\n",
+            s.path("sockets").display(),
+            s.path("admin.sock").display()
+        ),
+    )
+    .unwrap();
+    let control = s.path("control.sock");
+    let report = s.path("report.json");
+    let (child, mut go) = shim_waiting(
+        &[
+            "--no-capture",
+            "--config",
+            config.to_str().unwrap(),
+            "--authority",
+            "agent",
+            "--control",
+            control.to_str().unwrap(),
+            "--report-file",
+            report.to_str().unwrap(),
+        ],
+        r#"read go <&5
+curl -sS -m 5 -x "$ALL_PROXY" http://wide-denied.test:443/ >/dev/null 2>&1
+echo done"#,
+    );
+    pid.store(child.id(), Ordering::SeqCst);
+    // The control socket listens once the sandbox is up: ask until it answers (5 s).
+    let mut answer = Err("the control socket never answered".to_owned());
+    for _ in 0..100 {
+        answer = send(&control, r#"{"rebind": "wide"}"#);
+        if answer.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let a = answer?;
+    if a["ok"] != true {
+        return Err(format!("rebind refused: {a}"));
+    }
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    expect("script", &String::from_utf8_lossy(&out.stdout), "done\n")?;
+    let r = read_json(&report)?;
+    let denials = r["denials"].as_array().cloned().unwrap_or_default();
+    if !denials
+        .iter()
+        .any(|d| d["host"] == "wide-denied.test" && d["message"] == "not from agents")
+    {
+        return Err(format!(
+            "the new authority's denial is not in the report: {}; stderr: {}",
+            r["denials"],
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }
