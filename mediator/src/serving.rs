@@ -87,12 +87,14 @@ impl Serving {
     pub(crate) fn start(threads: usize) -> io::Result<Self> {
         let pool = POOLS.fetch_add(1, Ordering::Relaxed);
         let stop = CancellationToken::new();
-        let mut workers = Vec::new();
         let mut joins = Vec::new();
+        let mut started = Vec::new();
+        // Every thread is spawned before any is waited for: their runtimes are built side
+        // by side (a start costs one thread's start-up, not one per thread).
         for index in 0..threads.max(1) {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let for_thread = stop.clone();
-            let thread = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("mediator-serve-{index}"))
                 .spawn(move || {
                     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -115,12 +117,24 @@ impl Serving {
                             () = async { loop { beat.tick().await; } } => {}
                         }
                     });
-                })?;
-            joins.push(thread);
+                });
+            match spawned {
+                Ok(thread) => {
+                    joins.push(thread);
+                    started.push(rx);
+                }
+                Err(e) => {
+                    // The threads started so far must not outlive a failed start.
+                    stop.cancel();
+                    return Err(e);
+                }
+            }
+        }
+        let mut workers = Vec::new();
+        for rx in started {
             let handle = match rx.recv() {
                 Ok(Ok(handle)) => handle,
                 failed => {
-                    // The threads started so far must not outlive a failed start.
                     stop.cancel();
                     return Err(match failed {
                         Ok(Err(e)) => e,
