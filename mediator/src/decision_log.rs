@@ -661,7 +661,7 @@ impl DecisionLog {
 ///
 /// # Errors
 /// [`Error::DecisionLog`] naming the file and why.
-pub(crate) fn check_can_open(path: &Path) -> Result<(), Error> {
+pub fn check_can_open(path: &Path) -> Result<(), Error> {
     let err = |source: io::Error| Error::DecisionLog {
         path: path.to_path_buf(),
         source,

@@ -143,10 +143,55 @@ fn check_flag(flag: &'static str, value: &str, kind: EntryKind) -> Option<BadFla
     })
 }
 
+/// The embedded mediator, started by the first connection that needs it: a run whose
+/// command opens no connection never pays for its threads, metrics and resolver. What
+/// could stop a start is checked before the sandbox is built ([`Embedded::start`]); if a
+/// start still fails, every connection is refused (closed) and the reason is said once.
+pub(crate) struct Lazy {
+    /// The running mediator, once started.
+    running: tokio::sync::OnceCell<Arc<mediator::Running>>,
+    /// What the first start takes.
+    pending: std::sync::Mutex<Option<(policy::config::Config, mediator::Options)>>,
+}
+
+impl Lazy {
+    /// The running mediator, started on the first call; `None` if it cannot start. Must
+    /// run on the embedded mediator's runtime (the start spawns its tasks there).
+    pub(crate) async fn get(&self) -> Option<Arc<mediator::Running>> {
+        self.running
+            .get_or_try_init(|| async {
+                let pending = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                // Taken by a start that failed: it said why.
+                let (config, options) = pending.ok_or(())?;
+                match mediator::start(config, options).await {
+                    Ok(running) => Ok(Arc::new(running)),
+                    Err(e) => {
+                        eprintln!(
+                            "shim: the embedded mediator cannot start ({e}): connections are refused"
+                        );
+                        Err(())
+                    }
+                }
+            })
+            .await
+            .ok()
+            .cloned()
+    }
+
+    /// The mediator if a connection started it.
+    fn started(&self) -> Option<&Arc<mediator::Running>> {
+        self.running.get()
+    }
+}
+
 /// A running embedded mediator serving the sandbox's listener.
 pub(crate) struct Embedded {
     runtime: tokio::runtime::Runtime,
-    running: Arc<mediator::Running>,
+    mediator: Arc<Lazy>,
     accept: tokio::task::JoinHandle<()>,
     /// The authority new connections go to.
     binding: Arc<crate::control::Binding>,
@@ -155,7 +200,8 @@ pub(crate) struct Embedded {
 }
 
 impl Embedded {
-    /// Start the mediator and serve `listener`. Must be called after the sandbox is
+    /// Check that the mediator can start and serve `listener` with it; the mediator itself
+    /// starts with the first connection (see [`Lazy`]). Must be called after the sandbox is
     /// cloned (it starts threads).
     ///
     /// `decision_log`: append the decision log to this file (else it is not written). The
@@ -163,8 +209,8 @@ impl Embedded {
     /// `--report`.
     ///
     /// # Errors
-    /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if the mediator
-    /// refuses to start (resolver configuration, log file).
+    /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if a start would fail
+    /// (resolver configuration, decision log file): what `mediator check` checks.
     pub(crate) fn start(
         config: policy::config::Config,
         listener: std::net::TcpListener,
@@ -178,6 +224,23 @@ impl Embedded {
             .enable_all()
             .build()
             .map_err(|e| Error::io("start the embedded mediator's runtime", e))?;
+        let refused = |e: mediator::Error| Error::Channel {
+            path: PathBuf::from("<embedded>"),
+            detail: e.to_string(),
+        };
+        // The embedded mediator has no admin API: nothing is created at run time, and the
+        // host's state directory (another mediator's) is never touched.
+        let mut config = config;
+        config.registry = policy::config::Registry {
+            backend: policy::config::RegistryBackend::Memory,
+            ..policy::config::Registry::default()
+        };
+        if let Some(p) = decision_log {
+            mediator::decision_log::check_can_open(p).map_err(refused)?;
+        }
+        runtime
+            .block_on(mediator::check_resources(&config))
+            .map_err(refused)?;
         let sink = match decision_log {
             Some(p) => mediator::Sink::File(p.to_owned()),
             None => mediator::Sink::Discard,
@@ -190,26 +253,16 @@ impl Embedded {
                 }
             })
         };
-        // The embedded mediator has no admin API: nothing is created at run time, and the
-        // host's state directory (another mediator's) is never touched.
-        let mut config = config;
-        config.registry = policy::config::Registry {
-            backend: policy::config::RegistryBackend::Memory,
-            ..policy::config::Registry::default()
-        };
-        let running = runtime
-            .block_on(mediator::start(
+        let mediator = Arc::new(Lazy {
+            running: tokio::sync::OnceCell::new(),
+            pending: std::sync::Mutex::new(Some((
                 config,
                 mediator::Options {
                     sink: Some(sink),
                     tap: Some(tap),
                 },
-            ))
-            .map_err(|e| Error::Channel {
-                path: PathBuf::from("<embedded>"),
-                detail: e.to_string(),
-            })?;
-        let running = Arc::new(running);
+            ))),
+        });
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("listener non-blocking", e))?;
@@ -218,12 +271,16 @@ impl Embedded {
             let _guard = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|e| Error::io("listener into the runtime", e))?;
-            let running = Arc::clone(&running);
+            let mediator = Arc::clone(&mediator);
             let connections = Arc::clone(&connections);
             let binding = Arc::clone(&binding);
             runtime.spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
                     connections.fetch_add(1, Ordering::Relaxed);
+                    // No mediator: the connection is closed (fail closed), said once.
+                    let Some(running) = mediator.get().await else {
+                        continue;
+                    };
                     // The authority as it is now: a rebind moves new connections only.
                     if let crate::control::Bound::Embedded { authority, .. } = binding.current() {
                         running.serve_embedded(stream, &authority);
@@ -233,7 +290,7 @@ impl Embedded {
         };
         Ok(Self {
             runtime,
-            running,
+            mediator,
             accept,
             binding,
             connections,
@@ -243,7 +300,7 @@ impl Embedded {
     /// How capture reaches this mediator (its connections are marked `capture: true`).
     pub(crate) fn dial(&self) -> crate::capture::Dial {
         crate::capture::Dial::Embedded {
-            running: Arc::clone(&self.running),
+            mediator: Arc::clone(&self.mediator),
             handle: self.runtime.handle().clone(),
             binding: Arc::clone(&self.binding),
         }
@@ -252,9 +309,10 @@ impl Embedded {
     /// The rebinder of `--control` (design section 18): `{"allow": [...], "deny": [...],
     /// "allow_private": [...]}` becomes a new authority of this mediator (`rebind-1`,
     /// `rebind-2`, ...) with that grant, checked as the flags are. The authorities of
-    /// earlier bindings stay live: their open connections finish on them.
+    /// earlier bindings stay live: their open connections finish on them. Runs on the
+    /// control socket's thread (it may start the mediator).
     pub(crate) fn rebinder(&self) -> crate::control::Rebinder {
-        let running = Arc::downgrade(&self.running);
+        let mediator = Arc::downgrade(&self.mediator);
         let handle = self.runtime.handle().clone();
         let mut count = 0u32;
         Box::new(move |v| {
@@ -275,9 +333,13 @@ impl Embedded {
             })?;
             let name = format!("rebind-{}", count + 1);
             let (authority, names) = authority(&name, &g.allow, &g.deny, &g.allow_private)?;
-            let running = running
-                .upgrade()
-                .ok_or_else(|| Error::Usage("the embedded mediator has stopped".into()))?;
+            let stopped = || Error::Usage("the embedded mediator has stopped".into());
+            let mediator = mediator.upgrade().ok_or_else(stopped)?;
+            let running = handle
+                .block_on(handle.spawn(async move { mediator.get().await }))
+                .ok()
+                .flatten()
+                .ok_or_else(|| Error::Usage("the embedded mediator did not start".into()))?;
             let _in_mediator = handle.enter();
             running
                 .add_authority(authority)
@@ -291,12 +353,20 @@ impl Embedded {
     }
 
     /// Stop (the sandbox is gone, so connections are closing) and flush the decision log.
-    /// Capture must be finished first (its connections hold the mediator).
+    /// Capture must be finished first (its connections hold the mediator). A mediator no
+    /// connection started has nothing to stop.
     pub(crate) fn finish(self) {
         self.accept.abort();
-        let log = self.running.log().clone();
+        let Some(running) = self.mediator.started().cloned() else {
+            // Nothing was started, nothing is left to write: the runtime's idle workers
+            // are not waited for (the process exits next).
+            self.runtime.shutdown_background();
+            return;
+        };
         let _ = self.runtime.block_on(self.accept);
-        if let Ok(running) = Arc::try_unwrap(self.running) {
+        drop(self.mediator);
+        let log = running.log().clone();
+        if let Ok(running) = Arc::try_unwrap(running) {
             self.runtime.block_on(async {
                 let _ = tokio::time::timeout(Duration::from_secs(2), running.shutdown()).await;
             });

@@ -45,8 +45,8 @@ pub(crate) enum Dial {
     Socket(Arc<Binding>),
     /// The embedded mediator, which marks the connection itself.
     Embedded {
-        /// The mediator.
-        running: Arc<mediator::Running>,
+        /// The mediator (started by the first connection that needs it).
+        mediator: Arc<crate::embedded::Lazy>,
         /// Its runtime (its connections run there).
         handle: tokio::runtime::Handle,
         /// Its authority new connections go to.
@@ -71,10 +71,18 @@ impl Dial {
             (Self::Socket(_), Bound::Socket(path)) => UnixStream::connect(path).await,
             (
                 Self::Embedded {
-                    running, handle, ..
+                    mediator, handle, ..
                 },
                 Bound::Embedded { authority, .. },
             ) => {
+                let running = {
+                    let mediator = Arc::clone(mediator);
+                    // Started on its own runtime, whatever runtime this flow runs on.
+                    handle.spawn(async move { mediator.get().await }).await
+                }
+                .ok()
+                .flatten()
+                .ok_or_else(|| std::io::Error::other("the embedded mediator did not start"))?;
                 let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
                 ours.set_nonblocking(true)?;
                 theirs.set_nonblocking(true)?;

@@ -12,6 +12,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_missing_allow_write_path_is_reported_once,
         an_authority_the_config_lacks_is_named_with_the_ones_it_has,
         a_bad_allow_value_is_named_with_its_flag,
+        an_embedded_decision_log_that_cannot_be_opened_is_named,
     ]
 }
 
@@ -83,6 +84,23 @@ fn a_bad_allow_value_is_named_with_its_flag() -> TestResult {
         return Err(err);
     }
     if err.contains("embedded grant") || err.contains(":2:") {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// The embedded mediator starts with the sandbox's first connection, but what would stop
+/// its start (here the decision log) is checked before: `true`, which opens none, is
+/// still refused.
+fn an_embedded_decision_log_that_cannot_be_opened_is_named() -> TestResult {
+    let err = refused(&[
+        "--no-capture",
+        "--allow",
+        "x.test",
+        "--decision-log",
+        "/nonexistent-shim-dir/decisions.log",
+    ])?;
+    if !err.contains("cannot open decision log /nonexistent-shim-dir/decisions.log") {
         return Err(err);
     }
     Ok(())
