@@ -182,8 +182,9 @@ impl Lazy {
             .cloned()
     }
 
-    /// The mediator if a connection started it.
-    fn started(&self) -> Option<&Arc<mediator::Running>> {
+    /// The mediator if a connection started it (no wait: the path of every connection
+    /// after the first).
+    pub(crate) fn started(&self) -> Option<&Arc<mediator::Running>> {
         self.running.get()
     }
 }

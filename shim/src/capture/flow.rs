@@ -75,13 +75,19 @@ impl Dial {
                 },
                 Bound::Embedded { authority, .. },
             ) => {
-                let running = {
-                    let mediator = Arc::clone(mediator);
-                    // Started on its own runtime, whatever runtime this flow runs on.
-                    handle.spawn(async move { mediator.get().await }).await
+                let running = match mediator.started() {
+                    Some(running) => Some(Arc::clone(running)),
+                    None => {
+                        // The first connection starts it, on its own runtime, whatever
+                        // runtime this flow runs on.
+                        let mediator = Arc::clone(mediator);
+                        handle
+                            .spawn(async move { mediator.get().await })
+                            .await
+                            .ok()
+                            .flatten()
+                    }
                 }
-                .ok()
-                .flatten()
                 .ok_or_else(|| std::io::Error::other("the embedded mediator did not start"))?;
                 let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
                 ours.set_nonblocking(true)?;
