@@ -3,7 +3,8 @@
 //!
 //! - [`protect`]: the mandatory deny set found in every writable root (including nested
 //!   repositories), with placeholders for protected paths that do not exist yet, or a
-//!   watch where a placeholder would not do;
+//!   watch where a placeholder would not do; [`repos`] finds the repositories nested
+//!   in a root;
 //! - [`quarantine`](mod@quarantine), after the run: what appeared at a watched path (a
 //!   `.git/commondir`, a shell startup file in a writable root that is not the home
 //!   directory) is renamed aside;
@@ -20,6 +21,7 @@ mod apply;
 mod plan;
 mod protect;
 mod quarantine;
+mod repos;
 
 pub(crate) use apply::{apply, cover_file};
 pub(crate) use plan::{FsPlan, OpKind, plan};

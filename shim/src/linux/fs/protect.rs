@@ -56,10 +56,6 @@ const PROJECT_FILES: &[&str] = &[".gitmodules", ".mcp.json"];
 /// Project-level IDE configuration directories (tasks and launch configs run code).
 const PROJECT_DIRS: &[&str] = &[".vscode", ".idea"];
 
-/// Directory names never searched for nested repositories (generated, huge, or a repo's
-/// own internals).
-const PRUNE: &[&str] = &[".git", "node_modules"];
-
 /// How a protected path is guarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Guard {
@@ -114,7 +110,7 @@ pub(crate) fn protect_roots(
     for w in writable.iter().filter(|w| w.is_dir()) {
         let is_home = home.is_some_and(|h| h.starts_with(w));
         let mut repo_roots = vec![w.clone()];
-        find_repositories(w, &mut repo_roots);
+        super::repos::find_repositories(w, &mut repo_roots);
         if is_home
             && let Some(h) = home
             && h != w
@@ -496,40 +492,6 @@ fn create_placeholder(path: &Path, is_dir: bool) -> Result<Option<Placeholder>> 
         dev: meta.dev(),
         ino: meta.ino(),
     }))
-}
-
-/// Directories under `root` that hold a `.git` (nested repositories), not following
-/// symlinks, not crossing into other filesystems, not entering `.git`, `node_modules` or
-/// directories tagged `CACHEDIR.TAG` (build output such as `target/`).
-fn find_repositories(root: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(root_meta) = std::fs::metadata(root) else {
-        return;
-    };
-    let mut stack = vec![root.to_owned()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(ft) = entry.file_type() else { continue };
-            let name = entry.file_name();
-            if name == ".git" {
-                if dir != root {
-                    out.push(dir.clone());
-                }
-                continue;
-            }
-            if !ft.is_dir() || PRUNE.iter().any(|p| name == *p) {
-                continue;
-            }
-            let path = entry.path();
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.dev() != root_meta.dev() || path.join("CACHEDIR.TAG").exists() {
-                continue;
-            }
-            stack.push(path);
-        }
-    }
 }
 
 #[cfg(test)]
