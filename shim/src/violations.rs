@@ -165,11 +165,12 @@ impl Walls {
     }
 
     fn judge_resolved(&self, op: FsOp, path: &Path) -> Option<FsRule> {
+        // Every entry that holds `path` is a prefix of it: the longest is the deepest.
         let deepest = self
             .entries
             .iter()
-            .filter(|(p, _)| path.starts_with(p))
-            .max_by_key(|(p, _)| p.components().count());
+            .filter(|(p, _)| beneath(path, p))
+            .max_by_key(|(p, _)| p.as_os_str().len());
         match deepest {
             Some((p, Wall::Pinned)) => (p == path && matches!(op, FsOp::Unlink | FsOp::Rename))
                 .then_some(FsRule::MandatoryDeny),
@@ -225,21 +226,30 @@ impl Walls {
     fn watched(&self, path: &Path) -> bool {
         self.entries
             .iter()
-            .any(|(p, w)| *w == Wall::Watched && path.starts_with(p))
+            .any(|(p, w)| *w == Wall::Watched && beneath(path, p))
     }
+}
+
+/// Whether `path` is `dir` or beneath it, both absolute and normalised (no `.`, `..`,
+/// repeated or trailing `/`). Compares bytes: this runs for every wall and every
+/// write-intent call of the command, and `Path::starts_with` splits both into components.
+fn beneath(path: &Path, dir: &Path) -> bool {
+    let (path, dir) = (
+        path.as_os_str().as_encoded_bytes(),
+        dir.as_os_str().as_encoded_bytes(),
+    );
+    path.starts_with(dir)
+        && (path.len() == dir.len() || dir.ends_with(b"/") || path.get(dir.len()) == Some(&b'/'))
 }
 
 /// `/proc/<pid>/fd/<n>` (and `self`, `thread-self`): a descriptor the task holds, not a
 /// place in the tree.
 fn is_descriptor_link(path: &Path) -> bool {
-    let c: Vec<&str> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(s) => s.to_str(),
-            _ => None,
-        })
-        .collect();
-    c.len() >= 3 && c[0] == "proc" && c[2] == "fd"
+    let mut c = path.components().filter_map(|c| match c {
+        Component::Normal(s) => Some(s),
+        _ => None,
+    });
+    c.next().is_some_and(|s| s == "proc") && c.nth(1).is_some_and(|s| s == "fd")
 }
 
 /// `path` with its symbolic links resolved as the operation resolves them: the directory
@@ -396,6 +406,16 @@ impl Violations {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .observing = true;
+    }
+
+    /// Whether the walls refuse `a` (nothing written): the cheap first look at every
+    /// write-intent call, before [`Self::observe`] records a refusal.
+    pub(crate) fn refuses(&self, a: &Attempt) -> bool {
+        let walls = self
+            .walls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        a.paths.iter().any(|p| walls.judge(a.op, p).is_some())
     }
 
     /// Judges `a`; a refused operation is written, said and counted. `exe` is asked only

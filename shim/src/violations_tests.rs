@@ -135,3 +135,12 @@ fn a_bad_descriptor_spec_is_a_usage_error() {
     assert!(matches!(Sink::open("fd:0"), Err(Error::Usage(_))));
     assert!(Sink::open("fd:987654").is_err());
 }
+
+#[test]
+fn beneath_holds_at_component_boundaries_only() {
+    let b = |p: &str, d: &str| beneath(Path::new(p), Path::new(d));
+    assert!(b("/w", "/w") && b("/w/x", "/w") && b("/w/x/y", "/w/x"));
+    assert!(b("/anything", "/") && b("/", "/"));
+    assert!(!b("/wx", "/w") && !b("/w/.bashrc2", "/w/.bashrc") && !b("/", "/w"));
+    assert!(!b("/w", "/w/x"));
+}

@@ -215,9 +215,11 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
             .iter()
             .find(|(nr, _)| *nr == i64::from(n.data.nr))
             .and_then(|(_, shape)| read_attempt(&n, *shape));
-        // Judged before the call goes on: the path read is the one the task named (the
-        // id is checked afterwards, so a recycled pid is not blamed).
+        // Judged before the call goes on: the path read is the one the task named. A
+        // refusal's id is checked before it is recorded, so that a recycled pid is not
+        // blamed (one `ioctl` that an allowed call, the common case, does without).
         if let Some(a) = attempt
+            && violations.refuses(&a)
             && sys::seccomp_notif_valid(listener.as_fd(), n.id)
         {
             violations.observe(a, || exe_of(n.pid));
