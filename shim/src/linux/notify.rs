@@ -202,11 +202,12 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
     let table = watched();
     let _ = sys::seccomp_notif_sync_wake_up(listener.as_fd());
     // A bare blocking receive (no poll before it: one wake-up per call of the command).
-    // When the sandbox is gone no notification comes any more, and the thread stays
-    // blocked until the shim exits; it holds nothing else.
     loop {
         let n = match sys::seccomp_notif_recv(listener.as_fd()) {
             Ok(n) => n,
+            // Every task of the sandbox is gone: the receive fails at once from now on
+            // (ENOENT, and the listener polls as hung up), so the thread ends.
+            Err(Errno::ENOENT) if orphaned(listener.as_fd()) => return,
             // The task died before we took it (ENOENT), or a signal: next.
             Err(Errno::ENOENT | Errno::EINTR) => continue,
             Err(_) => return,
@@ -230,6 +231,19 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
             return;
         }
     }
+}
+
+/// Whether the filter behind `listener` has no task left (the kernel polls it as hung
+/// up then; kernels before 5.8 do not say, and keep the thread receiving).
+fn orphaned(listener: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&listener, PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&now))
+        .is_ok_and(|_| fds[0].revents().contains(PollFlags::HUP))
 }
 
 /// What a notification asks, with its paths made absolute; `None` for an `open` that
