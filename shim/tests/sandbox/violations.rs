@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{Fixture, expect, read_json, succeeded};
+use crate::support::{Fixture, expect, read_json, succeeded, wait_until};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
@@ -15,6 +15,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         refused_writes_are_reported_live_with_path_rule_and_hint,
         violations_go_to_a_descriptor_the_command_never_holds,
         the_report_counts_them_and_names_what_is_not_observed,
+        the_supervisor_rests_once_the_sandbox_is_gone,
     ]
 }
 
@@ -215,4 +216,94 @@ fn the_report_counts_them_and_names_what_is_not_observed() -> TestResult {
         return Err(format!("unobserved: {unobserved}"));
     }
     Ok(())
+}
+
+/// CPU time used so far by every thread of `pid`, in milliseconds (`/proc/PID/stat`
+/// fields 14 and 15, in clock ticks).
+fn cpu_ms(pid: u32) -> Result<u64, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    let after_name = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let fields: Vec<u64> = after_name
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|hz| u64::try_from(hz).ok())
+        .filter(|hz| *hz > 0)
+        .ok_or("no CLK_TCK")?;
+    match fields[..] {
+        [utime, stime] => Ok((utime + stime) * 1000 / hz),
+        _ => Err(format!("unreadable /proc/{pid}/stat: {stat}")),
+    }
+}
+
+/// Once every task of the sandbox has exited, the supervisor's receive fails at once;
+/// its thread ends then instead of spinning on it (it did, a core at 100% until the shim
+/// exited). The shim is held after the run at its report, a FIFO nobody reads yet, and
+/// its CPU time is read over half a second there.
+fn the_supervisor_rests_once_the_sandbox_is_gone() -> TestResult {
+    let fx = Fixture::new("violations-rest");
+    let w = fx.mkdir("work");
+    let log = fx.path("v.jsonl");
+    let fifo = fx.path("report.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).map_err(|e| e.to_string())?;
+    let mut child = fx
+        .shim(
+            &args![
+                "--allow-write",
+                &w,
+                "--violations",
+                &log,
+                "--report-file",
+                &fifo,
+                "--quiet-denials"
+            ],
+            &["sh", "-c", "touch /etc/shim-rest 2>/dev/null; true"],
+        )
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Opening a FIFO to write waits for a reader in `wait_for_partner`.
+    let held = wait_until(
+        || {
+            std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+                .is_ok_and(|w| w.trim() == "wait_for_partner")
+        },
+        30,
+    );
+    let used = if held {
+        cpu_ms(pid).and_then(|before| {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            Ok(cpu_ms(pid)? - before)
+        })
+    } else {
+        Err("the shim never reached its report".to_owned())
+    };
+    // Read the report, which lets the shim end.
+    let report = std::fs::read_to_string(&fifo).unwrap_or_default();
+    let status = child.wait().unwrap();
+    let used = used?;
+    if used > 100 {
+        return Err(format!(
+            "the shim used {used} ms of CPU in 0.5 s after its sandbox was gone"
+        ));
+    }
+    if !status.success() {
+        return Err(format!("shim: {status}"));
+    }
+    let v: Value = serde_json::from_str(report.trim()).map_err(|e| format!("{report:?}: {e}"))?;
+    expect("denied", &v["filesystem"]["denied"].to_string(), "1")?;
+    has(
+        &records(&log)?,
+        "create",
+        Path::new("/etc/shim-rest"),
+        "outside_write_roots",
+    )
 }
