@@ -53,6 +53,7 @@ pub mod vocab;
 mod watchdog;
 mod writable;
 
+pub use control::body::{BodyError as StrictJsonError, parse as parse_strict_json};
 pub use control::registry::inspect::{Listed, Listing};
 pub use control::{ReloadRefused, ReloadReport};
 pub use decision_log::{DecisionLog, Record, Reopened, Sink, Tap};

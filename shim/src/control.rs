@@ -269,8 +269,16 @@ fn error(why: &str) -> serde_json::Value {
 
 /// One command: `{"rebind": VALUE}` and nothing else.
 fn command(line: &[u8], binding: &Binding, rebinder: &mut Rebinder) -> Result<Rebind> {
-    let v: serde_json::Value =
-        serde_json::from_slice(line).map_err(|e| Error::Usage(format!("not a JSON line: {e}")))?;
+    // Strict: a key given twice is refused, never "the last one wins" (a host reading its
+    // own command must see the grant that applies).
+    let v = mediator::parse_strict_json(line).map_err(|e| {
+        Error::Usage(match e {
+            mediator::StrictJsonError::NotJson(e) => format!("not a JSON line: {e}"),
+            mediator::StrictJsonError::DuplicateKey { field, key } => format!(
+                "key {key:?} is given twice (in {field:?}); give each key once (nothing changed)"
+            ),
+        })
+    })?;
     let Some(obj) = v.as_object().filter(|o| o.len() == 1) else {
         return Err(Error::Usage(
             "a command is one JSON object with one key: {\"rebind\": ...}".into(),
@@ -397,6 +405,12 @@ mod tests {
         assert!(e(r#"{"rebind": "../b"}"#, &mut r).contains("rebind \"../b\""));
         assert!(e(r#"{"rebind": "b"}"#, &mut r).contains("/nonexistent/b.sock"));
         assert!(e(r#"{"rebind": 5}"#, &mut r).contains("a string"));
+        let twice = e(
+            r#"{"rebind": {"allow": ["ok.test"], "allow": ["evil.test"]}}"#,
+            &mut r,
+        );
+        assert!(twice.contains(r#"key "allow" is given twice"#), "{twice}");
+        assert!(e(r#"{"rebind": "b", "rebind": "c"}"#, &mut r).contains("given twice"));
         assert!(b.rebinds().0.is_empty(), "nothing was rebound");
     }
 }

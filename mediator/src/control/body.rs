@@ -1,6 +1,7 @@
-//! The JSON of an admin API body, read strictly: a key given twice in one object is an
-//! error naming it, never "the last one wins" (RFC 8259 section 4 leaves duplicate names
-//! to the implementation; a reviewer reading the body must see the grant that applies).
+//! The JSON of an admin API body (and of the shim's control commands), read strictly: a
+//! key given twice in one object is an error naming it, never "the last one wins" (RFC
+//! 8259 section 4 leaves duplicate names to the implementation; a reviewer reading the
+//! body must see the grant that applies).
 
 use std::cell::RefCell;
 use std::fmt;
@@ -8,9 +9,9 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-/// Why a body is refused.
+/// Why a body is refused by [`parse`] (re-exported as `mediator::StrictJsonError`).
 #[derive(Debug)]
-pub(crate) enum BodyError {
+pub enum BodyError {
     /// Not JSON at all (serde_json's message, with line and column).
     NotJson(serde_json::Error),
     /// `key` appears twice in one object; `field` is the top-level key it is under (the
@@ -39,11 +40,13 @@ impl fmt::Display for BodyError {
     }
 }
 
-/// Parses `bytes` as one JSON value, refusing a key given twice in any object.
+/// Parses `bytes` as one JSON value (RFC 8259), refusing a key given twice in any object
+/// (re-exported as `mediator::parse_strict_json`).
 ///
 /// # Errors
-/// [`BodyError`].
-pub(crate) fn parse(bytes: &[u8]) -> Result<Value, BodyError> {
+/// [`BodyError::NotJson`] for anything but one JSON value (trailing bytes included);
+/// [`BodyError::DuplicateKey`] for a key given twice, at any depth.
+pub fn parse(bytes: &[u8]) -> Result<Value, BodyError> {
     let found = RefCell::new(None);
     let seed = Strict {
         top: None,
