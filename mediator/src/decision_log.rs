@@ -680,6 +680,17 @@ pub fn check_can_open(path: &Path) -> Result<(), Error> {
     }
 }
 
+/// Creates `path` if it does not exist (mode 0600, as a start would) and opens it for
+/// appending once, changing nothing in it: for a caller that starts the log later (the
+/// shim's embedded mediator, at its first connection) but owes the operator the file
+/// from the start, empty when nothing was decided.
+///
+/// # Errors
+/// [`Error::DecisionLog`] naming the file and why.
+pub fn create(path: &Path) -> Result<(), Error> {
+    open_append(path).map(drop)
+}
+
 fn open_append(path: &Path) -> Result<std::fs::File, Error> {
     open_file(path).map_err(|source| Error::DecisionLog {
         path: path.to_path_buf(),

@@ -236,8 +236,11 @@ impl Embedded {
             backend: policy::config::RegistryBackend::Memory,
             ..policy::config::Registry::default()
         };
+        // The log starts with the first connection, but its file is there from the start
+        // (empty when the command decides nothing), and a path that cannot be one refuses
+        // the run before the command starts.
         if let Some(p) = decision_log {
-            mediator::decision_log::check_can_open(p).map_err(refused)?;
+            mediator::decision_log::create(p).map_err(refused)?;
         }
         runtime
             .block_on(mediator::check_resources(&config))

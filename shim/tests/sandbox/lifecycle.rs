@@ -1,13 +1,15 @@
 //! The run's lifecycle: the PID namespace shows only the sandbox, the whole tree dies
 //! with the command and with the shim (even by SIGKILL, which also leaves no placeholder
-//! or CA file behind), signals reach the command, and exit statuses pass through.
+//! or CA file behind), signals reach the command, exit statuses pass through, and the
+//! embedded decision log exists from the start.
 
 use std::process::{Child, Stdio};
 
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    Fixture, entries, expect, host_has_process_with_arg, marker, signal, wait_until, write_ca,
+    Fixture, SHIM, Scratch, entries, expect, host_has_process_with_arg, marker, signal, wait_until,
+    write_ca,
 };
 use crate::{Test, TestResult};
 
@@ -18,6 +20,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         proc_inside_shows_only_sandbox_processes,
         exit_status_passes_through_and_signals_become_128_plus_n,
         sigterm_to_the_shim_reaches_the_command,
+        a_run_that_decides_nothing_still_leaves_its_decision_log,
     ]
 }
 
@@ -127,4 +130,36 @@ fn sigterm_to_the_shim_reaches_the_command() -> TestResult {
         &format!("{:?}", status.code()),
         "Some(42)",
     )
+}
+
+/// The embedded mediator starts with the first connection; the decision log's file is
+/// there from the start all the same (empty, mode 0600, as the mediator makes it), so an
+/// operator tailing it, or a run that decided nothing, finds it.
+fn a_run_that_decides_nothing_still_leaves_its_decision_log() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("quietlog");
+    let log = s.path("decisions.log");
+    let out = std::process::Command::new(SHIM)
+        .args(["--no-capture", "--allow", "x.test", "--decision-log"])
+        .arg(&log)
+        .args(["--", "true"])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let meta = std::fs::metadata(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    if meta.len() != 0 || meta.permissions().mode() & 0o777 != 0o600 {
+        return Err(format!(
+            "{} bytes, mode {:o}",
+            meta.len(),
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    Ok(())
 }
