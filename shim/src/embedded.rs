@@ -3,7 +3,7 @@
 //! the same `policy` code as `mediator.toml`. Connections from the sandbox's loopback
 //! listener are handed to it directly: no socket file exists at all.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -205,17 +205,17 @@ impl Embedded {
     /// starts with the first connection (see [`Lazy`]). Must be called after the sandbox is
     /// cloned (it starts threads).
     ///
-    /// `decision_log`: append the decision log to this file (else it is not written). The
-    /// run's denials are collected from the mediator's records as they are taken, for
+    /// `decision_log`: append the decision log to this file, opened by the caller before
+    /// the sandbox existed (else it is not written). The run's denials are collected from the mediator's records as they are taken, for
     /// `--report`.
     ///
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if a start would fail
-    /// (resolver configuration, decision log file): what `mediator check` checks.
+    /// (resolver configuration, parent proxy settings): what `mediator check` checks.
     pub(crate) fn start(
         config: policy::config::Config,
         listener: std::net::TcpListener,
-        decision_log: Option<&Path>,
+        decision_log: Option<Arc<std::fs::File>>,
         denials: Arc<Denials>,
         binding: Arc<crate::control::Binding>,
     ) -> Result<Self> {
@@ -236,17 +236,11 @@ impl Embedded {
             backend: policy::config::RegistryBackend::Memory,
             ..policy::config::Registry::default()
         };
-        // The log starts with the first connection, but its file is there from the start
-        // (empty when the command decides nothing), and a path that cannot be one refuses
-        // the run before the command starts.
-        if let Some(p) = decision_log {
-            mediator::decision_log::create(p).map_err(refused)?;
-        }
         runtime
             .block_on(mediator::check_resources(&config))
             .map_err(refused)?;
         let sink = match decision_log {
-            Some(p) => mediator::Sink::File(p.to_owned()),
+            Some(f) => mediator::Sink::Opened(f),
             None => mediator::Sink::Discard,
         };
         let tap: mediator::Tap = {

@@ -18,7 +18,7 @@ use crate::embedded::Embedded;
 use crate::error::{Error, Result};
 use crate::feed::Feed;
 use crate::relay::{self, RelayStats};
-use crate::report::{Denials, FILESYSTEM, Report};
+use crate::report::{Denials, FILESYSTEM, Report, ReportFile};
 use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
 use crate::violations::{Sink, Violations};
 
@@ -48,6 +48,10 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .transpose()?;
     let mut deny_read = deny_read(settings)?;
     deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
+    let report_file = match &settings.report {
+        Some(Some(path)) => Some(ReportFile::open(path)?),
+        _ => None,
+    };
     let binding = Arc::new(Binding::new(channel.first_binding()));
     let trust = match &settings.ca_cert {
         Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
@@ -67,6 +71,23 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     } else {
         None
     };
+    // The run's own records, written from outside, are masked inside: the command can
+    // neither forge lines in them nor read them, and the shim never opens their paths
+    // again after the command could have replaced one.
+    deny_read.extend(
+        [
+            channel.decision_log(),
+            settings
+                .violations
+                .as_deref()
+                .filter(|v| !v.starts_with("fd:"))
+                .map(Path::new),
+            report_file.as_ref().map(ReportFile::path),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(maskable),
+    );
     let job = Job {
         handover: &handover,
         command: &settings.command,
@@ -144,7 +165,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     };
     let failures = denials.take_failures();
     let denials = denials.take();
-    if let Some(dest) = &settings.report {
+    if settings.report.is_some() {
         let capture = serde_json::to_value(&summary)
             .map_err(|e| Error::io("serialise the report", e.into()))?;
         Report {
@@ -165,7 +186,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
                 |v| v.summary(),
             ),
         }
-        .write(dest.as_deref())?;
+        .write(report_file.as_ref())?;
     }
     Ok(outcome.exit_status)
 }
@@ -192,20 +213,40 @@ fn deny_read(settings: &Settings) -> Result<Vec<PathBuf>> {
     Ok(deny_read)
 }
 
+/// `path`, canonical, when it is a regular file or a FIFO: what masking one of the run's
+/// own records covers. A terminal or `/dev/null` named as one stays as it is (a command
+/// may open its terminal by name), and so does a path that cannot be resolved (a pipe
+/// named through `/dev/stderr`).
+fn maskable(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let canonical = std::fs::canonicalize(path).ok()?;
+    let kind = std::fs::metadata(&canonical).ok()?.file_type();
+    (kind.is_file() || kind.is_fifo()).then_some(canonical)
+}
+
 /// Where the sandbox's proxy connections go, checked before anything runs.
 enum Channel {
     /// Relayed to a running mediator's per-authority Unix socket.
     Socket(PathBuf),
-    /// Served by an in-process mediator (validated config, decision-log file, and the
-    /// same grant for capture's stub resolver).
+    /// Served by an in-process mediator (validated config, the decision-log file as named
+    /// and opened before the sandbox exists, and the same grant for capture's stub
+    /// resolver).
     Embedded(
         Box<policy::config::Config>,
-        Option<PathBuf>,
+        Option<(PathBuf, Arc<std::fs::File>)>,
         Arc<policy::Grant>,
     ),
 }
 
 impl Channel {
+    /// The decision-log file of an embedded mediator, as named.
+    fn decision_log(&self) -> Option<&Path> {
+        match self {
+            Self::Embedded(_, Some((path, _)), _) => Some(path),
+            _ => None,
+        }
+    }
+
     /// Where new connections go until a rebind (`--control`).
     fn first_binding(&self) -> Bound {
         match self {
@@ -236,7 +277,21 @@ impl Channel {
                 resolve,
             } => {
                 let (config, grant) = crate::embedded::config(allow, deny, allow_private, resolve)?;
-                Self::Embedded(Box::new(config), decision_log.clone(), Arc::new(grant))
+                // Opened (made if absent) now: it exists from the start, empty when the
+                // command decides nothing, and a path that cannot be one refuses the run.
+                let log = match decision_log {
+                    Some(p) => {
+                        let file = mediator::decision_log::open_for_append(p).map_err(|e| {
+                            Error::Channel {
+                                path: PathBuf::from("<embedded>"),
+                                detail: e.to_string(),
+                            }
+                        })?;
+                        Some((p.clone(), Arc::new(file)))
+                    }
+                    None => None,
+                };
+                Self::Embedded(Box::new(config), log, Arc::new(grant))
             }
         })
     }
@@ -286,7 +341,7 @@ impl Channel {
                 let e = Embedded::start(
                     *config,
                     handoff.listener,
-                    log.as_deref(),
+                    log.map(|(_, file)| file),
                     Arc::clone(denials),
                     Arc::clone(binding),
                 )?;

@@ -286,20 +286,73 @@ pub(crate) struct Report<'a> {
 /// The report's statement on filesystem denials when they were not observed.
 pub(crate) const FILESYSTEM: &str = "not observed in this run: without --violations or --report the kernel's refusals (EROFS, EACCES) reach the command only as errors";
 
+/// `--report-file F`, settled before the sandbox exists (whose mount plan masks F, so the
+/// command can neither write a report of its own into it nor read this one).
+#[derive(Debug)]
+pub(crate) enum ReportFile {
+    /// A regular file (made if absent, left as it is until the exit), held open and
+    /// rewritten through this descriptor at exit: nothing done to the path meanwhile
+    /// (a directory above it renamed, a link put in its place) redirects the write.
+    Held(PathBuf, std::fs::File),
+    /// Anything else (a FIFO whose reader waits, a terminal), opened at exit: opening a
+    /// FIFO now would wait for its reader before the command runs.
+    AtExit(PathBuf),
+}
+
+impl ReportFile {
+    /// Opens (or makes) `path` as said above.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when it cannot be opened for writing.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let err = |e| Error::io(format!("--report-file {}", path.display()), e);
+        match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => return Ok(Self::AtExit(path.to_owned())),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(e)),
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map(|f| Self::Held(path.to_owned(), f))
+            .map_err(err)
+    }
+
+    /// The path the caller named.
+    pub(crate) fn path(&self) -> &Path {
+        match self {
+            Self::Held(p, _) | Self::AtExit(p) => p,
+        }
+    }
+}
+
 impl Report<'_> {
-    /// Write the report as one JSON line: to stderr (`dest` `None`) or to the file `dest`.
+    /// Write the report as one JSON line: to stderr (`dest` `None`) or to the file `dest`
+    /// (replacing what it held).
     ///
     /// # Errors
     /// [`Error::Io`] if it cannot be serialised or the file cannot be written.
-    pub(crate) fn write(&self, dest: Option<&Path>) -> Result<()> {
+    pub(crate) fn write(&self, dest: Option<&ReportFile>) -> Result<()> {
+        use std::os::unix::fs::FileExt;
         let text =
             serde_json::to_string(self).map_err(|e| Error::io("serialise the report", e.into()))?;
-        match dest {
-            None => eprintln!("{text}"),
-            Some(path) => std::fs::write(path, format!("{text}\n"))
-                .map_err(|e| Error::io(format!("write report {}", path.display()), e))?,
-        }
-        Ok(())
+        let line = format!("{text}\n");
+        let (path, written) = match dest {
+            None => {
+                eprintln!("{text}");
+                return Ok(());
+            }
+            Some(ReportFile::Held(path, file)) => (
+                path,
+                file.set_len(0)
+                    .and_then(|()| file.write_all_at(line.as_bytes(), 0)),
+            ),
+            Some(ReportFile::AtExit(path)) => (path, std::fs::write(path, line)),
+        };
+        written.map_err(|e| Error::io(format!("write report {}", path.display()), e))
     }
 }
 
@@ -342,7 +395,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("r.json");
-        report.write(Some(&file)).unwrap();
+        // Held open before the run; what the file held before is replaced, not appended to.
+        std::fs::write(&file, "x".repeat(10_000)).unwrap();
+        let held = ReportFile::open(&file).unwrap();
+        assert!(matches!(held, ReportFile::Held(..)));
+        report.write(Some(&held)).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(text.lines().count(), 1);

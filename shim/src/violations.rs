@@ -121,7 +121,8 @@ pub(crate) enum Wall {
     Writable,
     /// Shown read-only (a path re-opened for reading, the CA files).
     ReadOnly,
-    /// Masked (`--deny-read`).
+    /// Masked (`--deny-read`, the authority sockets' directory, `--control`, the run's own
+    /// decision log, violations file and report file).
     Masked,
     /// Read-only: the mandatory deny set.
     Protected,
@@ -214,7 +215,7 @@ impl Walls {
                 path.display()
             ),
             FsRule::DenyRead => format!(
-                "{} is hidden from this sandbox (--deny-read): it can be neither read nor written",
+                "{} is hidden from this sandbox (a --deny-read path, or one the shim keeps from the command: the mediator's sockets, the run's own logs and report): it can be neither read nor written",
                 path.display()
             ),
         }

@@ -1,7 +1,8 @@
 //! The run's lifecycle: the PID namespace shows only the sandbox, the whole tree dies
 //! with the command and with the shim (even by SIGKILL, which also leaves no placeholder
 //! or CA file behind), signals reach the command, exit statuses pass through, and the
-//! embedded decision log exists from the start.
+//! run's own records (decision log, violations, report) exist from the start and are
+//! the shim's alone, even in a write root.
 
 use std::process::{Child, Stdio};
 
@@ -21,6 +22,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         exit_status_passes_through_and_signals_become_128_plus_n,
         sigterm_to_the_shim_reaches_the_command,
         a_run_that_decides_nothing_still_leaves_its_decision_log,
+        the_runs_own_records_in_a_write_root_are_kept_from_the_command,
     ]
 }
 
@@ -159,6 +161,75 @@ fn a_run_that_decides_nothing_still_leaves_its_decision_log() -> TestResult {
             "{} bytes, mode {:o}",
             meta.len(),
             meta.permissions().mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+/// A decision log, violations file and report file inside the command's write root: the
+/// command can neither write lines into them nor read them, and moving the report's
+/// directory aside for a link to another place does not move the report there (it is
+/// written through the descriptor opened before the command ran).
+fn the_runs_own_records_in_a_write_root_are_kept_from_the_command() -> TestResult {
+    let s = Scratch::new("ownrecords");
+    let w = s.path("work");
+    let victim = s.path("victim");
+    std::fs::create_dir_all(w.join("out")).unwrap();
+    std::fs::create_dir_all(&victim).unwrap();
+    let (log, violations, report) = (w.join("d.log"), w.join("v.log"), w.join("out/r.json"));
+    let script = format!(
+        "for f in {log} {violations} {report}; do echo forged >> $f; cat $f; done; \
+         mv {w}/out {w}/moved && ln -s {victim} {w}/out && echo swapped",
+        log = log.display(),
+        violations = violations.display(),
+        report = report.display(),
+        w = w.display(),
+        victim = victim.display(),
+    );
+    let out = std::process::Command::new(SHIM)
+        .args(["--no-capture", "--allow", "x.test", "--allow-write"])
+        .arg(&w)
+        .arg("--decision-log")
+        .arg(&log)
+        .arg("--violations")
+        .arg(&violations)
+        .arg("--report-file")
+        .arg(&report)
+        .args(["--", "sh", "-c", &script])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || stdout.trim() != "swapped" {
+        return Err(format!(
+            "{:?}: stdout {stdout:?}, stderr {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    for p in [&log, &violations] {
+        if text(p).contains("forged") {
+            return Err(format!(
+                "{} has a line from the command: {}",
+                p.display(),
+                text(p)
+            ));
+        }
+    }
+    let moved = w.join("moved/r.json");
+    let report_text = text(&moved);
+    if !report_text.starts_with("{\"report\":\"shim\"") || report_text.contains("forged") {
+        return Err(format!("{}: {report_text:?}", moved.display()));
+    }
+    if victim.join("r.json").exists() {
+        return Err("the report followed the link the command put in place".into());
+    }
+    // The command's tries are refused violations of the masked paths.
+    if text(&violations).matches("\"rule\":\"deny_read\"").count() != 3 {
+        return Err(format!(
+            "expected 3 deny_read records: {}",
+            text(&violations)
         ));
     }
     Ok(())
