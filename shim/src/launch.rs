@@ -123,6 +123,9 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         Ok(())
     })?;
     drop(control);
+    if let Some(v) = &violations {
+        v.finish();
+    }
     let (channel, connections, channel_errors, source, summary) = match serving {
         Some(s) => {
             let errors = s.capture_errors();

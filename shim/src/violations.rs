@@ -19,6 +19,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -26,6 +27,14 @@ use crate::error::{Error, Result};
 
 /// Distinct paths a report lists.
 pub(crate) const MAX_PATHS: usize = 100;
+
+/// The `--violations` stream's bound: `fs_denied` lines written in one burst...
+const STREAM_BURST: f64 = 1_000.0;
+/// ...and then at most this many a second, so that a command that keeps hitting the walls
+/// (a retry loop) cannot fill the disk through the stream. What is held back is said in
+/// one `fs_suppressed` line before the next written one and at exit, and counted in full
+/// by the report.
+const STREAM_RATE: f64 = 100.0;
 
 /// A filesystem operation (the `op` of a record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -318,11 +327,58 @@ pub(crate) struct FsDenied {
     pub(crate) hint: String,
 }
 
-/// Where `--violations` goes.
+/// How long a line longer than a pipe's atomic write (`PIPE_BUF`, 4,096 bytes), which a
+/// full pipe took only part of, waits for room for the rest.
+const PARTIAL_WAIT_MS: u16 = 1_000;
+
+/// Where `--violations` goes. A pipe or FIFO is written without blocking (set on the
+/// shim's own open file description): a reader that does not read never holds the
+/// command, whose next refused call would otherwise wait for the supervisor's write; a
+/// full pipe holds the line back instead.
 #[derive(Debug)]
 pub(crate) struct Sink(File);
 
 impl Sink {
+    fn new(file: File) -> Self {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        use std::os::unix::fs::FileTypeExt;
+        if file.metadata().is_ok_and(|m| m.file_type().is_fifo())
+            && let Ok(flags) = fcntl(&file, FcntlArg::F_GETFL)
+        {
+            let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+            let _ = fcntl(&file, FcntlArg::F_SETFL(flags));
+        }
+        Self(file)
+    }
+
+    /// Appends `line` and a newline, in one write (a reader never sees half a record):
+    /// whether it was written. `false` when nothing of it could be: a full pipe, a reader
+    /// gone.
+    fn write_line(&mut self, line: &str) -> bool {
+        let buf = format!("{line}\n");
+        let mut done = 0;
+        while done < buf.len() {
+            match self.0.write(&buf.as_bytes()[done..]) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // A line up to PIPE_BUF goes whole or not at all; only a longer one can be
+                // taken in part, and its rest waits a bounded time for room.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && done > 0 => {
+                    let mut fds = [nix::poll::PollFd::new(
+                        std::os::fd::AsFd::as_fd(&self.0),
+                        nix::poll::PollFlags::POLLOUT,
+                    )];
+                    if !matches!(nix::poll::poll(&mut fds, PARTIAL_WAIT_MS), Ok(n) if n > 0) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        done > 0
+    }
+
     /// Opens `PATH` (appended, created 0600) or `fd:N` (the caller's descriptor N, which
     /// the confined command never inherits).
     ///
@@ -344,7 +400,7 @@ impl Sink {
             return std::fs::OpenOptions::new()
                 .append(true)
                 .open(&path)
-                .map(Self)
+                .map(Self::new)
                 .map_err(|e| Error::io(format!("--violations {spec}: descriptor {fd}"), e));
         }
         std::fs::OpenOptions::new()
@@ -352,7 +408,7 @@ impl Sink {
             .create(true)
             .mode(0o600)
             .open(spec)
-            .map(Self)
+            .map(Self::new)
             .map_err(|e| Error::io(format!("--violations {spec}"), e))
     }
 }
@@ -375,13 +431,81 @@ struct Tally {
     paths: Vec<(PathBuf, FsOp, FsRule, u64)>,
     unobserved: Vec<Unobserved>,
     observing: bool,
+    /// `fs_denied` lines the stream's bound held back.
+    suppressed: u64,
+}
+
+/// The `--violations` stream with its bound (a token bucket of [`STREAM_BURST`] lines,
+/// refilled at [`STREAM_RATE`] a second).
+#[derive(Debug)]
+struct Stream {
+    sink: Sink,
+    /// Lines that may be written now.
+    tokens: f64,
+    refilled: Instant,
+    /// `fs_denied` lines held back since the last written one, and the time of the first.
+    held: u64,
+    held_since: Option<String>,
+}
+
+impl Stream {
+    fn new(sink: Sink) -> Self {
+        Self {
+            sink,
+            tokens: STREAM_BURST,
+            refilled: Instant::now(),
+            held: 0,
+            held_since: None,
+        }
+    }
+
+    /// Writes one `fs_denied` line (stamped `ts`) if the bound lets it at `now` and the
+    /// sink takes it, after the `fs_suppressed` line for what was held back before it;
+    /// else holds it back. Whether it was written.
+    fn offer(&mut self, line: &str, ts: &str, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * STREAM_RATE).min(STREAM_BURST);
+        self.refilled = now;
+        let written = self.tokens >= 1.0 && {
+            self.tokens -= 1.0;
+            self.flush_held(ts) && self.sink.write_line(line)
+        };
+        if !written {
+            self.held += 1;
+            self.held_since.get_or_insert_with(|| ts.to_owned());
+        }
+        written
+    }
+
+    /// Writes the `fs_suppressed` line for the lines held back, if any (stamped `ts`):
+    /// whether nothing is held back now.
+    fn flush_held(&mut self, ts: &str) -> bool {
+        if self.held == 0 {
+            return true;
+        }
+        let line = serde_json::json!({
+            "type": "fs_suppressed",
+            "ts": ts,
+            "since": self.held_since,
+            "count": self.held,
+            "why": format!(
+                "these fs_denied lines were not written: the command hit the walls faster than {STREAM_RATE} times a second after a burst of {STREAM_BURST}, or the reader of this stream did not keep up; the report counts every one"
+            ),
+        });
+        if !self.sink.write_line(&line.to_string()) {
+            return false;
+        }
+        self.held = 0;
+        self.held_since = None;
+        true
+    }
 }
 
 /// The run's filesystem violations: judged, written live, counted for the report.
 #[derive(Debug)]
 pub(crate) struct Violations {
     walls: Mutex<Walls>,
-    sink: Option<Mutex<Sink>>,
+    stream: Option<Mutex<Stream>>,
     live: bool,
     tally: Mutex<Tally>,
 }
@@ -391,7 +515,7 @@ impl Violations {
     pub(crate) fn new(sink: Option<Sink>, live: bool) -> Self {
         Self {
             walls: Mutex::new(Walls::default()),
-            sink: sink.map(Mutex::new),
+            stream: sink.map(|s| Mutex::new(Stream::new(s))),
             live,
             tally: Mutex::new(Tally::default()),
         }
@@ -457,8 +581,8 @@ impl Violations {
             "refused"
         };
         drop(walls);
-        self.write(&record);
-        let first = self.count(&record);
+        let written = self.write(&record);
+        let first = self.count(&record, written);
         if self.live && first {
             eprintln!(
                 "shim: filesystem: {} {} {outcome} ({}): {}",
@@ -482,7 +606,13 @@ impl Violations {
             "ops": u.ops,
             "why": u.why,
         });
-        self.write_line(&line.to_string());
+        if let Some(stream) = &self.stream {
+            stream
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .sink
+                .write_line(&line.to_string());
+        }
         self.tally
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -490,29 +620,41 @@ impl Violations {
             .push(u);
     }
 
-    fn write(&self, record: &FsDenied) {
-        if let Ok(line) = serde_json::to_string(record) {
-            self.write_line(&line);
-        }
+    /// Writes `record` to the stream, within its bound: whether it was written (`true`
+    /// without a stream, where nothing is held back).
+    fn write(&self, record: &FsDenied) -> bool {
+        let Some(stream) = &self.stream else {
+            return true;
+        };
+        let Ok(line) = serde_json::to_string(record) else {
+            return true;
+        };
+        stream
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .offer(&line, &record.ts, Instant::now())
     }
 
-    fn write_line(&self, line: &str) {
-        if let Some(sink) = &self.sink {
-            let mut s = sink
+    /// Says what the stream held back since its last line: called when the run ends.
+    pub(crate) fn finish(&self) {
+        if let Some(stream) = &self.stream {
+            let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+            stream
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // One write per line, so a reader never sees half a record.
-            let _ = s.0.write_all(format!("{line}\n").as_bytes());
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .flush_held(&ts);
         }
     }
 
-    /// Counts `r`; whether its (path, op, rule) is new among the first [`MAX_PATHS`].
-    fn count(&self, r: &FsDenied) -> bool {
+    /// Counts `r` (`written` to the stream or held back); whether its (path, op, rule) is
+    /// new among the first [`MAX_PATHS`].
+    fn count(&self, r: &FsDenied, written: bool) -> bool {
         let mut t = self
             .tally
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         t.total += 1;
+        t.suppressed += u64::from(!written);
         *t.by_op.entry(r.op).or_default() += 1;
         *t.by_rule.entry(r.rule).or_default() += 1;
         if let Some(e) = t
@@ -545,6 +687,7 @@ impl Violations {
                 "path": p, "op": o, "rule": r, "count": n,
             })).collect::<Vec<_>>(),
             "paths_limit": MAX_PATHS,
+            "stream_suppressed": t.suppressed,
             "unobserved": t.unobserved,
         })
     }

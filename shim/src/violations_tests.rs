@@ -144,3 +144,89 @@ fn beneath_holds_at_component_boundaries_only() {
     assert!(!b("/wx", "/w") && !b("/w/.bashrc2", "/w/.bashrc") && !b("/", "/w"));
     assert!(!b("/w", "/w/x"));
 }
+
+#[test]
+fn the_stream_is_bounded_and_says_what_it_held_back() {
+    let path = std::env::temp_dir().join(format!("shim-stream-test-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut stream = Stream::new(Sink::open(path.to_str().unwrap()).unwrap());
+    let start = Instant::now();
+    let burst = STREAM_BURST as usize;
+    // A burst is written whole; what comes faster than the rate after it is held back.
+    let written = (0..burst + 50)
+        .filter(|i| stream.offer(&format!("{{\"n\":{i}}}"), "t0", start))
+        .count();
+    assert_eq!(written, burst);
+    // A second later the rate has refilled: the held-back count comes first, then the line.
+    let later = start + std::time::Duration::from_secs(1);
+    assert!(stream.offer("{\"n\":\"late\"}", "t1", later));
+    // Held back again at the same instant once the refill is spent, then said at exit.
+    let refill = STREAM_RATE as usize - 1;
+    assert_eq!(
+        (0..refill + 3)
+            .filter(|_| stream.offer("{\"n\":\"x\"}", "t2", later))
+            .count(),
+        refill
+    );
+    stream.flush_held("t3");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), burst + 1 + 1 + refill + 1);
+    let held = &lines[burst];
+    assert_eq!(held["type"], "fs_suppressed");
+    assert_eq!(held["count"], 50);
+    assert_eq!(held["since"], "t0");
+    assert_eq!(held["ts"], "t1");
+    assert_eq!(lines[burst + 1]["n"], "late");
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (last["count"].as_u64(), last["ts"].as_str()),
+        (Some(3), Some("t3"))
+    );
+    // Nothing held back: no line.
+    let mut quiet = Stream::new(Sink::open("fd:2").unwrap());
+    quiet.flush_held("t");
+    assert_eq!(quiet.held, 0);
+}
+
+#[test]
+fn the_report_counts_what_the_stream_held_back() {
+    let path = std::env::temp_dir().join(format!("shim-stream-report-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let v = Violations::new(Some(Sink::open(path.to_str().unwrap()).unwrap()), false);
+    v.observe_with(walls());
+    let n = STREAM_BURST as u64 + 1_000;
+    for i in 0..n {
+        let a = Attempt {
+            pid: 1,
+            op: FsOp::Create,
+            paths: vec![PathBuf::from(format!("/etc/f{}", i % 3))],
+        };
+        v.observe(a, String::new);
+    }
+    v.finish();
+    let s = v.summary();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(s["denied"], n);
+    // Some of the last thousand were held back: the rate refills only 100 a second, and
+    // the loop takes far less than the 10 s it would need to refill them all.
+    let held = s["stream_suppressed"].as_u64().unwrap();
+    assert!((1..=1_000).contains(&held), "{held}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let said: u64 = lines
+        .iter()
+        .filter(|l| l["type"] == "fs_suppressed")
+        .map(|l| l["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(said, held);
+    let denied = lines.iter().filter(|l| l["type"] == "fs_denied").count();
+    assert_eq!(denied as u64, n - held);
+}

@@ -16,6 +16,8 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         violations_go_to_a_descriptor_the_command_never_holds,
         the_report_counts_them_and_names_what_is_not_observed,
         the_supervisor_rests_once_the_sandbox_is_gone,
+        a_command_flooding_the_walls_cannot_flood_the_stream,
+        a_reader_that_does_not_read_never_holds_the_command,
     ]
 }
 
@@ -214,6 +216,119 @@ fn the_report_counts_them_and_names_what_is_not_observed() -> TestResult {
     let unobserved = fs["unobserved"].to_string();
     if !unobserved.contains("read") {
         return Err(format!("unobserved: {unobserved}"));
+    }
+    Ok(())
+}
+
+/// 2,000 refused writes in a tight loop: the stream writes its burst (1,000 lines) and
+/// then at most 100 a second, says what it held back in `fs_suppressed` lines, and the
+/// report still counts every refusal.
+fn a_command_flooding_the_walls_cannot_flood_the_stream() -> TestResult {
+    let fx = Fixture::new("violations-flood");
+    let w = fx.mkdir("work");
+    let (log, report) = (fx.path("v.jsonl"), fx.path("report.json"));
+    let script = "i=0; while [ $i -lt 2000 ]; do echo > /etc/shim-flood-$i; i=$((i+1)); done 2>/dev/null; true";
+    succeeded(
+        fx.shim(
+            &args![
+                "--allow-write",
+                &w,
+                "--violations",
+                &log,
+                "--report-file",
+                &report,
+                "--quiet-denials"
+            ],
+            &["sh", "-c", script],
+        )
+        .output()
+        .unwrap(),
+    )?;
+    let fs = read_json(&report)?["filesystem"].clone();
+    expect("denied", &fs["denied"].to_string(), "2000")?;
+    let held = fs["stream_suppressed"].as_u64().unwrap_or(0);
+    let lines = records(&log)?;
+    let denied = lines.iter().filter(|r| r["type"] == "fs_denied").count() as u64;
+    let said: u64 = lines
+        .iter()
+        .filter(|r| r["type"] == "fs_suppressed")
+        .map(|r| r["count"].as_u64().unwrap_or(0))
+        .sum();
+    // The loop takes far less than the 10 s that would refill the second thousand.
+    if held == 0 || denied + held != 2000 || said != held {
+        return Err(format!(
+            "written {denied}, held back {held} (report), said held back {said}"
+        ));
+    }
+    Ok(())
+}
+
+/// `--violations` to a FIFO whose reader reads only once the shim has exited (as an
+/// agent host that collects the pipe after the step does): the pipe fills, and the
+/// command's further refused writes go on instead of waiting for the supervisor's write.
+/// What the pipe holds is whole lines; the report counts every refusal and what the
+/// stream held back.
+fn a_reader_that_does_not_read_never_holds_the_command() -> TestResult {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fx = Fixture::new("violations-full-pipe");
+    let w = fx.mkdir("work");
+    let (fifo, report) = (fx.path("v.fifo"), fx.path("report.json"));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).map_err(|e| e.to_string())?;
+    // The read end, open (so the shim's open for writing finds a reader) and not read.
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .map_err(|e| e.to_string())?;
+    let script = "i=0; while [ $i -lt 2000 ]; do echo > /etc/shim-pipe-$i; i=$((i+1)); done 2>/dev/null; echo done";
+    let mut child = fx
+        .shim(
+            &args![
+                "--allow-write",
+                &w,
+                "--violations",
+                &fifo,
+                "--report-file",
+                &report,
+                "--quiet-denials"
+            ],
+            &["sh", "-c", script],
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A hang detector, not a speed goal: the run takes well under a second.
+    let pid = child.id();
+    if !wait_until(
+        || {
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || child.try_wait().ok().flatten().is_some()
+        },
+        60,
+    ) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("the command was held by a reader that does not read".into());
+    }
+    let out = succeeded(child.wait_with_output().unwrap())?;
+    expect(
+        "stdout",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "done",
+    )?;
+    let mut text = String::new();
+    let _ = reader.read_to_string(&mut text);
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("{l:?}: {e}")))
+        .collect::<Result<_, _>>()?;
+    let written = lines.iter().filter(|r| r["type"] == "fs_denied").count() as u64;
+    let fs = read_json(&report)?["filesystem"].clone();
+    expect("denied", &fs["denied"].to_string(), "2000")?;
+    let held = fs["stream_suppressed"].as_u64().unwrap_or(0);
+    if written == 0 || held == 0 || written + held != 2000 {
+        return Err(format!("written {written}, held back {held}"));
     }
     Ok(())
 }
