@@ -295,9 +295,13 @@ fn command(line: &[u8], binding: &Binding, rebinder: &mut Rebinder) -> Result<Re
 }
 
 /// Socket mode's rebinder: `"NAME"` is `<directory of the first socket>/NAME.sock`, an
-/// absolute path names a socket itself; either must be a live socket.
-pub(crate) fn socket_rebinder(first: &Path) -> Rebinder {
+/// absolute path names a socket itself; either must be a live socket. With
+/// `direct_reach` (`--allow-unix-sockets`, where the command can connect to any socket
+/// it can see), a socket outside that directory, which is masked inside, is refused: the
+/// command could reach it directly, and keep it after a later rebind narrows it again.
+pub(crate) fn socket_rebinder(first: &Path, direct_reach: bool) -> Rebinder {
     let dir = first.parent().map(Path::to_owned).unwrap_or_default();
+    let masked = std::fs::canonicalize(&dir).ok();
     Box::new(move |v| {
         let Some(s) = v.as_str() else {
             return Err(Error::Usage(
@@ -311,7 +315,20 @@ pub(crate) fn socket_rebinder(first: &Path) -> Rebinder {
                 .map_err(|e| Error::Usage(format!("rebind {s:?}: {e}")))?;
             dir.join(format!("{s}.sock"))
         };
+        let beneath_mask = || {
+            let parent = path.parent().and_then(|p| std::fs::canonicalize(p).ok());
+            parent.is_some() && parent == masked
+        };
         match std::fs::metadata(&path) {
+            Ok(m) if m.file_type().is_socket() && direct_reach && !beneath_mask() => {
+                Err(Error::Usage(format!(
+                    "rebind: {} is outside {}, the socket directory masked inside the sandbox: \
+                     with --allow-unix-sockets the command could connect to it directly, and \
+                     keep it after a later rebind; put the authority's socket there",
+                    path.display(),
+                    dir.display()
+                )))
+            }
             Ok(m) if m.file_type().is_socket() => Ok(Bound::Socket(path)),
             Ok(_) => Err(Error::Usage(format!(
                 "rebind: {} is not a Unix socket",
@@ -396,7 +413,7 @@ mod tests {
     #[test]
     fn commands_are_checked() {
         let b = Binding::new(Bound::Socket("/nonexistent/a.sock".into()));
-        let mut r = socket_rebinder(Path::new("/nonexistent/a.sock"));
+        let mut r = socket_rebinder(Path::new("/nonexistent/a.sock"), false);
         let e =
             |line: &str, r: &mut Rebinder| command(line.as_bytes(), &b, r).unwrap_err().to_string();
         assert!(e("nope", &mut r).contains("not a JSON line"));

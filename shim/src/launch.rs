@@ -115,7 +115,14 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
-        let (served, rebinder) = channel.serve(handoff, capture, &denials, admin, &binding)?;
+        let (served, rebinder) = channel.serve(
+            handoff,
+            capture,
+            &denials,
+            admin,
+            &binding,
+            settings.allow_unix_sockets,
+        )?;
         serving = Some(served);
         if let Some(c) = &mut control {
             c.serve(Arc::clone(&binding), rebinder)?;
@@ -300,6 +307,8 @@ impl Channel {
     }
 
     /// Start serving the sandbox's listener, and its TUN device when capture is up.
+    /// `allow_unix_sockets`: the command may connect to sockets it sees, so a rebind may
+    /// not leave the masked socket directory (see [`crate::control::socket_rebinder`]).
     ///
     /// # Errors
     /// [`Error::Io`] if the relay or capture thread cannot start; the errors of
@@ -311,6 +320,7 @@ impl Channel {
         denials: &Arc<Denials>,
         admin: Option<Admin>,
         binding: &Arc<Binding>,
+        allow_unix_sockets: bool,
     ) -> Result<(Serving, Rebinder)> {
         let feed = match admin {
             Some(a) => {
@@ -337,7 +347,7 @@ impl Channel {
                     .spawn(move || relay::serve(listener, b, st))
                     .map_err(|e| Error::io("start the relay", e))?;
                 let dial = Dial::Socket(Arc::clone(binding));
-                let rebinder = crate::control::socket_rebinder(&socket);
+                let rebinder = crate::control::socket_rebinder(&socket, allow_unix_sockets);
                 (Served::Relay(socket, stats), dial, None, rebinder)
             }
             Self::Embedded(config, log, _) => {

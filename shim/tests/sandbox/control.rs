@@ -25,6 +25,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         an_open_tunnel_finishes_on_the_channel_it_was_opened_on,
         embedded_mode_rebinds_to_a_new_grant,
         after_a_rebind_the_report_has_the_new_authoritys_denials,
+        with_unix_sockets_allowed_a_rebind_stays_in_the_masked_directory,
     ]
 }
 
@@ -365,6 +366,60 @@ echo done"#,
         return Err(format!(
             "the new authority's denial is not in the report: {}; stderr: {}",
             r["denials"],
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// With `--allow-unix-sockets` the command can connect to any socket it sees: a rebind to
+/// a socket outside the first one's directory (which is masked inside) is refused, since
+/// the command could reach that authority directly and keep it after a later rebind
+/// narrows it again; a socket in that directory is taken.
+fn with_unix_sockets_allowed_a_rebind_stays_in_the_masked_directory() -> TestResult {
+    let s = Scratch::new("control-unix");
+    let (narrow, _) = stand_in(&s.path("narrow"), "none.test:1".to_owned(), 1);
+    let (elsewhere, _) = stand_in(&s.path("elsewhere"), "none.test:1".to_owned(), 1);
+    // A second authority beside the first, in the masked directory.
+    let beside = narrow.with_file_name("wide.sock");
+    let _keep = UnixListener::bind(&beside).map_err(|e| e.to_string())?;
+    let control = s.path("control.sock");
+    let (child, mut go) = shim_waiting(
+        &[
+            "--no-capture",
+            "--allow-unix-sockets",
+            "--mediator-socket",
+            narrow.to_str().unwrap(),
+            "--control",
+            control.to_str().unwrap(),
+        ],
+        "read go <&5",
+    );
+    // The control socket is made before the command runs.
+    if !crate::support::wait_until(|| control.exists(), 10) {
+        return Err("no control socket".into());
+    }
+    let answers = [elsewhere.to_str().unwrap(), "wide"]
+        .iter()
+        .map(|target| send(&control, &format!(r#"{{"rebind": {target:?}}}"#)))
+        .collect::<Result<Vec<_>, _>>()?;
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let refused = &answers[0];
+    if refused["ok"] != false
+        || !refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--allow-unix-sockets"))
+    {
+        return Err(format!("a socket outside the masked directory: {refused}"));
+    }
+    if answers[1]["ok"] != true || answers[1]["rebind"]["to"] != beside.to_str().unwrap() {
+        return Err(format!("a socket beside the first: {}", answers[1]));
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "{:?}: {}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
         ));
     }
