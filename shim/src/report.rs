@@ -200,12 +200,24 @@ impl Denials {
     }
 }
 
+/// Serialises a path as a JSON string, its bytes that are not UTF-8 each replaced by
+/// U+FFFD: a file name is any bytes but `/` and NUL, and one the command chose must never
+/// make a record or the report unwritable (serde refuses such a `Path`).
+pub(crate) fn lossy_path<S: serde::Serializer>(
+    path: &Path,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&path.to_string_lossy())
+}
+
 /// One path the command created that would have run code on the host, renamed aside.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Tampering {
     /// Where it appeared.
+    #[serde(serialize_with = "lossy_path")]
     pub(crate) path: PathBuf,
     /// Where the shim moved it.
+    #[serde(serialize_with = "lossy_path")]
     pub(crate) quarantined_as: PathBuf,
     /// What it would have done.
     pub(crate) kind: TamperKind,

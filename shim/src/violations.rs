@@ -319,8 +319,12 @@ pub(crate) struct FsDenied {
     pub(crate) exe: String,
     /// What it tried.
     pub(crate) op: FsOp,
-    /// The path it named, absolute.
+    /// The path it named, absolute (bytes that are not UTF-8 shown as U+FFFD).
+    #[serde(serialize_with = "crate::report::lossy_path")]
     pub(crate) path: PathBuf,
+    /// The path's bytes in hexadecimal when they are not UTF-8 (so `path` is not exact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) path_hex: Option<String>,
     /// Which wall refused it.
     pub(crate) rule: FsRule,
     /// What to do instead.
@@ -570,6 +574,13 @@ impl Violations {
             exe: exe(),
             op,
             path: path.clone(),
+            path_hex: path.to_str().is_none().then(|| {
+                path.as_os_str()
+                    .as_encoded_bytes()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            }),
             rule,
             hint: walls.hint(rule, path),
         };
@@ -684,7 +695,7 @@ impl Violations {
             "by_op": t.by_op.iter().map(|(k, v)| (k.as_str(), *v)).collect::<BTreeMap<_, _>>(),
             "by_rule": t.by_rule.iter().map(|(k, v)| (k.as_str(), *v)).collect::<BTreeMap<_, _>>(),
             "paths": t.paths.iter().map(|(p, o, r, n)| serde_json::json!({
-                "path": p, "op": o, "rule": r, "count": n,
+                "path": p.to_string_lossy(), "op": o, "rule": r, "count": n,
             })).collect::<Vec<_>>(),
             "paths_limit": MAX_PATHS,
             "stream_suppressed": t.suppressed,

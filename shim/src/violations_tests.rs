@@ -230,3 +230,46 @@ fn the_report_counts_what_the_stream_held_back() {
     let denied = lines.iter().filter(|l| l["type"] == "fs_denied").count();
     assert_eq!(denied as u64, n - held);
 }
+
+#[test]
+fn a_path_that_is_not_utf8_is_written_and_reported() {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::env::temp_dir().join(format!("shim-stream-utf8-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let v = Violations::new(Some(Sink::open(path.to_str().unwrap()).unwrap()), false);
+    v.observe_with(walls());
+    let name = PathBuf::from(std::ffi::OsStr::from_bytes(b"/etc/a\xffb"));
+    v.observe(
+        Attempt {
+            pid: 1,
+            op: FsOp::Create,
+            paths: vec![name],
+        },
+        String::new,
+    );
+    let s = v.summary();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(line["path"], "/etc/a\u{fffd}b");
+    assert_eq!(line["path_hex"], "2f6574632f61ff62");
+    assert_eq!(s["paths"][0]["path"], "/etc/a\u{fffd}b");
+    // A UTF-8 path carries no `path_hex`.
+    let plain = FsDenied {
+        kind: "fs_denied",
+        ts: String::new(),
+        pid: 1,
+        exe: String::new(),
+        op: FsOp::Create,
+        path: PathBuf::from("/etc/x"),
+        path_hex: None,
+        rule: FsRule::OutsideWriteRoots,
+        hint: String::new(),
+    };
+    assert!(
+        serde_json::to_value(&plain)
+            .unwrap()
+            .get("path_hex")
+            .is_none()
+    );
+}

@@ -18,6 +18,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_supervisor_rests_once_the_sandbox_is_gone,
         a_command_flooding_the_walls_cannot_flood_the_stream,
         a_reader_that_does_not_read_never_holds_the_command,
+        a_file_name_that_is_not_utf8_is_reported_not_fatal,
     ]
 }
 
@@ -330,6 +331,48 @@ fn a_reader_that_does_not_read_never_holds_the_command() -> TestResult {
     if written == 0 || held == 0 || written + held != 2000 {
         return Err(format!("written {written}, held back {held}"));
     }
+    Ok(())
+}
+
+/// A file name is any bytes: one that is not UTF-8, refused outside the write roots, is
+/// a line (the name with U+FFFD, and its bytes in `path_hex`) and a report entry; it used
+/// to drop the line and crash the shim when it wrote the report.
+fn a_file_name_that_is_not_utf8_is_reported_not_fatal() -> TestResult {
+    let fx = Fixture::new("violations-bytes");
+    let w = fx.mkdir("work");
+    let (log, report) = (fx.path("v.jsonl"), fx.path("report.json"));
+    let script = r#"touch "$(printf '/etc/shim-\377')" 2>/dev/null; true"#;
+    succeeded(
+        fx.shim(
+            &args![
+                "--allow-write",
+                &w,
+                "--violations",
+                &log,
+                "--report-file",
+                &report,
+                "--quiet-denials"
+            ],
+            &["sh", "-c", script],
+        )
+        .output()
+        .unwrap(),
+    )?;
+    let r = records(&log)?;
+    has(
+        &r,
+        "create",
+        Path::new("/etc/shim-\u{fffd}"),
+        "outside_write_roots",
+    )?;
+    let hex = r.iter().find_map(|l| l["path_hex"].as_str()).unwrap_or("");
+    expect("path_hex", hex, "2f6574632f7368696d2dff")?;
+    let fs = read_json(&report)?["filesystem"].clone();
+    expect(
+        "report path",
+        fs["paths"][0]["path"].as_str().unwrap_or(""),
+        "/etc/shim-\u{fffd}",
+    )?;
     Ok(())
 }
 
