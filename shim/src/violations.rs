@@ -252,6 +252,21 @@ fn beneath(path: &Path, dir: &Path) -> bool {
         && (path.len() == dir.len() || dir.ends_with(b"/") || path.get(dir.len()) == Some(&b'/'))
 }
 
+/// `text` with its control characters escaped (`\n` as `\u{a}`, ESC as `\u{1b}`): a
+/// file name the command chose stays one line on the operator's terminal and cannot
+/// drive it.
+fn on_one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// `/proc/<pid>/fd/<n>` (and `self`, `thread-self`): a descriptor the task holds, not a
 /// place in the tree.
 fn is_descriptor_link(path: &Path) -> bool {
@@ -598,9 +613,9 @@ impl Violations {
             eprintln!(
                 "shim: filesystem: {} {} {outcome} ({}): {}",
                 record.op.as_str(),
-                record.path.display(),
+                on_one_line(&record.path.display().to_string()),
                 rule.as_str(),
-                record.hint
+                on_one_line(&record.hint)
             );
         }
     }

@@ -273,3 +273,12 @@ fn a_path_that_is_not_utf8_is_written_and_reported() {
             .is_none()
     );
 }
+
+#[test]
+fn the_live_line_keeps_a_hostile_name_on_one_line() {
+    assert_eq!(
+        on_one_line("/etc/a\u{1b}]0;x\u{7}b\nshim: fake"),
+        "/etc/a\\u{1b}]0;x\\u{7}b\\u{a}shim: fake"
+    );
+    assert_eq!(on_one_line("/w/ünïcode ok"), "/w/ünïcode ok");
+}
