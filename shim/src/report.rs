@@ -248,14 +248,29 @@ impl TamperKind {
     }
 }
 
+/// `text` with its control characters escaped (`\n` as `\u{a}`, ESC as `\u{1b}`): a
+/// file name the command chose stays one line on the operator's terminal and cannot
+/// drive it.
+pub(crate) fn on_one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Say on stderr what was moved aside, one line per path (whether or not `--report` is on).
 pub(crate) fn warn_tampering(moved: &[Tampering]) {
     for t in moved {
         eprintln!(
             "shim: tampering: the command created {} ({}); moved it to {}",
-            t.path.display(),
+            on_one_line(&t.path.display().to_string()),
             t.kind.why(),
-            t.quarantined_as.display()
+            on_one_line(&t.quarantined_as.display().to_string())
         );
     }
 }

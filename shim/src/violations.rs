@@ -252,21 +252,6 @@ fn beneath(path: &Path, dir: &Path) -> bool {
         && (path.len() == dir.len() || dir.ends_with(b"/") || path.get(dir.len()) == Some(&b'/'))
 }
 
-/// `text` with its control characters escaped (`\n` as `\u{a}`, ESC as `\u{1b}`): a
-/// file name the command chose stays one line on the operator's terminal and cannot
-/// drive it.
-fn on_one_line(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 /// `/proc/<pid>/fd/<n>` (and `self`, `thread-self`): a descriptor the task holds, not a
 /// place in the tree.
 fn is_descriptor_link(path: &Path) -> bool {
@@ -613,9 +598,9 @@ impl Violations {
             eprintln!(
                 "shim: filesystem: {} {} {outcome} ({}): {}",
                 record.op.as_str(),
-                on_one_line(&record.path.display().to_string()),
+                crate::report::on_one_line(&record.path.display().to_string()),
                 rule.as_str(),
-                on_one_line(&record.hint)
+                crate::report::on_one_line(&record.hint)
             );
         }
     }

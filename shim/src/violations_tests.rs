@@ -276,6 +276,7 @@ fn a_path_that_is_not_utf8_is_written_and_reported() {
 
 #[test]
 fn the_live_line_keeps_a_hostile_name_on_one_line() {
+    use crate::report::on_one_line;
     assert_eq!(
         on_one_line("/etc/a\u{1b}]0;x\u{7}b\nshim: fake"),
         "/etc/a\\u{1b}]0;x\\u{7}b\\u{a}shim: fake"
