@@ -334,6 +334,13 @@ impl ReportFile {
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let err = |e| Error::io(format!("--report-file {}", path.display()), e);
         match std::fs::metadata(path) {
+            // Refused now rather than after the command ran.
+            Ok(m) if m.is_dir() => {
+                return Err(err(std::io::Error::new(
+                    std::io::ErrorKind::IsADirectory,
+                    "is a directory; name a file",
+                )));
+            }
             Ok(m) if !m.is_file() => return Ok(Self::AtExit(path.to_owned())),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -422,6 +429,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("r.json");
+        // A directory is refused before anything runs.
+        assert!(ReportFile::open(&dir).is_err());
         // Held open before the run; what the file held before is replaced, not appended to.
         std::fs::write(&file, "x".repeat(10_000)).unwrap();
         let held = ReportFile::open(&file).unwrap();

@@ -13,6 +13,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         an_authority_the_config_lacks_is_named_with_the_ones_it_has,
         a_bad_allow_value_is_named_with_its_flag,
         an_embedded_decision_log_that_cannot_be_opened_is_named,
+        a_report_file_that_is_a_directory_is_refused_before_the_run,
     ]
 }
 
@@ -101,6 +102,23 @@ fn an_embedded_decision_log_that_cannot_be_opened_is_named() -> TestResult {
         "/nonexistent-shim-dir/decisions.log",
     ])?;
     if !err.contains("cannot open decision log /nonexistent-shim-dir/decisions.log") {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// The report file is opened before the command runs: one that cannot be a file is
+/// refused then, not after the command ran.
+fn a_report_file_that_is_a_directory_is_refused_before_the_run() -> TestResult {
+    let s = Scratch::new("reportdir");
+    let err = refused(&[
+        "--no-capture",
+        "--allow",
+        "x.test",
+        "--report-file",
+        s.0.to_str().unwrap(),
+    ])?;
+    if !err.contains(&format!("--report-file {}: is a directory", s.0.display())) {
         return Err(err);
     }
     Ok(())
