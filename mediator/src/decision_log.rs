@@ -251,7 +251,7 @@ pub enum Sink {
     Stdout,
     /// Appended to this file (created with mode 0600 if absent).
     File(PathBuf),
-    /// Appended to this file, opened for appending by the caller (see [`open_for_append`])
+    /// Appended to this file, opened for appending by the caller (see [`open_append`])
     /// and never opened again by path: for a caller whose path could be replaced before
     /// the log starts (the shim's embedded mediator, which starts with the sandbox's first
     /// connection, when the file lies in a directory the sandbox may write). Not reopened.
@@ -470,7 +470,7 @@ impl DecisionLog {
         let out: Box<dyn Write + Send> = match &sink {
             Sink::Stdout => Box::new(io::stdout()),
             Sink::File(path) => Box::new(open_append(path)?),
-            Sink::Opened(file) => Box::new(SharedFile(Arc::clone(file))),
+            Sink::Opened(file) => Box::new(Arc::clone(file)),
             Sink::Memory(lines) => Box::new(MemoryWriter(Arc::clone(lines), Vec::new())),
             Sink::Discard => Box::new(io::sink()),
         };
@@ -686,18 +686,14 @@ pub fn check_can_open(path: &Path) -> Result<(), Error> {
     }
 }
 
-/// Opens `path` for appending, creating it if absent (mode 0600, as a start would), for
-/// [`Sink::Opened`]: the caller owes the operator the file from the start (empty when
-/// nothing is decided) and the log writes to this very file, whatever becomes of the
-/// path meanwhile.
+/// Opens `path` for appending, creating it if absent (mode 0600): what a start does for
+/// [`Sink::File`], and what a caller of [`Sink::Opened`] does beforehand (it owes the
+/// operator the file from the start, empty when nothing is decided, and the log then
+/// writes to this very file, whatever becomes of the path meanwhile).
 ///
 /// # Errors
 /// [`Error::DecisionLog`] naming the file and why.
-pub fn open_for_append(path: &Path) -> Result<std::fs::File, Error> {
-    open_append(path)
-}
-
-fn open_append(path: &Path) -> Result<std::fs::File, Error> {
+pub fn open_append(path: &Path) -> Result<std::fs::File, Error> {
     open_file(path).map_err(|source| Error::DecisionLog {
         path: path.to_path_buf(),
         source,
@@ -783,20 +779,6 @@ fn writer(queue: &Queue, mut out: Box<dyn Write + Send>, path: Option<&Path>) {
         if !flush_wanted {
             std::thread::sleep(LINGER);
         }
-    }
-}
-
-/// The writer of a [`Sink::Opened`] file (`Write` for `&File`: the `Arc` is shared with
-/// the caller, who may hold it to keep the file open).
-struct SharedFile(Arc<std::fs::File>);
-
-impl Write for SharedFile {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        (&*self.0).write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        (&*self.0).flush()
     }
 }
 

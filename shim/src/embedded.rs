@@ -206,8 +206,8 @@ impl Embedded {
     /// cloned (it starts threads).
     ///
     /// `decision_log`: append the decision log to this file, opened by the caller before
-    /// the sandbox existed (else it is not written). The run's denials are collected from the mediator's records as they are taken, for
-    /// `--report`.
+    /// the sandbox existed (else it is not written). The run's denials are collected from
+    /// the mediator's records as they are taken, for `--report`.
     ///
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if a start would fail
@@ -215,7 +215,7 @@ impl Embedded {
     pub(crate) fn start(
         config: policy::config::Config,
         listener: std::net::TcpListener,
-        decision_log: Option<Arc<std::fs::File>>,
+        decision_log: Option<std::fs::File>,
         denials: Arc<Denials>,
         binding: Arc<crate::control::Binding>,
     ) -> Result<Self> {
@@ -240,7 +240,7 @@ impl Embedded {
             .block_on(mediator::check_resources(&config))
             .map_err(refused)?;
         let sink = match decision_log {
-            Some(f) => mediator::Sink::Opened(f),
+            Some(f) => mediator::Sink::Opened(Arc::new(f)),
             None => mediator::Sink::Discard,
         };
         let tap: mediator::Tap = {

@@ -77,11 +77,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     deny_read.extend(
         [
             channel.decision_log(),
-            settings
-                .violations
-                .as_deref()
-                .filter(|v| !v.starts_with("fd:"))
-                .map(Path::new),
+            settings.violations.as_deref().and_then(Sink::named_file),
             report_file.as_ref().map(ReportFile::path),
         ]
         .into_iter()
@@ -243,7 +239,7 @@ enum Channel {
     /// resolver).
     Embedded(
         Box<policy::config::Config>,
-        Option<(PathBuf, Arc<std::fs::File>)>,
+        Option<(PathBuf, std::fs::File)>,
         Arc<policy::Grant>,
     ),
 }
@@ -291,13 +287,12 @@ impl Channel {
                 // command decides nothing, and a path that cannot be one refuses the run.
                 let log = match decision_log {
                     Some(p) => {
-                        let file = mediator::decision_log::open_for_append(p).map_err(|e| {
-                            Error::Channel {
+                        let file =
+                            mediator::decision_log::open_append(p).map_err(|e| Error::Channel {
                                 path: PathBuf::from("<embedded>"),
                                 detail: e.to_string(),
-                            }
-                        })?;
-                        Some((p.clone(), Arc::new(file)))
+                            })?;
+                        Some((p.clone(), file))
                     }
                     None => None,
                 };

@@ -331,6 +331,9 @@ pub(crate) struct FsDenied {
     pub(crate) hint: String,
 }
 
+/// `--violations fd:N`: the caller's descriptor N.
+const FD_PREFIX: &str = "fd:";
+
 /// How long a line longer than a pipe's atomic write (`PIPE_BUF`, 4,096 bytes), which a
 /// full pipe took only part of, waits for room for the rest.
 const PARTIAL_WAIT_MS: u16 = 1_000;
@@ -383,6 +386,11 @@ impl Sink {
         done > 0
     }
 
+    /// The file `spec` names: `PATH`, not `fd:N`.
+    pub(crate) fn named_file(spec: &str) -> Option<&Path> {
+        (!spec.starts_with(FD_PREFIX)).then_some(Path::new(spec))
+    }
+
     /// Opens `PATH` (appended, created 0600) or `fd:N` (the caller's descriptor N, which
     /// the confined command never inherits).
     ///
@@ -390,7 +398,7 @@ impl Sink {
     /// [`Error::Usage`] for a bad `fd:` value, [`Error::Io`] when it cannot be opened.
     pub(crate) fn open(spec: &str) -> Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
-        if let Some(n) = spec.strip_prefix("fd:") {
+        if let Some(n) = spec.strip_prefix(FD_PREFIX) {
             let fd: u32 = n.parse().map_err(|_| {
                 Error::Usage(format!("--violations {spec}: write fd:N with N a number"))
             })?;
