@@ -550,6 +550,10 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
         })
         .collect();
 
+    // Init's memory (the caller's whole environment among it) is never the command's to
+    // read: not dumpable before the command exists (its execve makes it dumpable again).
+    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
+
     // The command.
     let notify = plan.notify.take();
     let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
@@ -575,7 +579,6 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     // Only the command sends the listener; init's copy would keep the shim waiting.
     drop(notify);
     // Init keeps no privilege it does not need to reap and forward signals.
-    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
     sys::drop_all_capabilities().map_err(|e| Error::sys("drop init's capabilities", e))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
 
