@@ -14,6 +14,8 @@
 
 mod capture;
 mod fs;
+mod handoff;
+mod janitor;
 mod landlock;
 mod notify;
 mod seccomp;
@@ -40,8 +42,8 @@ use crate::cli::Degradation;
 use crate::error::{Error, Result};
 use crate::report::warn_tampering;
 use crate::sandbox::{
-    Backend, CaptureJob, CaptureState, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE,
-    Handoff, Job, Outcome,
+    Backend, CaptureJob, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE, Handoff, Job,
+    Outcome,
 };
 
 /// Signals the shim and the inner init forward to the command.
@@ -124,7 +126,7 @@ impl Backend for Linux {
         };
         let janitor = match &planned {
             Ok(()) if !placeholders.is_empty() || !watch.is_empty() || job.trust.is_some() => {
-                match spawn_janitor(&placeholders, &watch, job.trust) {
+                match janitor::spawn_janitor(&placeholders, &watch, job.trust) {
                     Ok(w) => Some(w),
                     Err(e) => {
                         cleanup();
@@ -245,7 +247,7 @@ fn run_planned(
     let received = sys::recv_fds(outer.as_fd(), &mut payload);
     drop(outer);
     if let Ok(Some((fds, n))) = received
-        && let Err(e) = handoff_of(fds, &payload[..n]).and_then(serve)
+        && let Err(e) = handoff::handoff_of(fds, &payload[..n]).and_then(serve)
     {
         // The command may already run: stop the whole sandbox.
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
@@ -340,43 +342,6 @@ fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
     crate::violations::Walls::new(entries)
 }
 
-/// What init handed over: `[listener, tun?]`, and the payload `port (2 bytes), capture
-/// state (0 off, 1 up, 2 unavailable), why it is unavailable (UTF-8)`.
-fn handoff_of(fds: Vec<OwnedFd>, payload: &[u8]) -> Result<Handoff> {
-    let bad = || Error::Usage("the sandbox's hand-off message is malformed".into());
-    let mut fds = fds.into_iter();
-    let listener = TcpListener::from(fds.next().ok_or_else(bad)?);
-    let capture = match (payload.get(2), fds.next()) {
-        (Some(1), Some(tun)) => CaptureState::Up(tun),
-        (Some(2), None) => CaptureState::Unavailable(
-            String::from_utf8_lossy(payload.get(3..).unwrap_or_default()).into_owned(),
-        ),
-        (Some(0), None) => CaptureState::Off,
-        _ => return Err(bad()),
-    };
-    Ok(Handoff { listener, capture })
-}
-
-/// The payload of the hand-off (see [`handoff_of`]).
-// `capture`'s `String` is the reason capture degraded, said once on stderr.
-fn handoff_payload(port: u16, capture: &std::result::Result<Option<OwnedFd>, String>) -> Vec<u8> {
-    let mut p = port.to_be_bytes().to_vec();
-    match capture {
-        Ok(None) => p.push(0),
-        Ok(Some(_)) => p.push(1),
-        Err(why) => {
-            p.push(2);
-            // The receive buffer is 1 KiB.
-            let mut end = why.len().min(1000);
-            while !why.is_char_boundary(end) {
-                end -= 1;
-            }
-            p.extend_from_slice(&why.as_bytes()[..end]);
-        }
-    }
-    p
-}
-
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
     let to_c = |s: &OsString| {
         CString::new(s.as_bytes())
@@ -405,62 +370,6 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
             Ok(sig) => {
                 let _ = nix::sys::signal::kill(init, sig);
             }
-        }
-    }
-}
-
-/// A process outside the sandbox that removes the placeholders and the CA files if the
-/// shim dies without doing it (SIGKILL). It waits for EOF on a pipe whose only writer is
-/// the shim.
-fn spawn_janitor(
-    placeholders: &[Placeholder],
-    watch: &[fs::Watch],
-    trust: Option<&TrustFiles>,
-) -> Result<OwnedFd> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| Error::sys("janitor pipe", e))?;
-    match sys::fork_process().map_err(|e| Error::sys("fork the janitor", e))? {
-        Some(_) => {
-            drop(r);
-            Ok(w)
-        }
-        None => {
-            drop(w);
-            let _ = nix::unistd::setsid();
-            for s in FORWARDED {
-                sys::ignore_signal(*s);
-            }
-            let _ = SigSet::all().thread_unblock();
-            let _ = sys::close_fds_except(&[r.as_raw_fd()]);
-            // Hold none of the caller's stdio: a reader waiting for EOF on the shim's
-            // output must not wait for the janitor.
-            if let Ok(null) = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/null")
-            {
-                for fd in 0..3 {
-                    let _ = sys::dup_onto(null.as_fd(), fd);
-                }
-            }
-            let mut b = [0u8; 1];
-            loop {
-                match nix::unistd::read(&r, &mut b) {
-                    Err(Errno::EINTR) => {}
-                    Ok(0) => break, // the shim died: clean up for it
-                    Ok(_) | Err(_) => sys::exit_now(0), // the shim cleaned up itself
-                }
-            }
-            // The shim is gone (or done); the sandbox dies with it (PR_SET_PDEATHSIG), and
-            // removing a path that is a mount point in another namespace only detaches it.
-            let _ = fs::quarantine(watch);
-            for p in placeholders.iter().rev() {
-                p.remove();
-            }
-            if let Some(t) = trust {
-                t.remove();
-            }
-            sys::exit_now(0)
         }
     }
 }
@@ -521,7 +430,7 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             Err(e) => Err(e.to_string()),
         },
     };
-    let payload = handoff_payload(port, &tun);
+    let payload = handoff::handoff_payload(port, &tun);
     let mut fds = vec![listener.as_fd()];
     if let Ok(Some(t)) = &tun {
         fds.push(t.as_fd());
