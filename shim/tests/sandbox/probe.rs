@@ -53,6 +53,13 @@ pub(crate) fn main(args: &[String]) -> i32 {
                 .and_then(|mut f| f.write_all(b"x")),
         ),
         "read" => errno_result(std::fs::read(a(1))),
+        // The result of reading each path, in order, space-separated.
+        "read-each" => args[1..]
+            .iter()
+            .map(|p| errno_result(std::fs::read(p)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        "link" => errno_result(std::fs::hard_link(a(1), a(2))),
         // chmod to an octal mode; create a file with an octal mode (open, O_TMPFILE).
         "chmod-mode" => errno_result(std::fs::set_permissions(
             a(1),
