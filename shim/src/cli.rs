@@ -165,6 +165,11 @@ pub(crate) enum Degradation {
     /// regular file, directory and symlink outside the writable roots read-only, but
     /// named pipes (FIFOs) outside them stay writable to the sandbox's uid.
     Landlock,
+    /// Run the command under the caller's own uid when the shim runs as root (uid 0
+    /// without capabilities): it can then read every file root owns that no mask covers.
+    /// Without it, root's command runs as an unprivileged uid outside the sandbox, with
+    /// idmapped writable roots, and the shim refuses where those cannot be made.
+    SameUid,
 }
 
 impl Options {

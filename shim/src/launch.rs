@@ -47,6 +47,9 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     mediator_paths.extend(crate::secrets::defaults(|k| std::env::var_os(k)));
     let mediator =
         crate::secrets::settle(mediator_paths, &settings.allow_write, &settings.allow_read)?;
+    if let ChannelSpec::Socket(socket) = &settings.channel {
+        crate::secrets::warn_same_owner(socket, backend.command_uid(&settings.allow_degraded));
+    }
     // Bound before the sandbox is built, so that it is masked inside.
     let mut control = settings
         .control
@@ -199,6 +202,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             rebinds: &binding.rebinds().0,
             mediator_masked: &serde_json::to_value(&mediator.masked)
                 .map_err(|e| Error::io("serialise the report", e.into()))?,
+            runs_as: outcome.runs_as,
             filesystem: &violations.as_ref().map_or_else(
                 || serde_json::json!({ "observed": false, "note": FILESYSTEM }),
                 |v| v.summary(),

@@ -295,6 +295,19 @@ pub(crate) fn settle(
     Ok(out)
 }
 
+/// Says once on stderr that the command runs as the uid that owns the mediator's socket
+/// `socket` (`command_uid` outside the sandbox): the mediator's files that no config
+/// names and that are not in a default location are then the command's to read.
+pub(crate) fn warn_same_owner(socket: &Path, command_uid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(socket).is_ok_and(|m| m.uid() == command_uid) {
+        eprintln!(
+            "shim: the command runs as uid {command_uid}, which owns the mediator's socket {}: the mediator's files are the command's to read unless masked (the shim masks those --config names and the mediator's default locations); run the mediator as another user (docs/shim.md, \"The mediator's files\")",
+            socket.display()
+        );
+    }
+}
+
 #[cfg(test)]
 #[path = "secrets_tests.rs"]
 mod tests;

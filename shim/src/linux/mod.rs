@@ -15,6 +15,7 @@
 mod capture;
 mod fs;
 mod handoff;
+mod ids;
 mod janitor;
 mod landlock;
 mod notify;
@@ -71,8 +72,8 @@ struct InnerPlan {
     fs: fs::FsPlan,
     filters: seccomp::Filters,
     landlock: bool,
-    uid: u32,
-    gid: u32,
+    /// Who the command is inside and on the host.
+    identity: ids::Identity,
     cwd: PathBuf,
     program: CString,
     args: Vec<CString>,
@@ -100,9 +101,22 @@ impl Backend for Linux {
         sys::probe_fd(fd)
     }
 
+    fn command_uid(&self, allow_degraded: &[Degradation]) -> u32 {
+        ids::Identity::of_caller(allow_degraded).outside().uid
+    }
+
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
         if job.capture.is_some() {
             sys::large_allocations_by_mmap();
+        }
+        let identity = ids::Identity::of_caller(job.allow_degraded);
+        if identity.is_mapped()
+            && let Some(t) = job.trust
+        {
+            // A stranger's command must be able to enter it (its files are mode 0444).
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(t.dir(), std::fs::Permissions::from_mode(0o711))
+                .map_err(|e| Error::io(format!("open {} to the command", t.dir().display()), e))?;
         }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
@@ -114,7 +128,7 @@ impl Backend for Linux {
             job.deny_read,
             job.allow_read,
             &read_only,
-            home.as_deref(),
+            (home.as_deref(), identity.is_mapped()),
             &mut plan,
         );
         let placeholders = plan.placeholders.clone();
@@ -137,7 +151,7 @@ impl Backend for Linux {
             _ => None,
         };
         let ca = job.trust.map(TrustFiles::files);
-        let result = planned.and_then(|()| run_planned(job, plan, ca, serve));
+        let result = planned.and_then(|()| run_planned(job, (plan, identity), ca, serve));
         cleanup();
         if let Some(w) = janitor {
             // Tell the janitor the placeholders are handled: a later run may already have
@@ -150,7 +164,7 @@ impl Backend for Linux {
 
 fn run_planned(
     job: &Job<'_>,
-    fs_plan: fs::FsPlan,
+    (fs_plan, identity): (fs::FsPlan, ids::Identity),
     ca: Option<crate::env::CaFiles>,
     serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<Outcome> {
@@ -159,6 +173,9 @@ fn run_planned(
     let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    if identity.is_mapped() {
+        ids::check_working_directory(&cwd, &fs_plan.writable_roots)?;
+    }
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -178,24 +195,11 @@ fn run_planned(
         fs: fs_plan,
         filters,
         landlock: !job.degraded(Degradation::Landlock),
-        uid: nix::unistd::geteuid().as_raw(),
-        gid: nix::unistd::getegid().as_raw(),
+        identity,
         cwd,
         program,
         args,
-        // A credential's variable holds its placeholder, whatever the caller's value was,
-        // and no credential's secret_env is inherited.
-        env: std::env::vars_os()
-            .filter(|(k, _)| {
-                !job.child_env.iter().any(|(n, _)| k == n.as_str())
-                    && !job.hidden_env.iter().any(|n| k == n.as_str())
-            })
-            .chain(
-                job.child_env
-                    .iter()
-                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-            )
-            .collect(),
+        env: inherited_env(job),
         ca,
         capture: job.capture,
         handoff: inner,
@@ -233,8 +237,15 @@ fn run_planned(
         }
         Err(e) => return Err(Error::sys("clone into new namespaces", e)),
     };
+    // Root's command: init waits for its maps and the idmapped writable roots.
+    let mapped = match inner_plan.as_ref() {
+        Some(p) if identity.is_mapped() => {
+            ids::map_from_outside(init, identity, &p.fs, outer.as_fd())
+        }
+        _ => Ok(()),
+    };
     drop(inner_plan);
-    if let Err(e) = start_supervisor(notify_outer, job) {
+    if let Err(e) = mapped.and_then(|()| start_supervisor(notify_outer, job)) {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(init, None);
         return Err(e);
@@ -245,7 +256,6 @@ fn run_planned(
     // why, and its status says how it ended.
     let mut payload = [0u8; 1024];
     let received = sys::recv_fds(outer.as_fd(), &mut payload);
-    drop(outer);
     if let Ok(Some((fds, n))) = received
         && let Err(e) = handoff::handoff_of(fds, &payload[..n]).and_then(serve)
     {
@@ -256,13 +266,33 @@ fn run_planned(
     }
 
     let exit_status = supervise(init, &mask);
+    // Held until now: init takes a hang-up on it for the shim's death (ids.rs).
+    drop(outer);
     // The sandbox is gone: nothing can create the watched paths any more.
     let tampering = fs::quarantine(&watch);
     warn_tampering(&tampering);
     Ok(Outcome {
         exit_status,
         tampering,
+        runs_as: identity.outside(),
     })
+}
+
+/// The caller's environment as the command inherits it: a credential's variable holds
+/// its placeholder, whatever the caller's value was, and no credential's `secret_env` is
+/// inherited.
+fn inherited_env(job: &Job<'_>) -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| {
+            !job.child_env.iter().any(|(n, _)| k == n.as_str())
+                && !job.hidden_env.iter().any(|n| k == n.as_str())
+        })
+        .chain(
+            job.child_env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
+        .collect()
 }
 
 /// The command's half of the violation channel: the notification filter it installs,
@@ -387,20 +417,13 @@ fn inner_main(plan: InnerPlan) -> i32 {
     }
 }
 
-fn write_file(path: &str, content: &str) -> Result<()> {
-    std::fs::write(path, content).map_err(|e| Error::io(format!("write {path}"), e))
-}
-
 fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     // If the shim dies, so does init, and with it every process in the PID namespace.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| Error::sys("PR_SET_PDEATHSIG", e))?;
     nix::unistd::setsid().map_err(|e| Error::sys("setsid", e))?;
 
-    // Map our own uid/gid only (what an unprivileged process may do; the same as root).
-    write_file("/proc/self/setgroups", "deny")?;
-    write_file("/proc/self/uid_map", &format!("{0} {0} 1\n", plan.uid))?;
-    write_file("/proc/self/gid_map", &format!("{0} {0} 1\n", plan.gid))?;
+    let copies = ids::settle_inside(plan.identity, plan.handoff.as_fd(), &plan.fs)?;
 
     // Loopback up, the proxy listener bound on it and handed to the outer shim.
     let probe = nix::sys::socket::socket(
@@ -441,7 +464,7 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     drop(listener);
     drop(plan.handoff);
 
-    fs::apply(&plan.fs)?;
+    fs::apply(&plan.fs, copies)?;
     if let (Ok(Some(_)), Some(c)) = (&tun, &plan.capture) {
         // The stub resolver, read-only like the rest of the tree.
         fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;

@@ -60,6 +60,13 @@ pub(crate) fn main(args: &[String]) -> i32 {
             .collect::<Vec<_>>()
             .join(" "),
         "link" => errno_result(std::fs::hard_link(a(1), a(2))),
+        // The uid and gid the command has inside, and its supplementary groups.
+        "ids" => format!(
+            "{} {} {:?}",
+            nix::unistd::getuid(),
+            nix::unistd::getgid(),
+            nix::unistd::getgroups().unwrap_or_default()
+        ),
         // chmod to an octal mode; create a file with an octal mode (open, O_TMPFILE).
         "chmod-mode" => errno_result(std::fs::set_permissions(
             a(1),
