@@ -26,6 +26,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_socket_owner_is_told_when_the_command_shares_its_uid,
         a_mediator_of_its_own_user_keeps_its_files,
         root_is_refused_where_the_command_cannot_be_mapped,
+        the_admin_socket_is_masked_even_with_unix_sockets_allowed,
     ]
 }
 
@@ -616,4 +617,41 @@ fn root_is_refused_where_the_command_cannot_be_mapped() -> TestResult {
         refused(out, "a writable root on sysfs", "idmapped mount")?;
     }
     Ok(())
+}
+
+/// The admin API's socket (`[listen] admin_socket`; whoever reaches it can make
+/// authorities) is masked when it exists: with `--allow-unix-sockets` the command still
+/// cannot connect to it.
+fn the_admin_socket_is_masked_even_with_unix_sockets_allowed() -> TestResult {
+    let fx = Fixture::new("sec-admin");
+    let admin = fx.mkdir("admin").join("admin.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&admin).unwrap();
+    let cfg = fx.path("m.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\nsocket_dir = {:?}\nadmin_socket = {admin:?}\n\
+             [[authority]]\nname = \"authority\"\nallow = [\"example.com\"]\n",
+            fx.socket.parent().unwrap(),
+        ),
+    )
+    .unwrap();
+    let out = crate::support::probe_command(
+        &args![
+            "--config",
+            &cfg,
+            "--authority",
+            "authority",
+            "--allow-unix-sockets"
+        ],
+        &args!["connect-unix", &admin],
+    )
+    .current_dir(&fx.dir.0)
+    .output()
+    .unwrap();
+    expect(
+        "a connection to the admin socket",
+        &stdout(&succeeded(out)?),
+        "err:EACCES",
+    )
 }
