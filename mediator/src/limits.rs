@@ -33,6 +33,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::denial::{Cause, Denial};
+use crate::vocab::LimitKind;
 
 /// Descriptors kept out of every connection budget: the decision log, listeners, the
 /// resolver's sockets, PAC fetches, the watchdog, metrics.
@@ -184,31 +185,6 @@ pub(crate) enum Door {
     Tcp,
     /// An authority's Unix socket (or an in-process connection).
     Channel,
-}
-
-/// The `limit` label of `mediator_limited_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LimitKind {
-    /// An authority's cap on open connections.
-    Connections,
-    /// An authority's connect rate.
-    Rate,
-    /// An unidentified TCP connection shed to admit a newer one.
-    Unidentified,
-    /// `max_connections` reached: the listeners stopped accepting (once per episode).
-    Global,
-}
-
-impl LimitKind {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Connections => "connections",
-            Self::Rate => "rate",
-            Self::Unidentified => "unidentified",
-            Self::Global => "global",
-        }
-    }
 }
 
 /// The mediator-wide counts.

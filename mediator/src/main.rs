@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Parser)]
 #[command(
     name = "mediator",
-    version = mediator::service::VERSION,
-    long_version = mediator::service::LONG_VERSION,
+    version = mediator::version::VERSION,
+    long_version = mediator::version::LONG_VERSION,
     about
 )]
 struct Cli {
@@ -120,7 +120,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_writer(mediator::service::journal::JournalStderr)
+        .with_writer(mediator::journal::JournalStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MEDIATOR_LOG").unwrap_or_else(|_| {

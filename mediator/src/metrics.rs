@@ -29,7 +29,7 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::limits::LimitKind;
+use crate::vocab::LimitKind;
 use crate::vocab::Protocol;
 
 /// The `authority` label value of decisions that no authority could be attributed to.
@@ -117,7 +117,7 @@ fn service_families(
         &["version", "revision"],
     )?;
     build_info
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::service::GIT_REVISION])
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::version::GIT_REVISION])
         .set(1);
     for result in ReloadResult::ALL {
         reloads.with_label_values(&[result.as_str()]);

@@ -161,6 +161,31 @@ impl Channel {
     }
 }
 
+/// The `limit` label of `mediator_limited_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitKind {
+    /// An authority's cap on open connections.
+    Connections,
+    /// An authority's connect rate.
+    Rate,
+    /// An unidentified TCP connection shed to admit a newer one.
+    Unidentified,
+    /// `max_connections` reached: the listeners stopped accepting (once per episode).
+    Global,
+}
+
+impl LimitKind {
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Rate => "rate",
+            Self::Unidentified => "unidentified",
+            Self::Global => "global",
+        }
+    }
+}
+
 macro_rules! string_forms {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {

@@ -8,7 +8,7 @@ use http::Uri;
 
 use crate::front::http::credentials::parse_basic;
 use crate::front::http::forward::target_of;
-use crate::front::http::preflight::{Head, MIN_BUF, Preflight, judge};
+use crate::request::preflight::{Head, MIN_BUF, Preflight, judge};
 
 use super::{canonical_target, connect_target};
 
