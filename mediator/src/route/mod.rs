@@ -34,10 +34,10 @@
 mod connect;
 pub(crate) mod env;
 mod forward_proxy;
+pub(crate) mod handshake;
 pub(crate) mod https;
 pub(crate) mod negotiate;
 pub(crate) mod pac;
-pub(crate) mod parent;
 mod parents;
 mod strategy;
 pub(crate) mod stream;

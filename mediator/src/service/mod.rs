@@ -7,4 +7,5 @@
 
 pub mod health;
 pub mod notify;
+pub mod serve;
 pub mod watch;

@@ -1,9 +1,9 @@
 //! One request inside a terminated tunnel (h1 and h2 alike), as named steps:
-//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge`] (the
+//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge()`] (the
 //! tunnel host, a protocol switch it may ask for, then the judgement every request gets,
 //! `crate::request::judge`: the authority still live, the request rules, the
 //! credentials), [`upstream_request`] (the connection that carries it, a switch's plan,
-//! the rebuilt request), the decision line, then [`send`] (`crate::request::send`) and
+//! the rebuilt request), the decision line, then [`send()`] (`crate::request::send`) and
 //! the answer. Every refusal writes this request's decision line and answers with the
 //! JSON denial.
 

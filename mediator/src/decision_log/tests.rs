@@ -1,6 +1,10 @@
 //! Unit tests of `decision_log`.
 
+use policy::{Reason, Verdict};
+
 use super::*;
+use crate::denial::Cause;
+use crate::vocab::{CloseReason, Event, Protocol};
 
 fn record(peer: Peer) -> Record {
     Record {
