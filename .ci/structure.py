@@ -26,7 +26,8 @@ import re
 import sys
 
 TOP = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-CRATES = ["policy/src", "certs/src", "gss/src", "mediator/src", "shim/src", "bench/src", "tests/src"]
+# Production code; `tests/src` is the end-to-end suite's support crate (test code).
+CRATES = ["policy/src", "certs/src", "gss/src", "mediator/src", "shim/src", "bench/src"]
 # The shim's functions are listed but do not fail the gate yet: its files are being
 # reworked (the walls, the sink and the tally; its own structure round follows).
 LISTED_ONLY = ("shim/src",)

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use policy::Reason;
 use policy::config::{AuthorityLimits, Limits};
 use tokio::sync::Notify;
@@ -118,9 +119,7 @@ impl InForce {
     pub(crate) fn overcommitted(&self) -> bool {
         u64::from(self.max_connections) * 2 + RESERVED_FDS > self.nofile
     }
-}
 
-impl InForce {
     /// The counts as `key=value` fields, no spaces inside a field (for the `ready` line).
     pub(crate) fn fields(&self) -> String {
         format!(
@@ -154,14 +153,12 @@ impl fmt::Display for InForce {
 /// The open-files limit a start would run with: the hard limit, which the soft one is
 /// raised to (for `mediator check`, which changes nothing).
 pub(crate) fn nofile_hard() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit};
     getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(_, hard)| hard)
 }
 
 /// Raises the soft open-files limit (`RLIMIT_NOFILE`) to the hard limit; returns the soft
 /// limit in force afterwards (unchanged if the raise is refused).
 pub(crate) fn raise_nofile() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => hard,
@@ -590,10 +587,8 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        let state = std::mem::replace(
-            self.state.get_mut().unwrap_or_else(PoisonError::into_inner),
-            State::Channel,
-        );
+        let held = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let state = std::mem::replace(held, State::Channel);
         self.leave(state);
         self.limiter.release();
     }

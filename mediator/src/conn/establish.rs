@@ -28,10 +28,10 @@ use super::{Ctx, TargetLabel};
 use crate::authorities::{Live, Origin};
 use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
-use crate::metrics::UpstreamErrorKind;
 use crate::resolve::{ResolveFailure, Resolver};
 use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, UpstreamStream, Via};
 use crate::shared::Shared;
+use crate::vocab::UpstreamErrorKind;
 use crate::vocab::{Channel, Protocol};
 use crate::watchdog;
 
@@ -227,11 +227,7 @@ async fn steps(
         log(Err(&denial), Timing { dns, connect: None });
         return Err(denial);
     }
-    let via = if protocol.is_forwarding() {
-        Via::Forward
-    } else {
-        Via::Tunnel
-    };
+    let via = via_for(protocol);
     let (connected, took) = shared
         .router
         .connect(via, target, &pin, shared.timeouts.connect)
@@ -275,6 +271,16 @@ async fn steps(
         established,
         facts,
     ))
+}
+
+/// How the router reaches the target: absolute-form requests may go to an HTTP parent as
+/// they are; everything else is a tunnel.
+fn via_for(protocol: Protocol) -> Via {
+    if protocol.is_forwarding() {
+        Via::Forward
+    } else {
+        Via::Tunnel
+    }
 }
 
 /// The grant decided with must be the live authority's own (never another's). A

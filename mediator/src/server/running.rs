@@ -54,7 +54,7 @@ impl Running {
     pub fn reload_failed(&self) {
         self.shared
             .metrics
-            .reloaded(crate::metrics::ReloadResult::Failed);
+            .reloaded(crate::vocab::ReloadResult::Failed);
     }
 
     /// Makes `authority` live beside the others, as an authority of the configuration
@@ -115,7 +115,7 @@ impl Running {
     /// [`ReloadRefused`] when the file defines a name a stored API authority holds;
     /// nothing is changed.
     pub fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
-        use crate::metrics::ReloadResult;
+        use crate::vocab::ReloadResult;
         let report = self.control.reload(config, text).inspect_err(|_| {
             self.shared.metrics.reloaded(ReloadResult::Failed);
         })?;
