@@ -1,15 +1,11 @@
 //! What `mediator check` and `mediator registry list` ask of a configuration without
 //! starting it: the resources a start would load, the stored authorities, the limits.
 
-use std::sync::Arc;
-
 use policy::config::Config;
 
-use super::resolver_of;
 use crate::control::registry::{self, inspect::Listing};
 use crate::error::Error;
 use crate::limits::InForce;
-use crate::route::Router;
 use crate::tls::TlsState;
 
 /// Loads what a start would load, changing nothing and binding nothing (`mediator
@@ -38,14 +34,7 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
         crate::socket_file::check_can_make(dir)?;
     }
     notes.extend(TlsState::check(&config.tls)?);
-    let router = Router::new(
-        &config.upstream,
-        &config.tls.extra_ca_files,
-        Arc::new(resolver_of(config)?),
-        &config.timeouts,
-        |key| std::env::var(key).ok(),
-    )
-    .await?;
+    let router = super::new_router(config).await?;
     notes.extend(router.gssapi_library());
     notes.push(format!(
         "[upstream] mode = \"{}\": usable",

@@ -158,14 +158,7 @@ fn decision_log(
 /// environment) stops the start. PAC helpers and parent names resolve with a resolver of
 /// their own, configured exactly as the destinations' one (never the system resolver).
 async fn router(config: &Config) -> Result<Arc<Router>, Error> {
-    let router = Router::new(
-        &config.upstream,
-        &config.tls.extra_ca_files,
-        Arc::new(resolver_of(config)?),
-        &config.timeouts,
-        |key| std::env::var(key).ok(),
-    )
-    .await?;
+    let router = new_router(config).await?;
     if let Some(reading) = router.system_reading() {
         crate::say!(Info, "mediator: upstream system: {reading}");
     }
@@ -173,6 +166,18 @@ async fn router(config: &Config) -> Result<Arc<Router>, Error> {
         crate::say!(Info, "mediator: {library}");
     }
     Ok(router)
+}
+
+/// The router of `[upstream]`, as a start would build it (`mediator check` too).
+pub(super) async fn new_router(config: &Config) -> Result<Arc<Router>, Error> {
+    Router::new(
+        &config.upstream,
+        &config.tls.extra_ca_files,
+        Arc::new(resolver_of(config)?),
+        &config.timeouts,
+        |key| std::env::var(key).ok(),
+    )
+    .await
 }
 
 /// The listeners of `[listen]`, bound and not yet served.
