@@ -122,16 +122,16 @@ pub async fn explain(
     };
     out.host = Some(target.host.as_text());
     out.port = Some(target.port);
-    let own = OwnAddrs(
-        config
-            .listen
-            .tcp
-            .iter()
-            .chain(config.listen.admin.iter())
-            .copied()
-            .collect(),
-    );
     if resolve {
+        let own = OwnAddrs(
+            config
+                .listen
+                .tcp
+                .iter()
+                .chain(&config.listen.admin)
+                .copied()
+                .collect(),
+        );
         let resolver = Resolver::new(
             &config.resolver.nameservers,
             config.resolver.hosts.clone(),
@@ -151,12 +151,7 @@ pub async fn explain(
                 out.rule = rule;
                 out.pin = pin.addrs().iter().map(ToString::to_string).collect();
             }
-            Err(denial) => {
-                out.reason = denial.reason;
-                out.rule = denial.rule;
-                out.detail = denial.detail;
-                out.hint = denial.hint;
-            }
+            Err(denial) => out.denied(denial),
         }
     } else {
         // The first step of the same pipeline: the placeholder check and the grant's name
@@ -170,12 +165,7 @@ pub async fn explain(
                     out.detail = NOT_RESOLVED.into();
                 }
             }
-            Err(denial) => {
-                out.reason = denial.reason;
-                out.rule = denial.rule;
-                out.detail = denial.detail;
-                out.hint = denial.hint;
-            }
+            Err(denial) => out.denied(denial),
         }
     }
     if out.reason == Reason::Allowed && target.host.ip().is_some() {
@@ -183,6 +173,16 @@ pub async fn explain(
         out.addresses = ip.map(|ip| address_info(grant, ip)).collect();
     }
     Ok(out)
+}
+
+impl Explanation {
+    /// The answer is `denial`.
+    fn denied(&mut self, denial: crate::denial::Denial) {
+        self.reason = denial.reason;
+        self.rule = denial.rule;
+        self.detail = denial.detail;
+        self.hint = denial.hint;
+    }
 }
 
 /// `host:port`, or a bare host (IPv6 bracketed or not) with [`DEFAULT_PORT`].

@@ -29,11 +29,13 @@ mod front;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod journal;
 mod limits;
 mod members;
 mod metrics;
 mod redact;
 mod relay;
+mod request;
 pub mod resolve;
 mod rewind;
 pub mod route;
@@ -49,6 +51,7 @@ mod terminate;
 #[cfg(any(test, feature = "fuzzing"))]
 mod testing;
 pub mod tls;
+pub mod version;
 pub mod vocab;
 mod watchdog;
 mod writable;
