@@ -7,134 +7,21 @@
 //! An entry that the other side covers is no change (an exact host under an existing
 //! wildcard, an equivalent spelling, a reordering); an allow entry that a deny entry
 //! refuses whole reaches nothing and is no change either. Request rules and credentials
-//! are judged in `rules.rs`.
+//! are judged in `rules.rs`, the words of a change are `change.rs`'s.
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
 
+use super::change::{Change, Direction, RiskClass};
 use super::{LimitsView, Reach};
 use crate::error::PolicyError;
 use crate::grant::{DenyEntry, Grant};
 use crate::pattern::{HostPattern, PatternKind, PatternUse};
 
-/// What kind of reach a change touches (design section 21): the words a reviewer and a
-/// SIEM rule filter on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RiskClass {
-    /// A host, wildcard or address range in `allow` (a new host, a wider wildcard).
-    Host,
-    /// The ports of an allowed host.
-    Port,
-    /// An `allow_private` range: addresses the address check refuses otherwise.
-    AllowPrivate,
-    /// A `tls_terminate` pattern: requests the mediator reads (and may change).
-    TlsTerminate,
-    /// A credential: a secret the mediator adds, and the hosts it goes to.
-    Credential,
-    /// A request rule's methods, paths, headers, query names or upgrades.
-    RequestRule,
-    /// A `deny` entry of the authority.
-    Deny,
-    /// An operator's reason (a deny entry's, `default_deny_reason`): words, not reach.
-    OperatorReason,
-    /// `sni_check`.
-    SniCheck,
-    /// The watchdog that may narrow allowed decisions.
-    Watchdog,
-    /// The authority's own limits (`max_connections`, `connect_rate`, `connect_burst`).
-    Limits,
-    /// Who may act as the authority: its token, its socket's mode and owner.
-    Channel,
-    /// `[global] deny`: every authority's grant.
-    Global,
-    /// A section of the configuration that is not a grant (`[upstream]`, `[resolver]`,
-    /// ...), applied at the next start.
-    Section,
-}
-
-impl RiskClass {
-    /// The name, as in `--json` output, audit records and metric labels (`host`,
-    /// `allow_private`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Host => "host",
-            Self::Port => "port",
-            Self::AllowPrivate => "allow_private",
-            Self::TlsTerminate => "tls_terminate",
-            Self::Credential => "credential",
-            Self::RequestRule => "request_rule",
-            Self::Deny => "deny",
-            Self::OperatorReason => "operator_reason",
-            Self::SniCheck => "sni_check",
-            Self::Watchdog => "watchdog",
-            Self::Limits => "limits",
-            Self::Channel => "channel",
-            Self::Global => "global",
-            Self::Section => "section",
-        }
-    }
-}
-
-/// Which way a change moves what an authority may reach.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Direction {
-    /// More is reachable, or may be (a different watchdog, a different secret).
-    Widened,
-    /// Less is reachable.
-    Narrowed,
-    /// Something else changed: an operator's words, a replaced token, a limit moved to
-    /// or from the mediator's default, a section that is not a grant.
-    Changed,
-}
-
-impl Direction {
-    /// `widened`, `narrowed` or `changed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Widened => "widened",
-            Self::Narrowed => "narrowed",
-            Self::Changed => "changed",
-        }
-    }
-}
-
-/// One difference between two versions of an authority (or of `[global]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Change {
-    /// What kind of reach it touches.
-    pub class: RiskClass,
-    /// Which way.
-    pub direction: Direction,
-    /// The entry as written (the new one for an addition, the old one for a removal), or
-    /// the key (`sni_check`, `max_connections`).
-    pub entry: String,
-    /// What it means, in one sentence.
-    pub detail: String,
-}
-
-impl Change {
-    pub(super) fn new(
-        class: RiskClass,
-        direction: Direction,
-        entry: impl Into<String>,
-        detail: impl Into<String>,
-    ) -> Self {
-        Self {
-            class,
-            direction,
-            entry: entry.into(),
-            detail: detail.into(),
-        }
-    }
-}
-
 /// One side of a comparison: the view, its grant built again, its credentials' hosts.
-pub(super) struct Subject<'a> {
-    pub(super) reach: &'a Reach,
-    pub(super) grant: Grant,
-    pub(super) credentials: Vec<HostPattern>,
+struct Subject<'a> {
+    reach: &'a Reach,
+    grant: Grant,
+    credentials: Vec<HostPattern>,
 }
 
 impl<'a> Subject<'a> {
@@ -202,8 +89,16 @@ pub fn compare(
         &mut out,
     );
     tls_terminate(&old_side, &new_side, &mut out);
-    super::rules::credentials(&old_side, &new_side, &mut out);
-    super::rules::request_rules(&old_side, &new_side, &mut out);
+    super::rules::credentials(
+        (&old_side.credentials, &old_side.reach.credentials),
+        (&new_side.credentials, &new_side.reach.credentials),
+        &mut out,
+    );
+    super::rules::request_rules(
+        old_side.grant.request_rules(),
+        new_side.grant.request_rules(),
+        &mut out,
+    );
     settings(o.0, n.0, &mut out);
     let keep = match (old, new) {
         (None, _) => Some(Direction::Widened),
@@ -316,15 +211,21 @@ fn allow_change(entry: &HostPattern, other: &[HostPattern], direction: Direction
         };
         return Change::new(RiskClass::Port, direction, &entry.source, detail);
     }
-    // A wildcard the other side had narrower: the same subtree, grown or shrunk.
+    // What the other side allowed inside this entry: a wildcard grown from (or shrunk
+    // to) a narrower wildcard or some of its names.
     let narrower: Vec<&str> = other
         .iter()
-        .filter(|o| matches!(o.kind, PatternKind::Suffix(_)) && hosts.covers(&o.any_port()))
+        .filter(|o| hosts.covers(&o.any_port()))
         .map(|o| o.source.as_str())
         .collect();
+    let wider = if matches!(entry.kind, PatternKind::Suffix(_)) {
+        "wider wildcard"
+    } else {
+        "wider range"
+    };
     let detail = match (direction, narrower.is_empty()) {
         (Direction::Widened, false) => format!(
-            "wider wildcard: {host_words} on {} is now allowed (the allow list had {})",
+            "{wider}: {host_words} on {} is now allowed (the allow list had only {})",
             port_words(entry.port),
             narrower.join(", ")
         ),
@@ -332,7 +233,7 @@ fn allow_change(entry: &HostPattern, other: &[HostPattern], direction: Direction
             format!("new reach: {host_words} on {}", port_words(entry.port))
         }
         (_, false) => format!(
-            "wildcard narrowed: {host_words} is no longer allowed, only {}",
+            "narrowed: {host_words} is no longer allowed, only {}",
             narrower.join(", ")
         ),
         (_, true) => format!(

@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::compare::{Change, Direction, RiskClass, compare, compare_global};
+use super::change::{Change, Direction, RiskClass};
+use super::compare::{compare, compare_global};
 use super::{Reach, Sources};
 use crate::config::Config;
 use crate::error::PolicyError;
@@ -86,7 +87,7 @@ pub struct AuthorityReview {
 }
 
 /// What a review concludes, for a gate: the exit status of `mediator diff` (0, 1, 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// Nothing changed.

@@ -17,10 +17,12 @@
 //! an entry covered only by several old entries together is reported as a widening (the
 //! safe side for a reviewer).
 //!
-//! Here: the view and its conversions; `compare.rs` the judgement of two views;
+//! Here: the view and its conversions; `change.rs` the words of a change; `compare.rs`
+//! (with `rules.rs`) the judgement of two views;
 //! `diff.rs` the whole-configuration review. Like the rest of the crate, nothing here
 //! reads a file or reaches the network.
 
+mod change;
 mod compare;
 mod diff;
 mod rules;
@@ -35,7 +37,8 @@ use crate::config::{Authority, AuthorityLimits, WatchdogEndpoint};
 use crate::error::PolicyError;
 use crate::grant::{Advice, DenyEntry, Grant, GrantSpec, RequestRuleSpec};
 
-pub use compare::{Change, Direction, RiskClass, compare, compare_global};
+pub use change::{Change, Direction, RiskClass};
+pub use compare::{compare, compare_global};
 pub use diff::{AuthorityReview, Outcome, Review, Side, Status, diff};
 
 /// What one authority may reach and through which channel, as data. Every list holds the

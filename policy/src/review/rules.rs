@@ -3,15 +3,19 @@
 //! a rule gained can narrow, a rule lost can widen) and the channel (who may act as the
 //! authority).
 
-use super::ChannelView;
-use super::compare::{Change, Direction, RiskClass, Subject};
+use super::change::{Change, Direction, RiskClass};
+use super::{ChannelView, CredentialView};
 use crate::grant::{RequestRule, path_has_prefix};
+use crate::pattern::HostPattern;
+
+/// One side's credentials: their parsed hosts, and their views (same order).
+pub(super) type Credentials<'a> = (&'a [HostPattern], &'a [CredentialView]);
 
 /// Credentials: one whose host and header no credential of the other side covers is a
 /// secret gained or lost; a covered one read from another source is a different secret.
-pub(super) fn credentials(old: &Subject<'_>, new: &Subject<'_>, out: &mut Vec<Change>) {
-    let was: Vec<_> = old.credentials.iter().zip(&old.reach.credentials).collect();
-    let now: Vec<_> = new.credentials.iter().zip(&new.reach.credentials).collect();
+pub(super) fn credentials(old: Credentials<'_>, new: Credentials<'_>, out: &mut Vec<Change>) {
+    let was: Vec<_> = old.0.iter().zip(old.1).collect();
+    let now: Vec<_> = new.0.iter().zip(new.1).collect();
     for (np, nv) in &now {
         let covering: Vec<_> = was
             .iter()
@@ -101,8 +105,7 @@ fn rule_covers(outer: &RequestRule, inner: &RequestRule) -> bool {
 /// between rules of one host, a rule the other side does not cover allows more (gained)
 /// or less (lost). A rule that overlaps the other side's only in part is reported as a
 /// widening when gained (the safe side).
-pub(super) fn request_rules(old: &Subject<'_>, new: &Subject<'_>, out: &mut Vec<Change>) {
-    let (was, now) = (old.grant.request_rules(), new.grant.request_rules());
+pub(super) fn request_rules(was: &[RequestRule], now: &[RequestRule], out: &mut Vec<Change>) {
     for n in now {
         if was.iter().any(|o| rule_covers(o, n)) {
             continue;
