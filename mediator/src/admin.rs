@@ -211,7 +211,11 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
                 .iter()
                 .map(|l| describe(admin, l))
                 .collect();
-            json_response(StatusCode::OK, &json!({ "authorities": list }))
+            let global = policy::review::deny_views(&admin.control.global_deny());
+            json_response(
+                StatusCode::OK,
+                &json!({ "authorities": list, "global_deny": global }),
+            )
         }
         (&Method::POST, ["v1", "authorities"]) => create(req, admin).await,
         (&Method::DELETE, ["v1", "authorities", name]) => match admin.control.delete(name).await {
@@ -358,6 +362,8 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "tcp": a.token_sha256.and(admin.control.tcp_addr()).map(|s| s.to_string()),
         },
         "grant_digest": live.digest,
+        // What it may reach, as `mediator diff --admin` reads it (design section 21).
+        "reach": policy::review::Reach::of(a, policy::review::Sources::Hidden),
         "grant": {
             "allow": a.grant.allow_entries().collect::<Vec<_>>(),
             "deny": a.grant.deny_entries().collect::<Vec<_>>(),

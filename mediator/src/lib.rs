@@ -36,6 +36,7 @@ mod redact;
 mod relay;
 pub mod resolve;
 mod rewind;
+pub mod review;
 pub mod route;
 mod server;
 pub mod service;

@@ -114,6 +114,14 @@ impl Control {
         })
     }
 
+    /// `[global] deny` as it applies now (every grant holds it).
+    pub(crate) fn global_deny(&self) -> Vec<policy::DenyEntry> {
+        self.global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The registry's backend.
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
