@@ -13,6 +13,7 @@
 //!   shim's embedded mode).
 
 mod admin;
+pub mod audit;
 mod authorities;
 pub mod config;
 mod conn;
@@ -35,8 +36,8 @@ mod metrics;
 mod redact;
 mod relay;
 pub mod resolve;
-mod rewind;
 pub mod review;
+mod rewind;
 pub mod route;
 mod server;
 pub mod service;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use mediator::audit::ReloadTrigger;
 use sha2::{Digest, Sha256};
 
 /// Attributable egress mediator.
@@ -531,7 +532,7 @@ async fn serve(
             _ = int.recv() => break,
             _ = quit.recv() => break,
             _ = hup.recv() => {
-                reload(&running, &path);
+                reload(&running, &path, ReloadTrigger::Signal);
                 // The file just read is the baseline now: no second reload for it.
                 if let Some(w) = watch.as_mut() {
                     w.changed();
@@ -544,7 +545,7 @@ async fn serve(
             _ = tick.tick(), if watch.is_some() => {
                 if watch.as_mut().is_some_and(watch::ConfigWatch::changed) {
                     mediator::say!(Info, "mediator: {} changed; reloading", path.display());
-                    reload(&running, &path);
+                    reload(&running, &path, ReloadTrigger::Watch);
                 }
             }
         }
@@ -580,15 +581,19 @@ async fn reopen(log: &mediator::DecisionLog) {
 
 /// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole. The
 /// service manager is told a reload runs (`RELOADING=1`, then `READY=1`).
-fn reload(running: &mediator::Running, path: &std::path::Path) {
+fn reload(running: &mediator::Running, path: &std::path::Path, trigger: ReloadTrigger) {
     mediator::service::notify::reloading();
-    let status = reload_file(running, path);
+    let status = reload_file(running, path, trigger);
     mediator::service::notify::reloaded(&status);
 }
 
 /// Reloads from `path`; returns the service status to report (`systemctl status` shows
 /// it): `ready (reloaded)`, or that the reload failed and what still runs.
-fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
+fn reload_file(
+    running: &mediator::Running,
+    path: &std::path::Path,
+    trigger: ReloadTrigger,
+) -> String {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
@@ -598,7 +603,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
         });
     match parsed {
         Err(why) => {
-            running.reload_failed();
+            running.reload_failed(trigger, &why);
             mediator::say!(
                 Error,
                 "mediator: reload failed; the running authorities are unchanged:\n{why}"
@@ -606,7 +611,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
             "ready (reload failed: the running authorities are unchanged; see the log)".to_owned()
         }
         Ok((config, text)) => {
-            let r = match running.reload(config, &text) {
+            let r = match running.reload(config, &text, trigger) {
                 Ok(r) => r,
                 Err(refused) => {
                     mediator::say!(Error, "mediator: reload failed: {refused}");
