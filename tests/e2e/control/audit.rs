@@ -1,12 +1,13 @@
 //! Audit records (design section 21) with the real binary: an admin API create, a delete,
 //! a reload and a refused create each write exactly one `audit` line, naming who (the
-//! token's id over TCP, the peer's uid and pid on the admin socket, the signal for a
-//! reload) and what (name, generation, grant digest, what the change widened); the
+//! token's id over TCP, the peer's uid and pid on the admin socket, the signal or the
+//! file watch for a reload) and what (name, generation, grant digest, what the change widened); the
 //! acknowledged ones are on record at once, a `kill -9` right after the answer included;
 //! in OCSF mode they are API Activity events (class 6003) valid against the schema in
 //! `tests/ocsf/`; `mediator_audit_total` counts them.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::harness::Case;
@@ -249,6 +250,32 @@ async fn a_refused_reload_and_a_changed_authority_are_audited() -> Result<()> {
     Ok(())
 }
 
+/// `--watch-config`: a reload the file watch made names the watch.
+async fn a_reload_by_the_file_watch_names_the_watch() -> Result<()> {
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
+            .arg("--watch-config")
+            .authority(agent_a_spec()),
+    )
+    .await?;
+    let m = &fx.mediator;
+    std::fs::write(m.config_path(), with_another_authority(m)?)?;
+    let record = e2e::wait::wait_for(
+        Duration::from_secs(15),
+        || Ok(audits(m)?.into_iter().find(|r| r.action == Action::Reload)),
+        || "no reload record after the file changed".to_owned(),
+    )
+    .await?;
+    ensure!(
+        record.actor == Actor::ConfigWatch
+            && record.result == AuditResult::Accepted
+            && record.changes.iter().any(|c| c.authority == "agent-n"),
+        "{record:#?}"
+    );
+    Ok(())
+}
+
 /// An acknowledged change is on record before its answer: a `kill -9` right after the
 /// 201 leaves the audit line in the log.
 async fn an_acknowledged_change_survives_kill_9() -> Result<()> {
@@ -343,6 +370,7 @@ pub(crate) fn cases() -> Vec<Case> {
     vec![
         case!(each_change_writes_one_audit_record_naming_who_and_what),
         case!(a_refused_reload_and_a_changed_authority_are_audited),
+        case!(a_reload_by_the_file_watch_names_the_watch),
         case!(an_acknowledged_change_survives_kill_9),
         case!(audit_records_are_valid_ocsf_api_activity_events).needs(&[Tool::Jsonschema]),
     ]
