@@ -206,7 +206,8 @@ async fn each_change_writes_one_audit_record_naming_who_and_what() -> Result<()>
 }
 
 /// A reload whose file does not validate is refused and audited too; one that changes
-/// an authority names the generations and what the change widened.
+/// an authority names the generations, the grant digests (which change with any part of
+/// the grant, an operator's reason too) and what the change widened.
 async fn a_refused_reload_and_a_changed_authority_are_audited() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let sock = dir.path().join("admin.sock");
@@ -245,6 +246,27 @@ async fn a_refused_reload_and_a_changed_authority_are_audited() -> Result<()> {
                 .is_some_and(|d| *d != c.grant_digest)
             && c.reach == Outcome::Widened
             && c.widened == [RiskClass::AllowPrivate],
+        "{records:#?}"
+    );
+    // Only the operator's words change: a new digest all the same, nothing widened.
+    let worded = wider.replacen(
+        "allow_private = [",
+        "default_deny_reason = \"ask the platform team\"\nallow_private = [",
+        1,
+    );
+    m.reload_with(&worded).await?;
+    let records = audits(m)?;
+    let c = records
+        .get(2)
+        .and_then(|r| r.changes.first())
+        .context("no change")?;
+    ensure!(
+        c.change == ChangeKind::Replaced
+            && c.previous_grant_digest
+                .as_ref()
+                .is_some_and(|d| *d != c.grant_digest)
+            && c.reach == Outcome::Narrowed
+            && c.widened.is_empty(),
         "{records:#?}"
     );
     Ok(())
