@@ -84,6 +84,30 @@ pub async fn explain(
     target: &str,
     resolve: bool,
 ) -> Result<Explanation, Error> {
+    let resolver = if resolve {
+        Some(Resolver::new(
+            &config.resolver.nameservers,
+            config.resolver.hosts.clone(),
+            config.timeouts.dns,
+        )?)
+    } else {
+        None
+    };
+    explain_with(config, authority, target, resolver.as_ref()).await
+}
+
+/// [`explain`] with the resolver given: with one, the name is resolved by it and every
+/// address vetted, as live traffic does (`mediator test` gives one that answers from its
+/// expectations' `hosts` alone); without, the name decision alone.
+///
+/// # Errors
+/// [`Error::Control`] when the authority does not exist.
+pub async fn explain_with(
+    config: &Config,
+    authority: &str,
+    target: &str,
+    resolver: Option<&Resolver>,
+) -> Result<Explanation, Error> {
     let Some(auth) = config
         .authorities
         .iter()
@@ -122,22 +146,17 @@ pub async fn explain(
     };
     out.host = Some(target.host.as_text());
     out.port = Some(target.port);
-    if resolve {
-        let own = OwnAddrs(
-            config
-                .listen
-                .tcp
-                .iter()
-                .chain(&config.listen.admin)
-                .copied()
-                .collect(),
-        );
-        let resolver = Resolver::new(
-            &config.resolver.nameservers,
-            config.resolver.hosts.clone(),
-            config.timeouts.dns,
-        )?;
-        let vetting = decide_and_vet(&resolver, &own, auth, &target).await;
+    let own = OwnAddrs(
+        config
+            .listen
+            .tcp
+            .iter()
+            .chain(config.listen.admin.iter())
+            .copied()
+            .collect(),
+    );
+    if let Some(resolver) = resolver {
+        let vetting = decide_and_vet(resolver, &own, auth, &target).await;
         if let Some(resolution) = &vetting.resolved {
             out.resolved = true;
             if let Ok(addrs) = &resolution.addrs {
@@ -186,7 +205,7 @@ impl Explanation {
 }
 
 /// `host:port`, or a bare host (IPv6 bracketed or not) with [`DEFAULT_PORT`].
-fn parse_target(s: &str) -> Result<Target, policy::PolicyError> {
+pub(crate) fn parse_target(s: &str) -> Result<Target, policy::PolicyError> {
     match parse_authority_form(s) {
         Ok(t) => Ok(t),
         Err(e) => {

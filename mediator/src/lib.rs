@@ -13,6 +13,7 @@
 //!   shim's embedded mode).
 
 mod admin;
+pub mod audit;
 mod authorities;
 pub mod config;
 mod conn;
@@ -37,6 +38,7 @@ mod redact;
 mod relay;
 mod request;
 pub mod resolve;
+pub mod review;
 mod rewind;
 pub mod route;
 mod server;

@@ -79,6 +79,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Review a change of policy: what NEW widens and narrows against OLD (a file, or a
+    /// running mediator's authorities with --admin), per authority and risk class. Exit
+    /// status 0 unchanged, 1 changed without widening, 3 widened, 2 on error.
+    Diff(mediator::review::DiffArgs),
+    /// Check the policy of --config (or --admin) against the `[[expect]]` assertions of
+    /// FILE, judged by the steps of live traffic with resolution stubbed by its `hosts`.
+    /// Exit status 0 when all hold, 1 when one fails, 2 on error.
+    Test(mediator::review::TestArgs),
     /// Print the smallest `[[authority]]` table that would have allowed one authority's
     /// `not_in_allowlist` and `port_not_allowed` denials, read from a decision log (or
     /// the shim's `--report`); address-class denials stay denied and are listed as
@@ -153,6 +161,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Man { out_dir }) => man(out_dir),
         Some(Command::Suggest { authority, log }) => suggest(&authority, log),
+        Some(Command::Diff(args)) => review(mediator::review::diff(&args)),
+        Some(Command::Test(args)) => review(mediator::review::test(&args, config.as_deref())),
         Some(Command::HashToken) => hash_token(),
         Some(Command::Demo) => {
             let rt = tokio::runtime::Runtime::new()?;
@@ -240,6 +250,21 @@ fn suggest(authority: &str, log: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             mediator::say!(Error, "mediator suggest: {e}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// Prints what `diff` or `test` found and returns its exit status; what stopped it goes
+/// to stderr, exit 2.
+fn review(ran: Result<mediator::review::Report, mediator::Error>) -> anyhow::Result<ExitCode> {
+    match ran {
+        Ok(report) => {
+            emit(&report.text)?;
+            Ok(ExitCode::from(report.code))
+        }
+        Err(e) => {
+            mediator::say!(Error, "{:#}", anyhow::Error::from(e));
             Ok(ExitCode::from(2))
         }
     }

@@ -6,6 +6,7 @@
 mod record;
 mod writer;
 
+pub(crate) use record::Line;
 pub use record::{CredentialUse, Peer, Record, now_rfc3339};
 pub use writer::{DecisionLog, Reopened, Sink, Tap, check_can_open, open_append};
 pub(crate) use writer::{Render, Ship, host_name};

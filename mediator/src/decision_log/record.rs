@@ -224,3 +224,13 @@ pub struct CredentialUse {
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
+
+/// One line the writer takes: a decision record, or an audit record (design section 21),
+/// stamped, rendered and shipped alike.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Line<'a> {
+    /// A decision or a close.
+    Decision(&'a Record),
+    /// A change to who may reach what.
+    Audit(&'a crate::audit::record::AuditRecord),
+}

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::record::{Peer, Record};
+use super::record::{Line, Peer, Record};
 use crate::error::Error;
 
 /// Called with every record before it is queued (the shim's embedded mode collects its
@@ -67,13 +67,13 @@ pub struct DecisionLog {
 /// A format a record is written in instead of the native line (design section 19;
 /// implemented in `export/`, so that the writer never names a format).
 pub(crate) trait Render: Send + Sync {
-    /// Writes `record` to `out`; `native` is its stamped native line (a JSON object).
+    /// Writes `line` to `out`; `native` is its stamped native line (a JSON object).
     ///
     /// # Errors
     /// The rendering cannot be serialised.
     fn render(
         &self,
-        record: &Record,
+        line: Line<'_>,
         native: &[u8],
         run: &str,
         out: &mut Vec<u8>,
@@ -83,8 +83,8 @@ pub(crate) trait Render: Send + Sync {
 /// Somewhere a copy of each record goes besides the log (design section 19; implemented
 /// in `export/`). It must never block: the caller is deciding.
 pub(crate) trait Ship: Send + Sync {
-    /// Offers `record` (its stamped native line `line`); may drop it (and count it).
-    fn offer(&self, record: &Record, line: &[u8], run: &str);
+    /// Offers `line` (its stamped native line `native`); may drop it (and count it).
+    fn offer(&self, line: Line<'_>, native: &[u8], run: &str);
 }
 
 /// What every line of this process carries besides its record (design section 19):
@@ -362,24 +362,38 @@ impl DecisionLog {
         if let Some(tap) = &self.tap {
             tap(record);
         }
+        self.append(Line::Decision(record));
+    }
+
+    /// Appends one audit record (design section 21), as [`Self::write`] does a decision:
+    /// the same stamp, format, export and writer.
+    pub(crate) fn write_audit(&self, record: &crate::audit::record::AuditRecord) {
+        self.append(Line::Audit(record));
+    }
+
+    fn append(&self, entry: Line<'_>) {
         // Serialised before the lock is taken (into this thread's reused buffer), so the
         // lock is held only to append.
         LINE.with_borrow_mut(|line| {
             line.clear();
-            if let Err(e) = serde_json::to_writer(&mut *line, record) {
+            let (serialised, peer) = match entry {
+                Line::Decision(r) => (serde_json::to_writer(&mut *line, r), &r.peer),
+                Line::Audit(a) => (serde_json::to_writer(&mut *line, a), &Peer::Embedded),
+            };
+            if let Err(e) = serialised {
                 tracing::error!("cannot serialise decision record: {e}");
                 return;
             }
-            self.stamp.append(line, &record.peer);
+            self.stamp.append(line, peer);
             if let Some(ship) = &self.ship {
-                ship.offer(record, line, &self.stamp.run);
+                ship.offer(entry, line, &self.stamp.run);
             }
             if let Some(render) = &self.render {
                 // Rendered from the stamped native line into this thread's second buffer,
                 // which then becomes the line (both keep their capacity).
                 let rendered = RENDERED.with_borrow_mut(|out| {
                     out.clear();
-                    let r = render.render(record, line, &self.stamp.run, out);
+                    let r = render.render(entry, line, &self.stamp.run, out);
                     if r.is_ok() {
                         std::mem::swap(line, out);
                     }

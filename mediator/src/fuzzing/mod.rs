@@ -128,6 +128,7 @@ fn fixture() -> &'static Fixture {
                 global_deny: Vec::new(),
                 store: Arc::new(Memory::default()),
                 registry_metrics,
+                audit: crate::audit::Auditor::new(&shared.metrics).unwrap(),
             },
         );
         let table = format!(

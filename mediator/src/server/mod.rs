@@ -98,6 +98,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         global_deny: config.global_deny.clone(),
         store: Arc::clone(&store),
         registry_metrics,
+        audit: crate::audit::Auditor::new(&shared.metrics)?,
     };
     let control = Control::new(Arc::clone(&shared), setup);
     shared.metrics.set_authorities(0);

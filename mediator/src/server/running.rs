@@ -11,6 +11,7 @@ use policy::config::Config;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::ReloadTrigger;
 use crate::conn::accept::{attributed_ctx, spawn_conn};
 use crate::control::{Control, CreateError, ReloadRefused, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer};
@@ -49,12 +50,15 @@ impl Running {
         self.admin
     }
 
-    /// Counts a reload that never reached [`Self::reload`]: its file could not be read or
-    /// parsed (`mediator_reloads_total{result="failed"}`).
-    pub fn reload_failed(&self) {
+    /// Counts and audits a reload that never reached [`Self::reload`]: its file could not
+    /// be read or parsed (`why`; `mediator_reloads_total{result="failed"}`).
+    pub fn reload_failed(&self, trigger: ReloadTrigger, why: &str) {
         self.shared
             .metrics
             .reloaded(crate::vocab::ReloadResult::Failed);
+        let record = crate::audit::reload_record(&self.shared, trigger, &[], Err(why.to_owned()));
+        self.control.audit().record(&self.shared, record);
+        self.shared.log.flush();
     }
 
     /// Makes `authority` live beside the others, as an authority of the configuration
@@ -109,14 +113,38 @@ impl Running {
     }
 
     /// Applies a new configuration parsed from `text`: authorities added, revoked, or
-    /// (changed) revoked and re-created; other sections need a restart.
+    /// (changed) revoked and re-created; other sections need a restart. One audit record
+    /// says what it did and what `trigger` started it, on record before this returns.
     ///
     /// # Errors
     /// [`ReloadRefused`] when the file defines a name a stored API authority holds;
     /// nothing is changed.
-    pub fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
+    pub fn reload(
+        &self,
+        config: Config,
+        text: &str,
+        trigger: ReloadTrigger,
+    ) -> Result<ReloadReport, ReloadRefused> {
         use crate::vocab::ReloadResult;
-        let report = self.control.reload(config, text).inspect_err(|_| {
+        let before = self.shared.authorities.list();
+        let result = self.control.reload(config, text);
+        let record = crate::audit::reload_record(
+            &self.shared,
+            trigger,
+            &before,
+            result
+                .as_ref()
+                .map(|r| crate::audit::Reloaded {
+                    added: &r.added,
+                    removed: &r.removed,
+                    changed: &r.changed,
+                    failed: &r.failed,
+                })
+                .map_err(ToString::to_string),
+        );
+        self.control.audit().record(&self.shared, record);
+        self.shared.log.flush();
+        let report = result.inspect_err(|_| {
             self.shared.metrics.reloaded(ReloadResult::Failed);
         })?;
         self.shared.metrics.reloaded(if report.failed.is_empty() {

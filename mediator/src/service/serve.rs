@@ -10,6 +10,7 @@ use policy::config::Config;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::{notify, watch};
+use crate::audit::ReloadTrigger;
 use crate::decision_log::{DecisionLog, Reopened};
 use crate::error::{Error, chain};
 use crate::server::{Options, Running, start};
@@ -68,7 +69,7 @@ pub async fn serve(
             _ = int.recv() => break,
             _ = quit.recv() => break,
             _ = hup.recv() => {
-                reload(&running, &path);
+                reload(&running, &path, ReloadTrigger::Signal);
                 // The file just read is the baseline now: no second reload for it.
                 if let Some(w) = watch.as_mut() {
                     w.changed();
@@ -81,7 +82,7 @@ pub async fn serve(
             _ = tick.tick(), if watch.is_some() => {
                 if watch.as_mut().is_some_and(watch::ConfigWatch::changed) {
                     crate::say!(Info, "mediator: {} changed; reloading", path.display());
-                    reload(&running, &path);
+                    reload(&running, &path, ReloadTrigger::Watch);
                 }
             }
         }
@@ -117,15 +118,15 @@ async fn reopen(log: &DecisionLog) {
 
 /// SIGHUP: re-read and validate the file; apply it only when it is valid as a whole. The
 /// service manager is told a reload runs (`RELOADING=1`, then `READY=1`).
-fn reload(running: &Running, path: &Path) {
+fn reload(running: &Running, path: &Path, trigger: ReloadTrigger) {
     notify::reloading();
-    let status = reload_file(running, path);
+    let status = reload_file(running, path, trigger);
     notify::reloaded(&status);
 }
 
 /// Reloads from `path`; returns the service status to report (`systemctl status` shows
 /// it): `ready (reloaded)`, or that the reload failed and what still runs.
-fn reload_file(running: &Running, path: &Path) -> String {
+fn reload_file(running: &Running, path: &Path, trigger: ReloadTrigger) -> String {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
@@ -136,7 +137,7 @@ fn reload_file(running: &Running, path: &Path) -> String {
     let (config, text) = match parsed {
         Ok(parsed) => parsed,
         Err(why) => {
-            running.reload_failed();
+            running.reload_failed(trigger, &why);
             crate::say!(
                 Error,
                 "mediator: reload failed; the running authorities are unchanged:\n{why}"
@@ -145,7 +146,7 @@ fn reload_file(running: &Running, path: &Path) -> String {
                 .to_owned();
         }
     };
-    let r = match running.reload(config, &text) {
+    let r = match running.reload(config, &text, trigger) {
         Ok(r) => r,
         Err(refused) => {
             crate::say!(Error, "mediator: reload failed: {refused}");

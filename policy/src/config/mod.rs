@@ -41,6 +41,7 @@ use raw::{
 };
 use validate::{Ctx, Validator};
 
+pub(crate) use authority::parse_mode;
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{
     Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
