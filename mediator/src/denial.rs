@@ -131,7 +131,8 @@ impl Denial {
         self
     }
 
-    /// The HTTP status that answers it: 400 malformed, 407 credentials, 429 limits, 502 DNS
+    /// The HTTP status that answers it: 400 malformed, 407 credentials, 429 limits (and
+    /// `ask_overloaded`), 502 DNS
     /// or upstream failure (504 on a timeout), 421 a misdirected terminated request, else
     /// 403.
     pub fn http_status(&self) -> u16 {
@@ -201,7 +202,7 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
         (_, Cause::AfterReply) => 200,
         (Reason::MalformedTarget | Reason::BadRequest, _) => 400,
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
-        (Reason::RateLimited, _) => 429,
+        (Reason::RateLimited | Reason::AskOverloaded, _) => 429,
         (Reason::RegistryUnavailable, _) => 503,
         (Reason::DnsFailure, Cause::DnsTimeout) => 504,
         (Reason::UpstreamFailure, Cause::ConnectTimeout | Cause::ResponseTimeout) => 504,
@@ -216,7 +217,9 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
             | Reason::PortNotAllowed
             | Reason::SniMismatch
             | Reason::WatchdogDenied
-            | Reason::CredentialMisuse,
+            | Reason::CredentialMisuse
+            | Reason::AskDenied
+            | Reason::AskTimeout,
             _,
         ) => 403,
     }
@@ -248,7 +251,10 @@ pub fn socks_rep(reason: Reason, cause: Cause) -> u8 {
             | Reason::SniMismatch
             | Reason::WatchdogDenied
             | Reason::RateLimited
-            | Reason::CredentialMisuse,
+            | Reason::CredentialMisuse
+            | Reason::AskDenied
+            | Reason::AskTimeout
+            | Reason::AskOverloaded,
             _,
         ) => 0x02,
     }
@@ -296,6 +302,14 @@ mod tests {
             (Reason::SniMismatch, Cause::Policy, 403, 0x02),
             (Reason::SniMismatch, Cause::Misdirected, 421, 0x02),
             (Reason::WatchdogDenied, Cause::Policy, 403, 0x02),
+            (Reason::AskDenied, Cause::Policy, 403, 0x02),
+            (Reason::AskTimeout, Cause::Policy, 403, 0x02),
+            (
+                Reason::AskOverloaded,
+                Cause::Limited { retry_after: 1 },
+                429,
+                0x02,
+            ),
             (
                 Reason::RateLimited,
                 Cause::Limited { retry_after: 3 },

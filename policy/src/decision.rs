@@ -76,6 +76,16 @@ pub enum Reason {
     /// The authority comes from the registry (created through the admin API), and this
     /// replica cannot confirm its view of the registry is current (design section 17).
     RegistryUnavailable,
+    /// A grant miss was held for the host's answer (design section 20) and the host
+    /// answered `deny`; its text is the denial's `message`.
+    AskDenied,
+    /// A grant miss was held for the host's answer and none came within the authority's
+    /// `ask_timeout_s` (or the mediator shut down meanwhile: held requests are never
+    /// allowed by a shutdown).
+    AskTimeout,
+    /// A grant miss could not be held: the authority already holds `max_pending_asks`
+    /// requests for the host's answer.
+    AskOverloaded,
 }
 
 impl Reason {
@@ -85,7 +95,7 @@ impl Reason {
     }
 
     /// Every reason, in the order design section 4.3 lists them.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 20] = [
         Self::Allowed,
         Self::NotInAllowlist,
         Self::DeniedByRule,
@@ -103,6 +113,9 @@ impl Reason {
         Self::CredentialMisuse,
         Self::RegistryUnavailable,
         Self::BadRequest,
+        Self::AskDenied,
+        Self::AskTimeout,
+        Self::AskOverloaded,
     ];
 
     /// The contract string: `allowed`, `not_in_allowlist`, ... (design section 4.3).
@@ -125,6 +138,9 @@ impl Reason {
             Self::RateLimited => "rate_limited",
             Self::CredentialMisuse => "credential_misuse",
             Self::RegistryUnavailable => "registry_unavailable",
+            Self::AskDenied => "ask_denied",
+            Self::AskTimeout => "ask_timeout",
+            Self::AskOverloaded => "ask_overloaded",
         }
     }
 }

@@ -383,6 +383,11 @@ pub enum ValueError {
         "watchdog {0:?} must be \"unix:/absolute/path\" or \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo): the watchdog sees every allowed destination and must run on this host"
     )]
     Watchdog(String),
+    /// An `ask` value that is not an endpoint on this host nor `admin`.
+    #[error(
+        "ask {0:?} must be \"unix:/absolute/path\", \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo) or \"admin\": the questions name the hosts a child reaches for and must stay on this host"
+    )]
+    Ask(String),
     /// An empty secret (named by its source).
     #[error("{0}: the secret is empty")]
     SecretEmpty(String),

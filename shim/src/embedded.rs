@@ -104,6 +104,8 @@ fn authority(
             socket_gid: None,
             watchdog: None,
             limits: policy::config::AuthorityLimits::default(),
+            // Asking in embedded mode comes with `--control` (design section 20).
+            ask: None,
             credentials: Vec::new(),
         },
         names,

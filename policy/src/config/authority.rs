@@ -35,6 +35,9 @@ pub struct Authority {
     pub watchdog: Option<WatchdogEndpoint>,
     /// How much of the mediator this authority may hold (design section 13).
     pub limits: AuthorityLimits,
+    /// Whether (and where) a grant miss of it is asked instead of denied (design section
+    /// 20); `None`: denied at once.
+    pub ask: Option<super::Ask>,
     /// Secrets the mediator adds for this authority (design section 14), in table order;
     /// their secrets are loaded by the caller ([`Credential::set_secret`]).
     pub credentials: Vec<Credential>,
@@ -283,6 +286,7 @@ impl Validator<'_> {
         };
 
         let limits = self.authority_limits(raw, label);
+        let ask = self.ask(raw, label);
         let grant = grant?;
         let credentials = self.credentials(raw, label, &grant);
         self.unreachable_policy(raw, label, &grant, &credentials);
@@ -296,6 +300,7 @@ impl Validator<'_> {
             socket_gid: raw.socket_gid,
             watchdog,
             limits,
+            ask,
         })
     }
 

@@ -157,6 +157,9 @@ pub const SECTIONS: &[Section] = &[
         key("max_connections", "`[limits] authority_connections`", "`200`", "its cap on open connections"),
         key("connect_rate", "`0` (unlimited)", "`50`", "new connections per second (token bucket)"),
         key("connect_burst", "`connect_rate`", "`100`", "the bucket's size"),
+        key("ask", "none (a grant miss is denied at once)", "`\"unix:/run/host/ask.sock\"`, `\"http://127.0.0.1:7000/ask\"`, `\"admin\"`", "hold a grant miss (`not_in_allowlist`, `port_not_allowed`) and ask the host: the question is POSTed there (`admin`: no endpoint, the admin API's `/v1/asks` only); see [control.md](control.md#asking-the-host)"),
+        key("ask_timeout_s", "`30`", "`120`", "how long a request is held for the answer before it is denied `ask_timeout`, 1..=3600; needs `ask`"),
+        key("max_pending_asks", "`8`", "`2`", "requests of this authority held at once; one more is denied `ask_overloaded` at once, 1..=1024; needs `ask`"),
     ] },
     Section { heading: "[[authority.request_rule]]", before: "", after: "", keys: &[
         key("host", "required", "`\"api.github.com\"`", "a host of the authority's `tls_terminate`"),

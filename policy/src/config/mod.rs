@@ -10,12 +10,15 @@
 //! - `validate`: the located-error `Validator` and the small sections;
 //! - `upstream`: `[upstream]` and its [`Upstream`];
 //! - `watchdog`: an authority's `watchdog` key, parsed once into a [`WatchdogEndpoint`];
+//! - `ask`: an authority's `ask`, `ask_timeout_s`, `max_pending_asks`, parsed once into
+//!   an [`Ask`] (design section 20);
 //! - `credential`: `[[authority.credential]]` and its [`Credential`] (design section 14);
 //! - `authority`: `[[authority]]`, its [`Authority`] and [`parse_authority`].
 //!
 //! Like the rest of the crate, none of it reads files (the caller hands over the text),
 //! resolves names or checks that paths exist.
 
+mod ask;
 mod authority;
 mod credential;
 pub mod keys;
@@ -41,6 +44,10 @@ use raw::{
 };
 use validate::{Ctx, Validator};
 
+pub use ask::{
+    Ask, AskEndpoint, DEFAULT_ASK_TIMEOUT, DEFAULT_MAX_PENDING_ASKS, MAX_ASK_TIMEOUT_S,
+    MAX_PENDING_ASKS,
+};
 pub(crate) use authority::parse_mode;
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{

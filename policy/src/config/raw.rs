@@ -173,6 +173,9 @@ pub(super) struct RawAuthority {
     pub(super) max_connections: Option<Spanned<i64>>,
     pub(super) connect_rate: Option<Spanned<i64>>,
     pub(super) connect_burst: Option<Spanned<i64>>,
+    pub(super) ask: Option<Spanned<String>>,
+    pub(super) ask_timeout_s: Option<Spanned<i64>>,
+    pub(super) max_pending_asks: Option<Spanned<i64>>,
 }
 
 /// `[[authority.request_rule]]`.

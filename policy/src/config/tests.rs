@@ -267,7 +267,7 @@ x = 1
             "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `default_deny_reason`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `default_deny_reason`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`, `ask`, `ask_timeout_s`, `max_pending_asks`",
             "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a host pattern, or a table { host = \"...\", reason = \"...\" }",
             "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
             "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
@@ -1191,4 +1191,48 @@ fn the_otlp_endpoint_is_an_http_url() {
         let e = errors(&format!("[telemetry]\notlp_endpoint = {bad:?}\n"));
         assert!(e[0].contains("is not an OTLP/HTTP URL"), "{bad}: {e:?}");
     }
+}
+
+#[test]
+fn asking_is_typed_at_load_and_checked_with_its_location() {
+    let c = parse(
+        "[[authority]]\nname = \"a\"\nask = \"unix:/run/ask.sock\"\nask_timeout_s = 5\n[[authority]]\nname = \"b\"\nask = \"admin\"\n[[authority]]\nname = \"c\"\n",
+        "m.toml",
+    )
+    .unwrap();
+    let a = c.authorities[0].ask.as_ref().unwrap();
+    assert_eq!(a.endpoint.to_string(), "unix:/run/ask.sock");
+    assert_eq!((a.timeout, a.max_pending), (Duration::from_secs(5), 8));
+    let b = c.authorities[1].ask.as_ref().unwrap();
+    assert_eq!(
+        (&b.endpoint, b.timeout, b.max_pending),
+        (
+            &crate::config::AskEndpoint::Admin,
+            Duration::from_secs(30),
+            8
+        )
+    );
+    assert!(c.authorities[2].ask.is_none());
+    assert_eq!(
+        errors("[[authority]]\nname = \"a\"\nask = \"http://10.0.0.1/\"\n")[0],
+        "m.toml:3:7: authority \"a\": ask \"http://10.0.0.1/\" must be \"unix:/absolute/path\", \"http://127.0.0.1:port/...\" (a loopback IP literal or localhost, no userinfo) or \"admin\": the questions name the hosts a child reaches for and must stay on this host"
+    );
+    assert_eq!(
+        errors("[[authority]]\nname = \"a\"\nmax_pending_asks = 2\n"),
+        [
+            "m.toml:3:20: authority \"a\": max_pending_asks needs ask (where the questions go); set ask, or remove max_pending_asks"
+        ]
+    );
+    let e = errors(
+        "[[authority]]\nname = \"a\"\nask = \"admin\"\nask_timeout_s = 0\nmax_pending_asks = 5000\n",
+    );
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].contains("m.toml:4:17") && e[0].contains("ask_timeout_s = 0"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].contains("m.toml:5:20") && e[1].contains("out of range 0..=1024"),
+        "{e:?}"
+    );
 }

@@ -28,6 +28,9 @@ pub enum RiskClass {
     SniCheck,
     /// The watchdog that may narrow allowed decisions.
     Watchdog,
+    /// `ask` (design section 20): a grant miss held for an answer, which may let the
+    /// request through under another authority; who answers, how long, how many.
+    Ask,
     /// The authority's own limits (`max_connections`, `connect_rate`, `connect_burst`).
     Limits,
     /// Who may act as the authority: its token, its socket's mode and owner.
@@ -54,6 +57,7 @@ impl RiskClass {
             Self::OperatorReason => "operator_reason",
             Self::SniCheck => "sni_check",
             Self::Watchdog => "watchdog",
+            Self::Ask => "ask",
             Self::Limits => "limits",
             Self::Channel => "channel",
             Self::Global => "global",

@@ -54,6 +54,7 @@ fn nothing(name: &str) -> Reach {
         credentials: Vec::new(),
         watchdog: None,
         limits: LimitsView::default(),
+        ask: None,
         channel: super::ChannelView::default(),
     }
 }
@@ -410,6 +411,7 @@ fn settings(old: &Reach, new: &Reach, out: &mut Vec<Change>) {
         _ => {}
     }
     limits(&old.limits, &new.limits, out);
+    super::rules::ask(old.ask.as_ref(), new.ask.as_ref(), out);
     super::rules::channel(&old.channel, &new.channel, out);
 }
 

@@ -78,6 +78,9 @@ pub struct Reach {
     /// The authority's own limits (design section 13).
     #[serde(default)]
     pub limits: LimitsView,
+    /// `ask` (design section 20), if set: where a grant miss is asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskView>,
     /// How a client proves it is this authority.
     #[serde(default)]
     pub channel: ChannelView,
@@ -145,6 +148,18 @@ pub struct LimitsView {
     /// `connect_burst`.
     #[serde(default)]
     pub connect_burst: u32,
+}
+
+/// An authority's asking (design section 20), as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskView {
+    /// `ask`: `unix:/path`, `http://127.0.0.1:port/path` or `admin`.
+    pub endpoint: String,
+    /// `ask_timeout_s`.
+    pub timeout_s: u64,
+    /// `max_pending_asks`.
+    pub max_pending: u32,
 }
 
 /// How a client proves it is the authority: its token (on the TCP listener) and its Unix
@@ -236,6 +251,11 @@ impl Reach {
                 connect_rate: a.limits.connect_rate,
                 connect_burst: a.limits.connect_burst,
             },
+            ask: a.ask.as_ref().map(|k| AskView {
+                endpoint: k.endpoint.to_string(),
+                timeout_s: k.timeout.as_secs(),
+                max_pending: k.max_pending,
+            }),
             channel: ChannelView {
                 token_id: a.token_sha256.map(|t| token_id(&t)),
                 socket_mode: format!("{:04o}", a.socket_mode),
@@ -306,6 +326,18 @@ impl Reach {
             .map(WatchdogEndpoint::parse)
             .transpose()
             .map_err(|e| PolicyError::Config(vec![format!("{}: watchdog: {e}", self.name)]))?;
+        let ask = self
+            .ask
+            .as_ref()
+            .map(|k| {
+                crate::config::AskEndpoint::parse(&k.endpoint).map(|endpoint| crate::config::Ask {
+                    endpoint,
+                    timeout: std::time::Duration::from_secs(k.timeout_s),
+                    max_pending: k.max_pending,
+                })
+            })
+            .transpose()
+            .map_err(|e| PolicyError::Config(vec![format!("{}: ask: {e}", self.name)]))?;
         let socket_mode = crate::config::parse_mode(&self.channel.socket_mode).map_err(|e| {
             PolicyError::Config(vec![format!(
                 "{}: socket_mode {:?}: {e}",
@@ -324,6 +356,7 @@ impl Reach {
                 connect_rate: self.limits.connect_rate,
                 connect_burst: self.limits.connect_burst,
             },
+            ask,
             credentials: Vec::new(),
         })
     }

@@ -4,7 +4,7 @@
 //! authority).
 
 use super::change::{Change, Direction, RiskClass};
-use super::{ChannelView, CredentialView};
+use super::{AskView, ChannelView, CredentialView};
 use crate::grant::{RequestRule, path_has_prefix};
 use crate::pattern::HostPattern;
 
@@ -274,5 +274,53 @@ pub(super) fn channel(old: &ChannelView, new: &ChannelView, out: &mut Vec<Change
                 who(new)
             ),
         );
+    }
+}
+
+/// `ask` (design section 20): added widens (an answer may let a miss through under
+/// another authority), removed narrows; another endpoint widens (another answerer);
+/// a changed timeout or count of held requests is a change.
+pub(super) fn ask(old: Option<&AskView>, new: Option<&AskView>, out: &mut Vec<Change>) {
+    match (old, new) {
+        (None, Some(n)) => out.push(Change::new(
+            RiskClass::Ask,
+            Direction::Widened,
+            &n.endpoint,
+            format!(
+                "ask {} added: a grant miss is held and asked there; an allow_via answer lets it through under another authority",
+                n.endpoint
+            ),
+        )),
+        (Some(o), None) => out.push(Change::new(
+            RiskClass::Ask,
+            Direction::Narrowed,
+            &o.endpoint,
+            format!("ask {} removed: grant misses are denied at once", o.endpoint),
+        )),
+        (Some(o), Some(n)) => {
+            if o.endpoint != n.endpoint {
+                out.push(Change::new(
+                    RiskClass::Ask,
+                    Direction::Widened,
+                    &n.endpoint,
+                    format!(
+                        "ask replaced ({} -> {}): another answerer decides what a grant miss may reach",
+                        o.endpoint, n.endpoint
+                    ),
+                ));
+            }
+            if (o.timeout_s, o.max_pending) != (n.timeout_s, n.max_pending) {
+                out.push(Change::new(
+                    RiskClass::Ask,
+                    Direction::Changed,
+                    "ask_timeout_s",
+                    format!(
+                        "ask_timeout_s {} -> {}, max_pending_asks {} -> {}",
+                        o.timeout_s, n.timeout_s, o.max_pending, n.max_pending
+                    ),
+                ));
+            }
+        }
+        (None, None) => {}
     }
 }

@@ -417,6 +417,30 @@ fn rows() -> Vec<Row> {
             Wide,
             &[(W, K::Channel)],
         ),
+        // Asking the host (design section 20): answers can let a miss through.
+        row(
+            "ask added",
+            a(GH),
+            a(&format!("{GH}\nask = \"admin\"")),
+            Wide,
+            &[(W, K::Ask)],
+        ),
+        row(
+            "ask removed",
+            a(&format!("{GH}\nask = \"unix:/run/ask.sock\"")),
+            a(GH),
+            Narrow,
+            &[(N, K::Ask)],
+        ),
+        row(
+            "ask answered elsewhere",
+            a(&format!("{GH}\nask = \"admin\"")),
+            a(&format!(
+                "{GH}\nask = \"http://127.0.0.1:7000/ask\"\nask_timeout_s = 5"
+            )),
+            Wide,
+            &[(W, K::Ask), (C, K::Ask)],
+        ),
         // Whole authorities and sections.
         row(
             "authority added",
@@ -483,6 +507,7 @@ fn every_risk_class_appears_in_the_table() {
         K::OperatorReason,
         K::SniCheck,
         K::Watchdog,
+        K::Ask,
         K::Limits,
         K::Channel,
         K::Global,
