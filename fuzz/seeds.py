@@ -522,3 +522,30 @@ write(
         ("long-reset", bytes([7]) + h2_frame(0x3, 0, 9, (1).to_bytes(8, "big"))),
     ],
 )
+
+# ---- PROXY protocol v2 headers with the invocation labels (mediator/src/front/proxy_v2.rs) -----
+
+PP2_SIG = b"\r\n\r\n\x00\r\nQUIT\n"
+
+
+def pp2(tlvs, command=0x20, family=0x00, addresses=b""):
+    body = addresses + b"".join(bytes([t]) + len(v).to_bytes(2, "big") + v for t, v in tlvs)
+    return PP2_SIG + bytes([command, family]) + len(body).to_bytes(2, "big") + body
+
+
+write(
+    "proxy_v2",
+    [
+        ("labels", pp2([(0xE0, b"inv-1"), (0xE1, b"tool=call_1"), (0xE1, b"step=2")])),
+        ("labels-then-connect", pp2([(0xE0, b"inv-2")]) + b"CONNECT a.test:443 HTTP/1.1\r\n\r\n"),
+        ("empty", pp2([])),
+        ("noop", pp2([(0x04, b"\x00\x00"), (0xE1, b"k=v")])),
+        ("unknown-custom", pp2([(0xE5, b"x")])),
+        ("two-invocations", pp2([(0xE0, b"a"), (0xE0, b"b")])),
+        ("no-equals", pp2([(0xE1, b"novalue")])),
+        ("proxy-tcp4", pp2([(0xE0, b"i")], command=0x21, family=0x11, addresses=bytes(12))),
+        ("long-length", PP2_SIG + b"\x20\x00\xff\xff"),
+        ("cut", pp2([(0xE0, b"inv-1")])[:20]),
+        ("not-a-header", b"CONNECT a.test:443 HTTP/1.1\r\n\r\n"),
+    ],
+)

@@ -83,6 +83,12 @@ pub(crate) struct DenialEntry {
     pub(crate) status: u16,
     /// The connection's peer, as in the decision log (the shim keeps its own run's).
     pub(crate) peer: Peer,
+    /// The invocation it belongs to (design section 20), if the host named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) invocation: Option<String>,
+    /// The host's tags of the connection.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub(crate) tags: std::collections::BTreeMap<String, String>,
 }
 
 /// A bounded ring of denials; the oldest are dropped (and counted) when full.

@@ -31,6 +31,7 @@ mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod journal;
+pub mod labels;
 mod limits;
 mod members;
 mod metrics;

@@ -252,6 +252,44 @@ impl ReloadResult {
     }
 }
 
+/// How a question to the host ended (design section 20): the `outcome` of a record's
+/// `asked` and the label of `mediator_asks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AskOutcome {
+    /// Answered `allow_via`: judged again under the named authority (which may still deny).
+    AllowVia,
+    /// Answered `deny` (`ask_denied`).
+    Deny,
+    /// No answer in time, or the mediator shut down meanwhile (`ask_timeout`).
+    Timeout,
+    /// Not asked: the authority held `max_pending_asks` already (`ask_overloaded`).
+    Overloaded,
+    /// The client hung up while its request was held.
+    HungUp,
+}
+
+impl AskOutcome {
+    /// Every outcome (metric series are created up front).
+    pub const ALL: [Self; 5] = [
+        Self::AllowVia,
+        Self::Deny,
+        Self::Timeout,
+        Self::Overloaded,
+        Self::HungUp,
+    ];
+
+    /// The contract string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AllowVia => "allow_via",
+            Self::Deny => "deny",
+            Self::Timeout => "timeout",
+            Self::Overloaded => "overloaded",
+            Self::HungUp => "hung_up",
+        }
+    }
+}
+
 macro_rules! string_forms {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {
@@ -278,7 +316,7 @@ macro_rules! string_forms {
     )*};
 }
 
-string_forms!(Protocol, CloseReason, Event, Channel);
+string_forms!(Protocol, CloseReason, Event, Channel, AskOutcome);
 
 /// Serialises a policy [`policy::Reason`] as its contract string (for `#[serde(serialize_with)]`).
 pub(crate) fn serialize_reason<S: Serializer>(r: &policy::Reason, s: S) -> Result<S::Ok, S::Error> {

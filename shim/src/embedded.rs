@@ -283,7 +283,11 @@ impl Embedded {
                     };
                     // The authority as it is now: a rebind moves new connections only.
                     if let crate::control::Bound::Embedded { authority, .. } = binding.current() {
-                        running.serve_embedded(stream, &authority);
+                        running.serve_embedded(
+                            stream,
+                            &authority,
+                            &mediator::labels::Labels::default(),
+                        );
                     }
                 }
             })
@@ -504,6 +508,9 @@ mod tests {
             capture: false,
             credential: Vec::new(),
             upgrade: None,
+            invocation: None,
+            tags: std::collections::BTreeMap::new(),
+            asked: None,
         }
     }
 

@@ -34,7 +34,8 @@ use std::sync::Arc;
 use policy::Target;
 use policy::config::Authority;
 
-use crate::decision_log::Peer;
+use crate::decision_log::{Asked, Peer};
+use crate::labels::Labels;
 use crate::limits::Admission;
 
 /// Who is on the other end of one client connection.
@@ -57,6 +58,12 @@ pub(crate) struct Ctx {
     /// The shim captured this connection transparently (design section 15): the `capture`
     /// log field. Informational only: no decision depends on it.
     pub(crate) capture: bool,
+    /// The host's labels of the connection (design section 20: invocation and tags),
+    /// carried on every record of it. Informational only: no decision depends on them.
+    pub(crate) labels: Option<Arc<Labels>>,
+    /// Set when the request was held for the host's answer and an `allow_via` moved it
+    /// here (design section 20): the records' `asked`.
+    pub(crate) asked: Option<Arc<Asked>>,
 }
 
 impl Ctx {
@@ -74,6 +81,19 @@ impl Ctx {
             request: None,
             admission,
             capture: false,
+            labels: None,
+            asked: None,
+        }
+    }
+
+    /// The same connection, labelled by the host (no labels: unchanged).
+    pub(crate) fn labelled(self, labels: Labels) -> Self {
+        if labels.is_empty() {
+            return self;
+        }
+        Self {
+            labels: Some(Arc::new(labels)),
+            ..self
         }
     }
 

@@ -81,6 +81,13 @@ pub(crate) fn base(
         capture: ctx.capture,
         credential: Vec::new(),
         upgrade: None,
+        invocation: ctx.labels.as_ref().and_then(|l| l.invocation.clone()),
+        tags: ctx
+            .labels
+            .as_ref()
+            .map(|l| l.tags.clone())
+            .unwrap_or_default(),
+        asked: ctx.asked.as_deref().cloned(),
     }
 }
 
@@ -288,6 +295,8 @@ fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
                 detail: rec.detail.clone(),
                 hint: rec.hint.clone(),
                 message: rec.message.clone(),
+                invocation: rec.invocation.clone(),
+                tags: rec.tags.clone(),
                 status: match rec.protocol {
                     Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
                     _ => crate::denial::http_status(rec.reason, rec.cause),

@@ -7,7 +7,7 @@ mod record;
 mod writer;
 
 pub(crate) use record::Line;
-pub use record::{CredentialUse, Peer, Record, now_rfc3339};
+pub use record::{Asked, CredentialUse, Peer, Record, now_rfc3339};
 pub use writer::{DecisionLog, Reopened, Sink, Tap, check_can_open, open_append};
 pub(crate) use writer::{Render, Ship, host_name};
 
@@ -55,6 +55,15 @@ mod tests {
                 host: "api.test".into(),
             }],
             upgrade: Some(policy::UpgradeToken::WebSocket),
+            invocation: Some("inv-1".into()),
+            tags: [("tool".to_owned(), "call_1".to_owned())].into(),
+            asked: Some(Asked {
+                id: "9".into(),
+                from: "agent-b".into(),
+                ms: 120,
+                outcome: crate::vocab::AskOutcome::AllowVia,
+                by: Some("admin token 0123456789ab".into()),
+            }),
         }
     }
 

@@ -11,7 +11,7 @@ use policy::{Reason, Verdict};
 
 use crate::denial::Cause;
 use crate::vocab::{
-    Channel, CloseReason, Event, Protocol, deserialize_reason, deserialize_verdict,
+    AskOutcome, Channel, CloseReason, Event, Protocol, deserialize_reason, deserialize_verdict,
     serialize_reason, serialize_verdict,
 };
 
@@ -191,6 +191,36 @@ pub struct Record {
         deserialize_with = "deserialize_upgrade"
     )]
     pub upgrade: Option<policy::UpgradeToken>,
+    /// The invocation the connection belongs to (design section 20), as the host named
+    /// it outside the sandbox; omitted when none was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invocation: Option<String>,
+    /// The host's tags of the connection (`KEY=VALUE`, design section 20); omitted when
+    /// there are none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// A request held for the host's answer (design section 20): the question, who
+    /// asked, how long it waited and how it ended; omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<Asked>,
+}
+
+/// What a record says of a request held for the host's answer (design section 20).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Asked {
+    /// The question's id (as in `GET /v1/asks`).
+    pub id: String,
+    /// The authority whose grant missed and that asked (the record's `authority` is the
+    /// one an `allow_via` answer moved the request to).
+    pub from: String,
+    /// How long the request was held, in milliseconds.
+    pub ms: u64,
+    /// How the question ended.
+    pub outcome: AskOutcome,
+    /// Who answered: `admin token <id>`, `admin socket uid <uid>`, the endpoint, or
+    /// what the embedding host said; omitted when nobody did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 fn serialize_upgrade<S: serde::Serializer>(

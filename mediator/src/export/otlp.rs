@@ -7,7 +7,8 @@
 //!
 //! Each log record: `time_unix_nano` the decision's time, `severity_number` INFO (allow)
 //! or WARN (deny), `body` the native JSON line, attributes `event`, `decision`, `reason`,
-//! `authority`, `host`, `port`, `id`, `run`; the resource names the service
+//! `authority`, `host`, `port`, `id`, `run`, and when the record has them `invocation`,
+//! `tag.<KEY>` per tag and `asked.id`, `asked.from` (design section 20); the resource names the service
 //! (`service.name` `egress-mediator`, `service.instance.id` the instance).
 
 use std::time::Duration;
@@ -139,6 +140,16 @@ fn decision(record: &Record, line: &[u8], run: &str) -> LogRecord {
     }
     if let Some(p) = record.port {
         attributes.push(attr("port", &p.to_string()));
+    }
+    if let Some(i) = &record.invocation {
+        attributes.push(attr("invocation", i));
+    }
+    for (k, v) in &record.tags {
+        attributes.push(attr(&format!("tag.{k}"), v));
+    }
+    if let Some(asked) = &record.asked {
+        attributes.push(attr("asked.id", &asked.id));
+        attributes.push(attr("asked.from", &asked.from));
     }
     log_record(time, deny, line, attributes, "egress.decision")
 }

@@ -26,7 +26,7 @@ pub use config::{admin_json, config, kioslaverc};
 pub use heads::{basic, h2_resets, http_head, negotiate_offer, upgrade};
 pub use names::{host, pac_answer, pattern, suggest};
 pub use rules::{placeholder, request_rule};
-pub use wire::{client_hello, socks5};
+pub use wire::{client_hello, proxy_v2, socks5};
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -69,6 +69,7 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("negotiate_offer", negotiate_offer),
     ("kioslaverc", kioslaverc),
     ("h2_resets", h2_resets),
+    ("proxy_v2", proxy_v2),
 ];
 
 /// `t`'s text parses back to `t`.

@@ -86,3 +86,43 @@ pub fn client_hello(data: &[u8]) {
         }
     }
 }
+
+/// The PROXY protocol v2 header the shim puts in front of a connection on an authority's
+/// Unix socket (`front::proxy_v2::parse`, with the labels of design section 20).
+/// Properties: a header taken is no longer than the input and its labels keep their
+/// bounds (`crate::labels`), and written again they read back the same; a verdict on a
+/// prefix is "incomplete" or the whole input's (bytes after a header are never read).
+pub fn proxy_v2(data: &[u8]) {
+    use crate::front::proxy_v2::{Parsed, parse};
+    use crate::labels::{MAX_INVOCATION, MAX_KEY, MAX_TAGS, MAX_VALUE};
+    let whole = parse(data);
+    if let Parsed::Header { len, labels } = &whole {
+        assert!(*len <= data.len());
+        assert!(labels.tags.len() <= MAX_TAGS);
+        assert!(
+            labels
+                .tags
+                .iter()
+                .all(|(k, v)| !k.is_empty() && k.len() <= MAX_KEY && v.len() <= MAX_VALUE)
+        );
+        assert!(
+            labels
+                .invocation
+                .as_ref()
+                .is_none_or(|i| !i.is_empty() && i.len() <= MAX_INVOCATION)
+        );
+        let again = labels.proxy_v2_header().unwrap();
+        match parse(&again) {
+            Parsed::Header { labels: back, .. } => assert_eq!(&back, labels),
+            other => panic!("the labels written again do not read back: {other:?}"),
+        }
+        // Only the header's bytes decide.
+        assert_eq!(parse(&data[..*len]), whole);
+    }
+    for cut in [data.len() / 2, data.len().saturating_sub(1)] {
+        let part = parse(&data[..cut]);
+        if part != Parsed::Incomplete && part != Parsed::Absent {
+            assert_eq!(part, whole, "prefix of {cut} bytes");
+        }
+    }
+}

@@ -505,7 +505,11 @@ mod tests {
         // The first tunnel's task panics when its client's bytes say `boom`: its
         // connection closes.
         let (mut broken, server_side) = tokio::io::duplex(4096);
-        assert!(running.serve_embedded(Tripwire(server_side), "a"));
+        assert!(running.serve_embedded(
+            Tripwire(server_side),
+            "a",
+            &crate::labels::Labels::default()
+        ));
         broken
             .write_all(format!("CONNECT ok.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
             .await

@@ -16,6 +16,7 @@ use crate::conn::accept::{attributed_ctx, spawn_conn};
 use crate::control::{Control, CreateError, ReloadRefused, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer};
 use crate::error::Error;
+use crate::labels::Labels;
 use crate::shared::Shared;
 use crate::tls::TlsState;
 
@@ -158,30 +159,33 @@ impl Running {
     }
 
     /// Serves a connection that arrives by other means than a listener (embedded mode):
-    /// it is attributed to `authority`, with channel `embedded`. `false` when no such
-    /// authority is live.
-    pub fn serve_embedded<S>(&self, io: S, authority: &str) -> bool
+    /// it is attributed to `authority`, with channel `embedded`, and every record of it
+    /// carries `labels` (design section 20: the invocation and the host's tags; pass
+    /// `&Labels::default()` for none). `false` when no such authority is live.
+    pub fn serve_embedded<S>(&self, io: S, authority: &str, labels: &Labels) -> bool
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let Some(live) = self.shared.authorities.get(authority) else {
             return false;
         };
-        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded);
+        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded).labelled(labels.clone());
         spawn_conn(&self.shared, io, ctx);
         true
     }
 
     /// [`Self::serve_embedded`] for a connection the shim captured transparently (design
     /// section 15): its lines carry `capture: true`.
-    pub fn serve_captured<S>(&self, io: S, authority: &str) -> bool
+    pub fn serve_captured<S>(&self, io: S, authority: &str, labels: &Labels) -> bool
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let Some(live) = self.shared.authorities.get(authority) else {
             return false;
         };
-        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded).captured();
+        let ctx = attributed_ctx(&self.shared, &live, Peer::Embedded)
+            .captured()
+            .labelled(labels.clone());
         spawn_conn(&self.shared, io, ctx);
         true
     }

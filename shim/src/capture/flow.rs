@@ -95,7 +95,11 @@ impl Dial {
                 {
                     let _in_mediator = handle.enter();
                     let theirs = UnixStream::from_std(theirs)?;
-                    if !running.serve_captured(theirs, &authority) {
+                    if !running.serve_captured(
+                        theirs,
+                        &authority,
+                        &mediator::labels::Labels::default(),
+                    ) {
                         return Err(std::io::Error::other("the embedded authority is gone"));
                     }
                 }

@@ -4,6 +4,7 @@
 
 mod attribution;
 mod forward;
+mod labels;
 mod socks5;
 mod tcp_connect;
 mod unix_channel;
@@ -18,6 +19,7 @@ pub(crate) fn cases() -> Vec<Case> {
         attribution::cases(),
         socks5::cases(),
         forward::cases(),
+        labels::cases(),
     ]
     .concat()
 }
