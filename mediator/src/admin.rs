@@ -11,6 +11,7 @@
 //! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`, `"ttl_s": N`), stored durably in the registry first; 201 (`"persisted"`, `"backend"`), 400 naming each bad field, 409 duplicate, 503 registry unavailable |
 //! | `DELETE /v1/authorities/<name>` | revoke (once the registry's removal is durable); 200, 404, 503 |
 //! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
+//! | `GET /v1/asks`, `GET`/`POST /v1/asks/<id>` | the requests held for the host's answer, and their answers (`asks.rs`, design section 20) |
 //!
 //! `/healthz`, `/readyz` and `/metrics` are always open. With `[listen]
 //! admin_token_sha256`, every other path needs `Authorization: Bearer <token>` (compared
@@ -56,8 +57,10 @@ const MAX_BODY: usize = 64 * 1024;
 /// Time allowed to read a request head.
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-type Body = Full<Bytes>;
+/// An admin answer's body: whole, or the event stream of `/v1/asks`.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
+mod asks;
 mod audit;
 mod since;
 
@@ -211,7 +214,7 @@ async fn route(
             shared
                 .metrics
                 .set_open(open.iter().map(|(name, n)| (name.as_str(), *n)));
-            let mut resp = Response::new(Full::new(Bytes::from(shared.metrics.render())));
+            let mut resp = Response::new(whole(Bytes::from(shared.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
@@ -255,6 +258,8 @@ async fn route(
             Some(live) => json_response(StatusCode::OK, &describe(admin, &live)),
             None => not_found(name),
         },
+        (_, ["v1", "asks"]) => asks::route(req, admin, None, audit).await,
+        (_, ["v1", "asks", id]) => asks::route(req, admin, Some(id), audit).await,
         (&Method::GET, ["v1", "authorities", name, "denials"]) => {
             let Some(live) = shared.authorities.get(name) else {
                 return not_found(name);
@@ -553,7 +558,7 @@ fn create_error(e: CreateError) -> Response<Body> {
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     let mut body = v.to_string();
     body.push('\n');
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    let mut resp = Response::new(whole(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -563,13 +568,18 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
 }
 
 fn text(status: StatusCode, s: &'static str) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from_static(s.as_bytes())));
+    let mut resp = Response::new(whole(Bytes::from_static(s.as_bytes())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// A whole body.
+fn whole(bytes: Bytes) -> Body {
+    BodyExt::boxed_unsync(Full::new(bytes))
 }
 
 fn error(status: StatusCode, message: &str) -> Response<Body> {

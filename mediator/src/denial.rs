@@ -42,6 +42,10 @@ pub enum Cause {
     CommandNotSupported,
     /// A SOCKS5 address type other than IPv4, domain and IPv6 (REP 0x08).
     AddressTypeNotSupported,
+    /// The host's answer to a question (design section 20) named what the mediator does
+    /// not have (an `allow_via` authority that is not live): `403`, never the `407` of a
+    /// credential.
+    Answered,
     /// A limit (design section 13): the client may retry after this many seconds
     /// (`Retry-After`, RFC 9110 section 10.2.3).
     Limited {
@@ -153,7 +157,8 @@ impl Denial {
             | Cause::AfterReply
             | Cause::CredentialRejected
             | Cause::CommandNotSupported
-            | Cause::AddressTypeNotSupported => None,
+            | Cause::AddressTypeNotSupported
+            | Cause::Answered => None,
         }
     }
 
@@ -201,6 +206,7 @@ pub fn http_status(reason: Reason, cause: Cause) -> u16 {
     match (reason, cause) {
         (_, Cause::AfterReply) => 200,
         (Reason::MalformedTarget | Reason::BadRequest, _) => 400,
+        (_, Cause::Answered) => 403,
         (Reason::BadCredential | Reason::UnknownAuthority, _) => 407,
         (Reason::RateLimited | Reason::AskOverloaded, _) => 429,
         (Reason::RegistryUnavailable, _) => 503,

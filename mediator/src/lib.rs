@@ -13,6 +13,7 @@
 //!   shim's embedded mode).
 
 mod admin;
+pub mod ask;
 pub mod audit;
 mod authorities;
 pub mod config;

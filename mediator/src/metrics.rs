@@ -17,6 +17,7 @@
 //! | `mediator_authorities` | gauge | |
 //! | `mediator_limited_total` | counter | `authority`, `limit` (`connections`, `rate`, `unidentified`, `global`) |
 //! | `mediator_open_connections` | gauge | `authority` (client connections it holds) |
+//! | `mediator_asks_*`, `mediator_ask_*` | | asking the host (`crate::ask::metrics`) |
 //! | `process_*` | (process collector) | |
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::ask::metrics::AskMetrics;
 use crate::vocab::Protocol;
 use crate::vocab::{LimitKind, ReloadResult, UpstreamErrorKind};
 
@@ -127,6 +129,7 @@ pub(crate) struct Metrics {
     open: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: prometheus::Gauge,
+    asks: AskMetrics,
     /// The authority names that have series of their own (at most `label_cap`); every
     /// other one is counted under [`OVERFLOW`].
     labelled: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
@@ -206,6 +209,7 @@ impl Metrics {
             &["authority"],
         )?;
         let (reloads, last_reload) = service_families(r)?;
+        let asks = AskMetrics::new(r)?;
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
             limited.with_label_values(&[NO_AUTHORITY, kind.as_str()]);
         }
@@ -232,6 +236,7 @@ impl Metrics {
             open,
             reloads,
             last_reload,
+            asks,
             labelled: Arc::default(),
             label_cap: AUTHORITY_LABEL_CAP,
         })
@@ -251,6 +256,12 @@ impl Metrics {
         } else {
             OVERFLOW
         }
+    }
+
+    /// The families of asking the host, with the `authority` label of `name` (its own, or
+    /// [`OVERFLOW`] beyond the cap).
+    pub(crate) fn asks<'a>(&'a self, name: &'a str) -> (&'a AskMetrics, &'a str) {
+        (&self.asks, self.label(name))
     }
 
     /// Counts one configuration reload; a whole success also sets the time of the last.
@@ -446,6 +457,7 @@ impl Metrics {
         remove_from(&self.open, name, |l| {
             let _ = self.open.remove(l);
         });
+        self.asks.forget(name);
     }
 
     /// Counts one upstream failure.

@@ -1,5 +1,5 @@
 //! The state every connection of one mediator shares, built whole at start (nothing is
-//! set later): the live authorities, metrics, resolver, router, TLS state, decision log,
+//! set later): the live authorities, the requests held for the host's answer, metrics, resolver, router, TLS state, decision log,
 //! the mediator's own addresses, timeouts and limits, the shutdown signals, and the count
 //! of live client connections that a graceful shutdown waits on, and the threads that
 //! serve them.
@@ -12,6 +12,7 @@ use policy::OwnAddrs;
 use policy::config::{Limits, Timeouts};
 use tokio::sync::Notify;
 
+use crate::ask::Asks;
 use crate::authorities::LiveSet;
 use crate::decision_log::DecisionLog;
 use crate::limits::Limiter;
@@ -69,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) authorities: LiveSet,
     /// Shutdown signals.
     pub(crate) signals: Signals,
+    /// The requests held for the host's answer (design section 20).
+    pub(crate) asks: Asks,
     next_id: AtomicU64,
     active: AtomicUsize,
     idle: Notify,
@@ -99,8 +102,10 @@ impl Shared {
     /// The shared state, with no authority yet.
     pub(crate) fn new(parts: Parts) -> Self {
         let boot = parts.boot;
+        let asks = Asks::new(parts.metrics.clone());
         Self {
             parts,
+            asks,
             authorities: LiveSet::starting_at(boot << GENERATION_BITS),
             signals: Signals::new(),
             next_id: AtomicU64::new((boot << ID_BITS) + 1),

@@ -93,9 +93,9 @@ pub(crate) async fn ask(
     }
 }
 
-/// Why the watchdog could not be asked (every one denies).
+/// Why the watchdog (or an `ask` endpoint, `crate::ask::endpoint`) could not be asked.
 #[derive(Debug, thiserror::Error)]
-enum AskError {
+pub(crate) enum AskError {
     #[error("{0}")]
     Json(serde_json::Error),
     #[error("connect {0}: {1}")]
@@ -117,23 +117,47 @@ async fn exchange(
     question: &Question<'_>,
 ) -> Result<Answer, AskError> {
     let body = serde_json::to_vec(question).map_err(AskError::Json)?;
+    let (status, bytes) = post_json(endpoint, body, MAX_ANSWER).await?;
+    if !status.is_success() {
+        return Err(AskError::Status(status));
+    }
+    serde_json::from_slice(&bytes).map_err(AskError::Answer)
+}
+
+/// POSTs the JSON `body` to `endpoint` (HTTP/1.1; a Unix socket's request path is `/`)
+/// and returns the answer's status and body (at most `max` bytes). Unbounded in time: the
+/// caller bounds it.
+///
+/// # Errors
+/// [`AskError`]: the connect, the exchange, or a body over `max`.
+pub(crate) async fn post_json(
+    endpoint: &WatchdogEndpoint,
+    body: Vec<u8>,
+    max: usize,
+) -> Result<(http::StatusCode, Bytes), AskError> {
     match endpoint {
         WatchdogEndpoint::Unix(path) => {
             let stream = UnixStream::connect(path)
                 .await
                 .map_err(|e| AskError::Connect(path.display().to_string(), e))?;
-            post(stream, "localhost", "/", body).await
+            post(stream, "localhost", "/", body, max).await
         }
         WatchdogEndpoint::Http { addr, path } => {
             let stream = TcpStream::connect(addr)
                 .await
                 .map_err(|e| AskError::Connect(addr.to_string(), e))?;
-            post(stream, &addr.to_string(), path, body).await
+            post(stream, &addr.to_string(), path, body, max).await
         }
     }
 }
 
-async fn post<S>(stream: S, host: &str, path: &str, body: Vec<u8>) -> Result<Answer, AskError>
+async fn post<S>(
+    stream: S,
+    host: &str,
+    path: &str,
+    body: Vec<u8>,
+    max: usize,
+) -> Result<(http::StatusCode, Bytes), AskError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -151,16 +175,13 @@ where
         .map_err(AskError::Request)?;
     let resp = sender.send_request(req).await.map_err(AskError::Http)?;
     let status = resp.status();
-    let bytes = Limited::new(resp.into_body(), MAX_ANSWER)
+    let bytes = Limited::new(resp.into_body(), max)
         .collect()
         .await
         .map_err(|e| AskError::Read(e.to_string()))?
         .to_bytes();
     conn.abort();
-    if !status.is_success() {
-        return Err(AskError::Status(status));
-    }
-    serde_json::from_slice(&bytes).map_err(AskError::Answer)
+    Ok((status, bytes))
 }
 
 /// Asks `authority`'s watchdog, when it has one, about one connection to `target`; only an

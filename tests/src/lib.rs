@@ -10,6 +10,7 @@
 //! condition, with a deadline ([`wait`]).
 
 pub mod admin;
+pub mod ask;
 pub mod curl;
 pub mod dconf;
 pub mod dns;

@@ -1,5 +1,6 @@
-//! The admin API's audit records (design section 21): each `POST /v1/authorities` and
-//! `DELETE /v1/authorities/<name>`, done or refused (a missing or wrong token, a body
+//! The admin API's audit records (design section 21): each `POST /v1/authorities`,
+//! `DELETE /v1/authorities/<name>` and `POST /v1/asks/<id>` (an answer, design section
+//! 20), done or refused (a missing or wrong token, a body
 //! that is not an authority), is one record, written before the answer goes out. Who:
 //! the client's address and the id of the token it presented, or the admin socket
 //! peer's uid, gid and pid.
@@ -21,6 +22,7 @@ pub(super) fn pending(req: &Request<Incoming>, peer: &Peer) -> Option<AuditRecor
         (&Method::DELETE, ["v1", "authorities", name]) => {
             (Action::Delete, Some((*name).to_owned()))
         }
+        (&Method::POST, ["v1", "asks", _]) => (Action::AskAnswer, None),
         _ => return None,
     };
     let token = req.headers().get(header::AUTHORIZATION).and_then(|v| {

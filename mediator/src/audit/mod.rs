@@ -15,9 +15,10 @@
 //! what `policy::review` says of it), the record of a reload, and the `Auditor` that
 //! writes and counts; `record.rs` the record as data.
 //!
-//! The answers to asks (design section 20) are to be audited the same way: the code that
-//! applies an answer calls `Auditor::record` with [`Action::AskAnswer`] and the asker's
-//! actor. Nothing here holds a secret: a token is only ever its id.
+//! The answers to questions (design section 20) are audited the same way: the code that
+//! applies an answer (`crate::control::asks`) writes an [`Action::AskAnswer`] record with
+//! who answered and what ([`AskAnswer`]). Nothing here holds a secret: a token is only
+//! ever its id.
 
 pub mod record;
 
@@ -34,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::shared::Shared;
 
 pub use record::{
-    Action, Actor, AuditEvent, AuditRecord, AuditResult, AuthorityChange, ChangeKind,
+    Action, Actor, AskAnswer, AuditEvent, AuditRecord, AuditResult, AuthorityChange, ChangeKind,
 };
 
 impl Actor {

@@ -29,8 +29,8 @@ pub enum Action {
     RegistryDelete,
     /// An authority created with `ttl_s`, revoked at its `expires_at`.
     Expire,
-    /// An answer to an ask (design section 20): written by the code that applies
-    /// answers, once asking exists.
+    /// An answer to a question (design section 20), taken or refused: through the admin
+    /// API, from an `ask` endpoint, or on the shim's control socket.
     AskAnswer,
 }
 
@@ -123,6 +123,40 @@ pub enum Actor {
     },
     /// The `ttl_s` timer.
     Expiry,
+    /// An authority's `ask` endpoint, whose `200` answered a question (design section 20).
+    AskEndpoint {
+        /// The endpoint (`unix:/path`, `http://127.0.0.1:PORT/path`).
+        endpoint: String,
+    },
+    /// A connection to the shim's control socket (embedded mode, design section 20): its
+    /// credentials (`SO_PEERCRED`).
+    ShimControl {
+        /// Peer user id.
+        uid: u32,
+        /// Peer group id.
+        gid: u32,
+        /// Peer process id, when the kernel reported one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<i32>,
+    },
+}
+
+/// What an answer to a question said (design section 20), in its audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskAnswer {
+    /// The question's id.
+    pub id: String,
+    /// The host asked about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The port asked about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// `allow_via` or `deny`.
+    pub answer: String,
+    /// The authority an `allow_via` named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// How an authority changed.
@@ -195,6 +229,9 @@ pub struct AuditRecord {
     /// Why it was refused, or what of it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The answer to a question (`ask_answer`); the question's authority is `authority`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskAnswer>,
 }
 
 impl AuditRecord {
@@ -213,6 +250,7 @@ impl AuditRecord {
             authority: None,
             changes: Vec::new(),
             why: None,
+            ask: None,
         }
     }
 

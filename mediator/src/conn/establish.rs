@@ -21,6 +21,7 @@ use policy::{OwnAddrs, Pin, Reason, Target};
 use tokio_util::sync::CancellationToken;
 
 use super::close::{Facts, Opened};
+use super::held::{self, Watch};
 use super::identify::revoked;
 use super::record::{self, Allowed, Timing};
 use super::standing::{self, Standing, Subject};
@@ -143,8 +144,10 @@ pub(crate) async fn decide_and_vet(
 }
 
 /// Decides, resolves, vets, asks the authority's watchdog and connects, for the authority
-/// `ctx` is attributed to; logs the decision line (allow or deny) and counts it. A
-/// shutdown whose grace ends meanwhile ends the attempt, still with its decision line.
+/// `ctx` is attributed to; logs the decision line (allow or deny) and counts it. A grant
+/// miss of an authority with `ask` is held for the host's answer first (`watch` says how
+/// a client that leaves meanwhile is seen: `super::held`). A shutdown whose grace ends
+/// meanwhile ends the attempt, still with its decision line.
 ///
 /// # Errors
 /// The [`Denial`], already logged.
@@ -153,11 +156,12 @@ pub(crate) async fn establish(
     ctx: &Ctx,
     protocol: Protocol,
     target: &Target,
+    watch: Watch<'_>,
 ) -> Result<Connected, Denial> {
     // Boxed: resolving and connecting take a large future (kilobytes) that is needed only
     // until the connection is up; inline, every connection's task would carry (and move)
     // it for its whole life.
-    let establishing = Box::pin(steps(shared, ctx, protocol, target));
+    let establishing = Box::pin(steps(shared, ctx, protocol, target, watch));
     tokio::select! {
         result = establishing => result,
         () = shared.signals.closing.cancelled() => {
@@ -172,13 +176,16 @@ pub(crate) async fn establish(
 }
 
 /// The steps of [`establish`] in their order (design section 3): the live authority,
-/// the registry's standing, the authority's limits, the name decision, the resolution
-/// and the vetting, the watchdog, the route and the connect, then the connection.
+/// the registry's standing, the authority's limits, the name decision (a miss held for
+/// the host's answer when its authority asks, and on `allow_via` these steps again
+/// under that authority), the resolution and the vetting, the watchdog, the route and
+/// the connect, then the connection.
 async fn steps(
     shared: &Arc<Shared>,
     ctx: &Ctx,
     protocol: Protocol,
     target: &Target,
+    watch: Watch<'_>,
 ) -> Result<Connected, Denial> {
     let label = TargetLabel::from(target);
     let Some(live) = live_for(shared, ctx) else {
@@ -216,8 +223,8 @@ async fn steps(
     let Vetted { pin, rule } = match vetting.outcome {
         Ok(v) => v,
         Err(denial) => {
-            log(Err(&denial), Timing { dns, connect: None });
-            return Err(denial);
+            let refused = Refused { id, denial, dns };
+            return missed(shared, ctx, protocol, target, refused, watch).await;
         }
     };
     if let Err(denial) =
@@ -271,6 +278,44 @@ async fn steps(
         established,
         facts,
     ))
+}
+
+/// A refusal of the decision steps, before any connect.
+struct Refused {
+    /// The decision id.
+    id: u64,
+    denial: Denial,
+    /// The resolution's time, if there was one.
+    dns: Option<Duration>,
+}
+
+/// A refused request: logged and denied, unless its authority asks the host about this
+/// miss (`super::held`); then the host's `allow_via` sends it through the steps again,
+/// under that authority (once: an answer's judgement is never asked about).
+///
+/// # Errors
+/// The [`Denial`], already logged.
+async fn missed(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    protocol: Protocol,
+    target: &Target,
+    refused: Refused,
+    watch: Watch<'_>,
+) -> Result<Connected, Denial> {
+    let Refused { id, denial, dns } = refused;
+    let ask = ctx
+        .authority
+        .as_deref()
+        .and_then(|a| held::askable(ctx, a, &denial));
+    if let Some(ask) = ask {
+        let via = held::hold(shared, ctx, protocol, target, id, denial, ask, watch).await?;
+        return Box::pin(steps(shared, &via, protocol, target, Watch::Dropped)).await;
+    }
+    let label = TargetLabel::from(target);
+    let timing = Timing { dns, connect: None };
+    record::decision(shared, ctx, id, protocol, &label, Err(&denial), timing);
+    Err(denial)
 }
 
 /// How the router reaches the target: absolute-form requests may go to an HTTP parent as

@@ -8,7 +8,8 @@
 //!    SOCKS5, anything else HTTP), which parses the request and canonicalises its target.
 //! 2. [`identify`]: a credential on the shared TCP listener names its authority (SHA-256,
 //!    compared in constant time).
-//! 3. [`establish`]: the grant decides, the name is resolved once, every address vetted,
+//! 3. [`establish`]: the grant decides (a grant miss of an authority with `ask` is held
+//!    for the host's answer first: [`held`]), the name is resolved once, every address vetted,
 //!    the watchdog asked (it can only narrow), the route chosen, the pinned address
 //!    connected to, and one decision line written. `mediator explain` runs the same
 //!    decision steps.
@@ -24,6 +25,7 @@
 pub(crate) mod accept;
 pub(crate) mod close;
 pub(crate) mod establish;
+pub(crate) mod held;
 pub(crate) mod identify;
 pub(crate) mod record;
 pub(crate) mod standing;
@@ -94,6 +96,15 @@ impl Ctx {
         Self {
             labels: Some(Arc::new(labels)),
             ..self
+        }
+    }
+
+    /// The same request, held for the host's answer (design section 20): its records say
+    /// `asked`.
+    pub(crate) fn with_asked(&self, asked: Asked) -> Self {
+        Self {
+            asked: Some(Arc::new(asked)),
+            ..self.clone()
         }
     }
 

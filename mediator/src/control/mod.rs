@@ -10,6 +10,7 @@
 //! the binary at level `info`).
 
 mod apply;
+pub(crate) mod asks;
 pub(crate) mod body;
 mod create;
 pub(crate) mod registry;
@@ -235,6 +236,10 @@ impl Control {
             return Err(CreateError::Duplicate(name));
         }
         self.shared.metrics.prime(&name);
+        if live.authority.ask.is_some() {
+            let (families, label) = self.shared.metrics.asks(&name);
+            families.prime(label);
+        }
         self.shared
             .metrics
             .set_authorities(self.shared.authorities.len());

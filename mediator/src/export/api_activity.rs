@@ -158,6 +158,23 @@ fn actor(actor: &Actor) -> (Value, Value, String) {
             &format!("another writer of the {backend} registry"),
         ),
         Actor::Expiry => named("expiry", "the ttl_s timer"),
+        Actor::AskEndpoint { endpoint } => named(
+            &format!("ask_endpoint:{endpoint}"),
+            &format!("the ask endpoint {endpoint}"),
+        ),
+        Actor::ShimControl { uid, gid: _, pid } => {
+            let pid_text = pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            let mut a =
+                json!({ "user": { "uid": uid.to_string() }, "app_name": "shim control socket" });
+            if let Some(pid) = pid {
+                a["process"] = json!({ "pid": pid });
+            }
+            (
+                a,
+                json!({ "name": format!("shim-control:pid={pid_text},uid={uid}") }),
+                format!("uid {uid} (pid {pid_text}) on the shim's control socket"),
+            )
+        }
     }
 }
 

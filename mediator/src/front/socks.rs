@@ -15,6 +15,7 @@ use policy::{Reason, Target, canonicalize_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::conn::establish::establish;
+use crate::conn::held::Watch;
 use crate::conn::identify::authenticate;
 use crate::conn::{Ctx, TargetLabel, record, tunnel};
 use crate::denial::{Cause, Denial};
@@ -105,7 +106,14 @@ pub(crate) async fn serve<S>(
         Ok(Ok(None)) => return, // already answered (denied)
         Ok(Ok(Some(t))) => t,
     };
-    let connected = match establish(&shared, &ctx, Protocol::Socks5, &target).await {
+    // Held for the host's answer (design section 20), the socket is read: its leaving
+    // ends the hold, and what it sends early goes to the tunnel.
+    let mut early = Vec::new();
+    let watch = Watch::Read {
+        io: &mut io,
+        early: &mut early,
+    };
+    let connected = match establish(&shared, &ctx, Protocol::Socks5, &target, watch).await {
         Ok(c) => c,
         Err(denial) => {
             let _ = reply(&mut io, denial.socks_rep(), None).await;
@@ -120,7 +128,7 @@ pub(crate) async fn serve<S>(
             .finish(RelayOutcome::ended(CloseReason::ClientClosed));
         return;
     }
-    tunnel::run(io, Vec::new(), connected, &target, shared).await;
+    tunnel::run(io, early, connected, &target, shared).await;
 }
 
 /// The method the mediator picks from the client's offer (RFC 1928 section 3): on a Unix

@@ -101,6 +101,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         audit: crate::audit::Auditor::new(&shared.metrics)?,
     };
     let control = Control::new(Arc::clone(&shared), setup);
+    crate::control::asks::start_poster(&control);
     shared.metrics.set_authorities(0);
     let admin_api_on = config.listen.admin.is_some() || config.listen.admin_socket.is_some();
     let added = add_authorities(&control, config.authorities, admin_api_on).await;

@@ -3,6 +3,7 @@
 //! authorities created through the admin API (local; etcd with the feature `etcd`).
 
 mod admin;
+mod asks;
 mod audit;
 mod registry;
 mod rejudge;
@@ -16,6 +17,7 @@ use e2e::harness::Case;
 pub(crate) fn cases() -> Vec<Case> {
     [
         admin::cases(),
+        asks::cases(),
         audit::cases(),
         reload::cases(),
         rejudge::cases(),

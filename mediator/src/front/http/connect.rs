@@ -15,10 +15,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use policy::config::Authority;
 use policy::{Reason, Target, parse_authority_form};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::credentials::authority_of;
 use crate::conn::establish::{Connected, establish};
+use crate::conn::held::Watch;
 use crate::conn::{Ctx, TargetLabel, tunnel};
 use crate::denial::Denial;
 use crate::relay::RelayOutcome;
@@ -40,9 +41,12 @@ pub(crate) enum Fast {
 }
 
 /// Decides a connection's first request, a CONNECT to `target` (as sent), and on allow
-/// writes the `200`.
-pub(crate) async fn connect_fast<S: AsyncWrite + Unpin>(
+/// writes the `200`. While the request is held for the host's answer (design section
+/// 20), `io` is read: what the client sends is appended to `early`, its leaving ends the
+/// hold.
+pub(crate) async fn connect_fast<S: AsyncRead + AsyncWrite + Unpin + Send>(
     io: &mut S,
+    early: &mut Vec<u8>,
     shared: &Arc<Shared>,
     ctx: &Ctx,
     target: &str,
@@ -67,7 +71,8 @@ pub(crate) async fn connect_fast<S: AsyncWrite + Unpin>(
         }
     };
     let ctx = ctx.attributed(&authority);
-    match decide(&uri, shared, &ctx, &authority).await {
+    let watch = Watch::Read { io, early };
+    match decide(&uri, shared, &ctx, &authority, watch).await {
         Ok((connected, target)) => {
             if io.write_all(CONNECT_OK).await.is_err() {
                 connected
@@ -88,7 +93,8 @@ pub(crate) async fn connect(
     ctx: Ctx,
     authority: Arc<Authority>,
 ) -> Response<Body> {
-    let (connected, target) = match decide(req.uri(), &shared, &ctx, &authority).await {
+    let decided = decide(req.uri(), &shared, &ctx, &authority, Watch::Dropped).await;
+    let (connected, target) = match decided {
         Ok(pair) => pair,
         Err(resp) => return resp,
     };
@@ -127,6 +133,7 @@ async fn decide(
     shared: &Arc<Shared>,
     ctx: &Ctx,
     authority: &Authority,
+    watch: Watch<'_>,
 ) -> Result<(Connected, Target), Response<Body>> {
     let target = match uri.authority() {
         Some(a) if uri.scheme().is_none() && uri.path_and_query().is_none() => {
@@ -159,7 +166,7 @@ async fn decide(
             ));
         }
     };
-    match establish(shared, ctx, Protocol::Connect, &target).await {
+    match establish(shared, ctx, Protocol::Connect, &target, watch).await {
         Ok(c) => Ok((c, target)),
         Err(denial) => Err(deny_response(
             Some(authority.grant.name()),

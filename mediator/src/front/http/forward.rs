@@ -22,6 +22,7 @@ use policy::{Reason, Target, canonicalize_host, parse_authority_form};
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::establish::{Connected, establish};
+use crate::conn::held::Watch;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::{Counters, Counting, reporting};
@@ -383,7 +384,7 @@ async fn open(
         closing,
         forward_proxy,
         ..
-    } = match establish(shared, ctx, Protocol::Http, target).await {
+    } = match establish(shared, ctx, Protocol::Http, target, Watch::Dropped).await {
         Ok(c) => c,
         Err(denial) => return Err(deny_response(ctx.authority_name(), label, &denial)),
     };

@@ -91,7 +91,16 @@ pub(crate) async fn serve<S>(
             target,
             proxy_authorization,
             capture: _,
-        } => match connect_fast(&mut io, &shared, &ctx, &target, proxy_authorization).await {
+        } => match connect_fast(
+            &mut io,
+            &mut buf,
+            &shared,
+            &ctx,
+            &target,
+            proxy_authorization,
+        )
+        .await
+        {
             Fast::Allowed(connected, target) => {
                 // The head buffer must not outlive the head: a tunnel keeps only its
                 // early bytes (usually none).
