@@ -549,3 +549,21 @@ write(
         ("not-a-header", b"CONNECT a.test:443 HTTP/1.1\r\n\r\n"),
     ],
 )
+
+# ---- answers to questions of the host (mediator/src/ask/reply.rs) -----
+
+write(
+    "ask_answer",
+    [
+        ("allow-via", '{"allow_via":"agent-wide"}'),
+        ("allow-grant", '{"allow_via":{"allow":["a.test","*.b.test"],"deny":["c.b.test"],"allow_private":["127.0.0.1/32"]}}'),
+        ("deny", '{"deny":"not during the release freeze"}'),
+        ("deny-empty", '{"deny":""}'),
+        ("line", '{"answer":"17","allow_via":"wide"}'),
+        ("both", '{"allow_via":"a","deny":"b"}'),
+        ("twice", '{"deny":"a","deny":"b"}'),
+        ("control-char", '{"deny":"a\\u0007b"}'),
+        ("nested", '{"allow_via":{"allow":[["x"]]}}'),
+        ("not-json", "allow"),
+    ],
+)

@@ -115,3 +115,39 @@ pub fn kioslaverc(data: &[u8]) {
         }
     }
 }
+
+/// An answer to a question (design section 20) as the admin API, an `ask` endpoint and
+/// the shim's control socket read it (`ask::reply`). Properties: the whole input decides
+/// (the body form and the line form agree on the answer when the line names a question);
+/// a `deny` text passes the operator-reason check; an `allow_via` name is 1..=128 bytes of
+/// letters, digits, `.`, `_`, `-`; a grant's lists are bounded and allow something.
+pub fn ask_answer(data: &[u8]) {
+    use crate::ask::reply::{Reply, parse, parse_line};
+    let check = |reply: &Reply| match reply {
+        Reply::AllowVia(name) => {
+            assert!(!name.is_empty() && name.len() <= 128, "{name:?}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            );
+        }
+        Reply::AllowGrant(lists) => {
+            assert!(!lists.allow.is_empty());
+            for list in [&lists.allow, &lists.deny, &lists.allow_private] {
+                assert!(list.len() <= 256);
+            }
+        }
+        Reply::Deny(text) => {
+            if let Some(t) = text {
+                assert!(policy::check_operator_reason(t).is_ok(), "{t:?}");
+            }
+        }
+    };
+    if let Ok(reply) = parse(data) {
+        check(&reply);
+    }
+    if let Ok((id, reply)) = parse_line(data) {
+        assert!(!id.is_empty() && id.len() <= 32);
+        check(&reply);
+    }
+}

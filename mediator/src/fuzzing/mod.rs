@@ -22,7 +22,7 @@ mod names;
 mod rules;
 mod wire;
 
-pub use config::{admin_json, config, kioslaverc};
+pub use config::{admin_json, ask_answer, config, kioslaverc};
 pub use heads::{basic, h2_resets, http_head, negotiate_offer, upgrade};
 pub use names::{host, pac_answer, pattern, suggest};
 pub use rules::{placeholder, request_rule};
@@ -70,6 +70,7 @@ pub const TARGETS: &[(&str, FuzzTarget)] = &[
     ("kioslaverc", kioslaverc),
     ("h2_resets", h2_resets),
     ("proxy_v2", proxy_v2),
+    ("ask_answer", ask_answer),
 ];
 
 /// `t`'s text parses back to `t`.
