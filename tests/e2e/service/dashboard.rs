@@ -1,15 +1,15 @@
 //! The shipped dashboard and alert rules ask only for metrics a mediator exports: every
 //! `mediator_*` and `process_*` name in `docker/grafana-dashboard.json` and
 //! `docker/k8s/deployment/prometheusrule.yaml` is a series of a running mediator's
-//! `/metrics` (with the OTLP export and the local registry on, after one decision and
-//! one authority created through the admin API).
+//! `/metrics` (with the OTLP export and the local registry on, an authority that asks the
+//! host, after one decision and one authority created through the admin API).
 
 use std::collections::BTreeSet;
 
 use anyhow::{Result, ensure};
 use e2e::case;
 use e2e::harness::Case;
-use e2e::{Fixture, agent_a_spec};
+use e2e::{AuthoritySpec, Fixture, agent_a_spec};
 
 use crate::support::mediator;
 
@@ -56,6 +56,12 @@ async fn every_metric_the_dashboard_and_alerts_name_is_exported() -> Result<()> 
         mediator()
             .admin(true)
             .authority(agent_a_spec())
+            // An authority that asks the host: the ask families have its series.
+            .authority(
+                AuthoritySpec::new("asking")
+                    .allow(&["origin.test"])
+                    .raw("ask = \"admin\""),
+            )
             .extra_toml(&format!(
                 "\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:{closed}\"\n"
             )),
