@@ -36,6 +36,8 @@ pub enum Tool {
     /// etcd, the key-value store of the shared registry (design section 17), and its
     /// `etcdctl`.
     Etcd,
+    /// `python3` (the manual's example scripts, `examples/*.py`).
+    Python,
     /// Python's `jsonschema` (a JSON Schema 2020-12 validator), run by `python3`: checks
     /// the OCSF events against the published schema (design section 19).
     Jsonschema,
@@ -65,6 +67,7 @@ impl Tool {
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
             Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
+            Self::Python => &[("python3", "python3")],
             Self::Jsonschema => &[
                 ("python3", "python3"),
                 (

@@ -550,6 +550,49 @@ async fn an_ask_endpoint_answers_or_leaves_it_pending() -> Result<()> {
     Ok(())
 }
 
+/// The manual's host loop (`examples/ask-host.py`, docs/control.md) as a person runs it:
+/// it shows each question from the event stream and answers what is typed (`y`: via
+/// `--via`; `n words`: deny with the words).
+async fn the_manuals_host_loop_answers_what_is_typed() -> Result<()> {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let fx = fixture().await?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ask-host.py");
+    let admin = fx.mediator.admin_addr()?.to_string();
+    let mut host = e2e::Tool::Python
+        .command("python3")?
+        .arg(&script)
+        .args(["--admin", &admin, "--via", WIDE])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut typed = host
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+    let first = connect_held(&fx, NARROW);
+    typed.write_all(b"y\n").await?;
+    let (_, resp) = first.await??;
+    ensure!(resp.status == 200, "{resp:?} {}", resp.text());
+    let second = connect_held(&fx, NARROW);
+    typed.write_all(b"n not during the freeze\n").await?;
+    let (_, resp) = second.await??;
+    let body = check_deny(&resp, 403, "ask_denied")?;
+    ensure!(body["message"] == "not during the freeze", "{body}");
+    // It waits for the next question: stopped, its transcript read.
+    drop(typed);
+    host.start_kill()?;
+    let out = tokio::time::timeout(Duration::from_secs(10), host.wait_with_output()).await??;
+    let said = String::from_utf8_lossy(&out.stdout);
+    println!("{said}");
+    ensure!(
+        said.contains("narrow asks for origin.test:") && said.contains("-> 200"),
+        "{said}"
+    );
+    Ok(())
+}
+
 /// A held request is answered `ask_timeout` when the mediator shuts down, never allowed.
 async fn the_shutdown_answers_held_requests_ask_timeout() -> Result<()> {
     let mut fx = fixture().await?;
@@ -579,5 +622,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(socks5_and_absolute_form_are_held_and_the_event_stream_sees_them),
         case!(an_ask_endpoint_answers_or_leaves_it_pending),
         case!(the_shutdown_answers_held_requests_ask_timeout),
+        case!(the_manuals_host_loop_answers_what_is_typed).needs(&[e2e::Tool::Python]),
     ]
 }
