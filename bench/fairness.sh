@@ -11,7 +11,9 @@
 # Scenarios: baseline; hold (the abuser holds as many tunnels as it is granted, on its
 # socket and over TCP); flood (12,000 silent TCP connections kept up); storm (the abuser
 # opens and closes tunnels as fast as it can over 32 connections); slow (2,000 clients
-# sending one byte of a head per second).
+# sending one byte of a head per second); asks (the abuser, whose grant misses 127.0.0.2
+# and who asks the host, storms CONNECTs there that nobody answers: max_pending_asks held,
+# the rest refused ask_overloaded at once; design section 20).
 #
 # Prints a Markdown table (p50, p99, max, errors per scenario) and writes it with the raw
 # JSON lines to bench/results/fairness.md. Knobs: DURATION (5 s measured), SETTLE (3 s).
@@ -75,6 +77,8 @@ name = "abuser"
 allow = ["127.0.0.1"]
 allow_private = ["127.0.0.0/8"]
 token_sha256 = "$(hash abuser-token)"
+ask = "admin"
+ask_timeout_s = 600
 
 [[authority]]
 name = "quiet"
@@ -130,6 +134,12 @@ sleep "$SETTLE"; measure storm; stop_abuse
 log "slow: 2,000 slow heads"
 abuse slow-heads --via "tcp:127.0.0.1:$port" --count 2000 --parallel 64
 sleep "$SETTLE"; measure slow; stop_abuse
+
+log "asks: the abuser storms questions nobody answers (outside its grant)"
+"$bin/abuse" --kind connect-storm --via "unix:$work/sockets/abuser.sock" \
+    --origin "127.0.0.2:${origin##*:}" --parallel 32 --duration 600 >>"$work/abuse.jsonl" &
+abuse_pids+=($!); pids+=($!)
+sleep "$SETTLE"; measure asks; stop_abuse
 
 mkdir -p bench/results
 python3 - "$work/results.jsonl" "$ready" "$(git rev-parse --short HEAD)" <<'PY' | tee bench/results/fairness.md

@@ -550,6 +550,50 @@ async fn an_ask_endpoint_answers_or_leaves_it_pending() -> Result<()> {
     Ok(())
 }
 
+/// Abuse: one authority floods questions (far more than its `max_pending_asks`, nobody
+/// answers) while another authority's allowed traffic goes on: every one of its tunnels
+/// is served, none is held, and the flood holds exactly its maximum. (Latency under the
+/// flood is measured by `bench/fairness.sh`, scenario `asks`, not here.)
+async fn one_authority_flooding_questions_does_not_hold_up_another() -> Result<()> {
+    let fx = fixture_with("admin", &["max_pending_asks = 8", "ask_timeout_s = 60"]).await?;
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        flood.push(connect_held(&fx, NARROW));
+    }
+    // The eight held, the rest refused at once.
+    fx.mediator
+        .wait_for_count(|v| v["reason"] == "ask_overloaded", 32, LOG_TIMEOUT)
+        .await?;
+    ensure!(fx.mediator.asks().await?.len() == 8);
+    let started = Instant::now();
+    for i in 0..20 {
+        let mut conn = fx.unix_conn(WIDE).await?;
+        let resp = conn.connect(&fx.origin_target(), None).await?;
+        ensure!(resp.status == 200, "tunnel {i}: {resp:?}");
+        let inner = conn.get(&fx.origin_target(), "/meanwhile", true).await?;
+        ensure!(inner.status == 200, "tunnel {i}: {inner:?}");
+    }
+    println!(
+        "20 tunnels of another authority beside the flood: {:?}",
+        started.elapsed()
+    );
+    ensure!(fx.mediator.asks().await?.len() == 8, "the flood grew");
+    for q in fx.mediator.asks().await? {
+        answered_ok(&fx, q["id"].as_str().unwrap_or_default(), r#"{"deny":""}"#).await?;
+    }
+    let mut statuses = Vec::new();
+    for task in flood {
+        statuses.push(task.await??.1.status);
+    }
+    statuses.sort_unstable();
+    ensure!(
+        statuses.iter().filter(|s| **s == 403).count() == 8
+            && statuses.iter().filter(|s| **s == 429).count() == 32,
+        "{statuses:?}"
+    );
+    Ok(())
+}
+
 /// The manual's host loop (`examples/ask-host.py`, docs/control.md) as a person runs it:
 /// it shows each question from the event stream and answers what is typed (`y`: via
 /// `--via`; `n words`: deny with the words).
@@ -622,6 +666,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(socks5_and_absolute_form_are_held_and_the_event_stream_sees_them),
         case!(an_ask_endpoint_answers_or_leaves_it_pending),
         case!(the_shutdown_answers_held_requests_ask_timeout),
+        case!(one_authority_flooding_questions_does_not_hold_up_another),
         case!(the_manuals_host_loop_answers_what_is_typed).needs(&[e2e::Tool::Python]),
     ]
 }
