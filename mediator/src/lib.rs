@@ -60,6 +60,7 @@ pub mod vocab;
 mod watchdog;
 mod writable;
 
+pub use control::asks::Refused as AnswerRefused;
 pub use control::body::{BodyError as StrictJsonError, parse as parse_strict_json};
 pub use control::registry::inspect::{Listed, Listing};
 pub use control::{ReloadRefused, ReloadReport};

@@ -266,16 +266,20 @@ pub enum AskOutcome {
     Overloaded,
     /// The client hung up while its request was held.
     HungUp,
+    /// Nobody was there to ask (the embedding shim had no control connection open): the
+    /// grant miss stood, at once.
+    NoHost,
 }
 
 impl AskOutcome {
     /// Every outcome (metric series are created up front).
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::AllowVia,
         Self::Deny,
         Self::Timeout,
         Self::Overloaded,
         Self::HungUp,
+        Self::NoHost,
     ];
 
     /// The contract string.
@@ -286,6 +290,7 @@ impl AskOutcome {
             Self::Timeout => "timeout",
             Self::Overloaded => "overloaded",
             Self::HungUp => "hung_up",
+            Self::NoHost => "no_host",
         }
     }
 }

@@ -37,7 +37,7 @@ impl AskMetrics {
         let asked = IntCounterVec::new(
             Opts::new(
                 "mediator_asks_total",
-                "Requests held for the host's answer (design section 20), by the asking authority and outcome: allow_via (judged again under another authority), deny, timeout, overloaded (max_pending_asks), hung_up (the client left).",
+                "Requests held for the host's answer (design section 20), by the asking authority and outcome: allow_via (judged again under another authority), deny, timeout, overloaded (max_pending_asks), hung_up (the client left), no_host (nobody to ask: the embedding shim had no control connection).",
             ),
             &["authority", "outcome"],
         )?;

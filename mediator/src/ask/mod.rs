@@ -80,6 +80,9 @@ pub(crate) enum Answer {
     AllowVia(String),
     /// Deny it, `ask_denied`, with the host's words as `message` (none when empty).
     Deny(Option<String>),
+    /// Nobody is there to ask (the embedding shim has no control connection open): the
+    /// miss stands as it was, at once.
+    Decline,
 }
 
 /// An answer and who gave it.

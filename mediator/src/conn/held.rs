@@ -246,6 +246,10 @@ pub(crate) async fn hold(
             answer: Answer::Deny(_),
             ..
         }) => AskOutcome::Deny,
+        Ok(Answered {
+            answer: Answer::Decline,
+            ..
+        }) => AskOutcome::NoHost,
         Err(Unanswered::Left) => AskOutcome::HungUp,
         Err(Unanswered::Timeout | Unanswered::Shutdown) => AskOutcome::Timeout,
     };
@@ -282,6 +286,10 @@ pub(crate) async fn hold(
 fn answer(req: &Req<'_>, since: Instant, answered: Answered) -> Result<Ctx, Denial> {
     let Answered { answer, by } = answered;
     match answer {
+        Answer::Decline => Err(req.deny(
+            req.asked(since, AskOutcome::NoHost, Some(by)),
+            req.miss.clone(),
+        )),
         Answer::Deny(message) => {
             let asked = req.asked(since, AskOutcome::Deny, Some(by));
             let mut denial = Denial::new(

@@ -27,7 +27,7 @@ const MAX_ANSWER: usize = 16 * 1024;
 
 /// Why an answer was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Refused {
+pub enum Refused {
     /// `400`: an answer this path cannot take (an `allow_via` grant outside the shim's
     /// embedded mode).
     #[error("{0}")]

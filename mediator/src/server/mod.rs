@@ -12,6 +12,7 @@ use policy::config::Config;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+mod asking;
 mod check;
 mod running;
 
