@@ -155,6 +155,12 @@ pub(crate) struct Options {
     /// local origin (repeatable; a non-public ADDR also needs --allow-private).
     #[arg(long, value_name = "NAME=ADDR")]
     pub(crate) resolve: Vec<String>,
+
+    /// A label the host puts on every record of this run (repeatable; e.g. the agent's
+    /// tool-call id, `--tag tool=call_12`), beside the run's random invocation id. Set
+    /// outside the sandbox: the command cannot add, change or remove one.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub(crate) tag: Vec<String>,
 }
 
 /// A protection that the user may explicitly give up when the kernel lacks it.
@@ -233,6 +239,7 @@ impl Options {
             capture: over.capture.or(self.capture),
             quiet_denials: self.quiet_denials || over.quiet_denials,
             resolve: cat(self.resolve, over.resolve),
+            tag: cat(self.tag, over.tag),
         }
     }
 }
@@ -347,6 +354,8 @@ pub struct Settings {
     pub(crate) listen_fd: Vec<i32>,
     /// `--control PATH`: the rebind socket.
     pub(crate) control: Option<PathBuf>,
+    /// The run's invocation id and `--tag`s (design section 20).
+    pub(crate) labels: mediator::labels::Labels,
 }
 
 impl Settings {
@@ -427,7 +436,6 @@ impl Settings {
                 ));
             }
         };
-        let report = (o.report || o.report_file.is_some()).then_some(o.report_file);
         // An explicit CA wins over the one the config implies.
         let ca_cert = match o.ca_cert {
             Some(path) => Some(CaCert {
@@ -442,7 +450,7 @@ impl Settings {
             deny_read: o.deny_read,
             allow_read: o.allow_read,
             allow_unix_sockets: o.allow_unix_sockets,
-            report,
+            report: (o.report || o.report_file.is_some()).then_some(o.report_file),
             violations: o.violations,
             allow_degraded: o.allow_degraded,
             ca_cert,
@@ -460,6 +468,7 @@ impl Settings {
             pass_fd: cli.pass_fd,
             listen_fd: cli.listen_fd,
             control: cli.control,
+            labels: crate::invocation::labels(&o.tag)?,
         })
     }
 }

@@ -11,6 +11,12 @@
 //! [`Binding`] is the one place new connections read their channel from: the relay, the
 //! embedded listener, capture's dial and capture's stub resolver (its grant, in embedded
 //! mode).
+//!
+//! In embedded mode the socket also carries the run's questions (design section 20,
+//! `crate::asking`): `{"ask": {...}}` lines to every connection, and the host's
+//! `{"answer": "<id>", "allow_via": ...}` or `{"answer": "<id>", "deny": "..."}` back
+//! (`{"allow_via": {"allow": [...]}}` makes a new in-process authority with that grant).
+//! Up to [`MAX_CLIENTS`] connections are served at once, each on a thread of its own.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -25,8 +31,12 @@ use crate::error::{Error, Result};
 /// Longest command line read from the control socket.
 const MAX_LINE: u64 = 64 * 1024;
 
-/// How long a control client may stay silent before it is disconnected.
+/// How long a control client may stay silent before it is disconnected, when the socket
+/// carries no questions (a host waiting for questions is silent by design).
 const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Control connections served at once (one more is told so and closed).
+pub(crate) const MAX_CLIENTS: usize = 8;
 
 /// Most rebinds a run keeps for its report (later ones are still made, and counted).
 const MAX_REBINDS: usize = 1_000;
@@ -66,22 +76,42 @@ pub(crate) struct Rebind {
     pub(crate) to: String,
 }
 
-/// The channel new connections take, swapped by a rebind.
+/// The channel new connections take, swapped by a rebind, and the labels every one of
+/// them carries (the run's invocation and tags, design section 20).
 #[derive(Debug)]
 pub(crate) struct Binding {
     first: Bound,
     current: RwLock<Bound>,
     rebinds: Mutex<(Vec<Rebind>, u64)>,
+    labels: mediator::labels::Labels,
+    /// `labels` as the PROXY protocol v2 header written before a connection's first byte
+    /// on an authority's socket.
+    header: Vec<u8>,
 }
 
 impl Binding {
-    /// Bound to `first`.
-    pub(crate) fn new(first: Bound) -> Self {
+    /// Bound to `first`, every connection labelled `labels`.
+    pub(crate) fn new(first: Bound, labels: mediator::labels::Labels) -> Self {
+        // Labels built by `Labels::new` always fit a header (their bounds are far below
+        // its size); an empty header would only leave them off.
+        let header = labels.proxy_v2_header().unwrap_or_default();
         Self {
             current: RwLock::new(first.clone()),
             first,
             rebinds: Mutex::new((Vec::new(), 0)),
+            labels,
+            header,
         }
+    }
+
+    /// The run's labels.
+    pub(crate) fn labels(&self) -> &mediator::labels::Labels {
+        &self.labels
+    }
+
+    /// The labels' header, to write before anything else on an authority's socket.
+    pub(crate) fn header(&self) -> &[u8] {
+        &self.header
     }
 
     /// The channel the run started on.
@@ -136,6 +166,38 @@ impl Binding {
 /// Turns the value of a `rebind` command into the channel it names (checked), or says
 /// why it cannot.
 pub(crate) type Rebinder = Box<dyn FnMut(&serde_json::Value) -> Result<Bound> + Send>;
+
+/// Applies the host's answer to a question (embedded mode): the question's id, the
+/// answer, who gave it; returns what the host is told.
+pub(crate) type Answerer = Box<
+    dyn FnMut(
+            &str,
+            mediator::ask::reply::Reply,
+            mediator::audit::Actor,
+        ) -> Result<serde_json::Value>
+        + Send,
+>;
+
+/// Asking through the control socket (embedded mode with `--control`).
+pub(crate) struct AskingHost {
+    /// Where questions go.
+    pub(crate) asking: Arc<crate::asking::Asking>,
+    /// How answers are applied.
+    pub(crate) answerer: Answerer,
+    /// The questions pending now (for a connection that arrives late).
+    pub(crate) pending: PendingFn,
+}
+
+/// What every control connection shares.
+struct Served {
+    binding: Arc<Binding>,
+    rebinder: Mutex<Rebinder>,
+    host: Option<(Arc<crate::asking::Asking>, Mutex<Answerer>, PendingFn)>,
+    clients: std::sync::atomic::AtomicUsize,
+}
+
+/// The questions pending now.
+pub(crate) type PendingFn = Box<dyn Fn() -> Vec<Arc<mediator::ask::Question>> + Send + Sync>;
 
 /// The control socket, bound before the sandbox is built (so that it can be masked in
 /// it), served once the channel runs; its file is removed when it is dropped.
@@ -193,22 +255,51 @@ impl ControlSocket {
         &self.path
     }
 
-    /// Serves commands on a thread of its own until the shim exits.
+    /// Serves commands until the shim exits: each connection on a thread of its own, at
+    /// most [`MAX_CLIENTS`] at once; with `host` (embedded mode), questions go out on
+    /// every connection and answers come back.
     ///
     /// # Errors
     /// [`Error::Io`] when the thread cannot start.
-    pub(crate) fn serve(&mut self, binding: Arc<Binding>, rebinder: Rebinder) -> Result<()> {
+    pub(crate) fn serve(
+        &mut self,
+        binding: Arc<Binding>,
+        rebinder: Rebinder,
+        host: Option<AskingHost>,
+    ) -> Result<()> {
         let Some(listener) = self.listener.take() else {
             return Ok(());
         };
-        let mut rebinder = rebinder;
+        let served = Arc::new(Served {
+            binding,
+            rebinder: Mutex::new(rebinder),
+            host: host.map(|h| (h.asking, Mutex::new(h.answerer), h.pending)),
+            clients: std::sync::atomic::AtomicUsize::new(0),
+        });
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                // One client at a time: only the caller (mode 0600) can connect.
+                use std::sync::atomic::Ordering;
                 for conn in listener.incoming() {
-                    let Ok(conn) = conn else { continue };
-                    serve_one(conn, &binding, &mut rebinder);
+                    let Ok(mut conn) = conn else { continue };
+                    if served.clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                        served.clients.fetch_sub(1, Ordering::AcqRel);
+                        let busy = error(&format!(
+                            "{MAX_CLIENTS} control connections are open already"
+                        ));
+                        let _ = conn.write_all(format!("{busy}\n").as_bytes());
+                        continue;
+                    }
+                    let served = Arc::clone(&served);
+                    let spawned = std::thread::Builder::new()
+                        .name("control-conn".into())
+                        .spawn(move || {
+                            serve_one(conn, &served);
+                            served.clients.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        eprintln!("shim: a control connection cannot get a thread");
+                    }
                 }
             })
             .map(drop)
@@ -224,42 +315,63 @@ impl Drop for ControlSocket {
     }
 }
 
-/// Answers each line of one client with one JSON line.
-fn serve_one(conn: UnixStream, binding: &Binding, rebinder: &mut Rebinder) {
-    // One client at a time: an idle one gives way to the next after this long.
-    let _ = conn.set_read_timeout(Some(IDLE));
-    let Ok(mut out) = conn.try_clone() else {
+/// Answers each line of one client with one JSON line; with asking on, it also gets the
+/// run's questions.
+fn serve_one(conn: UnixStream, served: &Served) {
+    if served.host.is_none() {
+        // Without questions to wait for, an idle client is disconnected after this long.
+        let _ = conn.set_read_timeout(Some(IDLE));
+    }
+    let actor = actor_of(&conn);
+    let Ok(out) = conn.try_clone() else {
         return;
     };
+    let out = Arc::new(Mutex::new(out));
+    if let Some((asking, _, pending)) = &served.host {
+        asking.subscribe(&out, &pending());
+    }
     let mut reader = BufReader::new(conn);
     loop {
         let mut line = Vec::new();
         match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        if !line.ends_with(b"\n") && line.len() as u64 >= MAX_LINE {
-            let _ = writeln!(
-                out,
-                "{}",
-                error(&format!("a command line is at most {MAX_LINE} bytes"))
-            );
-            return;
-        }
-        let answer = match command(&line, binding, rebinder) {
-            Ok(r) => {
-                eprintln!(
-                    "shim: rebound: new connections go to {} (was {})",
-                    r.to, r.from
-                );
-                serde_json::json!({"ok": true, "rebind": r})
-            }
-            Err(e) => error(&e.to_string()),
+        let too_long = !line.ends_with(b"\n") && line.len() as u64 >= MAX_LINE;
+        let answer = if too_long {
+            error(&format!("a command line is at most {MAX_LINE} bytes"))
+        } else {
+            command(&line, served, &actor).unwrap_or_else(|e| error(&e.to_string()))
         };
         // One write per answer: a client reading once gets the whole line.
-        if out.write_all(format!("{answer}\n").as_bytes()).is_err() {
-            return;
+        let sent = out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .write_all(format!("{answer}\n").as_bytes());
+        if sent.is_err() || too_long {
+            break;
         }
+    }
+    if let Some((asking, _, _)) = &served.host {
+        asking.unsubscribe(&out);
+    }
+}
+
+/// Who is on the other end of a control connection (`SO_PEERCRED`), for the audit
+/// record of its answers.
+fn actor_of(conn: &UnixStream) -> mediator::audit::Actor {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    match getsockopt(conn, PeerCredentials) {
+        Ok(c) => mediator::audit::Actor::ShimControl {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: (c.pid() > 0).then_some(c.pid()),
+        },
+        Err(_) => mediator::audit::Actor::ShimControl {
+            uid: u32::MAX,
+            gid: u32::MAX,
+            pid: None,
+        },
     }
 }
 
@@ -267,8 +379,41 @@ fn error(why: &str) -> serde_json::Value {
     serde_json::json!({"ok": false, "error": why})
 }
 
-/// One command: `{"rebind": VALUE}` and nothing else.
-fn command(line: &[u8], binding: &Binding, rebinder: &mut Rebinder) -> Result<Rebind> {
+/// One command line: `{"rebind": VALUE}`, or (embedded mode with asking) `{"answer":
+/// "<id>", ...}`; what the client is told.
+fn command(
+    line: &[u8],
+    served: &Served,
+    actor: &mediator::audit::Actor,
+) -> Result<serde_json::Value> {
+    let is_answer = mediator::parse_strict_json(line)
+        .ok()
+        .is_some_and(|v| v.get("answer").is_some());
+    if !is_answer {
+        let mut rebinder = served
+            .rebinder
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let r = rebind(line, &served.binding, &mut rebinder)?;
+        eprintln!(
+            "shim: rebound: new connections go to {} (was {})",
+            r.to, r.from
+        );
+        return Ok(serde_json::json!({"ok": true, "rebind": r}));
+    }
+    let Some((_, answerer, _)) = &served.host else {
+        return Err(Error::Usage(
+            "socket mode: questions belong to the authority's own ask setting; answer them through the mediator's admin API (POST /v1/asks/<id>)".into(),
+        ));
+    };
+    let (id, reply) =
+        mediator::ask::reply::parse_line(line).map_err(|e| Error::Usage(format!("answer: {e}")))?;
+    let mut answerer = answerer.lock().unwrap_or_else(PoisonError::into_inner);
+    answerer(&id, reply, actor.clone())
+}
+
+/// `{"rebind": VALUE}` and nothing else.
+fn rebind(line: &[u8], binding: &Binding, rebinder: &mut Rebinder) -> Result<Rebind> {
     // Strict: a key given twice is refused, never "the last one wins" (a host reading its
     // own command must see the grant that applies).
     let v = mediator::parse_strict_json(line).map_err(|e| {
@@ -374,7 +519,10 @@ mod tests {
 
     #[test]
     fn a_rebind_is_listed_and_new_connections_take_it() {
-        let b = Binding::new(Bound::Socket("/run/m/a.sock".into()));
+        let b = Binding::new(
+            Bound::Socket("/run/m/a.sock".into()),
+            mediator::labels::Labels::default(),
+        );
         let r = b.rebind(Bound::Socket("/run/m/b.sock".into()));
         assert_eq!(
             (r.from.as_str(), r.to.as_str()),
@@ -412,10 +560,13 @@ mod tests {
 
     #[test]
     fn commands_are_checked() {
-        let b = Binding::new(Bound::Socket("/nonexistent/a.sock".into()));
+        let b = Binding::new(
+            Bound::Socket("/nonexistent/a.sock".into()),
+            mediator::labels::Labels::default(),
+        );
         let mut r = socket_rebinder(Path::new("/nonexistent/a.sock"), false);
         let e =
-            |line: &str, r: &mut Rebinder| command(line.as_bytes(), &b, r).unwrap_err().to_string();
+            |line: &str, r: &mut Rebinder| rebind(line.as_bytes(), &b, r).unwrap_err().to_string();
         assert!(e("nope", &mut r).contains("not a JSON line"));
         assert!(e(r#"{"edit": {}}"#, &mut r).contains("unknown command"));
         assert!(e(r#"{"rebind": "b", "x": 1}"#, &mut r).contains("one key"));

@@ -26,12 +26,13 @@ pub(crate) fn config(
     deny: &[String],
     allow_private: &[String],
     resolve: &[String],
+    asks: bool,
 ) -> Result<(policy::config::Config, policy::Grant)> {
     let bad_resolve: Vec<BadFlag> = resolve
         .iter()
         .filter_map(|v| resolve_entry(v).err())
         .collect();
-    let built = authority(AUTHORITY, allow, deny, allow_private);
+    let built = authority(AUTHORITY, allow, deny, allow_private, asks);
     let (authority, names) = match (built, bad_resolve.is_empty()) {
         (Ok(a), true) => a,
         (Ok(_), false) => return Err(Error::Grant(bad_resolve)),
@@ -59,11 +60,12 @@ pub(crate) fn config(
 /// # Errors
 /// [`Error::Grant`] naming every flag value the policy rejects (`--allow '*.com': ...`);
 /// [`Error::Usage`] if the grant they make together is refused.
-fn authority(
+pub(crate) fn authority(
     name: &str,
     allow: &[String],
     deny: &[String],
     allow_private: &[String],
+    asks: bool,
 ) -> Result<(policy::config::Authority, policy::Grant)> {
     let problems: Vec<BadFlag> = allow
         .iter()
@@ -104,8 +106,13 @@ fn authority(
             socket_gid: None,
             watchdog: None,
             limits: policy::config::AuthorityLimits::default(),
-            // Asking in embedded mode comes with `--control` (design section 20).
-            ask: None,
+            // Asking in embedded mode comes with `--control` (design section 20): the
+            // host answers on the control socket, through the mediator's own handle.
+            ask: asks.then_some(policy::config::Ask {
+                endpoint: policy::config::AskEndpoint::Admin,
+                timeout: policy::config::DEFAULT_ASK_TIMEOUT,
+                max_pending: policy::config::DEFAULT_MAX_PENDING_ASKS,
+            }),
             credentials: Vec::new(),
         },
         names,
@@ -154,6 +161,8 @@ pub(crate) struct Lazy {
     running: tokio::sync::OnceCell<Arc<mediator::Running>>,
     /// What the first start takes.
     pending: std::sync::Mutex<Option<(policy::config::Config, mediator::Options)>>,
+    /// With `--control`: where the mediator's questions go once it runs.
+    asking: Option<Arc<crate::asking::Asking>>,
 }
 
 impl Lazy {
@@ -170,7 +179,13 @@ impl Lazy {
                 // Taken by a start that failed: it said why.
                 let (config, options) = pending.ok_or(())?;
                 match mediator::start(config, options).await {
-                    Ok(running) => Ok(Arc::new(running)),
+                    Ok(running) => {
+                        let running = Arc::new(running);
+                        if let Some(asking) = &self.asking {
+                            asking.relay(&running);
+                        }
+                        Ok(running)
+                    }
                     Err(e) => {
                         eprintln!(
                             "shim: the embedded mediator cannot start ({e}): connections are refused"
@@ -200,6 +215,8 @@ pub(crate) struct Embedded {
     binding: Arc<crate::control::Binding>,
     /// Connections accepted from the sandbox.
     pub(crate) connections: Arc<AtomicU64>,
+    /// With `--control`: the run's questions (design section 20).
+    asking: Option<Arc<crate::asking::Asking>>,
 }
 
 impl Embedded {
@@ -245,11 +262,18 @@ impl Embedded {
             Some(f) => mediator::Sink::Opened(Arc::new(f)),
             None => mediator::Sink::Discard,
         };
+        // The run asks when its authority does (`--control`, `crate::embedded::config`).
+        let asks = config.authorities.iter().any(|a| a.ask.is_some());
+        let asking = asks.then(crate::asking::Asking::new);
         let tap: mediator::Tap = {
             let denials = Arc::clone(&denials);
+            let asking = asking.clone();
             Arc::new(move |rec: &mediator::Record| {
                 if let Some(d) = denial_of(rec) {
                     denials.push(d);
+                }
+                if let Some(a) = &asking {
+                    a.record(rec);
                 }
             })
         };
@@ -262,6 +286,7 @@ impl Embedded {
                     tap: Some(tap),
                 },
             ))),
+            asking: asking.clone(),
         });
         listener
             .set_nonblocking(true)
@@ -283,11 +308,7 @@ impl Embedded {
                     };
                     // The authority as it is now: a rebind moves new connections only.
                     if let crate::control::Bound::Embedded { authority, .. } = binding.current() {
-                        running.serve_embedded(
-                            stream,
-                            &authority,
-                            &mediator::labels::Labels::default(),
-                        );
+                        running.serve_embedded(stream, &authority, binding.labels());
                     }
                 }
             })
@@ -298,6 +319,7 @@ impl Embedded {
             accept,
             binding,
             connections,
+            asking,
         })
     }
 
@@ -316,6 +338,7 @@ impl Embedded {
     /// earlier bindings stay live: their open connections finish on them. Runs on the
     /// control socket's thread (it may start the mediator).
     pub(crate) fn rebinder(&self) -> crate::control::Rebinder {
+        let asks = self.asking.is_some();
         let mediator = Arc::downgrade(&self.mediator);
         let handle = self.runtime.handle().clone();
         let mut count = 0u32;
@@ -336,14 +359,8 @@ impl Embedded {
                 ))
             })?;
             let name = format!("rebind-{}", count + 1);
-            let (authority, names) = authority(&name, &g.allow, &g.deny, &g.allow_private)?;
-            let stopped = || Error::Usage("the embedded mediator has stopped".into());
-            let mediator = mediator.upgrade().ok_or_else(stopped)?;
-            let running = handle
-                .block_on(handle.spawn(async move { mediator.get().await }))
-                .ok()
-                .flatten()
-                .ok_or_else(|| Error::Usage("the embedded mediator did not start".into()))?;
+            let (authority, names) = authority(&name, &g.allow, &g.deny, &g.allow_private, asks)?;
+            let running = running_now(&mediator, &handle)?;
             let _in_mediator = handle.enter();
             running
                 .add_authority(authority)
@@ -354,6 +371,31 @@ impl Embedded {
                 grant: Arc::new(names),
             })
         })
+    }
+
+    /// Asking through `--control` (design section 20), when the run asks: where the
+    /// questions go, how answers are applied (`crate::asking::answerer`).
+    pub(crate) fn asking_host(&self) -> Option<crate::control::AskingHost> {
+        let asking = Arc::clone(self.asking.as_ref()?);
+        let lazy = Arc::downgrade(&self.mediator);
+        let pending = {
+            let lazy = lazy.clone();
+            Box::new(move || {
+                lazy.upgrade()
+                    .and_then(|l| l.started().map(|r| r.pending_questions()))
+                    .unwrap_or_default()
+            })
+        };
+        Some(crate::control::AskingHost {
+            asking,
+            answerer: crate::asking::answerer(lazy, self.runtime.handle().clone()),
+            pending,
+        })
+    }
+
+    /// The run's questions and how each ended (empty without `--control`).
+    pub(crate) fn asked(&self) -> Vec<crate::asking::Asked> {
+        self.asking.as_ref().map(|a| a.asked()).unwrap_or_default()
     }
 
     /// Stop (the sandbox is gone, so connections are closing) and flush the decision log.
@@ -378,6 +420,24 @@ impl Embedded {
         log.flush();
         self.runtime.shutdown_timeout(Duration::from_millis(200));
     }
+}
+
+/// The running embedded mediator, started now if no connection did yet (from a thread
+/// outside its runtime: the control socket's).
+///
+/// # Errors
+/// [`Error::Usage`] when it has stopped or cannot start.
+pub(crate) fn running_now(
+    mediator: &std::sync::Weak<Lazy>,
+    handle: &tokio::runtime::Handle,
+) -> Result<Arc<mediator::Running>> {
+    let stopped = || Error::Usage("the embedded mediator has stopped".into());
+    let mediator = mediator.upgrade().ok_or_else(stopped)?;
+    handle
+        .block_on(handle.spawn(async move { mediator.get().await }))
+        .ok()
+        .flatten()
+        .ok_or_else(|| Error::Usage("the embedded mediator did not start".into()))
 }
 
 /// The report's denial of one mediator record: a decision that denied, with the status or
@@ -405,161 +465,5 @@ fn denial_of(rec: &mediator::Record) -> Option<Denial> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_build_a_valid_one_authority_grant() {
-        let c = config(
-            &["example.com".into(), "*.example.org:443".into()],
-            &[],
-            &["127.0.0.1/32".into()],
-            &["Origin.Test=127.0.0.1".into()],
-        )
-        .unwrap()
-        .0;
-        assert_eq!(c.authorities.len(), 1);
-        assert_eq!(
-            c.resolver.hosts.get("origin.test"),
-            Some(&vec!["127.0.0.1".parse().unwrap()])
-        );
-    }
-
-    #[test]
-    fn bad_patterns_are_rejected_with_the_entry() {
-        let e = config(&["*.com".into()], &[], &[], &[])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("*.com"), "{e}");
-    }
-
-    #[test]
-    fn each_bad_value_is_named_with_its_flag_not_a_toml_position() {
-        let e = config(
-            &["ok.example".into(), "*.com".into()],
-            &["a..b".into()],
-            &["10.0.0.1/8".into()],
-            &["1.2.3.4=5.6.7.8".into()],
-        )
-        .unwrap_err()
-        .to_string();
-        let lines: Vec<&str> = e.lines().collect();
-        assert_eq!(lines.len(), 4, "{e}");
-        assert!(
-            lines[0].starts_with("--allow '*.com': ") && lines[0].contains("public suffix"),
-            "{e}"
-        );
-        assert!(lines[1].starts_with("--deny 'a..b': "), "{e}");
-        assert!(
-            lines[2].starts_with("--allow-private '10.0.0.1/8': CIDR has host bits set"),
-            "{e}"
-        );
-        assert!(
-            lines[3].starts_with("--resolve '1.2.3.4=5.6.7.8': NAME must be a host name"),
-            "{e}"
-        );
-        // Nothing of the TOML document the grant is built as, nor the entry said twice.
-        for noise in ["embedded grant", "invalid ", ":2:", "authority \"shim\""] {
-            assert!(!e.contains(noise), "{noise:?} in {e}");
-        }
-    }
-
-    #[test]
-    fn a_value_with_a_quote_is_quoted_the_shell_way() {
-        let e = config(&["it's".into()], &[], &[], &[])
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with(r"--allow 'it'\''s': "), "{e}");
-    }
-
-    fn record(
-        protocol: mediator::Protocol,
-        reason: policy::Reason,
-        cause: mediator::Cause,
-    ) -> mediator::Record {
-        mediator::Record {
-            event: mediator::vocab::Event::Decision,
-            ts: "2026-12-01T00:00:00.000Z".into(),
-            id: 1,
-            conn: 1,
-            authority: Some(AUTHORITY.into()),
-            channel: mediator::vocab::Channel::Embedded,
-            peer: mediator::decision_log::Peer::Embedded,
-            protocol,
-            host: Some("evil.example".into()),
-            port: Some(443),
-            decision: policy::Verdict::Deny,
-            reason,
-            rule: None,
-            detail: "d".into(),
-            hint: "add --allow evil.example:443 to the shim command".into(),
-            message: None,
-            cause,
-            pin: None,
-            route: None,
-            dns_ms: None,
-            connect_ms: None,
-            bytes_up: None,
-            bytes_down: None,
-            duration_ms: None,
-            close_reason: None,
-            method: None,
-            path: None,
-            capture: false,
-            credential: Vec::new(),
-            upgrade: None,
-            invocation: None,
-            tags: std::collections::BTreeMap::new(),
-            asked: None,
-        }
-    }
-
-    #[test]
-    fn denials_carry_the_answer_the_client_got() {
-        use mediator::{Cause, Protocol};
-        use policy::Reason;
-        let d = denial_of(&record(
-            Protocol::Connect,
-            Reason::NotInAllowlist,
-            Cause::Policy,
-        ))
-        .unwrap();
-        assert_eq!((d.protocol, d.status), ("connect", 403));
-        assert_eq!(d.reason.as_deref(), Some("not_in_allowlist"));
-        assert_eq!(
-            (d.host.as_deref(), d.port),
-            (Some("evil.example"), Some(443))
-        );
-        assert_eq!(
-            d.hint.as_deref(),
-            Some("add --allow evil.example:443 to the shim command")
-        );
-        // A timeout is a 504 (HTTP) or REP 0x04 (SOCKS5), not the reason's default.
-        let t = denial_of(&record(
-            Protocol::Http,
-            Reason::UpstreamFailure,
-            Cause::ConnectTimeout,
-        ));
-        assert_eq!(t.unwrap().status, 504);
-        let t = denial_of(&record(
-            Protocol::Socks5,
-            Reason::UpstreamFailure,
-            Cause::ConnectRefused,
-        ));
-        assert_eq!(t.unwrap().status, 5);
-        let mut allow = record(Protocol::Connect, Reason::Allowed, Cause::Policy);
-        allow.decision = policy::Verdict::Allow;
-        assert!(denial_of(&allow).is_none());
-    }
-
-    #[test]
-    fn the_embedded_grant_advises_shim_flags() {
-        let c = config(&["origin.test:80".into()], &[], &[], &[]).unwrap().0;
-        let target = policy::parse_authority_form("api.example.com:443").unwrap();
-        let d = c.authorities[0].grant.decide(&target);
-        assert_eq!(
-            d.hint,
-            "add --allow api.example.com:443 to the shim command"
-        );
-    }
-}
+#[path = "embedded_tests.rs"]
+mod tests;

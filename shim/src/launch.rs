@@ -39,7 +39,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         crate::handover::Handover::check(&settings.pass_fd, &settings.listen_fd, |fd| {
             backend.probe_fd(fd)
         })?;
-    let channel = Channel::resolve(&settings.channel)?;
+    let channel = Channel::resolve(&settings.channel, settings.control.is_some())?;
     let ca_pem = settings.ca_cert.as_ref().map(crate::ca::load).transpose()?;
     // The mediator's files: the config's and the default locations, masked (checked
     // before anything is made on the host).
@@ -65,7 +65,10 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         Some(Some(path)) => Some(ReportFile::open(path)?),
         _ => None,
     };
-    let binding = Arc::new(Binding::new(channel.first_binding()));
+    let binding = Arc::new(Binding::new(
+        channel.first_binding(),
+        settings.labels.clone(),
+    ));
     let trust = match &ca_pem {
         Some(pem) => Some(TrustFiles::create(pem)?),
         None => None,
@@ -124,7 +127,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
-        let (served, rebinder) = channel.serve(
+        let (served, rebinder, asking) = channel.serve(
             handoff,
             capture,
             &denials,
@@ -134,7 +137,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         )?;
         serving = Some(served);
         if let Some(c) = &mut control {
-            c.serve(Arc::clone(&binding), rebinder)?;
+            c.serve(Arc::clone(&binding), rebinder, asking)?;
         }
         Ok(())
     })?;
@@ -142,6 +145,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     if let Some(v) = &violations {
         v.finish();
     }
+    let mut asked = Vec::new();
     let (channel, connections, channel_errors, source, summary) = match serving {
         Some(s) => {
             let errors = s.capture_errors();
@@ -163,6 +167,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
                 ),
                 Served::Embedded(e) => {
                     let connections = e.connections.load(Ordering::Relaxed);
+                    asked = e.asked();
                     e.finish();
                     (
                         "embedded".to_owned(),
@@ -189,6 +194,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             .map_err(|e| Error::io("serialise the report", e.into()))?;
         Report {
             report: "shim",
+            labels: &settings.labels,
+            asks: &asked,
             channel,
             exit_status: outcome.exit_status,
             connections,
@@ -285,7 +292,9 @@ impl Channel {
     /// # Errors
     /// [`Error::Channel`] when the socket is missing or not a socket; the errors of
     /// [`crate::embedded::config`].
-    fn resolve(spec: &ChannelSpec) -> Result<Self> {
+    /// With `asks` (`--control`), the embedded authority asks the host about a grant miss
+    /// (design section 20).
+    fn resolve(spec: &ChannelSpec, asks: bool) -> Result<Self> {
         Ok(match spec {
             ChannelSpec::Socket(p) => {
                 crate::control::check_socket(p)?;
@@ -298,7 +307,8 @@ impl Channel {
                 decision_log,
                 resolve,
             } => {
-                let (config, grant) = crate::embedded::config(allow, deny, allow_private, resolve)?;
+                let (config, grant) =
+                    crate::embedded::config(allow, deny, allow_private, resolve, asks)?;
                 // Opened (made if absent) now: it exists from the start, empty when the
                 // command decides nothing, and a path that cannot be one refuses the run.
                 let log = match decision_log {
@@ -332,7 +342,7 @@ impl Channel {
         admin: Option<Admin>,
         binding: &Arc<Binding>,
         allow_unix_sockets: bool,
-    ) -> Result<(Serving, Rebinder)> {
+    ) -> Result<(Serving, Rebinder, Option<crate::control::AskingHost>)> {
         let feed = match admin {
             Some(a) => {
                 let authorities = bound_authorities(a.authority, Arc::clone(binding));
@@ -343,6 +353,7 @@ impl Channel {
             }
             None => None,
         };
+        let mut asking = None;
         let (channel, dial, grant, rebinder) = match self {
             Self::Socket(socket) => {
                 let stats = Arc::new(RelayStats {
@@ -371,6 +382,7 @@ impl Channel {
                 )?;
                 let dial = e.dial();
                 let rebinder = e.rebinder();
+                asking = e.asking_host();
                 (
                     Served::Embedded(e),
                     dial,
@@ -408,6 +420,7 @@ impl Channel {
                 feed,
             },
             rebinder,
+            asking,
         ))
     }
 }

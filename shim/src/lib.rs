@@ -12,6 +12,7 @@
 //!
 //! The library exists for the `shim` binary: its public surface is what `main` needs.
 
+mod asking;
 mod ca;
 mod capture;
 mod cli;
@@ -21,6 +22,7 @@ mod env;
 mod error;
 mod feed;
 mod handover;
+mod invocation;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;

@@ -4,7 +4,9 @@
 //! The relay never interprets what it carries, except to notice the mediator's denial
 //! replies in the first response of each connection for `--report` (an HTTP response with
 //! `X-Mediator-Decision: deny; ...` and its JSON body, or a SOCKS5 failure reply). Capture
-//! reads its CONNECT answers with the same [`inspect_reply`].
+//! reads its CONNECT answers with the same [`inspect_reply`]. Each connection starts with
+//! the run's labels (a PROXY protocol v2 header, `Binding::header`), written before
+//! anything the command sends.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -38,15 +40,20 @@ pub(crate) fn serve(listener: TcpListener, binding: Arc<Binding>, stats: Arc<Rel
         let Bound::Socket(socket) = binding.current() else {
             continue;
         };
-        let stats = Arc::clone(&stats);
+        let (stats, binding) = (Arc::clone(&stats), Arc::clone(&binding));
         let _ = std::thread::Builder::new()
             .name("relay".into())
-            .spawn(move || relay_one(conn, &socket, &stats));
+            .spawn(move || relay_one(conn, &socket, binding.header(), &stats));
     }
 }
 
-fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
-    let upstream = match UnixStream::connect(socket) {
+fn relay_one(client: TcpStream, socket: &std::path::Path, labels: &[u8], stats: &RelayStats) {
+    // The run's labels go first, from outside the sandbox (design section 20): whatever
+    // the command sends comes after them, so it cannot set its own.
+    let upstream = match UnixStream::connect(socket).and_then(|mut u| {
+        u.write_all(labels)?;
+        Ok(u)
+    }) {
         Ok(u) => u,
         Err(e) => {
             stats.channel_errors.fetch_add(1, Ordering::Relaxed);

@@ -280,6 +280,14 @@ pub(crate) fn warn_tampering(moved: &[Tampering]) {
 pub(crate) struct Report<'a> {
     /// Always `"shim"`.
     pub(crate) report: &'static str,
+    /// The run's invocation id and the host's `--tag`s (design section 20): what every
+    /// record of the run carries.
+    #[serde(flatten)]
+    pub(crate) labels: &'a mediator::labels::Labels,
+    /// The questions the run's requests raised (embedded mode with `--control`, design
+    /// section 20), each with how it ended.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub(crate) asks: &'a [crate::asking::Asked],
     /// The channel (socket path) of the run.
     pub(crate) channel: String,
     /// The command's exit status as the shim returns it.
@@ -425,8 +433,11 @@ mod tests {
             quarantined_as: "/w/.git/commondir.shim-quarantine-1".into(),
             kind: TamperKind::GitCommondir,
         }];
+        let labels = mediator::labels::Labels::new(Some("inv-1"), ["tool=t1"]).unwrap();
         let report = Report {
             report: "shim",
+            labels: &labels,
+            asks: &[],
             channel: "embedded".into(),
             exit_status: 3,
             connections: 1,

@@ -184,10 +184,13 @@ mod tests {
                 advice: policy::Advice::ShimFlags,
                 ..policy::GrantSpec::default()
             };
-            Arc::new(Binding::new(Bound::Embedded {
-                authority: "shim".into(),
-                grant: Arc::new(policy::Grant::new(&spec, &[]).unwrap()),
-            }))
+            Arc::new(Binding::new(
+                Bound::Embedded {
+                    authority: "shim".into(),
+                    grant: Arc::new(policy::Grant::new(&spec, &[]).unwrap()),
+                },
+                mediator::labels::Labels::default(),
+            ))
         });
         let denials = Arc::new(Denials::default());
         let s = Stub::new(

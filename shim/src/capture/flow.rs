@@ -68,7 +68,12 @@ impl Dial {
             Self::Socket(b) | Self::Embedded { binding: b, .. } => b,
         };
         match (self, binding.current()) {
-            (Self::Socket(_), Bound::Socket(path)) => UnixStream::connect(path).await,
+            (Self::Socket(_), Bound::Socket(path)) => {
+                // The run's labels first (design section 20), then the marked CONNECT.
+                let mut s = UnixStream::connect(path).await?;
+                s.write_all(binding.header()).await?;
+                Ok(s)
+            }
             (
                 Self::Embedded {
                     mediator, handle, ..
@@ -95,11 +100,7 @@ impl Dial {
                 {
                     let _in_mediator = handle.enter();
                     let theirs = UnixStream::from_std(theirs)?;
-                    if !running.serve_captured(
-                        theirs,
-                        &authority,
-                        &mediator::labels::Labels::default(),
-                    ) {
+                    if !running.serve_captured(theirs, &authority, binding.labels()) {
                         return Err(std::io::Error::other("the embedded authority is gone"));
                     }
                 }

@@ -376,6 +376,7 @@ pub(crate) fn stand_in(
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { continue };
+            let labels = crate::support::read_labels(&mut c);
             let mut r = BufReader::new(c.try_clone().unwrap());
             let mut head = String::new();
             loop {
@@ -385,7 +386,14 @@ pub(crate) fn stand_in(
                 }
                 head.push_str(&line);
             }
-            h.lock().unwrap().push(head.clone());
+            // The labels the shim put in front, as a last line of the head.
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(t, v)| format!("{t:#04x}={v}"))
+                .collect();
+            h.lock()
+                .unwrap()
+                .push(format!("{head}PROXY {}\r\n", labels.join(" ")));
             let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
             if target == allowed {
                 let mut o = TcpStream::connect(("127.0.0.1", origin)).unwrap();
@@ -466,6 +474,10 @@ except ConnectionRefusedError:
         };
         if !h.contains("X-Mediator-Capture: 1\r\n") {
             return Err(format!("unmarked: {h:?}"));
+        }
+        // The run's labels came first, from the shim (design section 20).
+        if !h.contains("PROXY 0xe0=inv-") {
+            return Err(format!("unlabelled: {h:?}"));
         }
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -857,6 +869,7 @@ fn stand_in_with_admin(dir: &Path) -> (PathBuf, Arc<std::sync::atomic::AtomicU32
     std::thread::spawn(move || {
         for c in channel.incoming() {
             let Ok(mut c) = c else { continue };
+            crate::support::read_labels(&mut c);
             let mut buf = [0u8; 512];
             let _ = c.read(&mut buf); // greeting
             let _ = c.write_all(&[5, 0]);

@@ -271,6 +271,7 @@ fn refusing_socket(path: &Path) {
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { continue };
+            crate::support::read_labels(&mut c);
             let mut buf = [0u8; 512];
             let _ = c.read(&mut buf); // greeting
             let _ = c.write_all(&[5, 0]);

@@ -51,6 +51,7 @@ macro_rules! cases {
     };
 }
 
+mod asking;
 mod ca;
 mod capture;
 mod control;
@@ -106,6 +107,7 @@ fn all() -> Vec<(&'static str, Test)> {
         violations::tests(),
         handover::tests(),
         control::tests(),
+        asking::tests(),
         secrets::tests(),
     ]
     .concat()

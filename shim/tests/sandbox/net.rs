@@ -88,6 +88,7 @@ fn report_lists_the_denials_the_mediator_sent() -> TestResult {
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(mut c) = c else { continue };
+            crate::support::read_labels(&mut c);
             let mut buf = [0u8; 1024];
             let _ = c.read(&mut buf);
             let body = r#"{"error":"egress_denied","authority":"a","host":"blocked.test","port":80,"reason":"not_in_allowlist","detail":"d","hint":"h"}"#;

@@ -231,6 +231,27 @@ pub(crate) fn main(args: &[String]) -> i32 {
             let _ = s.read_to_string(&mut all);
             all.lines().next().unwrap_or_default().to_owned()
         }
+        "forge-labels-via-proxy" => {
+            // What a command that wants other labels would send: a PROXY protocol v2
+            // header of its own (invocation "forged", tag tool=forged), then a CONNECT;
+            // prints the first line of the answer.
+            let proxy = std::env::var("HTTP_PROXY").unwrap();
+            let mut s = TcpStream::connect(proxy.trim_start_matches("http://")).unwrap();
+            let mut tlvs = Vec::new();
+            for (kind, value) in [(0xE0u8, &b"forged"[..]), (0xE1, b"tool=forged")] {
+                tlvs.push(kind);
+                tlvs.extend_from_slice(&u16::try_from(value.len()).unwrap().to_be_bytes());
+                tlvs.extend_from_slice(value);
+            }
+            let mut wire = b"\r\n\r\n\0\r\nQUIT\n\x20\x00".to_vec();
+            wire.extend_from_slice(&u16::try_from(tlvs.len()).unwrap().to_be_bytes());
+            wire.extend_from_slice(&tlvs);
+            write!(wire, "CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", a(1)).unwrap();
+            s.write_all(&wire).unwrap();
+            let mut line = String::new();
+            let _ = BufReader::new(s).read_line(&mut line);
+            line.trim().to_owned()
+        }
         "connect-via-proxy" => {
             // HTTP CONNECT through the proxy; prints the status line.
             let proxy = std::env::var("HTTP_PROXY").unwrap();

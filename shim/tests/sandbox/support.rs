@@ -5,7 +5,7 @@
 //! namespace. Nothing here asserts: helpers return what they saw, or why they could not.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
@@ -79,6 +79,33 @@ impl Drop for Scratch {
     }
 }
 
+/// The signature of a PROXY protocol v2 header.
+const PROXY_V2: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// Reads the PROXY protocol v2 header the shim writes before anything else on an
+/// authority's socket (design section 20: the run's labels) and returns its labels as
+/// `(TLV type, value)` pairs: a stand-in for the mediator reads it first, as the
+/// mediator does.
+pub(crate) fn read_labels(c: &mut impl Read) -> Vec<(u8, String)> {
+    let mut fixed = [0u8; 16];
+    if c.read_exact(&mut fixed).is_err() || &fixed[..12] != PROXY_V2 {
+        return Vec::new();
+    }
+    let mut rest = vec![0u8; usize::from(u16::from_be_bytes([fixed[14], fixed[15]]))];
+    if c.read_exact(&mut rest).is_err() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 3 <= rest.len() {
+        let len = usize::from(u16::from_be_bytes([rest[at + 1], rest[at + 2]]));
+        let value = rest.get(at + 3..at + 3 + len).unwrap_or_default();
+        out.push((rest[at], String::from_utf8_lossy(value).into_owned()));
+        at += 3 + len;
+    }
+    out
+}
+
 /// A Unix-socket server standing in for the mediator: echoes lines back. Its socket is
 /// `<dir>/sockets/authority.sock`, in a directory of its own as a mediator's socket_dir
 /// (the shim masks that directory).
@@ -89,8 +116,9 @@ fn echo_server(dir: &Path) -> PathBuf {
     let l = UnixListener::bind(&path).unwrap();
     std::thread::spawn(move || {
         for c in l.incoming() {
-            let Ok(c) = c else { continue };
+            let Ok(mut c) = c else { continue };
             std::thread::spawn(move || {
+                read_labels(&mut c);
                 let mut w = c.try_clone().unwrap();
                 for line in BufReader::new(c).lines() {
                     let Ok(line) = line else { break };
