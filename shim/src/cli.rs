@@ -52,6 +52,9 @@ pub struct Cli {
     /// which the host sends one JSON line per command: {"rebind": "NAME" or "/path.sock"}
     /// moves the command's new connections to another authority's channel (embedded
     /// mode: {"rebind": {"allow": [...]}} to a new grant); open ones finish on the old.
+    /// Embedded mode: a grant miss is also held and asked about as an {"ask": {...}} line
+    /// on every open connection; the host answers {"answer": ID, "allow_via": ...} or
+    /// {"answer": ID, "deny": "..."} (with no connection open, a miss is denied at once).
     #[arg(long, value_name = "PATH")]
     pub(crate) control: Option<PathBuf>,
 

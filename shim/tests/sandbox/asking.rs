@@ -27,6 +27,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_deny_answer_and_a_miss_with_nobody_to_ask,
         socket_mode_labels_every_connection_and_the_command_cannot_forge_them,
         embedded_labels_cannot_be_forged_by_the_command,
+        the_manuals_host_loop_answers_on_the_control_socket,
     ]
 }
 
@@ -316,6 +317,69 @@ fn embedded_labels_cannot_be_forged_by_the_command() -> TestResult {
             .is_some_and(|i| i.starts_with("inv-"))
     {
         return Err(format!("the run's labels, never the command's: {text}"));
+    }
+    Ok(())
+}
+
+/// The manual's host loop (`examples/ask-host.py --control`, docs/shim.md) as a person
+/// runs it: `y` allows exactly the host:port asked, through a new grant.
+fn the_manuals_host_loop_answers_on_the_control_socket() -> TestResult {
+    let Some(python) = ["/usr/bin/python3", "/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        return Err(format!(
+            "{}python3 is not installed (Debian: python3)",
+            crate::IGNORED
+        ));
+    };
+    let s = Scratch::new("ask-script");
+    let port = http_origin();
+    let (child, mut go) = shim_waiting(&embedded_flags(&s, "tool=call_9"), &one_call(port));
+    let control = s.path("control.sock");
+    if !crate::support::wait_until(|| control.exists(), 10) {
+        return Err("no control socket".into());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ask-host.py");
+    let mut host = Command::new(python)
+        .arg(&script)
+        .arg("--control")
+        .arg(&control)
+        .args(["--allow-private", "127.0.0.1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut said = BufReader::new(host.stdout.take().ok_or("no stdout")?);
+    let mut first = String::new();
+    said.read_line(&mut first).map_err(|e| e.to_string())?;
+    expect(
+        "ready",
+        &first,
+        &format!("waiting for questions on {}\n", control.display()),
+    )?;
+    writeln!(host.stdin.as_mut().ok_or("no stdin")?, "y").map_err(|e| e.to_string())?;
+    writeln!(go, "go").map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let _ = host.kill();
+    let mut transcript = String::new();
+    for _ in 0..2 {
+        let mut l = String::new();
+        let _ = said.read_line(&mut l);
+        transcript.push_str(&l);
+    }
+    let _ = host.wait();
+    println!("{first}{transcript}");
+    expect(
+        "the same call",
+        &String::from_utf8_lossy(&out.stdout),
+        "hi\n200\n",
+    )?;
+    if !transcript.contains("shim [invocation inv-") || !transcript.contains("tool=call_9") {
+        return Err(format!(
+            "the question as the script showed it: {transcript}"
+        ));
     }
     Ok(())
 }
