@@ -71,6 +71,12 @@ pub struct Question {
     pub ts: String,
     /// How long the request is held for the answer, in seconds (`ask_timeout_s`).
     pub timeout_s: u64,
+    /// A request inside a terminated tunnel (`protocol: "tls"`): its method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Its path (the query redacted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// What the host decided, once checked against the request's mediator.

@@ -17,6 +17,8 @@ fn question(authority: &str) -> Question {
         reason: policy::Reason::NotInAllowlist,
         ts: String::new(),
         timeout_s: 30,
+        method: None,
+        path: None,
     }
 }
 

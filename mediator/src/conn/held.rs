@@ -1,7 +1,9 @@
 //! A request held for the host's answer (design section 20): one step of
 //! [`super::establish`], taken only for a grant miss (`not_in_allowlist`,
-//! `port_not_allowed`) of an authority with `ask`, and never for the second judgement
-//! an answer asks for (that one's miss is final).
+//! `port_not_allowed`) of an authority with `ask`, and of a terminated tunnel's
+//! requests (`crate::terminate`) for a request rule's miss (`denied_by_rule`, its records
+//! `protocol: "tls"` with the method and path); never for the second judgement an answer
+//! asks for (that one's miss is final).
 //!
 //! The question goes to `shared.asks` (bounded per authority: one more than
 //! `max_pending_asks` is denied at once, `ask_overloaded`); the request waits for the
@@ -72,6 +74,16 @@ impl Watch<'_> {
     }
 }
 
+/// The asking of `authority` for a request inside a terminated tunnel that its request
+/// rules refused (the per-request holds: the rule that missed is the record's
+/// `rule`), unless this is the judgement an answer asked for.
+pub(crate) fn askable_request<'a>(ctx: &Ctx, authority: &'a Authority) -> Option<&'a Ask> {
+    if ctx.asked.is_some() {
+        return None;
+    }
+    authority.ask.as_ref()
+}
+
 /// The asking of `authority` when `denial` (of `ctx`'s request) may be asked about: a
 /// grant miss, an authority with `ask`, and not the judgement an answer asked for.
 pub(crate) fn askable<'a>(ctx: &Ctx, authority: &'a Authority, denial: &Denial) -> Option<&'a Ask> {
@@ -112,6 +124,8 @@ fn question(
         reason: denial.reason,
         ts: now_rfc3339(),
         timeout_s: ask.timeout.as_secs(),
+        method: ctx.request.as_ref().map(|r| r.method.clone()),
+        path: ctx.request.as_ref().map(|r| r.path.clone()),
     }
 }
 
@@ -300,7 +314,8 @@ fn answer(req: &Req<'_>, since: Instant, answered: Answered) -> Result<Ctx, Deni
                     req.label.port.unwrap_or_default()
                 ),
                 "the host said no; do without this destination",
-            );
+            )
+            .with_rule(req.miss.rule.clone());
             denial.message = message.map(String::into_boxed_str);
             Err(req.deny(asked, denial))
         }

@@ -1,8 +1,9 @@
 //! One request inside a terminated tunnel (h1 and h2 alike), as named steps:
-//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge()`] (the
-//! tunnel host, a protocol switch it may ask for, then the judgement every request gets,
-//! `crate::request::judge`: the authority still live, the request rules, the
-//! credentials), [`upstream_request`] (the connection that carries it, a switch's plan,
+//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`tunnel_rules`]
+//! (the tunnel host, a protocol switch it may ask for), [`judge()`] (the judgement every
+//! request gets, `crate::request::judge`: the authority still live, the request rules,
+//! the credentials; a request-rule miss of an authority that asks is [`held()`] for the
+//! host's answer first, design section 20), [`upstream_request`] (the connection that carries it, a switch's plan,
 //! the rebuilt request), the decision line, then [`send()`] (`crate::request::send`) and
 //! the answer. Every refusal writes this request's decision line and answers with the
 //! JSON denial.
@@ -21,6 +22,7 @@ use policy::{Reason, Target};
 use super::h2_resets::{OnReset, Refusal};
 use super::upgrade::{self, Plan, Switch, SwitchError};
 use super::{Env, MAX_STREAMS, Upstream};
+use crate::conn::held;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::denial::{Cause, Denial};
@@ -36,18 +38,26 @@ use crate::vocab::Protocol;
 /// Judges and forwards one request; the answer is the origin's, or the JSON denial.
 pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
     let switch = requested_switch(&req);
-    let asking = Asking::of(&req, &switch, env);
+    let mut asking = Asking::of(&req, &switch, env);
     let (mut parts, body) = req.into_parts();
-    let (
-        switch,
-        Judged::Allowed {
-            decision,
-            credential,
-        },
-    ) = match judge(&mut parts, switch, &asking, env) {
-        Ok(judged) => judged,
+    let switch = match tunnel_rules(&mut parts, switch, env) {
+        Ok(switch) => switch,
         Err(denial) => return asking.refuse(env, &denial),
     };
+    let judged = match judge(&mut parts, switch.as_ref(), &asking, env) {
+        Ok(judged) => judged,
+        Err(miss) => match held(&mut parts, switch.as_ref(), &asking, miss, env).await {
+            Ok((via, judged)) => {
+                asking = via;
+                judged
+            }
+            Err(answer) => return answer,
+        },
+    };
+    let Judged::Allowed {
+        decision,
+        credential,
+    } = judged;
     let req = Request::from_parts(parts, body);
     let (upstream, plan, upstream_req) = match upstream_request(req, switch.as_ref(), env).await {
         Ok(prepared) => prepared,
@@ -131,20 +141,16 @@ impl Asking {
     }
 }
 
-/// The tunnel's own rule for one request, then the judgement every request gets
-/// (`crate::request::judge`): the request must be for the tunnel host (else `421`) and
-/// may ask only for a switch the tunnel can carry; then its authority still live, the
-/// grant's request rules, the credentials (their secrets put into `parts`). Returns the
-/// switch and what the judgement allows.
+/// The tunnel's own rules for one request: it must be for the tunnel host (else `421`)
+/// and may ask only for a switch the tunnel can carry. Returns the switch.
 ///
 /// # Errors
 /// The denial to log and answer.
-fn judge(
+fn tunnel_rules(
     parts: &mut http::request::Parts,
     switch: Result<Option<Switch>, SwitchError>,
-    asking: &Asking,
     env: &Env,
-) -> Result<(Option<Switch>, Judged), Denial> {
+) -> Result<Option<Switch>, Denial> {
     check_authority(&parts.uri, &parts.headers, &env.target).map_err(|detail| {
         Denial::new(
             Reason::SniMismatch,
@@ -156,29 +162,97 @@ fn judge(
         )
         .with_cause(Cause::Misdirected)
     })?;
-    let switch = switch.map_err(|detail| {
+    switch.map_err(|detail| {
         Denial::new(
             Reason::DeniedByRule,
             detail.to_string(),
             "inside a terminated tunnel Upgrade: websocket (or an HTTP/2 extended CONNECT for it) is relayed, and tokens a request rule lists in upgrade; send the request without Upgrade",
         )
-    })?;
+    })
+}
+
+/// The judgement every request gets (`crate::request::judge`), under `asking`'s
+/// authority: still live, the grant's request rules, the credentials (their secrets put
+/// into `parts`).
+///
+/// # Errors
+/// The denial (not logged yet).
+fn judge(
+    parts: &mut http::request::Parts,
+    switch: Option<&Switch>,
+    asking: &Asking,
+    env: &Env,
+) -> Result<Judged, Denial> {
     let asked = Asked {
         method: &asking.request.method,
         uri: &parts.uri,
-        upgrade: switch.as_ref().map(|s| &s.token),
+        upgrade: switch.map(|s| &s.token),
     };
-    let authorities = &env.shared.authorities;
-    let authority = &asking.authority;
-    let judged = judge::judge(
-        authorities,
-        authority,
+    judge::judge(
+        &env.shared.authorities,
+        &asking.authority,
         &env.target,
         Leg::Terminated,
         asked,
         &mut parts.headers,
-    )?;
-    Ok((switch, judged))
+    )
+}
+
+/// A request the grant's request rules refused (`denied_by_rule`), when the tunnel's
+/// authority asks the host (design section 20): held for the answer (`crate::conn::held`,
+/// its records `protocol: "tls"` with the method and path); on `allow_via`, judged again
+/// under that authority, which must allow the tunnel host and whose request rules must
+/// allow the request, and carried on attributed to it. Any other refusal is logged and
+/// answered as it is.
+///
+/// # Errors
+/// The answer to send, its denial on record.
+async fn held(
+    parts: &mut http::request::Parts,
+    switch: Option<&Switch>,
+    asking: &Asking,
+    miss: Denial,
+    env: &Env,
+) -> Result<(Asking, Judged), Response<Body>> {
+    let ask = match held::askable_request(&asking.ctx, &asking.authority) {
+        Some(ask) if miss.reason == Reason::DeniedByRule => ask,
+        _ => return Err(asking.refuse(env, &miss)),
+    };
+    let ctx = Ctx {
+        request: Some(asking.request.clone()),
+        ..asking.ctx.clone()
+    };
+    let id = env.shared.next_id();
+    let watch = held::Watch::Dropped;
+    let via = held::hold(
+        &env.shared,
+        &ctx,
+        Protocol::Tls,
+        &env.target,
+        id,
+        miss,
+        ask,
+        watch,
+    )
+    .await
+    .map_err(|denial| deny_response(Some(asking.name()), &env.label, &denial))?;
+    let Some(authority) = via.authority.clone() else {
+        // `hold` attributes what it hands back; never unattributed.
+        return Err(asking.refuse(env, &crate::conn::identify::revoked(asking.name())));
+    };
+    let via = Asking {
+        authority,
+        ctx: via,
+        request: asking.request.clone(),
+    };
+    let host = via.authority.grant.decide(&env.target);
+    if !host.is_allow() {
+        return Err(via.refuse(env, &Denial::from(host)));
+    }
+    match judge(parts, switch, &via, env) {
+        Ok(judged) => Ok((via, judged)),
+        Err(denial) => Err(via.refuse(env, &denial)),
+    }
 }
 
 /// A switch's plan on the upstream connection, with the client's side of the upgrade.

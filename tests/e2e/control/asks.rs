@@ -594,6 +594,102 @@ async fn one_authority_flooding_questions_does_not_hold_up_another() -> Result<(
     Ok(())
 }
 
+/// Inside a terminated tunnel each request is asked about on its own, with the request
+/// rule that missed: `POST` where the narrow authority's rules allow only `GET` is held;
+/// `allow_via` an authority whose rules allow it sends it on, attributed there; `deny`
+/// answers it `ask_denied` inside the tunnel.
+async fn a_terminated_request_a_rule_misses_is_held_per_request() -> Result<()> {
+    use e2e::mediator::{toml_list, toml_str};
+    use e2e::tls::{TestCa, TlsOrigin};
+    const API: &str = "api.test";
+    let dir = tempfile::tempdir()?;
+    let test_ca = TestCa::create(dir.path())?;
+    let origin = TlsOrigin::start(&test_ca.ca, API).await?;
+    let ca_dir = dir.path().join("mediator-ca");
+    let narrow = AuthoritySpec::new(NARROW)
+        .allow(&[API])
+        .allow_private(&["127.0.0.0/8"])
+        .token("narrow-token")
+        .raw("ask = \"admin\"")
+        .raw(&format!("tls_terminate = {}", toml_list(&[API])))
+        .raw("\n[[authority.request_rule]]")
+        .raw(&format!("host = {}", toml_str(API)))
+        .raw("methods = [\"GET\"]")
+        .raw("path_prefixes = [\"/\"]");
+    let wide = AuthoritySpec::new(WIDE)
+        .allow(&[API])
+        .allow_private(&["127.0.0.0/8"]);
+    let fx = Fixture::start(
+        mediator()
+            .admin(true)
+            .extra_toml(&format!(
+                "\n[tls]\nca_dir = {}\nextra_ca_files = {}\n",
+                toml_str(&ca_dir.display().to_string()),
+                toml_list(&[test_ca.pem_path.display().to_string()])
+            ))
+            .authority(narrow)
+            .authority(wide),
+    )
+    .await?;
+    fx.dns.set(API, [e2e::LOOPBACK]);
+    let ca = ca_dir.join("ca.pem").display().to_string();
+    let url = format!("https://{API}:{}/repos/a/issues", origin.port());
+    let post = [
+        "--cacert",
+        ca.as_str(),
+        "-X",
+        "POST",
+        "-d",
+        "a=1",
+        url.as_str(),
+    ];
+    for (answer, status) in [
+        (r#"{"allow_via":"wide"}"#, 200),
+        (r#"{"deny":"read only"}"#, 403),
+    ] {
+        let client = fx
+            .mediator
+            .curl_via("http", (NARROW, "narrow-token"), &post);
+        let host = async {
+            let q = fx
+                .mediator
+                .wait_question(|q| q["protocol"] == "tls" && q["method"] == "POST")
+                .await?;
+            ensure!(
+                q["host"] == API
+                    && q["path"] == "/repos/a/issues"
+                    && q["reason"] == "denied_by_rule",
+                "{q}"
+            );
+            answered_ok(&fx, q["id"].as_str().unwrap_or_default(), answer).await
+        };
+        let (out, answered) = tokio::join!(client, host);
+        answered?;
+        let out = out?;
+        ensure!(out.http_code == status, "{answer}: {out:?}");
+    }
+    let lines = fx.mediator.decision_lines()?;
+    let tls: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["event"] == "decision" && v["protocol"] == "tls")
+        .collect();
+    ensure!(
+        tls.iter().any(|v| v["decision"] == "allow"
+            && v["authority"] == WIDE
+            && v["method"] == "POST"
+            && v["asked"]["from"] == NARROW),
+        "{tls:?}"
+    );
+    ensure!(
+        tls.iter().any(|v| v["reason"] == "ask_denied"
+            && v["authority"] == NARROW
+            && v["message"] == "read only"
+            && v["rule"].is_string()),
+        "{tls:?}"
+    );
+    Ok(())
+}
+
 /// The manual's host loop (`examples/ask-host.py`, docs/control.md) as a person runs it:
 /// it shows each question from the event stream and answers what is typed (`y`: via
 /// `--via`; `n words`: deny with the words).
@@ -667,6 +763,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(an_ask_endpoint_answers_or_leaves_it_pending),
         case!(the_shutdown_answers_held_requests_ask_timeout),
         case!(one_authority_flooding_questions_does_not_hold_up_another),
+        case!(a_terminated_request_a_rule_misses_is_held_per_request).needs(&[e2e::Tool::Curl]),
         case!(the_manuals_host_loop_answers_what_is_typed).needs(&[e2e::Tool::Python]),
     ]
 }
