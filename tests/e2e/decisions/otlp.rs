@@ -124,11 +124,21 @@ async fn decision_records_reach_an_otlp_receiver() -> Result<()> {
         403,
         "not_in_allowlist",
     )?;
+    // A connection the host labelled (design section 20): its labels are attributes.
+    let mut labelled = fx.unix_conn(e2e::AGENT_A).await?;
+    let header =
+        mediator::labels::Labels::new(Some("inv-otlp"), ["tool=call_3"])?.proxy_v2_header()?;
+    labelled.send(&header).await?;
+    check_deny(
+        &labelled.connect("labelled.test:443", None).await?,
+        403,
+        "not_in_allowlist",
+    )?;
     // Batches leave at most a second after their first record.
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let records = loop {
         let r = got.lock().unwrap().clone();
-        if r.len() >= 3 {
+        if r.len() >= 4 {
             break r;
         }
         ensure!(std::time::Instant::now() < deadline, "received only {r:#?}");
@@ -147,6 +157,16 @@ async fn decision_records_reach_an_otlp_receiver() -> Result<()> {
     );
     ensure!(
         records.iter().any(|r| r.attributes["event"] == "close"),
+        "{records:#?}"
+    );
+    ensure!(
+        records
+            .iter()
+            .any(
+                |r| r.attributes.get("host").map(String::as_str) == Some("labelled.test")
+                    && r.attributes.get("invocation").map(String::as_str) == Some("inv-otlp")
+                    && r.attributes.get("tag.tool").map(String::as_str) == Some("call_3")
+            ),
         "{records:#?}"
     );
     let m = fx.mediator.metrics().await?;
