@@ -1,8 +1,8 @@
 //! Asking the host (design section 20): the questions held now, one per request whose
 //! grant miss its authority asks about, and the one way each ends.
 //!
-//! A request is held by a [`Held`] (made by [`Asks::raise`]), which its connection's task
-//! awaits; the host's answer comes through [`Asks::answer`] (the admin API, the
+//! A request is held by a `Held` (made by `Asks::raise`), which its connection's task
+//! awaits; the host's answer comes through `Asks::answer` (the admin API, the
 //! authority's `ask` endpoint, the embedding shim) and reaches that task, which judges
 //! the request again or denies it (`crate::conn::held`). Whatever ends a question (an
 //! answer, the timeout, the client hanging up, the shutdown) removes it here first,
@@ -11,8 +11,8 @@
 //!
 //! Bounded: each authority holds at most its `max_pending_asks` (the one more is refused
 //! at once, `ask_overloaded`, and never waits for another authority's), the ids of ended
-//! questions are remembered up to [`ENDED_KEPT`] (for the `409`), and new questions go to
-//! listeners through a broadcast channel of [`NEWS`] entries (a listener that falls
+//! questions are remembered up to `ENDED_KEPT` (for the `409`), and new questions go to
+//! listeners through a broadcast channel of `NEWS` entries (a listener that falls
 //! behind is told so and re-lists). Nothing here decides, connects or writes a record.
 //!
 //! Files: `metrics.rs` (the families), `reply.rs` (an answer as the host writes it).
