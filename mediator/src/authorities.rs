@@ -331,12 +331,25 @@ impl LiveSet {
 
     /// Registers `new` as the successor of the replaced `old` (a reload re-created it on
     /// an unchanged channel). Prunes entries whose old grant no connection holds.
+    ///
+    /// Entries that named `old` as their successor are pointed at `new`: the list only
+    /// holds `Weak` references, so once nothing holds `old`'s entry a chain through it
+    /// (older -> old -> new) would break and a connection of the older generation would
+    /// find no authority at all. Every entry names the newest successor instead.
     pub(crate) fn succeed(&self, old: &Arc<Authority>, new: &Arc<Live>) {
         let mut list = self
             .successors
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         list.retain(|(a, _)| a.strong_count() > 0);
+        for (_, next) in list.iter_mut() {
+            if next
+                .upgrade()
+                .is_some_and(|live| Arc::ptr_eq(&live.authority, old))
+            {
+                *next = Arc::downgrade(new);
+            }
+        }
         list.push((Arc::downgrade(old), Arc::downgrade(new)));
     }
 
@@ -455,3 +468,7 @@ impl LiveSet {
         Some(removed)
     }
 }
+
+#[cfg(test)]
+#[path = "authorities_tests.rs"]
+mod tests;
