@@ -21,10 +21,12 @@ use crate::shared::Shared;
 use crate::vocab::{CloseReason, Event, Protocol};
 
 /// The facts of an allowed connection that its close record repeats.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Facts {
     /// The decision id.
     pub(crate) id: u64,
+    /// The grant entry that allowed it, as its decision line names it.
+    pub(crate) rule: Option<String>,
     /// The address actually connected to (or named to a parent).
     pub(crate) pin: SocketAddr,
     /// When the decision was taken.
@@ -127,6 +129,7 @@ impl Opened {
         }
         let Facts {
             id,
+            ref rule,
             pin,
             started,
             route,
@@ -135,6 +138,7 @@ impl Opened {
         } = self.facts;
         let mut rec = record::base(&self.ctx, id, Event::Close, self.protocol, &self.label);
         (rec.decision, rec.reason) = outcome.close_reason.verdict();
+        rec.rule.clone_from(rule);
         rec.dns_ms = dns.map(ms);
         rec.connect_ms = connect.map(ms);
         rec.pin = Some(pin.ip().to_string());
@@ -183,6 +187,7 @@ mod tests {
     fn opened(shared: &Arc<Shared>, id: u64) -> Opened {
         let facts = Facts {
             id,
+            rule: Some("a.test".into()),
             pin: "192.0.2.1:443".parse().unwrap(),
             started: Instant::now(),
             route: Route::Direct,
@@ -240,8 +245,8 @@ mod tests {
             (&"allow".into(), &"allowed".into())
         );
         assert_eq!(
-            (&r["protocol"], &r["pin"]),
-            (&"socks5".into(), &"192.0.2.1".into())
+            (&r["protocol"], &r["pin"], &r["rule"]),
+            (&"socks5".into(), &"192.0.2.1".into(), &"a.test".into())
         );
     }
 

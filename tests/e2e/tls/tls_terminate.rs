@@ -1031,6 +1031,54 @@ async fn an_open_terminated_tunnels_bytes_are_counted_before_it_closes() -> Resu
     Ok(())
 }
 
+/// A client that resets its terminated tunnel after it was answered (as cargo does) has
+/// closed it: `client_closed`, not `error`.
+async fn a_clients_reset_after_its_answer_closes_a_terminated_tunnel() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let env = start(true).await?;
+    let m = &env.fx.mediator;
+    let mut tls = tls_through_connect(
+        m.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        &env.target(),
+        API,
+        &env.mediator_ca,
+        &[b"http/1.1"],
+    )
+    .await?;
+    let req = format!("GET /public/a HTTP/1.1\r\nHost: {}\r\n\r\n", env.target());
+    tls.write_all(req.as_bytes()).await?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"method\"") {
+        let n =
+            tokio::time::timeout(std::time::Duration::from_secs(20), tls.read(&mut buf)).await??;
+        ensure!(
+            n > 0,
+            "closed before the answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    ensure!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // SO_LINGER 0: the close is a reset, with no close_notify first.
+    socket2::SockRef::from(tls.get_ref().0).set_linger(Some(std::time::Duration::ZERO))?;
+    drop(tls);
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(close["close_reason"] == "client_closed", "{close}");
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -1055,5 +1103,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
         case!(http2_requests_the_http2_layer_refuses_are_logged),
         case!(an_open_terminated_tunnels_bytes_are_counted_before_it_closes),
+        case!(a_clients_reset_after_its_answer_closes_a_terminated_tunnel),
     ]
 }
