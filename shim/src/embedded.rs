@@ -497,6 +497,7 @@ mod tests {
             bytes_down: None,
             duration_ms: None,
             close_reason: None,
+            tls_alert: None,
             method: None,
             path: None,
             capture: false,

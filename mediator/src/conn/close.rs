@@ -18,7 +18,7 @@ use super::{Ctx, TargetLabel};
 use crate::relay::RelayOutcome;
 use crate::route::Route;
 use crate::shared::Shared;
-use crate::vocab::{CloseReason, Event, Protocol};
+use crate::vocab::{CloseReason, Event, Protocol, TlsAlert};
 
 /// The facts of an allowed connection that its close record repeats.
 #[derive(Debug, Clone)]
@@ -54,6 +54,9 @@ pub(crate) struct Opened {
     /// Bytes already added to `mediator_bytes_total` while the connection was open (up,
     /// down): the close adds only the rest.
     reported: [std::sync::atomic::AtomicU64; 2],
+    /// The TLS alert the client of a terminated tunnel ended its handshake with, and the
+    /// record's `detail` saying it.
+    alert: Option<(TlsAlert, String)>,
     /// Set once the record is written.
     written: bool,
 }
@@ -81,6 +84,7 @@ impl Opened {
             facts,
             keeper: None,
             reported: Default::default(),
+            alert: None,
             written: false,
         }
     }
@@ -116,6 +120,14 @@ impl Opened {
     /// The protocol of the decision that opened it.
     pub(crate) fn protocol(&self) -> Protocol {
         self.protocol
+    }
+
+    /// The client of this terminated tunnel ended its handshake with `alert`: the close
+    /// record says so (`tls_alert`, and `detail`), and a certificate it refused is also
+    /// kept among the authority's recent denials for the admin API
+    /// ([`record::client_refused`]).
+    pub(crate) fn client_alert(&mut self, alert: TlsAlert, detail: String) {
+        self.alert = Some((alert, detail));
     }
 
     /// Writes the close record with `outcome`.
@@ -163,6 +175,13 @@ impl Opened {
                 outcome.up.saturating_sub(up),
                 outcome.down.saturating_sub(down),
             );
+        }
+        if let Some((alert, detail)) = self.alert.take() {
+            rec.tls_alert = Some(alert);
+            rec.detail = detail;
+            if alert.rejects_certificate() {
+                record::client_refused(&self.shared, &self.ctx, &rec);
+            }
         }
         self.shared.log.write(&rec);
     }

@@ -11,7 +11,7 @@ use policy::{Reason, Verdict};
 
 use crate::denial::Cause;
 use crate::vocab::{
-    Channel, CloseReason, Event, Protocol, deserialize_reason, deserialize_verdict,
+    Channel, CloseReason, Event, Protocol, TlsAlert, deserialize_reason, deserialize_verdict,
     serialize_reason, serialize_verdict,
 };
 
@@ -165,6 +165,12 @@ pub struct Record {
     /// Close lines: why it closed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<CloseReason>,
+    /// Close lines of a terminated tunnel whose client ended its TLS handshake with an
+    /// alert: which (`unknown_ca`: it does not trust the mediator's CA); `detail` says it
+    /// in words, starting with `client_rejected_certificate` or `client_tls_alert`.
+    /// Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_alert: Option<TlsAlert>,
     /// Requests inside a TLS-terminated tunnel (`protocol: "tls"`) and plain requests to
     /// a terminated host: the method.
     #[serde(skip_serializing_if = "Option::is_none")]

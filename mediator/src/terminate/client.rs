@@ -11,13 +11,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::conn::close::Opened;
+use crate::conn::{TargetLabel, record};
 use crate::counting::{Counters, Counting};
 use crate::denial::{Cause, Denial};
 use crate::relay::RelayOutcome;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::{ALPN, TlsState};
-use crate::vocab::CloseReason;
+use crate::vocab::{CloseReason, TlsAlert};
 
 /// The client's connection before its handshake, counted.
 pub(super) struct Leg<C> {
@@ -46,11 +48,12 @@ impl Bytes {
     }
 }
 
-/// Why the client's leg did not come up: how the tunnel ends, and the decision line to
-/// write (the SNI rule refused it).
+/// Why the client's leg did not come up: how the tunnel ends, the decision line to write
+/// (the SNI rule refused it), and the TLS alert the client ended its handshake with.
 pub(super) struct Refused {
     pub(super) reason: CloseReason,
     pub(super) denial: Option<Denial>,
+    pub(super) alert: Option<TlsAlert>,
 }
 
 impl Refused {
@@ -58,7 +61,52 @@ impl Refused {
         Self {
             reason,
             denial: None,
+            alert: None,
         }
+    }
+}
+
+/// The tunnel whose client's leg did not come up ends: the SNI rule's denial is logged,
+/// the alert the client sent is said in the close record, which is written with the
+/// leg's `bytes`.
+pub(super) fn ended(
+    shared: &Shared,
+    mut opened: Opened,
+    bytes: &Bytes,
+    refused: Refused,
+    target: &Target,
+) {
+    if let Some(denial) = refused.denial {
+        let label = TargetLabel::from(target);
+        record::deny(shared, opened.ctx(), opened.protocol(), &label, denial);
+    }
+    if let Some(alert) = refused.alert {
+        opened.client_alert(alert, alert_detail(alert, target));
+    }
+    opened.finish(bytes.outcome(refused.reason));
+}
+
+/// The alert a failed handshake's error says the client sent (rustls'
+/// `AlertReceived`, inside the I/O error tokio-rustls returns); `None` for any other
+/// failure, or a code the registry does not list.
+fn alert_of(e: &std::io::Error) -> Option<TlsAlert> {
+    match e.get_ref()?.downcast_ref::<rustls::Error>()? {
+        rustls::Error::AlertReceived(d) => TlsAlert::from_code(u8::from(*d)),
+        _ => None,
+    }
+}
+
+/// The close record's `detail` for a client that ended the handshake with `alert`, the
+/// tunnel being to `target`.
+fn alert_detail(alert: TlsAlert, target: &Target) -> String {
+    let word = alert.detail_word();
+    if alert.rejects_certificate() {
+        format!(
+            "{word}: the client ended the TLS handshake with the alert {alert}: it does not trust the certificate the mediator presented for {}, issued by the mediator's CA; give the client that CA (`mediator ca-cert`, the shim's --ca-cert)",
+            target.host
+        )
+    } else {
+        format!("{word}: the client ended the TLS handshake with the alert {alert}")
     }
 }
 
@@ -115,6 +163,7 @@ where
                 denial: Some(
                     Denial::sni_mismatch(why.to_string(), target).with_cause(Cause::AfterReply),
                 ),
+                alert: None,
             });
         }
         let config = server_config(tls, leaf).map_err(|e| {
@@ -127,7 +176,10 @@ where
                 tracing::info!(
                     "terminated tunnel to {target}: client TLS handshake failed (does the client trust the mediator CA?): {e}"
                 );
-                Err(Refused::ended(CloseReason::Error))
+                Err(Refused {
+                    alert: alert_of(&e),
+                    ..Refused::ended(CloseReason::Error)
+                })
             }
             Err(_) => Err(Refused::ended(CloseReason::IdleTimeout)),
         }

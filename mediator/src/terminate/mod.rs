@@ -92,13 +92,7 @@ pub(crate) async fn terminate<C>(
     let bytes = client.bytes();
     let client_tls = match client.accept(&tls, leaf, target, &shared).await {
         Ok(stream) => stream,
-        Err(refused) => {
-            if let Some(denial) = refused.denial {
-                record::deny(&shared, &ctx, opened.protocol(), &label, denial);
-            }
-            opened.finish(bytes.outcome(refused.reason));
-            return;
-        }
+        Err(refused) => return client::ended(&shared, opened, &bytes, refused, target),
     };
 
     // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host. A

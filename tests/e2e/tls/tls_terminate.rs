@@ -1031,6 +1031,65 @@ async fn an_open_terminated_tunnels_bytes_are_counted_before_it_closes() -> Resu
     Ok(())
 }
 
+/// A client that does not trust the mediator's CA (real curl, trusting another CA) ends
+/// its handshake with the alert `unknown_ca`: the tunnel's close record says so
+/// (`tls_alert`, a `detail` starting `client_rejected_certificate`, the rule of its
+/// decision), and the admin API's recent denials carry it, for the shim to say what to do.
+async fn a_client_rejecting_the_mediators_certificate_is_said_in_its_close_record() -> Result<()> {
+    let env = start_with(true, any_loopback_port(), |b| b.admin(true)).await?;
+    let m = &env.fx.mediator;
+    let other = tempfile::tempdir()?;
+    let foreign = TestCa::create(other.path())?;
+    let ca = foreign.pem_path.display().to_string();
+    let out = m
+        .curl_via(
+            "http",
+            (AGENT_A, TOKEN_A),
+            &["--cacert", &ca, &env.url("/public/a")],
+        )
+        .await?;
+    // 60: the peer's certificate cannot be authenticated with the CA certificates given.
+    ensure!(out.http_connect == 200 && out.exit_code == 60, "{out:?}");
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(
+        close["close_reason"] == "error" && close["tls_alert"] == "unknown_ca",
+        "{close}"
+    );
+    let detail = close["detail"].as_str().unwrap_or_default();
+    ensure!(
+        detail.starts_with("client_rejected_certificate: ") && detail.contains("unknown_ca"),
+        "{close}"
+    );
+    ensure!(
+        decision["rule"].is_string() && close["rule"] == decision["rule"],
+        "the close names its decision's rule: {decision} {close}"
+    );
+    let ring = m.admin_get("/v1/authorities/agent-a/denials").await?;
+    let entry = ring["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|e| e["event"] == "close"))
+        .ok_or_else(|| anyhow::anyhow!("no close entry among the denials: {ring}"))?;
+    ensure!(
+        entry["tunnel_id"] == decision["id"]
+            && entry["tls_alert"] == "unknown_ca"
+            && entry["host"] == API
+            && entry["status"] == 200
+            && entry["detail"] == close["detail"],
+        "{entry}"
+    );
+    ensure!(
+        entry["id"].as_u64() > decision["id"].as_u64(),
+        "drawn after the tunnel's decision, for since=: {entry}"
+    );
+    Ok(())
+}
+
 /// A client that resets its terminated tunnel after it was answered (as cargo does) has
 /// closed it: `client_closed`, not `error`.
 async fn a_clients_reset_after_its_answer_closes_a_terminated_tunnel() -> Result<()> {
@@ -1103,6 +1162,8 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
         case!(http2_requests_the_http2_layer_refuses_are_logged),
         case!(an_open_terminated_tunnels_bytes_are_counted_before_it_closes),
+        case!(a_client_rejecting_the_mediators_certificate_is_said_in_its_close_record)
+            .needs(&[Tool::Curl]),
         case!(a_clients_reset_after_its_answer_closes_a_terminated_tunnel),
     ]
 }
