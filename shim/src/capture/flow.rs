@@ -117,9 +117,10 @@ pub(crate) struct Flows {
     pub(crate) stub: Arc<Stub>,
     pub(crate) dial: Dial,
     pub(crate) denials: Arc<Denials>,
-    /// Record the mediator's denials seen in its answers (socket mode; the embedded
-    /// mediator's decision log records them itself).
-    pub(crate) record: bool,
+    /// Where the mediator's denials read in its answers go (socket mode; the embedded
+    /// mediator's tap records them itself): said before the child's connection is
+    /// refused.
+    pub(crate) answers: Option<crate::feed::Answers>,
     /// Captured TCP connections asked for on the channel.
     pub(crate) connections: AtomicU64,
     /// Of those, the ones refused (denied, or the channel failed).
@@ -299,8 +300,10 @@ async fn ask(
         return Err(None);
     };
     d.protocol = "connect";
-    if flows.record {
-        flows.denials.push(d.clone());
+    if let Some(answers) = flows.answers.clone() {
+        // It may ask the admin API (blocking), and must be said before the refusal.
+        let said = d.clone();
+        let _ = tokio::task::spawn_blocking(move || answers.denied(said)).await;
     }
     Err(Some(d))
 }

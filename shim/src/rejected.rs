@@ -1,0 +1,205 @@
+//! What the shim says when a client of the command refuses the certificate the mediator
+//! presented for a TLS-terminated host (the client ended its handshake with an alert such
+//! as `unknown_ca`): the mediator's close record names the alert, the embedded mediator's
+//! tap or the admin API's `/denials` bring it here, and the run gets one line on stderr
+//! saying which client, which host, and what to do, and one report entry (reason
+//! `client_rejected_certificate`).
+//!
+//! Pure words: it reads nothing, and names the client only when the caller could tell
+//! which program it was.
+
+use std::path::PathBuf;
+
+use crate::report::{Denial, Denials};
+
+/// The report's reason for such an entry (the first word of the mediator's `detail`).
+pub(crate) const REASON: &str = mediator::vocab::CLIENT_REJECTED_CERTIFICATE;
+
+/// What the run knows of the CA its command was told to trust.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Trust {
+    /// The bundle the shim's CA variables name (`SSL_CERT_FILE`, ...), when the run was
+    /// given a CA; `None`: no CA variable was set.
+    pub(crate) bundle: Option<PathBuf>,
+}
+
+/// One tunnel whose client refused the mediator's certificate.
+#[derive(Debug, Clone)]
+pub(crate) struct Rejection {
+    /// The tunnel's host.
+    pub(crate) host: Option<String>,
+    /// The tunnel's port.
+    pub(crate) port: Option<u16>,
+    /// The alert, by its registry name (`unknown_ca`).
+    pub(crate) alert: String,
+    /// The mediator's `detail`.
+    pub(crate) detail: String,
+    /// The program that refused it (`npm`, `curl`), when known.
+    pub(crate) client: Option<String>,
+}
+
+impl Rejection {
+    /// The close record `rec` (the embedded mediator's, through its tap) of a terminated
+    /// tunnel whose client refused the mediator's certificate: its `tls_alert` is one
+    /// that refuses a certificate. `None` for any other record.
+    pub(crate) fn of_close(rec: &mediator::Record) -> Option<Self> {
+        let alert = rec.tls_alert?;
+        (rec.event == mediator::vocab::Event::Close && alert.rejects_certificate()).then(|| Self {
+            host: rec.host.clone(),
+            port: rec.port,
+            alert: alert.as_str().to_owned(),
+            detail: rec.detail.clone(),
+            client: None,
+        })
+    }
+}
+
+impl Trust {
+    /// Records `r` in the run's report and says it on stderr (unless `--quiet-denials`).
+    pub(crate) fn rejected(&self, denials: &Denials, r: Rejection) {
+        let advice = self.advice(r.client.as_deref());
+        let line = self.line(&r, &advice);
+        denials.push_with_line(
+            Denial {
+                protocol: "tls",
+                status: 0,
+                reason: Some(REASON.to_owned()),
+                host: r.host,
+                port: r.port,
+                detail: Some(r.detail),
+                hint: Some(advice),
+                message: None,
+            },
+            line,
+        );
+    }
+
+    /// The line: `shim: npm does not trust the mediator's CA: it refused the certificate
+    /// for registry.npmjs.org:443 (TLS alert unknown_ca); ...`.
+    fn line(&self, r: &Rejection, advice: &str) -> String {
+        let who = r.client.as_deref().map_or_else(
+            || "a client of the command".to_owned(),
+            crate::report::on_one_line,
+        );
+        let target = match (r.host.as_deref(), r.port) {
+            (Some(h), Some(p)) if h.contains(':') => format!(" for [{h}]:{p}"),
+            (Some(h), Some(p)) => format!(" for {h}:{p}"),
+            (Some(h), None) => format!(" for {h}"),
+            (None, _) => String::new(),
+        };
+        format!(
+            "shim: {who} does not trust the mediator's CA: it refused the certificate{target} (TLS alert {}); {advice}",
+            crate::report::on_one_line(&r.alert)
+        )
+    }
+
+    /// What to do, for `client` (its program name) when known.
+    fn advice(&self, client: Option<&str>) -> String {
+        let Some(bundle) = &self.bundle else {
+            return "the run has no CA to give it: pass --ca-cert with the mediator's CA (`mediator ca-cert --config F` prints it), or --config F --authority A, which finds it".to_owned();
+        };
+        let own = client.and_then(own_setting).unwrap_or(
+            "a client with a CA setting of its own (a config file, a --cacert flag) reads that instead: point it at the bundle",
+        );
+        format!(
+            "the shim's CA variables (SSL_CERT_FILE and the others, docs/tls.md) name the bundle {} with the mediator's CA; {own}",
+            bundle.display()
+        )
+    }
+}
+
+/// The CA setting a known client reads before (or instead of) the variables the shim
+/// sets, by its program name.
+fn own_setting(client: &str) -> Option<&'static str> {
+    Some(match client {
+        "npm" | "npx" | "node" | "yarn" | "pnpm" => {
+            "npm's own `cafile` setting (npm config get cafile) wins over NODE_EXTRA_CA_CERTS: run npm with --cafile \"$SSL_CERT_FILE\""
+        }
+        "pip" | "pip3" | "python" | "python3" | "uv" => {
+            "pip's own `cert` setting (pip config list) wins over the variables: run pip with --cert \"$SSL_CERT_FILE\""
+        }
+        "curl" => "curl reads CURL_CA_BUNDLE unless --cacert or a .curlrc `cacert` says otherwise",
+        "git" => "git reads GIT_SSL_CAINFO unless its config's http.sslCAInfo says otherwise",
+        "cargo" => "cargo reads CARGO_HTTP_CAINFO unless its config's http.cainfo says otherwise",
+        "java" => {
+            "the JVM reads no CA variable: give it a trust store with the mediator's CA (-Djavax.net.ssl.trustStore)"
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejection(client: Option<&str>) -> Rejection {
+        Rejection {
+            host: Some("registry.npmjs.org".into()),
+            port: Some(443),
+            alert: "unknown_ca".into(),
+            detail: "client_rejected_certificate: ...".into(),
+            client: client.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_line_names_the_client_the_host_the_alert_and_what_to_do() {
+        let trust = Trust {
+            bundle: Some("/tmp/shim-ca/bundle.pem".into()),
+        };
+        let r = rejection(Some("npm"));
+        let line = trust.line(&r, &trust.advice(Some("npm")));
+        assert!(
+            line.starts_with("shim: npm does not trust the mediator's CA: it refused the certificate for registry.npmjs.org:443 (TLS alert unknown_ca); the shim's CA variables"),
+            "{line}"
+        );
+        assert!(line.contains("/tmp/shim-ca/bundle.pem"), "{line}");
+        assert!(line.contains("--cafile"), "{line}");
+        let generic = trust.line(&rejection(None), &trust.advice(None));
+        assert!(
+            generic.starts_with("shim: a client of the command does not trust"),
+            "{generic}"
+        );
+        assert!(generic.contains("a CA setting of its own"), "{generic}");
+        // Without a CA the run has nothing to give the client: say how to give one.
+        let none = Trust::default().advice(Some("npm"));
+        assert!(none.contains("--ca-cert"), "{none}");
+    }
+
+    #[test]
+    fn a_close_record_with_a_certificate_alert_is_a_rejection() {
+        use mediator::vocab::{Event, TlsAlert};
+        let line = r#"{"event":"close","ts":"2026-12-01T00:00:00.000Z","id":3,"conn":1,"authority":"agent","channel":"embedded","peer":{},"protocol":"connect","host":"api.test","port":443,"decision":"allow","reason":"allowed","rule":"api.test","detail":"client_rejected_certificate: ...","pin":"127.0.0.1","route":"direct","dns_ms":null,"connect_ms":null,"close_reason":"error","tls_alert":"unknown_ca"}"#;
+        let mut rec: mediator::Record = serde_json::from_str(line).unwrap();
+        let r = Rejection::of_close(&rec).unwrap();
+        assert_eq!(
+            (r.host.as_deref(), r.port, r.alert.as_str()),
+            (Some("api.test"), Some(443), "unknown_ca")
+        );
+        rec.tls_alert = Some(TlsAlert::ProtocolVersion);
+        assert!(Rejection::of_close(&rec).is_none());
+        (rec.tls_alert, rec.event) = (Some(TlsAlert::UnknownCa), Event::Decision);
+        assert!(Rejection::of_close(&rec).is_none());
+        rec.tls_alert = None;
+        assert!(Rejection::of_close(&rec).is_none());
+    }
+
+    #[test]
+    fn a_rejection_is_one_report_entry() {
+        let denials = Denials::new(false);
+        Trust::default().rejected(&denials, rejection(Some("curl")));
+        let (kept, _) = denials.take();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].reason.as_deref(), Some(REASON));
+        assert_eq!(
+            (kept[0].protocol, kept[0].host.as_deref()),
+            ("tls", Some("registry.npmjs.org"))
+        );
+        assert!(
+            kept[0]
+                .hint
+                .as_deref()
+                .is_some_and(|h| h.contains("--ca-cert"))
+        );
+    }
+}
