@@ -125,6 +125,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     // What a client that refuses the mediator's certificate is told (see crate::rejected).
     let told = crate::rejected::Trust {
         bundle: trust.as_ref().map(|t| t.files().bundle),
+        program_of: backend.program_of(),
+        clients: Arc::default(),
     };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
@@ -371,6 +373,7 @@ impl Channel {
                     channel_errors: AtomicU64::new(0),
                     denials: Arc::clone(denials),
                     answers: answers.clone(),
+                    trust: trust.clone(),
                 });
                 let (b, st) = (Arc::clone(binding), Arc::clone(&stats));
                 let listener = handoff.listener;
@@ -387,7 +390,7 @@ impl Channel {
                     *config,
                     handoff.listener,
                     log.map(|(_, file)| file),
-                    (Arc::clone(denials), trust),
+                    (Arc::clone(denials), trust.clone()),
                     Arc::clone(binding),
                 )?;
                 let dial = e.dial();
@@ -410,7 +413,7 @@ impl Channel {
                     job.addrs,
                     dial,
                     grant,
-                    Arc::clone(denials),
+                    (Arc::clone(denials), trust),
                     answers,
                 )?)
             }

@@ -5,22 +5,66 @@
 //! saying which client, which host, and what to do, and one report entry (reason
 //! `client_rejected_certificate`).
 //!
-//! Pure words: it reads nothing, and names the client only when the caller could tell
-//! which program it was.
+//! The client is named when the run could tell which program held the tunnel: in a run
+//! given a CA (the one where termination is expected), the relay and capture note the
+//! program behind each tunnel they open ([`Trust::opened`], through the backend's
+//! [`ProgramOf`]), and a refusal for that host and port names the last one.
 
+use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::report::{Denial, Denials};
+
+/// Names the program of the sandbox that holds a TCP connection whose socket, inside,
+/// has the local address `client` and the remote address `server` (`npm`, `curl`);
+/// `None` when it cannot tell. Called while the connection is open; a backend provides
+/// it (`crate::sandbox::Backend::program_of`).
+pub(crate) type ProgramOf = fn(client: SocketAddr, server: SocketAddr) -> Option<String>;
 
 /// The report's reason for such an entry (the first word of the mediator's `detail`).
 pub(crate) const REASON: &str = mediator::vocab::CLIENT_REJECTED_CERTIFICATE;
 
-/// What the run knows of the CA its command was told to trust.
+/// What the run knows of the CA its command was told to trust, and of the programs
+/// behind its tunnels.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Trust {
     /// The bundle the shim's CA variables name (`SSL_CERT_FILE`, ...), when the run was
     /// given a CA; `None`: no CA variable was set.
     pub(crate) bundle: Option<PathBuf>,
+    /// How the backend names the program behind a connection.
+    pub(crate) program_of: Option<ProgramOf>,
+    /// The programs behind the run's recent tunnels.
+    pub(crate) clients: Arc<Clients>,
+}
+
+/// How long a tunnel's program is remembered.
+const CLIENT_KEEP: Duration = Duration::from_secs(300);
+/// Most tunnels remembered.
+const CLIENT_MAX: usize = 256;
+
+/// The programs behind the run's recent tunnels, by host and port (the last first).
+#[derive(Debug, Default)]
+pub(crate) struct Clients(Mutex<VecDeque<(String, u16, String, Instant)>>);
+
+impl Clients {
+    fn note(&self, host: &str, port: u16, program: String) {
+        let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if list.len() == CLIENT_MAX {
+            list.pop_back();
+        }
+        list.push_front((host.to_ascii_lowercase(), port, program, Instant::now()));
+    }
+
+    fn name_of(&self, host: &str, port: u16) -> Option<String> {
+        let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|(.., at)| at.elapsed() < CLIENT_KEEP);
+        list.iter()
+            .find(|(h, p, ..)| h.eq_ignore_ascii_case(host) && *p == port)
+            .map(|(.., program, _)| program.clone())
+    }
 }
 
 /// One tunnel whose client refused the mediator's certificate.
@@ -55,8 +99,25 @@ impl Rejection {
 }
 
 impl Trust {
+    /// A tunnel to `host:port` was opened for the sandbox's connection whose socket,
+    /// inside, is `client` -> `server`: in a run given a CA, notes the program behind it.
+    /// Reads `/proc` (a few milliseconds): call it where a short wait does no harm.
+    pub(crate) fn opened(&self, host: &str, port: u16, client: SocketAddr, server: SocketAddr) {
+        let (Some(_), Some(program_of)) = (&self.bundle, self.program_of) else {
+            return;
+        };
+        if let Some(program) = program_of(client, server) {
+            self.clients.note(host, port, program);
+        }
+    }
+
     /// Records `r` in the run's report and says it on stderr (unless `--quiet-denials`).
-    pub(crate) fn rejected(&self, denials: &Denials, r: Rejection) {
+    pub(crate) fn rejected(&self, denials: &Denials, mut r: Rejection) {
+        if r.client.is_none()
+            && let (Some(host), Some(port)) = (&r.host, r.port)
+        {
+            r.client = self.clients.name_of(host, port);
+        }
         let advice = self.advice(r.client.as_deref());
         let line = self.line(&r, &advice);
         denials.push_with_line(
@@ -146,6 +207,7 @@ mod tests {
     fn the_line_names_the_client_the_host_the_alert_and_what_to_do() {
         let trust = Trust {
             bundle: Some("/tmp/shim-ca/bundle.pem".into()),
+            ..Trust::default()
         };
         let r = rejection(Some("npm"));
         let line = trust.line(&r, &trust.advice(Some("npm")));
@@ -182,6 +244,36 @@ mod tests {
         assert!(Rejection::of_close(&rec).is_none());
         rec.tls_alert = None;
         assert!(Rejection::of_close(&rec).is_none());
+    }
+
+    #[test]
+    fn a_refusal_names_the_program_noted_for_its_tunnel() {
+        fn npm(_: SocketAddr, _: SocketAddr) -> Option<String> {
+            Some("npm".into())
+        }
+        let trust = Trust {
+            bundle: Some("/b.pem".into()),
+            program_of: Some(npm),
+            ..Trust::default()
+        };
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        trust.opened("Registry.npmjs.org", 443, addr, addr);
+        let denials = Denials::new(false);
+        trust.rejected(&denials, rejection(None));
+        let (kept, _) = denials.take();
+        assert!(
+            kept[0]
+                .hint
+                .as_deref()
+                .is_some_and(|h| h.contains("--cafile"))
+        );
+        // Without a CA nothing is looked up.
+        let bare = Trust {
+            program_of: Some(npm),
+            ..Trust::default()
+        };
+        bare.opened("registry.npmjs.org", 443, addr, addr);
+        assert_eq!(bare.clients.name_of("registry.npmjs.org", 443), None);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub(crate) struct RelayStats {
     pub(crate) denials: Arc<Denials>,
     /// Where a denial read in an answer goes.
     pub(crate) answers: Answers,
+    /// Notes the program behind each tunnel (see [`crate::rejected`]).
+    pub(crate) trust: crate::rejected::Trust,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -83,17 +85,22 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     // Down: the first answer is held until it is known, its denial said first.
     let mut watch = Watch::default();
     let mut buf = vec![0u8; 16 * 1024];
+    let mut opened = false;
     loop {
         let n = match u_read.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         let (pass, denied) = watch.take(&buf[..n]);
+        let tunnel = watch.done && denied.is_none() && !std::mem::replace(&mut opened, true);
         if let Some(d) = denied {
             stats.answers.denied(with_target(d, &head));
         }
         if c_write.write_all(&pass).is_err() {
             break;
+        }
+        if tunnel {
+            note_program(&c_write, &head, &stats.trust);
         }
     }
     let (pass, denied) = watch.end();
@@ -125,6 +132,33 @@ fn carry_up(from: &mut TcpStream, to: &mut UnixStream, head: &Mutex<Vec<u8>>) {
             return;
         }
     }
+}
+
+/// The client's tunnel is open (its CONNECT or SOCKS5 request was answered, not
+/// denied): notes the program behind it, for the line a refusal of the mediator's
+/// certificate gets. The connection's socket, inside, is the client's address -> the
+/// listener's.
+fn note_program(client: &TcpStream, head: &Mutex<Vec<u8>>, trust: &crate::rejected::Trust) {
+    let head = head.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let target = match head.first() {
+        Some(0x05) => socks_target(&head),
+        _ => connect_target(&head),
+    };
+    if let (Some((host, port)), Ok(peer), Ok(local)) =
+        (target, client.peer_addr(), client.local_addr())
+    {
+        trust.opened(&host, port, peer, local);
+    }
+}
+
+/// The target of a `CONNECT host:port HTTP/1.1` request line.
+fn connect_target(head: &[u8]) -> Option<(String, u16)> {
+    let line = head.split(|&b| b == b'\r').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let target = line.strip_prefix("CONNECT ")?.split(' ').next()?;
+    let (host, port) = target.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
 }
 
 /// `d` with the destination its client asked for, when the answer named none (a SOCKS5
@@ -486,6 +520,19 @@ mod tests {
         let mut w = Watch::default();
         assert_eq!(w.take(b"HTTP/1.1 2").0, b"");
         assert_eq!(w.end(), (b"HTTP/1.1 2".to_vec(), None));
+    }
+
+    #[test]
+    fn the_connect_line_names_the_target() {
+        assert_eq!(
+            connect_target(b"CONNECT api.test:8443 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(("api.test".into(), 8443))
+        );
+        assert_eq!(
+            connect_target(b"CONNECT [::1]:443 HTTP/1.1\r\n"),
+            Some(("::1".into(), 443))
+        );
+        assert_eq!(connect_target(b"GET http://a/ HTTP/1.1\r\n"), None);
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Capture {
         addrs: Addresses,
         dial: Dial,
         grant: Option<Arc<crate::control::Binding>>,
-        denials: Arc<Denials>,
+        (denials, trust): (Arc<Denials>, crate::rejected::Trust),
         answers: Option<crate::feed::Answers>,
     ) -> Result<Self> {
         // Each captured connection holds one descriptor here (its channel connection): the
@@ -122,6 +122,7 @@ impl Capture {
             dial,
             denials,
             answers,
+            trust,
             connections: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             channel_errors: AtomicU64::new(0),

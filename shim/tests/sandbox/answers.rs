@@ -264,8 +264,8 @@ fn a_captured_flows_denial_line_comes_before_curls_error() -> TestResult {
 }
 
 /// The mediator terminates TLS to `api.test`; curl, told to trust another CA, refuses
-/// the mediator's certificate: the shim says what to do on stderr, and the report lists
-/// it with reason `client_rejected_certificate`.
+/// the mediator's certificate: the shim names curl and says what to do on stderr, and
+/// the report lists it with reason `client_rejected_certificate`.
 fn a_client_refusing_the_mediators_certificate_is_told_what_to_do() -> TestResult {
     let s = Scratch::new("answers-reject");
     let origin = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -288,9 +288,14 @@ fn a_client_refusing_the_mediators_certificate_is_told_what_to_do() -> TestResul
         ),
         &[],
     );
+    // The program is named (read from /proc while its tunnel was open), and so is what
+    // overrides the shim's variables for it.
     let line = format!(
-        "does not trust the mediator's CA: it refused the certificate for api.test:{port} (TLS alert unknown_ca); the shim's CA variables"
+        "shim: curl does not trust the mediator's CA: it refused the certificate for api.test:{port} (TLS alert unknown_ca); the shim's CA variables"
     );
+    if !out.contains("curl reads CURL_CA_BUNDLE unless --cacert") {
+        return Err(format!("no advice for curl:\n{out}"));
+    }
     if out.matches(&line).count() != 1 {
         return Err(format!("expected {line:?} once:\n{out}"));
     }
