@@ -91,6 +91,13 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if watch.done {
+            // The answer is known: plain copy from now on.
+            if c_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            continue;
+        }
         let (pass, denied) = watch.take(&buf[..n]);
         let tunnel = watch.done && denied.is_none() && !std::mem::replace(&mut opened, true);
         if let Some(d) = denied {
@@ -118,15 +125,18 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
 /// before they are passed on (so that they are there when the answer comes).
 fn carry_up(from: &mut TcpStream, to: &mut UnixStream, head: &Mutex<Vec<u8>>) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut kept = 0;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        {
-            let mut head = head.lock().unwrap_or_else(PoisonError::into_inner);
-            let room = CLIENT_HEAD.saturating_sub(head.len()).min(n);
-            head.extend_from_slice(&buf[..room]);
+        if kept < CLIENT_HEAD {
+            let room = (CLIENT_HEAD - kept).min(n);
+            head.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(&buf[..room]);
+            kept += room;
         }
         if to.write_all(&buf[..n]).is_err() {
             return;
