@@ -26,7 +26,7 @@ use crate::decision_log::Peer;
 use crate::limits::{AuthorityCounts, InForce};
 use crate::members::{Joined, Key, Member, Members};
 use crate::signal::Signals;
-use crate::vocab::{Event, Protocol, TlsAlert, serialize_reason};
+use crate::vocab::{ClientTlsEnd, Event, Protocol, TlsAlert, serialize_reason};
 
 /// Denials kept per authority for `GET /v1/authorities/<name>/denials`.
 pub(crate) const DENIAL_RING: usize = 256;
@@ -68,7 +68,11 @@ pub(crate) struct DenialEntry {
     /// `close` entries: the tunnel's decision id (its close record's `id` in the log).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tunnel_id: Option<u64>,
-    /// `close` entries: the alert the client sent.
+    /// `close` entries: how the client ended the handshake (`rejected_certificate`,
+    /// `closed_after_certificate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) client_tls: Option<ClientTlsEnd>,
+    /// `close` entries: the alert the client sent, if it sent one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls_alert: Option<TlsAlert>,
     /// RFC 3339 timestamp.

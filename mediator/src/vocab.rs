@@ -383,9 +383,58 @@ impl TlsAlert {
                 | Self::BadCertificateStatusResponse
         )
     }
+}
 
-    /// The first word of the `detail` of a close record whose client sent this alert:
-    /// [`CLIENT_REJECTED_CERTIFICATE`], or `client_tls_alert`.
+/// How the client of a terminated tunnel ended a TLS handshake it did not complete (the
+/// `client_tls` field of the tunnel's close record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientTlsEnd {
+    /// It sent an alert that refuses the certificate the mediator presented (the
+    /// record's `tls_alert` names it): it does not trust the mediator's CA.
+    RejectedCertificate,
+    /// It closed the connection once the mediator had presented its certificate, with
+    /// no alert: what Node.js (npm, node) does with a certificate it does not trust.
+    ClosedAfterCertificate,
+    /// It sent another alert (`tls_alert` names it, when the registry lists it).
+    Alert,
+}
+
+impl ClientTlsEnd {
+    /// Every ending.
+    pub const ALL: [Self; 3] = [
+        Self::RejectedCertificate,
+        Self::ClosedAfterCertificate,
+        Self::Alert,
+    ];
+
+    /// The contract string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RejectedCertificate => "rejected_certificate",
+            Self::ClosedAfterCertificate => "closed_after_certificate",
+            Self::Alert => "alert",
+        }
+    }
+
+    /// The ending of a client that sent `alert` (`None`: a code the registry does not
+    /// list).
+    pub fn of_alert(alert: Option<TlsAlert>) -> Self {
+        match alert {
+            Some(a) if a.rejects_certificate() => Self::RejectedCertificate,
+            _ => Self::Alert,
+        }
+    }
+
+    /// Whether the client refused the mediator's certificate.
+    pub fn rejects_certificate(self) -> bool {
+        match self {
+            Self::RejectedCertificate | Self::ClosedAfterCertificate => true,
+            Self::Alert => false,
+        }
+    }
+
+    /// The first word of the close record's `detail`: [`CLIENT_REJECTED_CERTIFICATE`],
+    /// or `client_tls_alert`.
     pub fn detail_word(self) -> &'static str {
         if self.rejects_certificate() {
             CLIENT_REJECTED_CERTIFICATE
@@ -448,7 +497,7 @@ macro_rules! string_forms {
     )*};
 }
 
-string_forms!(Protocol, CloseReason, Event, Channel);
+string_forms!(Protocol, CloseReason, Event, Channel, ClientTlsEnd);
 
 /// Serialises a policy [`policy::Reason`] as its contract string (for `#[serde(serialize_with)]`).
 pub(crate) fn serialize_reason<S: Serializer>(r: &policy::Reason, s: S) -> Result<S::Ok, S::Error> {
@@ -512,10 +561,20 @@ mod tests {
         assert_eq!(TlsAlert::from_code(48), Some(TlsAlert::UnknownCa));
         assert_eq!(TlsAlert::UnknownCa.as_str(), "unknown_ca");
         assert_eq!(TlsAlert::from_code(200), None);
+        let end = |a| ClientTlsEnd::of_alert(Some(a));
         assert_eq!(
-            TlsAlert::CertificateUnknown.detail_word(),
+            end(TlsAlert::CertificateUnknown).detail_word(),
             "client_rejected_certificate"
         );
-        assert_eq!(TlsAlert::ProtocolVersion.detail_word(), "client_tls_alert");
+        assert_eq!(end(TlsAlert::ProtocolVersion), ClientTlsEnd::Alert);
+        assert_eq!(
+            ClientTlsEnd::of_alert(None).detail_word(),
+            "client_tls_alert"
+        );
+        assert!(ClientTlsEnd::ClosedAfterCertificate.rejects_certificate());
+        assert_eq!(
+            serde_json::to_string(&ClientTlsEnd::ClosedAfterCertificate).unwrap(),
+            "\"closed_after_certificate\""
+        );
     }
 }

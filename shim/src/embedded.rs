@@ -500,6 +500,7 @@ mod tests {
             bytes_down: None,
             duration_ms: None,
             close_reason: None,
+            client_tls: None,
             tls_alert: None,
             method: None,
             path: None,

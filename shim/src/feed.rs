@@ -32,6 +32,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use mediator::vocab::ClientTlsEnd;
+
 use crate::cli::AdminEndpoint;
 use crate::rejected::{Rejection, Trust};
 use crate::report::{Denial, Denials};
@@ -168,13 +170,14 @@ impl Polls {
         let s = |k: &str| e[k].as_str().map(str::to_owned);
         let port = e["port"].as_u64().and_then(|p| u16::try_from(p).ok());
         if e["event"] == "close" {
-            if let Some(alert) = s("tls_alert") {
+            let end = serde_json::from_value::<ClientTlsEnd>(e["client_tls"].clone());
+            if end.is_ok_and(ClientTlsEnd::rejects_certificate) {
                 self.trust.rejected(
                     &self.denials,
                     Rejection {
                         host: s("host"),
                         port,
-                        alert,
+                        alert: s("tls_alert"),
                         detail: s("detail").unwrap_or_default(),
                         client: None,
                     },

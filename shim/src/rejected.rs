@@ -1,7 +1,8 @@
 //! What the shim says when a client of the command refuses the certificate the mediator
 //! presented for a TLS-terminated host (the client ended its handshake with an alert such
-//! as `unknown_ca`): the mediator's close record names the alert, the embedded mediator's
-//! tap or the admin API's `/denials` bring it here, and the run gets one line on stderr
+//! as `unknown_ca`, or hung up once it had the certificate, as Node.js does): the
+//! mediator's close record says so (`client_tls`, and `tls_alert` when there was one), the
+//! embedded mediator's tap or the admin API's `/denials` bring it here, and the run gets one line on stderr
 //! saying which client, which host, and what to do, and one report entry (reason
 //! `client_rejected_certificate`).
 //!
@@ -74,8 +75,9 @@ pub(crate) struct Rejection {
     pub(crate) host: Option<String>,
     /// The tunnel's port.
     pub(crate) port: Option<u16>,
-    /// The alert, by its registry name (`unknown_ca`).
-    pub(crate) alert: String,
+    /// The alert, by its registry name (`unknown_ca`); `None`: the client hung up without
+    /// one (Node.js).
+    pub(crate) alert: Option<String>,
     /// The mediator's `detail`.
     pub(crate) detail: String,
     /// The program that refused it (`npm`, `curl`), when known.
@@ -84,14 +86,14 @@ pub(crate) struct Rejection {
 
 impl Rejection {
     /// The close record `rec` (the embedded mediator's, through its tap) of a terminated
-    /// tunnel whose client refused the mediator's certificate: its `tls_alert` is one
-    /// that refuses a certificate. `None` for any other record.
+    /// tunnel whose client refused the mediator's certificate (its `client_tls` says
+    /// so). `None` for any other record.
     pub(crate) fn of_close(rec: &mediator::Record) -> Option<Self> {
-        let alert = rec.tls_alert?;
-        (rec.event == mediator::vocab::Event::Close && alert.rejects_certificate()).then(|| Self {
+        let refused = rec.client_tls?.rejects_certificate();
+        (rec.event == mediator::vocab::Event::Close && refused).then(|| Self {
             host: rec.host.clone(),
             port: rec.port,
-            alert: alert.as_str().to_owned(),
+            alert: rec.tls_alert.map(|a| a.as_str().to_owned()),
             detail: rec.detail.clone(),
             client: None,
         })
@@ -148,9 +150,12 @@ impl Trust {
             (Some(h), None) => format!(" for {h}"),
             (None, _) => String::new(),
         };
+        let how = r.alert.as_deref().map_or_else(
+            || "it hung up during the TLS handshake, without an alert".to_owned(),
+            |a| format!("TLS alert {}", crate::report::on_one_line(a)),
+        );
         format!(
-            "shim: {who} does not trust the mediator's CA: it refused the certificate{target} (TLS alert {}); {advice}",
-            crate::report::on_one_line(&r.alert)
+            "shim: {who} does not trust the mediator's CA: it refused the certificate{target} ({how}); {advice}"
         )
     }
 
@@ -197,7 +202,7 @@ mod tests {
         Rejection {
             host: Some("registry.npmjs.org".into()),
             port: Some(443),
-            alert: "unknown_ca".into(),
+            alert: Some("unknown_ca".into()),
             detail: "client_rejected_certificate: ...".into(),
             client: client.map(str::to_owned),
         }
@@ -229,20 +234,29 @@ mod tests {
     }
 
     #[test]
-    fn a_close_record_with_a_certificate_alert_is_a_rejection() {
-        use mediator::vocab::{Event, TlsAlert};
-        let line = r#"{"event":"close","ts":"2026-12-01T00:00:00.000Z","id":3,"conn":1,"authority":"agent","channel":"embedded","peer":{},"protocol":"connect","host":"api.test","port":443,"decision":"allow","reason":"allowed","rule":"api.test","detail":"client_rejected_certificate: ...","pin":"127.0.0.1","route":"direct","dns_ms":null,"connect_ms":null,"close_reason":"error","tls_alert":"unknown_ca"}"#;
+    fn a_close_record_whose_client_refused_the_certificate_is_a_rejection() {
+        use mediator::vocab::{ClientTlsEnd, Event, TlsAlert};
+        let line = r#"{"event":"close","ts":"2026-12-01T00:00:00.000Z","id":3,"conn":1,"authority":"agent","channel":"embedded","peer":{},"protocol":"connect","host":"api.test","port":443,"decision":"allow","reason":"allowed","rule":"api.test","detail":"client_rejected_certificate: ...","pin":"127.0.0.1","route":"direct","dns_ms":null,"connect_ms":null,"close_reason":"error","client_tls":"rejected_certificate","tls_alert":"unknown_ca"}"#;
         let mut rec: mediator::Record = serde_json::from_str(line).unwrap();
         let r = Rejection::of_close(&rec).unwrap();
         assert_eq!(
-            (r.host.as_deref(), r.port, r.alert.as_str()),
-            (Some("api.test"), Some(443), "unknown_ca")
+            (r.host.as_deref(), r.port, r.alert.as_deref()),
+            (Some("api.test"), Some(443), Some("unknown_ca"))
         );
-        rec.tls_alert = Some(TlsAlert::ProtocolVersion);
+        // Node.js hangs up without an alert: a rejection all the same, said so.
+        (rec.client_tls, rec.tls_alert) = (Some(ClientTlsEnd::ClosedAfterCertificate), None);
+        let r = Rejection::of_close(&rec).unwrap();
+        let line = Trust::default().line(&r, "x");
+        assert!(
+            line.contains("(it hung up during the TLS handshake, without an alert)"),
+            "{line}"
+        );
+        (rec.client_tls, rec.tls_alert) =
+            (Some(ClientTlsEnd::Alert), Some(TlsAlert::ProtocolVersion));
         assert!(Rejection::of_close(&rec).is_none());
-        (rec.tls_alert, rec.event) = (Some(TlsAlert::UnknownCa), Event::Decision);
+        (rec.client_tls, rec.event) = (Some(ClientTlsEnd::RejectedCertificate), Event::Decision);
         assert!(Rejection::of_close(&rec).is_none());
-        rec.tls_alert = None;
+        (rec.client_tls, rec.event) = (None, Event::Close);
         assert!(Rejection::of_close(&rec).is_none());
     }
 

@@ -18,7 +18,7 @@ use super::{Ctx, TargetLabel};
 use crate::relay::RelayOutcome;
 use crate::route::Route;
 use crate::shared::Shared;
-use crate::vocab::{CloseReason, Event, Protocol, TlsAlert};
+use crate::vocab::{ClientTlsEnd, CloseReason, Event, Protocol, TlsAlert};
 
 /// The facts of an allowed connection that its close record repeats.
 #[derive(Debug, Clone)]
@@ -54,9 +54,9 @@ pub(crate) struct Opened {
     /// Bytes already added to `mediator_bytes_total` while the connection was open (up,
     /// down): the close adds only the rest.
     reported: [std::sync::atomic::AtomicU64; 2],
-    /// The TLS alert the client of a terminated tunnel ended its handshake with, and the
-    /// record's `detail` saying it.
-    alert: Option<(TlsAlert, String)>,
+    /// How the client of a terminated tunnel ended its handshake, the alert it sent, and
+    /// the record's `detail` saying it.
+    ending: Option<(ClientTlsEnd, Option<TlsAlert>, String)>,
     /// Set once the record is written.
     written: bool,
 }
@@ -84,7 +84,7 @@ impl Opened {
             facts,
             keeper: None,
             reported: Default::default(),
-            alert: None,
+            ending: None,
             written: false,
         }
     }
@@ -122,12 +122,17 @@ impl Opened {
         self.protocol
     }
 
-    /// The client of this terminated tunnel ended its handshake with `alert`: the close
-    /// record says so (`tls_alert`, and `detail`), and a certificate it refused is also
-    /// kept among the authority's recent denials for the admin API
-    /// ([`record::client_refused`]).
-    pub(crate) fn client_alert(&mut self, alert: TlsAlert, detail: String) {
-        self.alert = Some((alert, detail));
+    /// The client of this terminated tunnel ended its handshake (`end`, with `alert`):
+    /// the close record says so (`client_tls`, `tls_alert`, and `detail`), and a
+    /// certificate it refused is also kept among the authority's recent denials for the
+    /// admin API ([`record::client_refused`]).
+    pub(crate) fn client_ended(
+        &mut self,
+        end: ClientTlsEnd,
+        alert: Option<TlsAlert>,
+        detail: String,
+    ) {
+        self.ending = Some((end, alert, detail));
     }
 
     /// Writes the close record with `outcome`.
@@ -176,10 +181,9 @@ impl Opened {
                 outcome.down.saturating_sub(down),
             );
         }
-        if let Some((alert, detail)) = self.alert.take() {
-            rec.tls_alert = Some(alert);
-            rec.detail = detail;
-            if alert.rejects_certificate() {
+        if let Some((end, alert, detail)) = self.ending.take() {
+            (rec.client_tls, rec.tls_alert, rec.detail) = (Some(end), alert, detail);
+            if end.rejects_certificate() {
                 record::client_refused(&self.shared, &self.ctx, &rec);
             }
         }

@@ -27,6 +27,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_denial_line_comes_before_pips_error,
         a_captured_flows_denial_line_comes_before_curls_error,
         a_client_refusing_the_mediators_certificate_is_told_what_to_do,
+        npm_refusing_the_mediators_certificate_without_an_alert_is_told_what_to_do,
     ]
 }
 
@@ -309,5 +310,61 @@ fn a_client_refusing_the_mediators_certificate_is_told_what_to_do() -> TestResul
         _ => Err(format!(
             "no client_rejected_certificate entry: {report}\n{out}"
         )),
+    }
+}
+
+/// npm (Node.js) does not send an alert when it refuses a certificate: it hangs up during
+/// the handshake. The mediator's close record says so (`client_tls:
+/// closed_after_certificate`), and the shim names npm, says it hung up, and what
+/// overrides the shim's variables for it (its own `cafile`). npm prints its error as soon
+/// as it has hung up, while the refusal reaches the shim through the mediator's close
+/// record: the order of the two lines is not the test's.
+fn npm_refusing_the_mediators_certificate_without_an_alert_is_told_what_to_do() -> TestResult {
+    if Command::new("npm")
+        .arg("--version")
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        let why = "needs npm: sudo apt-get install npm";
+        return if std::env::var("CI").is_ok_and(|v| v == "true") {
+            Err(format!("CI=true, and this test cannot run: {why}"))
+        } else {
+            Err(format!("{IGNORED}{why}"))
+        };
+    }
+    let s = Scratch::new("answers-npm");
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = origin.local_addr().unwrap().port();
+    // The origin only has to accept: the client's handshake fails before any request.
+    std::thread::spawn(move || for _c in origin.incoming() {});
+    let real = Real::start(&s.0, true);
+    // npm's cache and logs go under `work` (the mediator's files stay outside the
+    // writable root).
+    let work = s.path("work");
+    std::fs::create_dir_all(&work).unwrap();
+    write_ca(&work.join("other-ca.pem"));
+    let mut flags = real.with_admin();
+    flags.extend(["--allow-write".into(), work.display().to_string()]);
+    let out = run_merged(
+        &work,
+        &flags,
+        &format!(
+            "npm view nothing-here --registry https://api.test:{port}/ --cafile other-ca.pem --fetch-retries 0 --cache cache --no-update-notifier"
+        ),
+        &[("HOME", &work)],
+    );
+    let line = format!(
+        "shim: npm does not trust the mediator's CA: it refused the certificate for api.test:{port} (it hung up during the TLS handshake, without an alert); the shim's CA variables"
+    );
+    if out.matches(&line).count() != 1 {
+        return Err(format!("expected {line:?} once:\n{out}"));
+    }
+    if !out.contains("npm error code SELF_SIGNED_CERT_IN_CHAIN") {
+        return Err(format!("npm did not refuse the certificate:\n{out}"));
+    }
+    if out.contains("npm's own `cafile` setting") {
+        Ok(())
+    } else {
+        Err(format!("no advice for npm:\n{out}"))
     }
 }

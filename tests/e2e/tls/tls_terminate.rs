@@ -1058,7 +1058,9 @@ async fn a_client_rejecting_the_mediators_certificate_is_said_in_its_close_recor
         .await?;
     let close = m.wait_for_close(&decision["id"]).await?;
     ensure!(
-        close["close_reason"] == "error" && close["tls_alert"] == "unknown_ca",
+        close["close_reason"] == "error"
+            && close["client_tls"] == "rejected_certificate"
+            && close["tls_alert"] == "unknown_ca",
         "{close}"
     );
     let detail = close["detail"].as_str().unwrap_or_default();
@@ -1077,6 +1079,7 @@ async fn a_client_rejecting_the_mediators_certificate_is_said_in_its_close_recor
         .ok_or_else(|| anyhow::anyhow!("no close entry among the denials: {ring}"))?;
     ensure!(
         entry["tunnel_id"] == decision["id"]
+            && entry["client_tls"] == "rejected_certificate"
             && entry["tls_alert"] == "unknown_ca"
             && entry["host"] == API
             && entry["status"] == 200
@@ -1086,6 +1089,80 @@ async fn a_client_rejecting_the_mediators_certificate_is_said_in_its_close_recor
     ensure!(
         entry["id"].as_u64() > decision["id"].as_u64(),
         "drawn after the tunnel's decision, for since=: {entry}"
+    );
+    Ok(())
+}
+
+/// The client of `node` (npm's runtime): a CONNECT through the mediator to `target` with
+/// `auth`'s header, then a TLS handshake with SNI `sni`, trusting Node's own CA list (not
+/// the mediator's CA). Prints `trusted`, or the error's code (exit 2), or the CONNECT's
+/// status line (exit 3).
+const NODE_CLIENT: &str = r"
+const net = require('net'), tls = require('tls');
+const [port, target, sni, auth] = process.argv.slice(1);
+const s = net.connect(+port, '127.0.0.1', () =>
+  s.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n\r\n`));
+let head = '';
+s.on('data', function onHead(d) {
+  head += d;
+  if (!head.includes('\r\n\r\n')) return;
+  s.removeListener('data', onHead);
+  if (!head.startsWith('HTTP/1.1 200')) { console.log(head.split('\r\n')[0]); process.exit(3); }
+  const t = tls.connect({ socket: s, servername: sni });
+  t.on('secureConnect', () => { console.log('trusted'); process.exit(0); });
+  t.on('error', e => { console.log(e.code); process.exit(2); });
+});
+";
+
+/// Node.js (npm's runtime) that does not trust the mediator's CA sends no alert: it hangs
+/// up during the handshake, once the mediator has presented its certificate. The close
+/// record says so (`client_tls: closed_after_certificate`, no `tls_alert`, a `detail`
+/// starting `client_rejected_certificate`), and so does the admin API's entry the shim
+/// reads.
+async fn node_hanging_up_on_the_mediators_certificate_is_said_in_its_close_record() -> Result<()> {
+    let env = start_with(true, any_loopback_port(), |b| b.admin(true)).await?;
+    let m = &env.fx.mediator;
+    let auth = proxy_authorization(AGENT_A, TOKEN_A);
+    let port = m.tcp_addr().port().to_string();
+    let out = Tool::Node
+        .command("node")?
+        .args(["-e", NODE_CLIENT, &port, &env.target(), API])
+        .arg(auth.trim_end())
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.code() == Some(2) && said.trim() == "SELF_SIGNED_CERT_IN_CHAIN",
+        "node refuses the mediator's certificate: {out:?}"
+    );
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(
+        close["close_reason"] == "error"
+            && close["client_tls"] == "closed_after_certificate"
+            && close.get("tls_alert").is_none(),
+        "{close}"
+    );
+    let detail = close["detail"].as_str().unwrap_or_default();
+    ensure!(
+        detail.starts_with("client_rejected_certificate: ") && detail.contains("without an alert"),
+        "{close}"
+    );
+    let ring = m.admin_get("/v1/authorities/agent-a/denials").await?;
+    let entry = ring["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|e| e["event"] == "close"))
+        .ok_or_else(|| anyhow::anyhow!("no close entry among the denials: {ring}"))?;
+    ensure!(
+        entry["tunnel_id"] == decision["id"]
+            && entry["client_tls"] == "closed_after_certificate"
+            && entry["detail"] == close["detail"],
+        "{entry}"
     );
     Ok(())
 }
@@ -1165,5 +1242,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_client_rejecting_the_mediators_certificate_is_said_in_its_close_record)
             .needs(&[Tool::Curl]),
         case!(a_clients_reset_after_its_answer_closes_a_terminated_tunnel),
+        case!(node_hanging_up_on_the_mediators_certificate_is_said_in_its_close_record)
+            .needs(&[Tool::Node]),
     ]
 }
