@@ -26,7 +26,7 @@ use crate::decision_log::Peer;
 use crate::limits::{AuthorityCounts, InForce};
 use crate::members::{Joined, Key, Member, Members};
 use crate::signal::Signals;
-use crate::vocab::{Protocol, serialize_reason};
+use crate::vocab::{ClientTlsEnd, Event, Protocol, TlsAlert, serialize_reason};
 
 /// Denials kept per authority for `GET /v1/authorities/<name>/denials`.
 pub(crate) const DENIAL_RING: usize = 256;
@@ -54,11 +54,27 @@ pub(crate) struct Birth {
     pub(crate) expires_at: Option<String>,
 }
 
-/// One recent denial of an authority.
+/// One recent denial of an authority, or a terminated tunnel of it whose client refused
+/// the mediator's certificate (what the shim's run must hear of, design section 10).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct DenialEntry {
-    /// The decision id (as in the decision log).
+    /// `decision`: a denial; `close`: a terminated tunnel whose client ended its handshake
+    /// refusing the mediator's certificate (its `reason` is the tunnel's, `allowed`).
+    pub(crate) event: Event,
+    /// The decision id (as in the decision log); for a `close` entry, an id drawn when the
+    /// tunnel closed (so that `since=` finds it after the entries before it), the tunnel's
+    /// own being `tunnel_id`.
     pub(crate) id: u64,
+    /// `close` entries: the tunnel's decision id (its close record's `id` in the log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tunnel_id: Option<u64>,
+    /// `close` entries: how the client ended the handshake (`rejected_certificate`,
+    /// `closed_after_certificate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) client_tls: Option<ClientTlsEnd>,
+    /// `close` entries: the alert the client sent, if it sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_alert: Option<TlsAlert>,
     /// RFC 3339 timestamp.
     pub(crate) ts: String,
     /// The protocol of the decision.

@@ -24,6 +24,7 @@ mod handover;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;
+mod rejected;
 mod relay;
 mod report;
 mod sandbox;

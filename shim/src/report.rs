@@ -129,8 +129,15 @@ impl Denials {
 
     /// Records one denial.
     pub(crate) fn push(&self, d: Denial) {
+        let line = d.line();
+        self.push_with_line(d, line);
+    }
+
+    /// Records one entry, said on stderr as `line` (the client's refusal of the
+    /// mediator's certificate is said in the shim's words, not as a denial).
+    pub(crate) fn push_with_line(&self, d: Denial, line: String) {
         if self.live {
-            self.say(d.line());
+            self.say(line);
         }
         let mut kept = self
             .kept

@@ -19,6 +19,7 @@ use crate::ca::TrustFiles;
 use crate::capture::Addresses;
 use crate::cli::Degradation;
 use crate::error::Result;
+pub(crate) use crate::rejected::ProgramOf;
 use crate::report::{RunsAs, Tampering};
 use crate::violations::Violations;
 
@@ -138,4 +139,10 @@ pub(crate) trait Backend {
     /// caller's own, or an unprivileged one (design section 12: the command never runs
     /// as the uid that owns the mediator's files).
     fn command_uid(&self, allow_degraded: &[Degradation]) -> u32;
+
+    /// How to name the program behind one of the sandbox's connections (for the line
+    /// that tells a client it does not trust the mediator's CA); `None`: it cannot.
+    fn program_of(&self) -> Option<ProgramOf> {
+        None
+    }
 }

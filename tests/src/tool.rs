@@ -33,6 +33,8 @@ pub enum Tool {
     Git,
     /// A C compiler, `cc`.
     Cc,
+    /// Node.js, `node` (npm's runtime: its TLS client is npm's).
+    Node,
     /// etcd, the key-value store of the shared registry (design section 17), and its
     /// `etcdctl`.
     Etcd,
@@ -64,6 +66,7 @@ impl Tool {
             Self::Prlimit => &[("prlimit", "util-linux")],
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
+            Self::Node => &[("node", "nodejs")],
             Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
             Self::Jsonschema => &[
                 ("python3", "python3"),

@@ -47,6 +47,8 @@ mod tests {
             bytes_down: Some(20),
             duration_ms: Some(30),
             close_reason: Some(CloseReason::Shutdown),
+            client_tls: None,
+            tls_alert: None,
             method: Some("GET".into()),
             path: Some("/x?<redacted>".into()),
             capture: true,

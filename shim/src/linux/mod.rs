@@ -19,6 +19,7 @@ mod ids;
 mod janitor;
 mod landlock;
 mod notify;
+mod peer;
 mod seccomp;
 #[allow(unsafe_code)] // every system-call wrapper of the shim; each block has a SAFETY comment
 mod sys;
@@ -103,6 +104,10 @@ impl Backend for Linux {
 
     fn command_uid(&self, allow_degraded: &[Degradation]) -> u32 {
         ids::Identity::of_caller(allow_degraded).outside().uid
+    }
+
+    fn program_of(&self) -> Option<crate::sandbox::ProgramOf> {
+        Some(peer::program_of)
     }
 
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {

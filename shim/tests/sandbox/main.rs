@@ -51,6 +51,7 @@ macro_rules! cases {
     };
 }
 
+mod answers;
 mod ca;
 mod capture;
 mod control;
@@ -107,6 +108,7 @@ fn all() -> Vec<(&'static str, Test)> {
         handover::tests(),
         control::tests(),
         secrets::tests(),
+        answers::tests(),
     ]
     .concat()
 }
