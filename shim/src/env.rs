@@ -88,16 +88,24 @@ fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
         || (with_ca && ca())
 }
 
-/// The full environment for the command: `inherited` without the shim-owned variables,
-/// then `proxy_vars(port)`, then `ca_vars` of `ca` if any.
+/// The full environment for the command: `inherited` without the shim-owned variables
+/// (and those of `last`, in any case), then `proxy_vars(port)`, then `ca_vars` of `ca` if
+/// any, then `last` (the temporary directory's and caches' variables).
 pub(crate) fn command_env(
     inherited: impl IntoIterator<Item = (OsString, OsString)>,
     port: u16,
     ca: Option<&CaFiles>,
+    last: &[(OsString, OsString)],
 ) -> Vec<(OsString, OsString)> {
+    let replaced = |k: &OsStr| {
+        last.iter().any(|(n, _)| {
+            n.as_encoded_bytes()
+                .eq_ignore_ascii_case(k.as_encoded_bytes())
+        })
+    };
     let mut env: Vec<(OsString, OsString)> = inherited
         .into_iter()
-        .filter(|(k, _)| !owned_by_shim(k, ca.is_some()))
+        .filter(|(k, _)| !owned_by_shim(k, ca.is_some()) && !replaced(k))
         .collect();
     env.extend(
         proxy_vars(port)
@@ -107,6 +115,7 @@ pub(crate) fn command_env(
     if let Some(files) = ca {
         env.extend(ca_vars(files));
     }
+    env.extend(last.iter().cloned());
     env
 }
 
@@ -116,6 +125,19 @@ mod tests {
 
     fn get<'a>(env: &'a [(OsString, OsString)], k: &str) -> Option<&'a OsStr> {
         env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_os_str())
+    }
+
+    #[test]
+    fn the_last_variables_replace_the_callers_in_any_case() {
+        let inherited = vec![
+            (OsString::from("tmpdir"), OsString::from("/caller")),
+            (OsString::from("PATH"), OsString::from("/bin")),
+        ];
+        let last = [(OsString::from("TMPDIR"), OsString::from("/tmp"))];
+        let env = command_env(inherited, 1, None, &last);
+        assert!(get(&env, "tmpdir").is_none());
+        assert_eq!(get(&env, "TMPDIR").unwrap(), "/tmp");
+        assert_eq!(get(&env, "PATH").unwrap(), "/bin");
     }
 
     #[test]
@@ -131,7 +153,7 @@ mod tests {
                 OsString::from("http://evil:2"),
             ),
         ];
-        let env = command_env(inherited, 4321, None);
+        let env = command_env(inherited, 4321, None, &[]);
         assert_eq!(get(&env, "PATH").unwrap(), "/bin");
         assert_eq!(env.iter().filter(|(k, _)| k == "https_proxy").count(), 1);
         assert!(
@@ -143,7 +165,7 @@ mod tests {
 
     #[test]
     fn every_proxy_variable_points_at_the_listener() {
-        let env = command_env(Vec::new(), 4321, None);
+        let env = command_env(Vec::new(), 4321, None, &[]);
         for k in [
             "HTTP_PROXY",
             "http_proxy",
@@ -176,14 +198,14 @@ mod tests {
                 ),
             ]
         };
-        let env = command_env(inherited(), 1, None);
+        let env = command_env(inherited(), 1, None, &[]);
         assert_eq!(get(&env, "SSL_CERT_FILE").unwrap(), "/caller.pem");
         assert!(get(&env, "CURL_CA_BUNDLE").is_none());
         let files = CaFiles {
             bundle: "/t/bundle.pem".into(),
             ca_only: "/t/ca.pem".into(),
         };
-        let env = command_env(inherited(), 1, Some(&files));
+        let env = command_env(inherited(), 1, Some(&files), &[]);
         for k in CA_BUNDLE_VARS {
             assert_eq!(get(&env, k).unwrap(), "/t/bundle.pem", "{k}");
             assert_eq!(env.iter().filter(|(n, _)| n == k).count(), 1, "{k}");
@@ -212,7 +234,7 @@ mod tests {
                 .chain(CA_EXTRA_VARS)
                 .any(|v| v.eq_ignore_ascii_case(name))
         };
-        for (k, _) in command_env(Vec::new(), 1, Some(&files)) {
+        for (k, _) in command_env(Vec::new(), 1, Some(&files), &[]) {
             assert!(listed(k.to_str().unwrap()), "{k:?}");
         }
     }

@@ -208,6 +208,19 @@ pub const SHIM_CA_BUNDLE_VARS: &[&str] = &[
 /// tool's own store).
 pub const SHIM_CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
 
+/// Variables the shim sets in the child for its private temporary directory and the
+/// tools' caches (unless the caller's value names a writable place).
+pub const SHIM_SCRATCH_VARS: &[&str] = &[
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "PIP_CACHE_DIR",
+    "npm_config_cache",
+    "GOCACHE",
+    "GOMODCACHE",
+    "CARGO_HOME",
+    "APT_CONFIG",
+];
+
 /// Headers a credential may not go in: they frame or route the request, or are the
 /// mediator's own.
 const RESERVED_HEADERS: &[&str] = &[
@@ -354,10 +367,11 @@ pub(super) fn build(
                 .iter()
                 .chain(SHIM_CA_BUNDLE_VARS)
                 .chain(SHIM_CA_EXTRA_VARS)
+                .chain(SHIM_SCRATCH_VARS)
                 .any(|s| s.eq_ignore_ascii_case(v)) =>
         {
             fail(format!(
-                "child_env {v:?} is a variable the shim sets itself (a proxy or CA variable, in any case), so the child would never get the placeholder; name another variable"
+                "child_env {v:?} is a variable the shim sets itself (a proxy, CA, temporary-directory or cache variable, in any case), so the child would never get the placeholder; name another variable"
             ));
             None
         }

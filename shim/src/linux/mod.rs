@@ -76,6 +76,8 @@ struct InnerPlan {
     args: Vec<CString>,
     env: Vec<(OsString, OsString)>,
     ca: Option<crate::env::CaFiles>,
+    /// The temporary directory's and caches' variables, and what to make for them.
+    scratch: crate::caches::Scratch,
     capture: Option<CaptureJob>,
     handoff: OwnedFd,
     /// `--violations`/`--report`: the notification filter and the socket its listener
@@ -107,6 +109,7 @@ impl Backend for Linux {
             .map(PathBuf::from)
             .and_then(|h| std::fs::canonicalize(h).ok());
         let read_only: Vec<PathBuf> = job.trust.iter().map(|t| t.dir().to_owned()).collect();
+        let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
         let planned = fs::plan(
             job.allow_write,
             job.deny_read,
@@ -114,7 +117,12 @@ impl Backend for Linux {
             &read_only,
             home.as_deref(),
             &mut plan,
-        );
+        )
+        .map(|()| {
+            if let Some(size) = job.tmp {
+                fs::tmp::plan(size.as_str(), &cwd, &mut plan);
+            }
+        });
         let placeholders = plan.placeholders.clone();
         let watch = plan.watch.clone();
         let cleanup = || {
@@ -135,7 +143,7 @@ impl Backend for Linux {
             _ => None,
         };
         let ca = job.trust.map(TrustFiles::files);
-        let result = planned.and_then(|()| run_planned(job, plan, ca, serve));
+        let result = planned.and_then(|()| run_planned(job, plan, (cwd, home), ca, serve));
         cleanup();
         if let Some(w) = janitor {
             // Tell the janitor the placeholders are handled: a later run may already have
@@ -149,6 +157,7 @@ impl Backend for Linux {
 fn run_planned(
     job: &Job<'_>,
     fs_plan: fs::FsPlan,
+    (cwd, home): (PathBuf, Option<PathBuf>),
     ca: Option<crate::env::CaFiles>,
     serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<Outcome> {
@@ -156,7 +165,7 @@ fn run_planned(
     let filters = seccomp::build(job.allow_unix_sockets)?;
     let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
-    let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    let (env, scratch) = inherited_env(job, &fs_plan, home.as_deref(), ca.as_ref());
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -181,20 +190,9 @@ fn run_planned(
         cwd,
         program,
         args,
-        // A credential's variable holds its placeholder, whatever the caller's value was,
-        // and no credential's secret_env is inherited.
-        env: std::env::vars_os()
-            .filter(|(k, _)| {
-                !job.child_env.iter().any(|(n, _)| k == n.as_str())
-                    && !job.hidden_env.iter().any(|n| k == n.as_str())
-            })
-            .chain(
-                job.child_env
-                    .iter()
-                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-            )
-            .collect(),
+        env,
         ca,
+        scratch,
         capture: job.capture,
         handoff: inner,
         notify: notify_inner,
@@ -261,6 +259,43 @@ fn run_planned(
         exit_status,
         tampering,
     })
+}
+
+/// The environment the command inherits (a credential's variable holds its placeholder,
+/// whatever the caller's value was, and no credential's `secret_env` is inherited), and
+/// the temporary directory's and caches' variables for it.
+fn inherited_env(
+    job: &Job<'_>,
+    fs_plan: &fs::FsPlan,
+    home: Option<&Path>,
+    ca: Option<&crate::env::CaFiles>,
+) -> (Vec<(OsString, OsString)>, crate::caches::Scratch) {
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            !job.child_env.iter().any(|(n, _)| k == n.as_str())
+                && !job.hidden_env.iter().any(|n| k == n.as_str())
+        })
+        .chain(
+            job.child_env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
+        .collect();
+    let tmp = fs_plan.tmp.as_ref().and_then(|t| t.dirs.first());
+    let places = crate::caches::Places {
+        tmp: tmp.map(PathBuf::as_path),
+        cache: job.cache,
+        home,
+    };
+    let scratch = crate::caches::plan(&env, places, |p| writable(fs_plan, p), ca);
+    (env, scratch)
+}
+
+/// Whether `path` (absolute) is beneath a writable root of `plan` (not the private
+/// temporary directory, which starts empty): a caller's cache variable naming it is kept.
+fn writable(plan: &fs::FsPlan, path: &Path) -> bool {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| crate::violations::normalise(path));
+    path.is_absolute() && plan.writable_roots.iter().any(|r| path.starts_with(r))
 }
 
 /// The command's half of the violation channel: the notification filter it installs,
@@ -337,6 +372,11 @@ fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
         .collect();
     entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
     entries.push((PathBuf::from("/dev"), Wall::Writable));
+    entries.extend(
+        plan.tmp
+            .iter()
+            .flat_map(|t| t.dirs.iter().map(|d| (d.clone(), Wall::Writable))),
+    );
     crate::violations::Walls::new(entries)
 }
 
@@ -538,24 +578,20 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
         fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
     }
     drop(tun);
+    plan.scratch.prepare();
 
-    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref());
-    let env: Vec<CString> = env
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv).ok()
-        })
-        .collect();
+    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref(), &plan.scratch.vars);
+    let env = env_cstrings(env);
 
-    // The command.
+    // The command. Landlock lets it write beneath the writable roots and the private
+    // temporary directory.
     let notify = plan.notify.take();
+    let mut roots = plan.fs.writable_roots.clone();
+    roots.extend(plan.fs.tmp.iter().flat_map(|t| t.dirs.iter().cloned()));
     let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
         let Err(e) = exec_command(
             &plan.cwd,
-            (plan.landlock, &plan.fs.writable_roots),
+            (plan.landlock, &roots),
             &plan.filters,
             (notify.as_ref(), &plan.handover),
             (&plan.program, &plan.args, &env),
@@ -599,6 +635,18 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             }
         }
     }
+}
+
+/// `NAME=VALUE` strings for `execve` (a pair with a NUL byte is left out).
+fn env_cstrings(env: Vec<(OsString, OsString)>) -> Vec<CString> {
+    env.into_iter()
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).ok()
+        })
+        .collect()
 }
 
 /// In the command's process: the last layers, then `execve`. Returns only on failure.

@@ -64,6 +64,7 @@ mod privileges;
 mod probe;
 mod protect;
 mod support;
+mod tmp;
 mod violations;
 
 /// What a test returns: `Err` says what was expected and what was seen.
@@ -105,6 +106,7 @@ fn all() -> Vec<(&'static str, Test)> {
         violations::tests(),
         handover::tests(),
         control::tests(),
+        tmp::tests(),
     ]
     .concat()
 }

@@ -5,7 +5,8 @@
 //!    pristine tree;
 //! 2. the whole tree is made read-only, nosuid and nodev (one recursive `mount_setattr`);
 //! 3. fresh read-only `/proc` and `/sys`, and a private `/dev` holding only `null`, `zero`,
-//!    `full`, `random`, `urandom`, `tty`, a new `devpts` and a private `shm`;
+//!    `full`, `random`, `urandom`, `tty`, a new `devpts` and a private `shm`; the private
+//!    temporary directory at `/tmp` and `/var/tmp` ([`super::tmp`]);
 //! 4. the operations, shallowest first: writable roots (the rw copies), read masks (empty
 //!    read-only tmpfs directories or mode-0 files), re-opened reads, the `.git` pin (a
 //!    mount point cannot be renamed) and read-only binds of each protected path.
@@ -134,6 +135,9 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
         sys::move_mount(sys_fd.as_fd(), None, c"/sys", 0),
     )?;
     build_dev(devices)?;
+    if let Some(tmp) = &plan.tmp {
+        super::tmp::mount(tmp)?;
+    }
 
     // 4. The plan.
     let scratch = step(
@@ -179,6 +183,14 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
                 .strip_prefix(mpath)
                 .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
             make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
+        } else if parent_op.is_none()
+            && let Some(tmp) = &plan.tmp
+            && tmp.holds(&op.path)
+            && !tmp.dirs.contains(&op.path)
+        {
+            // A path of the host's /tmp that the run names: its mount point is made in
+            // the private temporary directory that hides the host's.
+            super::tmp::make_mount_point(&op.path, op.is_dir)?;
         }
         let target = c_path(&op.path)?;
         let what = || format!("{:?} {}", op.kind, op.path.display());

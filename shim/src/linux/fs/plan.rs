@@ -64,6 +64,24 @@ pub(crate) struct FsPlan {
     /// during the run is tampering and is renamed aside at exit
     /// ([`super::quarantine::quarantine`]).
     pub(crate) watch: Vec<Watch>,
+    /// The private temporary directory ([`super::tmp`]), if the run has one.
+    pub(crate) tmp: Option<PrivateTmp>,
+}
+
+/// The private temporary directory, as planned ([`super::tmp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrivateTmp {
+    /// The tmpfs `size=` bound (`50%`, `2g`).
+    pub(crate) size: String,
+    /// Where it is shown (canonical host paths of existing directories).
+    pub(crate) dirs: Vec<PathBuf>,
+}
+
+impl PrivateTmp {
+    /// Whether `path` (canonical) is at or beneath one of its directories.
+    pub(crate) fn holds(&self, path: &Path) -> bool {
+        self.dirs.iter().any(|d| path.starts_with(d))
+    }
 }
 
 /// How many names `p` has below `/`.
@@ -185,7 +203,7 @@ pub(crate) fn plan(
 /// The order in which `ops` must be applied: shallowest first; at equal depth, kinds in
 /// [`OpKind`] order (so a mask covers a writable root at the same path, and protection is
 /// applied last); the same path and kind only once (the first listed wins).
-fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
+pub(super) fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
     ops.sort_by(|a, b| {
         depth(&a.path)
             .cmp(&depth(&b.path))
