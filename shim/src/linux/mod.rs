@@ -120,7 +120,7 @@ impl Backend for Linux {
         )
         .map(|()| {
             if let Some(size) = job.tmp {
-                fs::tmp::plan(size.as_str(), &cwd, &mut plan);
+                fs::tmp::plan(size.as_str(), &visible_dirs(&cwd, job.command), &mut plan);
             }
         });
         let placeholders = plan.placeholders.clone();
@@ -289,6 +289,18 @@ fn inherited_env(
     };
     let scratch = crate::caches::plan(&env, places, |p| writable(fs_plan, p), ca);
     (env, scratch)
+}
+
+/// The directories the command needs to see even where the private temporary directory
+/// hides the host's: the working directory, and the directory of the program when it is
+/// named by its path (`/tmp/build/tool`, `./tool`).
+fn visible_dirs(cwd: &Path, command: &[OsString]) -> Vec<PathBuf> {
+    let program = command
+        .first()
+        .map(Path::new)
+        .filter(|p| p.as_os_str().as_bytes().contains(&b'/'))
+        .and_then(|p| cwd.join(p).parent().map(Path::to_owned));
+    std::iter::once(cwd.to_owned()).chain(program).collect()
 }
 
 /// Whether `path` (absolute) is beneath a writable root of `plan` (not the private

@@ -17,6 +17,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_cache_directory_keeps_the_caches_across_runs,
         no_tmp_leaves_the_hosts_tmp_read_only_and_the_variables_alone,
         allow_write_tmp_gives_the_hosts_tmp,
+        a_program_named_by_its_path_in_the_hosts_tmp_still_runs,
     ]
 }
 
@@ -178,4 +179,28 @@ fn allow_write_tmp_gives_the_hosts_tmp() -> TestResult {
     } else {
         Err("the write did not reach the host's /tmp".into())
     }
+}
+
+fn a_program_named_by_its_path_in_the_hosts_tmp_still_runs() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new("tmp-program");
+    let work = fx.mkdir("work");
+    let bin = fx.mkdir("bin");
+    let tool = bin.join("tool.sh");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho ran $(cat \"$(dirname \"$0\")/data\")\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(bin.join("data"), "beside").unwrap();
+    let out = std::process::Command::new(crate::support::SHIM)
+        .args(["--mediator-socket"])
+        .arg(&fx.socket)
+        .arg("--")
+        .arg(&tool)
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    expect("the program", &stdout(&succeeded(out)?), "ran beside")
 }

@@ -5,8 +5,8 @@
 //! Planned in the outer shim ([`plan`]): a temporary directory at or beneath a writable
 //! root or a `--deny-read` path keeps what those say (the host's `/tmp` with
 //! `--allow-write /tmp`). The host's own `/tmp` is hidden inside, except what the run
-//! names: the working directory (shown read-only, as before, when no writable root holds
-//! it) and the paths of the plan (writable roots, masks, the CA files), whose mount
+//! names: the working directory and the directory of a program named by its path (shown
+//! read-only, as before, when no writable root holds them) and the paths of the plan (writable roots, masks, the CA files), whose mount
 //! points are made inside the tmpfs ([`make_mount_point`]). Mounted in the inner init
 //! ([`mount`]), after the tree is made read-only and before the plan's operations.
 
@@ -25,9 +25,10 @@ use crate::linux::sys;
 pub(crate) const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp"];
 
 /// Plan the private temporary directory of bound `size` into `plan` (made by
-/// [`super::plan()`]): the directories that get it, and the working directory `cwd` kept
-/// visible (read-only) when it is in one of them and no writable root or mask covers it.
-pub(crate) fn plan(size: &str, cwd: &Path, plan: &mut FsPlan) {
+/// [`super::plan()`]): the directories that get it, and the directories of `keep` (the
+/// working directory, the directory of a program named by its path) kept visible,
+/// read-only, when they are in one of them and no writable root or mask covers them.
+pub(crate) fn plan(size: &str, keep: &[PathBuf], plan: &mut FsPlan) {
     let covered = |p: &Path| {
         plan.ops
             .iter()
@@ -50,19 +51,26 @@ pub(crate) fn plan(size: &str, cwd: &Path, plan: &mut FsPlan) {
         size: size.to_owned(),
         dirs,
     };
-    if let Ok(cwd) = std::fs::canonicalize(cwd)
-        && tmp.holds(&cwd)
-        && !covered(&cwd)
-        && !tmp.dirs.contains(&cwd)
-    {
-        let mut ops = std::mem::take(&mut plan.ops);
-        ops.push(MountOp {
-            path: cwd,
-            kind: OpKind::Readable,
-            is_dir: true,
-        });
-        plan.ops = super::plan::order(ops);
+    let mut ops = std::mem::take(&mut plan.ops);
+    for dir in keep.iter().filter_map(|d| std::fs::canonicalize(d).ok()) {
+        let kept = |o: &MountOp| o.kind == OpKind::Readable && dir.starts_with(&o.path);
+        if dir.is_dir()
+            && tmp.holds(&dir)
+            && !tmp.dirs.contains(&dir)
+            && !ops.iter().any(|o| {
+                kept(o)
+                    || (matches!(o.kind, OpKind::Writable | OpKind::Mask)
+                        && dir.starts_with(&o.path))
+            })
+        {
+            ops.push(MountOp {
+                path: dir,
+                kind: OpKind::Readable,
+                is_dir: true,
+            });
+        }
     }
+    plan.ops = super::plan::order(ops);
     plan.tmp = Some(tmp);
 }
 
