@@ -272,6 +272,8 @@ mod tests {
         let ca = CaFiles {
             bundle: "/t/bundle.pem".into(),
             ca_only: "/t/ca.pem".into(),
+            java: "/t/truststore.jks".into(),
+            wgetrc: "/t/wgetrc".into(),
         };
         let s = plan(&[], cache, |_| false, Some(&ca));
         assert_eq!(var(&s, "XDG_CACHE_HOME"), Some("/keep"));

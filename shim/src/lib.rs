@@ -22,6 +22,7 @@ mod env;
 mod error;
 mod feed;
 mod handover;
+mod jks;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;

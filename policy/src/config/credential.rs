@@ -202,11 +202,21 @@ pub const SHIM_CA_BUNDLE_VARS: &[&str] = &[
     "AWS_CA_BUNDLE",
     "CARGO_HTTP_CAINFO",
     "DENO_CERT",
+    "NIX_SSL_CERT_FILE",
+    "npm_config_cafile",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "HTTPLIB2_CA_CERTS",
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
 ];
 
 /// CA variables the shim sets in the child to the mediator's CA alone (they add to a
 /// tool's own store).
 pub const SHIM_CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+
+/// Variables the shim sets in the child, with a CA, to trust files it writes for tools that
+/// read no CA variable: the JVM's options (a JKS trust store; the caller's options are
+/// kept before it) and wget's startup file.
+pub const SHIM_CA_CONFIG_VARS: &[&str] = &["JAVA_TOOL_OPTIONS", "WGETRC"];
 
 /// Variables the shim sets in the child for its private temporary directory and the
 /// tools' caches (unless the caller's value names a writable place).
@@ -367,6 +377,7 @@ pub(super) fn build(
                 .iter()
                 .chain(SHIM_CA_BUNDLE_VARS)
                 .chain(SHIM_CA_EXTRA_VARS)
+                .chain(SHIM_CA_CONFIG_VARS)
                 .chain(SHIM_SCRATCH_VARS)
                 .any(|s| s.eq_ignore_ascii_case(v)) =>
         {
