@@ -508,13 +508,11 @@ impl Settings {
         let report = (o.report || o.report_file.is_some()).then_some(o.report_file);
         let tmp = TmpSize::setting(o.tmp, o.tmp_size)?;
         // An explicit CA wins over the one the config implies.
-        let ca_cert = match o.ca_cert {
-            Some(path) => Some(CaCert {
-                path,
-                origin: CaOrigin::Flag,
-            }),
-            None => config_ca,
+        let flag_ca = |path| CaCert {
+            path,
+            origin: CaOrigin::Flag,
         };
+        let ca_cert = o.ca_cert.map(flag_ca).or(config_ca);
         Ok(Self {
             channel,
             allow_write: o.allow_write,

@@ -16,6 +16,7 @@ mod capture;
 mod fs;
 mod landlock;
 mod notify;
+mod outcome;
 mod seccomp;
 #[allow(unsafe_code)] // every system-call wrapper of the shim; each block has a SAFETY comment
 mod sys;
