@@ -53,6 +53,7 @@ macro_rules! cases {
 
 mod ca;
 mod capture;
+mod clients;
 mod control;
 mod credential;
 mod errors;
@@ -63,6 +64,7 @@ mod net;
 mod privileges;
 mod probe;
 mod protect;
+mod standalone;
 mod support;
 mod tmp;
 mod violations;
@@ -107,6 +109,7 @@ fn all() -> Vec<(&'static str, Test)> {
         handover::tests(),
         control::tests(),
         tmp::tests(),
+        clients::tests(),
     ]
     .concat()
 }
@@ -120,6 +123,7 @@ fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
         Some("probe") => std::process::exit(probe::main(&argv[1..])),
+        Some("mediator") => std::process::exit(standalone::main(&argv[1..])),
         Some(RUN_ONE) => std::process::exit(run_one(argv.get(1).map_or("", String::as_str))),
         _ => {}
     }
