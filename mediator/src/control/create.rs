@@ -99,6 +99,7 @@ impl Control {
         if self.shared.authorities.get(&name).is_some() {
             return Err(CreateError::Duplicate(name));
         }
+        let _writing = self.writing(&name);
         let generation = self.shared.authorities.next_generation();
         let generation = match self.store.create(&record, generation, ttl).await {
             Ok(g) => {
@@ -174,6 +175,8 @@ impl Control {
             return Err(self.unavailable());
         }
         let _writes = self.writes.lock().await;
+        let _writing = self.writing(name);
+        let before = self.shared.authorities.get(name);
         let removed = match self.store.delete(name, None).await {
             Ok(r) => {
                 self.registry_metrics.operation(Op::Delete, "ok");
@@ -200,7 +203,9 @@ impl Control {
             Some(l) => Some(l),
             None => match self.shared.authorities.get(name) {
                 Some(l) if l.origin == Origin::Api => self.revoke(name),
-                _ => None,
+                // Revoked meanwhile by the registry's watch, which saw this removal.
+                None => before.filter(|b| b.origin == Origin::Api),
+                Some(_) => None,
             },
         };
         Ok(Deleted {

@@ -15,7 +15,7 @@ mod create;
 pub(crate) mod registry;
 mod reload;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use policy::config::Authority;
 
+use crate::audit::Auditor;
 use crate::authorities::{Birth, Live, Origin};
 use crate::conn::accept::serve_authority;
 use crate::error::Error;
@@ -67,6 +68,12 @@ pub(crate) struct Control {
     tombstones: Mutex<HashMap<String, u64>>,
     /// Itself, for the timers it starts (`ttl_s`).
     me: Weak<Self>,
+    /// Writes the audit records of changes (design section 21).
+    audit: Auditor,
+    /// Names whose registry write this mediator has under way (create, delete, expiry):
+    /// their change, seen again by the registry's watch, is audited by the write, not as
+    /// another writer's.
+    writing: Mutex<HashSet<String>>,
 }
 
 /// What a [`Control`] is built from, besides the shared state.
@@ -84,6 +91,8 @@ pub(crate) struct Setup {
     pub(crate) store: Arc<dyn Store>,
     /// Its metrics.
     pub(crate) registry_metrics: RegistryMetrics,
+    /// The audit records' writer.
+    pub(crate) audit: Auditor,
 }
 
 impl Control {
@@ -96,6 +105,7 @@ impl Control {
             global_deny,
             store,
             registry_metrics,
+            audit,
         } = setup;
         Arc::new_cyclic(|me| Self {
             shared,
@@ -111,7 +121,22 @@ impl Control {
             stored: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashMap::new()),
             me: me.clone(),
+            audit,
+            writing: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// The audit records' writer.
+    pub(crate) fn audit(&self) -> &Auditor {
+        &self.audit
+    }
+
+    /// `[global] deny` as it applies now (every grant holds it).
+    pub(crate) fn global_deny(&self) -> Vec<policy::DenyEntry> {
+        self.global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The registry's backend.

@@ -522,7 +522,7 @@ fn strip_location(message: &str, origin: &str, label: &str) -> String {
 
 /// Parses a socket mode: 3 or 4 octal digits, no setuid/setgid/sticky bits, no bits for
 /// "others".
-pub(super) fn parse_mode(s: &str) -> Result<u32, ValueError> {
+pub(crate) fn parse_mode(s: &str) -> Result<u32, ValueError> {
     if !(3..=4).contains(&s.len()) || !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
         return Err(ValueError::ModeDigits);
     }

@@ -16,6 +16,7 @@
 //! mediator (`--resolve`, `[resolver] hosts`).
 
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use e2e::Tool;
@@ -84,6 +85,15 @@ struct Case {
 /// may live where this user cannot reach it (`/root/.cargo` for uid 65534): ignored then.
 fn needs(tools: &[Tool]) -> TestResult {
     let missing: Vec<&str> = tools.iter().flat_map(|t| t.missing_packages()).collect();
+    if tools.contains(&Tool::Cargo)
+        && nix::unistd::geteuid().is_root()
+        && let Some(dir) = closed_on_the_way("cargo")
+    {
+        return Err(format!(
+            "{IGNORED}root's command runs as an unprivileged uid, and the toolchain's cargo is beneath {}, which others may not enter",
+            dir.display()
+        ));
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -103,6 +113,21 @@ fn needs(tools: &[Tool]) -> TestResult {
             "{IGNORED}needs the package(s) {list}: sudo apt-get install {list}"
         ))
     }
+}
+
+/// The first directory on the way to `program` (found on `PATH`) that others may not
+/// enter.
+fn closed_on_the_way(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())?;
+    let mut dirs: Vec<&Path> = found.ancestors().skip(1).collect();
+    dirs.reverse();
+    dirs.into_iter()
+        .find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+        .map(Path::to_owned)
 }
 
 fn pip(ca: &certs::Ca) -> Result<Case, String> {
@@ -265,7 +290,7 @@ fn curl(ca: &certs::Ca) -> Result<Case, String> {
 fn system_bundle() -> &'static str {
     crate::support::SYSTEM_BUNDLES
         .iter()
-        .find(|p| std::path::Path::new(p).exists())
+        .find(|p| Path::new(p).exists())
         .copied()
         .unwrap_or("/etc/ssl/certs/ca-certificates.crt")
 }

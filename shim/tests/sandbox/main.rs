@@ -64,6 +64,7 @@ mod net;
 mod privileges;
 mod probe;
 mod protect;
+mod secrets;
 mod standalone;
 mod support;
 mod tmp;
@@ -110,6 +111,7 @@ fn all() -> Vec<(&'static str, Test)> {
         control::tests(),
         tmp::tests(),
         clients::tests(),
+        secrets::tests(),
     ]
     .concat()
 }

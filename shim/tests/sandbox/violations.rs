@@ -71,6 +71,13 @@ fn refused_writes_are_reported_live_with_path_rule_and_hint() -> TestResult {
     std::fs::create_dir_all(w.join("sub")).unwrap();
     let out_dir = fx.mkdir("outside");
     std::fs::write(out_dir.join("file"), "x").unwrap();
+    // Its mode lets the command write it (root's command is not its owner on the host):
+    // only the walls refuse.
+    std::fs::set_permissions(
+        out_dir.join("file"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     let log = fx.path("v.jsonl");
     let script = format!(
         "cd {w}; \
@@ -482,9 +489,15 @@ fn calls_and_records(tag: &str, calls: &str) -> Result<(String, Vec<String>), St
     let fx = Fixture::new(tag);
     let w = fx.mkdir("work");
     std::fs::write(w.join("f"), "x").unwrap();
-    // Beside the root (read-only inside): a file of the caller's, and one mode 0444.
+    // Beside the root (read-only inside): a file whose mode lets the command write it
+    // (mode 0666: root's command is not its owner on the host), and one mode 0444.
     let outside = fx.mkdir("outside");
     std::fs::write(outside.join("mine"), "x").unwrap();
+    std::fs::set_permissions(
+        outside.join("mine"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     std::fs::write(outside.join("ro"), "x").unwrap();
     std::fs::set_permissions(
         outside.join("ro"),

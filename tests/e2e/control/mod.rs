@@ -1,8 +1,9 @@
 //! Live control (control.md): the admin API, metrics, reloads that add and revoke
-//! authorities, connections judged again under a new grant, and the registry of the
+//! authorities, the audit records of every change, connections judged again under a new grant, and the registry of the
 //! authorities created through the admin API (local; etcd with the feature `etcd`).
 
 mod admin;
+mod audit;
 mod registry;
 mod rejudge;
 mod reload;
@@ -15,6 +16,7 @@ use e2e::harness::Case;
 pub(crate) fn cases() -> Vec<Case> {
     [
         admin::cases(),
+        audit::cases(),
         reload::cases(),
         rejudge::cases(),
         registry::cases(),
