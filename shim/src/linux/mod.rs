@@ -86,7 +86,7 @@ struct InnerPlan {
     handoff: OwnedFd,
     /// `--violations`/`--report`: the notification filter and the socket its listener
     /// goes back to the outer shim on.
-    notify: Option<NotifyHalf>,
+    notify: Option<notify::NotifyHalf>,
     /// `--pass-fd` and `--listen-fd`: kept open into the command.
     handover: crate::handover::Handover,
 }
@@ -181,7 +181,7 @@ fn run_planned(
 ) -> Result<Outcome> {
     let watch = fs_plan.watch.clone();
     let filters = seccomp::build(job.allow_unix_sockets)?;
-    let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
+    let (notify_outer, notify_inner) = notify::channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
     if identity.is_mapped() {
         ids::check_working_directory(&cwd, &fs_plan.writable_roots)?;
@@ -257,7 +257,7 @@ fn run_planned(
         _ => Ok(()),
     };
     drop(inner_plan);
-    if let Err(e) = mapped.and_then(|()| start_supervisor(notify_outer, job)) {
+    if let Err(e) = mapped.and_then(|()| notify::start_supervisor(notify_outer, job)) {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(init, None);
         return Err(e);
@@ -339,35 +339,6 @@ fn writable(plan: &fs::FsPlan, path: &Path) -> bool {
     path.is_absolute() && plan.writable_roots.iter().any(|r| path.starts_with(r))
 }
 
-/// The command's half of the violation channel: the notification filter it installs,
-/// and the socket its listener goes back to the outer shim on.
-type NotifyHalf = (Vec<libc::sock_filter>, OwnedFd);
-
-/// Filesystem violations (`--violations`, `--report`): hands the walls as planned to the
-/// reporter, and makes the channel the command's notification listener comes back on
-/// (the outer end, and the filter with the inner end). `(None, None)` when not asked.
-fn violation_channel(
-    job: &Job<'_>,
-    fs_plan: &fs::FsPlan,
-) -> Result<(Option<OwnedFd>, Option<NotifyHalf>)> {
-    let Some(v) = &job.violations else {
-        return Ok((None, None));
-    };
-    v.observe_with(walls_of(fs_plan));
-    v.unobservable(
-        &[crate::violations::FsOp::Read],
-        "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
-    );
-    let (outer, inner) = nix::sys::socket::socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
-    Ok((Some(outer), Some((notify::program()?, inner))))
-}
-
 /// The descriptors init keeps: the handoff socket, the violation filter's, and those
 /// handed over to the command. Every other one is closed in init (and so in the command).
 fn kept_fds(plan: Option<&InnerPlan>) -> Vec<i32> {
@@ -378,47 +349,6 @@ fn kept_fds(plan: Option<&InnerPlan>) -> Vec<i32> {
                 .chain(p.handover.kept())
         })
         .collect()
-}
-
-/// Starts the thread that serves the command's violation notifications, when asked.
-fn start_supervisor(outer: Option<OwnedFd>, job: &Job<'_>) -> Result<()> {
-    let (Some(outer), Some(v)) = (outer, &job.violations) else {
-        return Ok(());
-    };
-    let v = std::sync::Arc::clone(v);
-    std::thread::Builder::new()
-        .name("violations".into())
-        .spawn(move || notify::supervise(outer, v))
-        .map(drop)
-        .map_err(|e| Error::io("start the violations thread", e))
-}
-
-/// The walls the plan builds, for judging violations: the writable roots (and `/dev`),
-/// the masks, the re-opened reads and the mandatory deny set, by canonical path.
-fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
-    use crate::violations::Wall;
-    let mut entries: Vec<(PathBuf, Wall)> = plan
-        .ops
-        .iter()
-        .map(|op| {
-            let wall = match op.kind {
-                fs::OpKind::Writable => Wall::Writable,
-                fs::OpKind::Readable => Wall::ReadOnly,
-                fs::OpKind::Mask => Wall::Masked,
-                fs::OpKind::Pin => Wall::Pinned,
-                fs::OpKind::Protect => Wall::Protected,
-            };
-            (op.path.clone(), wall)
-        })
-        .collect();
-    entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
-    entries.push((PathBuf::from("/dev"), Wall::Writable));
-    entries.extend(
-        plan.tmp
-            .iter()
-            .flat_map(|t| t.dirs.iter().map(|d| (d.clone(), Wall::Writable))),
-    );
-    crate::violations::Walls::new(entries)
 }
 
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
@@ -601,7 +531,7 @@ fn exec_command(
     cwd: &Path,
     (use_landlock, roots): (bool, &[PathBuf]),
     filters: &seccomp::Filters,
-    (notify, handover): (Option<&NotifyHalf>, &crate::handover::Handover),
+    (notify, handover): (Option<&notify::NotifyHalf>, &crate::handover::Handover),
     (program, args, env): (&CString, &[CString], &[CString]),
 ) -> Result<std::convert::Infallible> {
     SigSet::empty()

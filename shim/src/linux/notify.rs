@@ -19,15 +19,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::errno::Errno;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
 
+use super::fs;
 use super::outcome::{Call, Kind, TaskView, Verdict};
 use super::sys;
 use crate::error::{Error, Result};
+use crate::sandbox::Job;
 use crate::violations::{Attempt, FsOp, HostView, Seen, Violations};
 
 /// The marker action the filter is compiled with, replaced by `SECCOMP_RET_USER_NOTIF`.
@@ -240,6 +243,76 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
             return;
         }
     }
+}
+
+/// The command's half of the violation channel: the notification filter it installs,
+/// and the socket its listener goes back to the outer shim on.
+pub(crate) type NotifyHalf = (Vec<libc::sock_filter>, OwnedFd);
+
+/// Filesystem violations (`--violations`, `--report`): hands the walls as planned to the
+/// reporter, and makes the channel the command's notification listener comes back on
+/// (the outer end, and the filter with the inner end). `(None, None)` when not asked.
+pub(crate) fn channel(
+    job: &Job<'_>,
+    fs_plan: &fs::FsPlan,
+) -> Result<(Option<OwnedFd>, Option<NotifyHalf>)> {
+    let Some(v) = &job.violations else {
+        return Ok((None, None));
+    };
+    v.observe_with(walls_of(fs_plan));
+    v.unobservable(
+        &[FsOp::Read],
+        "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
+    );
+    let (outer, inner) = nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
+    Ok((Some(outer), Some((program()?, inner))))
+}
+
+/// Starts the thread that serves the command's violation notifications, when asked.
+pub(crate) fn start_supervisor(outer: Option<OwnedFd>, job: &Job<'_>) -> Result<()> {
+    let (Some(outer), Some(v)) = (outer, &job.violations) else {
+        return Ok(());
+    };
+    let v = Arc::clone(v);
+    std::thread::Builder::new()
+        .name("violations".into())
+        .spawn(move || supervise(outer, v))
+        .map(drop)
+        .map_err(|e| Error::io("start the violations thread", e))
+}
+
+/// The walls the plan builds, for judging violations: the writable roots (and `/dev`),
+/// the masks, the re-opened reads and the mandatory deny set, by canonical path.
+fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
+    use crate::violations::Wall;
+    let mut entries: Vec<(PathBuf, Wall)> = plan
+        .ops
+        .iter()
+        .map(|op| {
+            let wall = match op.kind {
+                fs::OpKind::Writable => Wall::Writable,
+                fs::OpKind::Readable => Wall::ReadOnly,
+                fs::OpKind::Mask => Wall::Masked,
+                fs::OpKind::Pin => Wall::Pinned,
+                fs::OpKind::Protect => Wall::Protected,
+            };
+            (op.path.clone(), wall)
+        })
+        .collect();
+    entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
+    entries.push((PathBuf::from("/dev"), Wall::Writable));
+    entries.extend(
+        plan.tmp
+            .iter()
+            .flat_map(|t| t.dirs.iter().map(|d| (d.clone(), Wall::Writable))),
+    );
+    crate::violations::Walls::new(entries)
 }
 
 /// Whether the filter behind `listener` has no task left (the kernel polls it as hung
