@@ -9,8 +9,9 @@
 //!   reach, and its capabilities are gone as before. The outer shim writes init's maps
 //!   (mapping another uid needs `CAP_SETUID` in the parent namespace) and makes the
 //!   writable roots' copies idmapped through the sandbox's user namespace, so that they
-//!   stay writable and what the command makes there is root's on disk; init receives the
-//!   copies and takes the mapped ids before it builds the rest of the view.
+//!   stay writable and what the command makes there is root's on disk (and so the
+//!   `--allow-read` paths the command could not read as they are, read-only); init
+//!   receives the copies and takes the mapped ids before it builds the rest of the view.
 //!
 //! `--allow-degraded same-uid` keeps root's command as uid 0 (the way before). Where the
 //! kernel, a writable root's filesystem or the shim's own privilege (root of a user
@@ -18,7 +19,7 @@
 //! [`Error::MissingFeature`] naming that flag.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::unistd::{Gid, Pid, Uid};
 
@@ -109,14 +110,16 @@ impl Identity {
 }
 
 /// Root's command (a stranger on the host) must be able to enter the working directory
-/// `cwd`: it is inside a writable root (idmapped, and the way there is kept open, see
-/// [`fs::plan`]), or it and every directory above it let others in (`x`).
+/// `cwd`: it is inside a writable root or an `--allow-read` path of `plan` (idmapped,
+/// and the way there is kept open, see [`fs::plan`]), or it and every directory above it
+/// let others in (`x`).
 ///
 /// # Errors
 /// [`Error::Usage`] naming the first directory that does not, and what to do.
-pub(crate) fn check_working_directory(cwd: &Path, writable_roots: &[PathBuf]) -> Result<()> {
+pub(crate) fn check_working_directory(cwd: &Path, plan: &FsPlan) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    if writable_roots.iter().any(|r| cwd.starts_with(r)) {
+    let mut reachable = plan.writable_roots.iter().chain(&plan.read_grants);
+    if reachable.any(|r| cwd.starts_with(r)) {
         return Ok(());
     }
     let mut on_the_way: Vec<&Path> = cwd.ancestors().collect();
@@ -125,7 +128,7 @@ pub(crate) fn check_working_directory(cwd: &Path, writable_roots: &[PathBuf]) ->
         let mode = std::fs::metadata(dir).map_or(0o777, |m| m.permissions().mode());
         if mode & 0o001 == 0 {
             return Err(Error::Usage(format!(
-                "the working directory {} is closed to the command: root's command runs as uid {COMMAND_UID} on the host, and {} (mode {:o}) lets no other user in; start the shim in a directory others may enter, make it a writable root (--allow-write), or pass --allow-degraded same-uid",
+                "the working directory {} is closed to the command: root's command runs as uid {COMMAND_UID} on the host, and {} (mode {:o}) lets no other user in; start the shim in a directory others may enter, make it a writable root (--allow-write) or readable (--allow-read), or pass --allow-degraded same-uid",
                 cwd.display(),
                 dir.display(),
                 mode & 0o7777

@@ -184,7 +184,7 @@ fn run_planned(
     let (notify_outer, notify_inner) = notify::channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
     if identity.is_mapped() {
-        ids::check_working_directory(&cwd, &fs_plan.writable_roots)?;
+        ids::check_working_directory(&cwd, &fs_plan)?;
     }
     let (env, scratch) = inherited_env(job, &fs_plan, home.as_deref(), ca.as_ref());
     let (outer, inner) = nix::sys::socket::socketpair(

@@ -10,7 +10,9 @@
 //! mode before the client's own error).
 //!
 //! Each client is a declared tool (e2e::Tool): a machine without it ignores its cases,
-//! naming the Debian package (CI=true fails them).
+//! naming the Debian package (CI=true fails them). cargo runs from the toolchain that
+//! runs these tests, given with `--allow-read` (beneath `/root` here: root's command
+//! reads it through the shim's idmapped copy).
 //!
 //! Network rule: every origin is on 127.0.0.1; the names are resolved to it by the
 //! mediator (`--resolve`, `[resolver] hosts`).
@@ -78,6 +80,8 @@ struct Case {
     error: &'static str,
     /// A `~/.npmrc` for the run's home, if the case needs one.
     npmrc: Option<String>,
+    /// `--allow-read` paths the client needs (its toolchain).
+    reads: Vec<PathBuf>,
 }
 
 /// The clients' programs, each checked for this user: ignored where missing (naming the
@@ -85,15 +89,6 @@ struct Case {
 /// may live where this user cannot reach it (`/root/.cargo` for uid 65534): ignored then.
 fn needs(tools: &[Tool]) -> TestResult {
     let missing: Vec<&str> = tools.iter().flat_map(|t| t.missing_packages()).collect();
-    if tools.contains(&Tool::Cargo)
-        && nix::unistd::geteuid().is_root()
-        && let Some(dir) = closed_on_the_way("cargo")
-    {
-        return Err(format!(
-            "{IGNORED}root's command runs as an unprivileged uid, and the toolchain's cargo is beneath {}, which others may not enter",
-            dir.display()
-        ));
-    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -115,19 +110,23 @@ fn needs(tools: &[Tool]) -> TestResult {
     }
 }
 
-/// The first directory on the way to `program` (found on `PATH`) that others may not
-/// enter.
-fn closed_on_the_way(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
+/// The toolchain's directories, for `--allow-read`: the cargo home holding `cargo` (found
+/// on `PATH`, rustup's proxy) and rustup's home, where they exist. Root's command runs
+/// as an unprivileged uid, and both are beneath `/root` (mode 0700) here.
+fn toolchain() -> Vec<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())?;
-    let mut dirs: Vec<&Path> = found.ancestors().skip(1).collect();
-    dirs.reverse();
-    dirs.into_iter()
-        .find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
-        .map(Path::to_owned)
+    let cargo_home = std::env::split_paths(&path)
+        .map(|d| d.join("cargo"))
+        .find(|p| p.is_file())
+        .and_then(|p| Some(p.parent()?.parent()?.to_owned()));
+    let rustup_home = std::env::var_os("RUSTUP_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".rustup")));
+    cargo_home
+        .into_iter()
+        .chain(rustup_home)
+        .filter(|d| d.is_dir())
+        .collect()
 }
 
 fn pip(ca: &certs::Ca) -> Result<Case, String> {
@@ -165,6 +164,7 @@ fn pip(ca: &certs::Ca) -> Result<Case, String> {
         works: "shimtest-alpha shimtest-beta",
         error: "ERROR:",
         npmrc: None,
+        reads: Vec::new(),
     })
 }
 
@@ -203,6 +203,7 @@ fn npm_case(ca: &certs::Ca) -> Result<Case, String> {
         // As many machines have (Debian's npm reads /usr/etc/npmrc too): a `cafile` that
         // replaces npm's CA list, which NODE_EXTRA_CA_CERTS alone does not reach.
         npmrc: Some(format!("cafile={}\n", system_bundle())),
+        reads: Vec::new(),
     })
 }
 
@@ -234,6 +235,7 @@ fn cargo_case(ca: &certs::Ca) -> Result<Case, String> {
         works: "shimtest-1.0.0.crate",
         error: "error:",
         npmrc: None,
+        reads: toolchain(),
     })
 }
 
@@ -261,6 +263,7 @@ fn apt(ca: &certs::Ca) -> Result<Case, String> {
         works: "shimtest-hello_1.0_all.deb",
         error: "E:",
         npmrc: None,
+        reads: Vec::new(),
     })
 }
 
@@ -283,6 +286,7 @@ fn curl(ca: &certs::Ca) -> Result<Case, String> {
         works: "shimtest/",
         error: "curl:",
         npmrc: None,
+        reads: Vec::new(),
     })
 }
 
@@ -344,6 +348,9 @@ fn run(
     let allow: Vec<String> = granted.iter().map(StaticOrigin::host_port).collect();
     let report = s.path("report.json");
     let mut flags: Vec<OsString> = Vec::from(args!["--report-file", &report]);
+    for r in &case.reads {
+        flags.extend(args!["--allow-read", r]);
+    }
     let standalone = match mode {
         Mode::Embedded => {
             for n in &names {

@@ -22,6 +22,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_command_writes_its_roots_and_its_files_are_the_callers,
         root_runs_the_command_as_a_stranger_unless_degraded,
         a_writable_root_under_a_closed_directory_stays_reachable,
+        an_allow_read_beneath_a_closed_directory_is_the_commands_to_read,
         an_attacker_cannot_reach_a_masked_secret,
         the_socket_owner_is_told_when_the_command_shares_its_uid,
         a_mediator_of_its_own_user_keeps_its_files,
@@ -440,6 +441,61 @@ fn a_writable_root_under_a_closed_directory_stays_reachable() -> TestResult {
     )
 }
 
+/// An `--allow-read` path beneath a directory others may not enter (a toolchain in
+/// `/root/.cargo`, `/root` being mode 0700) is root's command's to read and run, as it is
+/// an unprivileged caller's, its `0600` files too (an idmapped read-only copy); a
+/// `--deny-read` inside it stays masked, and the closed directory's other files stay out
+/// of reach. Without the flag root's command cannot run the tool.
+fn an_allow_read_beneath_a_closed_directory_is_the_commands_to_read() -> TestResult {
+    let fx = Fixture::new("sec-grant");
+    let closed = fx.mkdir("closed");
+    let tool = closed.join("tool");
+    std::fs::create_dir_all(&tool).unwrap();
+    std::fs::write(tool.join("run"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(tool.join("run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    secret(&tool.join("private"), "mine\n");
+    std::fs::write(tool.join("hidden"), "x").unwrap();
+    std::fs::write(closed.join("other"), "x").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sh = format!(
+        "{t}/run && {me} probe read-each {t}/private {t}/hidden {o}",
+        me = crate::support::me().display(),
+        t = tool.display(),
+        o = closed.join("other").display()
+    );
+    let run = |flags: &[std::ffi::OsString]| {
+        Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com"])
+            .args(flags)
+            .args(["--", "sh", "-c", &sh])
+            .current_dir(&fx.dir.0)
+            .output()
+            .unwrap()
+    };
+    let out = run(&args![
+        "--allow-read",
+        &tool,
+        "--deny-read",
+        tool.join("hidden")
+    ]);
+    // The mask that holds the way to the copy hides the rest of the closed directory.
+    let other = if root() { "err:ENOENT" } else { "ok" };
+    expect(
+        "the tool, its 0600 file, a --deny-read in it, a file beside it",
+        &stdout(&succeeded(out)?),
+        &format!("ran\nok err:EACCES {other}"),
+    )?;
+    if root() {
+        let out = run(&[]);
+        if out.status.success() || stdout(&out).contains("ran") {
+            return Err(format!(
+                "root's command ran the tool beneath the closed directory without --allow-read: {out:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Ways around a mask a command might try: a link in its writable root, `/proc/self/root`,
 /// a hard link into the writable root, init's memory, unmounting the mask.
 fn an_attacker_cannot_reach_a_masked_secret() -> TestResult {
@@ -568,8 +624,8 @@ fn a_mediator_of_its_own_user_keeps_its_files() -> TestResult {
 /// Where root's command cannot run as 2100000000 the shim refuses, naming
 /// `--allow-degraded same-uid`: root of a user namespace that maps one uid (a rootless
 /// container's root; `unshare -r` here, as root and as an unprivileged user), and, as
-/// root, a writable root on a filesystem without idmapped mounts (sysfs here; nothing
-/// runs).
+/// root, a writable root or an `--allow-read` path closed to others on a filesystem
+/// without idmapped mounts (sysfs, proc here; nothing runs).
 fn root_is_refused_where_the_command_cannot_be_mapped() -> TestResult {
     let fx = Fixture::new("sec-unmappable");
     let w = fx.mkdir("work");
@@ -616,6 +672,18 @@ fn root_is_refused_where_the_command_cannot_be_mapped() -> TestResult {
             .output()
             .unwrap();
         refused(out, "a writable root on sysfs", "idmapped mount")?;
+        // A path closed to others on a filesystem without idmapped mounts (proc): no
+        // copy root's command could read, so no run.
+        let out = Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com", "--allow-read", "/proc/1/fd"])
+            .args(["--", "echo", "ran"])
+            .output()
+            .unwrap();
+        refused(
+            out,
+            "an --allow-read on proc",
+            "idmapped read-only mount of each --allow-read path",
+        )?;
     }
     Ok(())
 }

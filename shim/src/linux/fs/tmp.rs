@@ -3,11 +3,12 @@
 //! writable by the command, and gone with the sandbox's mount namespace.
 //!
 //! Planned in the outer shim ([`plan`]): a temporary directory at or beneath a writable
-//! root or a `--deny-read` path keeps what those say (the host's `/tmp` with
-//! `--allow-write /tmp`). The host's own `/tmp` is hidden inside, except what the run
-//! names: the working directory and the directory of a program named by its path (shown
-//! read-only, as before, when no writable root holds them) and the paths of the plan (writable roots, masks, the CA files), whose mount
-//! points are made inside the tmpfs ([`make_mount_point`]). Mounted in the inner init
+//! root, a `--deny-read` path or (root's command) an `--allow-read` path keeps what those
+//! say (the host's `/tmp` with `--allow-write /tmp`). The host's own `/tmp` is hidden
+//! inside, except what the run names: the working directory and the directory of a
+//! program named by its path (shown read-only, as before, when no writable root holds
+//! them) and the paths of the plan (writable roots, masks, read grants, the CA files),
+//! whose mount points are made inside the tmpfs ([`make_mount_point`]). Mounted in the inner init
 //! ([`mount`]), after the tree is made read-only and before the plan's operations.
 
 use std::ffi::CString;
@@ -27,12 +28,14 @@ pub(crate) const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp"];
 /// Plan the private temporary directory of bound `size` into `plan` (made by
 /// [`super::plan()`]): the directories that get it, and the directories of `keep` (the
 /// working directory, the directory of a program named by its path) kept visible,
-/// read-only, when they are in one of them and no writable root or mask covers them.
+/// read-only, when they are in one of them and no writable root, mask or read grant
+/// covers them.
 pub(crate) fn plan(size: &str, keep: &[PathBuf], plan: &mut FsPlan) {
     let covered = |p: &Path| {
         plan.ops
             .iter()
             .any(|o| matches!(o.kind, OpKind::Writable | OpKind::Mask) && p.starts_with(&o.path))
+            || plan.read_grants.iter().any(|g| p.starts_with(g))
     };
     let dirs: Vec<PathBuf> = TMP_DIRS
         .iter()
