@@ -137,7 +137,8 @@ impl Backend for Linux {
         )
         .map(|()| {
             if let Some(size) = job.tmp {
-                fs::tmp::plan(size.as_str(), &visible_dirs(&cwd, job.command), &mut plan);
+                let keep = visible_paths(&cwd, job.command, job.allow_read);
+                fs::tmp::plan(size.as_str(), &keep, &mut plan);
             }
         });
         let placeholders = plan.placeholders.clone();
@@ -320,16 +321,19 @@ fn inherited_env(
     (env, scratch)
 }
 
-/// The directories the command needs to see even where the private temporary directory
-/// hides the host's: the working directory, and the directory of the program when it is
-/// named by its path (`/tmp/build/tool`, `./tool`).
-fn visible_dirs(cwd: &Path, command: &[OsString]) -> Vec<PathBuf> {
+/// The paths the command needs to see even where the private temporary directory
+/// hides the host's: the working directory, the directory of the program when it is
+/// named by its path (`/tmp/build/tool`, `./tool`), and the `--allow-read` paths.
+fn visible_paths(cwd: &Path, command: &[OsString], allow_read: &[PathBuf]) -> Vec<PathBuf> {
     let program = command
         .first()
         .map(Path::new)
         .filter(|p| p.as_os_str().as_bytes().contains(&b'/'))
         .and_then(|p| cwd.join(p).parent().map(Path::to_owned));
-    std::iter::once(cwd.to_owned()).chain(program).collect()
+    std::iter::once(cwd.to_owned())
+        .chain(program)
+        .chain(allow_read.iter().map(|p| cwd.join(p)))
+        .collect()
 }
 
 /// Whether `path` (absolute) is beneath a writable root of `plan` (not the private

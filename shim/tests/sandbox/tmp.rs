@@ -18,6 +18,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         no_tmp_leaves_the_hosts_tmp_read_only_and_the_variables_alone,
         allow_write_tmp_gives_the_hosts_tmp,
         a_program_named_by_its_path_in_the_hosts_tmp_still_runs,
+        an_allow_read_in_the_hosts_tmp_is_shown_read_only,
     ]
 }
 
@@ -203,4 +204,41 @@ fn a_program_named_by_its_path_in_the_hosts_tmp_still_runs() -> TestResult {
         .output()
         .unwrap();
     expect("the program", &stdout(&succeeded(out)?), "ran beside")
+}
+
+/// A file and a directory of the host's `/tmp` that `--allow-read` names are shown,
+/// read-only, in the private one; what is beside them stays hidden.
+fn an_allow_read_in_the_hosts_tmp_is_shown_read_only() -> TestResult {
+    let fx = Fixture::new("tmp-allow-read");
+    let work = fx.mkdir("work");
+    let host = Path::new("/tmp").join(format!("shim-e2e-read-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&host);
+    std::fs::create_dir_all(host.join("dir")).unwrap();
+    std::fs::write(host.join("dir/f"), "in dir\n").unwrap();
+    std::fs::write(host.join("file"), "a file\n").unwrap();
+    std::fs::write(host.join("beside"), "x").unwrap();
+    let script = format!(
+        "cat {h}/dir/f {h}/file; echo y > {h}/file 2>/dev/null || echo read-only; \
+         test -e {h}/beside && echo beside-visible || echo beside-hidden",
+        h = host.display()
+    );
+    let out = std::process::Command::new(crate::support::SHIM)
+        .arg("--mediator-socket")
+        .arg(&fx.socket)
+        .args(args![
+            "--allow-read",
+            host.join("dir"),
+            "--allow-read",
+            host.join("file")
+        ])
+        .args(["--", "sh", "-c", &script])
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&host);
+    expect(
+        "the named paths",
+        &stdout(&succeeded(out)?),
+        "in dir\na file\nread-only\nbeside-hidden",
+    )
 }

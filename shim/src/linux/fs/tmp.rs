@@ -5,10 +5,11 @@
 //! Planned in the outer shim ([`plan`]): a temporary directory at or beneath a writable
 //! root, a `--deny-read` path or (root's command) an `--allow-read` path keeps what those
 //! say (the host's `/tmp` with `--allow-write /tmp`). The host's own `/tmp` is hidden
-//! inside, except what the run names: the working directory and the directory of a
-//! program named by its path (shown read-only, as before, when no writable root holds
-//! them) and the paths of the plan (writable roots, masks, read grants, the CA files),
-//! whose mount points are made inside the tmpfs ([`make_mount_point`]). Mounted in the inner init
+//! inside, except what the run names: the working directory, the directory of a program
+//! named by its path and the `--allow-read` paths (shown read-only, as before, when no
+//! writable root holds them) and the paths of the plan (writable roots, masks, read
+//! grants, the CA files), whose mount points are made inside the tmpfs
+//! ([`make_mount_point`]). Mounted in the inner init
 //! ([`mount`]), after the tree is made read-only and before the plan's operations.
 
 use std::ffi::CString;
@@ -26,10 +27,10 @@ use crate::linux::sys;
 pub(crate) const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp"];
 
 /// Plan the private temporary directory of bound `size` into `plan` (made by
-/// [`super::plan()`]): the directories that get it, and the directories of `keep` (the
-/// working directory, the directory of a program named by its path) kept visible,
-/// read-only, when they are in one of them and no writable root, mask or read grant
-/// covers them.
+/// [`super::plan()`]): the directories that get it, and the paths of `keep` (the working
+/// directory, the directory of a program named by its path, the `--allow-read` paths)
+/// kept visible, read-only, when they are in one of them and no writable root, mask or
+/// read grant covers them.
 pub(crate) fn plan(size: &str, keep: &[PathBuf], plan: &mut FsPlan) {
     let covered = |p: &Path| {
         plan.ops
@@ -55,21 +56,21 @@ pub(crate) fn plan(size: &str, keep: &[PathBuf], plan: &mut FsPlan) {
         dirs,
     };
     let mut ops = std::mem::take(&mut plan.ops);
-    for dir in keep.iter().filter_map(|d| std::fs::canonicalize(d).ok()) {
-        let kept = |o: &MountOp| o.kind == OpKind::Readable && dir.starts_with(&o.path);
-        if dir.is_dir()
-            && tmp.holds(&dir)
-            && !tmp.dirs.contains(&dir)
+    for path in keep.iter().filter_map(|d| std::fs::canonicalize(d).ok()) {
+        let kept = |o: &MountOp| o.kind == OpKind::Readable && path.starts_with(&o.path);
+        if tmp.holds(&path)
+            && !tmp.dirs.contains(&path)
             && !ops.iter().any(|o| {
                 kept(o)
                     || (matches!(o.kind, OpKind::Writable | OpKind::Mask)
-                        && dir.starts_with(&o.path))
+                        && path.starts_with(&o.path))
             })
         {
+            let is_dir = path.is_dir();
             ops.push(MountOp {
-                path: dir,
+                path,
                 kind: OpKind::Readable,
-                is_dir: true,
+                is_dir,
             });
         }
     }
