@@ -89,6 +89,9 @@ struct InnerPlan {
     notify: Option<notify::NotifyHalf>,
     /// `--pass-fd` and `--listen-fd`: kept open into the command.
     handover: crate::handover::Handover,
+    /// Said when the program cannot be executed: root's command cannot reach it
+    /// ([`ids::closed_program_hint`]).
+    exec_hint: Option<String>,
 }
 
 /// The Linux backend (see the module documentation).
@@ -113,13 +116,8 @@ impl Backend for Linux {
             sys::large_allocations_by_mmap();
         }
         let identity = ids::Identity::of_caller(job.allow_degraded);
-        if identity.is_mapped()
-            && let Some(t) = job.trust
-        {
-            // A stranger's command must be able to enter it (its files are mode 0444).
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(t.dir(), std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| Error::io(format!("open {} to the command", t.dir().display()), e))?;
+        if let Some(t) = job.trust {
+            identity.open_to_command(t.dir())?;
         }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
@@ -188,6 +186,10 @@ fn run_planned(
         ids::check_working_directory(&cwd, &fs_plan)?;
     }
     let (env, scratch) = inherited_env(job, &fs_plan, home.as_deref(), ca.as_ref());
+    let exec_hint = match job.command.first() {
+        Some(p) if identity.is_mapped() => ids::closed_program_hint(p, &env, &cwd, &fs_plan),
+        _ => None,
+    };
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -218,6 +220,7 @@ fn run_planned(
         handoff: inner,
         notify: notify_inner,
         handover: job.handover.clone(),
+        exec_hint,
     });
     let keep_fds = kept_fds(inner_plan.as_ref());
     let flags = CloneFlags::CLONE_NEWUSER
@@ -476,6 +479,11 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             (&plan.program, &plan.args, &env),
         );
         eprintln!("shim: {e}");
+        if let (Error::Sys { op, .. }, Some(hint)) = (&e, &plan.exec_hint)
+            && op.starts_with("execute")
+        {
+            eprintln!("shim: {hint}");
+        }
         let code = match &e {
             Error::Sys {
                 op,

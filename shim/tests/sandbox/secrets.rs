@@ -23,6 +23,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         root_runs_the_command_as_a_stranger_unless_degraded,
         a_writable_root_under_a_closed_directory_stays_reachable,
         an_allow_read_beneath_a_closed_directory_is_the_commands_to_read,
+        a_program_beneath_a_closed_directory_is_named_with_its_flag,
         an_attacker_cannot_reach_a_masked_secret,
         the_socket_owner_is_told_when_the_command_shares_its_uid,
         a_mediator_of_its_own_user_keeps_its_files,
@@ -494,6 +495,57 @@ fn an_allow_read_beneath_a_closed_directory_is_the_commands_to_read() -> TestRes
         }
     }
     Ok(())
+}
+
+/// Root's command cannot run a program found on `PATH` beneath a directory others may not
+/// enter (rustup's proxies in `/root/.cargo/bin`): the shim says so in one line naming the
+/// `--allow-read` flags to add (the toolchain's directory, and rustup's home beside a
+/// `rustup`), and with them the program runs. An unprivileged caller's command is the
+/// caller, who may enter: no such line.
+fn a_program_beneath_a_closed_directory_is_named_with_its_flag() -> TestResult {
+    let fx = Fixture::new("sec-hint");
+    let closed = fx.mkdir("closed");
+    let (tool, rustup) = (closed.join("tool"), closed.join("rustup-home"));
+    std::fs::create_dir_all(tool.join("bin")).unwrap();
+    std::fs::create_dir_all(&rustup).unwrap();
+    std::fs::write(tool.join("bin/run"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(tool.join("bin/run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(tool.join("bin/rustup"), "").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = |flags: &[std::ffi::OsString]| {
+        Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com"])
+            .args(flags)
+            .args(["--", "run"])
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", tool.join("bin").display()),
+            )
+            .env("RUSTUP_HOME", &rustup)
+            .current_dir(&fx.dir.0)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let hints: Vec<&str> = stderr.lines().filter(|l| l.contains("hint:")).collect();
+    let flags = format!(
+        "--allow-read {} --allow-read {}",
+        tool.display(),
+        rustup.display()
+    );
+    if root() {
+        if out.status.code() != Some(126) || hints.len() != 1 || !hints[0].ends_with(&flags) {
+            return Err(format!(
+                "expected exit 126 and one line ending {flags:?}: {:?} {stderr}",
+                out.status
+            ));
+        }
+    } else if !hints.is_empty() {
+        return Err(format!("a hint for the caller's own command: {stderr}"));
+    }
+    let out = run(&args!["--allow-read", &tool, "--allow-read", &rustup]);
+    expect("with the flags", &stdout(&succeeded(out)?), "ran")
 }
 
 /// Ways around a mask a command might try: a link in its writable root, `/proc/self/root`,
