@@ -15,7 +15,8 @@
 //!   `$GOPATH/pkg/mod`, `~/go/pkg/mod`, not to a cache directory);
 //! - `CARGO_HOME`: cargo keeps its registry index, downloaded crates and git checkouts
 //!   there, beside its configuration; the run's own cargo home links the caller's
-//!   `config.toml` and `credentials.toml` (and their older names), read-only as they are;
+//!   `config.toml` (and its older name), read-only as it is, never its registry tokens
+//!   (`credentials.toml`, which every run masks: [`cargo_credentials`]);
 //! - `APT_CONFIG`: a file apt reads before its own, setting `APT::Sandbox::User "root"`
 //!   (apt drops to the `_apt` user for downloads, which needs `setgroups` and a second
 //!   uid the sandbox does not have), and, with a CA, `Acquire::https::CaInfo`.
@@ -47,8 +48,12 @@ pub(crate) struct Scratch {
 }
 
 /// The cargo home entries the run's own cargo home links to the caller's: its
-/// configuration and credentials (cargo reads both names of each).
-const CARGO_LINKED: &[&str] = &["config.toml", "config", "credentials.toml", "credentials"];
+/// configuration (cargo reads both names).
+const CARGO_LINKED: &[&str] = &["config.toml", "config"];
+
+/// The cargo home entries that hold registry tokens (cargo reads both names): never
+/// linked, and masked in every run ([`cargo_credentials`]).
+const CARGO_CREDENTIALS: &[&str] = &["credentials.toml", "credentials"];
 
 /// Where the shim's own files for the command go, in the private temporary directory.
 const SHIM_DIR: &str = ".shim";
@@ -140,6 +145,25 @@ pub(crate) fn plan(
         set(&mut s, "APT_CONFIG", &file);
     }
     s
+}
+
+/// The caller's cargo registry tokens that exist (`credentials.toml`, `credentials` in
+/// `cargo_home`, the caller's `CARGO_HOME`, and in `~/.cargo` of `home`): the run masks
+/// them, as it masks the mediator's secrets (design section 14: a token the command
+/// holds can go wherever it may talk; a registry credential belongs in the mediator's
+/// `[[authority.credential]]`).
+pub(crate) fn cargo_credentials(cargo_home: Option<&Path>, home: Option<&Path>) -> Vec<PathBuf> {
+    let dirs = cargo_home
+        .map(Path::to_owned)
+        .into_iter()
+        .chain(home.map(|h| h.join(".cargo")));
+    let mut out: Vec<PathBuf> = Vec::new();
+    for file in dirs.flat_map(|d| CARGO_CREDENTIALS.iter().map(move |n| d.join(n))) {
+        if std::fs::symlink_metadata(&file).is_ok() && !out.contains(&file) {
+            out.push(file);
+        }
+    }
+    out
 }
 
 /// The apt configuration the command's apt reads first (`APT_CONFIG`).
@@ -293,10 +317,12 @@ mod tests {
     }
 
     #[test]
-    fn the_runs_cargo_home_links_the_callers_configuration() {
+    fn the_runs_cargo_home_links_the_callers_configuration_not_its_tokens() {
         let home = std::env::temp_dir().join(format!("shim-caches-{}", std::process::id()));
         std::fs::create_dir_all(home.join(".cargo/registry")).unwrap();
-        std::fs::write(home.join(".cargo/config.toml"), "").unwrap();
+        for f in ["config.toml", "credentials.toml", "credentials"] {
+            std::fs::write(home.join(".cargo").join(f), "").unwrap();
+        }
         let places = Places {
             home: Some(&home),
             ..tmp()
@@ -308,6 +334,18 @@ mod tests {
                 PathBuf::from("/tmp/cache/cargo/config.toml"),
                 home.join(".cargo/config.toml")
             )]
+        );
+        // The tokens are masked instead, found in CARGO_HOME and in ~/.cargo.
+        let theirs = home.join("theirs");
+        std::fs::create_dir_all(&theirs).unwrap();
+        std::fs::write(theirs.join("credentials.toml"), "").unwrap();
+        assert_eq!(
+            cargo_credentials(Some(&theirs), Some(&home)),
+            [
+                theirs.join("credentials.toml"),
+                home.join(".cargo/credentials.toml"),
+                home.join(".cargo/credentials")
+            ]
         );
         std::fs::remove_dir_all(&home).unwrap();
     }

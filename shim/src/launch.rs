@@ -62,6 +62,11 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     let mut deny_read = deny_read(settings)?;
     deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
     deny_read.extend(mediator.masks);
+    // The caller's cargo registry tokens are not the command's (design section 14).
+    deny_read.extend(crate::caches::cargo_credentials(
+        std::env::var_os("CARGO_HOME").map(PathBuf::from).as_deref(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    ));
     let mut allow_read = settings.allow_read.clone();
     allow_read.extend(mediator.reopen);
     let report_file = match &settings.report {

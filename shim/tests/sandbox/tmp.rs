@@ -19,6 +19,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         allow_write_tmp_gives_the_hosts_tmp,
         a_program_named_by_its_path_in_the_hosts_tmp_still_runs,
         an_allow_read_in_the_hosts_tmp_is_shown_read_only,
+        the_callers_cargo_tokens_are_neither_linked_nor_readable,
     ]
 }
 
@@ -240,5 +241,34 @@ fn an_allow_read_in_the_hosts_tmp_is_shown_read_only() -> TestResult {
         "the named paths",
         &stdout(&succeeded(out)?),
         "in dir\na file\nread-only\nbeside-hidden",
+    )
+}
+
+/// The run's cargo home links the caller's cargo configuration, never its registry tokens
+/// (`credentials.toml`, `credentials`), and the caller's own token files are masked: the
+/// command cannot read them where they are either (design section 14).
+fn the_callers_cargo_tokens_are_neither_linked_nor_readable() -> TestResult {
+    let fx = Fixture::new("tmp-cargo-tokens");
+    let home = fx.mkdir("home");
+    std::fs::create_dir_all(home.join(".cargo")).unwrap();
+    std::fs::write(home.join(".cargo/config.toml"), "[net]\nretry = 1\n").unwrap();
+    for f in ["credentials.toml", "credentials"] {
+        std::fs::write(home.join(".cargo").join(f), "[registry]\ntoken = \"t\"\n").unwrap();
+    }
+    let script = "cat $CARGO_HOME/config.toml; \
+         ls -A $CARGO_HOME; \
+         for f in credentials.toml credentials; do \
+           grep -q token $HOME/.cargo/$f 2>/dev/null && echo $f readable || echo $f unreadable; \
+         done";
+    let out = fx
+        .shim(&[], &["sh", "-c", script])
+        .env("HOME", &home)
+        .env_remove("CARGO_HOME")
+        .output()
+        .unwrap();
+    expect(
+        "the run's cargo home, the caller's tokens",
+        &stdout(&succeeded(out)?),
+        "[net]\nretry = 1\nconfig.toml\ncredentials.toml unreadable\ncredentials unreadable",
     )
 }
