@@ -20,7 +20,10 @@
 #               before the client's own first error line, "said after": after it)
 # and each run's --report must show no filesystem refusal (fs_denied). A registry name that
 # resolves to a non-public address here (a documentation range, behind an egress gateway)
-# is granted with --allow-private for that address, as the shim requires.
+# is granted with --allow-private for that address, as the shim requires. A client whose
+# program the command cannot reach (run as root, the command is an unprivileged uid, and
+# rustup's cargo is beneath /root) gets the --allow-read flags the shim's hint names, as a
+# user following it would.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +78,13 @@ check[curl]='^200$'
 # How each client's own error lines start (is the shim's denial line said before them?).
 declare -A error=([pip]='^(ERROR|WARNING: Retrying)' [npm]='^npm (error|ERR)' [cargo]='^(error|warning: spurious)' [apt]='^(E:|Err:|W:)' [curl]='^curl:')
 clients=(pip npm cargo apt curl)
+declare -A program=([pip]=pip [npm]=npm [cargo]=cargo [apt]=apt-get [curl]=curl)
+
+# The flags the shim's hint names when the command cannot reach PROGRAM ("shim: hint: ...
+# add --allow-read DIR ..."), found with a run of the no-network mode.
+hinted_reads() {
+    { "$shim" --deny '*' -- "$1" --version 2>&1 >/dev/null || true; } | sed -n 's/^shim: hint: .* add //p'
+}
 
 # A standalone mediator for socket mode: authority "real" allows HOSTS; TERMINATE says
 # whether it terminates their TLS.
@@ -103,7 +113,7 @@ stop_mediator() { kill "$med" 2>/dev/null; wait "$med" 2>/dev/null || true; med=
 run() {
     local client=$1 mode=$2 leave=${3:-} dir="$work/$1-$2${3:+-denied}"
     mkdir -p "$dir"
-    local -a granted=(${hosts[$client]}) flags=(--report-file "$dir/report.json")
+    local -a granted=(${hosts[$client]}) flags=(--report-file "$dir/report.json" ${reads[$client]})
     [ -n "$leave" ] && unset 'granted[-1]'
     local s=${script[$client]} scheme=http
     [ "$mode" = terminated ] && scheme=https
@@ -117,7 +127,8 @@ run() {
             flags+=(--config "$dir/mediator/mediator.toml" --authority real) ;;
     esac
     local start=$SECONDS rc=0
-    (cd "$work" && "$shim" "${flags[@]}" -- sh -c "$s") >"$dir/out" 2>"$dir/err" || rc=$?
+    # From /: root's command (an unprivileged uid) may not enter mktemp's 0700 directory.
+    (cd / && "$shim" "${flags[@]}" -- sh -c "$s") >"$dir/out" 2>"$dir/err" || rc=$?
     [ -n "$med" ] && stop_mediator
     local took=$((SECONDS - start)) fs
     fs=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["filesystem"]["denied"])' "$dir/report.json" 2>/dev/null || echo "?")
@@ -149,6 +160,8 @@ run() {
 
 # CLIENTS="pip npm" and COLUMNS="embedded denied-socket" run part of the matrix.
 read -r -a clients <<< "${CLIENTS:-${clients[*]}}"
+declare -A reads
+for c in "${clients[@]}"; do reads[$c]=$(hinted_reads "${program[$c]}"); done
 read -r -a columns <<< "${COLUMNS:-embedded socket terminated denied-embedded denied-socket}"
 printf '%-6s' client
 for col in "${columns[@]}"; do printf ' | %-20s' "$col"; done
