@@ -356,3 +356,63 @@ fn profile_ca_cert_is_relative_to_the_profile() {
     assert_eq!(s.ca_cert.map(|c| c.path), Some(dir.join("ca.pem")));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_private_tmp_is_on_by_default_sized_or_off() {
+    let tmp = |extra: &[&str]| {
+        let mut a = vec!["shim", "--mediator-socket", "/s"];
+        a.extend_from_slice(extra);
+        a.extend(["--", "true"]);
+        parse(&a).map(|s| (s.tmp.map(|t| t.as_str().to_owned()), s.cache))
+    };
+    assert_eq!(tmp(&[]).unwrap(), (Some("50%".into()), None));
+    assert_eq!(tmp(&["--tmp-size", "2G"]).unwrap().0.as_deref(), Some("2g"));
+    assert_eq!(
+        tmp(&["--tmp-size", "512m"]).unwrap().0.as_deref(),
+        Some("512m")
+    );
+    assert_eq!(
+        tmp(&["--tmp-size", "25%"]).unwrap().0.as_deref(),
+        Some("25%")
+    );
+    assert_eq!(tmp(&["--no-tmp"]).unwrap().0, None);
+    assert!(matches!(tmp(&["--tmp-size", "0"]), Err(Error::Usage(_))));
+    for bad in [
+        "0", "0m", "101%", "1kk", "x", "", "-1g", "+5", "1.5g", "10 m", "%",
+    ] {
+        assert!(
+            matches!(TmpSize::parse(bad), Err(Error::Usage(_))),
+            "{bad:?}"
+        );
+    }
+    assert!(Cli::try_parse_from(["shim", "--no-tmp", "--tmp-size", "1g", "--", "true"]).is_err());
+    assert_eq!(
+        tmp(&["--cache", "/c"]).unwrap().1,
+        Some(PathBuf::from("/c"))
+    );
+}
+
+#[test]
+fn a_profile_turns_the_private_tmp_off_and_keeps_a_cache() {
+    let dir = std::env::temp_dir().join(format!("shim-cli-tmp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let profile = dir.join("p.toml");
+    std::fs::write(
+        &profile,
+        "mediator_socket = \"/s\"\ntmp = false\ncache = \"c\"\n",
+    )
+    .unwrap();
+    let s = parse(&["shim", "--profile", profile.to_str().unwrap(), "--", "true"]).unwrap();
+    assert_eq!(s.tmp, None);
+    assert_eq!(s.cache, Some(dir.join("c")));
+    std::fs::write(
+        &profile,
+        "mediator_socket = \"/s\"\ntmp = false\ntmp_size = \"1g\"\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        parse(&["shim", "--profile", profile.to_str().unwrap(), "--", "true"]),
+        Err(Error::Usage(_))
+    ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

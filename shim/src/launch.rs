@@ -56,9 +56,17 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .as_deref()
         .map(ControlSocket::bind)
         .transpose()?;
+    let cache = settings.cache.as_deref().map(cache_dir).transpose()?;
+    let mut allow_write = settings.allow_write.clone();
+    allow_write.extend(cache.clone());
     let mut deny_read = deny_read(settings)?;
     deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
     deny_read.extend(mediator.masks);
+    // The caller's cargo registry tokens are not the command's (design section 14).
+    deny_read.extend(crate::caches::cargo_credentials(
+        std::env::var_os("CARGO_HOME").map(PathBuf::from).as_deref(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    ));
     let mut allow_read = settings.allow_read.clone();
     allow_read.extend(mediator.reopen);
     let report_file = match &settings.report {
@@ -100,7 +108,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     let job = Job {
         handover: &handover,
         command: &settings.command,
-        allow_write: &settings.allow_write,
+        allow_write: &allow_write,
         deny_read: &deny_read,
         allow_read: &allow_read,
         allow_unix_sockets: settings.allow_unix_sockets,
@@ -110,6 +118,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         child_env: &settings.child_env,
         hidden_env: &settings.hidden_env,
         violations: violations.clone(),
+        tmp: settings.tmp.as_ref(),
+        cache: cache.as_deref(),
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));
@@ -218,6 +228,32 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .write(report_file.as_ref())?;
     }
     Ok(outcome.exit_status)
+}
+
+/// `--cache DIR`, made if missing (0700, with its parents) and canonical.
+///
+/// # Errors
+/// [`Error::Path`] when it cannot be made or resolved, [`Error::Usage`] when it is `/`.
+fn cache_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let path_error = |source| Error::Path {
+        what: "--cache",
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(path_error)?;
+    let canonical = std::fs::canonicalize(dir).map_err(path_error)?;
+    if canonical == Path::new("/") || !canonical.is_dir() {
+        return Err(Error::Usage(format!(
+            "--cache {}: name a directory of its own",
+            dir.display()
+        )));
+    }
+    Ok(canonical)
 }
 
 /// The settings' read-denied paths, plus the directory of the authority's socket: with

@@ -277,6 +277,7 @@ mod tests {
         let (kept, _) = denials.take();
         assert!(
             kept[0]
+                .denial
                 .hint
                 .as_deref()
                 .is_some_and(|h| h.contains("--cafile"))
@@ -296,13 +297,14 @@ mod tests {
         Trust::default().rejected(&denials, rejection(Some("curl")));
         let (kept, _) = denials.take();
         assert_eq!(kept.len(), 1);
-        assert_eq!(kept[0].reason.as_deref(), Some(REASON));
+        assert_eq!(kept[0].denial.reason.as_deref(), Some(REASON));
         assert_eq!(
-            (kept[0].protocol, kept[0].host.as_deref()),
+            (kept[0].denial.protocol, kept[0].denial.host.as_deref()),
             ("tls", Some("registry.npmjs.org"))
         );
         assert!(
             kept[0]
+                .denial
                 .hint
                 .as_deref()
                 .is_some_and(|h| h.contains("--ca-cert"))

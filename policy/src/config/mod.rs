@@ -44,7 +44,8 @@ use validate::{Ctx, Validator};
 pub(crate) use authority::parse_mode;
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{
-    Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
+    Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_CONFIG_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS,
+    SHIM_SCRATCH_VARS, Secret, SecretSource,
 };
 pub use registry::{DEFAULT_MAX_STALENESS, DEFAULT_PREFIX, Registry, RegistryBackend};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};

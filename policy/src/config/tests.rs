@@ -888,6 +888,18 @@ fn credential_errors_are_located() {
             "credential[1]: child_env \"NODE_EXTRA_CA_CERTS\" is a variable the shim sets itself",
         ),
         (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"NPM_CONFIG_CAFILE\"",
+            "credential[1]: child_env \"NPM_CONFIG_CAFILE\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"JAVA_TOOL_OPTIONS\"",
+            "credential[1]: child_env \"JAVA_TOOL_OPTIONS\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"TMPDIR\"",
+            "credential[1]: child_env \"TMPDIR\" is a variable the shim sets itself",
+        ),
+        (
             "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"API-TOKEN\"",
             "credential[1]: child_env \"API-TOKEN\" is not a variable name",
         ),
