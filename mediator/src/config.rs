@@ -22,13 +22,24 @@ pub fn load(path: &Path) -> Result<Config, Error> {
     parse(&text, &path.display().to_string())
 }
 
-/// Validates `text` (the configuration read from `origin`) and loads the secret of every
-/// credential, as [`load`] does.
+/// Validates `text` (the configuration read from `origin`), keeps the authorities this
+/// replica's node serves ([`Config::place`]: `[registry] node`, else `$MEDIATOR_NODE`,
+/// else the host name) and loads the secret of each of their credentials, as [`load`]
+/// does. The secrets of an authority placed on another node are read on that node.
 ///
 /// # Errors
-/// [`Error::Config`] listing every problem, each with its location.
+/// [`Error::Config`] listing every problem, each with its location;
+/// [`Error::Registry`] when this replica's node name cannot be found.
 pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
     let mut config = policy::config::parse(text, origin)?;
+    let node = crate::control::registry::node_of(
+        &config.registry,
+        |k| std::env::var_os(k),
+        crate::control::registry::host_name,
+    )
+    .map_err(|why| Error::Registry(format!("[registry] node: {why}")))?;
+    config.place(&node);
+    config.registry.node = Some(node);
     let mut errors = Vec::new();
     for authority in &mut config.authorities {
         if let Err(e) = crate::credential::load_secrets(authority) {

@@ -64,7 +64,7 @@ pub struct Running {
     clippy::too_many_lines,
     reason = "the start in its order: nothing listens until everything before it is loaded"
 )]
-pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
+pub async fn start(mut config: Config, options: Options) -> Result<Running, Error> {
     let sink = options.sink.unwrap_or_else(|| match &config.log {
         policy::config::Log::Stdout => Sink::Stdout,
         policy::config::Log::File(p) => Sink::File(p.clone()),
@@ -137,6 +137,8 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     let store = registry::open(&config.registry, registry_metrics.clone())
         .await
         .map_err(|e| Error::Registry(e.to_string()))?;
+    // Only the authorities placed on this node or on every node are served here.
+    config.place(store.node());
     let boot = store.boot().await.map_err(|e| {
         Error::Registry(format!(
             "{e}: cannot number this run's generations and decision ids"
@@ -166,6 +168,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
             registry_metrics,
         },
     );
+    control.set_placed_elsewhere(&config.placed_elsewhere);
     shared.metrics.set_authorities(0);
     let admin_api_on = config.listen.admin.is_some() || config.listen.admin_socket.is_some();
     let added = add_authorities(&control, config.authorities, admin_api_on).await;

@@ -15,7 +15,7 @@ mod create;
 pub(crate) mod registry;
 mod reload;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -29,13 +29,16 @@ use crate::error::Error;
 use crate::shared::Shared;
 use crate::socket_file;
 
-pub(crate) use create::{CreateError, Deleted};
+pub(crate) use create::{CreateError, Created, Deleted};
 use registry::{RegistryMetrics, Store, Stored};
 use reload::Baseline;
 pub use reload::{ReloadRefused, ReloadReport};
 
 /// Log target of control-plane events.
 pub(crate) const TARGET: &str = "mediator::control";
+
+/// How many locks registry writes are spread over (by the name's hash).
+const WRITE_STRIPES: usize = 64;
 
 /// The control plane of one running mediator.
 #[derive(Debug)]
@@ -55,8 +58,10 @@ pub(crate) struct Control {
     store: Arc<dyn Store>,
     /// The registry's metrics.
     registry_metrics: RegistryMetrics,
-    /// Serialises registry writes (create, delete, expire) with the change they make.
-    writes: tokio::sync::Mutex<()>,
+    /// Serialises registry writes (create, delete, expire) of one name with the change
+    /// they make: one lock per stripe of names (by hash), so that writes of different
+    /// names wait for no other.
+    writes: Box<[tokio::sync::Mutex<()>]>,
     /// The stored records applied to the live set, by name (a generated token's hash
     /// included), so that a reload that changes the global deny list can re-create them
     /// under it (the global list applies to every authority), and a change seen twice is
@@ -65,6 +70,9 @@ pub(crate) struct Control {
     /// etcd: the revision at which each name was last removed, so that a create older than
     /// the removal, seen late, is not applied.
     tombstones: Mutex<HashMap<String, u64>>,
+    /// The names of the configuration file's authorities placed on other nodes: not
+    /// served here, but names of the file all the same (the admin API may not take one).
+    placed_elsewhere: Mutex<HashSet<String>>,
     /// Itself, for the timers it starts (`ttl_s`).
     me: Weak<Self>,
 }
@@ -107,9 +115,12 @@ impl Control {
             op: Mutex::new(()),
             store,
             registry_metrics,
-            writes: tokio::sync::Mutex::new(()),
+            writes: (0..WRITE_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             stored: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashMap::new()),
+            placed_elsewhere: Mutex::new(HashSet::new()),
             me: me.clone(),
         })
     }
@@ -117,6 +128,24 @@ impl Control {
     /// The registry's backend.
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Waits for the lock of registry writes of `name` (see `writes`).
+    async fn write_lock(&self, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(name);
+        // In range: a remainder of the stripes' count, which is not zero.
+        let stripe = usize::try_from(hash % WRITE_STRIPES as u64).unwrap_or_default();
+        self.writes[stripe].lock().await
+    }
+
+    /// Records the names of the configuration file's authorities placed on other nodes
+    /// (at start and at each reload): the admin API may not create an authority of one.
+    pub(crate) fn set_placed_elsewhere(&self, names: &[String]) {
+        *self
+            .placed_elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = names.iter().cloned().collect();
     }
 
     /// The shared state.

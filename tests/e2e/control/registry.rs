@@ -32,6 +32,14 @@ async fn create(m: &Mediator, body: &Value) -> Result<Value> {
     resp.json()
 }
 
+/// `POST /v1/authorities` with `body`; the status and the answer.
+async fn post(m: &Mediator, body: &Value) -> Result<(u16, Value)> {
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body.to_string()), None)
+        .await?;
+    Ok((resp.status, resp.json().unwrap_or(Value::Null)))
+}
+
 /// The API authorities `GET /v1/authorities` lists: name to generation.
 async fn api_authorities(m: &Mediator) -> Result<BTreeMap<String, u64>> {
     let list = m.admin_get("/v1/authorities").await?;
@@ -476,6 +484,63 @@ async fn a_name_is_either_config_or_api() -> Result<()> {
     Ok(())
 }
 
+/// The local registry serves its own node (here from `MEDIATOR_NODE`): a create placed on
+/// another node is refused, naming the field.
+async fn a_local_registry_refuses_another_nodes_authority() -> Result<()> {
+    // The node from the environment (the DaemonSet's way); the builder's own state
+    // directory stays.
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .start()
+        .await?;
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "t", "allow": ["x.test"], "node": "there" }),
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "node", "{body}");
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "t", "allow": ["x.test"], "node": "here" }),
+    )
+    .await?;
+    ensure!(status == 201, "{status} {body}");
+    assert_eq!(body["node"], "here");
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "u", "allow": ["x.test"], "node": "Bad_Name" }),
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "node", "{body}");
+    // The same state directory under another node's name: the record is kept, not served,
+    // and named.
+    let mut m = m;
+    m.terminate().await?;
+    let state = m.dir().join("state");
+    let other = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "elsewhere")
+        .extra_toml(&format!(
+            "[registry]\nstate_dir = {:?}",
+            state.display().to_string()
+        ))
+        .start()
+        .await?;
+    let resp = other.admin("GET", "/v1/authorities/t", None, None).await?;
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert!(!other.socket_path("t").exists());
+    assert!(state.join("authorities/t.json").exists(), "kept");
+    let stderr = other.stderr_text();
+    assert!(
+        stderr.contains("placed on other nodes") && stderr.contains(": t"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
 async fn generations_and_decision_ids_never_repeat_across_restarts() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -584,5 +649,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_name_is_either_config_or_api),
         case!(generations_and_decision_ids_never_repeat_across_restarts),
         case!(one_mediator_per_state_directory),
+        case!(a_local_registry_refuses_another_nodes_authority),
     ]
 }

@@ -263,7 +263,7 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
             &endpoints,
             "get",
             "--print-value-only",
-            "/other/authorities/shared",
+            "/other/fleet/shared",
         ])
         .output()
         .await?;
@@ -276,7 +276,7 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
             "--endpoints",
             &endpoints,
             "put",
-            "/e2e/authorities/shared",
+            "/e2e/fleet/shared",
             value.trim_end(),
         ])
         .output()
