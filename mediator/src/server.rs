@@ -637,6 +637,7 @@ impl Running {
             tracing::warn!("stopping the serving threads: {e}");
         }
         self.shared.log.flush();
+        crate::socket_file::remove_staging();
         self.admin_stop.cancel();
         if let Some(path) = &self.admin_socket
             && let Err(e) = std::fs::remove_file(path)
