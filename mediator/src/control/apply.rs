@@ -4,6 +4,7 @@
 //! list, never over a name of the configuration file, at most once per generation.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::SystemTime;
 
@@ -12,6 +13,43 @@ use policy::config::{Authority, FieldError, RegistryBackend};
 use super::registry::{Change, ErrorKind, Loaded, Op, RegistryError, Rejected, Stored};
 use super::{Control, CreateError, TARGET};
 use crate::authorities::{Birth, Live, Origin};
+
+/// A stored record as applied, kept small, since one is kept per served authority: its
+/// generation, and the record as compact JSON, read back only when a reload re-creates
+/// it under a changed `[global]` deny list (the parsed table cost about four times as
+/// much).
+#[derive(Debug, Clone)]
+pub(super) struct Kept {
+    /// Its generation.
+    pub(super) generation: u64,
+    /// The record, as compact JSON.
+    record: Box<str>,
+}
+
+impl Kept {
+    /// What is kept of `stored`.
+    pub(super) fn of(stored: &Stored) -> Self {
+        Self {
+            generation: stored.generation,
+            // Cannot fail: a record is strings and a JSON map with string keys, which
+            // serde_json always writes (it fails only on other map keys or a failing
+            // `Serialize`).
+            record: serde_json::to_string(&stored.record)
+                .unwrap_or_default()
+                .into_boxed_str(),
+        }
+    }
+
+    /// The record again (`None` only for one that could not be written, which cannot
+    /// happen: it came from JSON).
+    pub(super) fn stored(&self) -> Option<Stored> {
+        let record = serde_json::from_str(&self.record).ok()?;
+        Some(Stored {
+            record,
+            generation: self.generation,
+        })
+    }
+}
 
 impl Control {
     /// Loads every stored authority (at start, before `ready`): expired ones are dropped,
@@ -112,7 +150,7 @@ impl Control {
         self.stored
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.clone(), stored);
+            .insert(name.clone(), Kept::of(&stored));
         if let Some(at) = expires {
             self.expire_at(&name, generation, &at);
         }
@@ -199,6 +237,8 @@ impl Control {
             self.report_rejected(&rejected);
         }
         let now = SystemTime::now();
+        let count = loaded.records.len();
+        self.bulk.store(true, Ordering::Relaxed);
         for stored in loaded.records {
             if stored.record.expired(now) {
                 self.drop_expired(stored);
@@ -206,6 +246,8 @@ impl Control {
             }
             self.apply_or_report(stored, op);
         }
+        self.bulk.store(false, Ordering::Relaxed);
+        tracing::info!(target: TARGET, "registry: a view of {count} stored authorities applied ({} served here)", self.stored_count());
     }
 
     /// Applies one change from a watch.

@@ -30,7 +30,7 @@ use crate::shared::Shared;
 use crate::socket_file;
 
 pub(crate) use create::{CreateError, Created, Deleted};
-use registry::{RegistryMetrics, Store, Stored};
+use registry::{RegistryMetrics, Store};
 use reload::Baseline;
 pub use reload::{ReloadRefused, ReloadReport};
 
@@ -66,13 +66,16 @@ pub(crate) struct Control {
     /// included), so that a reload that changes the global deny list can re-create them
     /// under it (the global list applies to every authority), and a change seen twice is
     /// applied once.
-    stored: Mutex<HashMap<String, Stored>>,
+    stored: Mutex<HashMap<String, apply::Kept>>,
     /// etcd: the revision at which each name was last removed, so that a create older than
     /// the removal, seen late, is not applied.
     tombstones: Mutex<HashMap<String, u64>>,
     /// The names of the configuration file's authorities placed on other nodes: not
     /// served here, but names of the file all the same (the admin API may not take one).
     placed_elsewhere: Mutex<HashSet<String>>,
+    /// Set while a whole view of the registry is applied (a start's load, a re-list):
+    /// each authority it adds is logged at debug level, the view's count at info.
+    bulk: std::sync::atomic::AtomicBool,
     /// Itself, for the timers it starts (`ttl_s`).
     me: Weak<Self>,
 }
@@ -121,6 +124,7 @@ impl Control {
             stored: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashMap::new()),
             placed_elsewhere: Mutex::new(HashSet::new()),
+            bulk: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -255,13 +259,24 @@ impl Control {
                 }
             });
         }
-        tracing::info!(
-            target: TARGET,
-            "authority {name:?} added (generation {generation}, from {}, grant digest {}, socket {})",
-            match origin { Origin::Config => "config", Origin::Api => "admin API" },
-            live.digest,
-            socket.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string())
-        );
+        let added = || {
+            format!(
+                "authority {name:?} added (generation {generation}, from {}, grant digest {}, socket {})",
+                match origin {
+                    Origin::Config => "config",
+                    Origin::Api => "admin API",
+                },
+                live.digest,
+                socket
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |p| p.display().to_string())
+            )
+        };
+        if self.bulk.load(std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!(target: TARGET, "{}", added());
+        } else {
+            tracing::info!(target: TARGET, "{}", added());
+        }
         Ok(live)
     }
 

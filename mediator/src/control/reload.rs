@@ -132,7 +132,7 @@ impl Control {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .values()
-                .cloned()
+                .filter_map(super::apply::Kept::stored)
                 .collect();
             for record in stored {
                 let name = record.record.name.clone();
