@@ -38,8 +38,24 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
         crate::control::registry::host_name,
     )
     .map_err(|why| Error::Registry(format!("[registry] node: {why}")))?;
-    config.place(&node);
-    config.registry.node = Some(node);
+    config.registry.node = Some(node.clone());
+    place_and_load(config, &node)
+}
+
+/// [`parse`] for a reload of the replica of `node`: the authorities are placed by the
+/// node it runs as, whatever `[registry] node` the file now names (that section, like
+/// the rest of `[registry]`, changes at a restart), so that a reload never serves an
+/// authority of another node nor drops one of its own for it.
+///
+/// # Errors
+/// [`Error::Config`] listing every problem, each with its location.
+pub fn parse_on(text: &str, origin: &str, node: &str) -> Result<Config, Error> {
+    place_and_load(policy::config::parse(text, origin)?, node)
+}
+
+/// Keeps the authorities `node` serves and loads their secrets.
+fn place_and_load(mut config: Config, node: &str) -> Result<Config, Error> {
+    config.place(node);
     let mut errors = Vec::new();
     for authority in &mut config.authorities {
         if let Err(e) = crate::credential::load_secrets(authority) {

@@ -567,7 +567,7 @@ fn reload_file(running: &mediator::Running, path: &std::path::Path) -> String {
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
-            mediator::config::parse(&text, &path.display().to_string())
+            mediator::config::parse_on(&text, &path.display().to_string(), running.node())
                 .map(|c| (c, text))
                 .map_err(|e| e.to_string())
         });

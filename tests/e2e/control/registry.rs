@@ -541,6 +541,95 @@ async fn a_local_registry_refuses_another_nodes_authority() -> Result<()> {
     Ok(())
 }
 
+/// A file's authority placed on another node is not served here, and its name is still
+/// the file's; a reload that moves it away revokes it here, one that moves it back serves
+/// it again.
+async fn a_file_authority_is_served_on_its_node_only() -> Result<()> {
+    let roaming = |node: &str| {
+        e2e::AuthoritySpec::new("roam")
+            .allow(&["x.test"])
+            .raw(&format!("node = \"{node}\""))
+    };
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .authority(roaming("*"))
+        .authority(
+            e2e::AuthoritySpec::new("away")
+                .allow(&["x.test"])
+                .raw("node = \"there\""),
+        )
+        .start()
+        .await?;
+    assert!(m.socket_path("roam").exists());
+    assert!(!m.socket_path("away").exists());
+    assert_eq!(
+        m.admin("GET", "/v1/authorities/away", None, None)
+            .await?
+            .status,
+        404
+    );
+    let (status, body) = post(&m, &json!({ "name": "away", "allow": ["x.test"] })).await?;
+    assert_eq!(status, 409, "the file's name, placed elsewhere: {body}");
+    let config = std::fs::read_to_string(m.config_path())?;
+    let moved = config.replace("node = \"*\"", "node = \"there\"");
+    ensure!(moved != config, "{config}");
+    let out = m.reload_with(&moved).await?;
+    assert!(out.contains("removed=roam@"), "{out}");
+    assert!(!m.socket_path("roam").exists(), "moved away: revoked here");
+    let (status, body) = post(&m, &json!({ "name": "roam", "allow": ["x.test"] })).await?;
+    assert_eq!(status, 409, "{body}");
+    // Back on every node: served here again.
+    let out = m.reload_with(&config).await?;
+    assert!(out.contains("added=roam@"), "{out}");
+    assert!(m.socket_path("roam").exists(), "placed back: served again");
+    Ok(())
+}
+
+/// A reloaded file that names another `[registry] node` changes nothing of what is placed
+/// here (the replica's node changes at a restart): its own authority stays, another
+/// node's is not served, and the section is reported as needing a restart.
+async fn a_reload_places_by_the_node_the_replica_runs_as() -> Result<()> {
+    let placed = |name: &str, node: &str| {
+        e2e::AuthoritySpec::new(name)
+            .allow(&["x.test"])
+            .raw(&format!("node = \"{node}\""))
+    };
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .authority(placed("mine", "here"))
+        .authority(placed("theirs", "there"))
+        .start()
+        .await?;
+    assert!(m.socket_path("mine").exists());
+    assert!(!m.socket_path("theirs").exists());
+    let config = std::fs::read_to_string(m.config_path())?;
+    let renamed = config.replacen("[registry]\n", "[registry]\nnode = \"there\"\n", 1);
+    ensure!(renamed != config, "{config}");
+    let out = m.reload_with(&renamed).await?;
+    assert!(out.contains("added=- removed=- changed=-"), "{out}");
+    assert!(
+        out.contains("[registry]"),
+        "reported as needing a restart: {out}"
+    );
+    assert!(
+        m.socket_path("mine").exists(),
+        "its own node's, still served"
+    );
+    assert!(
+        !m.socket_path("theirs").exists(),
+        "another node's, still not served"
+    );
+    assert_eq!(
+        m.admin("GET", "/v1/authorities/theirs", None, None)
+            .await?
+            .status,
+        404
+    );
+    Ok(())
+}
+
 async fn generations_and_decision_ids_never_repeat_across_restarts() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -650,5 +739,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(generations_and_decision_ids_never_repeat_across_restarts),
         case!(one_mediator_per_state_directory),
         case!(a_local_registry_refuses_another_nodes_authority),
+        case!(a_file_authority_is_served_on_its_node_only),
+        case!(a_reload_places_by_the_node_the_replica_runs_as),
     ]
 }
