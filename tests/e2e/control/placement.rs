@@ -4,7 +4,8 @@
 //! credential on its node only (its token elsewhere is an unknown credential, 407); names
 //! are unique across nodes; a replica reads no record of another node's; records of the
 //! layout before placement are moved once, by replicas starting together, and keep
-//! everything; and staleness fails closed per replica.
+//! everything; `ttl_s` ends a placed record and its name index key together; and
+//! staleness fails closed per replica.
 
 use std::time::Duration;
 
@@ -190,6 +191,68 @@ async fn an_authority_is_served_on_its_node_only_wherever_it_was_created() -> Re
         .etcdctl(&["get", "--prefix", "--keys-only", "/e2e/nodes/node-b/"])
         .await?;
     assert_eq!(stored.lines().filter(|l| !l.is_empty()).count(), 20);
+    Ok(())
+}
+
+/// `ttl_s` holds a placed authority's record and its name index key on one lease: at the
+/// end both are gone, whether the owning replica revoked it or no replica serves its
+/// node, and the name is free again on every node.
+async fn a_placed_authority_s_ttl_ends_its_record_and_its_name() -> Result<()> {
+    let cluster = EtcdCluster::start(3).await?;
+    let on = |node: &str| {
+        mediator()
+            .admin(true)
+            .extra_toml(&cluster.registry_toml_on(node, &[0, 1, 2], 2))
+    };
+    let a = on("node-a").start().await?;
+    let b = on("node-b").start().await?;
+    let keys = |name: &str| {
+        let cluster = &cluster;
+        let name = name.to_owned();
+        async move {
+            let mut found = Vec::new();
+            for range in ["names/", "fleet/", "nodes/"] {
+                let out = cluster
+                    .etcdctl(&["get", "--prefix", "--keys-only", &format!("/e2e/{range}")])
+                    .await?;
+                found.extend(
+                    out.split_whitespace()
+                        .filter(|k| k.ends_with(&format!("/{name}")))
+                        .map(str::to_owned),
+                );
+            }
+            anyhow::Ok(found)
+        }
+    };
+    // One on node-b (served there), one on a node no replica runs as: both sent to a.
+    for (name, node) in [("brief-b", "node-b"), ("brief-z", "node-z")] {
+        let mut body = task(name, node);
+        body["ttl_s"] = json!(2);
+        let (status, created) = post(&a, &body).await?;
+        ensure!(status == 201, "{status} {created}");
+        assert_eq!(
+            keys(name).await?,
+            [
+                format!("/e2e/names/{name}"),
+                format!("/e2e/nodes/{node}/{name}")
+            ]
+        );
+    }
+    wait_status(&b, "brief-b", 200).await?;
+    for name in ["brief-b", "brief-z"] {
+        retry_for(
+            SETTLE,
+            async || Ok(keys(name).await?.is_empty().then_some(())),
+            || format!("{name}'s keys outlived its ttl_s"),
+        )
+        .await?;
+        wait_status(&b, name, 404).await?;
+        // The name is free again, on any node, through any replica.
+        let (status, body) = post(&b, &task(name, "node-a")).await?;
+        ensure!(status == 201, "{name}: {status} {body}");
+    }
+    assert!(!b.socket_path("brief-b").exists(), "revoked at its end");
+    wait_status(&a, "brief-z", 200).await?;
     Ok(())
 }
 
@@ -403,5 +466,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(records_of_the_layout_before_placement_are_moved_once_keeping_everything)
             .needs(&[Tool::Etcd]),
         case!(staleness_fails_closed_per_replica).needs(&[Tool::Etcd]),
+        case!(a_placed_authority_s_ttl_ends_its_record_and_its_name).needs(&[Tool::Etcd]),
     ]
 }
