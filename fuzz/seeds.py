@@ -269,7 +269,12 @@ write(
 
 # ---- config files --------------------------------------------------------------------------
 
-configs = [(f"example-{p.stem}", p.read_text()) for p in sorted((ROOT / "examples").glob("*.toml"))]
+# The example configurations (not `*.test.toml`, `mediator test`'s expectations).
+configs = [
+    (f"example-{p.stem}", p.read_text())
+    for p in sorted((ROOT / "examples").glob("*.toml"))
+    if not p.name.endswith(".test.toml")
+]
 tests = (ROOT / "policy/src/config/tests.rs").read_text()
 full = re.search(r'const FULL: &str = r#"(.*?)"#;', tests, re.S)
 if full:
@@ -282,6 +287,24 @@ configs += [
     (
         "duplicate-names",
         "[[authority]]\nname = \"a\"\nallow = [\"x.test\"]\n[[authority]]\nname = \"a\"\n",
+    ),
+    # Everything `mediator diff` compares: wildcards, ports, ranges, deny reasons, [global],
+    # termination, request rules, a credential, the channel, the limits.
+    (
+        "review",
+        "[listen]\ntcp = \"127.0.0.1:3128\"\n[tls]\nca_dir = \"/ca\"\n"
+        "[global]\ndeny = [\"*:25\", { host = \"*.pastebin.com\", reason = \"no paste sites\" }]\n"
+        "[[authority]]\nname = \"a\"\n"
+        "allow = [\"api.github.com\", \"*.githubusercontent.com:443\", \"192.0.2.0/24\", \"[2001:db8::1]:443\"]\n"
+        "deny = [{ host = \"gist.githubusercontent.com\", reason = \"no gists\" }]\n"
+        "default_deny_reason = \"ask the platform team\"\nallow_private = [\"10.1.0.0/16\", \"127.0.0.1\"]\n"
+        "sni_check = false\ntls_terminate = [\"api.github.com\"]\nwatchdog = \"unix:/run/wd.sock\"\n"
+        "token_sha256 = \"42e6b7873d248e37a115cb08d13a99147b10362deb90d006a03e5ce1ae11b824\"\n"
+        "socket_mode = \"0660\"\nmax_connections = 10\nconnect_rate = 5\nconnect_burst = 7\n"
+        "[[authority.request_rule]]\nhost = \"api.github.com\"\nmethods = [\"GET\"]\n"
+        "path_prefixes = [\"/repos/\"]\nheaders = { accept = \"application/json*\" }\nquery = [\"page\"]\n"
+        "[[authority.credential]]\nhost = \"api.github.com\"\nheader = \"Authorization\"\n"
+        "secret_env = \"GITHUB_TOKEN\"\nformat = \"Bearer {secret}\"\n",
     ),
 ]
 write("config", configs)

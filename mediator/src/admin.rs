@@ -37,9 +37,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::authorities::{Live, Origin, Since};
+use crate::audit::AuditRecord;
+use crate::authorities::{Live, Origin};
 use crate::conn::accept::{Listener, accept_loop};
 use crate::control::{Control, CreateError, Created, Deleted};
+use crate::decision_log::Peer;
 use crate::limits::ADMIN_CONNECTIONS;
 
 /// What a `POST /v1/authorities` answer says of the authority's lifetime with
@@ -55,6 +57,11 @@ const MAX_BODY: usize = 64 * 1024;
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 type Body = Full<Bytes>;
+
+mod audit;
+mod since;
+
+use since::parse_since;
 
 /// The admin API's state.
 #[derive(Debug)]
@@ -97,30 +104,29 @@ pub(crate) async fn serve<L: Listener>(
         let permits = Arc::clone(&permits);
         async move { permits.acquire_owned().await.ok() }
     };
-    accept_loop(
-        listener,
-        stop,
-        "the admin API",
-        room,
-        |io, _peer, permit| {
-            let admin = Arc::clone(&admin);
-            let stop = connections.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                serve_conn(io, admin, door, stop).await;
-            });
-        },
-    )
+    accept_loop(listener, stop, "the admin API", room, |io, peer, permit| {
+        let admin = Arc::clone(&admin);
+        let stop = connections.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            serve_conn(io, admin, door, peer, stop).await;
+        });
+    })
     .await;
 }
 
-async fn serve_conn<S>(io: S, admin: Arc<Admin>, door: AdminDoor, stop: CancellationToken)
-where
+async fn serve_conn<S>(
+    io: S,
+    admin: Arc<Admin>,
+    door: AdminDoor,
+    peer: Peer,
+    stop: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service_fn(move |req| {
         let admin = Arc::clone(&admin);
-        async move { Ok::<_, Infallible>(handle(req, &admin, door).await) }
+        async move { Ok::<_, Infallible>(handle(req, &admin, door, peer).await) }
     });
     let mut builder = http1::Builder::new();
     builder
@@ -141,16 +147,38 @@ where
     }
 }
 
+/// Serves one request; a create or delete (done or refused) is audited before it is
+/// answered (`crate::audit`).
+async fn handle(
+    req: Request<Incoming>,
+    admin: &Admin,
+    door: AdminDoor,
+    peer: Peer,
+) -> Response<Body> {
+    let mut audit = audit::pending(&req, &peer);
+    let resp = route(req, admin, door, audit.as_mut()).await;
+    if let Some(record) = audit {
+        audit::finish(&admin.control, record, resp.status()).await;
+    }
+    resp
+}
+
 #[expect(
     clippy::too_many_lines,
-    reason = "the admin API routes, one match arm per endpoint"
+    reason = "the admin API routes, one match arm per endpoint; ceiling 138 lines"
 )]
-async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Response<Body> {
+async fn route(
+    req: Request<Incoming>,
+    admin: &Admin,
+    door: AdminDoor,
+    mut audit: Option<&mut AuditRecord>,
+) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match access(admin, &req, door) {
         Access::Granted => {}
         Access::NeedsToken => {
+            audit::why(&mut audit, "no valid admin token (Authorization: Bearer)");
             let mut resp = error(
                 StatusCode::UNAUTHORIZED,
                 "this admin API needs Authorization: Bearer <token>",
@@ -162,6 +190,10 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
             return resp;
         }
         Access::WritesClosed => {
+            audit::why(
+                &mut audit,
+                "writes on the TCP admin listener need a token (none is configured)",
+            );
             return error(
                 StatusCode::FORBIDDEN,
                 "creating and revoking authorities on the TCP admin listener needs a token: \
@@ -211,45 +243,14 @@ async fn handle(req: Request<Incoming>, admin: &Admin, door: AdminDoor) -> Respo
                 .iter()
                 .map(|l| describe(admin, l))
                 .collect();
-            json_response(StatusCode::OK, &json!({ "authorities": list }))
+            let global = policy::review::deny_views(&admin.control.global_deny());
+            json_response(
+                StatusCode::OK,
+                &json!({ "authorities": list, "global_deny": global }),
+            )
         }
-        (&Method::POST, ["v1", "authorities"]) => create(req, admin).await,
-        (&Method::DELETE, ["v1", "authorities", name]) => match admin.control.delete(name).await {
-            Ok(Deleted {
-                live: Some(live), ..
-            }) => json_response(
-                StatusCode::OK,
-                &json!({
-                    "revoked": live.name(),
-                    "generation": live.generation,
-                    "socket_removed": live.socket,
-                    "live_connections": shared.metrics.active_of(live.name()),
-                    "connections_close_in_seconds": admin.control.revoke_grace().as_secs(),
-                    "persisted": live.origin == Origin::Api && admin.control.store().backend() != RegistryBackend::Memory,
-                }),
-            ),
-            // A stored record that was not live (not loaded: its name is the file's, or its
-            // socket could not be made): removed all the same.
-            Ok(Deleted {
-                live: None,
-                stored: true,
-            }) => json_response(
-                StatusCode::OK,
-                &json!({
-                    "revoked": name,
-                    "generation": null,
-                    "socket_removed": null,
-                    "live_connections": 0,
-                    "connections_close_in_seconds": 0,
-                    "persisted": true,
-                }),
-            ),
-            Ok(Deleted {
-                live: None,
-                stored: false,
-            }) => not_found(name),
-            Err(e) => create_error(e),
-        },
+        (&Method::POST, ["v1", "authorities"]) => create(req, admin, audit).await,
+        (&Method::DELETE, ["v1", "authorities", name]) => delete(admin, name, audit).await,
         (&Method::GET, ["v1", "authorities", name]) => match shared.authorities.get(name) {
             Some(live) => json_response(StatusCode::OK, &describe(admin, &live)),
             None => not_found(name),
@@ -359,6 +360,8 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "tcp": a.token_sha256.and(admin.control.tcp_addr()).map(|s| s.to_string()),
         },
         "grant_digest": live.digest,
+        // What it may reach, as `mediator diff --admin` reads it (design section 21).
+        "reach": policy::review::Reach::of(a, policy::review::Sources::Hidden),
         "grant": {
             "allow": a.grant.allow_entries().collect::<Vec<_>>(),
             "deny": a.grant.deny_entries().collect::<Vec<_>>(),
@@ -396,20 +399,74 @@ fn placed_elsewhere(created: &Created) -> Value {
     })
 }
 
-async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
+/// `DELETE /v1/authorities/<name>`.
+async fn delete(admin: &Admin, name: &str, mut audit: Option<&mut AuditRecord>) -> Response<Body> {
+    let shared = admin.control.shared();
+    match admin.control.delete(name).await {
+        Ok(Deleted {
+            live: Some(live), ..
+        }) => {
+            audit::changed(&mut audit, Some(&live), None);
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "revoked": live.name(),
+                    "generation": live.generation,
+                    "socket_removed": live.socket,
+                    "live_connections": shared.metrics.active_of(live.name()),
+                    "connections_close_in_seconds": admin.control.revoke_grace().as_secs(),
+                    "persisted": live.origin == Origin::Api && admin.control.store().backend() != RegistryBackend::Memory,
+                }),
+            )
+        }
+        // A stored record that was not live (not loaded: its name is the file's, or its
+        // socket could not be made): removed all the same.
+        Ok(Deleted {
+            live: None,
+            stored: true,
+        }) => json_response(
+            StatusCode::OK,
+            &json!({
+                "revoked": name,
+                "generation": null,
+                "socket_removed": null,
+                "live_connections": 0,
+                "connections_close_in_seconds": 0,
+                "persisted": true,
+            }),
+        ),
+        Ok(Deleted {
+            live: None,
+            stored: false,
+        }) => {
+            audit::why(&mut audit, &format!("no authority named {name:?}"));
+            not_found(name)
+        }
+        Err(e) => {
+            audit::why(&mut audit, &audit::why_of(&e));
+            create_error(e)
+        }
+    }
+}
+
+async fn create(
+    req: Request<Incoming>,
+    admin: &Admin,
+    mut audit: Option<&mut AuditRecord>,
+) -> Response<Body> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("cannot read the body (at most {MAX_BODY} bytes): {e}"),
-            );
+            let message = format!("cannot read the body (at most {MAX_BODY} bytes): {e}");
+            audit::why(&mut audit, &message);
+            return error(StatusCode::BAD_REQUEST, &message);
         }
     };
     let value: Value = match crate::control::body::parse(&body) {
         Ok(v) => v,
         Err(e) => {
             let message = e.to_string();
+            audit::why(&mut audit, &message);
             let crate::control::body::BodyError::DuplicateKey { field, .. } = e else {
                 return error(StatusCode::BAD_REQUEST, &message);
             };
@@ -424,8 +481,15 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
             );
         }
     };
+    if let (Some(record), Some(name)) = (audit.as_deref_mut(), value.get("name")) {
+        record.authority = name.as_str().map(str::to_owned);
+    }
     match admin.control.create(&value).await {
         Ok(created) => {
+            match &created.live {
+                Some(live) => audit::changed(&mut audit, None, Some(live)),
+                None => audit::placed_elsewhere(&mut audit, &created),
+            }
             let mut out = match &created.live {
                 Some(live) => describe(admin, live),
                 None => placed_elsewhere(&created),
@@ -452,7 +516,10 @@ async fn create(req: Request<Incoming>, admin: &Admin) -> Response<Body> {
             }
             json_response(StatusCode::CREATED, &out)
         }
-        Err(e) => create_error(e),
+        Err(e) => {
+            audit::why(&mut audit, &audit::why_of(&e));
+            create_error(e)
+        }
     }
 }
 
@@ -506,38 +573,6 @@ fn create_error(e: CreateError) -> Response<Body> {
     }
 }
 
-/// A `since=` that is neither a decision id nor an RFC 3339 instant.
-#[derive(Debug, thiserror::Error)]
-#[error("since={value:?}: give a decision id or an RFC 3339 UTC time ({error})")]
-struct SinceError {
-    value: String,
-    error: humantime::TimestampError,
-}
-
-/// `since=` is a decision id (denials after it) or an RFC 3339 instant (at or after it).
-fn parse_since(query: Option<&str>) -> Result<Since, SinceError> {
-    let Some(query) = query else {
-        return Ok(Since::All);
-    };
-    for pair in query.split('&') {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k != "since" {
-            continue;
-        }
-        if v.is_empty() {
-            return Ok(Since::All);
-        }
-        if let Ok(id) = v.parse::<u64>() {
-            return Ok(Since::Id(id));
-        }
-        let v = v.replace("%3A", ":").replace("%3a", ":");
-        return humantime::parse_rfc3339(&v)
-            .map(Since::Time)
-            .map_err(|error| SinceError { value: v, error });
-    }
-    Ok(Since::All)
-}
-
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
     let mut body = v.to_string();
     body.push('\n');
@@ -572,25 +607,4 @@ fn not_found(name: &str) -> Response<Body> {
         StatusCode::NOT_FOUND,
         &json!({ "error": "unknown_authority", "message": format!("no live authority named {name:?}") }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_forms() {
-        assert_eq!(parse_since(None).ok(), Some(Since::All));
-        assert_eq!(parse_since(Some("since=17")).ok(), Some(Since::Id(17)));
-        assert_eq!(parse_since(Some("x=1&since=")).ok(), Some(Since::All));
-        assert!(matches!(
-            parse_since(Some("since=2026-01-02T03:04:05Z")),
-            Ok(Since::Time(_))
-        ));
-        assert!(matches!(
-            parse_since(Some("since=2026-01-02T03%3A04%3A05Z")),
-            Ok(Since::Time(_))
-        ));
-        assert!(parse_since(Some("since=yesterday")).is_err());
-    }
 }

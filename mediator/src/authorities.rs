@@ -244,9 +244,13 @@ impl Live {
 
 /// A stable digest of what an authority's grant lets it do, as the mediator holds it:
 /// allow and deny entries (global ones included), `allow_private`, `sni_check`, the token
-/// hash, the watchdog and the socket settings. SHA-256, hex.
+/// hash, the watchdog and the socket settings, and the rest of its reach (operator
+/// reasons, terminated hosts, request rules, where its credentials' secrets come from and
+/// go, its limits: `policy::review::Reach`), so that an audit record's digest changes
+/// with any of them. SHA-256, hex.
 pub(crate) fn grant_digest(a: &Authority) -> String {
     let description = serde_json::json!({
+        "reach": policy::review::Reach::of(a, policy::review::Sources::Shown),
         "name": a.grant.name(),
         "allow": a.grant.allow_entries().collect::<Vec<_>>(),
         "deny": a.grant.deny_entries().collect::<Vec<_>>(),

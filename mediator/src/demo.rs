@@ -20,7 +20,7 @@ const TOKEN: &str = "demo-token";
 
 /// Prints one line of the report; a reader that went away (`mediator demo | head`) ends the
 /// demo quietly instead of a panic on the broken pipe.
-macro_rules! say {
+macro_rules! report {
     ($($arg:tt)*) => {
         if writeln!(std::io::stdout(), $($arg)*).is_err() {
             return Ok(());
@@ -62,7 +62,7 @@ allow = ["api.example.org:443"]
 /// [`Error`] if the origin or the mediator cannot start on loopback.
 #[expect(
     clippy::too_many_lines,
-    reason = "the demo script: each case is one client call and its printed line"
+    reason = "the demo script: each case is one client call and its printed line; ceiling 142 lines"
 )]
 pub async fn run() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
@@ -95,9 +95,9 @@ pub async fn run() -> Result<(), Error> {
         base64_encode("demo-agent:wrong")
     );
 
-    say!("mediator demo: origin on {origin_addr}, mediator TCP listener on {tcp},");
-    say!("Unix sockets in {}", dir.path().display());
-    say!("config:{}", text.replace(&hash, "<sha256 of demo-token>"));
+    report!("mediator demo: origin on {origin_addr}, mediator TCP listener on {tcp},");
+    report!("Unix sockets in {}", dir.path().display());
+    report!("config:{}", text.replace(&hash, "<sha256 of demo-token>"));
 
     let mut seen = 0usize;
     let steps: Vec<(String, Step)> = vec![
@@ -171,14 +171,14 @@ pub async fn run() -> Result<(), Error> {
         ),
     ];
     for (i, (title, step)) in steps.into_iter().enumerate() {
-        say!("\n== {}. {title}", i + 1);
+        report!("\n== {}. {title}", i + 1);
         let saw = match tokio::time::timeout(Duration::from_secs(10), step.run()).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => format!("client error: {e}"),
             Err(_) => "client timed out".into(),
         };
         for line in saw.lines() {
-            say!("   client saw | {line}");
+            report!("   client saw | {line}");
         }
         // Wait (bounded) for the step's log lines: the log is written asynchronously.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -195,13 +195,13 @@ pub async fn run() -> Result<(), Error> {
         running.log().flush();
         if let Ok(l) = lines.lock() {
             for line in &l[seen..] {
-                say!("   decision log | {line}");
+                report!("   decision log | {line}");
             }
             seen = l.len();
         }
     }
     running.shutdown().await;
-    say!(
+    report!(
         "\nDone: allowed requests reached the origin; every denial names its reason and a hint, and its log line the authority."
     );
     Ok(())

@@ -62,6 +62,10 @@ pub enum Error {
     /// A control-plane operation (adding an authority at start) failed.
     #[error("{0}")]
     Control(String),
+    /// `mediator diff` or `mediator test` cannot run (design section 21): an unreachable
+    /// or refusing admin API, an expectations file that does not read, wrong arguments.
+    #[error("{0}")]
+    Review(String),
     /// The authority registry (`[registry]`, design section 17) cannot be opened: the
     /// state directory cannot be made, read or locked, or etcd is asked of a build
     /// without it.

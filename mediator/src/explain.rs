@@ -84,6 +84,30 @@ pub async fn explain(
     target: &str,
     resolve: bool,
 ) -> Result<Explanation, Error> {
+    let resolver = if resolve {
+        Some(Resolver::new(
+            &config.resolver.nameservers,
+            config.resolver.hosts.clone(),
+            config.timeouts.dns,
+        )?)
+    } else {
+        None
+    };
+    explain_with(config, authority, target, resolver.as_ref()).await
+}
+
+/// [`explain`] with the resolver given: with one, the name is resolved by it and every
+/// address vetted, as live traffic does (`mediator test` gives one that answers from its
+/// expectations' `hosts` alone); without, the name decision alone.
+///
+/// # Errors
+/// [`Error::Control`] when the authority does not exist.
+pub async fn explain_with(
+    config: &Config,
+    authority: &str,
+    target: &str,
+    resolver: Option<&Resolver>,
+) -> Result<Explanation, Error> {
     let Some(auth) = config
         .authorities
         .iter()
@@ -131,13 +155,8 @@ pub async fn explain(
             .copied()
             .collect(),
     );
-    if resolve {
-        let resolver = Resolver::new(
-            &config.resolver.nameservers,
-            config.resolver.hosts.clone(),
-            config.timeouts.dns,
-        )?;
-        let vetting = decide_and_vet(&resolver, &own, auth, &target).await;
+    if let Some(resolver) = resolver {
+        let vetting = decide_and_vet(resolver, &own, auth, &target).await;
         if let Some(resolution) = &vetting.resolved {
             out.resolved = true;
             if let Ok(addrs) = &resolution.addrs {
@@ -151,12 +170,7 @@ pub async fn explain(
                 out.rule = rule;
                 out.pin = pin.addrs().iter().map(ToString::to_string).collect();
             }
-            Err(denial) => {
-                out.reason = denial.reason;
-                out.rule = denial.rule;
-                out.detail = denial.detail;
-                out.hint = denial.hint;
-            }
+            Err(denial) => out.denied(denial),
         }
     } else {
         // The first step of the same pipeline: the placeholder check and the grant's name
@@ -170,12 +184,7 @@ pub async fn explain(
                     out.detail = NOT_RESOLVED.into();
                 }
             }
-            Err(denial) => {
-                out.reason = denial.reason;
-                out.rule = denial.rule;
-                out.detail = denial.detail;
-                out.hint = denial.hint;
-            }
+            Err(denial) => out.denied(denial),
         }
     }
     if out.reason == Reason::Allowed && target.host.ip().is_some() {
@@ -185,8 +194,18 @@ pub async fn explain(
     Ok(out)
 }
 
+impl Explanation {
+    /// The answer is `denial`.
+    fn denied(&mut self, denial: crate::denial::Denial) {
+        self.reason = denial.reason;
+        self.rule = denial.rule;
+        self.detail = denial.detail;
+        self.hint = denial.hint;
+    }
+}
+
 /// `host:port`, or a bare host (IPv6 bracketed or not) with [`DEFAULT_PORT`].
-fn parse_target(s: &str) -> Result<Target, policy::PolicyError> {
+pub(crate) fn parse_target(s: &str) -> Result<Target, policy::PolicyError> {
     match parse_authority_form(s) {
         Ok(t) => Ok(t),
         Err(e) => {

@@ -13,6 +13,7 @@
 //!   shim's embedded mode).
 
 mod admin;
+pub mod audit;
 mod authorities;
 pub mod config;
 mod conn;
@@ -29,12 +30,15 @@ mod front;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod journal;
 mod limits;
 mod members;
 mod metrics;
 mod redact;
 mod relay;
+mod request;
 pub mod resolve;
+pub mod review;
 mod rewind;
 pub mod route;
 mod server;
@@ -49,6 +53,7 @@ mod terminate;
 #[cfg(any(test, feature = "fuzzing"))]
 mod testing;
 pub mod tls;
+pub mod version;
 pub mod vocab;
 mod watchdog;
 mod writable;

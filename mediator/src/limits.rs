@@ -27,12 +27,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use policy::Reason;
 use policy::config::{AuthorityLimits, Limits};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::denial::{Cause, Denial};
+use crate::vocab::LimitKind;
 
 /// Descriptors kept out of every connection budget: the decision log, listeners, the
 /// resolver's sockets, PAC fetches, the watchdog, metrics.
@@ -117,9 +119,7 @@ impl InForce {
     pub(crate) fn overcommitted(&self) -> bool {
         u64::from(self.max_connections) * 2 + RESERVED_FDS > self.nofile
     }
-}
 
-impl InForce {
     /// The counts as `key=value` fields, no spaces inside a field (for the `ready` line).
     pub(crate) fn fields(&self) -> String {
         format!(
@@ -153,14 +153,12 @@ impl fmt::Display for InForce {
 /// The open-files limit a start would run with: the hard limit, which the soft one is
 /// raised to (for `mediator check`, which changes nothing).
 pub(crate) fn nofile_hard() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit};
     getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(_, hard)| hard)
 }
 
 /// Raises the soft open-files limit (`RLIMIT_NOFILE`) to the hard limit; returns the soft
 /// limit in force afterwards (unchanged if the raise is refused).
 pub(crate) fn raise_nofile() -> u64 {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => hard,
@@ -184,31 +182,6 @@ pub(crate) enum Door {
     Tcp,
     /// An authority's Unix socket (or an in-process connection).
     Channel,
-}
-
-/// The `limit` label of `mediator_limited_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LimitKind {
-    /// An authority's cap on open connections.
-    Connections,
-    /// An authority's connect rate.
-    Rate,
-    /// An unidentified TCP connection shed to admit a newer one.
-    Unidentified,
-    /// `max_connections` reached: the listeners stopped accepting (once per episode).
-    Global,
-}
-
-impl LimitKind {
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Connections => "connections",
-            Self::Rate => "rate",
-            Self::Unidentified => "unidentified",
-            Self::Global => "global",
-        }
-    }
 }
 
 /// The mediator-wide counts.
@@ -625,10 +598,8 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        let state = std::mem::replace(
-            self.state.get_mut().unwrap_or_else(PoisonError::into_inner),
-            State::Channel,
-        );
+        let held = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let state = std::mem::replace(held, State::Channel);
         self.leave(state);
         self.limiter.release();
     }

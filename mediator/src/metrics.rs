@@ -29,8 +29,8 @@ use prometheus::{
     TextEncoder,
 };
 
-use crate::limits::LimitKind;
 use crate::vocab::Protocol;
+use crate::vocab::{LimitKind, ReloadResult, UpstreamErrorKind};
 
 /// The `authority` label value of decisions that no authority could be attributed to.
 pub(crate) const NO_AUTHORITY: &str = "-";
@@ -40,52 +40,35 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The `kind` label of `mediator_upstream_errors_total`: a fixed set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum UpstreamErrorKind {
-    /// NXDOMAIN or no A/AAAA records.
-    DnsNoRecords,
-    /// No DNS answer in time.
-    DnsTimeout,
-    /// Any other resolver failure.
-    DnsError,
-    /// Every vetted address refused the connection.
-    ConnectRefused,
-    /// The connect deadline passed.
-    ConnectTimeout,
-    /// Unreachable network or host, or another connect error.
-    ConnectError,
-}
-
-impl UpstreamErrorKind {
-    /// Every kind (series are created up front so that dashboards see zeros).
-    pub(crate) const ALL: [Self; 6] = [
-        Self::DnsNoRecords,
-        Self::DnsTimeout,
-        Self::DnsError,
-        Self::ConnectRefused,
-        Self::ConnectTimeout,
-        Self::ConnectError,
-    ];
-
-    /// The label value.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::DnsNoRecords => "dns_no_records",
-            Self::DnsTimeout => "dns_timeout",
-            Self::DnsError => "dns_error",
-            Self::ConnectRefused => "connect_refused",
-            Self::ConnectTimeout => "connect_timeout",
-            Self::ConnectError => "connect_error",
-        }
-    }
-}
-
 /// Seconds since the Unix epoch, now.
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A counter family with `labels`, registered in `registry`.
+fn counters(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    let family = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(family.clone()))?;
+    Ok(family)
+}
+
+/// A gauge family with `labels`, registered in `registry`.
+fn gauges(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, prometheus::Error> {
+    let family = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(family.clone()))?;
+    Ok(family)
 }
 
 /// A latency histogram with the [`LATENCY_BUCKETS`].
@@ -98,11 +81,10 @@ fn latency(name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
 fn service_families(
     registry: &Registry,
 ) -> Result<(IntCounterVec, prometheus::Gauge), prometheus::Error> {
-    let reloads = IntCounterVec::new(
-        Opts::new(
-            "mediator_reloads_total",
-            "Configuration reloads (SIGHUP, --watch-config), by result: ok, partial (some authorities kept their old version), failed (nothing applied).",
-        ),
+    let reloads = counters(
+        registry,
+        "mediator_reloads_total",
+        "Configuration reloads (SIGHUP, --watch-config), by result: ok, partial (some authorities kept their old version), failed (nothing applied).",
         &["result"],
     )?;
     let last_reload = prometheus::Gauge::new(
@@ -117,13 +99,12 @@ fn service_families(
         &["version", "revision"],
     )?;
     build_info
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::service::GIT_REVISION])
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::version::GIT_REVISION])
         .set(1);
     for result in ReloadResult::ALL {
         reloads.with_label_values(&[result.as_str()]);
     }
     last_reload.set(unix_now());
-    registry.register(Box::new(reloads.clone()))?;
     registry.register(Box::new(last_reload.clone()))?;
     registry.register(Box::new(build_info))?;
     Ok((reloads, last_reload))
@@ -160,31 +141,6 @@ pub(crate) const AUTHORITY_LABEL_CAP: usize = 2_000;
 /// The `authority` label of the authorities beyond [`AUTHORITY_LABEL_CAP`].
 pub(crate) const OVERFLOW: &str = "_overflow";
 
-/// How a configuration reload ended (`mediator_reloads_total{result}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReloadResult {
-    /// Applied as a whole.
-    Ok,
-    /// Applied, but some authorities could not be (their old versions stay).
-    Partial,
-    /// Not applied: the file could not be read or parsed, or it was refused.
-    Failed,
-}
-
-impl ReloadResult {
-    /// Every result, for priming the series.
-    const ALL: [Self; 3] = [Self::Ok, Self::Partial, Self::Failed];
-
-    /// The label value.
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Partial => "partial",
-            Self::Failed => "failed",
-        }
-    }
-}
-
 impl Metrics {
     /// Creates and registers every family, plus the process collector (CPU, memory, file
     /// descriptors, start time of this process).
@@ -194,25 +150,23 @@ impl Metrics {
     /// programming error: the names are fixed and distinct).
     pub(crate) fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "mediator_decisions_total",
-                "Decisions taken, by authority (\"-\" when none was established), protocol, decision and reason.",
-            ),
+        let r = &registry;
+        let decisions = counters(
+            r,
+            "mediator_decisions_total",
+            "Decisions taken, by authority (\"-\" when none was established), protocol, decision and reason.",
             &["authority", "protocol", "decision", "reason"],
         )?;
-        let active = IntGaugeVec::new(
-            Opts::new(
-                "mediator_active_connections",
-                "Allowed upstream connections (tunnels and forwarding connections) currently open, by authority.",
-            ),
+        let active = gauges(
+            r,
+            "mediator_active_connections",
+            "Allowed upstream connections (tunnels and forwarding connections) currently open, by authority.",
             &["authority"],
         )?;
-        let bytes = IntCounterVec::new(
-            Opts::new(
-                "mediator_bytes_total",
-                "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open connection (tunnel, terminated tunnel, forwarding connection) adds its bytes every 5 s.",
-            ),
+        let bytes = counters(
+            r,
+            "mediator_bytes_total",
+            "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open connection (tunnel, terminated tunnel, forwarding connection) adds its bytes every 5 s.",
             &["authority", "direction"],
         )?;
         let connect = latency(
@@ -223,52 +177,41 @@ impl Metrics {
             "mediator_dns_duration_seconds",
             "Time to resolve a destination name (hosts map or DNS; IP literals are not counted).",
         )?;
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "mediator_upstream_errors_total",
-                "Failures after an allowed name decision: DNS and upstream connect, by kind.",
-            ),
+        let upstream_errors = counters(
+            r,
+            "mediator_upstream_errors_total",
+            "Failures after an allowed name decision: DNS and upstream connect, by kind.",
             &["kind"],
         )?;
         let authorities = IntGauge::new(
             "mediator_authorities",
             "Authorities currently configured (live, not revoked).",
         )?;
-        let routed = IntCounterVec::new(
-            Opts::new(
-                "mediator_routed_connections_total",
-                "Allowed upstream connections opened, by authority and route (direct or parent: [upstream]).",
-            ),
+        let routed = counters(
+            r,
+            "mediator_routed_connections_total",
+            "Allowed upstream connections opened, by authority and route (direct or parent: [upstream]).",
             &["authority", "route"],
         )?;
-        let limited = IntCounterVec::new(
-            Opts::new(
-                "mediator_limited_total",
-                "Connections refused or shed by a limit (design section 13), by authority (\"-\" for the unidentified pool and the global limit) and limit.",
-            ),
+        let limited = counters(
+            r,
+            "mediator_limited_total",
+            "Connections refused or shed by a limit (design section 13), by authority (\"-\" for the unidentified pool and the global limit) and limit.",
             &["authority", "limit"],
         )?;
-        let open = IntGaugeVec::new(
-            Opts::new(
-                "mediator_open_connections",
-                "Client connections each authority holds (what its max_connections counts).",
-            ),
+        let open = gauges(
+            r,
+            "mediator_open_connections",
+            "Client connections each authority holds (what its max_connections counts).",
             &["authority"],
         )?;
-        let (reloads, last_reload) = service_families(&registry)?;
-        registry.register(Box::new(limited.clone()))?;
-        registry.register(Box::new(open.clone()))?;
+        let (reloads, last_reload) = service_families(r)?;
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
             limited.with_label_values(&[NO_AUTHORITY, kind.as_str()]);
         }
-        registry.register(Box::new(decisions.clone()))?;
-        registry.register(Box::new(active.clone()))?;
-        registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(connect.clone()))?;
         registry.register(Box::new(dns.clone()))?;
-        registry.register(Box::new(upstream_errors.clone()))?;
         registry.register(Box::new(authorities.clone()))?;
-        registry.register(Box::new(routed.clone()))?;
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;

@@ -56,9 +56,13 @@ fn fqdn(name: &str) -> Result<Name, hickory_proto::ProtoError> {
 #[derive(Debug)]
 pub struct Resolver {
     hosts: BTreeMap<String, Vec<IpAddr>>,
-    dns: TokioResolver,
+    /// `None`: [`Resolver::offline`], which asks no DNS server.
+    dns: Option<TokioResolver>,
     timeout: Duration,
 }
+
+/// What an offline resolver answers for a name its `hosts` map lacks.
+const NOT_STUBBED: &str = "not in the hosts table (this resolver asks no DNS server)";
 
 impl Resolver {
     /// Builds a resolver from `[resolver]`: `nameservers` (`ip:port`, UDP and TCP) or the
@@ -98,9 +102,20 @@ impl Resolver {
             .map_err(|e| Error::Resolver(e.to_string()))?;
         Ok(Self {
             hosts,
-            dns,
+            dns: Some(dns),
             timeout,
         })
+    }
+
+    /// A resolver that answers from `hosts` alone and never sends a query: a name
+    /// `hosts` lacks fails as a DNS error saying so (`mediator test`, whose expectations
+    /// stub resolution so that they run without a network).
+    pub fn offline(hosts: BTreeMap<String, Vec<IpAddr>>) -> Self {
+        Self {
+            hosts,
+            dns: None,
+            timeout: Duration::ZERO,
+        }
     }
 
     /// Resolves `host` once. Returns the addresses (never empty on success) and the time
@@ -119,6 +134,12 @@ impl Resolver {
         if let Some(addrs) = self.hosts.get(name) {
             return (Ok(addrs.clone()), start.elapsed());
         }
+        let Some(dns) = &self.dns else {
+            return (
+                Err(ResolveFailure::Other(NOT_STUBBED.to_owned())),
+                start.elapsed(),
+            );
+        };
         let fqdn = match fqdn(name) {
             Ok(n) => n,
             Err(e) => {
@@ -130,7 +151,7 @@ impl Resolver {
                 );
             }
         };
-        let result = match tokio::time::timeout(self.timeout, self.dns.lookup_ip(fqdn)).await {
+        let result = match tokio::time::timeout(self.timeout, dns.lookup_ip(fqdn)).await {
             Err(_) => Err(ResolveFailure::Timeout),
             Ok(Err(e)) if e.is_no_records_found() || e.is_nx_domain() => {
                 Err(ResolveFailure::NoRecords)

@@ -29,29 +29,10 @@ pub(crate) const GENERATION_BITS: u32 = 32;
 /// 1,000 decisions a second). With at most 2^24 starts, ids fit in 64 bits.
 pub(crate) const ID_BITS: u32 = 40;
 
-/// What [`Shared::new`] is built from.
+/// What [`Shared::new`] is built from: the parts of one mediator that a start (or a test)
+/// makes. A [`Shared`] holds them, readable as its own fields (`shared.metrics`).
 #[derive(Debug)]
 pub(crate) struct Parts {
-    pub(crate) metrics: Metrics,
-    pub(crate) resolver: Resolver,
-    pub(crate) router: Arc<Router>,
-    pub(crate) tls: Option<Arc<TlsState>>,
-    pub(crate) log: DecisionLog,
-    pub(crate) own: OwnAddrs,
-    pub(crate) timeouts: Timeouts,
-    pub(crate) limits: Limits,
-    pub(crate) limiter: Arc<Limiter>,
-    pub(crate) serving: Serving,
-    /// This run's start number (the registry's `boot`): the high bits of generations
-    /// (`boot << 32`) and decision ids (`boot << 40`), so that no two runs share one.
-    pub(crate) boot: u64,
-}
-
-/// State shared by every connection of one mediator.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// The live authorities.
-    pub(crate) authorities: LiveSet,
     /// The Prometheus metrics.
     pub(crate) metrics: Metrics,
     /// The resolver of destinations.
@@ -73,11 +54,32 @@ pub(crate) struct Shared {
     pub(crate) limiter: Arc<Limiter>,
     /// The threads that serve connections.
     pub(crate) serving: Serving,
+    /// This run's start number (the registry's `boot`): the high bits of generations
+    /// (`boot << 32`) and decision ids (`boot << 40`), so that no two runs share one.
+    pub(crate) boot: u64,
+}
+
+/// State shared by every connection of one mediator: its [`Parts`] (through `Deref`),
+/// the live authorities, the shutdown signals, the decision ids and the count of live
+/// client connections.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    parts: Parts,
+    /// The live authorities.
+    pub(crate) authorities: LiveSet,
     /// Shutdown signals.
     pub(crate) signals: Signals,
     next_id: AtomicU64,
     active: AtomicUsize,
     idle: Notify,
+}
+
+impl std::ops::Deref for Shared {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 /// Counts one live client connection (or a tunnel or forwarding connection that outlives
@@ -96,31 +98,10 @@ impl Drop for ActiveGuard {
 impl Shared {
     /// The shared state, with no authority yet.
     pub(crate) fn new(parts: Parts) -> Self {
-        let Parts {
-            metrics,
-            resolver,
-            router,
-            tls,
-            log,
-            own,
-            timeouts,
-            limits,
-            limiter,
-            serving,
-            boot,
-        } = parts;
+        let boot = parts.boot;
         Self {
+            parts,
             authorities: LiveSet::starting_at(boot << GENERATION_BITS),
-            metrics,
-            resolver,
-            router,
-            tls,
-            log,
-            own,
-            timeouts,
-            limits,
-            limiter,
-            serving,
             signals: Signals::new(),
             next_id: AtomicU64::new((boot << ID_BITS) + 1),
             active: AtomicUsize::new(0),

@@ -161,6 +161,97 @@ impl Channel {
     }
 }
 
+/// The `limit` label of `mediator_limited_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitKind {
+    /// An authority's cap on open connections.
+    Connections,
+    /// An authority's connect rate.
+    Rate,
+    /// An unidentified TCP connection shed to admit a newer one.
+    Unidentified,
+    /// `max_connections` reached: the listeners stopped accepting (once per episode).
+    Global,
+}
+
+impl LimitKind {
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::Rate => "rate",
+            Self::Unidentified => "unidentified",
+            Self::Global => "global",
+        }
+    }
+}
+
+/// The `kind` label of `mediator_upstream_errors_total`: a fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamErrorKind {
+    /// NXDOMAIN or no A/AAAA records.
+    DnsNoRecords,
+    /// No DNS answer in time.
+    DnsTimeout,
+    /// Any other resolver failure.
+    DnsError,
+    /// Every vetted address refused the connection.
+    ConnectRefused,
+    /// The connect deadline passed.
+    ConnectTimeout,
+    /// Unreachable network or host, or another connect error.
+    ConnectError,
+}
+
+impl UpstreamErrorKind {
+    /// Every kind (series are created up front so that dashboards see zeros).
+    pub(crate) const ALL: [Self; 6] = [
+        Self::DnsNoRecords,
+        Self::DnsTimeout,
+        Self::DnsError,
+        Self::ConnectRefused,
+        Self::ConnectTimeout,
+        Self::ConnectError,
+    ];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::DnsNoRecords => "dns_no_records",
+            Self::DnsTimeout => "dns_timeout",
+            Self::DnsError => "dns_error",
+            Self::ConnectRefused => "connect_refused",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::ConnectError => "connect_error",
+        }
+    }
+}
+
+/// How a configuration reload ended (`mediator_reloads_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReloadResult {
+    /// Applied as a whole.
+    Ok,
+    /// Applied, but some authorities could not be (their old versions stay).
+    Partial,
+    /// Not applied: the file could not be read or parsed, or it was refused.
+    Failed,
+}
+
+impl ReloadResult {
+    /// Every result, for priming the series.
+    pub(crate) const ALL: [Self; 3] = [Self::Ok, Self::Partial, Self::Failed];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Partial => "partial",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 macro_rules! string_forms {
     ($($t:ty),*) => {$(
         impl fmt::Display for $t {

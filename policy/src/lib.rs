@@ -10,7 +10,7 @@
 //! into a [`CanonicalHost`] or a [`Target`]; [`Grant::decide`] and [`Grant::vet`] give the
 //! [`Decision`] and the [`Pin`]; [`classify`](fn@classify) names an address's IANA special-purpose
 //! block; [`config::parse`] validates `mediator.toml`; [`upstream`] holds the parent proxy
-//! and PAC values of `[upstream]`.
+//! and PAC values of `[upstream]`; [`review`] tells what a change of a grant widens.
 #![forbid(unsafe_code)]
 
 mod classify;
@@ -21,6 +21,7 @@ mod grant;
 mod host;
 mod pattern;
 mod request;
+pub mod review;
 mod sni;
 pub mod upstream;
 

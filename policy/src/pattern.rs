@@ -105,6 +105,70 @@ impl HostPattern {
     }
 }
 
+impl HostPattern {
+    /// Whether `self` matches every target `inner` can match (host and port): the one
+    /// containment test of patterns, used where the grant checks a `tls_terminate` or deny
+    /// entry against another entry, and by `crate::review` to tell a widening from a
+    /// rewrite. Decided with the matching code of live traffic: an exact entry is covered
+    /// when `self` matches its host; a wildcard by an equal or wider wildcard
+    /// (`*.example.net` covers `*.svc.example.net`, not the reverse); a CIDR by a network
+    /// holding it; a single-address CIDR (`192.0.2.7/32`) also by the exact address.
+    pub(crate) fn covers(&self, inner: &Self) -> bool {
+        let port_ok = match (self.port, inner.port) {
+            (None, _) => true,
+            (Some(o), Some(i)) => o == i,
+            (Some(_), None) => false,
+        };
+        let host_ok = match (&self.kind, &inner.kind) {
+            (_, PatternKind::Exact(h)) => self.matches_host(h),
+            (PatternKind::Suffix(o), PatternKind::Suffix(i)) => i == o || is_proper_subdomain(i, o),
+            (PatternKind::Net(o), PatternKind::Net(i)) => o.contains(i),
+            (PatternKind::Exact(h), PatternKind::Net(i)) => {
+                i.prefix_len() == i.max_prefix_len() && h.ip() == Some(i.addr())
+            }
+            (PatternKind::Any, _) => true,
+            // A wildcard or `*` is never covered by a narrower kind, nor by another kind
+            // (a name pattern never matches an IP literal, nor a CIDR a name).
+            (
+                PatternKind::Exact(_) | PatternKind::Suffix(_) | PatternKind::Net(_),
+                PatternKind::Suffix(_) | PatternKind::Any,
+            )
+            | (PatternKind::Suffix(_), PatternKind::Net(_)) => false,
+        };
+        port_ok && host_ok
+    }
+
+    /// Whether some target matches both `self` and `other` (host and port).
+    pub(crate) fn overlaps(&self, other: &Self) -> bool {
+        let ports = match (self.port, other.port) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let hosts = match (&self.kind, &other.kind) {
+            (PatternKind::Any, _) | (_, PatternKind::Any) => true,
+            (PatternKind::Exact(h), _) => other.matches_host(h),
+            (_, PatternKind::Exact(h)) => self.matches_host(h),
+            (PatternKind::Suffix(a), PatternKind::Suffix(b)) => {
+                a == b || is_proper_subdomain(a, b) || is_proper_subdomain(b, a)
+            }
+            (PatternKind::Net(a), PatternKind::Net(b)) => {
+                a.contains(&b.network()) || b.contains(&a.network())
+            }
+            (PatternKind::Suffix(_), PatternKind::Net(_))
+            | (PatternKind::Net(_), PatternKind::Suffix(_)) => false,
+        };
+        ports && hosts
+    }
+
+    /// The same pattern on every port (for questions about hosts alone).
+    pub(crate) fn any_port(&self) -> Self {
+        Self {
+            port: None,
+            ..self.clone()
+        }
+    }
+}
+
 impl fmt::Display for HostPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)

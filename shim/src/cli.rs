@@ -165,6 +165,11 @@ pub(crate) enum Degradation {
     /// regular file, directory and symlink outside the writable roots read-only, but
     /// named pipes (FIFOs) outside them stay writable to the sandbox's uid.
     Landlock,
+    /// Run the command under the caller's own uid when the shim runs as root (uid 0
+    /// without capabilities): it can then read every file root owns that no mask covers.
+    /// Without it, root's command runs as an unprivileged uid outside the sandbox, with
+    /// idmapped writable roots, and the shim refuses where those cannot be made.
+    SameUid,
 }
 
 impl Options {
@@ -331,6 +336,9 @@ pub struct Settings {
     /// of the config names; the child never inherits these (a secret stays with the
     /// mediator, even one the caller's environment happens to hold).
     pub(crate) hidden_env: Vec<String>,
+    /// Socket mode from `--config`: the mediator's files the config names (secrets, keys,
+    /// state, the config itself), kept from the command ([`crate::secrets`]).
+    pub(crate) mediator_paths: Vec<crate::secrets::MediatorPath>,
     /// The program and its arguments.
     pub(crate) command: Vec<OsString>,
     /// `--pass-fd`, as given (checked at launch).
@@ -365,11 +373,13 @@ impl Settings {
         let mut admin = None;
         let mut child_env = Vec::new();
         let mut hidden_env = Vec::new();
+        let mut mediator_paths = Vec::new();
         let socket = match (o.mediator_socket, o.config, o.authority) {
             (Some(s), None, None) => Some(s),
             (None, Some(c), Some(a)) => {
                 let found = from_config(&c, &a)?;
                 (child_env, hidden_env) = (found.child_env, found.hidden_env);
+                mediator_paths = found.mediator_paths;
                 config_ca = found.ca;
                 admin = found.admin.map(|e| (e, a));
                 Some(found.socket)
@@ -445,6 +455,7 @@ impl Settings {
             admin,
             child_env,
             hidden_env,
+            mediator_paths,
             command: cli.command,
             pass_fd: cli.pass_fd,
             listen_fd: cli.listen_fd,
@@ -466,6 +477,8 @@ struct FromConfig {
     /// Every `secret_env` of the config, of any authority (the child must not inherit
     /// them: a secret stays with the mediator).
     hidden_env: Vec<String>,
+    /// The mediator's files the config names ([`crate::secrets::from_config`]).
+    mediator_paths: Vec<crate::secrets::MediatorPath>,
 }
 
 /// Reads the mediator config `config` with the mediator's own parser
@@ -554,6 +567,7 @@ fn from_config(config: &Path, authority: &str) -> Result<FromConfig> {
         admin,
         child_env,
         hidden_env,
+        mediator_paths: crate::secrets::from_config(&parsed, config),
     })
 }
 

@@ -121,6 +121,18 @@ pub enum Error {
         detail: String,
     },
 
+    /// A file of the mediator's (a secret, its CA's key, its state, its config) cannot be
+    /// kept from the command as the run stands.
+    #[error("the mediator's {what}, {path}, {detail}")]
+    MediatorPath {
+        /// The path as the config names it (or the default location).
+        path: PathBuf,
+        /// What it is (`m.toml:9:1: authority "a": credential[1]: secret_file`).
+        what: String,
+        /// Why the run cannot go on, and what would fix it.
+        detail: String,
+    },
+
     /// The mediator channel (its Unix socket) is unusable.
     #[error("mediator channel {path}: {detail}")]
     Channel {

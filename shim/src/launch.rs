@@ -40,6 +40,16 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             backend.probe_fd(fd)
         })?;
     let channel = Channel::resolve(&settings.channel)?;
+    let ca_pem = settings.ca_cert.as_ref().map(crate::ca::load).transpose()?;
+    // The mediator's files: the config's and the default locations, masked (checked
+    // before anything is made on the host).
+    let mut mediator_paths = settings.mediator_paths.clone();
+    mediator_paths.extend(crate::secrets::defaults(|k| std::env::var_os(k)));
+    let mediator =
+        crate::secrets::settle(mediator_paths, &settings.allow_write, &settings.allow_read)?;
+    if let ChannelSpec::Socket(socket) = &settings.channel {
+        crate::secrets::warn_same_owner(socket, backend.command_uid(&settings.allow_degraded));
+    }
     // Bound before the sandbox is built, so that it is masked inside.
     let mut control = settings
         .control
@@ -48,13 +58,16 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .transpose()?;
     let mut deny_read = deny_read(settings)?;
     deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
+    deny_read.extend(mediator.masks);
+    let mut allow_read = settings.allow_read.clone();
+    allow_read.extend(mediator.reopen);
     let report_file = match &settings.report {
         Some(Some(path)) => Some(ReportFile::open(path)?),
         _ => None,
     };
     let binding = Arc::new(Binding::new(channel.first_binding()));
-    let trust = match &settings.ca_cert {
-        Some(ca) => Some(TrustFiles::create(&crate::ca::load(ca)?)?),
+    let trust = match &ca_pem {
+        Some(pem) => Some(TrustFiles::create(pem)?),
         None => None,
     };
     let capture = match settings.capture {
@@ -89,7 +102,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         command: &settings.command,
         allow_write: &settings.allow_write,
         deny_read: &deny_read,
-        allow_read: &settings.allow_read,
+        allow_read: &allow_read,
         allow_unix_sockets: settings.allow_unix_sockets,
         allow_degraded: &settings.allow_degraded,
         trust: trust.as_ref(),
@@ -187,6 +200,9 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             tampering: &outcome.tampering,
             capture: &capture,
             rebinds: &binding.rebinds().0,
+            mediator_masked: &serde_json::to_value(&mediator.masked)
+                .map_err(|e| Error::io("serialise the report", e.into()))?,
+            runs_as: outcome.runs_as,
             filesystem: &violations.as_ref().map_or_else(
                 || serde_json::json!({ "observed": false, "note": FILESYSTEM }),
                 |v| v.summary(),

@@ -27,6 +27,7 @@ mod linux;
 mod relay;
 mod report;
 mod sandbox;
+mod secrets;
 mod violations;
 
 pub use cli::{Cli, Settings};

@@ -305,9 +305,23 @@ pub(crate) struct Report<'a> {
     /// `--control` rebinds, in order (design section 18): when, from which channel, to
     /// which.
     pub(crate) rebinds: &'a [crate::control::Rebind],
+    /// The mediator's files masked for this run besides `--deny-read` (its secrets, its
+    /// CA's key, its state; each `{path, what}`).
+    pub(crate) mediator_masked: &'a serde_json::Value,
+    /// The host uid and gid the command ran as.
+    pub(crate) runs_as: RunsAs,
     /// The command's refused filesystem operations (design section 18): counts by
     /// operation and rule, the first distinct paths, and what could not be observed.
     pub(crate) filesystem: &'a serde_json::Value,
+}
+
+/// The host uid and gid a command runs as: outside the sandbox, whatever it is inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct RunsAs {
+    /// The uid.
+    pub(crate) uid: u32,
+    /// The gid.
+    pub(crate) gid: u32,
 }
 
 /// The report's statement on filesystem denials when they were not observed.
@@ -424,6 +438,8 @@ mod tests {
             tampering: &tampering,
             capture: &serde_json::json!({"state": "off"}),
             rebinds: &[],
+            mediator_masked: &serde_json::json!([{"path": "/srv/ca", "what": "[tls] ca_dir"}]),
+            runs_as: RunsAs { uid: 7, gid: 8 },
             filesystem: &serde_json::json!({ "observed": false, "note": FILESYSTEM }),
         };
         let dir = std::env::temp_dir().join(format!("shim-report-test-{}", std::process::id()));
@@ -448,6 +464,8 @@ mod tests {
         assert_eq!(v["tampering"][0]["path"], "/w/.git/commondir");
         assert_eq!(v["tampering"][0]["kind"], "git_commondir");
         assert_eq!(v["denials_dropped"], 0);
+        assert_eq!(v["mediator_masked"][0]["path"], "/srv/ca");
+        assert_eq!(v["runs_as"], serde_json::json!({"uid": 7, "gid": 8}));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::ca::TrustFiles;
 use crate::capture::Addresses;
 use crate::cli::Degradation;
 use crate::error::Result;
-use crate::report::Tampering;
+use crate::report::{RunsAs, Tampering};
 use crate::violations::Violations;
 
 /// Exit status of the shim when it fails itself (as `docker run` and `env` do).
@@ -113,6 +113,8 @@ pub(crate) struct Outcome {
     pub(crate) exit_status: i32,
     /// What the command left that would have run code on the host, moved aside.
     pub(crate) tampering: Vec<Tampering>,
+    /// The host uid and gid the command ran as.
+    pub(crate) runs_as: RunsAs,
 }
 
 /// An OS backend: confinement of one command tree.
@@ -131,4 +133,9 @@ pub(crate) trait Backend {
     /// What descriptor `fd` of this process is: `None` when it is not open, else whether
     /// it is a listening socket (for `--pass-fd` and `--listen-fd`).
     fn probe_fd(&self, fd: std::os::fd::RawFd) -> Option<bool>;
+
+    /// The host uid the command will run as, given the protections the user gave up: the
+    /// caller's own, or an unprivileged one (design section 12: the command never runs
+    /// as the uid that owns the mediator's files).
+    fn command_uid(&self, allow_degraded: &[Degradation]) -> u32;
 }

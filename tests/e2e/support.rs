@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use e2e::{Fixture, MediatorBuilder, agent_a_spec};
+use mediator::audit::AuditRecord;
 use mediator::decision_log::Record;
 use serde_json::Value;
 
@@ -27,9 +28,27 @@ pub(crate) async fn agent_a() -> Result<Fixture> {
 }
 
 /// A predicate on typed decision-log records as the log helpers take it (they read JSON):
-/// `expect_log(is(|r| r.protocol == Protocol::Tls), ...)`.
+/// `expect_log(is(|r| r.protocol == Protocol::Tls), ...)`. Audit lines (design section
+/// 21) are not decision records: they never match.
 pub(crate) fn is(pred: impl Fn(&Record) -> bool) -> impl Fn(&Value) -> bool {
-    move |v| pred(&record(v))
+    move |v| !is_audit(v) && pred(&record(v))
+}
+
+/// Whether a log line is an audit record (`event: "audit"`).
+pub(crate) fn is_audit(v: &Value) -> bool {
+    v["event"] == "audit"
+}
+
+/// Every audit record of the decision log so far, typed.
+///
+/// # Errors
+/// The log cannot be read, or an audit line is not an audit record.
+pub(crate) fn audits(m: &e2e::Mediator) -> Result<Vec<AuditRecord>> {
+    m.decision_lines()?
+        .into_iter()
+        .filter(is_audit)
+        .map(|v| serde_json::from_value(v).map_err(anyhow::Error::from))
+        .collect()
 }
 
 /// `v` read as the mediator's own record type. A log line that is not a [`Record`]
@@ -44,13 +63,15 @@ pub(crate) fn record(v: &Value) -> Record {
         .unwrap_or_else(|e| panic!("a decision-log line that is not a record ({e}): {v}"))
 }
 
-/// Every record of the decision log so far, typed.
+/// Every decision and close record of the decision log so far, typed (audit lines
+/// left out).
 ///
 /// # Errors
 /// The log cannot be read, or a line is not a record.
 pub(crate) fn records(m: &e2e::Mediator) -> Result<Vec<Record>> {
     m.decision_lines()?
         .into_iter()
+        .filter(|v| !is_audit(v))
         .map(|v| serde_json::from_value(v).map_err(anyhow::Error::from))
         .collect()
 }

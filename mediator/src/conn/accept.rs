@@ -22,9 +22,10 @@ use super::{Ctx, TargetLabel, record};
 use crate::authorities::Live;
 use crate::decision_log::Peer;
 use crate::denial::Denial;
-use crate::limits::{Attributed, Door, LimitKind};
+use crate::limits::{Attributed, Door};
 use crate::serving::Load;
 use crate::shared::{ActiveGuard, Shared};
+use crate::vocab::LimitKind;
 use crate::vocab::Protocol;
 
 /// How long the loop waits after a failed `accept` (e.g. `EMFILE`) before trying again.

@@ -25,13 +25,13 @@ use super::identify::revoked;
 use super::record::{self, Allowed, Timing};
 use super::standing::{self, Standing, Subject};
 use super::{Ctx, TargetLabel};
-use crate::authorities::Origin;
+use crate::authorities::{Live, Origin};
 use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
-use crate::metrics::UpstreamErrorKind;
 use crate::resolve::{ResolveFailure, Resolver};
 use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, UpstreamStream, Via};
 use crate::shared::Shared;
+use crate::vocab::UpstreamErrorKind;
 use crate::vocab::{Channel, Protocol};
 use crate::watchdog;
 
@@ -171,39 +171,25 @@ pub(crate) async fn establish(
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "the decision steps in their order (design section 3), read top to bottom"
-)]
+/// The steps of [`establish`] in their order (design section 3): the live authority,
+/// the registry's standing, the authority's limits, the name decision, the resolution
+/// and the vetting, the watchdog, the route and the connect, then the connection.
 async fn steps(
     shared: &Arc<Shared>,
     ctx: &Ctx,
     protocol: Protocol,
     target: &Target,
 ) -> Result<Connected, Denial> {
-    // The grant decided with must be the live authority's own (never another's). A
-    // channel's connection accepted before a reload re-created its authority (same
-    // channel) is decided under the successor; on the TCP listener the credential was
-    // just verified against the entry it named, so a successor that a reload put in its
-    // place meanwhile decides only if it takes the same token.
-    let live = ctx
-        .authority
-        .as_ref()
-        .and_then(|a| match ctx.peer.channel() {
-            Channel::Tcp => shared
-                .authorities
-                .current_of(a)
-                .filter(|l| l.authority.token_sha256 == a.token_sha256),
-            Channel::Unix | Channel::Embedded => shared.authorities.current_of(a),
-        });
-    let Some(live) = live else {
+    let label = TargetLabel::from(target);
+    let Some(live) = live_for(shared, ctx) else {
         let denial = revoked(ctx.authority_name().unwrap_or("-"));
+        let id = shared.next_id();
         record::decision(
             shared,
             ctx,
-            shared.next_id(),
+            id,
             protocol,
-            &TargetLabel::from(target),
+            &label,
             Err(&denial),
             Timing::default(),
         );
@@ -212,53 +198,16 @@ async fn steps(
     let ctx = &ctx.attributed(&live.authority);
     let authority = &live.authority;
     let id = shared.next_id();
-    // An authority from the registry is decided for only while this replica can vouch
-    // that it still exists (design section 17): fail closed. Tunnels already open are not
-    // cut for staleness alone.
-    if live.origin == Origin::Api && shared.authorities.registry_stale() {
-        let denial = Denial::new(
-            Reason::RegistryUnavailable,
-            format!(
-                "authority \"{}\" comes from the registry, and this mediator cannot confirm its view of the registry is current",
-                live.name()
-            ),
-            "retry shortly; authorities from the registry are served again once it answers",
-        );
-        record::decision(
-            shared,
-            ctx,
-            id,
-            protocol,
-            &TargetLabel::from(target),
-            Err(&denial),
-            Timing::default(),
-        );
-        return Err(denial);
-    }
-    let started = Instant::now();
-    let label = TargetLabel::from(target);
     let log = |result: Result<Allowed<'_>, &Denial>, timing: Timing| {
         record::decision(shared, ctx, id, protocol, &label, result, timing);
     };
-    // The authority's limits (design section 13): a TCP connection is counted against
-    // them from its first request; a channel's, from its accept (a refusal waits here).
-    match ctx.admission.attribute(&live.counts, live.name()) {
-        Attributed::Admitted => {}
-        Attributed::Refused {
-            kind,
-            denial,
-            fresh,
-        } => {
-            if fresh {
-                shared.metrics.limited(Some(live.name()), kind);
-            }
-            log(Err(&denial), Timing::default());
-            return Err(denial);
-        }
+    let started = Instant::now();
+    if let Err(denial) = vouched(shared, &live).and_then(|()| admitted(shared, ctx, &live)) {
+        log(Err(&denial), Timing::default());
+        return Err(denial);
     }
     // A host name holding one of the authority's placeholders is refused before it is
     // resolved (design section 14): the first step of `decide_and_vet`.
-    let grant = &authority.grant;
     let vetting = decide_and_vet(&shared.resolver, &shared.own, authority, target).await;
     let dns = vetting.resolved.as_ref().map(|r| {
         count_resolution(shared, target, r);
@@ -278,11 +227,7 @@ async fn steps(
         log(Err(&denial), Timing { dns, connect: None });
         return Err(denial);
     }
-    let via = if protocol.is_forwarding() {
-        Via::Forward
-    } else {
-        Via::Tunnel
-    };
+    let via = via_for(protocol);
     let (connected, took) = shared
         .router
         .connect(via, target, &pin, shared.timeouts.connect)
@@ -292,59 +237,142 @@ async fn steps(
         dns,
         connect: Some(took),
     };
-    match connected {
-        Ok(Established {
-            stream,
-            pin,
-            route,
-            forward,
-        }) => {
-            let allow = Allowed {
-                rule: rule.as_deref(),
-                pin,
-                route: shared.route_label(route),
-            };
-            shared.metrics.routed(grant.name(), route.kind());
-            log(Ok(allow), timing);
-            let facts = Facts {
-                id,
-                pin,
-                started,
-                route,
-                dns,
-                connect: Some(took),
-            };
-            let (standing, keeper) = standing::start(
-                shared,
-                live,
-                Subject {
-                    ctx: ctx.clone(),
-                    protocol,
-                    target: target.clone(),
-                    pin,
-                    route,
-                },
-            );
-            Ok(Connected {
-                stream,
-                opened: Opened::new(
-                    Arc::clone(shared),
-                    ctx.clone(),
-                    protocol,
-                    label.clone(),
-                    facts,
-                )
-                .keeping(keeper),
-                closing: standing.cut_signal(),
-                standing,
-                forward_proxy: forward,
-            })
-        }
+    let established = match connected {
+        Ok(established) => established,
         Err(failure) => {
             let denial = upstream_denial(shared, failure).with_rule(rule);
             log(Err(&denial), timing);
+            return Err(denial);
+        }
+    };
+    let allow = Allowed {
+        rule: rule.as_deref(),
+        pin: established.pin,
+        route: shared.route_label(established.route),
+    };
+    shared
+        .metrics
+        .routed(authority.grant.name(), established.route.kind());
+    log(Ok(allow), timing);
+    let facts = Facts {
+        id,
+        pin: established.pin,
+        started,
+        route: established.route,
+        dns,
+        connect: Some(took),
+    };
+    Ok(connection(
+        shared,
+        ctx,
+        protocol,
+        target,
+        live,
+        established,
+        facts,
+    ))
+}
+
+/// How the router reaches the target: absolute-form requests may go to an HTTP parent as
+/// they are; everything else is a tunnel.
+fn via_for(protocol: Protocol) -> Via {
+    if protocol.is_forwarding() {
+        Via::Forward
+    } else {
+        Via::Tunnel
+    }
+}
+
+/// The grant decided with must be the live authority's own (never another's). A
+/// channel's connection accepted before a reload re-created its authority (same channel)
+/// is decided under the successor; on the TCP listener the credential was just verified
+/// against the entry it named, so a successor that a reload put in its place meanwhile
+/// decides only if it takes the same token.
+fn live_for(shared: &Shared, ctx: &Ctx) -> Option<Arc<Live>> {
+    let a = ctx.authority.as_ref()?;
+    match ctx.peer.channel() {
+        Channel::Tcp => shared
+            .authorities
+            .current_of(a)
+            .filter(|l| l.authority.token_sha256 == a.token_sha256),
+        Channel::Unix | Channel::Embedded => shared.authorities.current_of(a),
+    }
+}
+
+/// An authority from the registry is decided for only while this replica can vouch that
+/// it still exists (design section 17): fail closed. Tunnels already open are not cut for
+/// staleness alone.
+///
+/// # Errors
+/// `registry_unavailable`.
+fn vouched(shared: &Shared, live: &Live) -> Result<(), Denial> {
+    if live.origin != Origin::Api || !shared.authorities.registry_stale() {
+        return Ok(());
+    }
+    Err(Denial::new(
+        Reason::RegistryUnavailable,
+        format!(
+            "authority \"{}\" comes from the registry, and this mediator cannot confirm its view of the registry is current",
+            live.name()
+        ),
+        "retry shortly; authorities from the registry are served again once it answers",
+    ))
+}
+
+/// The authority's limits (design section 13): a TCP connection is counted against them
+/// from its first request; a channel's, from its accept (a refusal waits here).
+///
+/// # Errors
+/// The limit's denial (counted in the metrics when it is new).
+fn admitted(shared: &Shared, ctx: &Ctx, live: &Live) -> Result<(), Denial> {
+    match ctx.admission.attribute(&live.counts, live.name()) {
+        Attributed::Admitted => Ok(()),
+        Attributed::Refused {
+            kind,
+            denial,
+            fresh,
+        } => {
+            if fresh {
+                shared.metrics.limited(Some(live.name()), kind);
+            }
             Err(denial)
         }
+    }
+}
+
+/// The allowed connection: its standing under `live` (judged again after a reload, cut
+/// after a revocation) and the owner of its close record.
+fn connection(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    protocol: Protocol,
+    target: &Target,
+    live: Arc<Live>,
+    established: Established,
+    facts: Facts,
+) -> Connected {
+    let Established {
+        stream,
+        pin,
+        route,
+        forward,
+    } = established;
+    let subject = Subject {
+        ctx: ctx.clone(),
+        protocol,
+        target: target.clone(),
+        pin,
+        route,
+    };
+    let (standing, keeper) = standing::start(shared, live, subject);
+    let label = TargetLabel::from(target);
+    let opened = Opened::new(Arc::clone(shared), ctx.clone(), protocol, label, facts);
+    Connected {
+        stream,
+        opened: opened.keeping(keeper),
+        closing: standing.cut_signal(),
+        standing,
+        forward_proxy: forward,
     }
 }
 

@@ -53,42 +53,19 @@ pub(crate) async fn run<C>(
 ) where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let ctx = connected.opened.ctx();
-    let sni_check = ctx.authority.as_ref().is_some_and(|a| a.grant.sni_check());
-    let terminate = ctx
-        .authority
-        .as_ref()
-        .is_some_and(|a| a.grant.terminates_tls(target));
+    let grant = connected.opened.ctx().authority.as_ref().map(|a| &a.grant);
+    let sni_check = grant.is_some_and(policy::Grant::sni_check);
+    let terminate = grant.is_some_and(|g| g.terminates_tls(target));
     let mut prefix = early;
-    // On 443 the first bytes must be a ClientHello. On other ports the client's first
-    // bytes are looked at only if it speaks first (server-speaks-first protocols such as
-    // SSH or SMTP must not wait on us). The gate waits on the client (bounded by the
-    // request-head timeout); a shutdown or revocation meanwhile ends the tunnel at once.
-    let upstream_ref = &connected.stream;
-    let gate = async {
-        if sni_check && target.port == HTTPS_PORT {
-            // Boxed: the gate's state is large and plain tunnels should not carry it.
-            let read = std::mem::take(&mut prefix);
-            Some(Box::pin(sni_gate(&mut client, target, &shared, read, true)).await)
-        } else if sni_check && !terminate {
-            let first = if prefix.is_empty() {
-                client_first(&mut client, upstream_ref, &shared).await
-            } else {
-                First::Client(std::mem::take(&mut prefix))
-            };
-            match first {
-                First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
-                    Some(Box::pin(sni_gate(&mut client, target, &shared, bytes, false)).await)
-                }
-                First::Client(bytes) => Some(Gate::Pass(bytes)),
-                First::Closed => Some(Gate::Closed),
-                First::Quiet => Some(Gate::Quiet),
-                First::Server => None,
-            }
-        } else {
-            None
-        }
-    };
+    let flags = (sni_check, terminate);
+    let gate = gate(
+        &mut client,
+        &connected.stream,
+        target,
+        &shared,
+        &mut prefix,
+        flags,
+    );
     let gate = tokio::select! {
         g = gate => g,
         () = connected.closing.cancelled() => {
@@ -159,6 +136,45 @@ pub(crate) async fn run<C>(
     .await;
     outcome.up += prefix.len() as u64;
     opened.finish(outcome);
+}
+
+/// The SNI gate of a tunnel whose grant checks SNI (`None`: no gate applies). On 443 the
+/// first bytes must be a ClientHello. On other ports (not for a terminated tunnel, whose
+/// acceptor reads the ClientHello itself) the client's first bytes are looked at only if
+/// it speaks first (server-speaks-first protocols such as SSH or SMTP must not wait on
+/// us). The gate waits on the client (bounded by the request-head timeout); the caller
+/// ends it at once on a shutdown or revocation. `prefix` holds the bytes read before;
+/// what passes the gate is in [`Gate::Pass`].
+async fn gate<C: AsyncRead + Unpin>(
+    client: &mut C,
+    upstream: &UpstreamStream,
+    target: &Target,
+    shared: &Arc<Shared>,
+    prefix: &mut Vec<u8>,
+    (sni_check, terminate): (bool, bool),
+) -> Option<Gate> {
+    if sni_check && target.port == HTTPS_PORT {
+        // Boxed: the gate's state is large and plain tunnels should not carry it.
+        let read = std::mem::take(prefix);
+        return Some(Box::pin(sni_gate(client, target, shared, read, true)).await);
+    }
+    if !sni_check || terminate {
+        return None;
+    }
+    let first = if prefix.is_empty() {
+        client_first(client, upstream, shared).await
+    } else {
+        First::Client(std::mem::take(prefix))
+    };
+    match first {
+        First::Client(bytes) if bytes.first() == Some(&TLS_HANDSHAKE) => {
+            Some(Box::pin(sni_gate(client, target, shared, bytes, false)).await)
+        }
+        First::Client(bytes) => Some(Gate::Pass(bytes)),
+        First::Closed => Some(Gate::Closed),
+        First::Quiet => Some(Gate::Quiet),
+        First::Server => None,
+    }
 }
 
 /// Who spoke first on a tunnel to a port other than 443.

@@ -10,46 +10,11 @@ use std::time::SystemTime;
 
 use policy::config::{Authority, FieldError, RegistryBackend};
 
+use super::kept::Kept;
 use super::registry::{Change, ErrorKind, Loaded, Op, RegistryError, Rejected, Stored};
 use super::{Control, CreateError, TARGET};
+use crate::audit::{Action, Actor, AuditRecord, AuditResult, AuthorityChange};
 use crate::authorities::{Birth, Live, Origin};
-
-/// A stored record as applied, kept small, since one is kept per served authority: its
-/// generation, and the record as compact JSON, read back only when a reload re-creates
-/// it under a changed `[global]` deny list (the parsed table cost about four times as
-/// much).
-#[derive(Debug, Clone)]
-pub(super) struct Kept {
-    /// Its generation.
-    pub(super) generation: u64,
-    /// The record, as compact JSON.
-    record: Box<str>,
-}
-
-impl Kept {
-    /// What is kept of `stored`.
-    pub(super) fn of(stored: &Stored) -> Self {
-        Self {
-            generation: stored.generation,
-            // Cannot fail: a record is strings and a JSON map with string keys, which
-            // serde_json always writes (it fails only on other map keys or a failing
-            // `Serialize`).
-            record: serde_json::to_string(&stored.record)
-                .unwrap_or_default()
-                .into_boxed_str(),
-        }
-    }
-
-    /// The record again (`None` only for one that could not be written, which cannot
-    /// happen: it came from JSON).
-    pub(super) fn stored(&self) -> Option<Stored> {
-        let record = serde_json::from_str(&self.record).ok()?;
-        Some(Stored {
-            record,
-            generation: self.generation,
-        })
-    }
-}
 
 impl Control {
     /// Loads every stored authority (at start, before `ready`): expired ones are dropped,
@@ -250,7 +215,7 @@ impl Control {
         tracing::info!(target: TARGET, "registry: a view of {count} stored authorities applied ({} served here)", self.stored_count());
     }
 
-    /// Applies one change from a watch.
+    /// Applies one change from a watch; what another writer changed is audited.
     pub(crate) fn apply_change(&self, change: Change) {
         match change {
             Change::Put(stored) => {
@@ -269,20 +234,26 @@ impl Control {
                 } else if stored.record.expired(SystemTime::now()) {
                     self.drop_expired(stored);
                 } else {
-                    self.apply_or_report(stored, Op::Watch);
+                    let name = stored.record.name.clone();
+                    let before = self.shared.authorities.get(&name);
+                    let failed = self.apply_or_report(stored, Op::Watch);
+                    self.audit_registry(Action::RegistryPut, &name, before, failed);
                 }
             }
             Change::Delete { name, revision } => {
-                if self.apply_delete(&name, Some(revision)).is_some() {
+                if let Some(live) = self.apply_delete(&name, Some(revision)) {
                     self.registry_metrics.operation(Op::Watch, "ok");
                     tracing::info!(target: TARGET, "registry: authority {name:?} was removed (revision {revision}); revoked");
+                    self.audit_registry(Action::RegistryDelete, &name, Some(live), None);
                 }
             }
             Change::Rejected(rejected) => self.report_rejected(&rejected),
             Change::Snapshot(loaded) => {
                 let revision = loaded.revision;
+                let before = self.shared.authorities.list();
                 self.apply_snapshot(loaded, Op::Load);
                 self.registry_metrics.set_revision(revision);
+                self.audit_snapshot(&before);
             }
             Change::Progress(revision) => {
                 self.registry_metrics.set_revision(revision);
@@ -292,16 +263,18 @@ impl Control {
     }
 
     /// Applies a stored record; what cannot be applied is named and counted (a record that
-    /// is not a valid authority is set aside), never silently dropped.
-    fn apply_or_report(&self, stored: Stored, op: Op) {
+    /// is not a valid authority is set aside), never silently dropped. Returns why it
+    /// could not be applied.
+    fn apply_or_report(&self, stored: Stored, op: Op) -> Option<String> {
         let name = stored.record.name.clone();
         let generation = stored.generation;
         match self.apply_put(stored) {
             Ok(Some(live)) => {
                 self.registry_metrics.operation(op, "ok");
                 tracing::debug!(target: TARGET, "registry: authority {:?} generation {} applied", live.name(), live.generation);
+                None
             }
-            Ok(None) => {}
+            Ok(None) => None,
             Err(e) => {
                 self.registry_metrics.operation(op, "error");
                 let (kind, why) = match e {
@@ -322,6 +295,7 @@ impl Control {
                     CreateError::Store(e) => (ErrorKind::Io, e.to_string()),
                 };
                 self.registry_metrics.error(kind);
+                let failed = why.clone();
                 if kind == ErrorKind::Invalid {
                     let store = Arc::clone(&self.store);
                     let what_name = name;
@@ -340,6 +314,7 @@ impl Control {
                         "mediator: registry: stored authority {name:?} (generation {generation}) is not loaded: {why}"
                     );
                 }
+                Some(failed)
             }
         }
     }
@@ -409,6 +384,12 @@ impl Control {
         if !applied {
             return;
         }
+        let _writing = self.writing(name);
+        let before = self
+            .shared
+            .authorities
+            .get(name)
+            .filter(|l| l.origin == Origin::Api && l.generation == generation);
         let removed = self.store.delete(name, Some(generation)).await;
         match &removed {
             Ok(_) => self.registry_metrics.operation(Op::Expire, "ok"),
@@ -426,20 +407,32 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
-        let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(r) = revision {
             self.tombstones
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(name.to_owned(), r);
         }
-        if self
+        let revoked = if self
             .shared
             .authorities
             .get(name)
             .is_some_and(|l| l.origin == Origin::Api && l.generation == generation)
         {
-            self.revoke_locked(name, "expired (ttl_s)");
+            self.revoke_locked(name, "expired (ttl_s)")
+        } else {
+            None
+        };
+        drop(op);
+        // Revoked here, or meanwhile by the registry's watch (this write's own removal).
+        if let Some(live) = revoked.or(before) {
+            let mut record = AuditRecord::new(Action::Expire, Actor::Expiry, AuditResult::Accepted);
+            record.authority = Some(name.to_owned());
+            record
+                .changes
+                .extend(AuthorityChange::of(Some(&live), None));
+            self.audit.record(&self.shared, record);
         }
     }
 
@@ -450,6 +443,96 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|_, r| *r > revision);
+    }
+
+    /// Marks `name` as written by this mediator until the guard is dropped: the registry's
+    /// watch then leaves the audit of its change to this write.
+    pub(super) fn writing(&self, name: &str) -> Writing<'_> {
+        self.writing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned());
+        Writing {
+            control: self,
+            name: name.to_owned(),
+        }
+    }
+
+    /// Audits a change the registry's watch applied (another writer's): `before` is the
+    /// entry live before it, `failed` why it could not be applied. Nothing when this
+    /// mediator's own write is under way, or when nothing changed.
+    fn audit_registry(
+        &self,
+        action: Action,
+        name: &str,
+        before: Option<Arc<Live>>,
+        failed: Option<String>,
+    ) {
+        if self
+            .writing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name)
+        {
+            return;
+        }
+        let after = self.shared.authorities.get(name);
+        let same = match (&before, &after) {
+            (Some(b), Some(a)) => Arc::ptr_eq(b, a),
+            (None, None) => true,
+            _ => false,
+        };
+        if same && failed.is_none() {
+            return;
+        }
+        let actor = Actor::Registry {
+            backend: self.store.backend().as_str().to_owned(),
+        };
+        let mut record = match failed {
+            Some(why) => {
+                let mut r = AuditRecord::new(action, actor, AuditResult::Refused);
+                r.why = Some(why);
+                r
+            }
+            None => AuditRecord::new(action, actor, AuditResult::Accepted),
+        };
+        record.authority = Some(name.to_owned());
+        if !same {
+            let after = if action == Action::RegistryDelete {
+                None
+            } else {
+                after
+            };
+            record
+                .changes
+                .extend(AuthorityChange::of(before.as_deref(), after.as_deref()));
+        }
+        self.audit.record(&self.shared, record);
+    }
+
+    /// Audits what a re-listed view (after a lost watch) changed among the authorities
+    /// created through the admin API.
+    fn audit_snapshot(&self, before: &[Arc<Live>]) {
+        let after = self.shared.authorities.list();
+        let api = |list: &[Arc<Live>], name: &str| {
+            list.iter()
+                .find(|l| l.name() == name && l.origin == Origin::Api)
+                .cloned()
+        };
+        let mut names: Vec<&str> = before.iter().chain(&after).map(|l| l.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            let (old, new) = (api(before, name), api(&after, name));
+            let action = if new.is_some() {
+                Action::RegistryPut
+            } else {
+                Action::RegistryDelete
+            };
+            if old.is_some() || new.is_some() {
+                self.audit_registry(action, name, old, None);
+            }
+        }
     }
 
     /// Says whether the registry's view is current; while it is not, decisions under
@@ -466,5 +549,21 @@ impl Control {
                 tracing::error!(target: TARGET, "registry: the view cannot be confirmed current (the {} registry at {} is unreachable or has no quorum); decisions under its authorities are refused: registry_unavailable", self.store.backend(), self.store.location());
             }
         }
+    }
+}
+
+/// A registry write of this mediator under way for one name (see [`Control::writing`]).
+pub(super) struct Writing<'a> {
+    control: &'a Control,
+    name: String,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.control
+            .writing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.name);
     }
 }

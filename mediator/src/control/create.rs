@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use policy::config::{FieldError, Placement, RegistryBackend};
+use policy::config::{Authority, FieldError, Placement, RegistryBackend};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -61,6 +61,9 @@ pub(crate) struct Created {
     pub node: Placement,
     /// The freshly generated token, when one was asked for (shown once, never stored).
     pub token: Option<String>,
+    /// The validated authority, when it is served on another node only (`live` is
+    /// `None`): what its audit record describes.
+    pub elsewhere: Option<Box<Authority>>,
 }
 
 impl Control {
@@ -96,10 +99,8 @@ impl Control {
             record,
             generation: 0,
         };
-        let node = self
-            .authority_of(&probe)
-            .map_err(CreateError::Invalid)?
-            .node;
+        let authority = self.authority_of(&probe).map_err(CreateError::Invalid)?;
+        let node = authority.node.clone();
         let here = node.serves(self.store.node());
         if !here && !self.store.holds_other_nodes() {
             return Err(CreateError::Invalid(vec![FieldError {
@@ -125,6 +126,7 @@ impl Control {
         if of_the_file || self.shared.authorities.get(&name).is_some() {
             return Err(CreateError::Duplicate(name));
         }
+        let _writing = self.writing(&name);
         let generation = self.shared.authorities.next_generation();
         let generation = match self.store.create(&record, generation, ttl).await {
             Ok(g) => {
@@ -155,6 +157,7 @@ impl Control {
                 stored,
                 node,
                 token,
+                elsewhere: Some(Box::new(authority)),
             });
         }
         let applied = self.apply_put(stored.clone());
@@ -172,6 +175,7 @@ impl Control {
             stored,
             node,
             token,
+            elsewhere: None,
         })
     }
 
@@ -216,6 +220,8 @@ impl Control {
             return Err(self.unavailable());
         }
         let _writes = self.write_lock(name).await;
+        let _writing = self.writing(name);
+        let before = self.shared.authorities.get(name);
         let removed = match self.store.delete(name, None).await {
             Ok(r) => {
                 self.registry_metrics.operation(Op::Delete, "ok");
@@ -242,7 +248,9 @@ impl Control {
             Some(l) => Some(l),
             None => match self.shared.authorities.get(name) {
                 Some(l) if l.origin == Origin::Api => self.revoke(name),
-                _ => None,
+                // Revoked meanwhile by the registry's watch, which saw this removal.
+                None => before.filter(|b| b.origin == Origin::Api),
+                Some(_) => None,
             },
         };
         Ok(Deleted {

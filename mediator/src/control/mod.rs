@@ -12,6 +12,7 @@
 mod apply;
 pub(crate) mod body;
 mod create;
+mod kept;
 pub(crate) mod registry;
 mod reload;
 
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use policy::config::Authority;
 
+use crate::audit::Auditor;
 use crate::authorities::{Birth, Live, Origin};
 use crate::conn::accept::serve_authority;
 use crate::error::Error;
@@ -66,7 +68,7 @@ pub(crate) struct Control {
     /// included), so that a reload that changes the global deny list can re-create them
     /// under it (the global list applies to every authority), and a change seen twice is
     /// applied once.
-    stored: Mutex<HashMap<String, apply::Kept>>,
+    stored: Mutex<HashMap<String, kept::Kept>>,
     /// etcd: the revision at which each name was last removed, so that a create older than
     /// the removal, seen late, is not applied.
     tombstones: Mutex<HashMap<String, u64>>,
@@ -78,6 +80,12 @@ pub(crate) struct Control {
     bulk: std::sync::atomic::AtomicBool,
     /// Itself, for the timers it starts (`ttl_s`).
     me: Weak<Self>,
+    /// Writes the audit records of changes (design section 21).
+    audit: Auditor,
+    /// Names whose registry write this mediator has under way (create, delete, expiry):
+    /// their change, seen again by the registry's watch, is audited by the write, not as
+    /// another writer's.
+    writing: Mutex<HashSet<String>>,
 }
 
 /// What a [`Control`] is built from, besides the shared state.
@@ -95,6 +103,8 @@ pub(crate) struct Setup {
     pub(crate) store: Arc<dyn Store>,
     /// Its metrics.
     pub(crate) registry_metrics: RegistryMetrics,
+    /// The audit records' writer.
+    pub(crate) audit: Auditor,
 }
 
 impl Control {
@@ -107,6 +117,7 @@ impl Control {
             global_deny,
             store,
             registry_metrics,
+            audit,
         } = setup;
         Arc::new_cyclic(|me| Self {
             shared,
@@ -126,7 +137,22 @@ impl Control {
             placed_elsewhere: Mutex::new(HashSet::new()),
             bulk: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
+            audit,
+            writing: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// The audit records' writer.
+    pub(crate) fn audit(&self) -> &Auditor {
+        &self.audit
+    }
+
+    /// `[global] deny` as it applies now (every grant holds it).
+    pub(crate) fn global_deny(&self) -> Vec<policy::DenyEntry> {
+        self.global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The registry's backend.

@@ -70,23 +70,9 @@ impl Control {
     /// # Errors
     /// [`ReloadRefused`] when the file defines a name a stored API authority holds; nothing
     /// is changed.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "a reload diffs the config by authority table in one pass"
-    )]
     pub(crate) fn reload(&self, config: Config, text: &str) -> Result<ReloadReport, ReloadRefused> {
         let _op = self.op.lock().unwrap_or_else(PoisonError::into_inner);
-        let held: Vec<String> = {
-            let stored = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut held: Vec<String> = config
-                .authorities
-                .iter()
-                .map(|a| a.grant.name().to_owned())
-                .filter(|n| stored.contains_key(n))
-                .collect();
-            held.sort();
-            held
-        };
+        let held = self.held_by_registry(&config);
         if !held.is_empty() {
             tracing::error!(target: TARGET, "reload refused: {}", ReloadRefused { names: held.clone() });
             return Err(ReloadRefused { names: held });
@@ -102,85 +88,126 @@ impl Control {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .unwrap_or_default();
-        let mut report = ReloadReport::default();
-        for (section, fp) in &new.sections {
-            if old.sections.get(section) != Some(fp) {
-                report.ignored_sections.push(section.clone());
-            }
-        }
-        for section in old.sections.keys() {
-            if !new.sections.contains_key(section) {
-                report.ignored_sections.push(section.clone());
-            }
-        }
-        report.ignored_sections.sort();
-        report.ignored_sections.dedup();
-        let global_changed = {
-            let mut global = self
-                .global_deny
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let changed = *global != config.global_deny;
-            global.clone_from(&config.global_deny);
-            changed
+        let mut report = ReloadReport {
+            ignored_sections: ignored_sections(&old, &new),
+            ..ReloadReport::default()
         };
-        // The global deny list is part of every grant, those created through the API
-        // included: when it changed, re-create them under the new list (new generation).
-        if global_changed {
-            let stored: Vec<Stored> = self
-                .stored
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .values()
-                .filter_map(super::apply::Kept::stored)
-                .collect();
-            for record in stored {
-                let name = record.record.name.clone();
-                let Some(current) = self
-                    .shared
-                    .authorities
-                    .get(&name)
-                    .filter(|l| l.origin == Origin::Api)
-                else {
+        if self.swap_global_deny(&config.global_deny) {
+            self.recreate_api_authorities(&mut report);
+        }
+        self.revoke_removed(&old, &new, &mut report);
+        self.apply_tables(config.authorities, &old, &new, &mut report);
+        // The authorities now run as the file says; the other sections still run as they
+        // did at start (a reload does not apply them), so the next reload compares with
+        // those: a change stays reported until a restart applies it, and a change undone
+        // is no longer reported.
+        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline {
+            authorities: new.authorities,
+            sections: old.sections,
+        });
+        tracing::info!(
+            target: TARGET,
+            "reload applied: added {:?}, removed {:?}, changed {:?}, unchanged {:?}",
+            report.added,
+            report.removed,
+            report.changed,
+            report.unchanged
+        );
+        if !report.ignored_sections.is_empty() {
+            tracing::warn!(
+                target: TARGET,
+                "reload: changes to {} need a restart and were not applied",
+                report.ignored_sections.join(", ")
+            );
+        }
+        Ok(report)
+    }
+
+    /// The names of the file that a stored API authority holds, sorted.
+    fn held_by_registry(&self, config: &Config) -> Vec<String> {
+        let stored = self.stored.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held: Vec<String> = config
+            .authorities
+            .iter()
+            .map(|a| a.grant.name().to_owned())
+            .filter(|n| stored.contains_key(n))
+            .collect();
+        held.sort();
+        held
+    }
+
+    /// Takes `global_deny` as the `[global]` deny list; whether it changed.
+    fn swap_global_deny(&self, global_deny: &[policy::DenyEntry]) -> bool {
+        let mut global = self
+            .global_deny
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let changed = *global != global_deny;
+        if changed {
+            *global = global_deny.to_vec();
+        }
+        changed
+    }
+
+    /// The global deny list is part of every grant, those created through the API
+    /// included: when it changed, they are re-created under the new list (new
+    /// generation). One that the new list makes invalid is revoked (fail closed).
+    fn recreate_api_authorities(&self, report: &mut ReloadReport) {
+        let stored: Vec<Stored> = self
+            .stored
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(super::kept::Kept::stored)
+            .collect();
+        for record in stored {
+            let name = record.record.name.clone();
+            let Some(current) = self
+                .shared
+                .authorities
+                .get(&name)
+                .filter(|l| l.origin == Origin::Api)
+            else {
+                continue;
+            };
+            let authority = match self.authority_of(&record) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Cannot happen for a table that was valid with other deny entries,
+                    // but fail closed: revoke rather than keep the old, wider grant.
+                    self.revoke_locked(
+                        &name,
+                        "revoked by reload (invalid under the new [global] deny list)",
+                    );
+                    report.failed.push((name.clone(), format!("{e:?}")));
                     continue;
-                };
-                let authority = match self.authority_of(&record) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Cannot happen for a table that was valid with other deny entries,
-                        // but fail closed: revoke rather than keep the old, wider grant.
-                        self.revoke_locked(
-                            &name,
-                            "revoked by reload (invalid under the new [global] deny list)",
-                        );
-                        report.failed.push((name.clone(), format!("{e:?}")));
-                        continue;
-                    }
-                };
-                let birth = Birth {
-                    generation: self.shared.authorities.next_generation(),
-                    origin: Origin::Api,
-                    created: Some(current.created.clone()),
-                    expires_at: current.expires_at.clone(),
-                };
-                let (old_generation, added) = self.replace_locked(
-                    &name,
-                    authority,
-                    birth,
-                    "replaced by reload ([global] deny changed)",
-                );
-                match added {
-                    Ok(live) => {
-                        if let Some(g) = old_generation {
-                            report.changed.push((name.clone(), g, live.generation));
-                        }
-                    }
-                    Err(e) => report.failed.push((name.clone(), format!("{e:?}"))),
                 }
+            };
+            let birth = Birth {
+                generation: self.shared.authorities.next_generation(),
+                origin: Origin::Api,
+                created: Some(current.created.clone()),
+                expires_at: current.expires_at.clone(),
+            };
+            let (old_generation, added) = self.replace_locked(
+                &name,
+                authority,
+                birth,
+                "replaced by reload ([global] deny changed)",
+            );
+            match added {
+                Ok(live) => {
+                    if let Some(g) = old_generation {
+                        report.changed.push((name.clone(), g, live.generation));
+                    }
+                }
+                Err(e) => report.failed.push((name.clone(), format!("{e:?}"))),
             }
         }
+    }
 
-        // Removed from the file: revoke (only those that came from the file).
+    /// Removed from the file: revoked (only those that came from the file).
+    fn revoke_removed(&self, old: &Baseline, new: &Baseline, report: &mut ReloadReport) {
         for name in old.authorities.keys() {
             if new.authorities.contains_key(name) {
                 continue;
@@ -193,8 +220,18 @@ impl Control {
                 report.removed.push((name.clone(), l.generation));
             }
         }
-        let mut by_name: HashMap<String, Authority> = config
-            .authorities
+    }
+
+    /// The file's tables: a new one added, a changed one (or one whose secret rotated)
+    /// re-created with a new generation, the rest left as they are.
+    fn apply_tables(
+        &self,
+        authorities: Vec<Authority>,
+        old: &Baseline,
+        new: &Baseline,
+        report: &mut ReloadReport,
+    ) {
+        let mut by_name: HashMap<String, Authority> = authorities
             .into_iter()
             .map(|a| (a.grant.name().to_owned(), a))
             .collect();
@@ -240,31 +277,27 @@ impl Control {
                 }
             }
         }
-        // The authorities now run as the file says; the other sections still run as they
-        // did at start (a reload does not apply them), so the next reload compares with
-        // those: a change stays reported until a restart applies it, and a change undone
-        // is no longer reported.
-        *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(Baseline {
-            authorities: new.authorities,
-            sections: old.sections,
-        });
-        tracing::info!(
-            target: TARGET,
-            "reload applied: added {:?}, removed {:?}, changed {:?}, unchanged {:?}",
-            report.added,
-            report.removed,
-            report.changed,
-            report.unchanged
-        );
-        if !report.ignored_sections.is_empty() {
-            tracing::warn!(
-                target: TARGET,
-                "reload: changes to {} need a restart and were not applied",
-                report.ignored_sections.join(", ")
-            );
-        }
-        Ok(report)
     }
+}
+
+/// The sections other than the authorities whose text changed, was added or removed:
+/// their changes need a restart, and are reported, not applied.
+fn ignored_sections(old: &Baseline, new: &Baseline) -> Vec<String> {
+    let mut ignored: Vec<String> = new
+        .sections
+        .iter()
+        .filter(|(section, fp)| old.sections.get(*section) != Some(fp))
+        .map(|(section, _)| section.clone())
+        .chain(
+            old.sections
+                .keys()
+                .filter(|section| !new.sections.contains_key(*section))
+                .cloned(),
+        )
+        .collect();
+    ignored.sort();
+    ignored.dedup();
+    ignored
 }
 
 /// Whether two authorities of one table hold the same secrets (a reload re-reads them).
@@ -323,5 +356,29 @@ fn canonical(v: &toml::Value) -> String {
 }
 
 #[cfg(test)]
-#[path = "reload_tests.rs"]
-mod tests;
+mod tests {
+
+    use super::*;
+
+    #[test]
+    fn fingerprints_see_table_and_global_changes_only() {
+        let a = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n[[authority]]\nname = \"a\"\nallow = [\"x.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        let same = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n\n[[authority]]\nallow = [ \"x.test\" ]\nname = \"a\"\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_eq!(a.authorities, same.authorities);
+        assert_eq!(a.sections, same.sections);
+        let changed = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:2\"\n[[authority]]\nname = \"a\"\nallow = [\"y.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_ne!(a.authorities["a"], changed.authorities["a"]);
+        assert_eq!(a.authorities["b"], changed.authorities["b"]);
+        assert_ne!(a.sections["listen"], changed.sections["listen"]);
+        let global = fingerprints(
+            "[listen]\ntcp = \"127.0.0.1:1\"\n[global]\ndeny = [\"*:25\"]\n[[authority]]\nname = \"a\"\nallow = [\"x.test\"]\n[[authority]]\nname = \"b\"\n",
+        );
+        assert_ne!(a.authorities["b"], global.authorities["b"]);
+    }
+}

@@ -24,7 +24,7 @@ use policy::config::Authority;
 use crate::decision_log::CredentialUse;
 use crate::denial::Denial;
 
-pub(crate) use body::{CheckedBody, TrailerVerdict};
+pub(crate) use body::CheckedBody;
 pub(crate) use load::load_secrets;
 use scan::{Found, Place, contains, find_placeholder, has_placeholders, misuse};
 pub(crate) use scan::{Headers, percent_decode};

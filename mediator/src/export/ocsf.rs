@@ -20,11 +20,8 @@
 
 use serde_json::{Value, json};
 
-use crate::decision_log::{Peer, Record, Render};
+use crate::decision_log::{Line, Peer, Record, Render};
 use crate::vocab::Event;
-
-/// The OCSF schema version the events follow.
-pub(crate) const VERSION: &str = "1.5.0";
 
 /// Network Activity (OCSF class 4001) of the Network Activity category (4).
 const CLASS_UID: u64 = 4001;
@@ -37,12 +34,15 @@ pub(crate) struct Ocsf;
 impl Render for Ocsf {
     fn render(
         &self,
-        record: &Record,
+        line: Line<'_>,
         native: &[u8],
         run: &str,
         out: &mut Vec<u8>,
     ) -> serde_json::Result<()> {
-        render(record, native, run, out)
+        match line {
+            Line::Decision(record) => render(record, native, run, out),
+            Line::Audit(record) => super::api_activity::render(record, native, run, out),
+        }
     }
 }
 
@@ -58,7 +58,7 @@ fn render(record: &Record, native: &[u8], run: &str, out: &mut Vec<u8>) -> serde
         Event::Decision => 1,
         Event::Close => 2,
     };
-    let time = u64::try_from(super::since_epoch(record).as_millis()).unwrap_or(u64::MAX);
+    let time = u64::try_from(super::since_epoch(&record.ts).as_millis()).unwrap_or(u64::MAX);
     let mut event = json!({
         "class_uid": CLASS_UID,
         "class_name": "Network Activity",
@@ -83,17 +83,7 @@ fn render(record: &Record, native: &[u8], run: &str, out: &mut Vec<u8>) -> serde
             "protocol_num": 6,
             "uid": record.conn.to_string(),
         },
-        "metadata": {
-            "version": VERSION,
-            "product": {
-                "name": "egress-mediator",
-                "vendor_name": "egress-mediator",
-                "version": env!("CARGO_PKG_VERSION"),
-            },
-            "uid": record.id.to_string(),
-            "correlation_uid": format!("{run}:{}", record.id),
-            "profiles": ["security_control", "host"],
-        },
+        "metadata": super::ocsf_metadata(record.id, run),
     });
     let message = record
         .message
@@ -113,13 +103,7 @@ fn render(record: &Record, native: &[u8], run: &str, out: &mut Vec<u8>) -> serde
     if let Some(ms) = record.duration_ms {
         event["duration"] = Value::from(ms);
     }
-    serde_json::to_writer(&mut *out, &event)?;
-    // `{...}` then `,"unmapped":{native}}`.
-    out.pop();
-    out.extend_from_slice(b",\"unmapped\":");
-    out.extend_from_slice(native);
-    out.push(b'}');
-    Ok(())
+    super::write_with_unmapped(&event, native, out)
 }
 
 /// `src_endpoint`, `actor` and `dst_endpoint` of `record`, set on `event`.

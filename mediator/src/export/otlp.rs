@@ -23,7 +23,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::decision_log::{Record, Ship};
+use crate::decision_log::{Line, Record, Ship};
 
 /// Most records waiting to be sent; more are dropped (and counted).
 const QUEUE: usize = 16_384;
@@ -90,47 +90,85 @@ impl Exporter {
 }
 
 impl Ship for Exporter {
-    /// Queues `record` (whose native line is `line`); a full queue drops it, counted.
-    fn offer(&self, record: &Record, line: &[u8], run: &str) {
-        let deny = record.decision == policy::Verdict::Deny;
-        let time = u64::try_from(super::since_epoch(record).as_nanos()).unwrap_or(u64::MAX);
-        let mut attributes = vec![
-            attr("event", record.event.as_str()),
-            attr("decision", record.decision.as_str()),
-            attr("reason", record.reason.as_str()),
-            attr("id", &record.id.to_string()),
-            attr("run", run),
-        ];
-        if let Some(a) = &record.authority {
-            attributes.push(attr("authority", a));
-        }
-        if let Some(h) = &record.host {
-            attributes.push(attr("host", h));
-        }
-        if let Some(p) = record.port {
-            attributes.push(attr("port", &p.to_string()));
-        }
-        let log = LogRecord {
-            time_unix_nano: time,
-            observed_time_unix_nano: time,
-            severity_number: if deny {
-                SeverityNumber::Warn as i32
-            } else {
-                SeverityNumber::Info as i32
-            },
-            severity_text: if deny { "WARN" } else { "INFO" }.to_owned(),
-            body: Some(AnyValue {
-                value: Some(any_value::Value::StringValue(
-                    String::from_utf8_lossy(line).into_owned(),
-                )),
-            }),
-            attributes,
-            event_name: "egress.decision".to_owned(),
-            ..LogRecord::default()
+    /// Queues `line` (whose native line is `native`); a full queue drops it, counted.
+    fn offer(&self, line: Line<'_>, native: &[u8], run: &str) {
+        let log = match line {
+            Line::Decision(record) => decision(record, native, run),
+            Line::Audit(record) => audit(record, native, run),
         };
         if self.tx.try_send(log).is_err() {
             self.dropped.inc();
         }
+    }
+}
+
+/// An audit record (design section 21) as a log record: event `egress.audit`, severity
+/// WARN when refused or widening, attributes `event`, `action`, `result`, `authority`,
+/// `id`, `run`.
+fn audit(record: &crate::audit::record::AuditRecord, line: &[u8], run: &str) -> LogRecord {
+    let time = u64::try_from(super::since_epoch(&record.ts).as_nanos()).unwrap_or(u64::MAX);
+    let mut attributes = vec![
+        attr("event", "audit"),
+        attr("action", record.action.as_str()),
+        attr("result", record.result.as_str()),
+        attr("id", &record.id.to_string()),
+        attr("run", run),
+    ];
+    if let Some(a) = &record.authority {
+        attributes.push(attr("authority", a));
+    }
+    log_record(time, record.notable(), line, attributes, "egress.audit")
+}
+
+/// A decision record as a log record.
+fn decision(record: &Record, line: &[u8], run: &str) -> LogRecord {
+    let deny = record.decision == policy::Verdict::Deny;
+    let time = u64::try_from(super::since_epoch(&record.ts).as_nanos()).unwrap_or(u64::MAX);
+    let mut attributes = vec![
+        attr("event", record.event.as_str()),
+        attr("decision", record.decision.as_str()),
+        attr("reason", record.reason.as_str()),
+        attr("id", &record.id.to_string()),
+        attr("run", run),
+    ];
+    if let Some(a) = &record.authority {
+        attributes.push(attr("authority", a));
+    }
+    if let Some(h) = &record.host {
+        attributes.push(attr("host", h));
+    }
+    if let Some(p) = record.port {
+        attributes.push(attr("port", &p.to_string()));
+    }
+    log_record(time, deny, line, attributes, "egress.decision")
+}
+
+/// One log record: at `time` (nanoseconds since the epoch), WARN or INFO, the native line
+/// as its body.
+fn log_record(
+    time: u64,
+    warn: bool,
+    line: &[u8],
+    attributes: Vec<KeyValue>,
+    event_name: &str,
+) -> LogRecord {
+    LogRecord {
+        time_unix_nano: time,
+        observed_time_unix_nano: time,
+        severity_number: if warn {
+            SeverityNumber::Warn as i32
+        } else {
+            SeverityNumber::Info as i32
+        },
+        severity_text: if warn { "WARN" } else { "INFO" }.to_owned(),
+        body: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(
+                String::from_utf8_lossy(line).into_owned(),
+            )),
+        }),
+        attributes,
+        event_name: event_name.to_owned(),
+        ..LogRecord::default()
     }
 }
 

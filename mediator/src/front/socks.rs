@@ -136,12 +136,9 @@ fn choose_method(on_unix: bool, offered: &[u8]) -> Option<u8> {
     }
 }
 
-/// Runs method negotiation, authentication and the request. Returns the canonical target,
-/// or `None` when the connection was already answered with a failure.
-#[expect(
-    clippy::too_many_lines,
-    reason = "the RFC 1928/1929 handshake in wire order"
-)]
+/// Runs method negotiation, authentication and the request, in wire order. Returns the
+/// canonical target, or `None` when the connection was already answered with a failure
+/// (its line written).
 pub(crate) async fn handshake<S>(
     io: &mut S,
     shared: &Shared,
@@ -150,7 +147,32 @@ pub(crate) async fn handshake<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    // Method selection (RFC 1928 section 3).
+    let refused = match method(io, shared, ctx).await? {
+        Ok(()) => return request(io, shared, ctx).await,
+        Err(denial) => denial,
+    };
+    record::deny(
+        shared,
+        ctx,
+        Protocol::Socks5,
+        &TargetLabel::default(),
+        refused,
+    );
+    Ok(None)
+}
+
+/// Method selection (RFC 1928 section 3) and, for username/password, authentication
+/// (RFC 1929 section 2): on the TCP listener the user name and password name the
+/// authority (set in `ctx`); on a Unix socket the channel is the identity and credentials
+/// are ignored. A refusal is answered on the wire; its denial is returned to be logged.
+async fn method<S>(
+    io: &mut S,
+    shared: &Shared,
+    ctx: &mut Ctx,
+) -> Result<Result<(), Denial>, SocksError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut hdr = [0u8; 2];
     io.read_exact(&mut hdr).await?;
     if hdr[0] != VER {
@@ -161,66 +183,56 @@ where
     let on_unix = ctx.authority.is_some();
     let Some(chosen) = choose_method(on_unix, &methods) else {
         io.write_all(&[VER, METHOD_NO_ACCEPTABLE]).await?;
-        let denial = Denial::new(
+        return Ok(Err(Denial::new(
             Reason::BadCredential,
             "SOCKS5 client offered no username/password method (RFC 1929)",
             "connect with a user name (the authority) and password (its token)",
         )
-        .with_cause(Cause::CredentialRejected);
-        record::deny(
-            shared,
-            ctx,
-            Protocol::Socks5,
-            &TargetLabel::default(),
-            denial,
-        );
-        return Ok(None);
+        .with_cause(Cause::CredentialRejected)));
     };
     io.write_all(&[VER, chosen]).await?;
-
-    if chosen == METHOD_USERPASS {
-        // RFC 1929 section 2.
-        let mut b = [0u8; 2];
-        io.read_exact(&mut b).await?;
-        if b[0] != USERPASS_VER {
-            return Err(SocksError::Protocol("bad RFC 1929 version"));
-        }
-        let mut user = vec![0u8; usize::from(b[1])];
-        io.read_exact(&mut user).await?;
-        let mut plen = [0u8; 1];
-        io.read_exact(&mut plen).await?;
-        let mut pass = vec![0u8; usize::from(plen[0])];
-        io.read_exact(&mut pass).await?;
-        if !on_unix {
-            let result = match std::str::from_utf8(&user) {
-                Ok(name) => authenticate(shared, name, &pass),
-                Err(_) => Err(Denial::new(
-                    Reason::UnknownAuthority,
-                    "user name is not UTF-8",
-                    "use the authority name as user name",
-                )
-                .with_cause(Cause::CredentialRejected)),
-            };
-            match result {
-                Ok(a) => ctx.authority = Some(a),
-                Err(denial) => {
-                    io.write_all(&[USERPASS_VER, 0x01]).await?;
-                    record::deny(
-                        shared,
-                        ctx,
-                        Protocol::Socks5,
-                        &TargetLabel::default(),
-                        denial,
-                    );
-                    return Ok(None);
-                }
+    if chosen != METHOD_USERPASS {
+        return Ok(Ok(()));
+    }
+    let mut b = [0u8; 2];
+    io.read_exact(&mut b).await?;
+    if b[0] != USERPASS_VER {
+        return Err(SocksError::Protocol("bad RFC 1929 version"));
+    }
+    let mut user = vec![0u8; usize::from(b[1])];
+    io.read_exact(&mut user).await?;
+    let mut plen = [0u8; 1];
+    io.read_exact(&mut plen).await?;
+    let mut pass = vec![0u8; usize::from(plen[0])];
+    io.read_exact(&mut pass).await?;
+    if !on_unix {
+        let result = match std::str::from_utf8(&user) {
+            Ok(name) => authenticate(shared, name, &pass),
+            Err(_) => Err(Denial::new(
+                Reason::UnknownAuthority,
+                "user name is not UTF-8",
+                "use the authority name as user name",
+            )
+            .with_cause(Cause::CredentialRejected)),
+        };
+        match result {
+            Ok(a) => ctx.authority = Some(a),
+            Err(denial) => {
+                io.write_all(&[USERPASS_VER, 0x01]).await?;
+                return Ok(Err(denial));
             }
         }
-        // On a Unix socket the channel is the identity; credentials are ignored.
-        io.write_all(&[USERPASS_VER, 0x00]).await?;
     }
+    io.write_all(&[USERPASS_VER, 0x00]).await?;
+    Ok(Ok(()))
+}
 
-    // Request (RFC 1928 section 4).
+/// The request (RFC 1928 section 4): `CONNECT` to a canonical target, else a failure
+/// answered with the denial's `REP` (and logged).
+async fn request<S>(io: &mut S, shared: &Shared, ctx: &Ctx) -> Result<Option<Target>, SocksError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut req = [0u8; 4];
     io.read_exact(&mut req).await?;
     if req[0] != VER {
@@ -251,15 +263,7 @@ where
                 "send an IPv4 address (ATYP 0x01), a domain name (0x03) or an IPv6 address (0x04), RFC 1928 section 5",
             )
             .with_cause(Cause::AddressTypeNotSupported);
-            let denial = record::deny(
-                shared,
-                ctx,
-                Protocol::Socks5,
-                &TargetLabel::default(),
-                denial,
-            );
-            reply(io, denial.socks_rep(), None).await?;
-            return Ok(None);
+            return refuse(io, shared, ctx, &TargetLabel::default(), denial).await;
         }
     };
     let mut port = [0u8; 2];
@@ -285,9 +289,7 @@ where
             "only CONNECT (0x01) is served (RFC 1928 section 4)",
         )
         .with_cause(Cause::CommandNotSupported);
-        let denial = record::deny(shared, ctx, Protocol::Socks5, &raw_label, denial);
-        reply(io, denial.socks_rep(), None).await?;
-        return Ok(None);
+        return refuse(io, shared, ctx, &raw_label, denial).await;
     }
     match to_target(&wire, port) {
         Ok(target) => Ok(Some(target)),
@@ -297,11 +299,25 @@ where
                 why.to_string(),
                 "use a canonical host name or address and a port in 1..=65535",
             );
-            let denial = record::deny(shared, ctx, Protocol::Socks5, &raw_label, denial);
-            reply(io, denial.socks_rep(), None).await?;
-            Ok(None)
+            refuse(io, shared, ctx, &raw_label, denial).await
         }
     }
+}
+
+/// Logs `denial` and answers the request with its `REP`.
+async fn refuse<S>(
+    io: &mut S,
+    shared: &Shared,
+    ctx: &Ctx,
+    label: &TargetLabel,
+    denial: Denial,
+) -> Result<Option<Target>, SocksError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let denial = record::deny(shared, ctx, Protocol::Socks5, label, denial);
+    reply(io, denial.socks_rep(), None).await?;
+    Ok(None)
 }
 
 /// Canonicalises a wire address: domain names go through the same canonicaliser as every

@@ -11,9 +11,12 @@ use super::canonical_target;
 use super::fixture;
 use crate::route::system::kde;
 
-/// The configuration file (`policy::config::parse`), as UTF-8 TOML. Property: it never
-/// panics, and a configuration that loads has authorities with distinct names.
+/// The configuration file (`policy::config::parse`), as UTF-8 TOML. Properties: it never
+/// panics; a configuration that loads has authorities with distinct names, is no change
+/// from itself in `mediator diff`'s review, and each authority's reach (as the admin API
+/// serves it) reads back into a grant that is no change from the one it came from.
 pub fn config(data: &[u8]) {
+    use policy::review::{Outcome, Reach, Side, Sources, compare, diff, global_deny_of};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -23,6 +26,16 @@ pub fn config(data: &[u8]) {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all, "duplicate authority names");
+        let side = Side::of_config(&config);
+        assert_eq!(diff(&side, &side).unwrap().outcome, Outcome::Unchanged);
+        for a in &config.authorities {
+            let reach = Reach::of(a, Sources::Hidden);
+            let served = serde_json::to_string(&reach).unwrap();
+            let back: Reach = serde_json::from_str(&served).unwrap();
+            let global = global_deny_of(a);
+            let changes = compare(Some((&reach, &global)), Some((&back, &global))).unwrap();
+            assert!(changes.is_empty(), "{changes:?}");
+        }
     }
 }
 

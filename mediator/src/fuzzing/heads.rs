@@ -8,7 +8,7 @@ use http::Uri;
 
 use crate::front::http::credentials::parse_basic;
 use crate::front::http::forward::target_of;
-use crate::front::http::preflight::{Head, MIN_BUF, Preflight, judge};
+use crate::request::preflight::{Head, MIN_BUF, Preflight, judge};
 
 use super::{canonical_target, connect_target};
 
@@ -240,7 +240,7 @@ fn is_tchar(b: u8) -> bool {
 }
 
 /// A parent proxy's `Proxy-Authenticate` offers, as the Negotiate exchange reads them
-/// (`route::parent::negotiate_in`, `offered_in`; `route::negotiate::decode`). The input
+/// (`route::handshake::negotiate_in`, `offered_in`; `route::negotiate::decode`). The input
 /// is UTF-8 lines, one challenge per line. Properties:
 /// - a Negotiate token is taken exactly from the first challenge whose auth-scheme
 ///   (RFC 9110 section 11.6.1: up to the first space, `OWS` trimmed) is `Negotiate` in
@@ -254,7 +254,7 @@ pub fn negotiate_offer(data: &[u8]) {
         return;
     };
     let challenges: Vec<&str> = text.split('\n').collect();
-    let offer = crate::route::parent::negotiate_in(challenges.iter().copied());
+    let offer = crate::route::handshake::negotiate_in(challenges.iter().copied());
     let want = challenges.iter().find_map(|c| {
         let v = ows_trimmed(c.as_bytes());
         let (scheme, rest) = match v.iter().position(|&b| b == b' ') {
@@ -272,7 +272,7 @@ pub fn negotiate_offer(data: &[u8]) {
             token
         );
     }
-    let offered = crate::route::parent::offered_in(challenges.iter().copied());
+    let offered = crate::route::handshake::offered_in(challenges.iter().copied());
     assert!(
         offered.bytes().all(|b| (0x20..0x7f).contains(&b)),
         "{offered:?}"

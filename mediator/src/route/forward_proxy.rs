@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::{negotiate, parent};
+use super::{handshake, negotiate};
 
 /// Absolute-form forwarding through an HTTP(S) parent.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ impl ForwardProxy {
         challenges: impl Iterator<Item = &'a str>,
     ) -> (String, String) {
         let challenges: Vec<&str> = challenges.collect();
-        let offered = parent::offered_in(challenges.iter().copied());
+        let offered = handshake::offered_in(challenges.iter().copied());
         let p = &self.parent;
         match &self.auth {
             ForwardAuth::Basic(Some(_)) => (
@@ -113,7 +113,7 @@ impl ForwardProxy {
             ),
             ForwardAuth::Negotiate { service, state } => {
                 let sent = state.lock().map_or(0, |s| s.sent);
-                if parent::negotiate_in(challenges.iter().copied()).is_none() {
+                if handshake::negotiate_in(challenges.iter().copied()).is_none() {
                     (
                         format!("parent {p} answered 407 without offering Negotiate (it offers {offered}): parent_auth = \"negotiate\" does not fit this parent"),
                         "set parent_auth for this parent to the scheme it offers (Basic: remove \"negotiate\" and configure user:password)".into(),
@@ -152,7 +152,7 @@ impl ForwardProxy {
         let Some(pending) = state.lock().ok().and_then(|mut s| s.pending.take()) else {
             return Ok(());
         };
-        let Some(token) = parent::negotiate_in(challenges).filter(|t| !t.is_empty()) else {
+        let Some(token) = handshake::negotiate_in(challenges).filter(|t| !t.is_empty()) else {
             return Ok(());
         };
         let p = &self.parent;

@@ -245,7 +245,7 @@ fn keytab_exists(name: &str) -> Result<(), NegotiateError> {
 }
 
 /// The decoded token of a `Negotiate <base64>` challenge (the token as
-/// `parent::negotiate_in` gives it, without its OWS), `None` when it is not canonical
+/// `handshake::negotiate_in` gives it, without its OWS), `None` when it is not canonical
 /// base64 (RFC 4648 section 4).
 pub(crate) fn decode(token: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(token).ok()

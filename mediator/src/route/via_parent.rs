@@ -13,9 +13,9 @@ use policy::{Pin, Target};
 
 use super::connect::ConnectFailure;
 use super::forward_proxy::ForwardProxy;
-use super::parent::{BodyLength, Dest, HandshakeError};
+use super::handshake::{self, BodyLength, Dest, HandshakeError};
 use super::parents::ParentEntry;
-use super::{Established, Route, Router, UpstreamStream, Via, negotiate, parent};
+use super::{Established, Route, Router, UpstreamStream, Via, negotiate};
 
 impl Router {
     pub(super) async fn via_parent(
@@ -39,7 +39,7 @@ impl Router {
         if via == Via::Forward && url.scheme.is_http() {
             let stream = self.connect_parent(url, timeout).await?;
             let forward = match url.auth {
-                ParentAuth::Basic => ForwardProxy::basic(shown, creds.map(parent::basic)),
+                ParentAuth::Basic => ForwardProxy::basic(shown, creds.map(handshake::basic)),
                 ParentAuth::Negotiate => {
                     let (value, pending) = self.negotiate_start(url).await?;
                     let service = format!("HTTP@{}", url.addr.host.as_text());
@@ -69,10 +69,11 @@ impl Router {
             let shake = async {
                 match (url.scheme, url.auth) {
                     (ParentScheme::Socks5, _) => {
-                        parent::socks5_connect(&mut stream, dest, target.port, creds, &shown).await
+                        handshake::socks5_connect(&mut stream, dest, target.port, creds, &shown)
+                            .await
                     }
                     (_, ParentAuth::Basic) => {
-                        parent::http_connect(&mut stream, dest, target.port, creds, &shown).await
+                        handshake::http_connect(&mut stream, dest, target.port, creds, &shown).await
                     }
                     (_, ParentAuth::Negotiate) => {
                         self.negotiate_connect(&mut stream, url, dest, target.port, deadline)
@@ -137,7 +138,7 @@ impl Router {
     ) -> Result<(), HandshakeError> {
         let shown = url.to_string();
         let authority = dest.authority(port);
-        let answer = parent::send_connect(stream, dest, port, None, &shown).await?;
+        let answer = handshake::send_connect(stream, dest, port, None, &shown).await?;
         if (200..300).contains(&answer.status) {
             return Ok(());
         }
@@ -154,7 +155,7 @@ impl Router {
             });
         }
         match answer.body() {
-            BodyLength::Known(n) => parent::discard(stream, n)
+            BodyLength::Known(n) => handshake::discard(stream, n)
                 .await
                 .map_err(|e| HandshakeError::Broken(format!("{shown}: {e}")))?,
             BodyLength::Unusable => {
@@ -172,7 +173,7 @@ impl Router {
                     detail: a.to_string(),
                     next_addr: false,
                 })?;
-        let answer = parent::send_connect(stream, dest, port, Some(&value), &shown).await?;
+        let answer = handshake::send_connect(stream, dest, port, Some(&value), &shown).await?;
         drop(value);
         if answer.status == 407 {
             return Err(HandshakeError::Refused {

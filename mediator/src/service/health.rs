@@ -95,22 +95,55 @@ pub struct Answer {
 /// [`Error::Io`]: the connection failed, the deadline passed, or the answer is not an
 /// HTTP/1.x response within [`MAX_ANSWER`] bytes.
 pub fn probe(addr: &AdminAddr, probe: Probe, timeout: Duration) -> Result<Answer, Error> {
+    let (status, body) = get(addr, probe.path(), None, timeout, MAX_ANSWER)?;
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).trim().to_owned(),
+    })
+}
+
+/// Sends `GET path` to the admin API at `addr` (with `Authorization: Bearer <token>` when
+/// `token` is given) and reads the whole answer, at most `max` bytes, all within
+/// `timeout`. Returns the status and the body (`mediator health`, and `mediator diff
+/// --admin` and `mediator test --admin`, which read `/v1/authorities`).
+///
+/// # Errors
+/// [`Error::Io`]: the connection failed, the deadline passed, the token is not a header
+/// value, or the answer is not an HTTP/1.x response within `max` bytes.
+pub(crate) fn get(
+    addr: &AdminAddr,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+    max: usize,
+) -> Result<(u16, Vec<u8>), Error> {
     let deadline = Instant::now() + timeout;
+    let auth = match token {
+        Some(t) if !t.is_empty() && t.bytes().all(|b| (0x21..0x7f).contains(&b)) => {
+            format!("Authorization: Bearer {t}\r\n")
+        }
+        Some(_) => {
+            return Err(invalid(
+                "the admin token must be visible ASCII without spaces".to_owned(),
+            ));
+        }
+        None => String::new(),
+    };
     let request = format!(
-        "GET {} HTTP/1.1\r\nHost: mediator\r\nUser-Agent: mediator-health\r\nConnection: close\r\n\r\n",
-        probe.path()
+        "GET {path} HTTP/1.1\r\nHost: mediator\r\nUser-Agent: mediator\r\n{auth}Connection: close\r\n\r\n"
     );
     let raw = match addr {
         AdminAddr::Tcp(a) => {
             let s = TcpStream::connect_timeout(a, timeout)?;
-            exchange(s, &request, deadline)?
+            exchange(s, &request, deadline, max)?
         }
         AdminAddr::Unix(p) => {
             let s = UnixStream::connect(p)?;
-            exchange(s, &request, deadline)?
+            exchange(s, &request, deadline, max)?
         }
     };
-    parse_answer(&raw)
+    let (status, head) = parse_head(&raw)?;
+    Ok((status, raw[head..].to_vec()))
 }
 
 /// The socket operations [`exchange`] needs from a TCP or a Unix stream.
@@ -144,9 +177,13 @@ fn left(deadline: Instant) -> io::Result<Duration> {
     }
 }
 
-/// Writes `request`, then reads until the server closes (it was asked to) or
-/// [`MAX_ANSWER`] bytes.
-fn exchange<S: Deadlined>(mut s: S, request: &str, deadline: Instant) -> io::Result<Vec<u8>> {
+/// Writes `request`, then reads until the server closes (it was asked to) or `max` bytes.
+fn exchange<S: Deadlined>(
+    mut s: S,
+    request: &str,
+    deadline: Instant,
+    max: usize,
+) -> io::Result<Vec<u8>> {
     s.set_timeouts(left(deadline)?)?;
     s.write_all(request.as_bytes())?;
     let mut out = Vec::new();
@@ -158,16 +195,17 @@ fn exchange<S: Deadlined>(mut s: S, request: &str, deadline: Instant) -> io::Res
             return Ok(out);
         }
         out.extend_from_slice(&buf[..n]);
-        if out.len() > MAX_ANSWER {
+        if out.len() > max {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("answer longer than {MAX_ANSWER} bytes"),
+                format!("answer longer than {max} bytes"),
             ));
         }
     }
 }
 
-fn parse_answer(raw: &[u8]) -> Result<Answer, Error> {
+/// The status and the length of the head of an answer.
+fn parse_head(raw: &[u8]) -> Result<(u16, usize), Error> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut resp = httparse::Response::new(&mut headers);
     let head = match resp.parse(raw) {
@@ -182,8 +220,7 @@ fn parse_answer(raw: &[u8]) -> Result<Answer, Error> {
     let status = resp
         .code
         .ok_or_else(|| Error::Io(invalid_data("no status code")))?;
-    let body = String::from_utf8_lossy(&raw[head..]).trim().to_owned();
-    Ok(Answer { status, body })
+    Ok((status, head))
 }
 
 fn invalid(msg: String) -> Error {
@@ -217,6 +254,14 @@ mod tests {
             AdminAddr::Unix("admin.sock".into())
         );
         assert!(AdminAddr::parse("no-port").is_err());
+    }
+
+    fn parse_answer(raw: &[u8]) -> Result<Answer, Error> {
+        let (status, head) = parse_head(raw)?;
+        Ok(Answer {
+            status,
+            body: String::from_utf8_lossy(&raw[head..]).trim().to_owned(),
+        })
     }
 
     #[test]

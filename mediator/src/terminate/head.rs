@@ -10,8 +10,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::Env;
 use crate::conn::record;
 use crate::denial::Denial;
-use crate::front::http::preflight::{Preflight, preflight};
-use crate::front::http::response::{deny_response, write_raw_response};
+use crate::request::preflight::{Preflight, preflight};
+use crate::request::response::{deny_response, write_raw_response};
 use crate::rewind::Rewind;
 use crate::vocab::{CloseReason, Protocol};
 

@@ -12,15 +12,14 @@
 //! The tunnel, top to bottom ([`terminate`]): the leaf, the client's handshake
 //! (`client.rs`), the upstream connection (`upstream.rs`), serving the requests
 //! (`request.rs`, each as named steps: who asks, the tunnel's rules, the credentials, the
-//! upstream request, the answer; `authority.rs` and `rebuild.rs` are its pure parts), the
+//! upstream request, the answer; the steps and the message helpers it shares with
+//! absolute-form forwarding are `crate::request`), the
 //! protocol switches (`upgrade.rs`) and the HTTP/2 requests the HTTP/2 layer refuses
 //! itself (`h2_resets.rs`).
 
-mod authority;
 mod client;
 pub(crate) mod h2_resets;
 mod head;
-mod rebuild;
 mod request;
 pub(crate) mod upgrade;
 mod upstream;
@@ -42,8 +41,8 @@ use crate::conn::standing::Standing;
 use crate::conn::{Ctx, TargetLabel};
 use crate::counting::reporting;
 use crate::denial::Denial;
-use crate::front::http::preflight::MIN_BUF;
 use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, reset_fd_on_close, socket_of};
+use crate::request::preflight::MIN_BUF;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::TlsState;

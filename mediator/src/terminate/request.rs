@@ -1,10 +1,11 @@
 //! One request inside a terminated tunnel (h1 and h2 alike), as named steps:
-//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge`] (the
-//! authority still live, the tunnel host, a protocol switch it may ask for, the request
-//! rules), the credentials (`crate::credential::apply`: secrets added, a misplaced
-//! placeholder refused), [`upstream_request`] (the connection that carries it, a switch's
-//! plan, the rebuilt request), the decision line, then [`send`] and the answer. Every
-//! refusal writes this request's decision line and answers with the JSON denial.
+//! [`Asking`] (who asks, under the tunnel's authority now, and what), [`judge()`] (the
+//! tunnel host, a protocol switch it may ask for, then the judgement every request gets,
+//! `crate::request::judge`: the authority still live, the request rules, the
+//! credentials), [`upstream_request`] (the connection that carries it, a switch's plan,
+//! the rebuilt request), the decision line, then [`send()`] (`crate::request::send`) and
+//! the answer. Every refusal writes this request's decision line and answers with the
+//! JSON denial.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,44 +16,45 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use policy::config::Authority;
-use policy::{Decision, Reason, Target};
+use policy::{Reason, Target};
 
-use super::authority::check_authority;
 use super::h2_resets::{OnReset, Refusal};
-use super::rebuild::rebuild;
 use super::upgrade::{self, Plan, Switch, SwitchError};
 use super::{Env, MAX_STREAMS, Upstream};
-use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
-use crate::credential::{CheckedBody, TrailerVerdict};
 use crate::denial::{Cause, Denial};
-use crate::front::http::response::{self, Body, DECISION_HEADER, deny_response};
-use crate::front::http::rewrite::strip_hop_by_hop;
 use crate::redact::logged_path;
+use crate::request::authority::check_authority;
+use crate::request::judge::{self, Asked, Judged, Leg};
+use crate::request::rebuild::rebuild;
+use crate::request::response::{self, Body, deny_response};
+use crate::request::send::{self, Sent, relayed_parts};
 use crate::shared::Shared;
 use crate::vocab::Protocol;
 
 /// Judges and forwards one request; the answer is the origin's, or the JSON denial.
-pub(super) async fn handle(mut req: Request<Incoming>, env: &Env) -> Response<Body> {
+pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> {
     let switch = requested_switch(&req);
     let asking = Asking::of(&req, &switch, env);
-    let (switch, decision) = match judge(&req, switch, &asking, env) {
+    let (mut parts, body) = req.into_parts();
+    let (
+        switch,
+        Judged::Allowed {
+            decision,
+            credential,
+        },
+    ) = match judge(&mut parts, switch, &asking, env) {
         Ok(judged) => judged,
         Err(denial) => return asking.refuse(env, &denial),
     };
-    let uri = req.uri().clone();
-    let credential =
-        match crate::credential::apply(&asking.authority, &env.target, &uri, req.headers_mut()) {
-            Ok(used) => used,
-            Err(denial) => return asking.refuse(env, &denial),
-        };
+    let req = Request::from_parts(parts, body);
     let (upstream, plan, upstream_req) = match upstream_request(req, switch.as_ref(), env).await {
         Ok(prepared) => prepared,
         Err(denial) => return asking.refuse(env, &denial),
     };
     let allow = Allowed {
-        rule: decision.rule.as_deref(),
+        rule: decision.as_ref().and_then(|d| d.rule.as_deref()),
         pin: env.pin,
         route: env.shared.route_label(env.route),
     };
@@ -129,24 +131,21 @@ impl Asking {
     }
 }
 
-/// The tunnel's rules for one request: its authority still live (a revoked one, or one
-/// whose reload judged the tunnel no longer allowed, takes no new decision even while the
-/// tunnel waits for the revoke grace), the request for the tunnel host (else `421`), a
-/// switch it may ask for, and the grant's request rules. Returns the switch and the
-/// allowing decision.
+/// The tunnel's own rule for one request, then the judgement every request gets
+/// (`crate::request::judge`): the request must be for the tunnel host (else `421`) and
+/// may ask only for a switch the tunnel can carry; then its authority still live, the
+/// grant's request rules, the credentials (their secrets put into `parts`). Returns the
+/// switch and what the judgement allows.
 ///
 /// # Errors
 /// The denial to log and answer.
 fn judge(
-    req: &Request<Incoming>,
+    parts: &mut http::request::Parts,
     switch: Result<Option<Switch>, SwitchError>,
     asking: &Asking,
     env: &Env,
-) -> Result<(Option<Switch>, Decision), Denial> {
-    if !env.shared.authorities.is_live(&asking.authority) {
-        return Err(revoked(asking.name()));
-    }
-    check_authority(req, &env.target).map_err(|detail| {
+) -> Result<(Option<Switch>, Judged), Denial> {
+    check_authority(&parts.uri, &parts.headers, &env.target).map_err(|detail| {
         Denial::new(
             Reason::SniMismatch,
             detail.to_string(),
@@ -164,17 +163,22 @@ fn judge(
             "inside a terminated tunnel Upgrade: websocket (or an HTTP/2 extended CONNECT for it) is relayed, and tokens a request rule lists in upgrade; send the request without Upgrade",
         )
     })?;
-    let headers = crate::credential::Headers(req.headers());
-    let facts = policy::RequestFacts::new(&asking.request.method, req.uri().path())
-        .with_query(req.uri().query())
-        .with_headers(&headers)
-        .with_upgrade(switch.as_ref().map(|s| &s.token));
-    let decision = asking.authority.grant.decide_request(&env.target, &facts);
-    if decision.is_allow() {
-        Ok((switch, decision))
-    } else {
-        Err(Denial::from(decision))
-    }
+    let asked = Asked {
+        method: &asking.request.method,
+        uri: &parts.uri,
+        upgrade: switch.as_ref().map(|s| &s.token),
+    };
+    let authorities = &env.shared.authorities;
+    let authority = &asking.authority;
+    let judged = judge::judge(
+        authorities,
+        authority,
+        &env.target,
+        Leg::Terminated,
+        asked,
+        &mut parts.headers,
+    )?;
+    Ok((switch, judged))
 }
 
 /// A switch's plan on the upstream connection, with the client's side of the upgrade.
@@ -255,23 +259,33 @@ async fn send(
     if takes_h1 {
         env.upgrading.store(true, Ordering::SeqCst);
     }
-    let (upstream_req, trailers) = check_trailers(upstream_req, asking, env);
-    let answer = upstream.send(upstream_req).await;
-    // A trailer that carried a placeholder cut the request (already logged): say why.
-    if let Some(denial) = trailers.denial() {
-        env.upgrading.store(false, Ordering::SeqCst);
-        return deny_response(Some(name), &env.label, denial);
-    }
-    // The client's body failed (not valid chunked coding, cut short): its fault, not the
-    // upstream's, and an answer to the part that got through is not the answer to the
-    // request the client sent (a line of its own, after the request's allowing one).
-    if let Some(fault) = trailers.client_fault() {
-        env.upgrading.store(false, Ordering::SeqCst);
-        return asking.refuse(env, &Denial::bad_body(fault));
-    }
-    let mut resp = match answer {
-        Ok(resp) => resp,
-        Err(e) => {
+    let on_misuse = {
+        let (shared, ctx) = (Arc::clone(&env.shared), asking.ctx.clone());
+        let (label, request) = (env.label.clone(), asking.request.clone());
+        move |denial: &Denial| {
+            record::tls_request(&shared, &ctx, &label, &request, Err(denial), Vec::new());
+        }
+    };
+    let sent = send::send(
+        upstream_req,
+        &asking.authority,
+        &env.target,
+        on_misuse,
+        |r| upstream.send(r),
+    )
+    .await;
+    let mut resp = match sent {
+        Sent::Answer(Ok(resp)) => resp,
+        Sent::Misuse(denial) => {
+            env.upgrading.store(false, Ordering::SeqCst);
+            return deny_response(Some(name), &env.label, &denial);
+        }
+        // A line of its own, after the request's allowing one.
+        Sent::ClientFault(denial) => {
+            env.upgrading.store(false, Ordering::SeqCst);
+            return asking.refuse(env, &denial);
+        }
+        Sent::Answer(Err(e)) => {
             if takes_h1 {
                 env.upgrading.store(false, Ordering::SeqCst);
             }
@@ -285,8 +299,7 @@ async fn send(
     };
     let upstream_upgrade = plan.as_ref().map(|_| hyper::upgrade::on(&mut resp));
     let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(DECISION_HEADER);
+    relayed_parts(&mut parts);
     if let (Some((switch, plan, client)), Some(upstream_upgrade)) = (plan, upstream_upgrade) {
         match upgrade::switched(&mut parts, switch, &plan) {
             Ok(true) => {
@@ -387,26 +400,6 @@ pub(super) fn refused_h2(
         };
         record::deny(&shared, &ctx, Protocol::Tls, &label, denial);
     })
-}
-
-/// `req` with its trailer fields checked for the authority's placeholders; a refused one
-/// is logged as this request's `credential_misuse` line.
-fn check_trailers(
-    req: Request<Incoming>,
-    asking: &Asking,
-    env: &Env,
-) -> (Request<CheckedBody>, TrailerVerdict) {
-    let (shared, ctx, label, request) = (
-        Arc::clone(&env.shared),
-        asking.ctx.clone(),
-        env.label.clone(),
-        asking.request.clone(),
-    );
-    let (parts, body) = req.into_parts();
-    let (body, verdict) = CheckedBody::new(body, &asking.authority, &env.target, move |denial| {
-        record::tls_request(&shared, &ctx, &label, &request, Err(denial), Vec::new());
-    });
-    (Request::from_parts(parts, body), verdict)
 }
 
 fn empty_body() -> Body {

@@ -1,7 +1,8 @@
 //! Protocol switches inside a terminated tunnel: an HTTP/1.1 `Upgrade` (RFC 9110 section
 //! 7.8; `websocket`, RFC 6455 section 4) and an HTTP/2 extended CONNECT (RFC 8441 section
 //! 4: `:method CONNECT` with `:protocol`). The request is judged like any request by
-//! `super::tls` (host, request rules, credentials); this file says which switches are
+//! `super::request` (the tunnel host, then `crate::request::judge`: request rules,
+//! credentials); this file says which switches are
 //! asked for ([`requested`], the one parser of a request's `Upgrade`/`:protocol`, pure so
 //! that it can be fuzzed), how the upstream request carries it ([`plan`], [`prepare`]: as
 //! asked, or an extended CONNECT translated to an HTTP/1.1 upgrade, RFC 8441 section 5),

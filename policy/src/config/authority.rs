@@ -286,20 +286,7 @@ impl Validator<'_> {
         };
 
         let limits = self.authority_limits(raw, label);
-        let node = match &raw.node {
-            None => Placement::Fleet,
-            Some(n) => match Placement::parse(n.get_ref()) {
-                Ok(p) => p,
-                Err(why) => {
-                    self.error(
-                        Some(n.span()),
-                        label,
-                        format!("node: {why}; or \"*\" for every replica"),
-                    );
-                    Placement::Fleet
-                }
-            },
-        };
+        let node = self.placement(raw, label);
         let grant = grant?;
         let credentials = self.credentials(raw, label, &grant);
         self.unreachable_policy(raw, label, &grant, &credentials);
@@ -314,6 +301,22 @@ impl Validator<'_> {
             watchdog,
             limits,
             node,
+        })
+    }
+
+    /// An authority's `node`: `"*"` when absent, or when it is not a node name (then
+    /// reported with its location; the file does not load).
+    fn placement(&mut self, raw: &RawAuthority, label: &str) -> Placement {
+        let Some(n) = &raw.node else {
+            return Placement::Fleet;
+        };
+        Placement::parse(n.get_ref()).unwrap_or_else(|why| {
+            self.error(
+                Some(n.span()),
+                label,
+                format!("node: {why}; or \"*\" for every replica"),
+            );
+            Placement::Fleet
         })
     }
 
@@ -540,7 +543,7 @@ fn strip_location(message: &str, origin: &str, label: &str) -> String {
 
 /// Parses a socket mode: 3 or 4 octal digits, no setuid/setgid/sticky bits, no bits for
 /// "others".
-pub(super) fn parse_mode(s: &str) -> Result<u32, ValueError> {
+pub(crate) fn parse_mode(s: &str) -> Result<u32, ValueError> {
     if !(3..=4).contains(&s.len()) || !s.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
         return Err(ValueError::ModeDigits);
     }

@@ -41,6 +41,7 @@ use raw::{
 };
 use validate::{Ctx, Validator};
 
+pub(crate) use authority::parse_mode;
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{
     Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
@@ -308,19 +309,7 @@ impl Validator<'_> {
     /// its defaults), then the checks that span sections. `None` when a section could not
     /// be read at all; every problem is reported either way.
     fn document(&mut self, root: &DeTable<'_>) -> Option<Config> {
-        for (key, _) in root.iter() {
-            if !TOP_LEVEL_KEYS.contains(&key.get_ref().as_ref()) {
-                self.error(
-                    Some(key.span()),
-                    "",
-                    format!(
-                        "unknown top-level key {:?}; expected one of {}",
-                        key.get_ref(),
-                        TOP_LEVEL_KEYS.join(", ")
-                    ),
-                );
-            }
-        }
+        self.top_level_keys(root);
         let section = |name: &str| root.get(name);
 
         let listen = match section("listen") {
@@ -408,5 +397,22 @@ impl Validator<'_> {
             global_deny,
             warnings: Vec::new(),
         })
+    }
+
+    /// Every top-level key is a known section.
+    fn top_level_keys(&mut self, root: &DeTable<'_>) {
+        for (key, _) in root.iter() {
+            if !TOP_LEVEL_KEYS.contains(&key.get_ref().as_ref()) {
+                self.error(
+                    Some(key.span()),
+                    "",
+                    format!(
+                        "unknown top-level key {:?}; expected one of {}",
+                        key.get_ref(),
+                        TOP_LEVEL_KEYS.join(", ")
+                    ),
+                );
+            }
+        }
     }
 }

@@ -169,76 +169,79 @@ impl Default for Upstream {
 
 impl Validator<'_> {
     /// Validates `[upstream]`: the mode, the keys that belong to it (a key of another mode
-    /// is an error, not ignored), and the tuning values' ranges.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "every key of [upstream] checked in the order the reference lists them"
-    )]
+    /// is an error, not ignored), and the tuning values' ranges, in the order the
+    /// reference lists them.
     pub(super) fn upstream(&mut self, raw: RawUpstream) -> Upstream {
-        let what = "[upstream]";
-        let mode = match &raw.mode {
-            None => UpstreamMode::Direct,
-            Some(m) => match UpstreamMode::ALL.iter().find(|v| v.as_str() == m.get_ref()) {
-                Some(mode) => *mode,
-                None => {
-                    self.error(
-                        Some(m.span()),
-                        what,
-                        format!(
-                            "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\", \"system\"",
-                            m.get_ref()
-                        ),
-                    );
-                    UpstreamMode::Direct
-                }
-            },
-        };
+        let mode = self.upstream_mode(&raw);
         let mut out = Upstream {
             mode,
             pin_through_parent: raw.pin_through_parent.unwrap_or(true),
             ..Upstream::default()
         };
-        let nonempty_list = |l: &Option<Spanned<Vec<Spanned<String>>>>| {
-            l.as_ref()
-                .filter(|p| !p.get_ref().is_empty())
-                .map(Spanned::span)
-        };
-        let nonempty_str = |v: &Option<Spanned<String>>| {
-            v.as_ref()
-                .filter(|p| !p.get_ref().is_empty())
-                .map(Spanned::span)
-        };
+        self.parents(&raw, mode, &mut out);
+        self.pac(&raw, mode, &mut out);
+        self.system_sources(&raw, mode, &mut out);
+        self.parent_auth(&raw, &mut out);
+        self.upstream_tuning(&raw, &mut out);
+        out
+    }
 
-        // parents: mode = "parent" only, and then required.
-        if mode == UpstreamMode::Parent {
-            let list = raw.parents.as_ref().map(|p| p.get_ref().as_slice());
-            if list.is_none_or(<[_]>::is_empty) {
+    /// `mode`: one of the contract's names (`direct` when absent).
+    fn upstream_mode(&mut self, raw: &RawUpstream) -> UpstreamMode {
+        let Some(m) = &raw.mode else {
+            return UpstreamMode::Direct;
+        };
+        if let Some(mode) = UpstreamMode::ALL.iter().find(|v| v.as_str() == m.get_ref()) {
+            return *mode;
+        }
+        self.error(
+            Some(m.span()),
+            UPSTREAM,
+            format!(
+                "unknown mode {:?}; expected one of \"direct\", \"parent\", \"env\", \"pac\", \"system\"",
+                m.get_ref()
+            ),
+        );
+        UpstreamMode::Direct
+    }
+
+    /// `parents`: `mode = "parent"` only, and then required.
+    fn parents(&mut self, raw: &RawUpstream, mode: UpstreamMode, out: &mut Upstream) {
+        let what = UPSTREAM;
+        if mode != UpstreamMode::Parent {
+            if let Some(span) = nonempty_list(&raw.parents) {
                 self.error(
-                    raw.mode.as_ref().map(Spanned::span),
+                    Some(span),
                     what,
-                    "mode = \"parent\" needs parents = [\"http://host:port\", ...]",
+                    format!("parents is only used with mode = \"parent\", not \"{mode}\""),
                 );
             }
-            for p in list.unwrap_or_default() {
-                match parse_parent_url(p.get_ref(), ParentSyntax::Config) {
-                    Ok(url) => out.parents.push(url),
-                    Err(why) => self.error(
-                        Some(p.span()),
-                        what,
-                        format!("parent {}: {why}", redact(p.get_ref())),
-                    ),
-                }
-            }
-        } else if let Some(span) = nonempty_list(&raw.parents) {
+            return;
+        }
+        let list = raw.parents.as_ref().map(|p| p.get_ref().as_slice());
+        if list.is_none_or(<[_]>::is_empty) {
             self.error(
-                Some(span),
+                raw.mode.as_ref().map(Spanned::span),
                 what,
-                format!("parents is only used with mode = \"parent\", not \"{mode}\""),
+                "mode = \"parent\" needs parents = [\"http://host:port\", ...]",
             );
         }
+        for p in list.unwrap_or_default() {
+            match parse_parent_url(p.get_ref(), ParentSyntax::Config) {
+                Ok(url) => out.parents.push(url),
+                Err(why) => self.error(
+                    Some(p.span()),
+                    what,
+                    format!("parent {}: {why}", redact(p.get_ref())),
+                ),
+            }
+        }
+    }
 
-        // pac: mode = "pac" only; allowed_parents, pac_fetch_via: "pac" and "system" (whose
-        // settings may name a PAC).
+    /// `pac`: `mode = "pac"` only; `allowed_parents`, `pac_fetch_via`: `"pac"` and
+    /// `"system"` (whose settings may name a PAC).
+    fn pac(&mut self, raw: &RawUpstream, mode: UpstreamMode, out: &mut Upstream) {
+        let what = UPSTREAM;
         if mode == UpstreamMode::Pac {
             match raw.pac.as_ref().filter(|p| !p.get_ref().is_empty()) {
                 None => self.error(
@@ -262,39 +265,7 @@ impl Validator<'_> {
                 format!("pac is only used with mode = \"pac\", not \"{mode}\""),
             );
         }
-        if mode.may_use_pac() {
-            let list = raw.allowed_parents.as_ref().map(|p| p.get_ref().as_slice());
-            for p in list.unwrap_or_default() {
-                match parse_authority_form(p.get_ref()) {
-                    Ok(t) => out.allowed_parents.push(t),
-                    Err(e) => self.error(
-                        Some(p.span()),
-                        what,
-                        format!("allowed_parents entry: {e}; write \"host:port\""),
-                    ),
-                }
-            }
-            if let Some(v) = &raw.pac_fetch_via {
-                match parse_parent_url(v.get_ref(), ParentSyntax::Config) {
-                    Ok(url)
-                        if mode == UpstreamMode::System
-                            || matches!(out.pac, Some(PacSource::Url(_))) =>
-                    {
-                        out.pac_fetch_via = Some(url);
-                    }
-                    Ok(_) => self.error(
-                        Some(v.span()),
-                        what,
-                        "pac_fetch_via is only used when pac is an http(s):// URL",
-                    ),
-                    Err(why) => self.error(
-                        Some(v.span()),
-                        what,
-                        format!("pac_fetch_via {}: {why}", redact(v.get_ref())),
-                    ),
-                }
-            }
-        } else {
+        if !mode.may_use_pac() {
             for (key, span) in [
                 ("allowed_parents", nonempty_list(&raw.allowed_parents)),
                 ("pac_fetch_via", nonempty_str(&raw.pac_fetch_via)),
@@ -309,10 +280,44 @@ impl Validator<'_> {
                     );
                 }
             }
+            return;
         }
-        self.system_sources(&raw, mode, &mut out);
-        self.parent_auth(&raw, &mut out);
+        let list = raw.allowed_parents.as_ref().map(|p| p.get_ref().as_slice());
+        for p in list.unwrap_or_default() {
+            match parse_authority_form(p.get_ref()) {
+                Ok(t) => out.allowed_parents.push(t),
+                Err(e) => self.error(
+                    Some(p.span()),
+                    what,
+                    format!("allowed_parents entry: {e}; write \"host:port\""),
+                ),
+            }
+        }
+        if let Some(v) = &raw.pac_fetch_via {
+            match parse_parent_url(v.get_ref(), ParentSyntax::Config) {
+                Ok(url)
+                    if mode == UpstreamMode::System
+                        || matches!(out.pac, Some(PacSource::Url(_))) =>
+                {
+                    out.pac_fetch_via = Some(url);
+                }
+                Ok(_) => self.error(
+                    Some(v.span()),
+                    what,
+                    "pac_fetch_via is only used when pac is an http(s):// URL",
+                ),
+                Err(why) => self.error(
+                    Some(v.span()),
+                    what,
+                    format!("pac_fetch_via {}: {why}", redact(v.get_ref())),
+                ),
+            }
+        }
+    }
 
+    /// The tuning values (each in its range), `pac_on_error`, `parent_credentials_file`.
+    fn upstream_tuning(&mut self, raw: &RawUpstream, out: &mut Upstream) {
+        let what = UPSTREAM;
         let mut range = |v: &Option<Spanned<u64>>, key: &str, min: u64, max: u64| {
             let v = v.as_ref()?;
             let n = *v.get_ref();
@@ -326,24 +331,16 @@ impl Validator<'_> {
             }
             Some(n)
         };
-        if let Some(n) = range(
-            &raw.parent_retry_secs,
-            "parent_retry_secs",
-            0,
-            MAX_TIMEOUT_SECS,
-        ) {
-            out.parent_retry = Duration::from_secs(n);
+        let secs = |n: Option<u64>| n.map(Duration::from_secs);
+        let max = MAX_TIMEOUT_SECS;
+        if let Some(d) = secs(range(&raw.parent_retry_secs, "parent_retry_secs", 0, max)) {
+            out.parent_retry = d;
         }
-        if let Some(n) = range(&raw.pac_cache_secs, "pac_cache_secs", 0, MAX_TIMEOUT_SECS) {
-            out.pac_cache = Duration::from_secs(n);
+        if let Some(d) = secs(range(&raw.pac_cache_secs, "pac_cache_secs", 0, max)) {
+            out.pac_cache = d;
         }
-        if let Some(n) = range(
-            &raw.pac_refresh_secs,
-            "pac_refresh_secs",
-            0,
-            MAX_TIMEOUT_SECS,
-        ) {
-            out.pac_refresh = Duration::from_secs(n);
+        if let Some(d) = secs(range(&raw.pac_refresh_secs, "pac_refresh_secs", 0, max)) {
+            out.pac_refresh = d;
         }
         if let Some(n) = range(&raw.pac_budget_ms, "pac_budget_ms", 1, 10_000) {
             out.pac_budget = Duration::from_millis(n);
@@ -374,8 +371,24 @@ impl Validator<'_> {
                 );
             }
         }
-        out
     }
+}
+
+/// Where `[upstream]` errors are located.
+const UPSTREAM: &str = "[upstream]";
+
+/// The span of a list that is set and not empty.
+fn nonempty_list(l: &Option<Spanned<Vec<Spanned<String>>>>) -> Option<std::ops::Range<usize>> {
+    l.as_ref()
+        .filter(|p| !p.get_ref().is_empty())
+        .map(Spanned::span)
+}
+
+/// The span of a string that is set and not empty.
+fn nonempty_str(v: &Option<Spanned<String>>) -> Option<std::ops::Range<usize>> {
+    v.as_ref()
+        .filter(|p| !p.get_ref().is_empty())
+        .map(Spanned::span)
 }
 
 impl Validator<'_> {
@@ -443,10 +456,10 @@ impl Validator<'_> {
         out.system.kioslaverc = paths(&raw.kioslaverc_files, "kioslaverc_files");
     }
 
-    /// `parent_auth = { "host:port" = "negotiate" }`, the `kerberos_*` keys and
+    /// `parent_auth = { "host:port" = "negotiate" }`, then the `kerberos_*` keys and
     /// `gssapi_library`.
     fn parent_auth(&mut self, raw: &RawUpstream, out: &mut Upstream) {
-        let what = "[upstream]";
+        let what = UPSTREAM;
         let mut entries: Vec<_> = raw.parent_auth.iter().flatten().collect();
         entries.sort_by_key(|(k, _)| k.span().start);
         for (key, value) in entries {
@@ -497,6 +510,12 @@ impl Validator<'_> {
         {
             via.auth = *auth;
         }
+        self.kerberos(raw, out);
+    }
+
+    /// `kerberos_ccache`, `kerberos_keytab`, `gssapi_library`.
+    fn kerberos(&mut self, raw: &RawUpstream, out: &mut Upstream) {
+        let what = UPSTREAM;
         let text = |v: &Option<Spanned<String>>, key: &str, this: &mut Self| -> Option<String> {
             let v = v.as_ref()?;
             let s = v.get_ref();

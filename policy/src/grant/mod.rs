@@ -16,7 +16,7 @@ use ipnet::IpNet;
 use crate::decision::{Decision, Reason};
 use crate::error::{PatternError, PolicyError, ValueError};
 use crate::host::Target;
-use crate::pattern::{HostPattern, PatternKind, PatternUse, parse_entry};
+use crate::pattern::{HostPattern, PatternUse, parse_entry};
 
 /// The unvalidated description of a grant, as written in configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -87,33 +87,6 @@ pub enum Advice {
     /// Whoever runs the shim in embedded mode, whose grant is its flags: hints name the
     /// flags (`add --allow h:443 to the shim command`).
     ShimFlags,
-}
-
-/// Whether `outer` (a `tls_terminate` pattern) matches every target `inner` can match.
-fn pattern_covers(outer: &HostPattern, inner: &HostPattern) -> bool {
-    let port_ok = match (outer.port, inner.port) {
-        (None, _) => true,
-        (Some(o), Some(i)) => o == i,
-        (Some(_), None) => false,
-    };
-    let host_ok = match (&outer.kind, &inner.kind) {
-        (_, PatternKind::Exact(h)) => outer.matches_host(h),
-        (PatternKind::Suffix(o), PatternKind::Suffix(i)) => {
-            i == o
-                || (i.len() > o.len() + 1
-                    && i.ends_with(o.as_str())
-                    && i.as_bytes()[i.len() - o.len() - 1] == b'.')
-        }
-        (PatternKind::Net(o), PatternKind::Net(i)) => o.contains(i),
-        (PatternKind::Any, _) => true,
-        // A wildcard, CIDR or `*` is never covered by a narrower kind, nor by another
-        // kind (a name pattern never matches an IP literal, nor a CIDR a name).
-        (
-            PatternKind::Exact(_) | PatternKind::Suffix(_) | PatternKind::Net(_),
-            PatternKind::Suffix(_) | PatternKind::Net(_) | PatternKind::Any,
-        ) => false,
-    };
-    port_ok && host_ok
 }
 
 /// One authority's immutable grant. Built only by [`Grant::new`] from a validated spec.
@@ -521,7 +494,7 @@ impl Grant {
             .filter_map(|(i, a)| {
                 self.deny
                     .iter()
-                    .find(|d| pattern_covers(d, a))
+                    .find(|d| d.covers(a))
                     .map(|d| (i, d.source.as_str()))
             })
             .collect()
@@ -532,7 +505,7 @@ impl Grant {
     pub(crate) fn reaches(&self, pattern: &HostPattern) -> bool {
         self.allow
             .iter()
-            .any(|a| pattern_covers(a, pattern) || pattern_covers(pattern, a))
+            .any(|a| a.covers(pattern) || pattern.covers(a))
     }
 
     /// The host patterns of the request rules, by 0-based index.
@@ -543,9 +516,7 @@ impl Grant {
     /// Whether every target `pattern` can match is terminated (covered by a
     /// `tls_terminate` pattern).
     pub(crate) fn terminates_pattern(&self, pattern: &HostPattern) -> bool {
-        self.tls_terminate
-            .iter()
-            .any(|t| pattern_covers(t, pattern))
+        self.tls_terminate.iter().any(|t| t.covers(pattern))
     }
 
     /// Whether the grant terminates TLS for any host (`tls_terminate` is not empty).
@@ -574,6 +545,43 @@ impl Grant {
     pub fn allow_private(&self) -> &[IpNet] {
         &self.allow_private
     }
+
+    /// The allow entries, parsed (for `crate::review`).
+    pub(crate) fn allow_patterns(&self) -> &[HostPattern] {
+        &self.allow
+    }
+
+    /// Every deny entry, parsed: the grant's own, then the global ones.
+    pub(crate) fn deny_patterns(&self) -> &[HostPattern] {
+        &self.deny
+    }
+
+    /// The grant's own deny entries (not `[global] deny`), each with its operator reason.
+    pub(crate) fn own_deny(&self) -> impl Iterator<Item = (&HostPattern, Option<&str>)> {
+        self.deny_with_reasons().take(self.global_deny_from)
+    }
+
+    /// The `[global] deny` entries folded into the grant, each with its operator reason.
+    pub(crate) fn global_deny(&self) -> impl Iterator<Item = (&HostPattern, Option<&str>)> {
+        self.deny_with_reasons().skip(self.global_deny_from)
+    }
+
+    fn deny_with_reasons(&self) -> impl Iterator<Item = (&HostPattern, Option<&str>)> {
+        self.deny
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p, self.deny_reasons.get(i).and_then(|r| r.as_deref())))
+    }
+
+    /// The `tls_terminate` patterns, parsed.
+    pub(crate) fn tls_patterns(&self) -> &[HostPattern] {
+        &self.tls_terminate
+    }
+
+    /// The operator's words for a host outside the grant, if any.
+    pub(crate) fn default_deny_reason(&self) -> Option<&str> {
+        self.default_deny_reason.as_deref()
+    }
 }
 
 mod index;
@@ -581,9 +589,9 @@ mod rules;
 mod vet;
 
 use index::RuleIndex;
-pub(crate) use rules::RequestRule;
 pub use rules::RequestRuleSpec;
 use rules::build_request_rules;
+pub(crate) use rules::{RequestRule, path_has_prefix};
 pub use vet::{OwnAddrs, Pin};
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use crate::error::RuleError;
 use std::collections::BTreeSet;
 
-use super::{EntryError, Grant, GrantField, pattern_covers};
+use super::{EntryError, Grant, GrantField};
 use crate::decision::{Decision, Reason};
 use crate::host::Target;
 use crate::pattern::{HostPattern, PatternUse};
@@ -55,7 +55,7 @@ pub(crate) struct RequestRule {
 }
 
 impl RequestRule {
-    pub(super) fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("request_rule[{}] {}", self.position, self.host.source)
     }
 
@@ -150,7 +150,7 @@ impl RequestRule {
         None
     }
 
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let methods = if self.methods.is_empty() {
             "any method".to_owned()
         } else {
@@ -188,7 +188,7 @@ pub(super) fn other_upgrade<'a>(facts: &RequestFacts<'a>) -> Option<&'a UpgradeT
 }
 
 /// Whether `path` is under `prefix`: equal, or continuing it at a `/`.
-pub(super) fn path_has_prefix(path: &str, prefix: &str) -> bool {
+pub(crate) fn path_has_prefix(path: &str, prefix: &str) -> bool {
     path.strip_prefix(prefix)
         .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
 }
@@ -300,9 +300,8 @@ pub(super) fn check_path_prefix(p: &str) -> Result<(), RuleError> {
 }
 
 impl Grant {
-    /// The per-request rules, in grant order (for the config tests; the mediator asks
-    /// [`Grant::decide_request`]).
-    #[cfg(test)]
+    /// The per-request rules, in grant order (for the config tests and `crate::review`;
+    /// the mediator asks [`Grant::decide_request`]).
     pub(crate) fn request_rules(&self) -> &[RequestRule] {
         &self.request_rules
     }
@@ -437,7 +436,7 @@ pub(super) fn build_request_rules(
             }
         };
         let mut ok = true;
-        if !tls_terminate.iter().any(|t| pattern_covers(t, &host)) {
+        if !tls_terminate.iter().any(|t| t.covers(&host)) {
             fail(format!(
                 "host {:?} is not covered by tls_terminate, so the rule could not be enforced inside its TLS tunnels; add {:?} to tls_terminate",
                 spec.host, spec.host

@@ -14,6 +14,9 @@
 
 mod capture;
 mod fs;
+mod handoff;
+mod ids;
+mod janitor;
 mod landlock;
 mod notify;
 mod seccomp;
@@ -40,8 +43,8 @@ use crate::cli::Degradation;
 use crate::error::{Error, Result};
 use crate::report::warn_tampering;
 use crate::sandbox::{
-    Backend, CaptureJob, CaptureState, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE,
-    Handoff, Job, Outcome,
+    Backend, CaptureJob, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE, Handoff, Job,
+    Outcome,
 };
 
 /// Signals the shim and the inner init forward to the command.
@@ -69,8 +72,8 @@ struct InnerPlan {
     fs: fs::FsPlan,
     filters: seccomp::Filters,
     landlock: bool,
-    uid: u32,
-    gid: u32,
+    /// Who the command is inside and on the host.
+    identity: ids::Identity,
     cwd: PathBuf,
     program: CString,
     args: Vec<CString>,
@@ -98,9 +101,22 @@ impl Backend for Linux {
         sys::probe_fd(fd)
     }
 
+    fn command_uid(&self, allow_degraded: &[Degradation]) -> u32 {
+        ids::Identity::of_caller(allow_degraded).outside().uid
+    }
+
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
         if job.capture.is_some() {
             sys::large_allocations_by_mmap();
+        }
+        let identity = ids::Identity::of_caller(job.allow_degraded);
+        if identity.is_mapped()
+            && let Some(t) = job.trust
+        {
+            // A stranger's command must be able to enter it (its files are mode 0444).
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(t.dir(), std::fs::Permissions::from_mode(0o711))
+                .map_err(|e| Error::io(format!("open {} to the command", t.dir().display()), e))?;
         }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
@@ -112,7 +128,7 @@ impl Backend for Linux {
             job.deny_read,
             job.allow_read,
             &read_only,
-            home.as_deref(),
+            (home.as_deref(), identity.is_mapped()),
             &mut plan,
         );
         let placeholders = plan.placeholders.clone();
@@ -124,7 +140,7 @@ impl Backend for Linux {
         };
         let janitor = match &planned {
             Ok(()) if !placeholders.is_empty() || !watch.is_empty() || job.trust.is_some() => {
-                match spawn_janitor(&placeholders, &watch, job.trust) {
+                match janitor::spawn_janitor(&placeholders, &watch, job.trust) {
                     Ok(w) => Some(w),
                     Err(e) => {
                         cleanup();
@@ -135,7 +151,7 @@ impl Backend for Linux {
             _ => None,
         };
         let ca = job.trust.map(TrustFiles::files);
-        let result = planned.and_then(|()| run_planned(job, plan, ca, serve));
+        let result = planned.and_then(|()| run_planned(job, (plan, identity), ca, serve));
         cleanup();
         if let Some(w) = janitor {
             // Tell the janitor the placeholders are handled: a later run may already have
@@ -148,7 +164,7 @@ impl Backend for Linux {
 
 fn run_planned(
     job: &Job<'_>,
-    fs_plan: fs::FsPlan,
+    (fs_plan, identity): (fs::FsPlan, ids::Identity),
     ca: Option<crate::env::CaFiles>,
     serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<Outcome> {
@@ -157,6 +173,9 @@ fn run_planned(
     let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
     let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    if identity.is_mapped() {
+        ids::check_working_directory(&cwd, &fs_plan.writable_roots)?;
+    }
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -176,24 +195,11 @@ fn run_planned(
         fs: fs_plan,
         filters,
         landlock: !job.degraded(Degradation::Landlock),
-        uid: nix::unistd::geteuid().as_raw(),
-        gid: nix::unistd::getegid().as_raw(),
+        identity,
         cwd,
         program,
         args,
-        // A credential's variable holds its placeholder, whatever the caller's value was,
-        // and no credential's secret_env is inherited.
-        env: std::env::vars_os()
-            .filter(|(k, _)| {
-                !job.child_env.iter().any(|(n, _)| k == n.as_str())
-                    && !job.hidden_env.iter().any(|n| k == n.as_str())
-            })
-            .chain(
-                job.child_env
-                    .iter()
-                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-            )
-            .collect(),
+        env: inherited_env(job),
         ca,
         capture: job.capture,
         handoff: inner,
@@ -231,8 +237,15 @@ fn run_planned(
         }
         Err(e) => return Err(Error::sys("clone into new namespaces", e)),
     };
+    // Root's command: init waits for its maps and the idmapped writable roots.
+    let mapped = match inner_plan.as_ref() {
+        Some(p) if identity.is_mapped() => {
+            ids::map_from_outside(init, identity, &p.fs, outer.as_fd())
+        }
+        _ => Ok(()),
+    };
     drop(inner_plan);
-    if let Err(e) = start_supervisor(notify_outer, job) {
+    if let Err(e) = mapped.and_then(|()| start_supervisor(notify_outer, job)) {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(init, None);
         return Err(e);
@@ -243,9 +256,8 @@ fn run_planned(
     // why, and its status says how it ended.
     let mut payload = [0u8; 1024];
     let received = sys::recv_fds(outer.as_fd(), &mut payload);
-    drop(outer);
     if let Ok(Some((fds, n))) = received
-        && let Err(e) = handoff_of(fds, &payload[..n]).and_then(serve)
+        && let Err(e) = handoff::handoff_of(fds, &payload[..n]).and_then(serve)
     {
         // The command may already run: stop the whole sandbox.
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
@@ -254,13 +266,33 @@ fn run_planned(
     }
 
     let exit_status = supervise(init, &mask);
+    // Held until now: init takes a hang-up on it for the shim's death (ids.rs).
+    drop(outer);
     // The sandbox is gone: nothing can create the watched paths any more.
     let tampering = fs::quarantine(&watch);
     warn_tampering(&tampering);
     Ok(Outcome {
         exit_status,
         tampering,
+        runs_as: identity.outside(),
     })
+}
+
+/// The caller's environment as the command inherits it: a credential's variable holds
+/// its placeholder, whatever the caller's value was, and no credential's `secret_env` is
+/// inherited.
+fn inherited_env(job: &Job<'_>) -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| {
+            !job.child_env.iter().any(|(n, _)| k == n.as_str())
+                && !job.hidden_env.iter().any(|n| k == n.as_str())
+        })
+        .chain(
+            job.child_env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        )
+        .collect()
 }
 
 /// The command's half of the violation channel: the notification filter it installs,
@@ -340,43 +372,6 @@ fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
     crate::violations::Walls::new(entries)
 }
 
-/// What init handed over: `[listener, tun?]`, and the payload `port (2 bytes), capture
-/// state (0 off, 1 up, 2 unavailable), why it is unavailable (UTF-8)`.
-fn handoff_of(fds: Vec<OwnedFd>, payload: &[u8]) -> Result<Handoff> {
-    let bad = || Error::Usage("the sandbox's hand-off message is malformed".into());
-    let mut fds = fds.into_iter();
-    let listener = TcpListener::from(fds.next().ok_or_else(bad)?);
-    let capture = match (payload.get(2), fds.next()) {
-        (Some(1), Some(tun)) => CaptureState::Up(tun),
-        (Some(2), None) => CaptureState::Unavailable(
-            String::from_utf8_lossy(payload.get(3..).unwrap_or_default()).into_owned(),
-        ),
-        (Some(0), None) => CaptureState::Off,
-        _ => return Err(bad()),
-    };
-    Ok(Handoff { listener, capture })
-}
-
-/// The payload of the hand-off (see [`handoff_of`]).
-// `capture`'s `String` is the reason capture degraded, said once on stderr.
-fn handoff_payload(port: u16, capture: &std::result::Result<Option<OwnedFd>, String>) -> Vec<u8> {
-    let mut p = port.to_be_bytes().to_vec();
-    match capture {
-        Ok(None) => p.push(0),
-        Ok(Some(_)) => p.push(1),
-        Err(why) => {
-            p.push(2);
-            // The receive buffer is 1 KiB.
-            let mut end = why.len().min(1000);
-            while !why.is_char_boundary(end) {
-                end -= 1;
-            }
-            p.extend_from_slice(&why.as_bytes()[..end]);
-        }
-    }
-    p
-}
-
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
     let to_c = |s: &OsString| {
         CString::new(s.as_bytes())
@@ -409,62 +404,6 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
     }
 }
 
-/// A process outside the sandbox that removes the placeholders and the CA files if the
-/// shim dies without doing it (SIGKILL). It waits for EOF on a pipe whose only writer is
-/// the shim.
-fn spawn_janitor(
-    placeholders: &[Placeholder],
-    watch: &[fs::Watch],
-    trust: Option<&TrustFiles>,
-) -> Result<OwnedFd> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| Error::sys("janitor pipe", e))?;
-    match sys::fork_process().map_err(|e| Error::sys("fork the janitor", e))? {
-        Some(_) => {
-            drop(r);
-            Ok(w)
-        }
-        None => {
-            drop(w);
-            let _ = nix::unistd::setsid();
-            for s in FORWARDED {
-                sys::ignore_signal(*s);
-            }
-            let _ = SigSet::all().thread_unblock();
-            let _ = sys::close_fds_except(&[r.as_raw_fd()]);
-            // Hold none of the caller's stdio: a reader waiting for EOF on the shim's
-            // output must not wait for the janitor.
-            if let Ok(null) = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/null")
-            {
-                for fd in 0..3 {
-                    let _ = sys::dup_onto(null.as_fd(), fd);
-                }
-            }
-            let mut b = [0u8; 1];
-            loop {
-                match nix::unistd::read(&r, &mut b) {
-                    Err(Errno::EINTR) => {}
-                    Ok(0) => break, // the shim died: clean up for it
-                    Ok(_) | Err(_) => sys::exit_now(0), // the shim cleaned up itself
-                }
-            }
-            // The shim is gone (or done); the sandbox dies with it (PR_SET_PDEATHSIG), and
-            // removing a path that is a mount point in another namespace only detaches it.
-            let _ = fs::quarantine(watch);
-            for p in placeholders.iter().rev() {
-                p.remove();
-            }
-            if let Some(t) = trust {
-                t.remove();
-            }
-            sys::exit_now(0)
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Inside: PID 1 of the new namespaces.
 
@@ -478,20 +417,13 @@ fn inner_main(plan: InnerPlan) -> i32 {
     }
 }
 
-fn write_file(path: &str, content: &str) -> Result<()> {
-    std::fs::write(path, content).map_err(|e| Error::io(format!("write {path}"), e))
-}
-
 fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     // If the shim dies, so does init, and with it every process in the PID namespace.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| Error::sys("PR_SET_PDEATHSIG", e))?;
     nix::unistd::setsid().map_err(|e| Error::sys("setsid", e))?;
 
-    // Map our own uid/gid only (what an unprivileged process may do; the same as root).
-    write_file("/proc/self/setgroups", "deny")?;
-    write_file("/proc/self/uid_map", &format!("{0} {0} 1\n", plan.uid))?;
-    write_file("/proc/self/gid_map", &format!("{0} {0} 1\n", plan.gid))?;
+    let copies = ids::settle_inside(plan.identity, plan.handoff.as_fd(), &plan.fs)?;
 
     // Loopback up, the proxy listener bound on it and handed to the outer shim.
     let probe = nix::sys::socket::socket(
@@ -521,7 +453,7 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             Err(e) => Err(e.to_string()),
         },
     };
-    let payload = handoff_payload(port, &tun);
+    let payload = handoff::handoff_payload(port, &tun);
     let mut fds = vec![listener.as_fd()];
     if let Ok(Some(t)) = &tun {
         fds.push(t.as_fd());
@@ -532,7 +464,7 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     drop(listener);
     drop(plan.handoff);
 
-    fs::apply(&plan.fs)?;
+    fs::apply(&plan.fs, copies)?;
     if let (Ok(Some(_)), Some(c)) = (&tun, &plan.capture) {
         // The stub resolver, read-only like the rest of the tree.
         fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
@@ -549,6 +481,10 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
             CString::new(kv).ok()
         })
         .collect();
+
+    // Init's memory (the caller's whole environment among it) is never the command's to
+    // read: not dumpable before the command exists (its execve makes it dumpable again).
+    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
 
     // The command.
     let notify = plan.notify.take();
@@ -575,7 +511,6 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     // Only the command sends the listener; init's copy would keep the shim waiting.
     drop(notify);
     // Init keeps no privilege it does not need to reap and forward signals.
-    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
     sys::drop_all_capabilities().map_err(|e| Error::sys("drop init's capabilities", e))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
 

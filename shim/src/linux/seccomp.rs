@@ -4,9 +4,13 @@
 //! (host daemons; unless allowed), AF_VSOCK (the hypervisor), io_uring (a second syscall
 //! path that seccomp cannot see), ptrace and cross-process memory access, every namespace
 //! and mount system call, `clone` with namespace flags, kernel keyrings, BPF and perf,
-//! and `TIOCSTI`/`TIOCLINUX` terminal injection. `clone3` returns `ENOSYS`, because its
-//! flags sit in memory a filter cannot read; libc then falls back to `clone`. Any syscall
-//! from a foreign architecture (i386 `int 0x80`, x32) kills the process.
+//! and `TIOCSTI`/`TIOCLINUX` terminal injection; and setting a file's set-user-ID or
+//! set-group-ID bit (a file the command makes in a writable root is the caller's on disk,
+//! root's when root runs the shim: a set-user-ID copy of a shell there would be a way to
+//! root for anyone on the host). `clone3` and `openat2` return `ENOSYS`, because their
+//! flags (and `openat2`'s mode) sit in memory a filter cannot read; libc then falls back
+//! to `clone` and `openat`. Any syscall from a foreign architecture (i386 `int 0x80`,
+//! x32) kills the process.
 
 use std::collections::BTreeMap;
 
@@ -121,6 +125,9 @@ pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
         })
         .collect::<Result<Vec<_>>>()?;
     eperm.insert(libc::SYS_clone, clone_rules);
+    for (nr, rules) in setid_rules()? {
+        eperm.insert(nr, rules);
+    }
     eperm.insert(
         libc::SYS_ioctl,
         vec![
@@ -147,6 +154,7 @@ pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
     .map_err(|e| Error::Seccomp(e.to_string()))?;
     let mut enosys = BTreeMap::new();
     enosys.insert(libc::SYS_clone3, Vec::new());
+    enosys.insert(libc::SYS_openat2, Vec::new());
     let clone3 = SeccompFilter::new(
         enosys,
         SeccompAction::Allow,
@@ -162,6 +170,47 @@ pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
         .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
     prepend_x32_check(&mut deny);
     Ok(Filters(vec![deny, clone3]))
+}
+
+/// The rules that refuse a set-user-ID or set-group-ID bit: in the mode of the `chmod`
+/// family, and in the mode of a call that creates a file (`open` and `openat` with
+/// `O_CREAT` or `O_TMPFILE`, `creat`, `mknod`). Modes are `mode_t` (32 bits) and flags
+/// `int`: compared on their low 32 bits.
+fn setid_rules() -> Result<Vec<(i64, Vec<SeccompRule>)>> {
+    const SET_ID: [u64; 2] = [libc::S_ISUID as u64, libc::S_ISGID as u64];
+    let creating = [
+        libc::O_CREAT as u64,
+        (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64,
+    ];
+    let bit = |arg: u8, b: u64| cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(b), b);
+    let mode_only = |mode: u8| -> Result<Vec<SeccompRule>> {
+        SET_ID.iter().map(|b| rule(vec![bit(mode, *b)?])).collect()
+    };
+    let created = |flags: u8, mode: u8| -> Result<Vec<SeccompRule>> {
+        let mut rules = Vec::new();
+        for c in creating {
+            for b in SET_ID {
+                rules.push(rule(vec![bit(flags, c)?, bit(mode, b)?])?);
+            }
+        }
+        Ok(rules)
+    };
+    #[allow(unused_mut)] // the legacy calls exist on some architectures only
+    let mut out = vec![
+        (libc::SYS_fchmod, mode_only(1)?),
+        (libc::SYS_fchmodat, mode_only(2)?),
+        (libc::SYS_fchmodat2, mode_only(2)?),
+        (libc::SYS_openat, created(2, 3)?),
+        (libc::SYS_mknodat, mode_only(2)?),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    out.extend([
+        (libc::SYS_chmod, mode_only(1)?),
+        (libc::SYS_creat, mode_only(1)?),
+        (libc::SYS_open, created(1, 2)?),
+        (libc::SYS_mknod, mode_only(1)?),
+    ]);
+    Ok(out)
 }
 
 /// x32 system calls carry `AUDIT_ARCH_X86_64` too, so the architecture check that

@@ -17,7 +17,7 @@ pub(crate) const OPEN_TREE_CLONE: u32 = 1;
 /// `open_tree(2)` / `mount_setattr(2)` flag: include every mount below the path.
 pub(crate) const AT_RECURSIVE: u32 = 0x8000;
 /// Operate on the fd itself (empty path).
-const AT_EMPTY_PATH: u32 = 0x1000;
+pub(crate) const AT_EMPTY_PATH: u32 = 0x1000;
 /// `move_mount(2)`: the source is the fd itself.
 const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
 /// `mount_setattr(2)` attribute bits (`MOUNT_ATTR_*`).
@@ -28,6 +28,8 @@ pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
 /// No execution.
 pub(crate) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+/// An idmapped mount: ownership as the user namespace `userns_fd` maps it (Linux 5.12).
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const FSOPEN_CLOEXEC: u32 = 1;
 const FSMOUNT_CLOEXEC: u32 = 1;
 const FSCONFIG_SET_FLAG: u32 = 0;
@@ -114,8 +116,39 @@ pub(crate) fn mount_setattr_fd(
         Some(fd),
         c"",
         AT_EMPTY_PATH | if recursive { AT_RECURSIVE } else { 0 },
-        set,
-        clear,
+        MountAttr {
+            attr_set: set,
+            attr_clr: clear,
+            propagation: 0,
+            userns_fd: 0,
+        },
+    )
+}
+
+/// `mount_setattr(2)` on the detached tree `fd` (every mount in it): sets `set`, makes
+/// it private (no mount event propagates in or out), and with `idmap` maps its files'
+/// owners through that user namespace (`MOUNT_ATTR_IDMAP`): a file whose owner is `N` on
+/// disk shows as owned by whoever `N` stands for in it, and a file made through the
+/// mount is owned by `N` on disk.
+pub(crate) fn mount_setattr_tree(
+    fd: BorrowedFd<'_>,
+    set: u64,
+    idmap: Option<BorrowedFd<'_>>,
+) -> Result<(), Errno> {
+    let userns_fd = match idmap {
+        Some(ns) => u64::try_from(ns.as_raw_fd()).map_err(|_| Errno::EBADF)?,
+        None => 0,
+    };
+    mount_setattr_at(
+        Some(fd),
+        c"",
+        AT_EMPTY_PATH | AT_RECURSIVE,
+        MountAttr {
+            attr_set: set | if idmap.is_some() { MOUNT_ATTR_IDMAP } else { 0 },
+            attr_clr: 0,
+            propagation: libc::MS_PRIVATE,
+            userns_fd,
+        },
     )
 }
 
@@ -130,8 +163,12 @@ pub(crate) fn mount_setattr_path(
         None,
         path,
         if recursive { AT_RECURSIVE } else { 0 },
-        set,
-        clear,
+        MountAttr {
+            attr_set: set,
+            attr_clr: clear,
+            propagation: 0,
+            userns_fd: 0,
+        },
     )
 }
 
@@ -139,15 +176,8 @@ fn mount_setattr_at(
     dirfd: Option<BorrowedFd<'_>>,
     path: &CStr,
     flags: u32,
-    set: u64,
-    clear: u64,
+    attr: MountAttr,
 ) -> Result<(), Errno> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clear,
-        propagation: 0,
-        userns_fd: 0,
-    };
     // SAFETY: `attr` is a properly laid out `struct mount_attr` living on our stack for the
     // whole call and its exact size is passed; `path` is a valid C string.
     let rc = unsafe {
@@ -336,7 +366,8 @@ pub(crate) fn loopback_up(sock: BorrowedFd<'_>) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Send `fds` and a small payload over a connected Unix socket (SCM_RIGHTS).
+/// Send `fds` (at most [`FDS_PER_MESSAGE`], maybe none) and a small payload over a
+/// connected Unix socket (SCM_RIGHTS).
 pub(crate) fn send_fds(
     sock: BorrowedFd<'_>,
     fds: &[BorrowedFd<'_>],
@@ -345,24 +376,23 @@ pub(crate) fn send_fds(
     use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr, sendmsg};
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let iov = [std::io::IoSlice::new(payload)];
-    sendmsg::<UnixAddr>(
-        sock.as_raw_fd(),
-        &iov,
-        &[ControlMessage::ScmRights(&raw)],
-        MsgFlags::empty(),
-        None,
-    )
-    .map(drop)
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &rights };
+    sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), None).map(drop)
 }
 
-/// Receive the descriptors (at most two) and the payload sent by [`send_fds`], in the
-/// order they were sent. `Ok(None)` on EOF (the peer exited without sending).
+/// Most descriptors one [`send_fds`] message carries (the kernel's `SCM_MAX_FD` is 253).
+pub(crate) const FDS_PER_MESSAGE: usize = 250;
+
+/// Receive the descriptors (at most [`FDS_PER_MESSAGE`]) and the payload sent by
+/// [`send_fds`], in the order they were sent. `Ok(None)` on EOF (the peer exited
+/// without sending).
 pub(crate) fn recv_fds(
     sock: BorrowedFd<'_>,
     payload: &mut [u8],
 ) -> Result<Option<(Vec<OwnedFd>, usize)>, Errno> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr, recvmsg};
-    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
+    let mut cmsg = nix::cmsg_space!([RawFd; FDS_PER_MESSAGE]);
     let mut iov = [std::io::IoSliceMut::new(payload)];
     let msg = recvmsg::<UnixAddr>(
         sock.as_raw_fd(),
@@ -380,10 +410,10 @@ pub(crate) fn recv_fds(
             }
         }
     }
-    match received.len() {
-        0 if n == 0 => Ok(None),
-        0 => Err(Errno::EPROTO),
-        _ => Ok(Some((received, n))),
+    if received.is_empty() && n == 0 {
+        Ok(None)
+    } else {
+        Ok(Some((received, n)))
     }
 }
 

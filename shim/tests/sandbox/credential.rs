@@ -1,6 +1,6 @@
 //! Credentials held by the mediator (design section 14): with `--config F --authority A`
 //! the child's `child_env` variables hold their placeholders, whatever the caller's
-//! environment had under those names, and the secret's file is never read by the shim;
+//! environment had under those names, and the secret's file is masked (see `secrets`);
 //! no credential's `secret_env` (of any authority) reaches the child.
 
 use crate::support::{Fixture, expect, probe_command, stdout};
@@ -17,6 +17,8 @@ fn config_credentials_give_the_child_its_placeholders() -> TestResult {
     let fx = Fixture::new("cred"); // <socket_dir>/authority.sock
     let socket_dir = fx.socket.parent().unwrap().to_owned();
     let cfg = fx.path("mediator.toml");
+    let secret = fx.path("secret");
+    std::fs::write(&secret, "the-real-token\n").unwrap();
     std::fs::write(
         &cfg,
         format!(
@@ -24,10 +26,11 @@ fn config_credentials_give_the_child_its_placeholders() -> TestResult {
              [[authority]]\nname = \"authority\"\nallow = [\"api.example\"]\n\
              tls_terminate = [\"api.example\"]\n\
              [[authority.credential]]\nhost = \"api.example\"\nheader = \"Authorization\"\n\
-             secret_file = \"/nonexistent/secret\"\nplaceholder = \"mediator:api:authority\"\n\
+             secret_file = {:?}\nplaceholder = \"mediator:api:authority\"\n\
              child_env = \"API_TOKEN\"\n",
             socket_dir.to_str().unwrap(),
             ca_dir(&fx).to_str().unwrap(),
+            secret.to_str().unwrap(),
         ),
     )
     .unwrap();

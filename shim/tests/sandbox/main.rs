@@ -63,6 +63,7 @@ mod net;
 mod privileges;
 mod probe;
 mod protect;
+mod secrets;
 mod support;
 mod violations;
 
@@ -105,6 +106,7 @@ fn all() -> Vec<(&'static str, Test)> {
         violations::tests(),
         handover::tests(),
         control::tests(),
+        secrets::tests(),
     ]
     .concat()
 }

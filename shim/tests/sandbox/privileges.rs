@@ -1,6 +1,7 @@
 //! What the command may no longer do: no capability in any set, `no_new_privs`, and the
 //! seccomp filter (AF_UNIX sockets, namespaces, mounts, io_uring, `clone3`, foreign
-//! syscall ABIs), with the probe and with the real tools.
+//! syscall ABIs, set-user-ID and set-group-ID bits), with the probe and with the real
+//! tools.
 
 use crate::support::{Fixture, expect};
 use crate::{Test, TestResult};
@@ -11,6 +12,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         socket_af_unix_fails_eperm_while_socketpair_works,
         unshare_user_and_io_uring_fail,
         clone3_is_enosys_and_x32_syscalls_kill,
+        set_id_bits_are_refused,
     ]
 }
 
@@ -75,4 +77,34 @@ fn clone3_is_enosys_and_x32_syscalls_kill() -> TestResult {
         &format!("{:?}", out.status.code()),
         "Some(159)",
     )
+}
+
+/// A set-user-ID or set-group-ID bit is refused, whether set by `chmod` or in the mode of
+/// a new file (`open` with `O_CREAT`, `O_TMPFILE`): what the command makes in a writable
+/// root is the caller's on the host. Plain modes still work; nothing set-ID lands.
+fn set_id_bits_are_refused() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new("setid");
+    let w = fx.mkdir("work");
+    let flags = args!["--allow-write", &w];
+    fx.check(&flags, &args!["write", w.join("f")], "ok")?;
+    for (probe, path, mode, want) in [
+        ("chmod-mode", w.join("f"), "4755", "err:EPERM"),
+        ("chmod-mode", w.join("f"), "2755", "err:EPERM"),
+        ("chmod-mode", w.join("f"), "755", "ok"),
+        ("create-mode", w.join("suid"), "4755", "err:EPERM"),
+        ("create-mode", w.join("sgid"), "2755", "err:EPERM"),
+        ("create-mode", w.join("plain"), "755", "ok"),
+        ("tmpfile-mode", w.clone(), "4755", "err:EPERM"),
+        ("chmod-mode", w.clone(), "2755", "err:EPERM"),
+    ] {
+        fx.check(&flags, &args![probe, &path, mode], want)?;
+    }
+    for e in std::fs::read_dir(&w).unwrap() {
+        let e = e.unwrap();
+        if e.metadata().unwrap().permissions().mode() & 0o6000 != 0 {
+            return Err(format!("{} is set-ID on the host", e.path().display()));
+        }
+    }
+    Ok(())
 }

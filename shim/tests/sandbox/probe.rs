@@ -53,6 +53,36 @@ pub(crate) fn main(args: &[String]) -> i32 {
                 .and_then(|mut f| f.write_all(b"x")),
         ),
         "read" => errno_result(std::fs::read(a(1))),
+        // The result of reading each path, in order, space-separated.
+        "read-each" => args[1..]
+            .iter()
+            .map(|p| errno_result(std::fs::read(p)))
+            .collect::<Vec<_>>()
+            .join(" "),
+        "link" => errno_result(std::fs::hard_link(a(1), a(2))),
+        // The uid and gid the command has inside, and its supplementary groups.
+        "ids" => format!(
+            "{} {} {:?}",
+            nix::unistd::getuid(),
+            nix::unistd::getgid(),
+            nix::unistd::getgroups().unwrap_or_default()
+        ),
+        // chmod to an octal mode; create a file with an octal mode (open, O_TMPFILE).
+        "chmod-mode" => errno_result(std::fs::set_permissions(
+            a(1),
+            std::fs::Permissions::from_mode(u32::from_str_radix(&a(2), 8).unwrap()),
+        )),
+        "create-mode" | "tmpfile-mode" => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).mode(u32::from_str_radix(&a(2), 8).unwrap());
+            if a(0) == "create-mode" {
+                o.create_new(true);
+            } else {
+                o.custom_flags(libc::O_TMPFILE);
+            }
+            errno_result(o.open(a(1)))
+        }
         "mkdir" => errno_result(std::fs::create_dir(a(1))),
         "rename" => errno_result(std::fs::rename(a(1), a(2))),
         "remove" => errno_result(std::fs::remove_file(a(1))),

@@ -1,9 +1,10 @@
 //! Live control (control.md): the admin API, metrics, reloads that add and revoke
-//! authorities, connections judged again under a new grant, and the registry of the
-//! authorities created through the admin API (local; etcd with the feature `etcd`, and
-//! its placement by node).
+//! authorities, the audit records of every change, connections judged again under a new
+//! grant, and the registry of the authorities created through the admin API (local; etcd
+//! with the feature `etcd`, and its placement by node).
 
 mod admin;
+mod audit;
 #[cfg(feature = "etcd")]
 mod placement;
 mod registry;
@@ -18,6 +19,7 @@ use e2e::harness::Case;
 pub(crate) fn cases() -> Vec<Case> {
     [
         admin::cases(),
+        audit::cases(),
         reload::cases(),
         rejudge::cases(),
         registry::cases(),

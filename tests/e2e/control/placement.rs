@@ -14,9 +14,10 @@ use e2e::etcd::EtcdCluster;
 use e2e::harness::Case;
 use e2e::wait::retry_for;
 use e2e::{AuthoritySpec, Fixture, HttpConn, Mediator, ORIGIN_HOST, Tool, case, check_deny};
+use mediator::audit::{Action, ChangeKind};
 use serde_json::{Value, json};
 
-use crate::support::mediator;
+use crate::support::{audits, mediator};
 
 /// How long a change may take to reach another replica in a test (the benchmark measures
 /// it; this only bounds the wait).
@@ -109,6 +110,35 @@ async fn an_authority_is_served_on_its_node_only_wherever_it_was_created() -> Re
     let on_b = b.admin_get("/v1/authorities/task-b").await?;
     assert_eq!(on_b["generation"], created["generation"], "{on_b}");
     assert_eq!(on_b["node"], "node-b", "{on_b}");
+    // Audited where it was asked (the change as its node holds it, though not live
+    // there) and on its node (a change another replica made).
+    let asked = audits(a)?;
+    let r = asked
+        .iter()
+        .rev()
+        .find(|r| r.action == Action::Create)
+        .context("no create on a's record")?;
+    let change = r.changes.first().context("no change")?;
+    ensure!(
+        (
+            change.change,
+            json!(change.generation),
+            json!(change.grant_digest)
+        ) == (
+            ChangeKind::Added,
+            created["generation"].clone(),
+            on_b["grant_digest"].clone()
+        ),
+        "{r:#?}\n{on_b}"
+    );
+    let seen = audits(&b)?;
+    ensure!(
+        seen.iter().any(|r| r.action == Action::RegistryPut
+            && r.changes
+                .iter()
+                .any(|c| c.authority == "task-b" && c.grant_digest == change.grant_digest)),
+        "{seen:#?}"
+    );
     let mut u = HttpConn::unix(&b.socket_path("task-b")).await?;
     assert_eq!(u.connect(&target, None).await?.status, 200);
     let mut c = HttpConn::tcp(b.tcp_addr()).await?;

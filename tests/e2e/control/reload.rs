@@ -176,7 +176,7 @@ async fn a_bad_reload_leaves_the_running_set_untouched_and_says_why() -> Result<
             "mediator_build_info",
             &[
                 ("version", env!("CARGO_PKG_VERSION")),
-                ("revision", mediator::service::GIT_REVISION)
+                ("revision", mediator::version::GIT_REVISION)
             ]
         ),
         1.0

@@ -4,7 +4,8 @@
 //! honoured by both; with two members stopped both fail closed (`registry_unavailable`,
 //! 503 for writes and `/readyz`) while config authorities and live tunnels carry on, and
 //! they resume by themselves; a record changed in place by another writer replaces the
-//! authority; a restarted replica loads the registry again.
+//! authority; a restarted replica loads the registry again; a change made on one replica
+//! is audited there as the admin's and on the other as the registry's.
 
 use std::time::{Duration, Instant};
 
@@ -17,9 +18,11 @@ use e2e::{
     AGENT_A, Fixture, HttpConn, Mediator, ORIGIN_HOST, SocksTarget, Tool, agent_a_spec, case,
     check_deny,
 };
+use mediator::audit::{Action, Actor, ChangeKind};
+use policy::review::RiskClass;
 use serde_json::{Value, json};
 
-use crate::support::mediator;
+use crate::support::{audits, mediator};
 
 /// How long a change may take to reach the other replica in a test (the contract is 1 s
 /// on loopback; the benchmark measures it, this only bounds the wait).
@@ -297,7 +300,89 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
         "{before} then {after} after {:?}",
         started.elapsed()
     );
+    // Audited as the registry's change (design 21): replaced, its host moved.
+    let records = audits(&a)?;
+    let put = records
+        .iter()
+        .find(|r| r.action == Action::RegistryPut)
+        .with_context(|| format!("{records:#?}"))?;
+    let change = put.changes.first().context("no change")?;
+    ensure!(
+        put.actor
+            == Actor::Registry {
+                backend: "etcd".into()
+            }
+            && change.change == ChangeKind::Replaced
+            && json!(change.generation) == after["generation"]
+            && change.widened == [RiskClass::Host]
+            && change.narrowed == [RiskClass::Host],
+        "{put:#?}"
+    );
     drop(other);
+    Ok(())
+}
+
+/// Audit records (design 21) across replicas: a create and a delete on one replica are
+/// that replica's admin records, once each, and the other's `registry_put` and
+/// `registry_delete`, whose actor is the registry.
+async fn another_replicas_changes_are_audited_as_the_registrys() -> Result<()> {
+    let cluster = EtcdCluster::start(3).await?;
+    let registry = cluster.registry_toml(2);
+    let a = mediator().admin(true).extra_toml(&registry).start().await?;
+    let b = mediator().admin(true).extra_toml(&registry).start().await?;
+    let body = json!({ "name": "task-1", "allow": ["x.test:443"] }).to_string();
+    let resp = a
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    ensure!(resp.status == 201, "{}", resp.text());
+    let created = resp.json()?;
+    wait_status(&b, "task-1", 200, PROPAGATION).await?;
+    let seen = |m: &Mediator, action: Action| {
+        let records = audits(m)?;
+        Ok::<_, anyhow::Error>(records.into_iter().find(|r| r.action == action))
+    };
+    let put = retry_for(
+        PROPAGATION,
+        async || seen(&b, Action::RegistryPut),
+        || "no registry_put record on the other replica".to_owned(),
+    )
+    .await?;
+    ensure!(
+        put.actor
+            == Actor::Registry {
+                backend: "etcd".into()
+            }
+            && put.authority.as_deref() == Some("task-1")
+            && put.changes.len() == 1
+            && put.changes[0].change == ChangeKind::Added
+            && json!(put.changes[0].generation) == created["generation"],
+        "{put:#?}"
+    );
+    ensure!(a.revoke("task-1").await?.status == 200);
+    wait_status(&b, "task-1", 404, PROPAGATION).await?;
+    let delete = retry_for(
+        PROPAGATION,
+        async || seen(&b, Action::RegistryDelete),
+        || "no registry_delete record on the other replica".to_owned(),
+    )
+    .await?;
+    ensure!(
+        delete.changes.len() == 1 && delete.changes[0].change == ChangeKind::Removed,
+        "{delete:#?}"
+    );
+    // Each replica wrote each record once; the writer's own watch wrote none.
+    let actions =
+        |m: &Mediator| -> Result<Vec<Action>> { Ok(audits(m)?.iter().map(|r| r.action).collect()) };
+    ensure!(
+        actions(&a)? == [Action::Create, Action::Delete],
+        "{:#?}",
+        audits(&a)?
+    );
+    ensure!(
+        actions(&b)? == [Action::RegistryPut, Action::RegistryDelete],
+        "{:#?}",
+        audits(&b)?
+    );
     Ok(())
 }
 
@@ -307,5 +392,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(two_replicas_share_one_etcd_cluster_and_fail_closed_without_quorum)
             .needs(&[Tool::Etcd]),
         case!(a_record_changed_in_place_replaces_the_authority).needs(&[Tool::Etcd]),
+        case!(another_replicas_changes_are_audited_as_the_registrys).needs(&[Tool::Etcd]),
     ]
 }

@@ -5,7 +5,7 @@
 mod dns_pinning;
 mod grant_denials;
 mod limits;
-mod ocsf;
+pub(crate) mod ocsf;
 mod operator_reasons;
 mod otlp;
 

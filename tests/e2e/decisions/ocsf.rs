@@ -14,14 +14,21 @@ use serde_json::Value;
 
 use crate::support::mediator;
 
-/// The schema, as the repository keeps it.
+/// The schema of decision records, as the repository keeps it.
 const SCHEMA: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../tests/ocsf/network_activity-1.5.0.schema.json"
 );
 
-/// Validates each event; returns the first error of each invalid one.
-fn validate(events: &[Value]) -> Result<()> {
+/// The schema of audit records (API Activity, design section 21).
+pub(crate) const API_ACTIVITY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/ocsf/api_activity-1.5.0.schema.json"
+);
+
+/// Validates each event against the schema file `schema`; returns the first error of
+/// each invalid one.
+pub(crate) fn validate(schema: &str, events: &[Value]) -> Result<()> {
     let module = Tool::Jsonschema.path("/usr/lib/python3/dist-packages/jsonschema/__init__.py")?;
     ensure!(module.exists());
     let mut child = Tool::Jsonschema
@@ -39,7 +46,7 @@ for n, line in enumerate(sys.stdin):
 sys.exit(1 if bad else 0)
 "#,
         )
-        .arg(SCHEMA)
+        .arg(schema)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -55,7 +62,7 @@ sys.exit(1 if bad else 0)
     let out = child.wait_with_output()?;
     ensure!(
         out.status.success(),
-        "events not valid OCSF 1.5.0 network_activity:\n{}",
+        "events not valid against {schema}:\n{}",
         String::from_utf8_lossy(&out.stdout)
     );
     Ok(())
@@ -79,7 +86,7 @@ async fn every_record_is_a_valid_ocsf_network_activity_event() -> Result<()> {
     let events = m
         .wait_for_count(|v| v["class_uid"] == 4001, 5, e2e::LOG_TIMEOUT)
         .await?;
-    validate(&events)?;
+    validate(SCHEMA, &events)?;
     let open: Vec<&Value> = events.iter().filter(|e| e["activity_id"] == 1).collect();
     let close: Vec<&Value> = events.iter().filter(|e| e["activity_id"] == 2).collect();
     ensure!(open.len() == 3 && close.len() == 2, "{events:#?}");

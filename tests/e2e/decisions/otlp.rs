@@ -1,7 +1,7 @@
 //! `[telemetry] otlp_endpoint` (design section 19): decision records also go out as
 //! OTLP/HTTP log records (protobuf), checked by a receiver in the test that decodes what
 //! it gets; with the receiver down, decisions go on as before and what could not be sent
-//! is counted (`mediator_export_dropped_total`).
+//! is counted (`mediator_export_dropped_total`); audit records go out the same way.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -155,6 +155,47 @@ async fn decision_records_reach_an_otlp_receiver() -> Result<()> {
     Ok(())
 }
 
+/// Audit records (design section 21) go out as decisions do: event `audit`, WARN when
+/// they widen a reach.
+async fn audit_records_reach_an_otlp_receiver() -> Result<()> {
+    let (addr, got) = receiver().await?;
+    let fx = Fixture::start(
+        mediator()
+            .authority(agent_a_spec())
+            .admin(true)
+            .extra_toml(&telemetry(&format!("http://{addr}"))),
+    )
+    .await?;
+    let body = serde_json::json!({"name": "task-1", "allow": ["x.test"]}).to_string();
+    let resp = fx
+        .mediator
+        .admin("POST", "/v1/authorities", Some(&body), None)
+        .await?;
+    ensure!(resp.status == 201, "{}", resp.text());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let audit = loop {
+        let r = got.lock().unwrap().clone();
+        if let Some(a) = r.into_iter().find(|r| r.attributes["event"] == "audit") {
+            break a;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no audit record received"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        audit.attributes["action"] == "create"
+            && audit.attributes["result"] == "accepted"
+            && audit.attributes["authority"] == "task-1"
+            && audit.severity == 13,
+        "WARN for a widening: {audit:?}"
+    );
+    let native: Value = serde_json::from_str(&audit.body)?;
+    ensure!(native["changes"][0]["reach"] == "widened", "{native}");
+    Ok(())
+}
+
 async fn a_receiver_that_is_down_delays_nothing_and_drops_are_counted() -> Result<()> {
     let port = closed_loopback_port()?;
     let fx = Fixture::start(
@@ -194,6 +235,7 @@ async fn a_receiver_that_is_down_delays_nothing_and_drops_are_counted() -> Resul
 pub(crate) fn cases() -> Vec<Case> {
     vec![
         case!(decision_records_reach_an_otlp_receiver),
+        case!(audit_records_reach_an_otlp_receiver),
         case!(a_receiver_that_is_down_delays_nothing_and_drops_are_counted),
     ]
 }

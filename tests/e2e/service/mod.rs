@@ -1,10 +1,11 @@
 //! Running as a service (operating.md): signals, shutdown and drain, the CLI (check,
-//! explain, version, completions), the shipped configs, and the metrics the shipped
+//! explain, version, completions, diff and test of policy), the shipped configs, and the metrics the shipped
 //! dashboard and alerts name.
 
 mod cli;
 mod dashboard;
 mod lifecycle;
+mod review;
 mod signals;
 
 use e2e::harness::Case;
@@ -16,6 +17,7 @@ pub(crate) fn cases() -> Vec<Case> {
         lifecycle::cases(),
         cli::cases(),
         dashboard::cases(),
+        review::cases(),
     ]
     .concat()
 }

@@ -18,11 +18,11 @@ use policy::{Reason, Target, parse_authority_form};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::credentials::authority_of;
-use super::response::{Body, deny_response, empty, raw_label, refuse};
 use crate::conn::establish::{Connected, establish};
 use crate::conn::{Ctx, TargetLabel, tunnel};
 use crate::denial::Denial;
 use crate::relay::RelayOutcome;
+use crate::request::response::{Body, deny_response, empty, raw_label, refuse};
 use crate::shared::Shared;
 use crate::vocab::{CloseReason, Protocol};
 

@@ -1,6 +1,8 @@
 //! Absolute-form forwarding of plain `http://` requests (design section 6, RFC 9112
-//! section 3.2.2): each request is decided (a reused upstream connection's included), then
-//! rebuilt from canonical values ([`super::rewrite`]) and sent upstream.
+//! section 3.2.2): each request is judged by the steps every request takes
+//! (`crate::request`), a reused upstream connection's included, then rebuilt from
+//! canonical values (`crate::request::rewrite`) and sent upstream. What is this file's
+//! own: the scheme and `Host` checks, and the kept upstream connection.
 //!
 //! One upstream connection is kept per client connection and reused for the same target
 //! and the same (live) authority. It is never shared across client connections, so never
@@ -13,17 +15,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use http::header;
 use http::{Request, Response, StatusCode, Uri};
-use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use policy::config::Authority;
 use policy::{Reason, Target, canonicalize_host, parse_authority_form};
 use tokio_util::sync::CancellationToken;
 
-use super::response::{Body, DECISION_HEADER, deny_response, raw_label, refuse};
-use super::rewrite::{forward_request, strip_hop_by_hop};
 use crate::conn::establish::{Connected, establish};
-use crate::conn::identify::revoked;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::counting::{Counters, Counting, reporting};
@@ -31,6 +29,10 @@ use crate::credential::CheckedBody;
 use crate::denial::{Cause, Denial};
 use crate::redact::logged_path;
 use crate::relay::{PROGRESS_EVERY, RelayOutcome};
+use crate::request::judge::{Asked, Leg, judge};
+use crate::request::response::{Body, deny_response, raw_label, refuse};
+use crate::request::rewrite::{RewriteError, forward_request};
+use crate::request::send::{Sent, relayed, send};
 use crate::route::{ForwardProxy, Route};
 use crate::shared::Shared;
 use crate::vocab::{CloseReason, Protocol};
@@ -66,11 +68,10 @@ impl Pool {
     }
 }
 
-/// Decides and forwards one absolute-form request of `ctx`'s authority.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one forwarded request from decision to answer, read top to bottom"
-)]
+/// Judges and forwards one absolute-form request of `ctx`'s authority: the target (what
+/// only absolute-form has: the scheme, one `Host`), the judgement every request gets
+/// (`crate::request::judge`), the upstream connection (kept or new), the request
+/// rebuilt and sent, the answer.
 pub(crate) async fn forward(
     req: Request<Incoming>,
     shared: Arc<Shared>,
@@ -78,12 +79,74 @@ pub(crate) async fn forward(
     authority: Arc<Authority>,
     pool: Arc<Pool>,
 ) -> Response<Body> {
-    let name = authority.grant.name();
-    let uri = req.uri().clone();
-    let bad = |detail: &str, hint: &str| {
-        let denial = Denial::new(Reason::MalformedTarget, detail, hint);
-        refuse(&shared, &ctx, Protocol::Http, &raw_label(&uri), denial)
+    let raw = raw_label(req.uri());
+    let target = match absolute_target(&req) {
+        Ok(t) => t,
+        Err(denial) => return refuse(&shared, &ctx, Protocol::Http, &raw, denial),
     };
+    let label = TargetLabel::from(&target);
+    let ctx = with_request_line(ctx, &authority, &target, &req);
+    let refused =
+        |label: &TargetLabel, denial| refuse(&shared, &ctx, Protocol::Http, label, denial);
+    let (mut parts, body) = req.into_parts();
+    let asked = Asked {
+        method: parts.method.as_str(),
+        uri: &parts.uri,
+        upgrade: None,
+    };
+    let judged = judge(
+        &shared.authorities,
+        &authority,
+        &target,
+        Leg::Plain,
+        asked,
+        &mut parts.headers,
+    );
+    if let Err(denial) = judged {
+        return refused(&label, denial);
+    }
+    let mut upstream = match upstream_for(&shared, &ctx, &authority, &target, &label, &pool).await {
+        Ok(upstream) => upstream,
+        Err(resp) => return resp,
+    };
+    let upstream_req = match forward_request(
+        Request::from_parts(parts, body),
+        &target,
+        upstream.forward.as_ref(),
+    ) {
+        Ok(r) => r,
+        Err(detail) => return refused(&raw, rewrite_failed(&detail)),
+    };
+    let on_misuse = {
+        let (shared, ctx, label) = (Arc::clone(&shared), ctx.clone(), label.clone());
+        move |denial: &Denial| {
+            record::deny(&shared, &ctx, Protocol::Http, &label, denial.clone());
+        }
+    };
+    let idle = shared.timeouts.idle_tunnel;
+    let sent = send(upstream_req, &authority, &target, on_misuse, |r| {
+        awaited(upstream.sender.send_request(r), &upstream.counters, idle)
+    })
+    .await;
+    match sent {
+        Sent::Misuse(denial) => deny_response(Some(authority.grant.name()), &label, &denial),
+        Sent::ClientFault(denial) => refused(&label, denial),
+        Sent::Answer(None) => refused(&label, silent(&target, upstream.forward.as_ref(), idle)),
+        Sent::Answer(Some(answer)) => match answered(answer, upstream, &pool, &target).await {
+            Ok(resp) => resp,
+            Err(denial) => refused(&label, denial),
+        },
+    }
+}
+
+/// The target of an absolute-form request: an `http://` URI (else the hint says what to
+/// send instead), with a host, and at most one `Host` header.
+///
+/// # Errors
+/// `malformed_target`.
+fn absolute_target<B>(req: &Request<B>) -> Result<Target, Denial> {
+    let bad = |detail: &str, hint: &str| Err(Denial::new(Reason::MalformedTarget, detail, hint));
+    let uri = req.uri();
     match uri.scheme_str() {
         Some("http") => {}
         Some(_) => {
@@ -108,214 +171,148 @@ pub(crate) async fn forward(
             "send GET http://host/path",
         );
     }
-    let target = match target_of(&uri) {
-        Ok(t) => t,
-        Err(e) => {
-            return refuse(
-                &shared,
-                &ctx,
-                Protocol::Http,
-                &raw_label(&uri),
-                super::malformed(&e),
-            );
-        }
-    };
-    let label = TargetLabel::from(&target);
+    target_of(uri).map_err(|e| super::malformed(&e))
+}
 
-    // Every request, a reused upstream connection's included: no decision under a revoked
-    // or replaced authority (a Unix channel keeps the authority it was opened with).
-    if !shared.authorities.is_live(&authority) {
-        return refuse(&shared, &ctx, Protocol::Http, &label, revoked(name));
+/// `ctx` for a request to `target`: a terminated host's plain `http://` lines carry the
+/// method and path, like the `tls` lines of its tunnels.
+fn with_request_line<B>(ctx: Ctx, authority: &Authority, target: &Target, req: &Request<B>) -> Ctx {
+    if !authority.grant.terminates_tls(target) {
+        return ctx;
     }
-    // A placeholder of the authority's credentials never goes out in clear text.
-    if let Err(denial) = crate::credential::check_plain(&authority, &target, &uri, req.headers()) {
-        return refuse(&shared, &ctx, Protocol::Http, &label, denial);
+    Ctx {
+        request: Some(RequestLine {
+            method: req.method().as_str().to_owned(),
+            path: logged_path(req.uri()),
+        }),
+        ..ctx
     }
-    // The request rules of a terminated host narrow its plain http:// requests too (else
-    // `POST http://host/admin` would pass a GET-only rule), and these lines carry the
-    // method and path like the `tls` lines of its tunnels. A host the grant does not allow
-    // is left to `establish`, which denies it with the right reason.
-    let request_ctx = if authority.grant.terminates_tls(&target) {
-        Ctx {
-            request: Some(RequestLine {
-                method: req.method().as_str().to_owned(),
-                path: logged_path(&uri),
-            }),
-            ..ctx.clone()
-        }
-    } else {
-        ctx.clone()
-    };
-    let ctx = request_ctx;
-    if authority.grant.decide(&target).is_allow() {
-        // Scoped: the header view is not kept across an await.
-        let decision = {
-            let headers = crate::credential::Headers(req.headers());
-            let facts = policy::RequestFacts::new(req.method().as_str(), uri.path())
-                .with_query(uri.query())
-                .with_headers(&headers);
-            authority.grant.decide_request(&target, &facts)
-        };
-        if !decision.is_allow() {
-            return refuse(
-                &shared,
-                &ctx,
-                Protocol::Http,
-                &label,
-                Denial::from(decision),
-            );
-        }
-    }
+}
 
-    // Reuse this client connection's upstream connection when it goes to the same target
-    // for the same (live) authority.
-    let pooled = pool
+/// The upstream connection for a request to `target`: this client connection's kept
+/// one when it goes to the same target for the same (live) authority and is ready (the
+/// reuse logged with the host's decision), else a new one (decided and logged by
+/// `establish`).
+///
+/// # Errors
+/// The answer to send instead: the denial, already logged.
+async fn upstream_for(
+    shared: &Arc<Shared>,
+    ctx: &Ctx,
+    authority: &Arc<Authority>,
+    target: &Target,
+    label: &TargetLabel,
+    pool: &Pool,
+) -> Result<Pooled, Response<Body>> {
+    let kept = pool
         .kept
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .take()
-        .filter(|p| p.target == target && Arc::ptr_eq(&p.authority, &authority));
-    let pooled = match pooled {
+        .filter(|p| p.target == *target && Arc::ptr_eq(&p.authority, authority));
+    let kept = match kept {
         Some(mut p) => p.sender.ready().await.is_ok().then_some(p),
         None => None,
     };
-    let mut upstream = match pooled {
-        Some(p) => {
-            let decision = authority.grant.decide(&target);
-            if !decision.is_allow() {
-                // Grants are immutable, so this cannot happen; fail closed anyway.
-                return refuse(
-                    &shared,
-                    &ctx,
-                    Protocol::Http,
-                    &label,
-                    Denial::from(decision),
-                );
-            }
-            let allow = Allowed {
-                rule: decision.rule.as_deref(),
-                pin: p.pin,
-                route: shared.route_label(p.route),
-            };
-            record::reuse(&shared, &ctx, Protocol::Http, &label, allow);
-            p
-        }
-        None => match open(&shared, &ctx, &authority, &target, &label, &pool).await {
-            Ok(opened) => opened,
-            Err(resp) => return resp,
-        },
+    let Some(kept) = kept else {
+        return open(shared, ctx, authority, target, label, pool).await;
     };
+    let decision = authority.grant.decide(target);
+    if !decision.is_allow() {
+        // Grants are immutable, so this cannot happen; fail closed anyway.
+        return Err(refuse(
+            shared,
+            ctx,
+            Protocol::Http,
+            label,
+            Denial::from(decision),
+        ));
+    }
+    let allow = Allowed {
+        rule: decision.rule.as_deref(),
+        pin: kept.pin,
+        route: shared.route_label(kept.route),
+    };
+    record::reuse(shared, ctx, Protocol::Http, label, allow);
+    Ok(kept)
+}
 
-    let upstream_req = match forward_request(req, &target, upstream.forward.as_ref()) {
-        Ok(r) => r,
-        Err(detail) => {
-            return bad(
-                &detail.to_string(),
-                "send a well-formed absolute-form request",
-            );
-        }
+/// The denial of a request the rewrite could not rebuild.
+fn rewrite_failed(detail: &RewriteError) -> Denial {
+    Denial::new(
+        Reason::MalformedTarget,
+        detail.to_string(),
+        "send a well-formed absolute-form request",
+    )
+}
+
+/// The denial of an upstream that accepted the request and went silent for `idle`.
+fn silent(target: &Target, parent: Option<&ForwardProxy>, idle: std::time::Duration) -> Denial {
+    let from = match parent {
+        Some(parent) => parent.to_string(),
+        None => "the destination".to_owned(),
     };
-    // Its trailer fields, after the body, may carry no placeholder either.
-    let (parts, body) = upstream_req.into_parts();
-    let (body, trailers) = {
-        let (shared, ctx, label) = (Arc::clone(&shared), ctx.clone(), label.clone());
-        CheckedBody::new(body, &authority, &target, move |denial| {
-            record::deny(&shared, &ctx, Protocol::Http, &label, denial.clone());
-        })
-    };
-    let upstream_req = Request::from_parts(parts, body);
-    let challenges = |resp: &Response<Incoming>| {
-        resp.headers()
+    Denial::new(
+        Reason::UpstreamFailure,
+        format!(
+            "{target}: {from} sent nothing for {}s (timeouts.idle_tunnel) while the answer was awaited",
+            idle.as_secs()
+        ),
+        "the upstream accepted the request but does not answer; check it, or raise [timeouts] idle_tunnel",
+    )
+    .with_cause(Cause::ResponseTimeout)
+}
+
+/// The upstream's answer for the client; the connection is kept for the next request.
+/// A `407` from an HTTP parent refuses *our* configured credentials: never handed to the
+/// client as if it were the origin's answer (and the connection is not kept); a parent's
+/// answer must prove it is the Kerberos service the route names.
+///
+/// # Errors
+/// The denial (`upstream_failure`) to log and answer.
+async fn answered(
+    answer: hyper::Result<Response<Incoming>>,
+    upstream: Pooled,
+    pool: &Pool,
+    target: &Target,
+) -> Result<Response<Body>, Denial> {
+    let resp = answer.map_err(|e| match &upstream.forward {
+        Some(parent) => Denial::new(
+            Reason::UpstreamFailure,
+            format!("{target}: {}", parent.broken(&e)),
+            "the parent proxy closed the connection or sent an invalid response",
+        ),
+        None => Denial::new(
+            Reason::UpstreamFailure,
+            format!("{target}: upstream request failed: {e}"),
+            "the destination closed the connection or sent an invalid response",
+        ),
+    })?;
+    if let Some(parent) = &upstream.forward {
+        let offers: Vec<String> = resp
+            .headers()
             .get_all(header::PROXY_AUTHENTICATE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
-    let idle = shared.timeouts.idle_tunnel;
-    let Some(answer) = awaited(
-        upstream.sender.send_request(upstream_req),
-        &upstream.counters,
-        idle,
-    )
-    .await
-    else {
-        if let Some(denial) = trailers.denial() {
-            return deny_response(Some(name), &label, denial);
+            .collect();
+        if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+            let (detail, hint) = parent.refusal(offers.iter().map(String::as_str));
+            return Err(Denial::new(Reason::UpstreamFailure, detail, hint));
         }
-        let from = match &upstream.forward {
-            Some(parent) => parent.to_string(),
-            None => "the destination".to_owned(),
-        };
-        let denial = Denial::new(
-            Reason::UpstreamFailure,
-            format!(
-                "{target}: {from} sent nothing for {}s (timeouts.idle_tunnel) while the answer was awaited",
-                idle.as_secs()
-            ),
-            "the upstream accepted the request but does not answer; check it, or raise [timeouts] idle_tunnel",
-        )
-        .with_cause(Cause::ResponseTimeout);
-        return refuse(&shared, &ctx, Protocol::Http, &label, denial);
-    };
-    // A trailer that carried a placeholder cut the request (already logged): say why.
-    if let Some(denial) = trailers.denial() {
-        return deny_response(Some(name), &label, denial);
-    }
-    // The client's body failed (not valid chunked coding, cut short): its fault, not the
-    // upstream's; and an answer to the part of it that got through is not the answer to
-    // the request the client sent.
-    if let Some(fault) = trailers.client_fault() {
-        return refuse(
-            &shared,
-            &ctx,
-            Protocol::Http,
-            &label,
-            Denial::bad_body(fault),
-        );
-    }
-    match answer {
-        // A 407 here is the HTTP parent refusing *our* configured credentials: never hand
-        // it to the client as if it were the origin's answer. The connection is not kept.
-        Ok(resp) if resp.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED => {
-            if let Some(parent) = &upstream.forward {
-                let offers = challenges(&resp);
-                let (detail, hint) = parent.refusal(offers.iter().map(String::as_str));
-                let denial = Denial::new(Reason::UpstreamFailure, detail, hint);
-                return refuse(&shared, &ctx, Protocol::Http, &label, denial);
-            }
-            relay_response(resp, upstream, &pool)
-        }
-        Ok(resp) => {
-            if let Some(parent) = &upstream.forward {
-                let offers = challenges(&resp);
-                if let Err(detail) = parent.verify(offers.iter().map(String::as_str)).await {
-                    let denial = Denial::new(
-                        Reason::UpstreamFailure,
-                        detail,
-                        "the parent's answer did not prove it is the Kerberos service; check its keytab and the name in [upstream]",
-                    );
-                    return refuse(&shared, &ctx, Protocol::Http, &label, denial);
-                }
-            }
-            relay_response(resp, upstream, &pool)
-        }
-        Err(e) => {
-            let denial = match &upstream.forward {
-                Some(parent) => Denial::new(
+        parent
+            .verify(offers.iter().map(String::as_str))
+            .await
+            .map_err(|detail| {
+                Denial::new(
                     Reason::UpstreamFailure,
-                    format!("{target}: {}", parent.broken(&e)),
-                    "the parent proxy closed the connection or sent an invalid response",
-                ),
-                None => Denial::new(
-                    Reason::UpstreamFailure,
-                    format!("{target}: upstream request failed: {e}"),
-                    "the destination closed the connection or sent an invalid response",
-                ),
-            };
-            refuse(&shared, &ctx, Protocol::Http, &label, denial)
-        }
+                    detail,
+                    "the parent's answer did not prove it is the Kerberos service; check its keytab and the name in [upstream]",
+                )
+            })?;
     }
+    *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
+    Ok(relayed(resp))
 }
 
 /// The output of `request`, or `None` when the upstream connection moved no byte in
@@ -344,15 +341,6 @@ async fn awaited<F: Future>(
             }
         }
     }
-}
-
-/// Hands the upstream answer to the client and keeps the connection for the next request.
-fn relay_response(resp: Response<Incoming>, upstream: Pooled, pool: &Pool) -> Response<Body> {
-    *pool.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(upstream);
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(DECISION_HEADER);
-    Response::from_parts(parts, body.boxed())
 }
 
 /// The target of an absolute-form `http://` URI. Only an authority that is exactly its

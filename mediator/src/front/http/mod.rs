@@ -1,19 +1,18 @@
 //! The HTTP front-end (design section 6): CONNECT (authority-form only) and absolute-form
 //! forwarding of plain `http://` requests. One connection, read top to bottom:
 //!
-//! 1. [`preflight`](mod@preflight): the first head, read and judged before hyper sees it;
+//! 1. the preflight (`crate::request::preflight`): the first head, read and judged before
+//!    hyper sees it;
 //! 2. [`credentials`]: on the TCP listener, `Proxy-Authorization: Basic` names the authority;
 //! 3. [`connect`](mod@connect): a connection that opens with CONNECT is served without hyper;
 //! 4. otherwise hyper serves the connection (keep-alive), and each request is a CONNECT
-//!    ([`connect`](mod@connect)) or a forwarded request ([`forward`](mod@forward), rebuilt by [`rewrite`](mod@rewrite));
-//! 5. [`response`]: every refusal is the JSON denial.
+//!    ([`connect`](mod@connect)) or a forwarded request ([`forward`](mod@forward)), judged
+//!    and sent by the steps of `crate::request`, as a terminated tunnel's requests are;
+//! 5. every refusal is the JSON denial (`crate::request::response`).
 
 pub(crate) mod connect;
 pub(crate) mod credentials;
 pub(crate) mod forward;
-pub(crate) mod preflight;
-pub(crate) mod response;
-pub(crate) mod rewrite;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,10 +29,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use self::connect::{Fast, connect_fast};
 use self::credentials::{Verified, authority_of};
 use self::forward::Pool;
-use self::preflight::{Head, MIN_BUF, Preflight, preflight};
-use self::response::{Body, raw_label, refuse, refused_head, write_raw_response};
 use crate::conn::{Ctx, TargetLabel, record, tunnel};
 use crate::denial::Denial;
+use crate::request::preflight::{Head, MIN_BUF, Preflight, preflight};
+use crate::request::response::{Body, raw_label, refuse, refused_head, write_raw_response};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::vocab::Protocol;

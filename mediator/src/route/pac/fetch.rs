@@ -21,8 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::error::Error;
 use crate::resolve::Resolver;
+use crate::route::handshake::{self, Dest};
 use crate::route::https::ParentTls;
-use crate::route::parent::{self, Dest};
 use crate::route::stream::UpstreamStream;
 
 /// Largest PAC script accepted, in bytes.
@@ -233,16 +233,16 @@ impl Fetcher {
         let dest = Dest::Host(&target.host);
         match via.scheme {
             ParentScheme::Http | ParentScheme::Https if !https => {
-                Ok((stream, Some(creds.map(parent::basic))))
+                Ok((stream, Some(creds.map(handshake::basic))))
             }
             ParentScheme::Http | ParentScheme::Https => {
-                parent::http_connect(&mut stream, dest, target.port, creds, &shown)
+                handshake::http_connect(&mut stream, dest, target.port, creds, &shown)
                     .await
                     .map_err(|e| FetchError::Via(shown.clone(), handshake_text(e)))?;
                 Ok((stream, None))
             }
             ParentScheme::Socks5 => {
-                parent::socks5_connect(&mut stream, dest, target.port, creds, &shown)
+                handshake::socks5_connect(&mut stream, dest, target.port, creds, &shown)
                     .await
                     .map_err(|e| FetchError::Via(shown.clone(), handshake_text(e)))?;
                 Ok((stream, None))
@@ -251,9 +251,10 @@ impl Fetcher {
     }
 }
 
-fn handshake_text(e: parent::HandshakeError) -> String {
+fn handshake_text(e: handshake::HandshakeError) -> String {
     match e {
-        parent::HandshakeError::Broken(d) | parent::HandshakeError::Refused { detail: d, .. } => d,
+        handshake::HandshakeError::Broken(d)
+        | handshake::HandshakeError::Refused { detail: d, .. } => d,
     }
 }
 

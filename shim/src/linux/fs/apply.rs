@@ -15,7 +15,7 @@
 //! step that fails aborts the run; none is skipped.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -38,7 +38,9 @@ fn step<T>(what: impl FnOnce() -> String, r: std::result::Result<T, Errno>) -> R
 }
 
 /// Carry out `plan` in the current (new, private) mount namespace. Must run with
-/// `CAP_SYS_ADMIN` in the namespace's owning user namespace.
+/// `CAP_SYS_ADMIN` in the namespace's owning user namespace. `copies` are the plan's
+/// [`detached_copies`] when the outer shim made them (idmapped writable roots); `None`
+/// makes them here.
 ///
 /// # Errors
 /// [`Error::MissingFeature`] when the kernel lacks the new mount API (Linux 5.12), and
@@ -47,7 +49,7 @@ fn step<T>(what: impl FnOnce() -> String, r: std::result::Result<T, Errno>) -> R
     clippy::too_many_lines,
     reason = "the mount steps in the order the kernel needs them"
 )]
-pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
+pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Result<()> {
     step(
         || "make / private in the sandbox's mount namespace".into(),
         nix::mount::mount(
@@ -59,38 +61,12 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
         ),
     )?;
 
-    // 1. Pristine copies, before anything is made read-only.
-    let mut clones: Vec<Option<OwnedFd>> = Vec::with_capacity(plan.ops.len());
-    for op in &plan.ops {
-        let fd = match op.kind {
-            OpKind::Writable | OpKind::Readable => {
-                let p = c_path(&op.path)?;
-                let fd = match sys::open_tree(None, &p, sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE) {
-                    Err(Errno::ENOSYS) => {
-                        return Err(Error::MissingFeature {
-                            feature: "new mount API (open_tree, move_mount, mount_setattr; Linux 5.12)",
-                            detail: "open_tree returned ENOSYS".into(),
-                            hint: "run on a newer kernel",
-                        });
-                    }
-                    r => step(|| format!("copy mount tree {}", op.path.display()), r)?,
-                };
-                let set = if op.kind == OpKind::Readable {
-                    sys::MOUNT_ATTR_RDONLY
-                } else {
-                    0
-                } | sys::MOUNT_ATTR_NOSUID
-                    | sys::MOUNT_ATTR_NODEV;
-                step(
-                    || format!("restrict copy of {}", op.path.display()),
-                    sys::mount_setattr_fd(fd.as_fd(), true, set, 0),
-                )?;
-                Some(fd)
-            }
-            _ => None,
-        };
-        clones.push(fd);
-    }
+    // 1. Pristine copies, before anything is made read-only (made by the outer shim
+    // when the writable roots are idmapped).
+    let clones = match copies {
+        Some(c) => c,
+        None => detached_copies(plan, None)?,
+    };
     let mut devices = Vec::new();
     for name in ["null", "zero", "full", "random", "urandom", "tty"] {
         let host = PathBuf::from("/dev").join(name);
@@ -254,6 +230,76 @@ pub(crate) fn apply(plan: &FsPlan) -> Result<()> {
         applied.push(op);
     }
     Ok(())
+}
+
+/// The detached copies of the plan's writable roots and re-opened reads, one per
+/// operation in order (`None` for the other kinds), taken from the tree as it is now:
+/// nosuid, nodev, private (no mount event propagates in or out), the re-opened reads
+/// read-only, and with `idmap` the writable roots idmapped through that user namespace
+/// (`MOUNT_ATTR_IDMAP`: a file owned by the caller on disk is the command's own, and
+/// what the command makes is the caller's on disk). Each path is resolved without
+/// following a symbolic link: the plan resolved it already, and a link that appeared
+/// since is refused, not followed.
+///
+/// # Errors
+/// [`Error::MissingFeature`] when the kernel lacks the new mount API, or when `idmap` is
+/// given and a writable root's filesystem (or the kernel, or this process's privilege)
+/// cannot be idmapped; [`Error::Sys`] naming the path for any other failure.
+pub(crate) fn detached_copies(
+    plan: &FsPlan,
+    idmap: Option<BorrowedFd<'_>>,
+) -> Result<Vec<Option<OwnedFd>>> {
+    use nix::fcntl::{OpenHow, ResolveFlag};
+    let mut out = Vec::with_capacity(plan.ops.len());
+    for op in &plan.ops {
+        let (set, idmap) = match op.kind {
+            OpKind::Writable => (0, idmap),
+            OpKind::Readable => (sys::MOUNT_ATTR_RDONLY, None),
+            _ => {
+                out.push(None);
+                continue;
+            }
+        };
+        let what = || format!("copy mount tree {}", op.path.display());
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let at = step(
+            what,
+            nix::fcntl::openat2(nix::fcntl::AT_FDCWD, &op.path, how),
+        )?;
+        let fd = match sys::open_tree(
+            Some(at.as_fd()),
+            c"",
+            sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE | sys::AT_EMPTY_PATH,
+        ) {
+            Err(Errno::ENOSYS) => {
+                return Err(Error::MissingFeature {
+                    feature: "new mount API (open_tree, move_mount, mount_setattr; Linux 5.12)",
+                    detail: "open_tree returned ENOSYS".into(),
+                    hint: "run on a newer kernel",
+                });
+            }
+            r => step(what, r)?,
+        };
+        let restricted = sys::mount_setattr_tree(
+            fd.as_fd(),
+            set | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            idmap,
+        );
+        match restricted {
+            Err(e) if idmap.is_some() => {
+                return Err(Error::MissingFeature {
+                    feature: "an idmapped mount of each writable root (mount_setattr MOUNT_ATTR_IDMAP, Linux 5.12; the filesystem must support it: ext4, xfs, btrfs, tmpfs and others do, NFS does not), so that root's command can run as an unprivileged uid",
+                    detail: format!("{}: {e}", op.path.display()),
+                    hint: "put the writable roots on a filesystem that supports idmapped mounts, run the shim as root of the initial user namespace, or pass --allow-degraded same-uid to run the command as root without capabilities (it can then read every file root owns that is not masked)",
+                });
+            }
+            r => step(|| format!("restrict copy of {}", op.path.display()), r)?,
+        }
+        out.push(Some(fd));
+    }
+    Ok(out)
 }
 
 /// Show `content` at `path`, read-only: a file of a small private tmpfs mounted over it

@@ -23,7 +23,7 @@ mod protect;
 mod quarantine;
 mod repos;
 
-pub(crate) use apply::{apply, cover_file};
+pub(crate) use apply::{apply, cover_file, detached_copies};
 pub(crate) use plan::{FsPlan, OpKind, plan};
 pub(crate) use protect::Placeholder;
 pub(crate) use quarantine::{Watch, quarantine};

@@ -102,7 +102,10 @@ fn canonical(what: &'static str, p: &Path, missing_ok: bool) -> Result<Option<(P
 /// `home` is the caller's home directory (for the home-only placeholders). `read_only`
 /// are paths the shim itself prepared for the command (the CA directory): they are shown
 /// read-only from the host's tree whatever `allow_write` and `deny_read` say about the
-/// directories above them.
+/// directories above them. `stranger`: the command is not the caller on the host (root's
+/// command runs as an unprivileged uid), so a directory on the way to an operation's path
+/// that others may not enter is masked, the mask holding the way through
+/// ([`mask_unsearchable_ancestors`]).
 ///
 /// # Errors
 /// [`Error::Path`] when an `--allow-write` root does not exist or any configured path
@@ -113,7 +116,7 @@ pub(crate) fn plan(
     deny_read: &[PathBuf],
     allow_read: &[PathBuf],
     read_only: &[PathBuf],
-    home: Option<&Path>,
+    (home, stranger): (Option<&Path>, bool),
     plan: &mut FsPlan,
 ) -> Result<()> {
     let mut ops = Vec::new();
@@ -178,8 +181,47 @@ pub(crate) fn plan(
     plan.watch.append(&mut protections.watch);
     protected?;
     ops.extend(protections.paths.into_iter().map(MountOp::from));
+    if stranger {
+        mask_unsearchable_ancestors(&mut ops, &plan.writable_roots);
+    }
     plan.ops = order(ops);
     Ok(())
+}
+
+/// Masks each directory that the command, on the host a stranger to every file (its uid
+/// and gid own none, it has no other group), may not enter (no `x` bit for others) and
+/// that lies on the way to the path of an operation, outside the writable roots and the
+/// masks: the mask (searchable, not listable) holds the mount points on the way, and
+/// hides nothing the command could have reached. Without it, root's command could not
+/// reach a writable root under `/root` (mode 0700), and init, which builds the view
+/// under the command's uid, could not reach a `--deny-read` path there to mask it.
+fn mask_unsearchable_ancestors(ops: &mut Vec<MountOp>, roots: &[PathBuf]) {
+    use std::os::unix::fs::PermissionsExt;
+    let targets: Vec<PathBuf> = ops.iter().map(|o| o.path.clone()).collect();
+    for target in targets {
+        let mut on_the_way: Vec<&Path> = target.ancestors().skip(1).collect();
+        on_the_way.reverse();
+        for dir in on_the_way {
+            if dir == Path::new("/") || roots.iter().any(|r| dir.starts_with(r)) {
+                continue;
+            }
+            let masked = ops
+                .iter()
+                .any(|o| o.kind == OpKind::Mask && dir.starts_with(&o.path));
+            if masked {
+                break;
+            }
+            let closed = std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 == 0);
+            if closed {
+                ops.push(MountOp {
+                    path: dir.to_owned(),
+                    kind: OpKind::Mask,
+                    is_dir: true,
+                });
+                break;
+            }
+        }
+    }
 }
 
 /// The order in which `ops` must be applied: shallowest first; at equal depth, kinds in
@@ -216,7 +258,7 @@ mod tests {
             &[w.join("secret"), t.0.join("missing")],
             &[],
             &[],
-            None,
+            (None, false),
             &mut plan,
         )
         .unwrap();
@@ -273,6 +315,43 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_strangers_plan_masks_the_closed_directories_on_the_way() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = TempDir::new("closed");
+        let (closed, open) = (t.0.join("closed"), t.0.join("open"));
+        for d in [
+            closed.join("w"),
+            closed.join("deeper/secret"),
+            open.join("w"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let masks = |stranger: bool| {
+            let mut plan = FsPlan::default();
+            super::plan(
+                &[closed.join("w"), open.join("w")],
+                &[closed.join("deeper/secret")],
+                &[],
+                &[],
+                (None, stranger),
+                &mut plan,
+            )
+            .unwrap();
+            plan.placeholders.iter().for_each(Placeholder::remove);
+            plan.ops
+                .into_iter()
+                .filter(|o| o.kind == OpKind::Mask)
+                .map(|o| o.path)
+                .collect::<Vec<_>>()
+        };
+        // Once, shallowest first, with the user's own mask inside it.
+        assert_eq!(masks(true), [closed.clone(), closed.join("deeper/secret")]);
+        assert_eq!(masks(false), [closed.join("deeper/secret")]);
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
     fn op(path: &str, kind: OpKind) -> MountOp {
         MountOp {
             path: path.into(),
@@ -310,7 +389,7 @@ mod tests {
     fn allow_write_root_is_refused() {
         let mut plan = FsPlan::default();
         assert!(matches!(
-            super::plan(&["/".into()], &[], &[], &[], None, &mut plan),
+            super::plan(&["/".into()], &[], &[], &[], (None, false), &mut plan),
             Err(Error::Usage(_))
         ));
     }
@@ -324,7 +403,7 @@ mod tests {
                 &[],
                 &[],
                 &[],
-                None,
+                (None, false),
                 &mut plan
             ),
             Err(Error::Path { .. })
@@ -335,7 +414,7 @@ mod tests {
             &["/nonexistent-shim-test".into()],
             &[],
             &[],
-            None,
+            (None, false),
             &mut plan,
         )
         .unwrap();

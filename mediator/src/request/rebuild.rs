@@ -6,12 +6,12 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Uri, Version};
 use policy::Target;
 
-use crate::front::http::rewrite::{host_value, is_chunked, keep_chunked, strip_hop_by_hop};
+use super::rewrite::{host_value, is_chunked, keep_chunked, strip_hop_by_hop};
 
 /// The upstream request: hop-by-hop headers removed (keeping `TE: trailers` for HTTP/2,
 /// which gRPC needs), the target rebuilt from canonical values: origin-form with a `Host`
 /// header for HTTP/1.1, an absolute URI (hence `:authority`) without `Host` for HTTP/2.
-pub(super) fn rebuild<B>(
+pub(crate) fn rebuild<B>(
     req: Request<B>,
     target: &Target,
     version: Version,
@@ -52,7 +52,7 @@ pub(super) fn rebuild<B>(
 
 /// Why a request could not be rebuilt (the detail of its `400`).
 #[derive(Debug, thiserror::Error)]
-pub(super) enum RebuildError {
+pub(crate) enum RebuildError {
     #[error("bad request target: {0}")]
     Target(http::uri::InvalidUri),
     #[error("bad host: {0}")]

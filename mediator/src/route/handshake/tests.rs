@@ -1,4 +1,4 @@
-//! Unit tests of `parent`.
+//! Unit tests of `route::handshake`.
 
 use super::*;
 

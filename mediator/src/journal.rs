@@ -1,7 +1,11 @@
-//! Priorities on stderr when stderr is the journal (design section 19): systemd sets
+//! The lines the mediator writes to stderr (`say!`), with their priorities when stderr is
+//! the journal (design section 19): systemd sets
 //! `JOURNAL_STREAM=<dev>:<inode>` for a service whose stderr it reads; when our stderr is
 //! that stream, every line carries a `<N>` syslog priority prefix (`sd-daemon(3)`), so that
 //! `journalctl -p warning` shows the warnings and errors. Anywhere else lines are plain.
+//!
+//! A leaf on the bottom floor: every layer may say something, so this imports nothing
+//! of the crate.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -71,8 +75,8 @@ pub fn say(priority: Priority, text: &str) {
 #[macro_export]
 macro_rules! say {
     ($priority:ident, $($arg:tt)*) => {
-        $crate::service::journal::say(
-            $crate::service::journal::Priority::$priority,
+        $crate::journal::say(
+            $crate::journal::Priority::$priority,
             &format!($($arg)*),
         )
     };
