@@ -24,12 +24,23 @@ impl Drop for Killed {
     }
 }
 
-/// A free loopback port (bound, then released for a child to take).
+/// A free loopback port (bound, then released for a child to take). The machine's
+/// ephemeral ports can run out for a while (other load on it, sockets in TIME_WAIT):
+/// then it tries again for up to a minute.
 ///
 /// # Errors
-/// No port can be bound.
+/// No port can be bound within a minute.
 pub fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match std::net::TcpListener::bind("127.0.0.1:0") {
+            Ok(l) => return Ok(l.local_addr()?),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// One etcd member.
