@@ -54,6 +54,15 @@ async fn metric(m: &Mediator, name: &str, labels: &[(&str, &str)]) -> Result<f64
     Ok(m.metrics().await?.get(name, labels))
 }
 
+/// `mediator_registry_keys_read_total` of `m`: its node's range and the fleet's.
+async fn keys_read(m: &Mediator) -> Result<(f64, f64)> {
+    let name = "mediator_registry_keys_read_total";
+    Ok((
+        metric(m, name, &[("range", "node")]).await?,
+        metric(m, name, &[("range", "fleet")]).await?,
+    ))
+}
+
 /// A body for an authority of the fixture's origin, placed on `node`, with a token.
 fn task(name: &str, node: &str) -> Value {
     json!({
@@ -185,29 +194,28 @@ async fn an_authority_is_served_on_its_node_only_wherever_it_was_created() -> Re
     ensure!(status == 201, "{status} {body}");
     wait_status(a, "task-b", 200).await?;
 
-    // A replica reads its node's records and the fleet's only: a restarted a lists its
-    // one record of node-a and the fleet's one; node-b's records are never among them.
+    // A replica reads its node's records and the fleet's only. Its watch: twenty creates
+    // on node-b, then one on node-a; once a serves that one, its watchers have carried
+    // every earlier event of their ranges, and none of node-b's was among them (a's
+    // count: task-b on node-a and the sentinel; task-all on the fleet's).
     for i in 0..20 {
         let (status, body) = post(&b, &task(&format!("many-{i}"), "node-b")).await?;
         ensure!(status == 201, "{status} {body}");
     }
-    let a = fx.mediator.crash_restart().await?;
-    let node = metric(
-        &a,
-        "mediator_registry_keys_read_total",
-        &[("range", "node")],
-    )
-    .await?;
-    let fleet = metric(
-        &a,
-        "mediator_registry_keys_read_total",
-        &[("range", "fleet")],
-    )
-    .await?;
+    let (status, body) = post(&b, &task("sentinel", "node-a")).await?;
+    ensure!(status == 201, "{status} {body}");
+    wait_status(a, "sentinel", 200).await?;
     assert_eq!(
-        (node, fleet),
-        (1.0, 1.0),
-        "node-a's and the fleet's records only"
+        keys_read(a).await?,
+        (2.0, 1.0),
+        "watched: node-a's and the fleet's only"
+    );
+    // Its list at a start: its two records of node-a and the fleet's one.
+    let a = fx.mediator.crash_restart().await?;
+    assert_eq!(
+        keys_read(&a).await?,
+        (2.0, 1.0),
+        "listed: node-a's and the fleet's only"
     );
     let listed = a.admin_get("/v1/authorities").await?;
     let names: Vec<&str> = listed["authorities"]
@@ -216,7 +224,7 @@ async fn an_authority_is_served_on_its_node_only_wherever_it_was_created() -> Re
         .iter()
         .filter_map(|x| x["name"].as_str())
         .collect();
-    assert_eq!(names, ["task-all", "task-b"], "{listed}");
+    assert_eq!(names, ["sentinel", "task-all", "task-b"], "{listed}");
     let stored = cluster
         .etcdctl(&["get", "--prefix", "--keys-only", "/e2e/nodes/node-b/"])
         .await?;

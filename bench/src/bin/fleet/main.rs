@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bench::cluster::{Conn, Etcd, Replica};
-use clap::Parser;
 use churn::{Fleet, chaos, timed_churn};
+use clap::Parser;
 use serde_json::{Value, json};
 
 /// Command line.
