@@ -105,6 +105,7 @@ fn authority(
             watchdog: None,
             limits: policy::config::AuthorityLimits::default(),
             credentials: Vec::new(),
+            node: policy::config::Placement::Fleet,
         },
         names,
     ))

@@ -51,7 +51,7 @@ pub struct Options {
 /// [`Error`] when a listener cannot be bound, the resolver cannot be configured, the
 /// metrics cannot be registered, the CA or the PAC cannot be loaded, or the decision log
 /// cannot be opened. Nothing is left listening on error.
-pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
+pub async fn start(mut config: Config, options: Options) -> Result<Running, Error> {
     let metrics = Metrics::new()?;
     let log = decision_log(&config, options, &metrics)?;
     let resolver = resolver_of(&config)?;
@@ -73,6 +73,8 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     let store = registry::open(&config.registry, registry_metrics.clone())
         .await
         .map_err(|e| Error::Registry(e.to_string()))?;
+    // Only the authorities placed on this node or on every node are served here.
+    config.place(store.node());
     let boot = store.boot().await.map_err(|e| {
         Error::Registry(format!(
             "{e}: cannot number this run's generations and decision ids"
@@ -101,6 +103,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         audit: crate::audit::Auditor::new(&shared.metrics)?,
     };
     let control = Control::new(Arc::clone(&shared), setup);
+    control.set_placed_elsewhere(&config.placed_elsewhere);
     shared.metrics.set_authorities(0);
     let admin_api_on = config.listen.admin.is_some() || config.listen.admin_socket.is_some();
     let added = add_authorities(&control, config.authorities, admin_api_on).await;

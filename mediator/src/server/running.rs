@@ -106,6 +106,12 @@ impl Running {
         self.shared.tls.as_deref().map(TlsState::ca_pem)
     }
 
+    /// The node this replica serves (`[registry] node` as resolved at start): a reload
+    /// places the file's authorities by it ([`crate::config::parse_on`]).
+    pub fn node(&self) -> &str {
+        self.control.store().node()
+    }
+
     /// Records the configuration text the running set was built from, so that a later
     /// [`Self::reload`] can tell which authorities changed. Called once after start.
     pub fn set_baseline(&self, text: &str) {
@@ -214,6 +220,7 @@ impl Running {
             tracing::warn!("stopping the serving threads: {e}");
         }
         self.shared.log.flush();
+        crate::socket_file::remove_staging();
         self.admin_stop.cancel();
         if let Some(path) = &self.admin_socket
             && let Err(e) = std::fs::remove_file(path)
