@@ -11,7 +11,9 @@
 //! - `open` of a missing file without `O_CREAT`, `chmod`, `truncate` and `link` of a
 //!   missing file are `ENOENT`; writing a directory is `EISDIR`; `O_EXCL` of an existing
 //!   file is `EEXIST`; an existing file whose mode refuses the task is `EACCES` (file
-//!   permissions are checked before the mount when a file is opened);
+//!   permissions are checked before the mount when a file is opened), except with
+//!   `O_TRUNC` on a read-only mount, which `do_open` asks of the mount first (`EROFS`:
+//!   `sh -c 'echo > file'`);
 //! - `O_CREAT` of an existing file opened for reading only writes nothing, and succeeds;
 //! - `rename` across mounts is `EXDEV` (`mv` then copies, and what the copy tries is
 //!   what the walls refuse).
@@ -215,6 +217,15 @@ impl TaskView {
         })
     }
 
+    /// Whether `path` lies on a read-only mount (`ST_RDONLY`); doubt counts as read-only,
+    /// so that the call is the walls' (never quieter on doubt).
+    fn read_only_mount(&self, path: &Path, follow: bool) -> bool {
+        self.lookup(path, follow)
+            .ok()
+            .and_then(|fd| rustix::fs::fstatvfs(fd.as_fd()).ok())
+            .is_none_or(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+    }
+
     /// Whether the file at `path` (followed) has an access ACL, which the mode bits do
     /// not tell.
     fn has_acl(&self, path: &Path) -> bool {
@@ -319,7 +330,8 @@ impl TaskView {
             Ok(f)
                 if f.is(libc::S_IFREG)
                     && Creds::of(self.pid).is_some_and(|c| c.refused(f, 2))
-                    && !self.has_acl(path) =>
+                    && !self.has_acl(path)
+                    && !(has(libc::O_TRUNC) && self.read_only_mount(path, follow)) =>
             {
                 Verdict::Own(Errno::EACCES)
             }

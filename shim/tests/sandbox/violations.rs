@@ -25,6 +25,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_parent_that_is_a_file_is_no_violation,
         a_rename_across_mounts_is_reported_by_its_copy,
         o_creat_of_an_existing_file_read_only_is_no_violation,
+        o_trunc_on_the_read_only_tree_is_the_walls,
         the_private_tmp_is_no_violation,
     ]
 }
@@ -632,6 +633,19 @@ fn o_creat_of_an_existing_file_read_only_is_no_violation() -> TestResult {
          t('open read-only mode', lambda: os.open('outside/ro', os.O_WRONLY))",
         "open creat read ok\nopen creat write EROFS\nopen read-only mode EACCES",
         &["open_write outside/mine"],
+    )
+}
+
+/// `O_TRUNC` asks the mount for write access before the file's mode is checked
+/// (`do_open`): a shell's `>` onto a file of the read-only tree is the walls' `EROFS`,
+/// even where the mode would refuse it too, and is reported.
+fn o_trunc_on_the_read_only_tree_is_the_walls() -> TestResult {
+    only_the_walls(
+        "violations-trunc",
+        "t('open trunc read-only mode', lambda: os.open('outside/ro', os.O_WRONLY | os.O_TRUNC))\n\
+         t('open creat trunc', lambda: os.open('outside/ro', os.O_WRONLY | os.O_CREAT | os.O_TRUNC))",
+        "open trunc read-only mode EROFS\nopen creat trunc EROFS",
+        &["open_write outside/ro", "open_write outside/ro"],
     )
 }
 
