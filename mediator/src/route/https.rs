@@ -38,24 +38,24 @@ impl ParentTls {
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
                 .and_then(Iterator::collect)
                 .map_err(|e| {
-                    Error::Upstream(format!("[tls] extra_ca_files: {}: {e}", path.display()))
+                    Error::upstream_by(format!("[tls] extra_ca_files: {}", path.display()), e)
                 })?;
             if certs.is_empty() {
-                return Err(Error::Upstream(format!(
+                return Err(Error::upstream(format!(
                     "[tls] extra_ca_files: {}: no PEM certificate in the file",
                     path.display()
                 )));
             }
             for cert in certs {
                 roots.add(cert).map_err(|e| {
-                    Error::Upstream(format!("[tls] extra_ca_files: {}: {e}", path.display()))
+                    Error::upstream_by(format!("[tls] extra_ca_files: {}", path.display()), e)
                 })?;
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Upstream(format!("TLS client configuration: {e}")))?
+            .map_err(|e| Error::upstream_by("TLS client configuration", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         // The parent speaks HTTP/1.1 (CONNECT, absolute-form) inside.

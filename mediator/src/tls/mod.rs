@@ -119,7 +119,7 @@ impl TlsState {
                 "[tls] ca_dir: no CA in {} yet; the first start creates one there",
                 dir.display()
             ))),
-            Err(e) => Err(Error::Tls(format!(
+            Err(e) => Err(Error::tls(format!(
                 "[tls] ca_dir: no CA in {} and {} is not writable ({e}): the first start could not create one",
                 dir.display(),
                 probe.display()
@@ -134,8 +134,7 @@ impl TlsState {
 /// # Errors
 /// [`Error::Tls`] with the `certs` crate's message.
 pub fn load_ca(dir: &Path) -> Result<Ca, Error> {
-    Ca::load_or_create(dir, &CaOptions::default())
-        .map_err(|e| Error::Tls(format!("[tls] ca_dir: {e}")))
+    Ca::load_or_create(dir, &CaOptions::default()).map_err(|e| Error::tls_by("[tls] ca_dir", e))
 }
 
 /// Reads every `[tls] extra_ca_files` entry (when there are any).
@@ -164,22 +163,22 @@ fn client_config(
     for path in extra {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
             .and_then(Iterator::collect)
-            .map_err(|e| Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display())))?;
+            .map_err(|e| Error::tls_by(format!("[tls] extra_ca_files: {}", path.display()), e))?;
         if certs.is_empty() {
-            return Err(Error::Tls(format!(
+            return Err(Error::tls(format!(
                 "[tls] extra_ca_files: {}: no PEM certificate in the file",
                 path.display()
             )));
         }
         for cert in certs {
             roots.add(cert).map_err(|e| {
-                Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display()))
+                Error::tls_by(format!("[tls] extra_ca_files: {}", path.display()), e)
             })?;
         }
     }
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(format!("TLS client configuration: {e}")))?
+        .map_err(|e| Error::tls_by("TLS client configuration", e))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();

@@ -73,24 +73,24 @@ impl Fetcher {
                 let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
                     .and_then(Iterator::collect)
                     .map_err(|e| {
-                        Error::Upstream(format!("cannot read CA file {}: {e}", path.display()))
+                        Error::upstream_by(format!("cannot read CA file {}", path.display()), e)
                     })?;
                 for cert in certs {
                     roots.add(cert).map_err(|e| {
-                        Error::Upstream(format!("bad CA certificate in {}: {e}", path.display()))
+                        Error::upstream_by(format!("bad CA certificate in {}", path.display()), e)
                     })?;
                 }
             }
             if roots.is_empty() {
-                return Err(Error::Upstream(
-                    "no trust anchors to verify the https PAC URL (system store empty, no [tls] extra_ca_files)".into(),
+                return Err(Error::upstream(
+                    "no trust anchors to verify the https PAC URL (system store empty, no [tls] extra_ca_files)",
                 ));
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Upstream(format!("TLS setup: {e}")))?
+            .map_err(|e| Error::upstream_by("TLS setup", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(Self {

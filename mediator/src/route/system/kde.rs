@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use ini::{Ini, ParseOption};
 
 use super::{Reading, Setting, bypass, from_env, pac_source, parent};
-use crate::error::Error;
+use crate::error::{Cause, Error};
 use crate::route::env::EnvProxies;
 
 /// The system-wide defaults file.
@@ -32,16 +32,16 @@ fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathB
     let mut out: HashMap<String, (String, PathBuf)> = HashMap::new();
     for path in files {
         let bad =
-            |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
+            |why: Cause| Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why);
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => continue,
-            Err(e) => return Err(bad(e.to_string())),
+            Err(e) => return Err(bad(e.into())),
             Ok(m) if m.len() > MAX_FILE => {
-                return Err(bad(format!("larger than {MAX_FILE} bytes")));
+                return Err(bad(format!("larger than {MAX_FILE} bytes").into()));
             }
             Ok(_) => {}
         }
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.into()))?;
         merge(&mut out, path, &text, named)?;
     }
     Ok(out)
@@ -60,12 +60,13 @@ pub(crate) fn merge(
     named: bool,
 ) -> Result<(), Error> {
     let bad =
-        |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
-    let Some(group) = group_keys(text).map_err(|e| bad(e.to_string()))? else {
+        |why: Cause| Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why);
+    let Some(group) = group_keys(text).map_err(|e| bad(e.into()))? else {
         if named {
             return Err(bad(format!(
                 "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
-            )));
+            )
+            .into()));
         }
         return Ok(());
     };
@@ -126,7 +127,7 @@ pub(crate) fn decide(
         return Ok(None);
     };
     let source = format!("KDE ({})", from.display());
-    let refuse = |why: String| Error::Upstream(format!("{source}: {why}"));
+    let refuse = |why: String| Error::upstream(format!("{source}: {why}"));
     let get = |k: &str| keys.get(k).map(|(v, _)| v.as_str()).unwrap_or_default();
     match kind.as_str() {
         "0" => Ok(Some(Reading {
@@ -315,9 +316,7 @@ mod tests {
             .unwrap();
         assert!(matches!(r.setting, Setting::Direct));
         std::fs::write(&user, "[Proxy Settings]\nProxyType=3\n").unwrap();
-        let e = read(std::slice::from_ref(&user), true, &none)
-            .unwrap_err()
-            .to_string();
+        let e = crate::error::chain(&read(std::slice::from_ref(&user), true, &none).unwrap_err());
         assert!(e.contains("WPAD"), "{e}");
         std::fs::write(
             &user,
@@ -333,9 +332,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        let e = read(std::slice::from_ref(&user), true, &none)
-            .unwrap_err()
-            .to_string();
+        let e = crate::error::chain(&read(std::slice::from_ref(&user), true, &none).unwrap_err());
         assert!(e.contains("no [Proxy Settings] group"), "{e}");
         std::fs::write(&user, "ProxyType=1\nhttpsProxy=http://tunnel.corp 3128\n").unwrap();
         assert!(read(std::slice::from_ref(&user), true, &none).is_err());

@@ -123,10 +123,13 @@ impl Paths {
                         absent.push(format!("{kind} {}", path.display()));
                     }
                     Err(e) => {
-                        return Err(Error::Upstream(format!(
-                            "[upstream] {key} names {}, which cannot be read: {e}",
-                            path.display()
-                        )));
+                        return Err(Error::upstream_by(
+                            format!(
+                                "[upstream] {key} names {}, which cannot be read",
+                                path.display()
+                            ),
+                            e,
+                        ));
                     }
                 }
             }
@@ -149,12 +152,13 @@ impl Paths {
 fn home_of(name: &str) -> Result<PathBuf, Error> {
     match nix::unistd::User::from_name(name) {
         Ok(Some(user)) => Ok(user.dir),
-        Ok(None) => Err(Error::Upstream(format!(
+        Ok(None) => Err(Error::upstream(format!(
             "system_user {name:?}: no such user"
         ))),
-        Err(e) => Err(Error::Upstream(format!(
-            "system_user {name:?}: cannot look the user up: {e}"
-        ))),
+        Err(e) => Err(Error::upstream_by(
+            format!("system_user {name:?}: cannot look the user up"),
+            e,
+        )),
     }
 }
 
