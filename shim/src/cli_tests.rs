@@ -356,3 +356,22 @@ fn profile_ca_cert_is_relative_to_the_profile() {
     assert_eq!(s.ca_cert.map(|c| c.path), Some(dir.join("ca.pem")));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_path_keys_are_the_path_fields() {
+    let mut keys = Options::path_keys();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "allow_read",
+            "allow_write",
+            "ca_cert",
+            "config",
+            "decision_log",
+            "deny_read",
+            "mediator_socket",
+            "report_file",
+        ]
+    );
+}
