@@ -16,6 +16,7 @@ mod capture;
 mod fs;
 mod handoff;
 mod ids;
+mod init;
 mod janitor;
 mod landlock;
 mod notify;
@@ -25,10 +26,9 @@ mod seccomp;
 mod sys;
 
 use std::ffi::{CString, OsString};
-use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
@@ -43,10 +43,7 @@ use crate::ca::TrustFiles;
 use crate::cli::Degradation;
 use crate::error::{Error, Result};
 use crate::report::warn_tampering;
-use crate::sandbox::{
-    Backend, CaptureJob, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SHIM_FAILURE, Handoff, Job,
-    Outcome,
-};
+use crate::sandbox::{Backend, CaptureJob, EXIT_SHIM_FAILURE, Handoff, Job, Outcome};
 
 /// Signals the shim and the inner init forward to the command.
 const FORWARDED: &[Signal] = &[
@@ -97,7 +94,8 @@ impl Backend for Linux {
     /// Placeholders created for missing protected paths, and the job's CA files, are
     /// removed before returning, and by a janitor process if the shim itself is killed.
     /// Errors that happen inside the sandbox after `clone` are printed there and yield
-    /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
+    /// [`EXIT_SHIM_FAILURE`] (or [`crate::sandbox::EXIT_CANNOT_EXECUTE`],
+    /// [`crate::sandbox::EXIT_NOT_FOUND`] for `execve`).
     fn probe_fd(&self, fd: std::os::fd::RawFd) -> Option<bool> {
         sys::probe_fd(fd)
     }
@@ -224,7 +222,7 @@ fn run_planned(
             let code = match inner_plan.take() {
                 Some(p) => {
                     let _ = sys::close_fds_except(&keep_fds);
-                    inner_main(p)
+                    init::inner_main(p)
                 }
                 None => EXIT_SHIM_FAILURE,
             };
@@ -407,198 +405,4 @@ fn supervise(init: Pid, mask: &SigSet) -> i32 {
             }
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Inside: PID 1 of the new namespaces.
-
-fn inner_main(plan: InnerPlan) -> i32 {
-    match inner_setup_and_run(plan) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("shim: {e}");
-            EXIT_SHIM_FAILURE
-        }
-    }
-}
-
-fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
-    // If the shim dies, so does init, and with it every process in the PID namespace.
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| Error::sys("PR_SET_PDEATHSIG", e))?;
-    nix::unistd::setsid().map_err(|e| Error::sys("setsid", e))?;
-
-    let copies = ids::settle_inside(plan.identity, plan.handoff.as_fd(), &plan.fs)?;
-
-    // Loopback up, the proxy listener bound on it and handed to the outer shim.
-    let probe = nix::sys::socket::socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(|e| Error::sys("socket for loopback setup", e))?;
-    sys::loopback_up(probe.as_fd()).map_err(|e| Error::sys("bring up lo", e))?;
-    drop(probe);
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| Error::io("bind 127.0.0.1:0 in the sandbox", e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| Error::io("listener address", e))?
-        .port();
-    // Capture: the TUN device, while /dev/net/tun is still visible and init still holds
-    // CAP_NET_ADMIN in this namespace. Asked for explicitly, a failure stops the run;
-    // by default the outer shim says once that opaque clients have no network.
-    let tun = match &plan.capture {
-        None => Ok(None),
-        Some(c) => match capture::create(&c.addrs) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(e) if c.required => return Err(e),
-            Err(Error::Capture(why)) => Err(why),
-            Err(e) => Err(e.to_string()),
-        },
-    };
-    let payload = handoff::handoff_payload(port, &tun);
-    let mut fds = vec![listener.as_fd()];
-    if let Ok(Some(t)) = &tun {
-        fds.push(t.as_fd());
-    }
-    sys::send_fds(plan.handoff.as_fd(), &fds, &payload)
-        .map_err(|e| Error::sys("hand the listener to the shim", e))?;
-    drop(fds);
-    drop(listener);
-    drop(plan.handoff);
-
-    fs::apply(&plan.fs, copies)?;
-    if let (Ok(Some(_)), Some(c)) = (&tun, &plan.capture) {
-        // The stub resolver, read-only like the rest of the tree.
-        fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
-    }
-    drop(tun);
-
-    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref());
-    let env: Vec<CString> = env
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv).ok()
-        })
-        .collect();
-
-    // Init's memory (the caller's whole environment among it) is never the command's to
-    // read: not dumpable before the command exists (its execve makes it dumpable again).
-    nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
-
-    // The command.
-    let notify = plan.notify.take();
-    let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
-        let Err(e) = exec_command(
-            &plan.cwd,
-            (plan.landlock, &plan.fs.writable_roots),
-            &plan.filters,
-            (notify.as_ref(), &plan.handover),
-            (&plan.program, &plan.args, &env),
-        );
-        eprintln!("shim: {e}");
-        let code = match &e {
-            Error::Sys {
-                op,
-                source: Errno::ENOENT,
-            } if op.starts_with("execute") => EXIT_NOT_FOUND,
-            Error::Sys { op, .. } if op.starts_with("execute") => EXIT_CANNOT_EXECUTE,
-            _ => EXIT_SHIM_FAILURE,
-        };
-        sys::exit_now(code)
-    };
-
-    // Only the command sends the listener; init's copy would keep the shim waiting.
-    drop(notify);
-    // Init keeps no privilege it does not need to reap and forward signals.
-    sys::drop_all_capabilities().map_err(|e| Error::sys("drop init's capabilities", e))?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
-
-    let mask = forwarded_and_chld();
-    loop {
-        loop {
-            match nix::sys::wait::waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == child => return Ok(code),
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => {
-                    return Ok(128 + sig as i32);
-                }
-                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
-                Ok(_) | Err(Errno::EINTR) => continue,
-                Err(e) => return Err(Error::sys("waitpid", e)),
-            }
-        }
-        match mask.wait() {
-            Ok(Signal::SIGCHLD) | Err(_) => {}
-            Ok(sig) => {
-                let _ = nix::sys::signal::kill(child, sig);
-            }
-        }
-    }
-}
-
-/// In the command's process: the last layers, then `execve`. Returns only on failure.
-/// `landlock` is whether to use it and the writable roots; `fds` the violation filter's
-/// half and the descriptors handed over; `command` the program, its arguments and its
-/// environment.
-fn exec_command(
-    cwd: &Path,
-    (use_landlock, roots): (bool, &[PathBuf]),
-    filters: &seccomp::Filters,
-    (notify, handover): (Option<&NotifyHalf>, &crate::handover::Handover),
-    (program, args, env): (&CString, &[CString], &[CString]),
-) -> Result<std::convert::Infallible> {
-    SigSet::empty()
-        .thread_set_mask()
-        .map_err(|e| Error::sys("unblock signals", e))?;
-    sys::reset_signal_dispositions();
-    // Re-resolve the working directory through the new mounts (the inherited one still
-    // points into the tree as it was before the writable copies were attached).
-    nix::unistd::chdir(cwd).map_err(|e| {
-        Error::sys(
-            format!(
-                "working directory {} is not visible in the sandbox",
-                cwd.display()
-            ),
-            e,
-        )
-    })?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| Error::sys("no_new_privs", e))?;
-    if use_landlock {
-        landlock::restrict_writes(roots)?;
-    }
-    sys::drop_all_capabilities().map_err(|e| Error::sys("drop capabilities", e))?;
-    if let Some((prog, to_shim)) = notify {
-        notify::install(prog, to_shim.as_fd());
-    }
-    // After the listener went to the shim: the listening sockets may take its number.
-    sys::place_handover(&handover.pass, &handover.listen)
-        .map_err(|e| Error::sys("hand over --pass-fd/--listen-fd", e))?;
-    let mut with_listen = Vec::new();
-    let env = if handover.listen.is_empty() {
-        env
-    } else {
-        // sd_listen_fds(3): LISTEN_PID is this process, which execve keeps.
-        with_listen.extend_from_slice(env);
-        for kv in [
-            format!("LISTEN_FDS={}", handover.listen.len()),
-            format!("LISTEN_PID={}", nix::unistd::getpid()),
-        ] {
-            with_listen
-                .push(CString::new(kv).map_err(|_| Error::sys("LISTEN_FDS", Errno::EINVAL))?);
-        }
-        &with_listen
-    };
-    filters.install()?;
-    let e = nix::unistd::execvpe(program, args, env)
-        .err()
-        .unwrap_or(Errno::EINVAL);
-    Err(Error::sys(
-        format!("execute {}", program.to_string_lossy()),
-        e,
-    ))
 }
