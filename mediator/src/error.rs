@@ -49,7 +49,7 @@ pub enum Error {
         what: String,
         /// The library's or parser's error, when one is behind it.
         #[source]
-        cause: Option<Box<Cause>>,
+        cause: Option<Box<ErrorCause>>,
     },
     /// Any other I/O error.
     #[error(transparent)]
@@ -65,7 +65,7 @@ pub enum Error {
         what: String,
         /// The library's error, when one is behind it.
         #[source]
-        cause: Option<Box<Cause>>,
+        cause: Option<Box<ErrorCause>>,
     },
     /// A request body was not passed on upstream because the client's body failed.
     #[error("the client's request body failed")]
@@ -81,7 +81,7 @@ pub enum Error {
         what: String,
         /// The error behind it (a socket that could not be made), when there is one.
         #[source]
-        cause: Option<Box<Cause>>,
+        cause: Option<Box<ErrorCause>>,
     },
     /// `mediator diff` or `mediator test` cannot run (design section 21): an unreachable
     /// or refusing admin API, an expectations file that does not read, wrong arguments.
@@ -91,7 +91,7 @@ pub enum Error {
         what: String,
         /// The error behind it, when there is one.
         #[source]
-        cause: Option<Box<Cause>>,
+        cause: Option<Box<ErrorCause>>,
     },
     /// The authority registry (`[registry]`, design section 17) cannot be opened: the
     /// state directory cannot be made, read or locked, or etcd is asked of a build
@@ -107,7 +107,7 @@ pub enum Error {
 /// The error behind an [`Error`] that our own words explain: kept as the source, so
 /// that `{:#}` and [`chain`] print the whole story and callers can look at its type.
 #[derive(Debug, Error)]
-pub enum Cause {
+pub enum ErrorCause {
     /// A file or socket operation failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -153,7 +153,7 @@ impl Error {
     }
 
     /// [`Error::Upstream`] caused by `cause`.
-    pub(crate) fn upstream_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn upstream_by(what: impl Into<String>, cause: impl Into<ErrorCause>) -> Self {
         Self::Upstream {
             what: what.into(),
             cause: Some(Box::new(cause.into())),
@@ -169,7 +169,7 @@ impl Error {
     }
 
     /// [`Error::Tls`] caused by `cause`.
-    pub(crate) fn tls_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn tls_by(what: impl Into<String>, cause: impl Into<ErrorCause>) -> Self {
         Self::Tls {
             what: what.into(),
             cause: Some(Box::new(cause.into())),
@@ -185,7 +185,7 @@ impl Error {
     }
 
     /// [`Error::Control`] caused by `cause`.
-    pub(crate) fn control_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn control_by(what: impl Into<String>, cause: impl Into<ErrorCause>) -> Self {
         Self::Control {
             what: what.into(),
             cause: Some(Box::new(cause.into())),
@@ -201,7 +201,7 @@ impl Error {
     }
 
     /// [`Error::Review`] caused by `cause`.
-    pub(crate) fn review_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+    pub(crate) fn review_by(what: impl Into<String>, cause: impl Into<ErrorCause>) -> Self {
         Self::Review {
             what: what.into(),
             cause: Some(Box::new(cause.into())),
@@ -209,19 +209,19 @@ impl Error {
     }
 }
 
-impl From<String> for Cause {
+impl From<String> for ErrorCause {
     fn from(said: String) -> Self {
         Self::Said(said)
     }
 }
 
-impl From<&str> for Cause {
+impl From<&str> for ErrorCause {
     fn from(said: &str) -> Self {
         Self::Said(said.to_owned())
     }
 }
 
-impl Cause {
+impl ErrorCause {
     /// Another error of this crate, kept with its own sources.
     pub(crate) fn inner(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::Inner(Box::new(e))

@@ -228,6 +228,20 @@ impl Queue {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Waits, counted among the waiters, until the writer reports progress.
+    fn wait_progress<'a>(
+        &self,
+        mut state: std::sync::MutexGuard<'a, State>,
+    ) -> std::sync::MutexGuard<'a, State> {
+        state.waiting += 1;
+        let mut state = self
+            .progress
+            .wait(state)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.waiting -= 1;
+        state
+    }
 }
 
 /// Bytes queued before producers wait for the writer (back-pressure, never loss).
@@ -334,12 +348,7 @@ impl DecisionLog {
             queue.writer.notify_one();
         }
         while state.reopen_done < ticket {
-            state.waiting += 1;
-            state = queue
-                .progress
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state.waiting -= 1;
+            state = queue.wait_progress(state);
         }
         match state.reopen_error.clone() {
             None => Ok(Reopened::File(path.as_ref().clone())),
@@ -408,12 +417,7 @@ impl DecisionLog {
             let queue = &self.handle.0;
             let mut state = queue.lock();
             while state.buf.len() >= QUEUE_BYTES && !state.closed {
-                state.waiting += 1;
-                state = queue
-                    .progress
-                    .wait(state)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                state.waiting -= 1;
+                state = queue.wait_progress(state);
             }
             state.buf.extend_from_slice(line);
             state.appended += 1;
@@ -451,12 +455,7 @@ impl DecisionLog {
                 state.writer_asleep = false;
                 queue.writer.notify_one();
             }
-            state.waiting += 1;
-            state = queue
-                .progress
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state.waiting -= 1;
+            state = queue.wait_progress(state);
         }
     }
 }

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use policy::upstream::ParentUrl;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 use super::stream::UpstreamStream;
@@ -34,24 +33,8 @@ impl ParentTls {
             tracing::debug!("system trust store: {e}");
         }
         roots.add_parsable_certificates(native.certs);
-        for path in extra_ca_files {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .and_then(Iterator::collect)
-                .map_err(|e| {
-                    Error::upstream_by(format!("[tls] extra_ca_files: {}", path.display()), e)
-                })?;
-            if certs.is_empty() {
-                return Err(Error::upstream(format!(
-                    "[tls] extra_ca_files: {}: no PEM certificate in the file",
-                    path.display()
-                )));
-            }
-            for cert in certs {
-                roots.add(cert).map_err(|e| {
-                    Error::upstream_by(format!("[tls] extra_ca_files: {}", path.display()), e)
-                })?;
-            }
-        }
+        crate::tls::add_extra_ca_files(&mut roots, extra_ca_files)
+            .map_err(|(at, why)| Error::upstream_by(at, why))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

@@ -15,7 +15,7 @@ use crate::audit::ReloadTrigger;
 use crate::conn::accept::{attributed_ctx, spawn_conn};
 use crate::control::{Control, CreateError, ReloadRefused, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer};
-use crate::error::{Cause, Error};
+use crate::error::{Error, ErrorCause};
 use crate::shared::Shared;
 use crate::tls::TlsState;
 
@@ -76,14 +76,14 @@ impl Running {
             }
             CreateError::Listen(e) => Error::control_by(
                 format!("authority \"{name}\""),
-                Cause::Mediator(Box::new(e)),
+                ErrorCause::Mediator(Box::new(e)),
             ),
             CreateError::Invalid(_) | CreateError::Unavailable(_) => {
                 Error::control(format!("authority \"{name}\" cannot be added"))
             }
             CreateError::Store(e) => Error::control_by(
                 format!("authority \"{name}\" cannot be added"),
-                Cause::inner(e),
+                ErrorCause::inner(e),
             ),
         })
     }

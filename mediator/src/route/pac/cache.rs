@@ -11,7 +11,7 @@ use policy::upstream::{PacOnError, PacSource, ParentScheme, ParentUrl};
 
 use super::answer::pac_url;
 use super::{Pac, fetch};
-use crate::error::{Cause, Error};
+use crate::error::{Error, ErrorCause};
 use crate::route::{Route, Router, Via};
 
 /// Most PAC answers kept in the cache; a full cache drops expired entries, then all.
@@ -68,7 +68,7 @@ impl Router {
         let script = fetcher.fetch().await.map_err(|e| {
             Error::upstream_by(
                 format!("no usable PAC at start: {}", show_source(&source)),
-                Cause::inner(e),
+                ErrorCause::inner(e),
             )
         })?;
         let limits = super::Limits {

@@ -15,11 +15,10 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use policy::upstream::{PacSource, ParentScheme, ParentUrl};
 use policy::{Target, canonicalize_host};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::resolve::Resolver;
 use crate::route::handshake::{self, Dest};
 use crate::route::https::ParentTls;
@@ -70,16 +69,13 @@ impl Fetcher {
                 let _ = roots.add(cert);
             }
             for path in extra_ca_files {
-                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                    .and_then(Iterator::collect)
-                    .map_err(|e| {
-                        Error::upstream_by(format!("cannot read CA file {}", path.display()), e)
-                    })?;
-                for cert in certs {
-                    roots.add(cert).map_err(|e| {
-                        Error::upstream_by(format!("bad CA certificate in {}", path.display()), e)
-                    })?;
-                }
+                crate::tls::add_pem_file(&mut roots, path).map_err(|why| {
+                    let what = match why {
+                        ErrorCause::Rustls(_) => "bad CA certificate in",
+                        _ => "cannot read CA file",
+                    };
+                    Error::upstream_by(format!("{what} {}", path.display()), why)
+                })?;
             }
             if roots.is_empty() {
                 return Err(Error::upstream(

@@ -17,7 +17,7 @@ use gvdb::read::File;
 use policy::upstream::Credentials;
 
 use super::{Reading, Setting, bypass, pac_source, parent};
-use crate::error::{Cause, Error};
+use crate::error::{Error, ErrorCause};
 
 /// The dconf profile a user session reads by default.
 pub(crate) const PROFILE: &str = "/etc/dconf/profile/user";
@@ -103,10 +103,10 @@ impl Settings {
         order.extend(self.dbs.iter());
         for db in order {
             let file = File::from_bytes(std::borrow::Cow::Borrowed(&db.bytes))
-                .map_err(|e| bad(&db.path, Cause::inner(e)))?;
+                .map_err(|e| bad(&db.path, ErrorCause::inner(e)))?;
             let table = file
                 .hash_table()
-                .map_err(|e| bad(&db.path, Cause::inner(e)))?;
+                .map_err(|e| bad(&db.path, ErrorCause::inner(e)))?;
             if !table.keys().any(|k| k.is_ok_and(|k| k == key)) {
                 continue;
             }
@@ -175,7 +175,7 @@ fn locked(db: &Db, key: &str) -> bool {
     locks.keys().any(|k| k.is_ok_and(|k| k == key))
 }
 
-fn bad(path: &Path, why: impl Into<Cause>) -> Error {
+fn bad(path: &Path, why: impl Into<ErrorCause>) -> Error {
     Error::upstream_by(
         format!("GNOME proxy settings: dconf database {}", path.display()),
         why,
@@ -267,20 +267,7 @@ fn manual(settings: &Settings, source: String) -> Result<Reading, Error> {
     };
     said.push(format!("ignore-hosts {ignore_text:?}"));
     let no_proxy = bypass(ignore_text.iter().map(String::as_str));
-    let tunnel = https
-        .or_else(|| http.clone())
-        .or_else(|| socks.clone())
-        .map(Box::new);
-    let forward = http.or(socks).map(Box::new);
-    let setting = if tunnel.is_none() && forward.is_none() {
-        Setting::Direct
-    } else {
-        Setting::Manual {
-            tunnel,
-            forward,
-            no_proxy,
-        }
-    };
+    let setting = Setting::desktop(https, http, socks, no_proxy);
     Ok(Reading {
         source,
         said: said.join(", "),

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use ini::{Ini, ParseOption};
 
 use super::{Reading, Setting, bypass, from_env, pac_source, parent};
-use crate::error::{Cause, Error};
+use crate::error::{Error, ErrorCause};
 use crate::route::env::EnvProxies;
 
 /// The system-wide defaults file.
@@ -31,8 +31,9 @@ const GROUP: &str = "Proxy Settings";
 fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathBuf)>, Error> {
     let mut out: HashMap<String, (String, PathBuf)> = HashMap::new();
     for path in files {
-        let bad =
-            |why: Cause| Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why);
+        let bad = |why: ErrorCause| {
+            Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why)
+        };
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => continue,
             Err(e) => return Err(bad(e.into())),
@@ -59,8 +60,9 @@ pub(crate) fn merge(
     text: &str,
     named: bool,
 ) -> Result<(), Error> {
-    let bad =
-        |why: Cause| Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why);
+    let bad = |why: ErrorCause| {
+        Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why)
+    };
     let Some(group) = group_keys(text).map_err(|e| bad(e.into()))? else {
         if named {
             return Err(bad(format!(
@@ -158,17 +160,7 @@ pub(crate) fn decide(
             let no = get("NoProxyFor");
             said.push(format!("NoProxyFor={no}"));
             let no_proxy = bypass(no.split(','));
-            let tunnel = https.or_else(|| http.clone()).or_else(|| socks.clone()).map(Box::new);
-            let forward = http.or(socks).map(Box::new);
-            let setting = if tunnel.is_none() && forward.is_none() {
-                Setting::Direct
-            } else {
-                Setting::Manual {
-                    tunnel,
-                    forward,
-                    no_proxy,
-                }
-            };
+            let setting = Setting::desktop(https, http, socks, no_proxy);
             Ok(Some(Reading {
                 source,
                 said: said.join(", "),
