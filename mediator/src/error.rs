@@ -138,7 +138,8 @@ pub enum ErrorCause {
     /// A mediator error nested under what it stopped (an authority's socket).
     #[error(transparent)]
     Mediator(Box<Error>),
-    /// A parser's own sentence, where there is no error value (a PAC that does not start).
+    /// A sentence of our own where there is no error value (a file that holds no
+    /// certificate, a desktop setting of the wrong type).
     #[error("{0}")]
     Said(String),
 }

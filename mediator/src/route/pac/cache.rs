@@ -85,7 +85,7 @@ impl Router {
             .map_err(|e| {
                 Error::upstream_by(
                     format!("no usable PAC at start: {}", show_source(&source)),
-                    e.to_string(),
+                    ErrorCause::inner(e),
                 )
             })?;
         let routing = PacRouting {
