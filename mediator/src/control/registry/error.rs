@@ -12,12 +12,14 @@ pub enum RegistryError {
     #[error("the registry is unavailable: {0}")]
     Unavailable(String),
     /// The state directory or one of its files cannot be used.
-    #[error("registry {path}: {source}")]
+    // `error` is in the message, so it is not also given as the source (`{:#}` would say
+    // it twice).
+    #[error("registry {path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The state directory is in use by another mediator.
     #[error(
@@ -40,10 +42,10 @@ pub enum RegistryError {
 
 impl RegistryError {
     /// An I/O error on `path`.
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
         Self::Io {
             path: path.to_owned(),
-            source,
+            error,
         }
     }
 }
