@@ -37,7 +37,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, Error> {
         |k| std::env::var_os(k),
         crate::control::registry::host_name,
     )
-    .map_err(|why| Error::Registry(format!("[registry] node: {why}")))?;
+    .map_err(|why| Error::Registry(crate::control::registry::RegistryError::Node(why)))?;
     config.registry.node = Some(node.clone());
     place_and_load(config, &node)
 }

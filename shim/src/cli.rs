@@ -205,28 +205,50 @@ impl Options {
             path: path.to_owned(),
             source,
         })?;
-        let mut profile: Self = toml::from_str(&text).map_err(|source| Error::ProfileParse {
+        let parse_error = |source| Error::ProfileParse {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        // Checked as the options first: an error then names its line and column.
+        toml::from_str::<Self>(&text).map_err(parse_error)?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in profile
-            .allow_write
-            .iter_mut()
-            .chain(profile.deny_read.iter_mut())
-            .chain(profile.allow_read.iter_mut())
-            .chain(profile.mediator_socket.iter_mut())
-            .chain(profile.config.iter_mut())
-            .chain(profile.report_file.iter_mut())
-            .chain(profile.ca_cert.iter_mut())
-            .chain(profile.decision_log.iter_mut())
-            .chain(profile.cache.iter_mut())
-        {
-            if p.is_relative() {
-                *p = base.join(&*p);
+        for key in Self::path_keys() {
+            let values = match table.get_mut(&key) {
+                Some(toml::Value::String(s)) => std::slice::from_mut(s).iter_mut().collect(),
+                Some(toml::Value::Array(list)) => list
+                    .iter_mut()
+                    .filter_map(|v| match v {
+                        toml::Value::String(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for value in values {
+                if Path::new(value.as_str()).is_relative() {
+                    *value = base.join(&*value).into_os_string().into_string().map_err(|_| {
+                        Error::Usage(format!(
+                            "profile {}: {key} = {value:?} is relative to a directory whose name is not UTF-8; give an absolute path",
+                            path.display()
+                        ))
+                    })?;
+                }
             }
         }
-        Ok(profile)
+        table.try_into().map_err(parse_error)
+    }
+
+    /// The keys of the options that hold paths (a profile's relative ones are resolved
+    /// against its directory): every field whose values parse as a [`PathBuf`], read
+    /// from the flags' own definitions (clap's id is the field's name, the key).
+    fn path_keys() -> Vec<String> {
+        let flags = <Self as clap::Args>::augment_args(clap::Command::new("shim"));
+        flags
+            .get_arguments()
+            .filter(|a| a.get_value_parser().type_id() == std::any::TypeId::of::<PathBuf>())
+            .map(|a| a.get_id().to_string())
+            .collect()
     }
 
     /// `over` (the flags) on top of `self` (the profile): lists are concatenated, a

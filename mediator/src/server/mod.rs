@@ -70,16 +70,10 @@ pub async fn start(mut config: Config, options: Options) -> Result<Running, Erro
     // Before any listener: a registry that cannot be opened (a state directory another
     // mediator holds, no start number) stops the start.
     let registry_metrics = RegistryMetrics::new(&metrics)?;
-    let store = registry::open(&config.registry, registry_metrics.clone())
-        .await
-        .map_err(|e| Error::Registry(e.to_string()))?;
+    let store = registry::open(&config.registry, registry_metrics.clone()).await?;
     // Only the authorities placed on this node or on every node are served here.
     config.place(store.node());
-    let boot = store.boot().await.map_err(|e| {
-        Error::Registry(format!(
-            "{e}: cannot number this run's generations and decision ids"
-        ))
-    })?;
+    let boot = store.boot().await.map_err(Error::RegistryBoot)?;
     let shared = Arc::new(Shared::new(Parts {
         metrics,
         resolver,
@@ -282,11 +276,13 @@ async fn add_authorities(
         control.add(authority).map_err(|e| match e {
             CreateError::Listen(e) => e,
             CreateError::Duplicate(name) => {
-                Error::Control(format!("authority {name:?} is defined twice"))
+                Error::control(format!("authority {name:?} is defined twice"))
             }
-            CreateError::Invalid(v) => Error::Control(format!("{v:?}")),
-            CreateError::Unavailable(why) => Error::Registry(why),
-            CreateError::Store(e) => Error::Registry(e.to_string()),
+            CreateError::Invalid(v) => Error::control(format!("{v:?}")),
+            CreateError::Unavailable(why) => {
+                Error::Registry(registry::RegistryError::Unavailable(why))
+            }
+            CreateError::Store(e) => Error::Registry(e),
         })?;
     }
     let store = Arc::clone(control.store());
@@ -312,7 +308,7 @@ async fn add_authorities(
             );
             0
         }
-        Err(e) => return Err(Error::Registry(e.to_string())),
+        Err(e) => return Err(Error::Registry(e)),
     };
     if admin_api_on || backend != policy::config::RegistryBackend::Memory {
         crate::say!(

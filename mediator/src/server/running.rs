@@ -15,7 +15,7 @@ use crate::audit::ReloadTrigger;
 use crate::conn::accept::{attributed_ctx, spawn_conn};
 use crate::control::{Control, CreateError, ReloadRefused, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer};
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::shared::Shared;
 use crate::tls::TlsState;
 
@@ -70,14 +70,21 @@ impl Running {
     /// be created.
     pub fn add_authority(&self, authority: policy::config::Authority) -> Result<(), Error> {
         let name = authority.grant.name().to_owned();
-        self.control.add(authority).map(drop).map_err(|e| {
-            Error::Control(match e {
-                CreateError::Duplicate(n) => format!("authority \"{n}\" is live already"),
-                CreateError::Listen(e) => format!("authority \"{name}\": {e}"),
-                CreateError::Invalid(_) | CreateError::Unavailable(_) | CreateError::Store(_) => {
-                    format!("authority \"{name}\" cannot be added")
-                }
-            })
+        self.control.add(authority).map(drop).map_err(|e| match e {
+            CreateError::Duplicate(n) => {
+                Error::control(format!("authority \"{n}\" is live already"))
+            }
+            CreateError::Listen(e) => Error::control_by(
+                format!("authority \"{name}\""),
+                ErrorCause::Mediator(Box::new(e)),
+            ),
+            CreateError::Invalid(_) | CreateError::Unavailable(_) => {
+                Error::control(format!("authority \"{name}\" cannot be added"))
+            }
+            CreateError::Store(e) => Error::control_by(
+                format!("authority \"{name}\" cannot be added"),
+                ErrorCause::inner(e),
+            ),
         })
     }
 

@@ -12,6 +12,7 @@
 //! and `expires_at`, plus its generation, sealed with a SHA-256 so that a damaged record is
 //! refused, never half-read.
 
+pub(crate) mod error;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod inspect;
@@ -19,7 +20,7 @@ pub(crate) mod local;
 pub(crate) mod memory;
 pub(crate) mod metrics;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ use futures_util::future::BoxFuture;
 use policy::config::{Placement, Registry, RegistryBackend};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub(crate) use error::RegistryError;
 use sha2::{Digest, Sha256};
 
 #[cfg(feature = "etcd")]
@@ -126,60 +129,6 @@ pub(crate) enum Change {
     Snapshot(Loaded),
     /// Every change up to this revision has been sent.
     Progress(i64),
-}
-
-/// Why a registry operation failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RegistryError {
-    /// A record of that name exists (create-if-absent refused).
-    #[error("authority {0:?} is already stored")]
-    Exists(String),
-    /// The backend cannot be reached or did not confirm in time.
-    #[error("the registry is unavailable: {0}")]
-    #[cfg_attr(
-        not(feature = "etcd"),
-        expect(dead_code, reason = "only a remote backend is ever unreachable")
-    )]
-    Unavailable(String),
-    /// The state directory or one of its files cannot be used.
-    #[error("registry {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The state directory is in use by another mediator.
-    #[error(
-        "registry {path} is in use by another mediator (its lock is held); give each mediator its own [registry] state_dir"
-    )]
-    Locked {
-        /// The state directory.
-        path: PathBuf,
-    },
-    /// This replica's node name cannot be found (`[registry] node`, `$MEDIATOR_NODE`, the
-    /// host name).
-    #[error("[registry] node: {0}")]
-    Node(String),
-    /// A record cannot be encoded (cannot happen for a validated table).
-    #[error("cannot encode the record: {0}")]
-    Encode(String),
-    /// This build has no such backend.
-    #[cfg(not(feature = "etcd"))]
-    #[error(
-        "[registry] backend = \"etcd\" needs a mediator built with the cargo feature \"etcd\" (cargo build --release --features etcd; the release image has it)"
-    )]
-    NotBuilt,
-}
-
-impl RegistryError {
-    /// An I/O error on `path`.
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.to_owned(),
-            source,
-        }
-    }
 }
 
 /// The registry's one interface: load all, create if absent, delete, and (etcd) watch.

@@ -1,6 +1,7 @@
 //! The record's sealed encoding and the default state directory.
 
 use std::ffi::OsString;
+use std::path::Path;
 
 use policy::config::Placement;
 use serde_json::json;
