@@ -97,6 +97,8 @@ fn record(
         bytes_down: None,
         duration_ms: None,
         close_reason: None,
+        client_tls: None,
+        tls_alert: None,
         method: None,
         path: None,
         capture: false,

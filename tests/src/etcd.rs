@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use tokio::process::Child;
 
 use crate::http::HttpConn;
+use crate::port::unclaimed_port;
 use crate::tool::Tool;
 use crate::wait::retry_for;
 
@@ -35,11 +36,6 @@ pub struct EtcdCluster {
     initial: String,
 }
 
-/// A free loopback port (bound, then released for the member to take).
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster answers through each.
     ///
@@ -52,8 +48,8 @@ impl EtcdCluster {
         for i in 0..n {
             members.push(Member {
                 name: format!("m{i}"),
-                client: free_port()?,
-                peer: free_port()?,
+                client: unclaimed_port()?,
+                peer: unclaimed_port()?,
                 data: dir.path().join(format!("m{i}")),
                 child: None,
             });
@@ -167,6 +163,41 @@ impl EtcdCluster {
             "\n[registry]\nbackend = \"etcd\"\nendpoints = [{}]\nprefix = \"/e2e/\"\nmax_staleness_s = {max_staleness_s}\n",
             endpoints.join(", ")
         )
+    }
+
+    /// `[registry]` for the replica of node `node`, talking to the members `members` only
+    /// (their indexes), with `max_staleness_s`.
+    pub fn registry_toml_on(&self, node: &str, members: &[usize], max_staleness_s: u64) -> String {
+        let endpoints: Vec<String> = members
+            .iter()
+            .filter_map(|i| self.members.get(*i))
+            .map(|m| format!("\"http://{}\"", m.client))
+            .collect();
+        format!(
+            "\n[registry]\nbackend = \"etcd\"\nendpoints = [{}]\nprefix = \"/e2e/\"\nmax_staleness_s = {max_staleness_s}\nnode = \"{node}\"\n",
+            endpoints.join(", ")
+        )
+    }
+
+    /// Runs `etcdctl` (API 3) against every member with `args`; its standard output.
+    ///
+    /// # Errors
+    /// etcdctl cannot run or fails (its standard error is in the message).
+    pub async fn etcdctl(&self, args: &[&str]) -> Result<String> {
+        let out = Tool::Etcd
+            .command("etcdctl")?
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
     }
 
     /// Stops member `i` (SIGKILL) and reaps it.

@@ -33,6 +33,8 @@ pub enum Tool {
     Git,
     /// A C compiler, `cc`.
     Cc,
+    /// Node.js, `node` (npm's runtime: its TLS client is npm's).
+    Node,
     /// etcd, the key-value store of the shared registry (design section 17), and its
     /// `etcdctl`.
     Etcd,
@@ -41,6 +43,14 @@ pub enum Tool {
     /// Python's `jsonschema` (a JSON Schema 2020-12 validator), run by `python3`: checks
     /// the OCSF events against the published schema (design section 19).
     Jsonschema,
+    /// Debian's pip, run as `/usr/bin/python3 -m pip` (the shim's registry clients).
+    Pip,
+    /// npm, with Node (the shim's registry clients).
+    Npm,
+    /// cargo (the shim's registry clients; the toolchain that builds the suite has it).
+    Cargo,
+    /// apt-get (the shim's registry clients).
+    AptGet,
 }
 
 impl Tool {
@@ -66,6 +76,7 @@ impl Tool {
             Self::Prlimit => &[("prlimit", "util-linux")],
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
+            Self::Node => &[("node", "nodejs")],
             Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
             Self::Python => &[("python3", "python3")],
             Self::Jsonschema => &[
@@ -75,6 +86,16 @@ impl Tool {
                     "python3-jsonschema",
                 ),
             ],
+            Self::Pip => &[
+                ("/usr/bin/python3", "python3"),
+                (
+                    "/usr/lib/python3/dist-packages/pip/__init__.py",
+                    "python3-pip",
+                ),
+            ],
+            Self::Npm => &[("npm", "npm"), ("node", "nodejs")],
+            Self::Cargo => &[("cargo", "cargo")],
+            Self::AptGet => &[("apt-get", "apt")],
         }
     }
 

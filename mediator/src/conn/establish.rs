@@ -263,6 +263,7 @@ async fn steps(
     log(Ok(allow), timing);
     let facts = Facts {
         id,
+        rule: rule.clone(),
         pin: established.pin,
         started,
         route: established.route,

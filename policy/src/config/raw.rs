@@ -176,6 +176,7 @@ pub(super) struct RawAuthority {
     pub(super) ask: Option<Spanned<String>>,
     pub(super) ask_timeout_s: Option<Spanned<i64>>,
     pub(super) max_pending_asks: Option<Spanned<i64>>,
+    pub(super) node: Option<Spanned<String>>,
 }
 
 /// `[[authority.request_rule]]`.
