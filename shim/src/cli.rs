@@ -489,13 +489,17 @@ impl Settings {
         let mut flags = cli.options;
         flags.capture = cli.no_capture.then_some(false).or(flags.capture);
         flags.tmp = cli.no_tmp.then_some(false).or(flags.tmp);
-        let o = profile.merge(flags);
+        let mut o = profile.merge(flags);
         let mut config_ca = None;
         let mut admin = None;
         let mut child_env = Vec::new();
         let mut hidden_env = Vec::new();
         let mut mediator_paths = Vec::new();
-        let socket = match (o.mediator_socket, o.config, o.authority) {
+        let socket = match (
+            o.mediator_socket.take(),
+            o.config.take(),
+            o.authority.take(),
+        ) {
             (Some(s), None, None) => Some(s),
             (None, Some(c), Some(a)) => {
                 let found = from_config(&c, &a)?;
@@ -515,39 +519,7 @@ impl Settings {
                 return Err(Error::Usage("--config and --authority go together".into()));
             }
         };
-        let embedded_rules =
-            !(o.allow.is_empty() && o.deny.is_empty() && o.allow_private.is_empty());
-        if socket.is_some() && !o.resolve.is_empty() {
-            return Err(Error::Usage(
-                "--resolve is for embedded mode; a standalone mediator resolves with its own [resolver] config".into(),
-            ));
-        }
-        if socket.is_some() && o.decision_log.is_some() {
-            return Err(Error::Usage(
-                "--decision-log is for embedded mode; a standalone mediator writes its own log"
-                    .into(),
-            ));
-        }
-        let channel = match socket {
-            Some(_) if embedded_rules => {
-                return Err(Error::Usage(
-                    "--allow/--deny/--allow-private build an embedded mediator's grant; with --mediator-socket the grant lives in that mediator's config".into(),
-                ));
-            }
-            Some(s) => ChannelSpec::Socket(s),
-            None if embedded_rules => ChannelSpec::Embedded {
-                allow: o.allow,
-                deny: o.deny,
-                allow_private: o.allow_private,
-                decision_log: o.decision_log,
-                resolve: o.resolve,
-            },
-            None => {
-                return Err(Error::Usage(
-                    "no channel: pass --mediator-socket PATH (a running mediator) or --allow HOST_PATTERN (embedded mode)".into(),
-                ));
-            }
-        };
+        let channel = channel_spec(socket, &mut o)?;
         let report = (o.report || o.report_file.is_some()).then_some(o.report_file);
         let tmp = TmpSize::setting(o.tmp, o.tmp_size)?;
         // An explicit CA wins over the one the config implies.
@@ -585,6 +557,43 @@ impl Settings {
             cache: o.cache,
         })
     }
+}
+
+/// The channel of a run: `socket` (a running mediator's, from `--mediator-socket` or the
+/// config), or an embedded mediator built from the flags; the flags of one mode given
+/// with the other are a usage error. Takes the embedded grant's flags out of `o`.
+fn channel_spec(socket: Option<PathBuf>, o: &mut Options) -> Result<ChannelSpec> {
+    let embedded_rules = !(o.allow.is_empty() && o.deny.is_empty() && o.allow_private.is_empty());
+    if socket.is_some() && !o.resolve.is_empty() {
+        return Err(Error::Usage(
+            "--resolve is for embedded mode; a standalone mediator resolves with its own [resolver] config".into(),
+        ));
+    }
+    if socket.is_some() && o.decision_log.is_some() {
+        return Err(Error::Usage(
+            "--decision-log is for embedded mode; a standalone mediator writes its own log".into(),
+        ));
+    }
+    Ok(match socket {
+        Some(_) if embedded_rules => {
+            return Err(Error::Usage(
+                "--allow/--deny/--allow-private build an embedded mediator's grant; with --mediator-socket the grant lives in that mediator's config".into(),
+            ));
+        }
+        Some(s) => ChannelSpec::Socket(s),
+        None if embedded_rules => ChannelSpec::Embedded {
+            allow: std::mem::take(&mut o.allow),
+            deny: std::mem::take(&mut o.deny),
+            allow_private: std::mem::take(&mut o.allow_private),
+            decision_log: o.decision_log.take(),
+            resolve: std::mem::take(&mut o.resolve),
+        },
+        None => {
+            return Err(Error::Usage(
+                "no channel: pass --mediator-socket PATH (a running mediator) or --allow HOST_PATTERN (embedded mode)".into(),
+            ));
+        }
+    })
 }
 
 /// What the shim takes from a mediator config for one authority.
