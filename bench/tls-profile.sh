@@ -5,17 +5,21 @@
 # bench/anchors.sh: the mediator through a CONNECT tunnel it terminates, HAProxy in HTTP
 # mode with http-reuse always), CONCURRENCY keep-alive connections of target/release/tlsload.
 #
-#   TOOL=callgrind (the default): each under valgrind's callgrind, the counters zeroed after
-#     the warm-up (the handshakes), so what is counted is the keep-alive requests; prints
-#     the user-space instructions per request (requests counted by nginx) and the top
-#     functions by their own instructions, and the mediator's by inclusive ones. Counts
-#     repeat to within a few percent whatever the machine's load; the kernel is not counted.
+#   TOOL=callgrind (the default): each under valgrind's callgrind for the whole run (the
+#     counters are not zeroed after the warm-up: zeroing while threads run charges the
+#     frames then on the stack with their callees' work; the start and the 2 x CONCURRENCY
+#     handshakes are in the count, a few percent at these lengths); prints the user-space
+#     instructions per request (requests counted by nginx) by component and by function
+#     (bench/profile-summary.py), and the mediator's own functions by inclusive count.
+#     Counts repeat to within a few percent whatever the machine's load; the kernel is not
+#     counted.
 #   TOOL=perf: `perf record` (cpu-clock samples, DWARF call graphs) of each at full speed;
-#     prints the CPU per request and the top symbols by their own samples, kernel
-#     included, and writes the folded stacks and (with inferno installed:
-#     `cargo install inferno`) a flame graph per program to OUT.
+#     prints the CPU per request, the samples by object (the kernel, the program, its
+#     libraries) and the top symbols by their own samples, and, with inferno installed
+#     (`cargo install inferno`), writes the folded stacks and a flame graph per program
+#     to OUT (the perf data itself, hundreds of MB, is not kept).
 #
-# Knobs: TOOL, DURATION (measured seconds: callgrind 30, perf 6), WARMUP (callgrind 8,
+# Knobs: TOOL, DURATION (measured seconds: callgrind 30, perf 6), WARMUP (callgrind 2,
 # perf 1), CONCURRENCY (8), TOP (25), WHO ("mediator haproxy"), OUT
 # (target/tls-profile: the raw profiles), BUILD (1: build first; 0: take target/release as
 # it is), MEDIATOR (another mediator binary to profile). Installs valgrind, perf, haproxy
@@ -25,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 TOOL=${TOOL:-callgrind}
 case $TOOL in
-    callgrind) DURATION=${DURATION:-30}; WARMUP=${WARMUP:-8} ;;
+    callgrind) DURATION=${DURATION:-30}; WARMUP=${WARMUP:-2} ;;
     perf) DURATION=${DURATION:-6}; WARMUP=${WARMUP:-1} ;;
     *) echo "TOOL is callgrind or perf" >&2; exit 2 ;;
 esac
@@ -79,44 +83,29 @@ log "nginx on $HOST:$nginx_port"
 wrap=()
 [ "$TOOL" = callgrind ] && wrap=(valgrind --tool=callgrind --callgrind-out-file="$work/cg.out")
 
-# summary LABEL REQUESTS: the profile's table, to stdout.
+# summary_callgrind LABEL REQUESTS: the profile's tables, to stdout.
 summary_callgrind() {
-    local label=$1 n=$2 f ir
-    f=$work/cg.out.1
-    cp "$f" "$OUT/$label.callgrind"
-    ir=$(callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    printf '\n### %s: %s requests, %s instructions per request\n\n' "$label" "$n" "$(( ir / n ))"
-    printf '| own instructions per request | share | function |\n|---:|---:|---|\n'
-    callgrind_annotate --inclusive=no "$f" 2>/dev/null \
-        | awk -v n="$n" -v ir="$ir" -v top="$TOP" '
-            /^-+$/ { sep++; next }
-            sep >= 3 && NF >= 2 && $1 ~ /^[0-9,]+$/ && k < top {
-                v = $1; gsub(",", "", v); $1 = ""; sub(/^ +/, ""); sub(/\(\)$/, "");
-                sub(/^[^ ]*\?\?\?:/, ""); gsub(/\|/, "\\|");
-                printf "| %d | %.1f%% | `%s` |\n", v / n, 100 * v / ir, $0; k++ }'
-    if [ "$label" = mediator ]; then
-        printf '\n| inclusive instructions per request | share | function |\n|---:|---:|---|\n'
-        callgrind_annotate --inclusive=yes "$f" 2>/dev/null \
-            | awk -v n="$n" -v ir="$ir" -v top="$TOP" '
-                /^-+$/ { sep++; next }
-                sep >= 3 && NF >= 2 && $1 ~ /^[0-9,]+$/ && k < top {
-                    v = $1; gsub(",", "", v); $1 = ""; sub(/^ +/, ""); sub(/\(\)$/, "");
-                    gsub(/\|/, "\\|");
-                    printf "| %d | %.1f%% | `%s` |\n", v / n, 100 * v / ir, $0; k++ }'
-    fi
+    local label=$1 n=$2 ours=()
+    cp "$work/cg.out.1" "$OUT/$label.callgrind"
+    [ "$label" = mediator ] && ours=(--ours "mediator::")
+    printf '\n### %s\n\n' "$label"
+    python3 "$ROOT/bench/profile-summary.py" --file "$OUT/$label.callgrind" --requests "$n" \
+        --top "$TOP" "${ours[@]}"
 }
 
 summary_perf() {
     local label=$1 n=$2 cpu=$3
-    cp "$work/perf.data" "$OUT/$label.perf.data"
     printf '\n### %s: %s requests, %s s CPU per 1,000 (perf cpu-clock)\n\n' "$label" "$n" "$cpu"
-    printf '| share of samples | where | symbol |\n|---:|---|---|\n'
-    perf report -i "$work/perf.data" --no-children --sort dso,sym --stdio 2>/dev/null \
+    printf '| share of samples | where |\n|---:|---|\n'
+    perf report -i "$work/perf.data" --no-children --sort dso -g none --stdio 2>/dev/null \
+        | awk '/^ +[0-9.]+%/ && k < 6 { printf "| %s | %s |\n", $1, $2; k++ }'
+    printf '\n| share of samples | where | symbol |\n|---:|---|---|\n'
+    perf report -i "$work/perf.data" --no-children --sort dso,sym -g none --stdio 2>/dev/null \
         | awk -v top="$TOP" '/^ +[0-9.]+%/ && k < top {
             pct = $1; dso = $2; $1 = ""; $2 = ""; $3 = ""; sub(/^ +/, ""); gsub(/\|/, "\\|");
             printf "| %s | %s | `%s` |\n", pct, dso, $0; k++ }'
-    perf script -i "$work/perf.data" 2>/dev/null >"$work/perf.txt"
     if command -v inferno-collapse-perf >/dev/null; then
+        perf script -i "$work/perf.data" 2>/dev/null >"$work/perf.txt"
         inferno-collapse-perf <"$work/perf.txt" >"$OUT/$label.folded"
         inferno-flamegraph --title "$label: TLS-terminated keep-alive requests" \
             <"$OUT/$label.folded" >"$OUT/$label.svg"
@@ -131,14 +120,15 @@ profile() { # profile LABEL tlsload-args...
     "$bin/tlsload" --host "$HOST" --mode keepalive --concurrency "$CONCURRENCY" \
         --duration "$DURATION" --warmup "$WARMUP" --label "$label" "$@" >"$work/load.json" &
     tl=$!
-    sleep "$WARMUP"
-    a=$(origin_counts)
     if [ "$TOOL" = callgrind ]; then
-        callgrind_control -z "$subject" >/dev/null 2>&1
+        # The whole run is counted (see the top): so are its requests.
+        a=$(origin_counts)
         wait "$tl"
         b=$(origin_counts)
         callgrind_control -d "$subject" >/dev/null 2>&1
     else
+        sleep "$WARMUP"
+        a=$(origin_counts)
         perf record -e cpu-clock -F 1999 --call-graph dwarf,32768 -p "$subject" \
             -o "$work/perf.data" -- sleep "$DURATION" 2>/dev/null >&2
         b=$(origin_counts)
