@@ -1,6 +1,7 @@
 //! The state every connection of one mediator shares, built whole at start (nothing is
 //! set later): the live authorities, metrics, resolver, router, TLS state, decision log,
-//! the mediator's own addresses, timeouts and limits, the shutdown signals, and the count
+//! the mediator's own addresses, timeouts and limits, the shutdown signals, the idle
+//! upstream connections kept for reuse (`crate::reuse`), and the count
 //! of live client connections that a graceful shutdown waits on, and the threads that
 //! serve them.
 
@@ -17,6 +18,7 @@ use crate::decision_log::DecisionLog;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
+use crate::reuse::{Caps, Conn, Pool};
 use crate::route::{self, Router};
 use crate::serving::Serving;
 use crate::signal::Signals;
@@ -69,6 +71,9 @@ pub(crate) struct Shared {
     pub(crate) authorities: LiveSet,
     /// Shutdown signals.
     pub(crate) signals: Signals,
+    /// The idle upstream connections of terminated tunnels (`[limits]
+    /// idle_upstream_connections`).
+    pub(crate) reuse: Arc<Pool<Conn>>,
     next_id: AtomicU64,
     active: AtomicUsize,
     idle: Notify,
@@ -99,7 +104,14 @@ impl Shared {
     /// The shared state, with no authority yet.
     pub(crate) fn new(parts: Parts) -> Self {
         let boot = parts.boot;
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        let caps = Caps {
+            total: count(parts.limits.idle_upstream_connections),
+            per_authority: count(parts.limits.authority_idle_upstream_connections),
+            idle: parts.timeouts.idle_upstream,
+        };
         Self {
+            reuse: Arc::new(Pool::new(caps)),
             parts,
             authorities: LiveSet::starting_at(boot << GENERATION_BITS),
             signals: Signals::new(),
