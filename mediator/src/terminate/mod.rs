@@ -155,32 +155,50 @@ pub(crate) async fn terminate<C>(
         |up, down| opened.progress(up, down),
     )
     .await;
-    if reason == CloseReason::ClientClosed {
-        give_back(env);
-    } else {
-        drop(env);
-    }
+    give_back(env);
     opened.finish(bytes.outcome(reason));
 }
 
 /// Gives the tunnel's upstream connection back to the pool for the next tunnel of its
-/// authority to the same place (`crate::reuse`), unless a request still holds the tunnel's
-/// state (then it is dropped: closed). The pool keeps it only if it is alive.
+/// authority to the same place (`crate::reuse`), however the client's side ended: the pool
+/// keeps it only if it is alive (an HTTP/1.1 connection whose answer was cut off is not
+/// idle, one that switched protocols never is) and the authority is still live (a cut by
+/// revocation or shutdown keeps nothing). HTTP/2 requests still finishing may hold the
+/// tunnel's state: their connection's sender is a handle, given back as a copy; an
+/// HTTP/1.1 connection still held that way is dropped (closed).
 fn give_back(env: Arc<Env>) {
-    let Ok(env) = Arc::try_unwrap(env) else {
-        return;
+    let link = match Arc::try_unwrap(env) {
+        Ok(env) => (
+            env.shared,
+            UpstreamOpened {
+                http: env.upstream,
+                rest: env.kept.rest,
+                ticket: env.kept.ticket,
+                gone: env.kept.gone,
+                upgrading: env.upgrading,
+                pin: env.pin,
+                route: env.route,
+            },
+        ),
+        Err(env) => {
+            let Ok(Upstream::H2(sender, extended)) = &env.upstream else {
+                return;
+            };
+            let opened = UpstreamOpened {
+                http: Ok(Upstream::H2(sender.clone(), Arc::clone(extended))),
+                rest: env.kept.rest.clone(),
+                ticket: env.kept.ticket.clone(),
+                gone: env.kept.gone.clone(),
+                upgrading: Arc::clone(&env.upgrading),
+                pin: env.pin,
+                route: env.route,
+            };
+            (Arc::clone(&env.shared), opened)
+        }
     };
-    let link = UpstreamOpened {
-        http: env.upstream,
-        rest: env.kept.rest,
-        ticket: env.kept.ticket,
-        gone: env.kept.gone,
-        upgrading: env.upgrading,
-        pin: env.pin,
-        route: env.route,
-    };
-    if let Some((conn, ticket)) = link.into_conn() {
-        env.shared.reuse.give(&ticket, conn);
+    let (shared, opened) = link;
+    if let Some((conn, ticket)) = opened.into_conn() {
+        shared.reuse.give(&ticket, conn);
     }
 }
 

@@ -131,6 +131,7 @@ pub(super) struct Opened {
 }
 
 /// A pooled connection without its sender (which the tunnel holds as [`Upstream`]).
+#[derive(Clone)]
 pub(super) struct Rest {
     offer: Offer,
     local: Option<SocketAddr>,
