@@ -2,8 +2,8 @@
 //! `authority_idle_upstream_connections`, `[timeouts] idle_upstream`): the upstream TLS
 //! connection a terminated tunnel leaves behind carries the next tunnel of the same
 //! authority to the same host, pin and route, as the loopback origin sees by counting its
-//! TLS handshakes; never another authority's tunnel, nor one whose vetted addresses
-//! changed; a revoked authority's idle connections are closed; the caps hold; and one the
+//! TLS handshakes; never another authority's tunnel, nor one whose vetted addresses or
+//! route changed; a revoked authority's idle connections are closed; the caps hold; and one the
 //! origin closed is not used (the next request goes on a new connection, without error).
 
 use std::path::PathBuf;
@@ -13,12 +13,14 @@ use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use e2e::harness::Case;
 use e2e::mediator::{AuthoritySpec, MediatorBuilder, toml_list, toml_str};
-use e2e::tls::{TestCa, TlsOrigin, h2_client, tls_through_connect};
+use e2e::parent::HttpParent;
+use e2e::tls::{TestCa, TlsOrigin, tls_through_connect};
 use e2e::wait::{retry_for, wait_until};
 use e2e::{AGENT_A, AGENT_B, Fixture, LOOPBACK, TOKEN_A, TOKEN_B, case};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::TokioIo;
 use mediator::vocab::{Event, Protocol};
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::net::TcpStream;
@@ -277,6 +279,53 @@ async fn a_changed_pin_never_reuses() -> Result<()> {
     Ok(())
 }
 
+async fn a_changed_route_never_reuses() -> Result<()> {
+    // `[upstream] mode = "system"` reading a KDE settings file the test writes: no proxy
+    // first (DIRECT), then a parent after a SIGHUP, then no proxy again.
+    let dir = tempfile::tempdir()?;
+    let kde = dir.path().join("kioslaverc");
+    std::fs::write(&kde, "[Proxy Settings]\nProxyType=0\n")?;
+    let parent = HttpParent::start().await?;
+    let files = toml_list(&[kde.display().to_string()]);
+    let env = start(|b| {
+        b.upstream_line("mode = \"system\"")
+            .upstream_line("dconf_databases = []")
+            .upstream_line(&format!("kioslaverc_files = {files}"))
+    })
+    .await?;
+    let reread = async |setting: &str, said: &str| -> Result<()> {
+        std::fs::write(&kde, format!("[Proxy Settings]\n{setting}\n"))?;
+        env.fx.mediator.signal(Signal::SIGHUP)?;
+        env.fx
+            .mediator
+            .wait_for_stderr(
+                |l| l.contains("upstream system settings re-read") && l.contains(said),
+                e2e::LOG_TIMEOUT,
+            )
+            .await?;
+        Ok(())
+    };
+    ensure!(env.get_once(A, "/direct").await? == 200);
+    env.wait_idle(1).await?;
+    let url = format!("http://{}", parent.addr());
+    reread(&format!("ProxyType=1\nhttpsProxy={url}"), &url).await?;
+    ensure!(env.get_once(A, "/parent").await? == 200);
+    parent.wait_requests(1).await?;
+    assert_eq!(env.origin.handshakes(), 2, "a new route, a new connection");
+    env.wait_idle(2).await?;
+    ensure!(env.get_once(A, "/parent-again").await? == 200);
+    assert_eq!(parent.requests().len(), 1, "the parent's tunnel was reused");
+    reread("ProxyType=0", "ProxyType=0").await?;
+    ensure!(env.get_once(A, "/direct-again").await? == 200);
+    assert_eq!(
+        env.origin.handshakes(),
+        2,
+        "the direct connection is still kept"
+    );
+    assert_eq!(parent.requests().len(), 1);
+    Ok(())
+}
+
 async fn a_revoked_authoritys_idle_connections_are_closed() -> Result<()> {
     let env = start(|b| b).await?;
     ensure!(env.get_once(A, "/a").await? == 200);
@@ -391,14 +440,22 @@ async fn http2_tunnels_reuse_an_http2_connection_and_an_http1_client_gets_its_ow
     let url = format!("https://{}/h2", env.target());
     for _ in 0..2 {
         let tls = env.tunnel(A, &[b"h2"]).await?;
-        let mut h2 = h2_client(tls).await?;
+        let (mut h2, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tls),
+        )
+        .await?;
+        let conn = tokio::spawn(conn);
         let resp = h2
             .send_request(hyper::Request::get(&url).body(Full::new(Bytes::new()))?)
             .await?;
         ensure!(resp.status() == 200);
         let echo: Value = serde_json::from_slice(&resp.into_body().collect().await?.to_bytes())?;
         assert_eq!(echo["version"], "HTTP/2.0", "the origin spoke h2: {echo}");
+        // The client goes away: its connection is dropped, not closed politely.
         drop(h2);
+        conn.abort();
+        let _ = conn.await;
         env.wait_idle(1).await?;
     }
     assert_eq!(env.origin.handshakes(), 1);
@@ -427,6 +484,7 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(the_next_tunnel_of_the_same_authority_reuses_the_upstream_connection),
         case!(another_authority_never_gets_the_connection),
         case!(a_changed_pin_never_reuses),
+        case!(a_changed_route_never_reuses),
         case!(a_revoked_authoritys_idle_connections_are_closed),
         case!(the_caps_hold_per_authority_and_in_all),
         case!(reuse_is_off_with_a_cap_of_zero),
