@@ -16,8 +16,8 @@
 //! upstream request, the answer; the steps and the message helpers it shares with
 //! absolute-form forwarding are `crate::request`), the
 //! protocol switches (`upgrade.rs`) and the HTTP/2 requests the HTTP/2 layer refuses
-//! itself (`h2_resets.rs`); then, when the client closed cleanly, the upstream connection
-//! goes back to the pool for the next tunnel.
+//! itself (`h2_resets.rs`); then the upstream connection goes back to the pool for the
+//! next tunnel, if it is still sound.
 
 mod client;
 pub(crate) mod h2_resets;
