@@ -1,11 +1,13 @@
 //! Support code for the benchmark harness: how the load generator reaches its
 //! target (directly, or through a proxy over TCP or a Unix socket), process statistics read
-//! from `/proc`, and latency summaries. The binaries are `origin` (a loopback HTTP origin)
+//! from `/proc`, latency summaries, and the etcd cluster and mediator replicas of the
+//! registry benchmarks ([`cluster`]). The binaries are `origin` (a loopback HTTP origin)
 //! and `loadgen` (the load generator); `bench/run.sh` drives both.
 //!
 //! Every address this crate connects to or listens on must be a loopback address: see
 //! [`require_loopback`].
 
+pub mod cluster;
 #[allow(unsafe_code)] // sysconf(3) for the clock tick
 pub mod procstat;
 pub mod via;

@@ -8,7 +8,7 @@
 //! | `GET /healthz` | 200 while the process serves |
 //! | `GET /readyz` | 200 when accepting; 503 while shutting down, at `max_connections`, or with a stale `registry` |
 //! | `GET /v1/authorities` | every live authority: name, generation, origin, channel, grant digest, `expires_at`, live connections |
-//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`, `"ttl_s": N`), stored durably in the registry first; 201 (`"persisted"`, `"backend"`), 400 naming each bad field, 409 duplicate, 503 registry unavailable |
+//! | `POST /v1/authorities` | create one from the flat JSON of an `[[authority]]` table (+ `"generate_token": true`, `"ttl_s": N`), stored durably in the registry first; 201 (`"persisted"`, `"backend"`, `"served_here"`: false for one placed on another node, which is live there only), 400 naming each bad field, 409 duplicate, 503 registry unavailable |
 //! | `DELETE /v1/authorities/<name>` | revoke (once the registry's removal is durable); 200, 404, 503 |
 //! | `GET /v1/authorities/<name>/denials?since=<id or RFC 3339>` | its recent denials (bounded ring) |
 //!
@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use crate::audit::AuditRecord;
 use crate::authorities::{Live, Origin};
 use crate::conn::accept::{Listener, accept_loop};
-use crate::control::{Control, CreateError, Deleted};
+use crate::control::{Control, CreateError, Created, Deleted};
 use crate::decision_log::Peer;
 use crate::limits::ADMIN_CONNECTIONS;
 
@@ -351,6 +351,7 @@ fn describe(admin: &Admin, live: &Live) -> Value {
     let a = &live.authority;
     json!({
         "name": live.name(),
+        "node": a.node.as_str(),
         "generation": live.generation,
         "origin": live.origin,
         "created": live.created,
@@ -381,6 +382,21 @@ fn describe(admin: &Admin, live: &Live) -> Value {
             "connect_burst": live.counts.rate().1,
             "open_connections": live.counts.open(),
         },
+    })
+}
+
+/// What a create answers for an authority placed on another node: stored, served by that
+/// node's replica only (its socket is there; this replica refuses its token).
+fn placed_elsewhere(created: &Created) -> Value {
+    let record = &created.stored.record;
+    json!({
+        "name": record.name,
+        "node": created.node.as_str(),
+        "generation": created.stored.generation,
+        "origin": Origin::Api,
+        "created": record.created_at,
+        "expires_at": record.expires_at,
+        "channel": { "socket": null, "tcp": null },
     })
 }
 
@@ -471,9 +487,16 @@ async fn create(
     }
     match admin.control.create(&value).await {
         Ok(created) => {
-            audit::changed(&mut audit, None, Some(&created.live));
-            let mut out = describe(admin, &created.live);
+            match &created.live {
+                Some(live) => audit::changed(&mut audit, None, Some(live)),
+                None => audit::placed_elsewhere(&mut audit, &created),
+            }
+            let mut out = match &created.live {
+                Some(live) => describe(admin, live),
+                None => placed_elsewhere(&created),
+            };
             if let Value::Object(map) = &mut out {
+                map.insert("served_here".into(), Value::Bool(created.live.is_some()));
                 if let Some(token) = created.token {
                     map.insert("token".into(), Value::String(token));
                     map.insert(

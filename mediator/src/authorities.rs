@@ -26,7 +26,7 @@ use crate::decision_log::Peer;
 use crate::limits::{AuthorityCounts, InForce};
 use crate::members::{Joined, Key, Member, Members};
 use crate::signal::Signals;
-use crate::vocab::{Protocol, serialize_reason};
+use crate::vocab::{ClientTlsEnd, Event, Protocol, TlsAlert, serialize_reason};
 
 /// Denials kept per authority for `GET /v1/authorities/<name>/denials`.
 pub(crate) const DENIAL_RING: usize = 256;
@@ -54,11 +54,27 @@ pub(crate) struct Birth {
     pub(crate) expires_at: Option<String>,
 }
 
-/// One recent denial of an authority.
+/// One recent denial of an authority, or a terminated tunnel of it whose client refused
+/// the mediator's certificate (what the shim's run must hear of, design section 10).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct DenialEntry {
-    /// The decision id (as in the decision log).
+    /// `decision`: a denial; `close`: a terminated tunnel whose client ended its handshake
+    /// refusing the mediator's certificate (its `reason` is the tunnel's, `allowed`).
+    pub(crate) event: Event,
+    /// The decision id (as in the decision log); for a `close` entry, an id drawn when the
+    /// tunnel closed (so that `since=` finds it after the entries before it), the tunnel's
+    /// own being `tunnel_id`.
     pub(crate) id: u64,
+    /// `close` entries: the tunnel's decision id (its close record's `id` in the log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tunnel_id: Option<u64>,
+    /// `close` entries: how the client ended the handshake (`rejected_certificate`,
+    /// `closed_after_certificate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) client_tls: Option<ClientTlsEnd>,
+    /// `close` entries: the alert the client sent, if it sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_alert: Option<TlsAlert>,
     /// RFC 3339 timestamp.
     pub(crate) ts: String,
     /// The protocol of the decision.
@@ -331,12 +347,25 @@ impl LiveSet {
 
     /// Registers `new` as the successor of the replaced `old` (a reload re-created it on
     /// an unchanged channel). Prunes entries whose old grant no connection holds.
+    ///
+    /// Entries that named `old` as their successor are pointed at `new`: the list only
+    /// holds `Weak` references, so once nothing holds `old`'s entry a chain through it
+    /// (older -> old -> new) would break and a connection of the older generation would
+    /// find no authority at all. Every entry names the newest successor instead.
     pub(crate) fn succeed(&self, old: &Arc<Authority>, new: &Arc<Live>) {
         let mut list = self
             .successors
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         list.retain(|(a, _)| a.strong_count() > 0);
+        for (_, next) in list.iter_mut() {
+            if next
+                .upgrade()
+                .is_some_and(|live| Arc::ptr_eq(&live.authority, old))
+            {
+                *next = Arc::downgrade(new);
+            }
+        }
         list.push((Arc::downgrade(old), Arc::downgrade(new)));
     }
 
@@ -455,3 +484,7 @@ impl LiveSet {
         Some(removed)
     }
 }
+
+#[cfg(test)]
+#[path = "authorities_tests.rs"]
+mod tests;

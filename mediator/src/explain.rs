@@ -114,7 +114,7 @@ pub async fn explain_with(
         .find(|a| a.grant.name() == authority)
     else {
         let names: Vec<&str> = config.authorities.iter().map(|a| a.grant.name()).collect();
-        return Err(Error::Control(format!(
+        return Err(Error::control(format!(
             "no authority {authority:?} in the configuration (it has: {})",
             names.join(", ")
         )));

@@ -64,6 +64,6 @@ pub use control::registry::inspect::{Listed, Listing};
 pub use control::{ReloadRefused, ReloadReport};
 pub use decision_log::{DecisionLog, Record, Reopened, Sink, Tap};
 pub use denial::{Cause, Denial};
-pub use error::Error;
+pub use error::{Error, ErrorCause};
 pub use server::{Options, Running, check_resources, limits_of, registry_listing, start};
 pub use vocab::{CloseReason, Protocol};

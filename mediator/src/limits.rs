@@ -236,6 +236,12 @@ impl Limiter {
         }
     }
 
+    /// Whether a connection from `door` would find room now ([`Self::room`] would not
+    /// wait).
+    pub(crate) fn has_room(&self, door: Door) -> bool {
+        self.open() < self.mark(door)
+    }
+
     /// Waits until a connection from `door` may be accepted. The first wait of an episode
     /// says so on stderr and counts `limit="global"`; `on_pressure` is called then.
     pub(crate) async fn room(&self, door: Door, on_pressure: impl FnOnce()) {
@@ -380,6 +386,11 @@ impl AuthorityCounts {
     /// Its connect rate (new connections per second, 0 = unlimited) and burst.
     pub(crate) fn rate(&self) -> (u32, u32) {
         (self.rate, self.burst)
+    }
+
+    /// Whether [`Self::refusals_room`] would not wait now.
+    pub(crate) fn refusals_ok(&self) -> bool {
+        self.refusing.load(Ordering::Acquire) < REFUSALS_IN_FLIGHT
     }
 
     /// Waits until fewer than [`REFUSALS_IN_FLIGHT`] of its connections are being

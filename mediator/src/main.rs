@@ -456,7 +456,7 @@ fn emit(text: &str) -> anyhow::Result<()> {
 fn system_upstream(cfg: &policy::config::Config) -> Result<String, String> {
     mediator::route::system::summary(&cfg.upstream.system, &|k| std::env::var(k).ok())
         .map(|s| format!("upstream: system: {s}"))
-        .map_err(|e| format!("upstream: system: {e}"))
+        .map_err(|e| format!("upstream: system: {:#}", anyhow::Error::from(e)))
 }
 
 /// `mediator health`: the admin address from `--admin` or the config; exit 0 on 200.

@@ -77,7 +77,7 @@ impl Resolver {
     ) -> Result<Self, Error> {
         let provider = TokioRuntimeProvider::default();
         let mut builder = if nameservers.is_empty() {
-            TokioResolver::builder(provider).map_err(|e| Error::Resolver(e.to_string()))?
+            TokioResolver::builder(provider).map_err(Error::Resolver)?
         } else {
             let servers = nameservers
                 .iter()
@@ -97,9 +97,7 @@ impl Resolver {
         opts.timeout = timeout;
         opts.attempts = 1;
         opts.ndots = 0;
-        let dns = builder
-            .build()
-            .map_err(|e| Error::Resolver(e.to_string()))?;
+        let dns = builder.build().map_err(Error::Resolver)?;
         Ok(Self {
             hosts,
             dns: Some(dns),

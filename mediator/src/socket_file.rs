@@ -1,12 +1,19 @@
 //! Unix socket files (design section 5: one per authority, `<socket_dir>/<name>.sock`, and
-//! the admin API's own), created safely: bound inside a fresh private (0700) directory,
+//! the admin API's own), created safely: bound inside a private (0700) staging directory,
 //! given their mode and owner there, then renamed into place, so no client can reach a
 //! socket before its permissions are final. A stale socket file (nobody listening) is
 //! replaced; a live one, or any file that is not a socket, is an error, never deleted.
+//!
+//! The staging directory is made once per directory sockets go to and kept while the
+//! process runs (removed at shutdown; an empty one left by a crash is removed by the next
+//! start): a directory made and removed for every socket cost a start with thousands of
+//! authorities more than the sockets themselves (on a disk file system, a removed
+//! directory's block is freed, even discarded, synchronously).
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use policy::config::Authority;
 use tokio::net::UnixListener;
@@ -81,20 +88,86 @@ pub(crate) fn bind_socket_file(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(dir)
-        .map_err(err)?;
-    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o700))
-        .map_err(err)?;
-    let tmp = staging.path().join("s");
-    let listener = UnixListener::bind(&tmp).map_err(err)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).map_err(err)?;
-    if uid.is_some() || gid.is_some() {
-        std::os::unix::fs::chown(&tmp, uid, gid).map_err(|e| err(chown_error(uid, gid, &e)))?;
+    let mut tmp = staged(dir).map_err(err)?;
+    let listener = match UnixListener::bind(&tmp) {
+        // The staging directory went away (removed by hand, or by another mediator's
+        // start as a crash's leftover): made again, once.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            forget_staging(dir);
+            tmp = staged(dir).map_err(err)?;
+            UnixListener::bind(&tmp).map_err(err)?
+        }
+        bound => bound.map_err(err)?,
+    };
+    let placed = (|| {
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::chown(&tmp, uid, gid).map_err(|e| chown_error(uid, gid, &e))?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(e));
     }
-    std::fs::rename(&tmp, path).map_err(err)?;
     Ok(listener)
+}
+
+/// The staging directories of this process: (the directory sockets go to, its staging
+/// directory, how many sockets were staged in it).
+static STAGING: Mutex<Vec<(PathBuf, tempfile::TempDir, u64)>> = Mutex::new(Vec::new());
+
+/// A fresh path in the staging directory of `dir` (made, mode 0700, at its first use;
+/// empty staging directories a crashed process left in `dir` are removed then).
+fn staged(dir: &Path) -> io::Result<PathBuf> {
+    let mut all = STAGING.lock().unwrap_or_else(PoisonError::into_inner);
+    let i = match all.iter().position(|(d, _, _)| d == dir) {
+        Some(i) => i,
+        None => {
+            sweep_staging(dir);
+            let staging = tempfile::Builder::new()
+                .prefix(".staging-")
+                .tempdir_in(dir)?;
+            std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o700))?;
+            all.push((dir.to_owned(), staging, 0));
+            all.len() - 1
+        }
+    };
+    let (_, staging, n) = &mut all[i];
+    *n += 1;
+    Ok(staging.path().join(format!("s{n}")))
+}
+
+/// Forgets (and removes) the staging directory of `dir`.
+fn forget_staging(dir: &Path) {
+    STAGING
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|(d, _, _)| d != dir);
+}
+
+/// Removes every staging directory of this process (at shutdown).
+pub(crate) fn remove_staging() {
+    STAGING
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+}
+
+/// Removes the empty staging directories in `dir` (a crash's leftovers; `rmdir` leaves a
+/// directory that is not empty, and one another process is using is empty only between
+/// two of its sockets, which then makes it again).
+fn sweep_staging(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".staging-")
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
 }
 
 /// The error of a failed `chown(2)` of a new socket, naming the owner asked for and, when

@@ -1,6 +1,7 @@
 //! `mediator suggest`: from a decision log (or the shim's `--report`), the smallest
 //! `[[authority]]` table that would have allowed one authority's `not_in_allowlist` and
-//! `port_not_allowed` denials. Address-class denials (`private_address`,
+//! `port_not_allowed` denials; for the denials of the shim's embedded mode (channel
+//! `embedded`), whose grant is its command line, the `--allow` flags instead. Address-class denials (`private_address`,
 //! `special_address`) are never widened: they are listed as comments. Many names under one
 //! registrable domain (by the Public Suffix List) become one `*.` entry, with a comment
 //! saying so. Every entry is checked as the configuration loader checks it, so the output
@@ -55,26 +56,47 @@ impl Seen {
     }
 }
 
-/// The suggestion for `authority` from `input` (decision-log lines, or one shim report).
-///
-/// # Errors
-/// `authority` is not a valid authority name (the table would not load), or a line is not
-/// JSON (its number in the message).
-// A `String` error: the message `mediator suggest` prints; no caller branches on it.
-pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
-    // The table is named `authority`: a name the loader refuses would make it unusable.
-    policy::Grant::new(
-        &policy::GrantSpec {
-            name: authority.to_owned(),
-            ..policy::GrantSpec::default()
-        },
-        &[],
-    )
-    .map_err(|e| format!("--authority: {e}"))?;
-    let mut widen: BTreeMap<(String, u16), Seen> = BTreeMap::new();
-    let mut kept: BTreeMap<(String, u16, String), Seen> = BTreeMap::new();
-    let mut denials = 0u64;
-    let mut take = |v: &Value, ts: Option<&str>| {
+/// What `mediator suggest` prints (its `Display` is the text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Suggestion {
+    /// An `[[authority]]` table for a mediator's configuration, which `mediator check`
+    /// loads.
+    Table(String),
+    /// The denials were those of the shim's embedded mode (their records' `channel`, or
+    /// the report's, is `embedded`), whose grant is its command line: the flags to add,
+    /// `--allow` and its value each (`flags`), and the text (comments, then the flags on
+    /// one line, quoted for a POSIX shell).
+    ShimFlags {
+        /// `["--allow", "api.example.com:443", ...]`.
+        flags: Vec<String>,
+        /// What is printed.
+        text: String,
+    },
+}
+
+impl std::fmt::Display for Suggestion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Table(text) | Self::ShimFlags { text, .. } => f.write_str(text),
+        }
+    }
+}
+
+/// The denials read, by destination.
+#[derive(Default)]
+struct Denied {
+    /// Denials counted.
+    count: u64,
+    /// `not_in_allowlist` and `port_not_allowed`, by `(host, port)`.
+    widen: BTreeMap<(String, u16), Seen>,
+    /// Address-class denials, by `(host, port, reason)`.
+    kept: BTreeMap<(String, u16, String), Seen>,
+    /// Some were taken in the shim's embedded mode.
+    embedded: bool,
+}
+
+impl Denied {
+    fn take(&mut self, v: &Value, ts: Option<&str>) {
         let (Some(host), Some(port), Some(reason)) = (
             v["host"].as_str(),
             v["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
@@ -99,25 +121,54 @@ pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
         };
         match reason {
             "not_in_allowlist" | "port_not_allowed" => {
-                denials += 1;
-                widen.entry((host.to_owned(), port)).or_default().add(ts);
+                self.count += 1;
+                self.widen
+                    .entry((host.to_owned(), port))
+                    .or_default()
+                    .add(ts);
             }
             "private_address" | "special_address" => {
-                denials += 1;
-                kept.entry((host.to_owned(), port, reason.to_owned()))
+                self.count += 1;
+                self.kept
+                    .entry((host.to_owned(), port, reason.to_owned()))
                     .or_default()
                     .add(ts);
             }
             _ => {}
         }
-    };
+    }
+
+    /// The denials of a shim report.
+    fn take_report(&mut self, report: &Value) {
+        self.embedded |= report["channel"] == "embedded";
+        for d in report["denials"].as_array().into_iter().flatten() {
+            self.take(d, d["ts"].as_str());
+        }
+    }
+}
+
+/// The suggestion for `authority` from `input` (decision-log lines, or one shim report):
+/// an `[[authority]]` table, or the shim's flags when the denials were taken in its
+/// embedded mode.
+///
+/// # Errors
+/// `authority` is not a valid authority name (the table would not load), or a line is not
+/// JSON (its number in the message).
+// A `String` error: the message `mediator suggest` prints; no caller branches on it.
+pub fn suggest(input: &str, authority: &str) -> Result<Suggestion, String> {
+    // The table is named `authority`: a name the loader refuses would make it unusable.
+    policy::Grant::new(
+        &policy::GrantSpec {
+            name: authority.to_owned(),
+            ..policy::GrantSpec::default()
+        },
+        &[],
+    )
+    .map_err(|e| format!("--authority: {e}"))?;
+    let mut denied = Denied::default();
     // A shim report is one JSON document; a decision log is one JSON object per line.
     match serde_json::from_str::<Value>(input) {
-        Ok(report) if report["report"] == "shim" => {
-            for d in report["denials"].as_array().into_iter().flatten() {
-                take(d, d["ts"].as_str());
-            }
-        }
+        Ok(report) if report["report"] == "shim" => denied.take_report(&report),
         _ => {
             for (n, line) in input.lines().enumerate() {
                 // Text around the JSON (the shim's stderr lines) is not part of the log.
@@ -127,19 +178,91 @@ pub fn suggest(input: &str, authority: &str) -> Result<String, String> {
                 let v: Value = serde_json::from_str(line)
                     .map_err(|e| format!("line {}: not a decision-log line: {e}", n + 1))?;
                 if v["report"] == "shim" {
-                    for d in v["denials"].as_array().into_iter().flatten() {
-                        take(d, d["ts"].as_str());
-                    }
+                    denied.take_report(&v);
                 } else if v["event"] == "decision"
                     && v["decision"] == "deny"
                     && v["authority"].as_str() == Some(authority)
                 {
-                    take(&v, v["ts"].as_str());
+                    denied.embedded |= v["channel"] == "embedded";
+                    denied.take(&v, v["ts"].as_str());
                 }
             }
         }
     }
-    Ok(render(authority, denials, &widen, &kept))
+    Ok(if denied.embedded {
+        render_flags(authority, &denied)
+    } else {
+        Suggestion::Table(render(authority, denied.count, &denied.widen, &denied.kept))
+    })
+}
+
+/// The shim flags that would have allowed the denials of an embedded run: a comment per
+/// entry (what it covers), the address classes that stay denied, then one line of flags.
+fn render_flags(authority: &str, denied: &Denied) -> Suggestion {
+    let mut entries = group(&denied.widen);
+    entries.retain(|e| check_entry(EntryKind::Allow, &e.pattern).is_ok());
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "# Suggested by `mediator suggest` from {} denials of the shim's embedded run (authority {authority:?}):",
+        denied.count
+    );
+    let _ = writeln!(
+        text,
+        "# the shim flags that would have allowed its not_in_allowlist and port_not_allowed denials."
+    );
+    for e in &entries {
+        if let Some(note) = &e.note {
+            let _ = writeln!(text, "#   {}", comment_text(note));
+        }
+        let _ = writeln!(
+            text,
+            "#   --allow {}: {}",
+            comment_text(&e.pattern),
+            comment_text(&e.seen.comment())
+        );
+    }
+    if !denied.kept.is_empty() {
+        let _ = writeln!(
+            text,
+            "# Stay denied (address class: never widened by a suggestion; use --allow-private only for a destination you mean):"
+        );
+        for ((host, port, reason), seen) in &denied.kept {
+            let _ = writeln!(
+                text,
+                "#   {}",
+                comment_text(&format!(
+                    "{}:{port} {reason} ({})",
+                    show_host(host),
+                    seen.comment()
+                ))
+            );
+        }
+    }
+    let flags: Vec<String> = entries
+        .iter()
+        .flat_map(|e| ["--allow".to_owned(), e.pattern.clone()])
+        .collect();
+    if flags.is_empty() {
+        let _ = writeln!(text, "# (no flag to add)");
+    } else {
+        let words: Vec<String> = flags.iter().map(|f| shell_word(f)).collect();
+        let _ = writeln!(text, "{}", words.join(" "));
+    }
+    Suggestion::ShimFlags { flags, text }
+}
+
+/// `s` as one word of a POSIX shell: as it is when it holds only characters no shell
+/// reads specially, else in single quotes (a `'` inside as `'\''`).
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '/' | '='));
+    if plain {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// One allow entry: the pattern, what it covers, and its comment.
@@ -304,199 +427,5 @@ fn toml_str(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line(ts: &str, authority: &str, host: &str, port: u16, reason: &str) -> String {
-        serde_json::json!({
-            "event": "decision", "ts": ts, "authority": authority, "host": host,
-            "port": port, "decision": "deny", "reason": reason,
-        })
-        .to_string()
-    }
-
-    #[test]
-    #[expect(clippy::too_many_lines, reason = "a table of grouping rows")]
-    fn the_smallest_grant_groups_by_the_psl_and_keeps_address_classes_denied() {
-        let log = [
-            line(
-                "2026-12-01T10:00:00.000Z",
-                "agent-a",
-                "api.example.com",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:05:00.000Z",
-                "agent-a",
-                "api.example.com",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:01:00.000Z",
-                "agent-a",
-                "a.cdn.example.net",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:02:00.000Z",
-                "agent-a",
-                "b.cdn.example.net",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:03:00.000Z",
-                "agent-a",
-                "c.example.net",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:04:00.000Z",
-                "agent-a",
-                "x.github.io",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:04:30.000Z",
-                "agent-a",
-                "y.github.io",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:04:40.000Z",
-                "agent-a",
-                "z.github.io",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:06:00.000Z",
-                "agent-a",
-                "origin.test",
-                8080,
-                "port_not_allowed",
-            ),
-            line(
-                "2026-12-01T10:07:00.000Z",
-                "agent-a",
-                "10.0.0.5",
-                80,
-                "private_address",
-            ),
-            line(
-                "2026-12-01T10:08:00.000Z",
-                "agent-a",
-                "intranet.example.com",
-                443,
-                "private_address",
-            ),
-            line(
-                "2026-12-01T10:09:00.000Z",
-                "agent-b",
-                "other.example.org",
-                443,
-                "not_in_allowlist",
-            ),
-            line(
-                "2026-12-01T10:10:00.000Z",
-                "agent-a",
-                "evil.example",
-                443,
-                "denied_by_rule",
-            ),
-            line(
-                "2026-12-01T10:11:00.000Z",
-                "agent-a",
-                "10.1.2.3",
-                80,
-                "not_in_allowlist",
-            ),
-        ]
-        .join("\n");
-        let got = suggest(&log, "agent-a").unwrap();
-        let want = r#"# Suggested by `mediator suggest` from 12 denials of authority "agent-a":
-# the smallest allow list that would have allowed its not_in_allowlist and port_not_allowed denials.
-[[authority]]
-name = "agent-a"
-allow = [
-  # 3 names under example.net grouped (the Public Suffix List makes example.net a registrable domain): a.cdn.example.net, b.cdn.example.net, c.example.net
-  "*.example.net:443", # 3 denials, first 2026-12-01T10:01:00.000Z, last 2026-12-01T10:03:00.000Z
-  "api.example.com:443", # 2 denials, first 2026-12-01T10:00:00.000Z, last 2026-12-01T10:05:00.000Z
-  "origin.test:8080", # 1 denial, at 2026-12-01T10:06:00.000Z
-  "x.github.io:443", # 1 denial, at 2026-12-01T10:04:00.000Z
-  "y.github.io:443", # 1 denial, at 2026-12-01T10:04:30.000Z
-  "z.github.io:443", # 1 denial, at 2026-12-01T10:04:40.000Z
-]
-# Stay denied (address class: never widened by a suggestion; use allow_private only for a destination you mean):
-#   10.0.0.5:80 private_address (1 denial, at 2026-12-01T10:07:00.000Z)
-#   10.1.2.3:80 private_address (1 denial, at 2026-12-01T10:11:00.000Z)
-#   intranet.example.com:443 private_address (1 denial, at 2026-12-01T10:08:00.000Z)
-"#;
-        assert_eq!(got, want, "\n{got}");
-        // What it prints is a configuration the loader accepts.
-        let c = policy::config::parse(&got, "suggested.toml").unwrap();
-        assert_eq!(c.authorities[0].grant.allow_entries().count(), 6);
-    }
-
-    #[test]
-    fn separators_and_bidi_controls_are_escaped_in_comments() {
-        for c in [
-            '\u{2028}', '\u{2029}', '\u{202E}', '\u{2066}', '\u{200F}', '\u{061C}',
-        ] {
-            let text = comment_text(&format!("a{c}b"));
-            assert_eq!(text, format!("a{}b", c.escape_default()), "{c:?}");
-        }
-        assert_eq!(comment_text("b\u{fc}cher.test"), "b\u{fc}cher.test");
-    }
-
-    #[test]
-    fn a_shim_report_is_read_too() {
-        let report = serde_json::json!({
-            "report": "shim",
-            "denials": [
-                {"protocol": "connect", "status": 403, "reason": "not_in_allowlist", "host": "pypi.org", "port": 443},
-                {"protocol": "connect", "status": 403, "reason": "special_address", "host": "192.0.2.1", "port": 443},
-            ],
-        })
-        .to_string();
-        let got = suggest(&report, "agent-a").unwrap();
-        assert!(got.contains("  \"pypi.org:443\", # 1 denial\n"), "{got}");
-        assert!(
-            got.contains("#   192.0.2.1:443 special_address (1 denial)"),
-            "{got}"
-        );
-        assert!(suggest("{not json", "a").is_err());
-        // A host or time with a line break stays inside its comment: no line of its own.
-        let injected = serde_json::json!({
-            "event": "decision", "decision": "deny", "authority": "agent-a",
-            "host": "10.0.0.1\n\"evil.test:443\",", "port": 443, "reason": "private_address",
-            "ts": "t\n  \"evil.test:443\", #",
-        });
-        let ok = serde_json::json!({
-            "event": "decision", "decision": "deny", "authority": "agent-a",
-            "host": "a.test", "port": 443, "reason": "not_in_allowlist",
-            "ts": "t\n  \"evil.test:443\", #\u{0}",
-        });
-        let safe = suggest(&format!("{injected}\n{ok}"), "agent-a").unwrap();
-        let c = policy::config::parse(&safe, "suggested.toml").unwrap();
-        assert_eq!(
-            c.authorities[0].grant.allow_entries().collect::<Vec<_>>(),
-            ["a.test:443"],
-            "{safe}"
-        );
-        // A name the loader refuses is refused here, not printed into a table.
-        for bad in ["", "no spaces", "a\nallow = [\"*\"]"] {
-            let e = suggest(&report, bad).unwrap_err();
-            assert!(e.starts_with("--authority: "), "{e}");
-        }
-        // The report among other lines of the shim's stderr.
-        let mixed = format!("mediator: denied pypi.org:443 (not_in_allowlist): ...\n{report}\n");
-        assert_eq!(suggest(&mixed, "agent-a").unwrap(), got);
-    }
-}
+#[path = "suggest_tests.rs"]
+mod tests;

@@ -10,7 +10,10 @@
 //! - `bundle.pem`: the system bundle (the first of [`SYSTEM_BUNDLES`] that exists) followed
 //!   by the CA, so that public sites still verify;
 //! - `mediator-ca.pem`: the CA alone, for `NODE_EXTRA_CA_CERTS` (which adds to Node's own
-//!   store).
+//!   store);
+//! - `truststore.jks`: the same certificates as the bundle, as a Java KeyStore
+//!   ([`crate::jks`]), for the JVM's `javax.net.ssl.trustStore`;
+//! - `wgetrc`: `ca_certificate = <bundle>`, for wget (which reads no CA variable).
 //!
 //! The directory is shown read-only inside the sandbox (whatever `--allow-write` and
 //! `--deny-read` say about its parent) and removed at exit, by the shim or, if the shim is
@@ -37,6 +40,10 @@ pub(crate) const SYSTEM_BUNDLES: &[&str] = &[
 pub(crate) const BUNDLE_FILE: &str = "bundle.pem";
 /// The CA-only file's name in the private directory.
 pub(crate) const CA_ONLY_FILE: &str = "mediator-ca.pem";
+/// The JVM trust store's name in the private directory.
+pub(crate) const JAVA_FILE: &str = "truststore.jks";
+/// wget's startup file's name in the private directory.
+pub(crate) const WGETRC_FILE: &str = "wgetrc";
 
 /// Read the CA certificate `ca` names and return its certificates, PEM (LF line endings).
 ///
@@ -94,6 +101,17 @@ fn certificates_pem(text: &[u8]) -> std::result::Result<String, String> {
     }
     let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
     Ok(pem::encode_many_config(&blocks, config))
+}
+
+/// The DER of every certificate of a PEM text (a block that is not one is skipped: the
+/// system bundle is the system's, and the JVM store only leaves it out).
+fn certificates_der(pem_text: &[u8]) -> Vec<Vec<u8>> {
+    pem::parse_many(pem_text)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(pem::Pem::into_contents)
+        .collect()
 }
 
 /// The first system bundle that exists, with its contents; `None` if there is none.
@@ -213,9 +231,19 @@ impl TrustFiles {
             bundle.push(b'\n');
         }
         bundle.extend_from_slice(ca_pem.as_bytes());
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let java = crate::jks::trust_store(&certificates_der(&bundle), millis);
+        let wgetrc = format!(
+            "# Written by the shim for this run: the system's CAs and the mediator's.\nca_certificate = {}\n",
+            self.dir.join(BUNDLE_FILE).display()
+        );
         for (name, content) in [
             (BUNDLE_FILE, &bundle[..]),
             (CA_ONLY_FILE, ca_pem.as_bytes()),
+            (JAVA_FILE, &java[..]),
+            (WGETRC_FILE, wgetrc.as_bytes()),
         ] {
             let path = self.dir.join(name);
             let op = || format!("write {}", path.display());
@@ -242,6 +270,8 @@ impl TrustFiles {
         CaFiles {
             bundle: self.dir.join(BUNDLE_FILE),
             ca_only: self.dir.join(CA_ONLY_FILE),
+            java: self.dir.join(JAVA_FILE),
+            wgetrc: self.dir.join(WGETRC_FILE),
         }
     }
 
@@ -254,7 +284,7 @@ impl TrustFiles {
         if !meta.is_dir() || meta.dev() != self.dev || meta.ino() != self.ino {
             return;
         }
-        for name in [BUNDLE_FILE, CA_ONLY_FILE] {
+        for name in [BUNDLE_FILE, CA_ONLY_FILE, JAVA_FILE, WGETRC_FILE] {
             let _ = std::fs::remove_file(self.dir.join(name));
         }
         let _ = std::fs::remove_dir(&self.dir);
@@ -317,6 +347,17 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&files.ca_only).unwrap(), pem);
         let bundle = std::fs::read_to_string(&files.bundle).unwrap();
         assert!(bundle.ends_with(&pem));
+        // The JVM store holds the bundle's certificates, the CA last.
+        let java = std::fs::read(&files.java).unwrap();
+        let ca_der = pem::parse(&pem).unwrap().into_contents();
+        let count = u32::from_be_bytes(java[8..12].try_into().unwrap()) as usize;
+        assert_eq!(count, certificates_der(bundle.as_bytes()).len());
+        assert!(java[..java.len() - 20].ends_with(&ca_der));
+        assert!(
+            std::fs::read_to_string(&files.wgetrc)
+                .unwrap()
+                .contains(&format!("ca_certificate = {}\n", files.bundle.display()))
+        );
         if let Some((_, system)) = system_bundle().unwrap() {
             assert!(bundle.as_bytes().starts_with(&system));
         }

@@ -60,6 +60,12 @@ pub struct Cli {
     #[arg(long, conflicts_with = "capture")]
     pub(crate) no_capture: bool,
 
+    /// No private temporary directory: /tmp and /var/tmp are the host's, read-only like
+    /// the rest of the tree, and TMPDIR and the cache variables are left as they are (in
+    /// a profile: `tmp = false`).
+    #[arg(long, conflicts_with = "tmp_size")]
+    pub(crate) no_tmp: bool,
+
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<OsString>,
@@ -155,6 +161,22 @@ pub(crate) struct Options {
     /// local origin (repeatable; a non-public ADDR also needs --allow-private).
     #[arg(long, value_name = "NAME=ADDR")]
     pub(crate) resolve: Vec<String>,
+
+    /// The bound of the private temporary directory (a tmpfs at /tmp and /var/tmp, shared
+    /// with the tools' caches): bytes with an optional k, m, g or t suffix, or a
+    /// percentage of the memory (default 50%, the kernel's own default for a tmpfs).
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) tmp_size: Option<String>,
+
+    /// Keep the tools' caches (pip, npm, cargo, Go, XDG_CACHE_HOME) in DIR, a directory of
+    /// the caller's that the command may write and that outlives the run, instead of the
+    /// private temporary directory (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) cache: Option<PathBuf>,
+
+    /// In a profile only: `tmp = false` is `--no-tmp`.
+    #[arg(skip)]
+    pub(crate) tmp: Option<bool>,
 }
 
 /// A protection that the user may explicitly give up when the kernel lacks it.
@@ -183,27 +205,50 @@ impl Options {
             path: path.to_owned(),
             source,
         })?;
-        let mut profile: Self = toml::from_str(&text).map_err(|source| Error::ProfileParse {
+        let parse_error = |source| Error::ProfileParse {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        // Checked as the options first: an error then names its line and column.
+        toml::from_str::<Self>(&text).map_err(parse_error)?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in profile
-            .allow_write
-            .iter_mut()
-            .chain(profile.deny_read.iter_mut())
-            .chain(profile.allow_read.iter_mut())
-            .chain(profile.mediator_socket.iter_mut())
-            .chain(profile.config.iter_mut())
-            .chain(profile.report_file.iter_mut())
-            .chain(profile.ca_cert.iter_mut())
-            .chain(profile.decision_log.iter_mut())
-        {
-            if p.is_relative() {
-                *p = base.join(&*p);
+        for key in Self::path_keys() {
+            let values = match table.get_mut(&key) {
+                Some(toml::Value::String(s)) => std::slice::from_mut(s).iter_mut().collect(),
+                Some(toml::Value::Array(list)) => list
+                    .iter_mut()
+                    .filter_map(|v| match v {
+                        toml::Value::String(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for value in values {
+                if Path::new(value.as_str()).is_relative() {
+                    *value = base.join(&*value).into_os_string().into_string().map_err(|_| {
+                        Error::Usage(format!(
+                            "profile {}: {key} = {value:?} is relative to a directory whose name is not UTF-8; give an absolute path",
+                            path.display()
+                        ))
+                    })?;
+                }
             }
         }
-        Ok(profile)
+        table.try_into().map_err(parse_error)
+    }
+
+    /// The keys of the options that hold paths (a profile's relative ones are resolved
+    /// against its directory): every field whose values parse as a [`PathBuf`], read
+    /// from the flags' own definitions (clap's id is the field's name, the key).
+    fn path_keys() -> Vec<String> {
+        let flags = <Self as clap::Args>::augment_args(clap::Command::new("shim"));
+        flags
+            .get_arguments()
+            .filter(|a| a.get_value_parser().type_id() == std::any::TypeId::of::<PathBuf>())
+            .map(|a| a.get_id().to_string())
+            .collect()
     }
 
     /// `over` (the flags) on top of `self` (the profile): lists are concatenated, a
@@ -233,6 +278,9 @@ impl Options {
             capture: over.capture.or(self.capture),
             quiet_denials: self.quiet_denials || over.quiet_denials,
             resolve: cat(self.resolve, over.resolve),
+            tmp_size: over.tmp_size.or(self.tmp_size),
+            cache: over.cache.or(self.cache),
+            tmp: over.tmp.or(self.tmp),
         }
     }
 }
@@ -275,6 +323,65 @@ pub(crate) enum ChannelSpec {
         /// `--resolve NAME=ADDR` values, as given.
         resolve: Vec<String>,
     },
+}
+
+/// The private temporary directory: a tmpfs at `/tmp` and `/var/tmp` inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TmpSize(String);
+
+impl TmpSize {
+    /// The default bound: half the memory, as the kernel bounds a tmpfs by default.
+    pub(crate) const DEFAULT: &'static str = "50%";
+
+    /// A `--tmp-size` value: a positive number of bytes with an optional `k`, `m`, `g` or
+    /// `t` suffix (binary multiples, as tmpfs reads them), or a percentage from 1 to 100.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] naming the value and the forms it may take (0 would mean no
+    /// bound at all to the kernel, so it is refused).
+    pub(crate) fn parse(value: &str) -> Result<Self> {
+        let bad = || {
+            Error::Usage(format!(
+                "--tmp-size {value:?}: give a size such as 512m, 2g or 25% (of the memory); 0 is not a bound"
+            ))
+        };
+        let (digits, percent) = match value.strip_suffix('%') {
+            Some(d) => (d, true),
+            None => (
+                value.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T']),
+                false,
+            ),
+        };
+        if value.len() - digits.len() > 1 || digits.is_empty() || digits.len() > 15 {
+            return Err(bad());
+        }
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        if n == 0 || !digits.bytes().all(|b| b.is_ascii_digit()) || (percent && n > 100) {
+            return Err(bad());
+        }
+        Ok(Self(value.to_ascii_lowercase()))
+    }
+
+    /// The private temporary directory of a profile's `tmp` (or `--no-tmp`) and
+    /// `--tmp-size`: `None` when it is off.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a bad size, or a size for a directory turned off.
+    fn setting(on: Option<bool>, size: Option<String>) -> Result<Option<Self>> {
+        match (on, size) {
+            (Some(false), Some(_)) => Err(Error::Usage(
+                "tmp = false turns the private temporary directory off; it takes no tmp_size"
+                    .into(),
+            )),
+            (Some(false), None) => Ok(None),
+            (_, size) => Self::parse(size.as_deref().unwrap_or(Self::DEFAULT)).map(Some),
+        }
+    }
+
+    /// The value as tmpfs's `size=` option takes it.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// Where the CA certificate to trust inside comes from (for error messages).
@@ -347,6 +454,10 @@ pub struct Settings {
     pub(crate) listen_fd: Vec<i32>,
     /// `--control PATH`: the rebind socket.
     pub(crate) control: Option<PathBuf>,
+    /// The private temporary directory's bound (`None`: `--no-tmp`).
+    pub(crate) tmp: Option<TmpSize>,
+    /// `--cache DIR`: where the tools' caches go, kept across runs.
+    pub(crate) cache: Option<PathBuf>,
 }
 
 impl Settings {
@@ -365,9 +476,8 @@ impl Settings {
             None => Options::default(),
         };
         let mut flags = cli.options;
-        if cli.no_capture {
-            flags.capture = Some(false);
-        }
+        flags.capture = cli.no_capture.then_some(false).or(flags.capture);
+        flags.tmp = cli.no_tmp.then_some(false).or(flags.tmp);
         let o = profile.merge(flags);
         let mut config_ca = None;
         let mut admin = None;
@@ -428,14 +538,13 @@ impl Settings {
             }
         };
         let report = (o.report || o.report_file.is_some()).then_some(o.report_file);
+        let tmp = TmpSize::setting(o.tmp, o.tmp_size)?;
         // An explicit CA wins over the one the config implies.
-        let ca_cert = match o.ca_cert {
-            Some(path) => Some(CaCert {
-                path,
-                origin: CaOrigin::Flag,
-            }),
-            None => config_ca,
+        let flag_ca = |path| CaCert {
+            path,
+            origin: CaOrigin::Flag,
         };
+        let ca_cert = o.ca_cert.map(flag_ca).or(config_ca);
         Ok(Self {
             channel,
             allow_write: o.allow_write,
@@ -460,6 +569,8 @@ impl Settings {
             pass_fd: cli.pass_fd,
             listen_fd: cli.listen_fd,
             control: cli.control,
+            tmp,
+            cache: o.cache,
         })
     }
 }

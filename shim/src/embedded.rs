@@ -105,6 +105,7 @@ fn authority(
             watchdog: None,
             limits: policy::config::AuthorityLimits::default(),
             credentials: Vec::new(),
+            node: policy::config::Placement::Fleet,
         },
         names,
     ))
@@ -207,7 +208,8 @@ impl Embedded {
     ///
     /// `decision_log`: append the decision log to this file, opened by the caller before
     /// the sandbox existed (else it is not written). The run's denials are collected from
-    /// the mediator's records as they are taken, for `--report`.
+    /// the mediator's records as they are taken, for `--report`, and so is a client's
+    /// refusal of the mediator's certificate (said as `trust` words it).
     ///
     /// # Errors
     /// [`Error::Io`] if the runtime cannot start, [`Error::Channel`] if a start would fail
@@ -216,7 +218,7 @@ impl Embedded {
         config: policy::config::Config,
         listener: std::net::TcpListener,
         decision_log: Option<std::fs::File>,
-        denials: Arc<Denials>,
+        (denials, trust): (Arc<Denials>, crate::rejected::Trust),
         binding: Arc<crate::control::Binding>,
     ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -248,6 +250,8 @@ impl Embedded {
             Arc::new(move |rec: &mediator::Record| {
                 if let Some(d) = denial_of(rec) {
                     denials.push(d);
+                } else if let Some(r) = crate::rejected::Rejection::of_close(rec) {
+                    trust.rejected(&denials, r);
                 }
             })
         };
@@ -497,6 +501,8 @@ mod tests {
             bytes_down: None,
             duration_ms: None,
             close_reason: None,
+            client_tls: None,
+            tls_alert: None,
             method: None,
             path: None,
             capture: false,

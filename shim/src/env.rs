@@ -26,7 +26,18 @@ pub(crate) struct CaFiles {
     pub(crate) bundle: PathBuf,
     /// The CA alone.
     pub(crate) ca_only: PathBuf,
+    /// The bundle's certificates as a Java KeyStore.
+    pub(crate) java: PathBuf,
+    /// A wget startup file naming the bundle.
+    pub(crate) wgetrc: PathBuf,
 }
+
+/// The JVM's options variable: read by every JVM at start (`java`, `javac`, Gradle,
+/// Maven), and printed by it on stderr ("Picked up JAVA_TOOL_OPTIONS").
+const JAVA_OPTIONS: &str = "JAVA_TOOL_OPTIONS";
+
+/// wget's startup file variable (it replaces `~/.wgetrc`).
+const WGETRC: &str = "WGETRC";
 
 /// The CA variables for `files`: [`CA_BUNDLE_VARS`] name the bundle, [`CA_EXTRA_VARS`]
 /// the CA alone.
@@ -71,8 +82,36 @@ pub(crate) fn proxy_vars(port: u16) -> Vec<(String, String)> {
     vars
 }
 
+/// The variables of `files` that depend on what the caller had (`inherited`): the JVM's
+/// options (the caller's first, then the trust store: a later `-D` wins), and wget's
+/// startup file when the caller has neither `WGETRC` nor a `~/.wgetrc` (which it would
+/// replace).
+fn ca_config_vars(
+    inherited: &[(OsString, OsString)],
+    files: &CaFiles,
+) -> Vec<(OsString, OsString)> {
+    let get = |name: &str| inherited.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let mut java = get(JAVA_OPTIONS).cloned().unwrap_or_default();
+    if !java.is_empty() {
+        java.push(" ");
+    }
+    java.push(format!(
+        "-Djavax.net.ssl.trustStore={} -Djavax.net.ssl.trustStoreType=JKS -Djavax.net.ssl.trustStorePassword={}",
+        files.java.display(),
+        crate::jks::PASSWORD
+    ));
+    let mut vars = vec![(OsString::from(JAVA_OPTIONS), java)];
+    let users_wgetrc =
+        get("HOME").is_some_and(|h| std::path::Path::new(h).join(".wgetrc").exists());
+    if get(WGETRC).is_none() && !users_wgetrc {
+        vars.push((WGETRC.into(), files.wgetrc.clone().into_os_string()));
+    }
+    vars
+}
+
 /// Whether the caller's variable `name` is replaced (dropped) by the shim; the CA
-/// variables only when the shim sets them (`with_ca`).
+/// variables (and the JVM's options, which come back with the trust store) only when the
+/// shim sets them (`with_ca`).
 fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
     let Some(name) = name.to_str() else {
         return false;
@@ -82,22 +121,33 @@ fn owned_by_shim(name: &OsStr, with_ca: bool) -> bool {
             .iter()
             .chain(CA_EXTRA_VARS)
             .any(|v| v.eq_ignore_ascii_case(name))
+            || name == JAVA_OPTIONS
     };
     PROXY_VARS.iter().any(|v| v.eq_ignore_ascii_case(name))
         || crate::handover::LISTEN_VARS.contains(&name)
         || (with_ca && ca())
 }
 
-/// The full environment for the command: `inherited` without the shim-owned variables,
-/// then `proxy_vars(port)`, then `ca_vars` of `ca` if any.
+/// The full environment for the command: `inherited` without the shim-owned variables
+/// (and those of `last`, in any case), then `proxy_vars(port)`, then `ca_vars` of `ca` if
+/// any, then `last` (the temporary directory's and caches' variables).
 pub(crate) fn command_env(
     inherited: impl IntoIterator<Item = (OsString, OsString)>,
     port: u16,
     ca: Option<&CaFiles>,
+    last: &[(OsString, OsString)],
 ) -> Vec<(OsString, OsString)> {
+    let replaced = |k: &OsStr| {
+        last.iter().any(|(n, _)| {
+            n.as_encoded_bytes()
+                .eq_ignore_ascii_case(k.as_encoded_bytes())
+        })
+    };
+    let inherited: Vec<(OsString, OsString)> = inherited.into_iter().collect();
+    let config = ca.map(|files| ca_config_vars(&inherited, files));
     let mut env: Vec<(OsString, OsString)> = inherited
         .into_iter()
-        .filter(|(k, _)| !owned_by_shim(k, ca.is_some()))
+        .filter(|(k, _)| !owned_by_shim(k, ca.is_some()) && !replaced(k))
         .collect();
     env.extend(
         proxy_vars(port)
@@ -107,6 +157,8 @@ pub(crate) fn command_env(
     if let Some(files) = ca {
         env.extend(ca_vars(files));
     }
+    env.extend(config.into_iter().flatten());
+    env.extend(last.iter().cloned());
     env
 }
 
@@ -114,8 +166,56 @@ pub(crate) fn command_env(
 mod tests {
     use super::*;
 
+    fn files() -> CaFiles {
+        CaFiles {
+            bundle: "/t/bundle.pem".into(),
+            ca_only: "/t/ca.pem".into(),
+            java: "/t/truststore.jks".into(),
+            wgetrc: "/t/wgetrc".into(),
+        }
+    }
+
     fn get<'a>(env: &'a [(OsString, OsString)], k: &str) -> Option<&'a OsStr> {
         env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_os_str())
+    }
+
+    #[test]
+    fn the_jvm_keeps_the_callers_options_and_wget_its_own_file() {
+        let inherited = vec![
+            (OsString::from(JAVA_OPTIONS), OsString::from("-Xmx1g")),
+            (OsString::from(WGETRC), OsString::from("/caller/wgetrc")),
+        ];
+        let env = command_env(inherited, 1, Some(&files()), &[]);
+        assert_eq!(
+            get(&env, JAVA_OPTIONS).unwrap(),
+            "-Xmx1g -Djavax.net.ssl.trustStore=/t/truststore.jks -Djavax.net.ssl.trustStoreType=JKS -Djavax.net.ssl.trustStorePassword=changeit"
+        );
+        assert_eq!(env.iter().filter(|(k, _)| k == JAVA_OPTIONS).count(), 1);
+        assert_eq!(get(&env, WGETRC).unwrap(), "/caller/wgetrc");
+        let env = command_env(Vec::new(), 1, Some(&files()), &[]);
+        assert_eq!(get(&env, WGETRC).unwrap(), "/t/wgetrc");
+        // Without a CA, both are the caller's.
+        let env = command_env(
+            vec![(OsString::from(JAVA_OPTIONS), OsString::from("-Xmx1g"))],
+            1,
+            None,
+            &[],
+        );
+        assert_eq!(get(&env, JAVA_OPTIONS).unwrap(), "-Xmx1g");
+        assert!(get(&env, WGETRC).is_none());
+    }
+
+    #[test]
+    fn the_last_variables_replace_the_callers_in_any_case() {
+        let inherited = vec![
+            (OsString::from("tmpdir"), OsString::from("/caller")),
+            (OsString::from("PATH"), OsString::from("/bin")),
+        ];
+        let last = [(OsString::from("TMPDIR"), OsString::from("/tmp"))];
+        let env = command_env(inherited, 1, None, &last);
+        assert!(get(&env, "tmpdir").is_none());
+        assert_eq!(get(&env, "TMPDIR").unwrap(), "/tmp");
+        assert_eq!(get(&env, "PATH").unwrap(), "/bin");
     }
 
     #[test]
@@ -131,7 +231,7 @@ mod tests {
                 OsString::from("http://evil:2"),
             ),
         ];
-        let env = command_env(inherited, 4321, None);
+        let env = command_env(inherited, 4321, None, &[]);
         assert_eq!(get(&env, "PATH").unwrap(), "/bin");
         assert_eq!(env.iter().filter(|(k, _)| k == "https_proxy").count(), 1);
         assert!(
@@ -143,7 +243,7 @@ mod tests {
 
     #[test]
     fn every_proxy_variable_points_at_the_listener() {
-        let env = command_env(Vec::new(), 4321, None);
+        let env = command_env(Vec::new(), 4321, None, &[]);
         for k in [
             "HTTP_PROXY",
             "http_proxy",
@@ -176,14 +276,11 @@ mod tests {
                 ),
             ]
         };
-        let env = command_env(inherited(), 1, None);
+        let env = command_env(inherited(), 1, None, &[]);
         assert_eq!(get(&env, "SSL_CERT_FILE").unwrap(), "/caller.pem");
         assert!(get(&env, "CURL_CA_BUNDLE").is_none());
-        let files = CaFiles {
-            bundle: "/t/bundle.pem".into(),
-            ca_only: "/t/ca.pem".into(),
-        };
-        let env = command_env(inherited(), 1, Some(&files));
+        let files = files();
+        let env = command_env(inherited(), 1, Some(&files), &[]);
         for k in CA_BUNDLE_VARS {
             assert_eq!(get(&env, k).unwrap(), "/t/bundle.pem", "{k}");
             assert_eq!(env.iter().filter(|(n, _)| n == k).count(), 1, "{k}");
@@ -201,18 +298,16 @@ mod tests {
     /// every variable the shim sets must be on them.
     #[test]
     fn every_variable_the_shim_sets_is_one_a_child_env_may_not_name() {
-        let files = CaFiles {
-            bundle: "/t/bundle.pem".into(),
-            ca_only: "/t/ca.pem".into(),
-        };
+        let files = files();
         let listed = |name: &str| {
             PROXY_VARS
                 .iter()
                 .chain(CA_BUNDLE_VARS)
                 .chain(CA_EXTRA_VARS)
+                .chain(policy::config::SHIM_CA_CONFIG_VARS)
                 .any(|v| v.eq_ignore_ascii_case(name))
         };
-        for (k, _) in command_env(Vec::new(), 1, Some(&files)) {
+        for (k, _) in command_env(Vec::new(), 1, Some(&files), &[]) {
             assert!(listed(k.to_str().unwrap()), "{k:?}");
         }
     }

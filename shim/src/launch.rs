@@ -16,7 +16,7 @@ use crate::cli::{CaptureMode, ChannelSpec, Settings};
 use crate::control::{Binding, Bound, ControlSocket, Rebinder};
 use crate::embedded::Embedded;
 use crate::error::{Error, Result};
-use crate::feed::Feed;
+use crate::feed::{Answers, Feed};
 use crate::relay::{self, RelayStats};
 use crate::report::{Denials, FILESYSTEM, Report, ReportFile};
 use crate::sandbox::{Backend, CaptureJob, CaptureState, Handoff, Job};
@@ -56,9 +56,17 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .as_deref()
         .map(ControlSocket::bind)
         .transpose()?;
+    let cache = settings.cache.as_deref().map(cache_dir).transpose()?;
+    let mut allow_write = settings.allow_write.clone();
+    allow_write.extend(cache.clone());
     let mut deny_read = deny_read(settings)?;
     deny_read.extend(control.as_ref().map(|c| c.path().to_owned()));
     deny_read.extend(mediator.masks);
+    // The caller's cargo registry tokens are not the command's (design section 14).
+    deny_read.extend(crate::caches::cargo_credentials(
+        std::env::var_os("CARGO_HOME").map(PathBuf::from).as_deref(),
+        std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+    ));
     let mut allow_read = settings.allow_read.clone();
     allow_read.extend(mediator.reopen);
     let report_file = match &settings.report {
@@ -100,7 +108,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
     let job = Job {
         handover: &handover,
         command: &settings.command,
-        allow_write: &settings.allow_write,
+        allow_write: &allow_write,
         deny_read: &deny_read,
         allow_read: &allow_read,
         allow_unix_sockets: settings.allow_unix_sockets,
@@ -110,6 +118,8 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         child_env: &settings.child_env,
         hidden_env: &settings.hidden_env,
         violations: violations.clone(),
+        tmp: settings.tmp.as_ref(),
+        cache: cache.as_deref(),
     };
     // The run's one list of denials, said on stderr as they happen unless --quiet-denials.
     let denials = Arc::new(Denials::new(settings.live_denials));
@@ -122,6 +132,12 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         }),
         _ => None,
     };
+    // What a client that refuses the mediator's certificate is told (see crate::rejected).
+    let told = crate::rejected::Trust {
+        bundle: trust.as_ref().map(|t| t.files().bundle),
+        program_of: backend.program_of(),
+        clients: Arc::default(),
+    };
     let mut serving = None;
     let outcome = backend.run(&job, |handoff| {
         let (served, rebinder) = channel.serve(
@@ -131,6 +147,7 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
             admin,
             &binding,
             settings.allow_unix_sockets,
+            told,
         )?;
         serving = Some(served);
         if let Some(c) = &mut control {
@@ -211,6 +228,32 @@ pub(crate) fn run(backend: &impl Backend, settings: &Settings) -> Result<i32> {
         .write(report_file.as_ref())?;
     }
     Ok(outcome.exit_status)
+}
+
+/// `--cache DIR`, made if missing (0700, with its parents) and canonical.
+///
+/// # Errors
+/// [`Error::Path`] when it cannot be made or resolved, [`Error::Usage`] when it is `/`.
+fn cache_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let path_error = |source| Error::Path {
+        what: "--cache",
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(path_error)?;
+    let canonical = std::fs::canonicalize(dir).map_err(path_error)?;
+    if canonical == Path::new("/") || !canonical.is_dir() {
+        return Err(Error::Usage(format!(
+            "--cache {}: name a directory of its own",
+            dir.display()
+        )));
+    }
+    Ok(canonical)
 }
 
 /// The settings' read-denied paths, plus the directory of the authority's socket: with
@@ -321,9 +364,15 @@ impl Channel {
     /// `allow_unix_sockets`: the command may connect to sockets it sees, so a rebind may
     /// not leave the masked socket directory (see [`crate::control::socket_rebinder`]).
     ///
+    /// `trust`: what a client that refuses the mediator's certificate is told.
+    ///
     /// # Errors
     /// [`Error::Io`] if the relay or capture thread cannot start; the errors of
     /// [`Embedded::start`].
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the run's parts, each handed to what serves it"
+    )]
     fn serve(
         self,
         handoff: Handoff,
@@ -332,24 +381,35 @@ impl Channel {
         admin: Option<Admin>,
         binding: &Arc<Binding>,
         allow_unix_sockets: bool,
+        trust: crate::rejected::Trust,
     ) -> Result<(Serving, Rebinder)> {
         let feed = match admin {
             Some(a) => {
                 let authorities = bound_authorities(a.authority, Arc::clone(binding));
                 Some(
-                    Feed::start(a.endpoint, authorities, a.since, Arc::clone(denials))
-                        .map_err(|e| Error::io("start the denial feed", e))?,
+                    Feed::start(
+                        a.endpoint,
+                        authorities,
+                        a.since,
+                        Arc::clone(denials),
+                        trust.clone(),
+                    )
+                    .map_err(|e| Error::io("start the denial feed", e))?,
                 )
             }
             None => None,
         };
+        // Socket mode: the denials read in the mediator's answers, said before the client
+        // gets them (from the admin API at once, when there is one).
+        let answers = Answers::new(Arc::clone(denials), feed.as_ref().map(Feed::polls));
         let (channel, dial, grant, rebinder) = match self {
             Self::Socket(socket) => {
                 let stats = Arc::new(RelayStats {
                     connections: AtomicU64::new(0),
                     channel_errors: AtomicU64::new(0),
                     denials: Arc::clone(denials),
-                    record: feed.is_none(),
+                    answers: answers.clone(),
+                    trust: trust.clone(),
                 });
                 let (b, st) = (Arc::clone(binding), Arc::clone(&stats));
                 let listener = handoff.listener;
@@ -366,7 +426,7 @@ impl Channel {
                     *config,
                     handoff.listener,
                     log.map(|(_, file)| file),
-                    Arc::clone(denials),
+                    (Arc::clone(denials), trust.clone()),
                     Arc::clone(binding),
                 )?;
                 let dial = e.dial();
@@ -381,16 +441,16 @@ impl Channel {
         };
         let capture = match (handoff.capture, capture) {
             (CaptureState::Up(tun), Some(job)) => {
-                // Socket mode without the admin API: the mediator's answers are the only
-                // place its denials show.
-                let record = grant.is_none() && feed.is_none();
+                // Socket mode: the flows hand the denials of the mediator's answers over
+                // (embedded mode: its tap records them).
+                let answers = grant.is_none().then_some(answers);
                 CaptureRun::Running(Capture::start(
                     tun,
                     job.addrs,
                     dial,
                     grant,
-                    Arc::clone(denials),
-                    record,
+                    (Arc::clone(denials), trust),
+                    answers,
                 )?)
             }
             (CaptureState::Unavailable(why), _) => {

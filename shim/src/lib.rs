@@ -6,13 +6,14 @@
 //!
 //! Design sections 12 and 15 are the contract. The OS-specific part is a backend behind the
 //! `sandbox` boundary; `linux` is the only one, and this root is the only place that names
-//! it. The rest (`cli` flags and profile, `env`, `ca` files, `launch`, `relay`, `embedded`
+//! it. The rest (`cli` flags and profile, `env`, `ca` files, `caches`, `launch`, `relay`, `embedded`
 //! mediator, `report`) is portable, so that other backends (macOS Seatbelt, Windows) can
 //! be added beside it (design section 17).
 //!
 //! The library exists for the `shim` binary: its public surface is what `main` needs.
 
 mod ca;
+mod caches;
 mod capture;
 mod cli;
 mod control;
@@ -21,9 +22,11 @@ mod env;
 mod error;
 mod feed;
 mod handover;
+mod jks;
 mod launch;
 #[cfg(target_os = "linux")]
 mod linux;
+mod rejected;
 mod relay;
 mod report;
 mod sandbox;

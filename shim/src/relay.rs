@@ -1,32 +1,35 @@
 //! The channel binding, host side: accept on the sandbox's loopback listener (whose fd the
 //! inner stage handed out) and carry each connection to the authority's Unix socket.
 //!
-//! The relay never interprets what it carries, except to notice the mediator's denial
-//! replies in the first response of each connection for `--report` (an HTTP response with
-//! `X-Mediator-Decision: deny; ...` and its JSON body, or a SOCKS5 failure reply). Capture
-//! reads its CONNECT answers with the same [`inspect_reply`].
+//! The relay never interprets what it carries, except the mediator's first answer on each
+//! connection ([`Watch`]): an HTTP response with `X-Mediator-Decision: deny; ...` and its
+//! JSON body, or a SOCKS5 failure reply. That answer is held until it is known, and a
+//! denial is said on stderr ([`Answers`]) before the client gets the answer, so the line
+//! comes before the client's own error. Capture reads its CONNECT answers with the same
+//! [`inspect_reply`].
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::control::{Binding, Bound};
+use crate::feed::Answers;
 use crate::report::{ChannelFailure, Denial, Denials};
 
 /// What the relay counted during the run.
-#[derive(Debug)]
 pub(crate) struct RelayStats {
     /// Connections accepted from the sandbox.
     pub(crate) connections: AtomicU64,
     /// Connections that could not reach the mediator socket.
     pub(crate) channel_errors: AtomicU64,
-    /// Denials seen in mediator replies (the run's one list).
+    /// The run's one list (its channel failures).
     pub(crate) denials: Arc<Denials>,
-    /// Record them (`false` when the mediator's admin API is the source, see
-    /// [`crate::feed`]).
-    pub(crate) record: bool,
+    /// Where a denial read in an answer goes.
+    pub(crate) answers: Answers,
+    /// Notes the program behind each tunnel (see [`crate::rejected`]).
+    pub(crate) trust: crate::rejected::Trust,
 }
 
 /// Accept forever, one pair of threads per connection.
@@ -44,6 +47,9 @@ pub(crate) fn serve(listener: TcpListener, binding: Arc<Binding>, stats: Arc<Rel
             .spawn(move || relay_one(conn, &socket, &stats));
     }
 }
+
+/// Most bytes of the client's first ones kept (its SOCKS5 request names the target).
+const CLIENT_HEAD: usize = 1024;
 
 fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     let upstream = match UnixStream::connect(socket) {
@@ -64,52 +70,232 @@ fn relay_one(client: TcpStream, socket: &std::path::Path, stats: &RelayStats) {
     let (Ok(mut c_read), Ok(mut u_write)) = (client.try_clone(), upstream.try_clone()) else {
         return;
     };
-    let up = std::thread::Builder::new()
-        .name("relay-up".into())
-        .spawn(move || {
-            let _ = std::io::copy(&mut c_read, &mut u_write);
-            let _ = u_write.shutdown(Shutdown::Write);
-        });
+    let head = Arc::new(Mutex::new(Vec::new()));
+    let up = {
+        let head = Arc::clone(&head);
+        std::thread::Builder::new()
+            .name("relay-up".into())
+            .spawn(move || {
+                carry_up(&mut c_read, &mut u_write, &head);
+                let _ = u_write.shutdown(Shutdown::Write);
+            })
+    };
     let mut u_read = upstream;
     let mut c_write = client;
-    // Down: sniff the first reply, then plain copy.
-    let mut sniff = Vec::new();
+    // Down: the first answer is held until it is known, its denial said first.
+    let mut watch = Watch::default();
     let mut buf = vec![0u8; 16 * 1024];
-    let mut sniffing = true;
+    let mut opened = false;
     loop {
         let n = match u_read.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if c_write.write_all(&buf[..n]).is_err() {
+        if watch.done {
+            // The answer is known: plain copy from now on.
+            if c_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            continue;
+        }
+        let (pass, denied) = watch.take(&buf[..n]);
+        let tunnel = watch.done && denied.is_none() && !std::mem::replace(&mut opened, true);
+        if let Some(d) = denied {
+            stats.answers.denied(with_target(d, &head));
+        }
+        if c_write.write_all(&pass).is_err() {
             break;
         }
-        if sniffing {
-            sniff.extend_from_slice(&buf[..n]);
-            match inspect_reply(&sniff) {
-                Sniff::NeedMore if sniff.len() < 16 * 1024 => {}
-                Sniff::Denied(d) => {
-                    if stats.record {
-                        stats.denials.push(d);
-                    }
-                    sniffing = false;
-                }
-                _ => sniffing = false,
-            }
-            if !sniffing {
-                sniff = Vec::new();
-            }
+        if tunnel {
+            note_program(&c_write, &head, &stats.trust);
         }
     }
-    if sniffing
-        && let Sniff::Denied(d) = inspect_reply_final(&sniff)
-        && stats.record
-    {
-        stats.denials.push(d);
+    let (pass, denied) = watch.end();
+    if let Some(d) = denied {
+        stats.answers.denied(with_target(d, &head));
     }
+    let _ = c_write.write_all(&pass);
     let _ = c_write.shutdown(Shutdown::Write);
     if let Ok(h) = up {
         let _ = h.join();
+    }
+}
+
+/// The client's bytes to the mediator; the first [`CLIENT_HEAD`] are kept in `head`
+/// before they are passed on (so that they are there when the answer comes).
+fn carry_up(from: &mut TcpStream, to: &mut UnixStream, head: &Mutex<Vec<u8>>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut kept = 0;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if kept < CLIENT_HEAD {
+            let room = (CLIENT_HEAD - kept).min(n);
+            head.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(&buf[..room]);
+            kept += room;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+/// The client's tunnel is open (its CONNECT or SOCKS5 request was answered, not
+/// denied): notes the program behind it, for the line a refusal of the mediator's
+/// certificate gets. The connection's socket, inside, is the client's address -> the
+/// listener's.
+fn note_program(client: &TcpStream, head: &Mutex<Vec<u8>>, trust: &crate::rejected::Trust) {
+    let head = head.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let target = match head.first() {
+        Some(0x05) => socks_target(&head),
+        _ => connect_target(&head),
+    };
+    if let (Some((host, port)), Ok(peer), Ok(local)) =
+        (target, client.peer_addr(), client.local_addr())
+    {
+        trust.opened(&host, port, peer, local);
+    }
+}
+
+/// The target of a `CONNECT host:port HTTP/1.1` request line.
+fn connect_target(head: &[u8]) -> Option<(String, u16)> {
+    let line = head.split(|&b| b == b'\r').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let target = line.strip_prefix("CONNECT ")?.split(' ').next()?;
+    let (host, port) = target.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// `d` with the destination its client asked for, when the answer named none (a SOCKS5
+/// reply): read from the client's request.
+fn with_target(mut d: Denial, head: &Mutex<Vec<u8>>) -> Denial {
+    if d.host.is_none()
+        && let Some((host, port)) =
+            socks_target(&head.lock().unwrap_or_else(PoisonError::into_inner))
+    {
+        d.host = Some(host);
+        d.port = Some(port);
+    }
+    d
+}
+
+/// The target of a SOCKS5 `CONNECT` (RFC 1928 section 4) after the method selection
+/// (`05 n methods...`) in a client's first bytes: a name (`ATYP` 3), an IPv4 or an IPv6
+/// address, and the port.
+fn socks_target(b: &[u8]) -> Option<(String, u16)> {
+    let methods = usize::from(*b.get(1)?);
+    let req = b.get(2 + methods..)?;
+    if req.first() != Some(&0x05) || req.get(1) != Some(&0x01) {
+        return None;
+    }
+    let (host, rest) = match req.get(3)? {
+        0x01 => {
+            let a: [u8; 4] = req.get(4..8)?.try_into().ok()?;
+            (std::net::Ipv4Addr::from(a).to_string(), req.get(8..)?)
+        }
+        0x03 => {
+            let len = usize::from(*req.get(4)?);
+            let name = std::str::from_utf8(req.get(5..5 + len)?).ok()?;
+            (name.to_owned(), req.get(5 + len..)?)
+        }
+        0x04 => {
+            let a: [u8; 16] = req.get(4..20)?.try_into().ok()?;
+            (std::net::Ipv6Addr::from(a).to_string(), req.get(20..)?)
+        }
+        _ => return None,
+    };
+    let port = u16::from_be_bytes(rest.get(..2)?.try_into().ok()?);
+    Some((host, port))
+}
+
+/// The mediator's first answer on one connection, held until it is known to be a denial
+/// or not: an HTTP response head (and a denial's JSON body), or, for SOCKS5, the reply
+/// after the method selection (which is passed on at once: the client answers it before
+/// the reply can come). Then everything passes.
+#[derive(Debug, Default)]
+struct Watch {
+    /// Bytes of the answer held so far.
+    held: Vec<u8>,
+    /// Of those, how many were passed on already (a SOCKS5 method selection).
+    passed: usize,
+    /// The answer is known: everything passes.
+    done: bool,
+}
+
+/// Most bytes of an answer held before it is passed on undecided.
+const HOLD_MAX: usize = 16 * 1024;
+
+impl Watch {
+    /// Takes `bytes` read from the mediator: what may go to the client now, and the
+    /// denial the answer turned out to be (to say before those bytes go).
+    fn take(&mut self, bytes: &[u8]) -> (Vec<u8>, Option<Denial>) {
+        if self.done {
+            return (bytes.to_vec(), None);
+        }
+        self.held.extend_from_slice(bytes);
+        let decided = match self.held.first() {
+            Some(0x05) => self.socks(),
+            _ => match inspect_reply(&self.held) {
+                Sniff::NeedMore if self.held.len() < HOLD_MAX => None,
+                Sniff::Denied(d) => Some(Some(d)),
+                Sniff::NeedMore | Sniff::NotDenied => Some(None),
+            },
+        };
+        match decided {
+            Some(denial) => (self.release(), denial),
+            None => {
+                // A SOCKS5 method selection passes before the reply is known.
+                let early = if self.held.first() == Some(&0x05) {
+                    self.held.len().min(2)
+                } else {
+                    0
+                };
+                let pass = self.held[self.passed..early.max(self.passed)].to_vec();
+                self.passed = early.max(self.passed);
+                (pass, None)
+            }
+        }
+    }
+
+    /// The SOCKS5 answer so far: `None` while the reply is incomplete; else the denial,
+    /// if its REP is a failure. Only the method "no authentication" (0x00) is read: the
+    /// channel is the authority, so a client has no credentials to send.
+    fn socks(&self) -> Option<Option<Denial>> {
+        match self.held.get(1) {
+            None => None,
+            Some(0x00) => match inspect_reply(&self.held) {
+                Sniff::NeedMore => None,
+                Sniff::Denied(d) => Some(Some(d)),
+                Sniff::NotDenied => Some(None),
+            },
+            Some(_) => Some(None),
+        }
+    }
+
+    /// Everything held and not yet passed; from now on everything passes.
+    fn release(&mut self) -> Vec<u8> {
+        self.done = true;
+        let rest = self.held.split_off(self.passed);
+        self.held = Vec::new();
+        rest
+    }
+
+    /// The mediator ended the connection: what is still held, and the denial a short
+    /// answer still makes.
+    fn end(&mut self) -> (Vec<u8>, Option<Denial>) {
+        if self.done {
+            return (Vec::new(), None);
+        }
+        let denied = match inspect_reply_final(&self.held) {
+            Sniff::Denied(d) => Some(d),
+            _ => None,
+        };
+        (self.release(), denied)
     }
 }
 
@@ -311,5 +497,63 @@ mod tests {
         assert_eq!(d.status, 4);
         assert!(d.detail.unwrap().contains("host unreachable"));
         assert_eq!(inspect_reply(&[5, 0]), Sniff::NeedMore);
+    }
+
+    #[test]
+    fn an_answer_is_held_until_it_is_known_and_a_socks_method_selection_is_not() {
+        // HTTP, in pieces: nothing passes until the denial's body is complete.
+        let body = r#"{"host":"evil.example","port":443,"reason":"not_in_allowlist"}"#;
+        let reply = format!(
+            "HTTP/1.1 403 Forbidden\r\nX-Mediator-Decision: deny; reason=not_in_allowlist\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut w = Watch::default();
+        let (pass, d) = w.take(&reply.as_bytes()[..20]);
+        assert!(pass.is_empty() && d.is_none());
+        let (pass, d) = w.take(&reply.as_bytes()[20..]);
+        assert_eq!(pass, reply.as_bytes());
+        assert_eq!(d.unwrap().host.as_deref(), Some("evil.example"));
+        assert_eq!(w.take(b"more").0, b"more");
+        // SOCKS5: the method selection passes at once, the failure reply after its denial.
+        let mut w = Watch::default();
+        let (pass, d) = w.take(&[5, 0]);
+        assert_eq!((pass, d), (vec![5, 0], None));
+        let (pass, d) = w.take(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(pass, [5, 2, 0, 1, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(d.unwrap().status, 2);
+        // A success passes whole, and so does an answer that is not the mediator's.
+        let mut w = Watch::default();
+        assert_eq!(
+            w.take(b"HTTP/1.1 200 OK\r\n\r\nx"),
+            (b"HTTP/1.1 200 OK\r\n\r\nx".to_vec(), None)
+        );
+        let mut w = Watch::default();
+        assert_eq!(w.take(b"HTTP/1.1 2").0, b"");
+        assert_eq!(w.end(), (b"HTTP/1.1 2".to_vec(), None));
+    }
+
+    #[test]
+    fn the_connect_line_names_the_target() {
+        assert_eq!(
+            connect_target(b"CONNECT api.test:8443 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(("api.test".into(), 8443))
+        );
+        assert_eq!(
+            connect_target(b"CONNECT [::1]:443 HTTP/1.1\r\n"),
+            Some(("::1".into(), 443))
+        );
+        assert_eq!(connect_target(b"GET http://a/ HTTP/1.1\r\n"), None);
+    }
+
+    #[test]
+    fn the_socks5_request_names_the_target() {
+        let mut name = vec![5, 1, 0, 5, 1, 0, 3, 12];
+        name.extend_from_slice(b"evil.example");
+        name.extend_from_slice(&443u16.to_be_bytes());
+        assert_eq!(socks_target(&name), Some(("evil.example".into(), 443)));
+        let v4 = [5, 2, 0, 1, 5, 1, 0, 1, 192, 0, 2, 1, 0, 80];
+        assert_eq!(socks_target(&v4), Some(("192.0.2.1".into(), 80)));
+        assert_eq!(socks_target(&[5, 1, 0, 5, 1, 0, 3]), None);
+        assert_eq!(socks_target(b"CONNECT a:1 HTTP/1.1"), None);
     }
 }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 
 /// One denial seen during the run, in a mediator reply or in the decision log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub(crate) struct Denial {
     /// The relay: `http` (HTTP CONNECT or absolute-form) or `socks5`. Embedded mode: the
     /// decision's protocol (`connect`, `http`, `socks5` or `tls`). Capture: `connect` (its
@@ -76,7 +76,19 @@ impl Denial {
     }
 }
 
-/// Most denials a report lists; later ones are counted in `denials_dropped`, not kept.
+/// A denial as the report lists it: once, with how many identical ones the run saw (a
+/// client that retries is denied the same way each time).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct Counted {
+    /// The denial.
+    #[serde(flatten)]
+    pub(crate) denial: Denial,
+    /// How many times it was seen.
+    pub(crate) count: u64,
+}
+
+/// Most distinct denials a report lists; later new ones are counted in
+/// `denials_dropped`, not kept (one already listed only has its count raised).
 pub(crate) const MAX_DENIALS: usize = 10_000;
 
 /// Most channel failures a report lists; `channel_errors` counts them all.
@@ -101,7 +113,7 @@ pub(crate) struct ChannelFailure {
 /// mediator's connections): at most [`MAX_DENIALS`] kept, the rest counted.
 #[derive(Debug, Default)]
 pub(crate) struct Denials {
-    kept: Mutex<Vec<Denial>>,
+    kept: Mutex<Kept>,
     dropped: AtomicU64,
     /// Say each denial on stderr as it is recorded.
     live: bool,
@@ -110,6 +122,13 @@ pub(crate) struct Denials {
     recent: Mutex<VecDeque<(String, Instant)>>,
     /// Connections that could not reach the channel (at most [`MAX_CHANNEL_FAILURES`]).
     failures: Mutex<Vec<ChannelFailure>>,
+}
+
+/// The distinct denials kept, in the order first seen, and where each is.
+#[derive(Debug, Default)]
+struct Kept {
+    list: Vec<Counted>,
+    index: std::collections::HashMap<Denial, usize>,
 }
 
 /// A line said again within this time is not said again.
@@ -129,15 +148,31 @@ impl Denials {
 
     /// Records one denial.
     pub(crate) fn push(&self, d: Denial) {
+        let line = d.line();
+        self.push_with_line(d, line);
+    }
+
+    /// Records one entry, said on stderr as `line` (the client's refusal of the
+    /// mediator's certificate is said in the shim's words, not as a denial).
+    pub(crate) fn push_with_line(&self, d: Denial, line: String) {
         if self.live {
-            self.say(d.line());
+            self.say(line);
         }
         let mut kept = self
             .kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if kept.len() < MAX_DENIALS {
-            kept.push(d);
+        if let Some(&at) = kept.index.get(&d) {
+            if let Some(c) = kept.list.get_mut(at) {
+                c.count += 1;
+            }
+        } else if kept.list.len() < MAX_DENIALS {
+            let at = kept.list.len();
+            kept.index.insert(d.clone(), at);
+            kept.list.push(Counted {
+                denial: d,
+                count: 1,
+            });
         } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -188,15 +223,16 @@ impl Denials {
         recent.push_back((line, now));
     }
 
-    /// The denials kept, in order, and how many more were seen.
-    pub(crate) fn take(&self) -> (Vec<Denial>, u64) {
+    /// The distinct denials kept, in the order first seen, with their counts, and how
+    /// many more distinct ones were seen.
+    pub(crate) fn take(&self) -> (Vec<Counted>, u64) {
         let kept = std::mem::take(
             &mut *self
                 .kept
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
-        (kept, self.dropped.load(Ordering::Relaxed))
+        (kept.list, self.dropped.load(Ordering::Relaxed))
     }
 }
 
@@ -290,9 +326,10 @@ pub(crate) struct Report<'a> {
     pub(crate) channel_errors: u64,
     /// Those connections, each with what failed (at most [`MAX_CHANNEL_FAILURES`]).
     pub(crate) channel_failures: &'a [ChannelFailure],
-    /// Denials, in the order they were seen (at most [`MAX_DENIALS`]).
-    pub(crate) denials: &'a [Denial],
-    /// Denials seen beyond [`MAX_DENIALS`].
+    /// Distinct denials, in the order first seen, each with its count (at most
+    /// [`MAX_DENIALS`]).
+    pub(crate) denials: &'a [Counted],
+    /// Distinct denials seen beyond [`MAX_DENIALS`].
     pub(crate) denials_dropped: u64,
     /// Where the denials come from.
     pub(crate) source: &'static str,
@@ -410,15 +447,18 @@ mod tests {
 
     #[test]
     fn the_report_is_one_json_line_with_every_field() {
-        let denials = [Denial {
-            protocol: "http",
-            status: 403,
-            reason: Some("not_in_allowlist".into()),
-            host: Some("blocked.test".into()),
-            port: Some(80),
-            detail: None,
-            hint: None,
-            message: None,
+        let denials = [Counted {
+            denial: Denial {
+                protocol: "http",
+                status: 403,
+                reason: Some("not_in_allowlist".into()),
+                host: Some("blocked.test".into()),
+                port: Some(80),
+                detail: None,
+                hint: None,
+                message: None,
+            },
+            count: 6,
         }];
         let tampering = [Tampering {
             path: "/w/.git/commondir".into(),
@@ -458,6 +498,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["exit_status"], 3);
         assert_eq!(v["denials"][0]["host"], "blocked.test");
+        assert_eq!(v["denials"][0]["count"], 6);
         // `hint` is omitted when absent; the other options are null.
         assert!(v["denials"][0].get("hint").is_none());
         assert!(v["denials"][0]["detail"].is_null());
@@ -515,10 +556,45 @@ mod tests {
             hint: None,
             message: None,
         };
-        for _ in 0..MAX_DENIALS + 3 {
-            denials.push(one.clone());
+        for i in 0..MAX_DENIALS + 3 {
+            denials.push(Denial {
+                port: u16::try_from(i).ok(),
+                ..one.clone()
+            });
         }
+        // An identical one, even beyond the bound, raises the count of the one listed.
+        denials.push(Denial {
+            port: Some(0),
+            ..one
+        });
         let (kept, dropped) = denials.take();
         assert_eq!((kept.len(), dropped), (MAX_DENIALS, 3));
+        assert_eq!(kept[0].count, 2);
+        assert_eq!(kept[1].count, 1);
+    }
+
+    #[test]
+    fn identical_denials_are_listed_once_with_a_count() {
+        let denials = Denials::default();
+        let d = |host: &str| Denial {
+            protocol: "connect",
+            status: 403,
+            reason: Some("not_in_allowlist".into()),
+            host: Some(host.into()),
+            port: Some(443),
+            detail: None,
+            hint: Some(format!("add --allow {host}:443 to the shim command")),
+            message: None,
+        };
+        for host in ["a.test", "b.test", "a.test", "a.test", "b.test", "c.test"] {
+            denials.push(d(host));
+        }
+        let (kept, dropped) = denials.take();
+        let got: Vec<(&str, u64)> = kept
+            .iter()
+            .map(|c| (c.denial.host.as_deref().unwrap_or(""), c.count))
+            .collect();
+        assert_eq!(got, [("a.test", 3), ("b.test", 2), ("c.test", 1)]);
+        assert_eq!(dropped, 0);
     }
 }

@@ -12,13 +12,14 @@
 use std::ffi::OsString;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::ca::TrustFiles;
 use crate::capture::Addresses;
 use crate::cli::Degradation;
 use crate::error::Result;
+pub(crate) use crate::rejected::ProgramOf;
 use crate::report::{RunsAs, Tampering};
 use crate::violations::Violations;
 
@@ -64,6 +65,13 @@ pub(crate) struct Job<'a> {
     /// `--pass-fd` and `--listen-fd` (design section 18), checked: the only descriptors
     /// beyond the standard streams the command gets.
     pub(crate) handover: &'a crate::handover::Handover,
+    /// The private temporary directory's bound (`None`: `--no-tmp`): a writable tmpfs at
+    /// `/tmp` and `/var/tmp` that dies with the sandbox, unless a writable root or mask
+    /// covers them; `TMPDIR` and the caches' variables point there ([`crate::caches`]).
+    pub(crate) tmp: Option<&'a crate::cli::TmpSize>,
+    /// `--cache DIR`, made and canonical: the caches' variables point there instead (it
+    /// is also in `allow_write`).
+    pub(crate) cache: Option<&'a Path>,
 }
 
 /// What capture asks of a backend: a TUN device as the sandbox's default route, its own
@@ -138,4 +146,10 @@ pub(crate) trait Backend {
     /// caller's own, or an unprivileged one (design section 12: the command never runs
     /// as the uid that owns the mediator's files).
     fn command_uid(&self, allow_degraded: &[Degradation]) -> u32;
+
+    /// How to name the program behind one of the sandbox's connections (for the line
+    /// that tells a client it does not trust the mediator's CA); `None`: it cannot.
+    fn program_of(&self) -> Option<ProgramOf> {
+        None
+    }
 }

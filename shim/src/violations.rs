@@ -93,7 +93,7 @@ impl FsOp {
     }
 
     /// Whether the operation follows a symbolic link in its last component.
-    fn follows(self) -> bool {
+    pub(crate) fn follows(self) -> bool {
         matches!(
             self,
             Self::OpenWrite | Self::Chmod | Self::Truncate | Self::Read
@@ -161,20 +161,23 @@ impl Walls {
         Self { entries, roots }
     }
 
-    /// The rule that refuses `op` on `path` (absolute, lexically normalised), if any.
-    pub(crate) fn judge(&self, op: FsOp, path: &Path) -> Option<FsRule> {
-        if is_descriptor_link(path) {
-            return None;
-        }
+    /// The rule that refuses `op` on `path` (absolute, lexically normalised), if any,
+    /// with the path's links resolved by `seen` as the kernel resolves them for the
+    /// command.
+    pub(crate) fn judge(&self, op: FsOp, path: &Path, seen: &dyn Seen) -> Option<FsRule> {
         // The path as named first (no system call: this runs for every write of the
         // command); a refusal is confirmed with its links resolved as the kernel resolves
         // them, so a link into a write root is not blamed. A link inside a write root that
         // leads out of it is refused by the kernel without a record (docs/shim.md).
-        self.judge_resolved(op, path)?;
-        self.judge_resolved(op, &resolved(op, path))
+        self.judge_named(op, path)?;
+        self.judge_named(op, &seen.resolved(op, path))
     }
 
-    fn judge_resolved(&self, op: FsOp, path: &Path) -> Option<FsRule> {
+    /// The rule that refuses `op` on `path` as named (no link resolved, no system call).
+    fn judge_named(&self, op: FsOp, path: &Path) -> Option<FsRule> {
+        if is_descriptor_link(path) {
+            return None;
+        }
         // Every entry that holds `path` is a prefix of it: the longest is the deepest.
         let deepest = self
             .entries
@@ -262,10 +265,50 @@ fn is_descriptor_link(path: &Path) -> bool {
     c.next().is_some_and(|s| s == "proc") && c.nth(1).is_some_and(|s| s == "fd")
 }
 
-/// `path` with its symbolic links resolved as the operation resolves them: the directory
-/// it is in always, the last component only for an operation that follows it. A path
-/// that does not exist (yet) keeps its missing components.
-fn resolved(op: FsOp, path: &Path) -> PathBuf {
+/// What the backend can tell about an attempt the walls refuse as named, looked at in
+/// the command's own view of the tree.
+pub(crate) trait Seen {
+    /// `path` with its symbolic links resolved as `op` resolves them: the directory it is
+    /// in always, the last component only for an operation that follows it. A path that
+    /// does not exist (yet) keeps its missing components.
+    fn resolved(&self, op: FsOp, path: &Path) -> PathBuf;
+    /// Whether the attempt on `paths` fails for a reason of its own (`EEXIST`, `ENOENT`,
+    /// `ENOTDIR`, ...) or writes nothing, whatever the walls are: then it is no violation.
+    fn not_the_walls(&self, paths: &[PathBuf]) -> bool;
+    /// Whether `path` exists (its last component not followed).
+    fn exists(&self, path: &Path) -> bool;
+    /// The executable of the task that tried it.
+    fn exe(&self) -> String;
+}
+
+/// The host's view, for a backend that cannot look at the command's: links resolved on
+/// the host, every refused attempt taken as the walls'.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HostView {
+    /// The executable to report.
+    pub(crate) exe: String,
+}
+
+impl Seen for HostView {
+    fn resolved(&self, op: FsOp, path: &Path) -> PathBuf {
+        host_resolved(op, path)
+    }
+
+    fn not_the_walls(&self, _: &[PathBuf]) -> bool {
+        false
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
+    }
+
+    fn exe(&self) -> String {
+        self.exe.clone()
+    }
+}
+
+/// `path` with its symbolic links resolved on the host, as [`Seen::resolved`] says.
+fn host_resolved(op: FsOp, path: &Path) -> PathBuf {
     if op.follows()
         && let Ok(c) = std::fs::canonicalize(path)
     {
@@ -545,19 +588,20 @@ impl Violations {
             .observing = true;
     }
 
-    /// Whether the walls refuse `a` (nothing written): the cheap first look at every
-    /// write-intent call, before [`Self::observe`] records a refusal.
+    /// Whether the walls refuse `a` as named (nothing written, no system call): the cheap
+    /// first look at every write-intent call, before [`Self::observe`] looks closer.
     pub(crate) fn refuses(&self, a: &Attempt) -> bool {
         let walls = self
             .walls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        a.paths.iter().any(|p| walls.judge(a.op, p).is_some())
+        a.paths.iter().any(|p| walls.judge_named(a.op, p).is_some())
     }
 
-    /// Judges `a`; a refused operation is written, said and counted. `exe` is asked only
-    /// then.
-    pub(crate) fn observe(&self, a: Attempt, exe: impl FnOnce() -> String) {
+    /// Judges `a` with what `seen` tells of it; an operation the walls refuse (and that
+    /// would not fail for a reason of its own) is written, said and counted. A masked
+    /// path's refusal always counts: the mask hides what is really there.
+    pub(crate) fn observe(&self, a: Attempt, seen: &dyn Seen) {
         let walls = self
             .walls
             .lock()
@@ -565,12 +609,15 @@ impl Violations {
         let refused = a
             .paths
             .iter()
-            .find_map(|p| walls.judge(a.op, p).map(|rule| (p, rule)));
+            .find_map(|p| walls.judge(a.op, p, seen).map(|rule| (p, rule)));
         let Some((path, rule)) = refused else {
             return;
         };
+        if rule != FsRule::DenyRead && seen.not_the_walls(&a.paths) {
+            return;
+        }
         // An open with O_CREAT of a file that exists writes to it; it creates nothing.
-        let op = if a.op == FsOp::Create && std::fs::symlink_metadata(path).is_ok() {
+        let op = if a.op == FsOp::Create && seen.exists(path) {
             FsOp::OpenWrite
         } else {
             a.op
@@ -579,7 +626,7 @@ impl Violations {
             kind: "fs_denied",
             ts: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             pid: a.pid,
-            exe: exe(),
+            exe: seen.exe(),
             op,
             path: path.clone(),
             path_hex: path.to_str().is_none().then(|| {

@@ -20,7 +20,7 @@ fn walls() -> Walls {
 #[test]
 fn each_wall_refuses_with_its_rule() {
     let w = walls();
-    let j = |op, p: &str| w.judge(op, Path::new(p));
+    let j = |op, p: &str| w.judge(op, Path::new(p), &HostView::default());
     assert_eq!(j(FsOp::Create, "/w/new"), None);
     assert_eq!(j(FsOp::Create, "/w/deep/er/new"), None);
     assert_eq!(j(FsOp::OpenWrite, "/dev/null"), None);
@@ -108,9 +108,9 @@ fn the_report_keeps_the_first_distinct_paths_and_counts_all() {
             op: FsOp::Create,
             paths: vec![PathBuf::from(format!("/etc/f{i}"))],
         };
-        v.observe(a.clone(), String::new);
+        v.observe(a.clone(), &HostView::default());
         if i == 0 {
-            v.observe(a, String::new);
+            v.observe(a, &HostView::default());
         }
     }
     v.observe(
@@ -119,7 +119,7 @@ fn the_report_keeps_the_first_distinct_paths_and_counts_all() {
             op: FsOp::Create,
             paths: vec![PathBuf::from("/w/ok")],
         },
-        || unreachable!("an allowed write asks for nothing"),
+        &Untouched,
     );
     let s = v.summary();
     assert_eq!(s["denied"], MAX_PATHS as u64 + 21);
@@ -206,7 +206,7 @@ fn the_report_counts_what_the_stream_held_back() {
             op: FsOp::Create,
             paths: vec![PathBuf::from(format!("/etc/f{}", i % 3))],
         };
-        v.observe(a, String::new);
+        v.observe(a, &HostView::default());
     }
     v.finish();
     let s = v.summary();
@@ -245,7 +245,7 @@ fn a_path_that_is_not_utf8_is_written_and_reported() {
             op: FsOp::Create,
             paths: vec![name],
         },
-        String::new,
+        &HostView::default(),
     );
     let s = v.summary();
     let text = std::fs::read_to_string(&path).unwrap();
@@ -282,4 +282,61 @@ fn the_live_line_keeps_a_hostile_name_on_one_line() {
         "/etc/a\\u{1b}]0;x\\u{7}b\\u{a}shim: fake"
     );
     assert_eq!(on_one_line("/w/ünïcode ok"), "/w/ünïcode ok");
+}
+
+/// A view an allowed write never looks at.
+struct Untouched;
+
+impl Seen for Untouched {
+    fn resolved(&self, _: FsOp, _: &Path) -> PathBuf {
+        unreachable!("an allowed write asks for nothing")
+    }
+    fn not_the_walls(&self, _: &[PathBuf]) -> bool {
+        unreachable!("an allowed write asks for nothing")
+    }
+    fn exists(&self, _: &Path) -> bool {
+        unreachable!("an allowed write asks for nothing")
+    }
+    fn exe(&self) -> String {
+        unreachable!("an allowed write asks for nothing")
+    }
+}
+
+/// A view in which every call fails for a reason of its own (as `mkdir` of a directory
+/// that exists does).
+struct FailsAnyway;
+
+impl Seen for FailsAnyway {
+    fn resolved(&self, _: FsOp, path: &Path) -> PathBuf {
+        path.to_owned()
+    }
+    fn not_the_walls(&self, _: &[PathBuf]) -> bool {
+        true
+    }
+    fn exists(&self, _: &Path) -> bool {
+        true
+    }
+    fn exe(&self) -> String {
+        "/bin/mkdir".into()
+    }
+}
+
+#[test]
+fn a_call_that_fails_anyway_is_no_violation_unless_a_mask_hides_why() {
+    let v = Violations::new(None, false);
+    v.observe_with(walls());
+    for path in ["/etc", "/w/.bashrc", "/w/secret/x"] {
+        v.observe(
+            Attempt {
+                pid: 1,
+                op: FsOp::Mkdir,
+                paths: vec![PathBuf::from(path)],
+            },
+            &FailsAnyway,
+        );
+    }
+    let s = v.summary();
+    assert_eq!(s["denied"], 1, "{s}");
+    assert_eq!(s["paths"][0]["path"], "/w/secret/x");
+    assert_eq!(s["paths"][0]["rule"], "deny_read");
 }

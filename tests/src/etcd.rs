@@ -169,6 +169,41 @@ impl EtcdCluster {
         )
     }
 
+    /// `[registry]` for the replica of node `node`, talking to the members `members` only
+    /// (their indexes), with `max_staleness_s`.
+    pub fn registry_toml_on(&self, node: &str, members: &[usize], max_staleness_s: u64) -> String {
+        let endpoints: Vec<String> = members
+            .iter()
+            .filter_map(|i| self.members.get(*i))
+            .map(|m| format!("\"http://{}\"", m.client))
+            .collect();
+        format!(
+            "\n[registry]\nbackend = \"etcd\"\nendpoints = [{}]\nprefix = \"/e2e/\"\nmax_staleness_s = {max_staleness_s}\nnode = \"{node}\"\n",
+            endpoints.join(", ")
+        )
+    }
+
+    /// Runs `etcdctl` (API 3) against every member with `args`; its standard output.
+    ///
+    /// # Errors
+    /// etcdctl cannot run or fails (its standard error is in the message).
+    pub async fn etcdctl(&self, args: &[&str]) -> Result<String> {
+        let out = Tool::Etcd
+            .command("etcdctl")?
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(args)
+            .output()
+            .await?;
+        anyhow::ensure!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
     /// Stops member `i` (SIGKILL) and reaps it.
     ///
     /// # Errors

@@ -33,12 +33,22 @@ pub enum Tool {
     Git,
     /// A C compiler, `cc`.
     Cc,
+    /// Node.js, `node` (npm's runtime: its TLS client is npm's).
+    Node,
     /// etcd, the key-value store of the shared registry (design section 17), and its
     /// `etcdctl`.
     Etcd,
     /// Python's `jsonschema` (a JSON Schema 2020-12 validator), run by `python3`: checks
     /// the OCSF events against the published schema (design section 19).
     Jsonschema,
+    /// Debian's pip, run as `/usr/bin/python3 -m pip` (the shim's registry clients).
+    Pip,
+    /// npm, with Node (the shim's registry clients).
+    Npm,
+    /// cargo (the shim's registry clients; the toolchain that builds the suite has it).
+    Cargo,
+    /// apt-get (the shim's registry clients).
+    AptGet,
 }
 
 impl Tool {
@@ -64,6 +74,7 @@ impl Tool {
             Self::Prlimit => &[("prlimit", "util-linux")],
             Self::Git => &[("git", "git")],
             Self::Cc => &[("cc", "gcc")],
+            Self::Node => &[("node", "nodejs")],
             Self::Etcd => &[("etcd", "etcd-server"), ("etcdctl", "etcd-client")],
             Self::Jsonschema => &[
                 ("python3", "python3"),
@@ -72,6 +83,16 @@ impl Tool {
                     "python3-jsonschema",
                 ),
             ],
+            Self::Pip => &[
+                ("/usr/bin/python3", "python3"),
+                (
+                    "/usr/lib/python3/dist-packages/pip/__init__.py",
+                    "python3-pip",
+                ),
+            ],
+            Self::Npm => &[("npm", "npm"), ("node", "nodejs")],
+            Self::Cargo => &[("cargo", "cargo")],
+            Self::AptGet => &[("apt-get", "apt")],
         }
     }
 

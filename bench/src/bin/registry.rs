@@ -10,14 +10,12 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+use bench::cluster::{Etcd, Replica, request};
 use clap::Parser;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -39,74 +37,18 @@ struct Args {
     etcd: PathBuf,
 }
 
-/// A child killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// Starts a mediator with an admin listener and `registry` (TOML), and waits until it is
+/// ready; the replica (killed when dropped) and its admin address.
+async fn start_mediator(bin: &Path, dir: &Path, registry: &str) -> Result<(Replica, SocketAddr)> {
+    let replica = Replica::spawn(bin, dir, registry)?;
+    replica.wait_ready(Duration::from_secs(30)).await?;
+    let admin = replica.admin;
+    Ok((replica, admin))
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// One HTTP/1.1 request with `Connection: close`; the status.
-async fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Result<u16> {
-    let mut s = TcpStream::connect(addr).await?;
-    let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n");
-    match body {
-        Some(b) => raw.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        )),
-        None => raw.push_str("\r\n"),
-    }
-    s.write_all(raw.as_bytes()).await?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await?;
-    let text = String::from_utf8_lossy(&out);
-    text.split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no status in {text:?}"))
-}
-
-/// Starts a mediator with an admin listener and `registry` (TOML); its admin address.
-fn start_mediator(bin: &Path, dir: &Path, registry: &str) -> Result<(Killed, SocketAddr)> {
-    let admin = free_port()?;
-    std::fs::create_dir_all(dir)?;
-    let config = dir.join("mediator.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[listen]\nsocket_dir = \"{}\"\nadmin = \"{admin}\"\nadmin_allow_anonymous_writes = true\n[log]\ndecisions = \"{}\"\n{registry}",
-            dir.join("sockets").display(),
-            dir.join("decisions.jsonl").display()
-        ),
-    )?;
-    let child = Command::new(bin)
-        .arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("stderr"))?)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    Ok((Killed(child), admin))
-}
-
-async fn wait_ready(admin: SocketAddr) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if request(admin, "GET", "/readyz", None).await.ok() == Some(200) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    bail!("the mediator on {admin} was not ready within 30 s")
+/// The status of one request.
+async fn status(admin: SocketAddr, method: &str, path: &str, body: Option<&str>) -> Result<u16> {
+    Ok(request(admin, method, path, body).await?.0)
 }
 
 fn body(name: &str) -> String {
@@ -127,15 +69,15 @@ async fn creates_per_second(
         tasks.push(tokio::spawn(async move {
             let mut i = c;
             while i < n {
-                let status = request(
+                let got = status(
                     admin,
                     "POST",
                     "/v1/authorities",
                     Some(&body(&format!("{prefix}{i}"))),
                 )
                 .await?;
-                if status != 201 {
-                    bail!("create {i}: {status}");
+                if got != 201 {
+                    bail!("create {i}: {got}");
                 }
                 i += concurrency;
             }
@@ -161,8 +103,8 @@ async fn local(args: &Args, dir: &Path) -> Result<()> {
             "[registry]\nstate_dir = \"{}\"\n",
             dir.join("local/state").display()
         ),
-    )?;
-    wait_ready(admin).await?;
+    )
+    .await?;
     let rate = creates_per_second(admin, "l", args.creates, args.concurrency).await?;
     let serial = creates_per_second(admin, "s", args.creates / 5, 1).await?;
     println!(
@@ -176,64 +118,22 @@ async fn local(args: &Args, dir: &Path) -> Result<()> {
 }
 
 async fn etcd(args: &Args, dir: &Path) -> Result<()> {
-    // Three members on loopback, fast elections.
-    let members: Vec<(String, SocketAddr, SocketAddr)> = (0..3)
-        .map(|i| Ok((format!("m{i}"), free_port()?, free_port()?)))
-        .collect::<Result<_>>()?;
-    let initial = members
-        .iter()
-        .map(|(n, _, p)| format!("{n}=http://{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut etcd = Vec::new();
-    for (name, client, peer) in &members {
-        let data = dir.join(name);
-        etcd.push(Killed(
-            Command::new(&args.etcd)
-                .args(["--name", name, "--data-dir"])
-                .arg(&data)
-                .args(["--listen-client-urls", &format!("http://{client}")])
-                .args(["--advertise-client-urls", &format!("http://{client}")])
-                .args(["--listen-peer-urls", &format!("http://{peer}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://{peer}")])
-                .args([
-                    "--initial-cluster",
-                    &initial,
-                    "--initial-cluster-state",
-                    "new",
-                ])
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(data.with_extension("log"))?)
-                .spawn()
-                .context("starting etcd (apt-get install etcd-server)")?,
-        ));
-    }
-    let endpoints = members
-        .iter()
-        .map(|(_, c, _)| format!("\"http://{c}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let registry = format!(
-        "[registry]\nbackend = \"etcd\"\nendpoints = [{endpoints}]\nprefix = \"/bench/\"\n"
-    );
-    let (_a, a) = start_mediator(&args.mediator, &dir.join("a"), &registry)?;
-    let (_b, b) = start_mediator(&args.mediator, &dir.join("b"), &registry)?;
-    wait_ready(a).await?;
-    wait_ready(b).await?;
+    let etcd = Etcd::start(&args.etcd, dir, 3).await?;
+    let registry = etcd.registry_toml("/bench/", "bench");
+    let (_a, a) = start_mediator(&args.mediator, &dir.join("a"), &registry).await?;
+    let (_b, b) = start_mediator(&args.mediator, &dir.join("b"), &registry).await?;
     let rate = creates_per_second(a, "r", args.creates, args.concurrency).await?;
     // Propagation: one create at a time on A, then B polled as fast as it answers.
     let mut lat = Vec::new();
     for i in 0..args.creates {
         let name = format!("p{i}");
-        let status = request(a, "POST", "/v1/authorities", Some(&body(&name))).await?;
-        if status != 201 {
-            bail!("create {name}: {status}");
+        let created = status(a, "POST", "/v1/authorities", Some(&body(&name))).await?;
+        if created != 201 {
+            bail!("create {name}: {created}");
         }
         let acked = Instant::now();
         loop {
-            if request(b, "GET", &format!("/v1/authorities/{name}"), None).await? == 200 {
+            if status(b, "GET", &format!("/v1/authorities/{name}"), None).await? == 200 {
                 lat.push(acked.elapsed());
                 break;
             }

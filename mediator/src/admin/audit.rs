@@ -9,7 +9,7 @@ use hyper::body::Incoming;
 
 use crate::audit::{Action, Actor, AuditRecord, AuditResult, AuthorityChange};
 use crate::authorities::Live;
-use crate::control::{Control, CreateError};
+use crate::control::{Control, CreateError, Created};
 use crate::decision_log::Peer;
 
 /// The record a request will get, when it is a create or a delete.
@@ -52,6 +52,16 @@ pub(super) fn changed(
 ) {
     if let Some(record) = audit.as_deref_mut() {
         record.changes.extend(AuthorityChange::of(old, new));
+    }
+}
+
+/// Puts into the record a create stored for another node's replica (not live here).
+pub(super) fn placed_elsewhere(audit: &mut Option<&mut AuditRecord>, created: &Created) {
+    if let (Some(record), Some(authority)) = (audit.as_deref_mut(), &created.elsewhere) {
+        record.changes.push(AuthorityChange::added_elsewhere(
+            authority,
+            created.stored.generation,
+        ));
     }
 }
 

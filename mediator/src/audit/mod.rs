@@ -91,6 +91,24 @@ impl AuthorityChange {
             narrowed,
         })
     }
+
+    /// An authority added on another node's replica: a create placed there, stored by
+    /// this one, which never makes it live. `Added` under `generation`, with the grant
+    /// digest its node holds.
+    pub(crate) fn added_elsewhere(authority: &Authority, generation: u64) -> Self {
+        let (reach, widened, narrowed) = reach_of(None, Some(authority));
+        Self {
+            authority: authority.grant.name().to_owned(),
+            change: ChangeKind::Added,
+            generation,
+            previous_generation: None,
+            grant_digest: crate::authorities::grant_digest(authority),
+            previous_grant_digest: None,
+            reach,
+            widened,
+            narrowed,
+        }
+    }
 }
 
 /// What `policy::review` says of the change from `old` to `new`: the outcome, and the

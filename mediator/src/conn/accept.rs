@@ -78,7 +78,9 @@ impl Listener for TcpListener {
     type Io = TcpStream;
 
     async fn accept_one(&self) -> io::Result<(TcpStream, Peer)> {
-        let (stream, addr) = self.accept().await?;
+        // `poll_accept` keeps its waker in the socket's own slot: the wait takes no room
+        // in the accept loop's future (this task is the listener's only acceptor).
+        let (stream, addr) = std::future::poll_fn(|cx| self.poll_accept(cx)).await?;
         // Small request heads and replies: never wait for Nagle.
         let _ = stream.set_nodelay(true);
         Ok((stream, Peer::Tcp(addr)))
@@ -90,7 +92,8 @@ impl Listener for UnixListener {
 
     async fn accept_one(&self) -> io::Result<(UnixStream, Peer)> {
         loop {
-            let (stream, _) = self.accept().await?;
+            // As for TCP: the waker waits in the socket's slot, not in this future.
+            let (stream, _) = std::future::poll_fn(|cx| self.poll_accept(cx)).await?;
             match stream.peer_cred() {
                 Ok(cred) => {
                     let peer = Peer::Unix {
@@ -114,7 +117,7 @@ impl Listener for UnixListener {
 pub(crate) async fn accept_loop<L, F, R, T>(
     listener: L,
     stop: CancellationToken,
-    what: &str,
+    what: impl std::fmt::Display,
     mut room: impl FnMut() -> R,
     mut serve: F,
 ) where
@@ -135,8 +138,9 @@ pub(crate) async fn accept_loop<L, F, R, T>(
             Ok((io, peer)) => serve(io, peer, place),
             Err(e) => {
                 tracing::warn!("accept on {what} failed: {e}");
+                // Rare: the timer lives on the heap, not in every listener's future.
                 tokio::select! {
-                    () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    () = Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)) => {}
                     () = stop.cancelled() => return,
                 }
             }
@@ -155,18 +159,50 @@ async fn room(shared: &Shared, door: Door) {
 
 /// Serves an authority's Unix socket until it is revoked or the mediator drains: each
 /// connection is that authority's, counted against its limits at once.
-pub(crate) async fn serve_authority(listener: UnixListener, live: Arc<Live>, shared: Arc<Shared>) {
-    let what = format!("the socket of {}", live.name());
-    let room = || async {
-        room(&shared, Door::Channel).await;
-        // Its own over-limit connections being answered: only its socket waits.
-        live.counts.refusals_room().await;
+///
+/// One such future waits on every authority's socket, all its life: thousands of
+/// authorities mean thousands of them, so it is kept small: it is the accept loop itself
+/// (no enclosing future holding its arguments twice), the rare wait for room is boxed, and
+/// its name for warnings is the authority, not a copied string.
+pub(crate) fn serve_authority(
+    listener: UnixListener,
+    live: Arc<Live>,
+    shared: Arc<Shared>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let stop = live.stop_signal();
+    let (for_room, shared_for_room) = (Arc::clone(&live), Arc::clone(&shared));
+    let room = move || {
+        // Nearly always there is room at once: only a wait lives on the heap.
+        let wait = (!shared_for_room.limiter.has_room(Door::Channel)
+            || !for_room.counts.refusals_ok())
+        .then(|| {
+            let (live, shared) = (Arc::clone(&for_room), Arc::clone(&shared_for_room));
+            Box::pin(async move {
+                room(&shared, Door::Channel).await;
+                // Its own over-limit connections being answered: only its socket waits.
+                live.counts.refusals_room().await;
+            })
+        });
+        async move {
+            if let Some(wait) = wait {
+                wait.await;
+            }
+        }
     };
-    accept_loop(listener, live.stop_signal(), &what, room, |io, peer, ()| {
+    let what = SocketOf(Arc::clone(&live));
+    accept_loop(listener, stop, what, room, move |io, peer, ()| {
         let ctx = attributed_ctx(&shared, &live, peer);
         serve_placed(&shared, io, ctx);
     })
-    .await;
+}
+
+/// An authority's socket, named in warnings.
+struct SocketOf(Arc<Live>);
+
+impl std::fmt::Display for SocketOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the socket of {}", self.0.name())
+    }
 }
 
 /// The context of a connection that arrived on `live`'s own channel (its socket, or
@@ -340,6 +376,14 @@ mod tests {
                 unreachable!(),
             )
         });
+        // One per authority for its whole life (thousands on a node): 680 bytes before
+        // the accept's waker moved to the socket's slot and the wait for room to the heap.
+        let listener =
+            future_size(|| serve_authority(unreachable!(), unreachable!(), unreachable!()));
+        assert!(
+            listener <= 448,
+            "serve_authority future is {listener} bytes"
+        );
         assert!(unix <= 5 * 1024, "dispatch (unix) future is {unix} bytes");
         assert!(tcp <= 5 * 1024, "dispatch (tcp) future is {tcp} bytes");
         assert!(relay <= 2 * 1024, "relay future is {relay} bytes");

@@ -18,13 +18,15 @@ use super::{Ctx, TargetLabel};
 use crate::relay::RelayOutcome;
 use crate::route::Route;
 use crate::shared::Shared;
-use crate::vocab::{CloseReason, Event, Protocol};
+use crate::vocab::{ClientTlsEnd, CloseReason, Event, Protocol, TlsAlert};
 
 /// The facts of an allowed connection that its close record repeats.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Facts {
     /// The decision id.
     pub(crate) id: u64,
+    /// The grant entry that allowed it, as its decision line names it.
+    pub(crate) rule: Option<String>,
     /// The address actually connected to (or named to a parent).
     pub(crate) pin: SocketAddr,
     /// When the decision was taken.
@@ -52,6 +54,9 @@ pub(crate) struct Opened {
     /// Bytes already added to `mediator_bytes_total` while the connection was open (up,
     /// down): the close adds only the rest.
     reported: [std::sync::atomic::AtomicU64; 2],
+    /// How the client of a terminated tunnel ended its handshake, the alert it sent, and
+    /// the record's `detail` saying it.
+    ending: Option<(ClientTlsEnd, Option<TlsAlert>, String)>,
     /// Set once the record is written.
     written: bool,
 }
@@ -79,6 +84,7 @@ impl Opened {
             facts,
             keeper: None,
             reported: Default::default(),
+            ending: None,
             written: false,
         }
     }
@@ -116,6 +122,19 @@ impl Opened {
         self.protocol
     }
 
+    /// The client of this terminated tunnel ended its handshake (`end`, with `alert`):
+    /// the close record says so (`client_tls`, `tls_alert`, and `detail`), and a
+    /// certificate it refused is also kept among the authority's recent denials for the
+    /// admin API ([`record::client_refused`]).
+    pub(crate) fn client_ended(
+        &mut self,
+        end: ClientTlsEnd,
+        alert: Option<TlsAlert>,
+        detail: String,
+    ) {
+        self.ending = Some((end, alert, detail));
+    }
+
     /// Writes the close record with `outcome`.
     pub(crate) fn finish(mut self, outcome: RelayOutcome) {
         self.write(outcome);
@@ -127,6 +146,7 @@ impl Opened {
         }
         let Facts {
             id,
+            ref rule,
             pin,
             started,
             route,
@@ -135,6 +155,7 @@ impl Opened {
         } = self.facts;
         let mut rec = record::base(&self.ctx, id, Event::Close, self.protocol, &self.label);
         (rec.decision, rec.reason) = outcome.close_reason.verdict();
+        rec.rule.clone_from(rule);
         rec.dns_ms = dns.map(ms);
         rec.connect_ms = connect.map(ms);
         rec.pin = Some(pin.ip().to_string());
@@ -160,6 +181,12 @@ impl Opened {
                 outcome.down.saturating_sub(down),
             );
         }
+        if let Some((end, alert, detail)) = self.ending.take() {
+            (rec.client_tls, rec.tls_alert, rec.detail) = (Some(end), alert, detail);
+            if end.rejects_certificate() {
+                record::client_refused(&self.shared, &self.ctx, &rec);
+            }
+        }
         self.shared.log.write(&rec);
     }
 }
@@ -183,6 +210,7 @@ mod tests {
     fn opened(shared: &Arc<Shared>, id: u64) -> Opened {
         let facts = Facts {
             id,
+            rule: Some("a.test".into()),
             pin: "192.0.2.1:443".parse().unwrap(),
             started: Instant::now(),
             route: Route::Direct,
@@ -240,8 +268,8 @@ mod tests {
             (&"allow".into(), &"allowed".into())
         );
         assert_eq!(
-            (&r["protocol"], &r["pin"]),
-            (&"socks5".into(), &"192.0.2.1".into())
+            (&r["protocol"], &r["pin"], &r["rule"]),
+            (&"socks5".into(), &"192.0.2.1".into(), &"a.test".into())
         );
     }
 

@@ -251,6 +251,7 @@ async fn steps(
     log(Ok(allow), timing);
     let facts = Facts {
         id,
+        rule: rule.clone(),
         pin: reached.pin,
         started,
         route: reached.route,
@@ -306,7 +307,7 @@ async fn reach(
         .await;
     shared.metrics.observe_connect(took);
     let reached = connected.map(|e| Reached {
-        leg: Leg::Fresh(e.stream, ticket.map(|t| t.routed(e.route))),
+        leg: Leg::Fresh(e.stream, ticket.map(|t| Box::new(t.routed(e.route)))),
         pin: e.pin,
         route: e.route,
         forward: e.forward,

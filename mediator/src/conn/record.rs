@@ -76,6 +76,8 @@ pub(crate) fn base(
         bytes_down: None,
         duration_ms: None,
         close_reason: None,
+        client_tls: None,
+        tls_alert: None,
         method: ctx.request.as_ref().map(|r| r.method.clone()),
         path: ctx.request.as_ref().map(|r| r.path.clone()),
         capture: ctx.capture,
@@ -269,34 +271,58 @@ fn emit(shared: &Shared, ctx: &Ctx, rec: &Record) {
         rec.reason,
     );
     if rec.decision == Verdict::Deny {
-        // Only into the ring of the authority the connection really belongs to, and only
-        // while that very grant is live.
-        let live = ctx
-            .authority
-            .as_ref()
-            .filter(|a| rec.authority.as_deref() == Some(a.grant.name()))
-            .and_then(|a| shared.authorities.live_of(a));
-        if let Some(live) = live {
-            live.record_denial(DenialEntry {
-                id: rec.id,
-                ts: rec.ts.clone(),
-                protocol: rec.protocol,
-                host: rec.host.clone(),
-                port: rec.port,
-                reason: rec.reason,
-                rule: rec.rule.clone(),
-                detail: rec.detail.clone(),
-                hint: rec.hint.clone(),
-                message: rec.message.clone(),
-                status: match rec.protocol {
-                    Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
-                    _ => crate::denial::http_status(rec.reason, rec.cause),
-                },
-                peer: rec.peer,
-            });
-        }
+        let status = match rec.protocol {
+            Protocol::Socks5 => u16::from(crate::denial::socks_rep(rec.reason, rec.cause)),
+            _ => crate::denial::http_status(rec.reason, rec.cause),
+        };
+        keep(shared, ctx, rec, rec.id, status);
     }
     shared.log.write(rec);
+}
+
+/// Keeps `rec` as the entry `id` of the admin API's recent denials (answered `status`):
+/// only in the ring of the authority the connection really belongs to, and only while
+/// that very grant is live.
+fn keep(shared: &Shared, ctx: &Ctx, rec: &Record, id: u64, status: u16) {
+    let live = ctx
+        .authority
+        .as_ref()
+        .filter(|a| rec.authority.as_deref() == Some(a.grant.name()))
+        .and_then(|a| shared.authorities.live_of(a));
+    if let Some(live) = live {
+        let close = rec.event == Event::Close;
+        live.record_denial(DenialEntry {
+            event: rec.event,
+            id,
+            tunnel_id: close.then_some(rec.id),
+            client_tls: rec.client_tls,
+            tls_alert: rec.tls_alert,
+            ts: rec.ts.clone(),
+            protocol: rec.protocol,
+            host: rec.host.clone(),
+            port: rec.port,
+            reason: rec.reason,
+            rule: rec.rule.clone(),
+            detail: rec.detail.clone(),
+            hint: rec.hint.clone(),
+            message: rec.message.clone(),
+            status,
+            peer: rec.peer,
+        });
+    }
+}
+
+/// Keeps the close record `rec` of a terminated tunnel whose client refused the
+/// mediator's certificate among its authority's recent denials (the admin API's, which
+/// the shim reads in socket mode), under an id drawn now: the shim then hears of it as of
+/// a denial, with what to do.
+pub(crate) fn client_refused(shared: &Shared, ctx: &Ctx, rec: &Record) {
+    // The client was answered that its tunnel was open: `200`, or SOCKS5 REP 0x00.
+    let status = match rec.protocol {
+        Protocol::Socks5 => 0,
+        _ => 200,
+    };
+    keep(shared, ctx, rec, shared.next_id(), status);
 }
 
 /// Milliseconds with microsecond precision.

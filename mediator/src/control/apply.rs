@@ -4,11 +4,13 @@
 //! list, never over a name of the configuration file, at most once per generation.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::SystemTime;
 
 use policy::config::{Authority, FieldError, RegistryBackend};
 
+use super::kept::Kept;
 use super::registry::{Change, ErrorKind, Loaded, Op, RegistryError, Rejected, Stored};
 use super::{Control, CreateError, TARGET};
 use crate::audit::{Action, Actor, AuditRecord, AuditResult, AuthorityChange};
@@ -113,7 +115,7 @@ impl Control {
         self.stored
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.clone(), stored);
+            .insert(name.clone(), Kept::of(&stored));
         if let Some(at) = expires {
             self.expire_at(&name, generation, &at);
         }
@@ -147,9 +149,35 @@ impl Control {
         self.revoke_locked(name, "revoked")
     }
 
+    /// Whether `stored` is placed on another node than this replica's (kept in the
+    /// registry, not served here). A record whose placement cannot be read is not: it is
+    /// refused as invalid when applied.
+    fn placed_elsewhere(&self, stored: &Stored) -> bool {
+        stored
+            .record
+            .placement()
+            .is_ok_and(|p| !p.serves(self.store.node()))
+    }
+
     /// Applies a whole view (start, or a re-list after a lost watch): records no longer in
-    /// it are revoked, the others applied; problems are counted and named.
-    pub(super) fn apply_snapshot(&self, loaded: Loaded, op: Op) {
+    /// it are revoked, the others applied; problems are counted and named. Records placed
+    /// on other nodes (a local registry's, kept there) are named, not served.
+    pub(super) fn apply_snapshot(&self, mut loaded: Loaded, op: Op) {
+        let (elsewhere, here): (Vec<Stored>, Vec<Stored>) = std::mem::take(&mut loaded.records)
+            .into_iter()
+            .partition(|s| self.placed_elsewhere(s));
+        loaded.records = here;
+        if !elsewhere.is_empty() {
+            let names: Vec<&str> = elsewhere.iter().map(|s| s.record.name.as_str()).collect();
+            tracing::warn!(target: TARGET, "registry: {} stored authorities are placed on other nodes and are not served by this one (node {:?}): {}", names.len(), self.store.node(), names.join(", "));
+            crate::say!(
+                Warning,
+                "mediator: registry: {} stored authorities are placed on other nodes and are not served by this one (node {:?}); they are kept: {}",
+                names.len(),
+                self.store.node(),
+                names.join(", ")
+            );
+        }
         let present: HashSet<String> = loaded
             .records
             .iter()
@@ -174,6 +202,8 @@ impl Control {
             self.report_rejected(&rejected);
         }
         let now = SystemTime::now();
+        let count = loaded.records.len();
+        self.bulk.store(true, Ordering::Relaxed);
         for stored in loaded.records {
             if stored.record.expired(now) {
                 self.drop_expired(stored);
@@ -181,13 +211,27 @@ impl Control {
             }
             self.apply_or_report(stored, op);
         }
+        self.bulk.store(false, Ordering::Relaxed);
+        tracing::info!(target: TARGET, "registry: a view of {count} stored authorities applied ({} served here)", self.stored_count());
     }
 
     /// Applies one change from a watch; what another writer changed is audited.
     pub(crate) fn apply_change(&self, change: Change) {
         match change {
             Change::Put(stored) => {
-                if stored.record.expired(SystemTime::now()) {
+                if self.placed_elsewhere(&stored) {
+                    // Never served here (a key of this node's range that says otherwise).
+                    let (name, generation) = (stored.record.name.clone(), stored.generation);
+                    self.apply_delete(&name, Some(generation));
+                    self.report_rejected(&Rejected {
+                        what: format!("the record of {name:?} (generation {generation})"),
+                        why: format!(
+                            "it is placed on another node than this replica's ({:?})",
+                            self.store.node()
+                        ),
+                        kind: ErrorKind::Invalid,
+                    });
+                } else if stored.record.expired(SystemTime::now()) {
                     self.drop_expired(stored);
                 } else {
                     let name = stored.record.name.clone();
@@ -275,13 +319,17 @@ impl Control {
         }
     }
 
-    /// Names and counts a record that could not be read.
+    /// Names and counts a record that could not be read, or is not loaded.
     fn report_rejected(&self, rejected: &Rejected) {
         self.registry_metrics.error(rejected.kind);
-        tracing::error!(target: TARGET, "registry: {} cannot be read and was set aside: {}", rejected.what, rejected.why);
+        let fate = match rejected.kind {
+            ErrorKind::Damaged => "cannot be read and was set aside",
+            _ => "is not loaded",
+        };
+        tracing::error!(target: TARGET, "registry: {} {fate}: {}", rejected.what, rejected.why);
         crate::say!(
             Warning,
-            "mediator: registry: {} cannot be read and was set aside: {}",
+            "mediator: registry: {} {fate}: {}",
             rejected.what,
             rejected.why
         );
@@ -326,7 +374,7 @@ impl Control {
     /// is still the one applied. etcd removes the record itself when its lease ends; the
     /// revocation here does not wait for that.
     async fn expire(&self, name: &str, generation: u64) {
-        let _writes = self.writes.lock().await;
+        let _writes = self.write_lock(name).await;
         let applied = self
             .stored
             .lock()

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use policy::config::{FieldError, RegistryBackend};
+use policy::config::{Authority, FieldError, Placement, RegistryBackend};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -53,10 +53,17 @@ pub(crate) struct Deleted {
 /// A created authority, as `POST /v1/authorities` reports it.
 #[derive(Debug)]
 pub(crate) struct Created {
-    /// The live entry.
-    pub live: Arc<Live>,
+    /// The live entry, when this replica serves it (placed on its node or on every node).
+    pub live: Option<Arc<Live>>,
+    /// The record as stored, and its generation.
+    pub stored: Stored,
+    /// Where it is served.
+    pub node: Placement,
     /// The freshly generated token, when one was asked for (shown once, never stored).
     pub token: Option<String>,
+    /// The validated authority, when it is served on another node only (`live` is
+    /// `None`): what its audit record describes.
+    pub elsewhere: Option<Box<Authority>>,
 }
 
 impl Control {
@@ -64,7 +71,9 @@ impl Control {
     /// (`POST /v1/authorities`), validated by the same code as the configuration file, with
     /// the global deny list applied. `"generate_token": true` makes the mediator generate a
     /// token, store only its SHA-256 and return it once; `"ttl_s": N` revokes it N seconds
-    /// later. The record is durable in the registry before this returns.
+    /// later. The record is durable in the registry before this returns. `"node"` places
+    /// it: an authority placed on another node is stored (etcd) and served there only; a
+    /// local or memory registry serves its own node only and refuses one.
     ///
     /// # Errors
     /// [`CreateError::Invalid`] naming each bad field, [`CreateError::Duplicate`] when the
@@ -90,13 +99,31 @@ impl Control {
             record,
             generation: 0,
         };
-        self.authority_of(&probe).map_err(CreateError::Invalid)?;
+        let authority = self.authority_of(&probe).map_err(CreateError::Invalid)?;
+        let node = authority.node.clone();
+        let here = node.serves(self.store.node());
+        if !here && !self.store.holds_other_nodes() {
+            return Err(CreateError::Invalid(vec![FieldError {
+                field: "node".into(),
+                message: format!(
+                    "this mediator's {} registry serves its own node ({:?}) only: write \"*\" or {:?}; placing an authority on another node needs the registry every node shares (backend = \"etcd\")",
+                    self.store.backend(),
+                    self.store.node(),
+                    self.store.node()
+                ),
+            }]));
+        }
         let record = probe.record;
         if self.shared.authorities.registry_stale() {
             return Err(self.unavailable());
         }
-        let _writes = self.writes.lock().await;
-        if self.shared.authorities.get(&name).is_some() {
+        let _writes = self.write_lock(&name).await;
+        let of_the_file = self
+            .placed_elsewhere
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&name);
+        if of_the_file || self.shared.authorities.get(&name).is_some() {
             return Err(CreateError::Duplicate(name));
         }
         let _writing = self.writing(&name);
@@ -122,7 +149,18 @@ impl Control {
                 return Err(CreateError::Store(e));
             }
         };
-        let applied = self.apply_put(Stored { record, generation });
+        let stored = Stored { record, generation };
+        if !here {
+            // Stored for its node's replica, which applies it from its watch.
+            return Ok(Created {
+                live: None,
+                stored,
+                node,
+                token,
+                elsewhere: Some(Box::new(authority)),
+            });
+        }
+        let applied = self.apply_put(stored.clone());
         let live = match applied {
             Ok(Some(live)) => live,
             // Already applied from the watch (etcd): the same generation is live.
@@ -132,7 +170,13 @@ impl Control {
             },
             Err(e) => return Err(self.undo(&name, generation, Some(e)).await),
         };
-        Ok(Created { live, token })
+        Ok(Created {
+            live: Some(live),
+            stored,
+            node,
+            token,
+            elsewhere: None,
+        })
     }
 
     /// Removes a record stored by [`Self::create`] that could not be served; returns the
@@ -154,7 +198,8 @@ impl Control {
     }
 
     /// Revokes the authority named `name` (`DELETE /v1/authorities/<name>`): one of the
-    /// configuration file at once, as before; a stored one once its removal is durable.
+    /// configuration file at once, as before; a stored one once its removal is durable,
+    /// wherever it is placed (etcd: the replica of its node revokes it from its watch).
     ///
     /// # Errors
     /// [`CreateError::Unavailable`] when the registry cannot be vouched for or reached,
@@ -174,7 +219,7 @@ impl Control {
         if self.shared.authorities.registry_stale() {
             return Err(self.unavailable());
         }
-        let _writes = self.writes.lock().await;
+        let _writes = self.write_lock(name).await;
         let _writing = self.writing(name);
         let before = self.shared.authorities.get(name);
         let removed = match self.store.delete(name, None).await {

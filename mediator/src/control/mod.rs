@@ -12,6 +12,7 @@
 mod apply;
 pub(crate) mod body;
 mod create;
+mod kept;
 pub(crate) mod registry;
 mod reload;
 
@@ -30,13 +31,16 @@ use crate::error::Error;
 use crate::shared::Shared;
 use crate::socket_file;
 
-pub(crate) use create::{CreateError, Deleted};
-use registry::{RegistryMetrics, Store, Stored};
+pub(crate) use create::{CreateError, Created, Deleted};
+use registry::{RegistryMetrics, Store};
 use reload::Baseline;
 pub use reload::{ReloadRefused, ReloadReport};
 
 /// Log target of control-plane events.
 pub(crate) const TARGET: &str = "mediator::control";
+
+/// How many locks registry writes are spread over (by the name's hash).
+const WRITE_STRIPES: usize = 64;
 
 /// The control plane of one running mediator.
 #[derive(Debug)]
@@ -56,16 +60,24 @@ pub(crate) struct Control {
     store: Arc<dyn Store>,
     /// The registry's metrics.
     registry_metrics: RegistryMetrics,
-    /// Serialises registry writes (create, delete, expire) with the change they make.
-    writes: tokio::sync::Mutex<()>,
+    /// Serialises registry writes (create, delete, expire) of one name with the change
+    /// they make: one lock per stripe of names (by hash), so that writes of different
+    /// names wait for no other.
+    writes: Box<[tokio::sync::Mutex<()>]>,
     /// The stored records applied to the live set, by name (a generated token's hash
     /// included), so that a reload that changes the global deny list can re-create them
     /// under it (the global list applies to every authority), and a change seen twice is
     /// applied once.
-    stored: Mutex<HashMap<String, Stored>>,
+    stored: Mutex<HashMap<String, kept::Kept>>,
     /// etcd: the revision at which each name was last removed, so that a create older than
     /// the removal, seen late, is not applied.
     tombstones: Mutex<HashMap<String, u64>>,
+    /// The names of the configuration file's authorities placed on other nodes: not
+    /// served here, but names of the file all the same (the admin API may not take one).
+    placed_elsewhere: Mutex<HashSet<String>>,
+    /// Set while a whole view of the registry is applied (a start's load, a re-list):
+    /// each authority it adds is logged at debug level, the view's count at info.
+    bulk: std::sync::atomic::AtomicBool,
     /// Itself, for the timers it starts (`ttl_s`).
     me: Weak<Self>,
     /// Writes the audit records of changes (design section 21).
@@ -117,9 +129,13 @@ impl Control {
             op: Mutex::new(()),
             store,
             registry_metrics,
-            writes: tokio::sync::Mutex::new(()),
+            writes: (0..WRITE_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
             stored: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashMap::new()),
+            placed_elsewhere: Mutex::new(HashSet::new()),
+            bulk: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
             audit,
             writing: Mutex::new(HashSet::new()),
@@ -142,6 +158,24 @@ impl Control {
     /// The registry's backend.
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Waits for the lock of registry writes of `name` (see `writes`).
+    async fn write_lock(&self, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(name);
+        // In range: a remainder of the stripes' count, which is not zero.
+        let stripe = usize::try_from(hash % WRITE_STRIPES as u64).unwrap_or_default();
+        self.writes[stripe].lock().await
+    }
+
+    /// Records the names of the configuration file's authorities placed on other nodes
+    /// (at start and at each reload): the admin API may not create an authority of one.
+    pub(crate) fn set_placed_elsewhere(&self, names: &[String]) {
+        *self
+            .placed_elsewhere
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = names.iter().cloned().collect();
     }
 
     /// The shared state.
@@ -251,13 +285,24 @@ impl Control {
                 }
             });
         }
-        tracing::info!(
-            target: TARGET,
-            "authority {name:?} added (generation {generation}, from {}, grant digest {}, socket {})",
-            match origin { Origin::Config => "config", Origin::Api => "admin API" },
-            live.digest,
-            socket.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string())
-        );
+        let added = || {
+            format!(
+                "authority {name:?} added (generation {generation}, from {}, grant digest {}, socket {})",
+                match origin {
+                    Origin::Config => "config",
+                    Origin::Api => "admin API",
+                },
+                live.digest,
+                socket
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |p| p.display().to_string())
+            )
+        };
+        if self.bulk.load(std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!(target: TARGET, "{}", added());
+        } else {
+            tracing::info!(target: TARGET, "{}", added());
+        }
         Ok(live)
     }
 

@@ -77,7 +77,11 @@ impl Control {
             tracing::error!(target: TARGET, "reload refused: {}", ReloadRefused { names: held.clone() });
             return Err(ReloadRefused { names: held });
         }
-        let new = fingerprints(text);
+        let mut new = fingerprints(text);
+        // Placed on other nodes: not this replica's, as if not in the file.
+        new.authorities
+            .retain(|name, _| !config.placed_elsewhere.contains(name));
+        self.set_placed_elsewhere(&config.placed_elsewhere);
         let old = self
             .baseline
             .lock()
@@ -154,7 +158,7 @@ impl Control {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .cloned()
+            .filter_map(super::kept::Kept::stored)
             .collect();
         for record in stored {
             let name = record.record.name.clone();

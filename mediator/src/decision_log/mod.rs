@@ -4,12 +4,14 @@
 //! (queue, stamp, render, reopen, the failure that stops the service).
 
 mod record;
+mod stamp;
 mod writer;
 
 pub(crate) use record::Line;
 pub use record::{CredentialUse, Peer, Record, now_rfc3339};
+pub(crate) use stamp::host_name;
 pub use writer::{DecisionLog, Reopened, Sink, Tap, check_can_open, open_append};
-pub(crate) use writer::{Render, Ship, host_name};
+pub(crate) use writer::{Render, Ship};
 
 #[cfg(test)]
 mod tests {
@@ -47,6 +49,8 @@ mod tests {
             bytes_down: Some(20),
             duration_ms: Some(30),
             close_reason: Some(CloseReason::Shutdown),
+            client_tls: None,
+            tls_alert: None,
             method: Some("GET".into()),
             path: Some("/x?<redacted>".into()),
             capture: true,

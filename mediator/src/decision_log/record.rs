@@ -11,8 +11,8 @@ use policy::{Reason, Verdict};
 
 use crate::denial::Cause;
 use crate::vocab::{
-    Channel, CloseReason, Event, Protocol, deserialize_reason, deserialize_verdict,
-    serialize_reason, serialize_verdict,
+    Channel, ClientTlsEnd, CloseReason, Event, Protocol, TlsAlert, deserialize_reason,
+    deserialize_verdict, serialize_reason, serialize_verdict,
 };
 
 /// How a connection proved its authority, with the peer it came from.
@@ -165,6 +165,16 @@ pub struct Record {
     /// Close lines: why it closed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<CloseReason>,
+    /// Close lines of a terminated tunnel whose client ended the TLS handshake instead of
+    /// completing it: how (`rejected_certificate`, `closed_after_certificate`: it does
+    /// not trust the mediator's CA; `alert`); `detail` says it in words, starting with
+    /// `client_rejected_certificate` or `client_tls_alert`. Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_tls: Option<ClientTlsEnd>,
+    /// The same lines: the alert the client sent (`unknown_ca`), when it sent one the
+    /// registry lists. Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_alert: Option<TlsAlert>,
     /// Requests inside a TLS-terminated tunnel (`protocol: "tls"`) and plain requests to
     /// a terminated host: the method.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -20,9 +20,10 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use super::record::{Line, Peer, Record};
+use super::stamp::{Stamp, random_run};
 use crate::error::Error;
 
 /// Called with every record before it is queued (the shim's embedded mode collects its
@@ -85,71 +86,6 @@ pub(crate) trait Render: Send + Sync {
 pub(crate) trait Ship: Send + Sync {
     /// Offers `line` (its stamped native line `native`); may drop it (and count it).
     fn offer(&self, line: Line<'_>, native: &[u8], run: &str);
-}
-
-/// What every line of this process carries besides its record (design section 19):
-/// which mediator (`instance`) and which start of it (`run`) wrote it, so that `(run, id)`
-/// never repeats across restarts and replicas.
-#[derive(Debug)]
-struct Stamp {
-    run: String,
-    /// `,"instance":"...","run":"..."`, ready to append.
-    fields: String,
-}
-
-impl Stamp {
-    fn new(instance: Option<&str>, run: String) -> Self {
-        let instance = instance.map_or_else(host_name, str::to_owned);
-        let fields = format!(
-            ",\"instance\":{},\"run\":{}",
-            serde_json::Value::from(instance.as_str()),
-            serde_json::Value::from(run.as_str())
-        );
-        Self { run, fields }
-    }
-
-    /// Adds the fields to `line`, one serialised record (a JSON object): `instance`,
-    /// `run`, and on TCP the peer's `peer_ip` and `peer_port`.
-    fn append(&self, line: &mut Vec<u8>, peer: &Peer) {
-        if line.last() != Some(&b'}') {
-            return;
-        }
-        line.pop();
-        line.extend_from_slice(self.fields.as_bytes());
-        if let Peer::Tcp(addr) = peer {
-            let _ = write!(
-                line,
-                ",\"peer_ip\":\"{}\",\"peer_port\":{}",
-                addr.ip(),
-                addr.port()
-            );
-        }
-        line.push(b'}');
-    }
-}
-
-/// This host's name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
-pub(crate) fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
-
-/// 16 hex digits from the kernel's random source; the time and pid when it cannot be read
-/// (a run only has to differ from the others of this instance).
-fn random_run() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 8];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
-    if read.is_err() {
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        b = (now as u64 ^ u64::from(std::process::id()).rotate_left(32)).to_be_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// What [`DecisionLog::reopen`] did.
@@ -227,6 +163,20 @@ impl Queue {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits, counted among the waiters, until the writer reports progress.
+    fn wait_progress<'a>(
+        &self,
+        mut state: std::sync::MutexGuard<'a, State>,
+    ) -> std::sync::MutexGuard<'a, State> {
+        state.waiting += 1;
+        let mut state = self
+            .progress
+            .wait(state)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.waiting -= 1;
+        state
     }
 }
 
@@ -334,12 +284,7 @@ impl DecisionLog {
             queue.writer.notify_one();
         }
         while state.reopen_done < ticket {
-            state.waiting += 1;
-            state = queue
-                .progress
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state.waiting -= 1;
+            state = queue.wait_progress(state);
         }
         match state.reopen_error.clone() {
             None => Ok(Reopened::File(path.as_ref().clone())),
@@ -408,12 +353,7 @@ impl DecisionLog {
             let queue = &self.handle.0;
             let mut state = queue.lock();
             while state.buf.len() >= QUEUE_BYTES && !state.closed {
-                state.waiting += 1;
-                state = queue
-                    .progress
-                    .wait(state)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                state.waiting -= 1;
+                state = queue.wait_progress(state);
             }
             state.buf.extend_from_slice(line);
             state.appended += 1;
@@ -451,12 +391,7 @@ impl DecisionLog {
                 state.writer_asleep = false;
                 queue.writer.notify_one();
             }
-            state.waiting += 1;
-            state = queue
-                .progress
-                .wait(state)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            state.waiting -= 1;
+            state = queue.wait_progress(state);
         }
     }
 }

@@ -40,9 +40,9 @@ pub fn config(data: &[u8]) {
 }
 
 /// The body of `POST /v1/authorities` (`serde_json`, then `Control::create`), against a
-/// mediator without a socket directory, with a memory registry. Properties: a created authority has the
-/// body's name, and a generated token is the one whose SHA-256 is stored; it is revoked
-/// again at once.
+/// mediator without a socket directory, with a memory registry. Properties: a created authority is
+/// served (a memory registry serves its own node only) under the body's name, and a
+/// generated token is the one whose SHA-256 is stored; it is revoked again at once.
 pub fn admin_json(data: &[u8]) {
     // The admin API's own reading: strict (a key given twice is refused).
     let Ok(body) = crate::control::body::parse(data) else {
@@ -50,13 +50,17 @@ pub fn admin_json(data: &[u8]) {
     };
     let fx = fixture();
     if let Ok(created) = fx.runtime.block_on(fx.control.create(&body)) {
-        let name = created.live.authority.grant.name().to_owned();
+        // A memory registry refuses another node's authority: what it created it serves.
+        let Some(live) = &created.live else {
+            panic!("created but not served: {created:?}");
+        };
+        let name = live.authority.grant.name().to_owned();
         assert_eq!(
             body.get("name").and_then(Value::as_str),
             Some(name.as_str())
         );
         if let Some(token) = &created.token {
-            let stored = created.live.authority.token_sha256;
+            let stored = live.authority.token_sha256;
             assert_eq!(stored, Some(Sha256::digest(token.as_bytes()).into()));
         }
         let deleted = fx.runtime.block_on(fx.control.delete(&name)).ok().unwrap();

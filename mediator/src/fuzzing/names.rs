@@ -182,9 +182,10 @@ pub fn pac_answer(data: &[u8]) {
 
 /// `mediator suggest` (`suggest::suggest`). The input is UTF-8: the authority (the
 /// first line, as `--authority` gives it), then the decision log or shim report.
-/// Properties: it never panics, and what it prints is a configuration that
-/// `mediator check`'s parser (`config::parse`) accepts, with one authority: the one asked
-/// for.
+/// Properties: it never panics; a table is a configuration that `mediator check`'s
+/// parser (`config::parse`) accepts, with one authority: the one asked for; shim flags
+/// are `--allow` values the shim's grant accepts, and the text's only line that is not a
+/// comment is those flags (none when there are none).
 pub fn suggest(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -193,8 +194,20 @@ pub fn suggest(data: &[u8]) {
     let Ok(out) = crate::suggest::suggest(log, authority) else {
         return;
     };
-    let config = crate::config::parse(&out, "<suggested>")
-        .unwrap_or_else(|e| panic!("the suggestion does not load: {e}\n{out}"));
-    let names: Vec<&str> = config.authorities.iter().map(|a| a.grant.name()).collect();
-    assert_eq!(names, [authority], "{out}");
+    match &out {
+        crate::suggest::Suggestion::Table(table) => {
+            let config = crate::config::parse(table, "<suggested>")
+                .unwrap_or_else(|e| panic!("the suggestion does not load: {e}\n{out}"));
+            let names: Vec<&str> = config.authorities.iter().map(|a| a.grant.name()).collect();
+            assert_eq!(names, [authority], "{out}");
+        }
+        crate::suggest::Suggestion::ShimFlags { flags, text } => {
+            for pair in flags.chunks(2) {
+                assert_eq!(pair[0], "--allow", "{out}");
+                assert!(check_entry(EntryKind::Allow, &pair[1]).is_ok(), "{out}");
+            }
+            let commands = text.lines().filter(|l| !l.starts_with('#')).count();
+            assert_eq!(commands, usize::from(!flags.is_empty()), "{out}");
+        }
+    }
 }

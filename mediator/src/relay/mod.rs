@@ -149,7 +149,7 @@ pub(crate) async fn relay_sockets(
     closing: CancellationToken,
     progress: Progress<'_>,
 ) -> RelayOutcome {
-    let state = State::new();
+    let state = State::new().with_client(client.fd().as_raw_fd());
     let reason = tokio::select! {
         both = async {
             tokio::try_join!(
@@ -163,6 +163,34 @@ pub(crate) async fn relay_sockets(
     state.outcome(reason)
 }
 
+/// Which end of a relay a failed read or write was on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    /// The client's connection.
+    Client,
+    /// The upstream connection.
+    Upstream,
+}
+
+impl Side {
+    /// The side a direction reads from: the client for the direction that ends as
+    /// `client_closed` (client -> upstream), else the upstream.
+    fn reading(end_name: CloseReason) -> Self {
+        if end_name == CloseReason::ClientClosed {
+            Self::Client
+        } else {
+            Self::Upstream
+        }
+    }
+
+    fn other(self) -> Self {
+        match self {
+            Self::Client => Self::Upstream,
+            Self::Upstream => Self::Client,
+        }
+    }
+}
+
 /// What both directions of one relay share. Atomics only because the future must be
 /// `Send`; both directions run in the same task.
 pub(super) struct State {
@@ -172,6 +200,11 @@ pub(super) struct State {
     up: AtomicU64,
     down: AtomicU64,
     first_end: OnceLock<CloseReason>,
+    /// The first read or write that failed: on which side, and how.
+    failure: OnceLock<(Side, io::ErrorKind)>,
+    /// The client's socket, when the relay is between sockets (so that a failure on a
+    /// socket can be told to be the client's).
+    client_fd: Option<std::os::fd::RawFd>,
 }
 
 impl State {
@@ -182,7 +215,32 @@ impl State {
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
             first_end: OnceLock::new(),
+            failure: OnceLock::new(),
+            client_fd: None,
         }
+    }
+
+    /// The same, for a relay whose client is the socket `fd`.
+    fn with_client(mut self, fd: std::os::fd::RawFd) -> Self {
+        self.client_fd = Some(fd);
+        self
+    }
+
+    /// Notes that a read or write on `side` failed with `e` (the first failure is kept),
+    /// and returns `e`.
+    pub(super) fn failed(&self, side: Side, e: io::Error) -> io::Error {
+        let _ = self.failure.set((side, e.kind()));
+        e
+    }
+
+    /// [`Self::failed`] for a failure on the socket `on`.
+    pub(super) fn failed_on(&self, on: Sock<'_>, e: io::Error) -> io::Error {
+        let side = if Some(on.fd().as_raw_fd()) == self.client_fd {
+            Side::Client
+        } else {
+            Side::Upstream
+        };
+        self.failed(side, e)
     }
 
     fn moved(&self, count: &AtomicU64, n: usize) {
@@ -198,9 +256,14 @@ impl State {
 }
 
 impl State {
-    /// The close reason once both directions have ended.
     /// The close reason once both directions have ended, or one failed (a reset or a
     /// failed write ends the whole tunnel at once: the other side may never speak again).
+    ///
+    /// A client that resets its connection (or is gone when written to) after the
+    /// upstream answered has closed it: many clients end a finished exchange with a reset
+    /// (a socket closed with unread bytes, such as a TLS session ticket, is reset by the
+    /// kernel; `SO_LINGER` 0). Any other failure, and a client's reset before anything
+    /// came back, is an `error`.
     fn reason(&self, ended: io::Result<((), ())>) -> CloseReason {
         match ended {
             Ok(_) => self
@@ -208,8 +271,19 @@ impl State {
                 .get()
                 .copied()
                 .unwrap_or(CloseReason::ClientClosed),
-            Err(_) => CloseReason::Error,
+            Err(_) => match self.failure.get() {
+                Some(&(Side::Client, kind)) if hung_up(kind) && self.answered() => {
+                    CloseReason::ClientClosed
+                }
+                _ => CloseReason::Error,
+            },
         }
+    }
+
+    /// The upstream sent the client something (what the client sent may have gone before
+    /// the relay started, with the tunnel's first bytes).
+    fn answered(&self) -> bool {
+        self.down.load(Ordering::Relaxed) > 0
     }
 
     fn outcome(&self, close_reason: CloseReason) -> RelayOutcome {
@@ -281,6 +355,17 @@ async fn idle_watch(
     }
 }
 
+/// Whether a failed read or write means the peer is gone: it reset the connection, or
+/// it closed it and a write found it so.
+pub(crate) fn hung_up(kind: io::ErrorKind) -> bool {
+    matches!(
+        kind,
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
 async fn pump<R, W>(
     r: &mut R,
     w: &mut W,
@@ -292,16 +377,19 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let from = Side::reading(end_name);
     let mut buf = vec![0u8; BUF_START];
     loop {
-        let n = r.read(&mut buf).await?;
+        let n = r.read(&mut buf).await.map_err(|e| state.failed(from, e))?;
         if n == 0 {
             let _ = state.first_end.set(end_name);
             // Pass the half-close on; the other direction keeps going.
             let _ = w.shutdown().await;
             return Ok(());
         }
-        w.write_all(&buf[..n]).await?;
+        w.write_all(&buf[..n])
+            .await
+            .map_err(|e| state.failed(from.other(), e))?;
         state.moved(count, n);
         if n == buf.len() && buf.len() < BUF_MAX {
             // Data arrives faster than we read it: grow once the bytes are sent.
@@ -330,7 +418,7 @@ pub(super) async fn drain_by_reading(
             Ok(n) => write_all(to, &buf[..n], count, state).await?,
             Err(nix::errno::Errno::EAGAIN) => return Ok(false),
             Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(state.failed_on(from, e.into())),
         }
     }
 }
@@ -344,14 +432,16 @@ pub(super) async fn write_all(
     state: &State,
 ) -> io::Result<()> {
     while !bytes.is_empty() {
-        to.ready(Interest::WRITABLE).await?;
+        to.ready(Interest::WRITABLE)
+            .await
+            .map_err(|e| state.failed_on(to, e))?;
         match to.try_write(bytes) {
             Ok(n) => {
                 bytes = &bytes[n..];
                 state.moved(count, n);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(state.failed_on(to, e)),
         }
     }
     Ok(())

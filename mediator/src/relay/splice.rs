@@ -63,7 +63,9 @@ pub(super) async fn pump_sockets(
             }
             continue;
         }
-        from.ready(Interest::READABLE).await?;
+        from.ready(Interest::READABLE)
+            .await
+            .map_err(|e| state.failed_on(from, e))?;
         if buf.len() != size {
             buf = vec![0u8; size];
         }
@@ -74,7 +76,7 @@ pub(super) async fn pump_sockets(
                 buf = Vec::new(); // drained: idle until the next readiness
                 continue;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(state.failed_on(from, e)),
         };
         write_all(to, &buf[..n], count, state).await?;
         if n < size {
@@ -208,7 +210,9 @@ async fn splice_once(
         Sock::Unix(_) => pipe.chunk.min(UNIX_CHUNK),
         Sock::Tcp(_) => pipe.chunk,
     };
-    from.ready(Interest::READABLE).await?;
+    from.ready(Interest::READABLE)
+        .await
+        .map_err(|e| state.failed_on(from, e))?;
     // The pipe is empty here, so EAGAIN means the socket has no bytes for splice.
     let n = match from.try_io(Interest::READABLE, || {
         splice(from.fd(), None, &pipe.write, None, want, flags).map_err(io::Error::from)
@@ -220,12 +224,14 @@ async fn splice_once(
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
             return Err(io::Error::new(io::ErrorKind::Unsupported, e));
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(state.failed_on(from, e)),
     };
     let mut left = n;
     let mut calls = 0usize;
     while left > 0 {
-        to.ready(Interest::WRITABLE).await?;
+        to.ready(Interest::WRITABLE)
+            .await
+            .map_err(|e| state.failed_on(to, e))?;
         // The pipe holds `left` bytes, so EAGAIN can only mean the socket is full.
         match to.try_io(Interest::WRITABLE, || {
             splice(&pipe.read, None, to.fd(), None, left, flags).map_err(io::Error::from)
@@ -236,7 +242,7 @@ async fn splice_once(
                 state.moved(count, m);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(state.failed_on(to, e)),
         }
     }
     Ok(Spliced::Moved {

@@ -203,6 +203,84 @@ async fn a_reset_on_one_side_ends_the_whole_tunnel() {
     assert_eq!(out.close_reason, CloseReason::Error);
 }
 
+/// Closes `s` with a reset (SO_LINGER 0), as many clients end a finished exchange.
+fn reset(s: TcpStream) {
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+}
+
+/// One request and its answer through a relay started by `start`, then `who` resets its
+/// connection: how the tunnel ended.
+async fn reset_after_an_exchange<F>(start: F, client_resets: bool) -> CloseReason
+where
+    F: FnOnce(TcpStream, TcpStream) -> tokio::task::JoinHandle<RelayOutcome>,
+{
+    let (client, mut client_peer) = tcp_pair().await;
+    let (upstream, mut upstream_peer) = tcp_pair().await;
+    let task = start(client, upstream);
+    client_peer.write_all(b"request").await.unwrap();
+    let mut got = [0u8; 7];
+    upstream_peer.read_exact(&mut got).await.unwrap();
+    upstream_peer.write_all(b"answer").await.unwrap();
+    let mut back = [0u8; 6];
+    client_peer.read_exact(&mut back).await.unwrap();
+    if client_resets {
+        reset(client_peer);
+        drop(upstream_peer);
+    } else {
+        reset(upstream_peer);
+        drop(client_peer);
+    }
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the tunnel outlived the reset")
+        .unwrap()
+        .close_reason
+}
+
+/// A client that resets its connection after it got an answer (cargo, curl with unread
+/// TLS session tickets) has closed it; an upstream's reset stays an error. Both relays:
+/// between sockets and through buffers.
+#[tokio::test]
+async fn a_clients_reset_after_an_exchange_is_its_close_not_an_error() {
+    let sockets = |c: TcpStream, u: TcpStream| {
+        tokio::spawn(relay(
+            c,
+            UpstreamStream::Plain(u),
+            Duration::from_secs(600),
+            CancellationToken::new(),
+            None,
+        ))
+    };
+    let buffers = |c: TcpStream, u: TcpStream| {
+        tokio::spawn(relay_streams(
+            c,
+            u,
+            Duration::from_secs(600),
+            CancellationToken::new(),
+            None,
+        ))
+    };
+    assert_eq!(
+        reset_after_an_exchange(sockets, true).await,
+        CloseReason::ClientClosed
+    );
+    assert_eq!(
+        reset_after_an_exchange(buffers, true).await,
+        CloseReason::ClientClosed
+    );
+    assert_eq!(
+        reset_after_an_exchange(sockets, false).await,
+        CloseReason::Error
+    );
+    assert_eq!(
+        reset_after_an_exchange(buffers, false).await,
+        CloseReason::Error
+    );
+}
+
 /// A relay stopped mid-transfer (shutdown) reports exactly the bytes the client got.
 #[tokio::test]
 async fn counts_are_exact_when_a_bulk_transfer_is_cut_off() {

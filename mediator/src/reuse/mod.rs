@@ -338,8 +338,9 @@ impl<C> Inner<C> {
 #[derive(Debug)]
 pub(crate) enum Leg {
     /// A new connection; with the ticket it goes back to the pool under when it is a
-    /// terminated tunnel's (and reuse is on).
-    Fresh(UpstreamStream, Option<Ticket>),
+    /// terminated tunnel's (and reuse is on). Boxed: every connection's task holds its
+    /// leg, and most are not terminated.
+    Fresh(UpstreamStream, Option<Box<Ticket>>),
     /// An idle connection of the pool, with the ticket it was taken with.
     Reused(Box<Lease>),
 }

@@ -94,13 +94,13 @@ pub(super) struct Expectations {
 pub(super) fn read(path: &Path) -> Result<Expectations, Error> {
     let at = path.display();
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::Review(format!("cannot read {at}: {e}")))?;
+        .map_err(|e| Error::review_by(format!("cannot read {at}"), e))?;
     let file: File = toml::from_str(&text).map_err(|e| {
         let (line, col) = e.span().map_or((1, 1), |s| line_col(&text, s.start));
-        Error::Review(format!("{at}:{line}:{col}: {}", e.message().trim()))
+        Error::review(format!("{at}:{line}:{col}: {}", e.message().trim()))
     })?;
     if file.expect.is_empty() {
-        return Err(Error::Review(format!(
+        return Err(Error::review(format!(
             "{at}: no [[expect]] tables: nothing to test"
         )));
     }
@@ -110,7 +110,7 @@ pub(super) fn read(path: &Path) -> Result<Expectations, Error> {
             .ok()
             .and_then(|h| h.name().map(str::to_owned))
             .ok_or_else(|| {
-                Error::Review(format!(
+                Error::review(format!(
                     "{at}: hosts: {name:?} is not a host name (an address needs no entry)"
                 ))
             })?;

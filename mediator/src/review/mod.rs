@@ -91,13 +91,13 @@ pub fn diff(args: &DiffArgs) -> Result<Report, Error> {
             old.display().to_string(),
         ),
         (Some(_), _) => {
-            return Err(Error::Review(
-                "with --admin give one file, NEW: OLD is what the running mediator serves".into(),
+            return Err(Error::review(
+                "with --admin give one file, NEW: OLD is what the running mediator serves",
             ));
         }
         (None, _) => {
-            return Err(Error::Review(
-                "give two files, OLD and NEW (or --admin URL and NEW)".into(),
+            return Err(Error::review(
+                "give two files, OLD and NEW (or --admin URL and NEW)",
             ));
         }
     };
@@ -128,8 +128,8 @@ pub fn test(args: &TestArgs, config: Option<&Path>) -> Result<Report, Error> {
         (Some(url), _) => (remote::fetch(url)?.config()?, format!("{url} (running)")),
         (None, Some(path)) => (read_config(path)?, path.display().to_string()),
         (None, None) => {
-            return Err(Error::Review(
-                "give the policy to test: --config FILE, or --admin URL".into(),
+            return Err(Error::review(
+                "give the policy to test: --config FILE, or --admin URL",
             ));
         }
     };

@@ -75,8 +75,8 @@ impl Served {
 /// [`Error::Review`], one line: the API cannot be reached, refuses the token (or needs
 /// one), answers otherwise than 200, or serves no grants.
 pub(super) fn fetch(url: &str) -> Result<Served, Error> {
-    let fail = |what: String| Error::Review(format!("--admin {url}: {what}"));
-    let addr = admin_addr(url).map_err(|e| fail(e.to_string()))?;
+    let fail = |what: String| Error::review(format!("--admin {url}: {what}"));
+    let addr = admin_addr(url).map_err(|e| fail(crate::error::chain(&e)))?;
     let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
     let (status, body) = health::get(
         &addr,
@@ -146,8 +146,8 @@ pub(super) fn fetch(url: &str) -> Result<Served, Error> {
 /// `http://host:port[/]`, `host:port`, `unix:PATH` or a socket path.
 fn admin_addr(url: &str) -> Result<AdminAddr, Error> {
     if url.starts_with("https://") {
-        return Err(Error::Review(
-            "the admin API speaks plain HTTP on loopback or a Unix socket: give http://127.0.0.1:PORT or the socket's path".into(),
+        return Err(Error::review(
+            "the admin API speaks plain HTTP on loopback or a Unix socket: give http://127.0.0.1:PORT or the socket's path",
         ));
     }
     let rest = url.strip_prefix("http://").unwrap_or(url);

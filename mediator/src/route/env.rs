@@ -52,7 +52,7 @@ impl EnvProxies {
             };
             parse_parent_url(value.trim(), ParentSyntax::Environment)
                 .map(Some)
-                .map_err(|why| Error::Upstream(format!("environment variable {key}: {why}")))
+                .map_err(|why| Error::upstream_by(format!("environment variable {key}"), why))
         };
         Ok(Self {
             https: proxy("https_proxy")?,

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use policy::upstream::ParentUrl;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
 use super::stream::UpstreamStream;
@@ -34,28 +33,12 @@ impl ParentTls {
             tracing::debug!("system trust store: {e}");
         }
         roots.add_parsable_certificates(native.certs);
-        for path in extra_ca_files {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .and_then(Iterator::collect)
-                .map_err(|e| {
-                    Error::Upstream(format!("[tls] extra_ca_files: {}: {e}", path.display()))
-                })?;
-            if certs.is_empty() {
-                return Err(Error::Upstream(format!(
-                    "[tls] extra_ca_files: {}: no PEM certificate in the file",
-                    path.display()
-                )));
-            }
-            for cert in certs {
-                roots.add(cert).map_err(|e| {
-                    Error::Upstream(format!("[tls] extra_ca_files: {}: {e}", path.display()))
-                })?;
-            }
-        }
+        crate::tls::add_extra_ca_files(&mut roots, extra_ca_files)
+            .map_err(|(at, why)| Error::upstream_by(at, why))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Upstream(format!("TLS client configuration: {e}")))?
+            .map_err(|e| Error::upstream_by("TLS client configuration", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         // The parent speaks HTTP/1.1 (CONNECT, absolute-form) inside.

@@ -53,7 +53,7 @@ use policy::config::{Timeouts, Upstream, UpstreamMode};
 use policy::upstream::ParentAuth;
 use policy::{Pin, Target};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::resolve::Resolver;
 pub(crate) use connect::{ConnectFailure, connect_pinned};
 pub(crate) use forward_proxy::ForwardProxy;
@@ -231,7 +231,7 @@ impl Router {
             negotiator: if negotiates {
                 Some(
                     negotiate::Negotiator::new(&upstream.kerberos)
-                        .map_err(|e| Error::Upstream(e.to_string()))?,
+                        .map_err(|e| Error::upstream_by("Negotiate", ErrorCause::inner(e)))?,
                 )
             } else {
                 None

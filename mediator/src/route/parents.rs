@@ -62,13 +62,13 @@ impl Parents {
         let mut len = self
             .adding
             .lock()
-            .map_err(|_| Error::Upstream("parent table poisoned".into()))?;
+            .map_err(|_| Error::upstream("parent table poisoned"))?;
         if let Some((i, _)) = self.iter().find(|(_, p)| p.url == url) {
             return Ok(Route::Parent(i));
         }
         let i = *len;
         let slot = self.slots.get(i).ok_or_else(|| {
-            Error::Upstream(format!(
+            Error::upstream(format!(
                 "more than {MAX_PARENTS} distinct parents since start; restart the mediator"
             ))
         })?;
@@ -116,7 +116,7 @@ impl Router {
             url.auth = ParentAuth::Basic;
         }
         if url.auth == ParentAuth::Negotiate && url.credentials.is_some() {
-            return Err(Error::Upstream(format!(
+            return Err(Error::upstream(format!(
                 "parent {url}: Negotiate (parent_auth or parent_credentials_file) and a user:password are both configured for it; keep one (Negotiate ignores the password)"
             )));
         }
@@ -170,10 +170,10 @@ pub(super) fn warn_unmatched_auth(upstream: &Upstream) {
 /// negotiate` (`#` comments and blank lines ignored).
 pub(super) fn read_credentials(path: &Path) -> Result<HashMap<Target, FileAuth>, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::Upstream(format!(
-            "cannot read parent_credentials_file {}: {e}",
-            path.display()
-        ))
+        Error::upstream_by(
+            format!("cannot read parent_credentials_file {}", path.display()),
+            e,
+        )
     })?;
     let mut out = HashMap::new();
     for (i, line) in text.lines().enumerate() {
@@ -184,20 +184,19 @@ pub(super) fn read_credentials(path: &Path) -> Result<HashMap<Target, FileAuth>,
         let at = format!("{}:{}", path.display(), i + 1);
         let (addr, userpass) = line
             .split_once(char::is_whitespace)
-            .ok_or_else(|| Error::Upstream(format!("{at}: write \"host:port user:password\"")))?;
-        let target =
-            parse_authority_form(addr).map_err(|e| Error::Upstream(format!("{at}: {e}")))?;
+            .ok_or_else(|| Error::upstream(format!("{at}: write \"host:port user:password\"")))?;
+        let target = parse_authority_form(addr).map_err(|e| Error::upstream_by(at.clone(), e))?;
         if userpass.trim() == "negotiate" {
             out.insert(target, FileAuth::Negotiate);
             continue;
         }
         let (user, pass) = userpass.trim().split_once(':').ok_or_else(|| {
-            Error::Upstream(format!(
+            Error::upstream(format!(
                 "{at}: write \"host:port user:password\" or \"host:port negotiate\""
             ))
         })?;
         let creds = Credentials::new(user.to_owned(), pass.to_owned())
-            .map_err(|e| Error::Upstream(format!("{at}: {e}")))?;
+            .map_err(|e| Error::upstream_by(at, e))?;
         out.insert(target, FileAuth::Basic(creds));
     }
     Ok(out)

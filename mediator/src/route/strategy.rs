@@ -69,9 +69,7 @@ impl Router {
             }
             UpstreamMode::Pac => {
                 let Some(source) = upstream.pac.clone() else {
-                    return Err(Error::Upstream(
-                        "mode = \"pac\" without a pac source".into(),
-                    ));
+                    return Err(Error::upstream("mode = \"pac\" without a pac source"));
                 };
                 self.pac_strategy(source).await
             }

@@ -42,7 +42,7 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
     ));
     if config.registry.backend == policy::config::RegistryBackend::Etcd {
         // Checked, not contacted: `mediator registry list` reads the cluster.
-        registry::inspect::check_etcd_build().map_err(|e| Error::Registry(e.to_string()))?;
+        registry::inspect::check_etcd_build()?;
         notes.push(format!(
             "registry: etcd {} prefix {} (not contacted; mediator registry list reads it)",
             config.registry.endpoints.join(","),
@@ -83,9 +83,7 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
 /// [`Error::Registry`] when the state directory cannot be read or would not be usable by
 /// a start, or etcd cannot be reached.
 pub async fn registry_listing(config: &Config) -> Result<Listing, Error> {
-    registry::inspect::inspect(&config.registry)
-        .await
-        .map_err(|e| Error::Registry(e.to_string()))
+    Ok(registry::inspect::inspect(&config.registry).await?)
 }
 
 /// The limits `config` would run with here (the soft open-files limit raised to the hard

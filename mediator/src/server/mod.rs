@@ -51,7 +51,7 @@ pub struct Options {
 /// [`Error`] when a listener cannot be bound, the resolver cannot be configured, the
 /// metrics cannot be registered, the CA or the PAC cannot be loaded, or the decision log
 /// cannot be opened. Nothing is left listening on error.
-pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
+pub async fn start(mut config: Config, options: Options) -> Result<Running, Error> {
     let metrics = Metrics::new()?;
     let log = decision_log(&config, options, &metrics)?;
     let resolver = resolver_of(&config)?;
@@ -70,14 +70,10 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
     // Before any listener: a registry that cannot be opened (a state directory another
     // mediator holds, no start number) stops the start.
     let registry_metrics = RegistryMetrics::new(&metrics)?;
-    let store = registry::open(&config.registry, registry_metrics.clone())
-        .await
-        .map_err(|e| Error::Registry(e.to_string()))?;
-    let boot = store.boot().await.map_err(|e| {
-        Error::Registry(format!(
-            "{e}: cannot number this run's generations and decision ids"
-        ))
-    })?;
+    let store = registry::open(&config.registry, registry_metrics.clone()).await?;
+    // Only the authorities placed on this node or on every node are served here.
+    config.place(store.node());
+    let boot = store.boot().await.map_err(Error::RegistryBoot)?;
     let shared = Arc::new(Shared::new(Parts {
         metrics,
         resolver,
@@ -101,6 +97,7 @@ pub async fn start(config: Config, options: Options) -> Result<Running, Error> {
         audit: crate::audit::Auditor::new(&shared.metrics)?,
     };
     let control = Control::new(Arc::clone(&shared), setup);
+    control.set_placed_elsewhere(&config.placed_elsewhere);
     shared.metrics.set_authorities(0);
     let admin_api_on = config.listen.admin.is_some() || config.listen.admin_socket.is_some();
     let added = add_authorities(&control, config.authorities, admin_api_on).await;
@@ -279,11 +276,13 @@ async fn add_authorities(
         control.add(authority).map_err(|e| match e {
             CreateError::Listen(e) => e,
             CreateError::Duplicate(name) => {
-                Error::Control(format!("authority {name:?} is defined twice"))
+                Error::control(format!("authority {name:?} is defined twice"))
             }
-            CreateError::Invalid(v) => Error::Control(format!("{v:?}")),
-            CreateError::Unavailable(why) => Error::Registry(why),
-            CreateError::Store(e) => Error::Registry(e.to_string()),
+            CreateError::Invalid(v) => Error::control(format!("{v:?}")),
+            CreateError::Unavailable(why) => {
+                Error::Registry(registry::RegistryError::Unavailable(why))
+            }
+            CreateError::Store(e) => Error::Registry(e),
         })?;
     }
     let store = Arc::clone(control.store());
@@ -309,7 +308,7 @@ async fn add_authorities(
             );
             0
         }
-        Err(e) => return Err(Error::Registry(e.to_string())),
+        Err(e) => return Err(Error::Registry(e)),
     };
     if admin_api_on || backend != policy::config::RegistryBackend::Memory {
         crate::say!(

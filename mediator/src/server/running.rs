@@ -15,7 +15,7 @@ use crate::audit::ReloadTrigger;
 use crate::conn::accept::{attributed_ctx, spawn_conn};
 use crate::control::{Control, CreateError, ReloadRefused, ReloadReport};
 use crate::decision_log::{DecisionLog, Peer};
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::shared::Shared;
 use crate::tls::TlsState;
 
@@ -70,14 +70,21 @@ impl Running {
     /// be created.
     pub fn add_authority(&self, authority: policy::config::Authority) -> Result<(), Error> {
         let name = authority.grant.name().to_owned();
-        self.control.add(authority).map(drop).map_err(|e| {
-            Error::Control(match e {
-                CreateError::Duplicate(n) => format!("authority \"{n}\" is live already"),
-                CreateError::Listen(e) => format!("authority \"{name}\": {e}"),
-                CreateError::Invalid(_) | CreateError::Unavailable(_) | CreateError::Store(_) => {
-                    format!("authority \"{name}\" cannot be added")
-                }
-            })
+        self.control.add(authority).map(drop).map_err(|e| match e {
+            CreateError::Duplicate(n) => {
+                Error::control(format!("authority \"{n}\" is live already"))
+            }
+            CreateError::Listen(e) => Error::control_by(
+                format!("authority \"{name}\""),
+                ErrorCause::Mediator(Box::new(e)),
+            ),
+            CreateError::Invalid(_) | CreateError::Unavailable(_) => {
+                Error::control(format!("authority \"{name}\" cannot be added"))
+            }
+            CreateError::Store(e) => Error::control_by(
+                format!("authority \"{name}\" cannot be added"),
+                ErrorCause::inner(e),
+            ),
         })
     }
 
@@ -104,6 +111,12 @@ impl Running {
     /// ca_dir` is configured: what a child's trust store needs (the shim exports it).
     pub fn tls_ca_pem(&self) -> Option<&str> {
         self.shared.tls.as_deref().map(TlsState::ca_pem)
+    }
+
+    /// The node this replica serves (`[registry] node` as resolved at start): a reload
+    /// places the file's authorities by it ([`crate::config::parse_on`]).
+    pub fn node(&self) -> &str {
+        self.control.store().node()
     }
 
     /// Records the configuration text the running set was built from, so that a later
@@ -214,6 +227,7 @@ impl Running {
             tracing::warn!("stopping the serving threads: {e}");
         }
         self.shared.log.flush();
+        crate::socket_file::remove_staging();
         self.admin_stop.cancel();
         if let Some(path) = &self.admin_socket
             && let Err(e) = std::fs::remove_file(path)

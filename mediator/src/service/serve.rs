@@ -130,7 +130,7 @@ fn reload_file(running: &Running, path: &Path, trigger: ReloadTrigger) -> String
     let parsed = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read config {}: {e}", path.display()))
         .and_then(|text| {
-            crate::config::parse(&text, &path.display().to_string())
+            crate::config::parse_on(&text, &path.display().to_string(), running.node())
                 .map(|c| (c, text))
                 .map_err(|e| e.to_string())
         });

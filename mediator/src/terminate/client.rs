@@ -11,13 +11,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::conn::close::Opened;
+use crate::conn::{TargetLabel, record};
 use crate::counting::{Counters, Counting};
 use crate::denial::{Cause, Denial};
-use crate::relay::RelayOutcome;
+use crate::relay::{RelayOutcome, hung_up};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::{ALPN, TlsState};
-use crate::vocab::CloseReason;
+use crate::vocab::{ClientTlsEnd, CloseReason, TlsAlert};
 
 /// The client's connection before its handshake, counted.
 pub(super) struct Leg<C> {
@@ -46,11 +48,13 @@ impl Bytes {
     }
 }
 
-/// Why the client's leg did not come up: how the tunnel ends, and the decision line to
-/// write (the SNI rule refused it).
+/// Why the client's leg did not come up: how the tunnel ends, the decision line to write
+/// (the SNI rule refused it), and how the client ended its handshake (with the alert it
+/// sent).
 pub(super) struct Refused {
     pub(super) reason: CloseReason,
     pub(super) denial: Option<Denial>,
+    pub(super) ending: Option<(ClientTlsEnd, Option<TlsAlert>)>,
 }
 
 impl Refused {
@@ -58,7 +62,67 @@ impl Refused {
         Self {
             reason,
             denial: None,
+            ending: None,
         }
+    }
+}
+
+/// The tunnel whose client's leg did not come up ends: the SNI rule's denial is logged,
+/// the alert the client sent is said in the close record, which is written with the
+/// leg's `bytes`.
+pub(super) fn ended(
+    shared: &Shared,
+    mut opened: Opened,
+    bytes: &Bytes,
+    refused: Refused,
+    target: &Target,
+) {
+    if let Some(denial) = refused.denial {
+        let label = TargetLabel::from(target);
+        record::deny(shared, opened.ctx(), opened.protocol(), &label, denial);
+    }
+    if let Some((end, alert)) = refused.ending {
+        opened.client_ended(end, alert, ending_detail(end, alert, target));
+    }
+    opened.finish(bytes.outcome(refused.reason));
+}
+
+/// How the client ended the handshake that failed with `e`: with an alert (rustls'
+/// `AlertReceived`, inside the I/O error tokio-rustls returns), or by closing (or
+/// resetting) the connection once the mediator had `presented` its certificate. `None`
+/// for any other failure.
+fn ending_of(e: &std::io::Error, presented: bool) -> Option<(ClientTlsEnd, Option<TlsAlert>)> {
+    if let Some(rustls::Error::AlertReceived(d)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        let alert = TlsAlert::from_code(u8::from(*d));
+        return Some((ClientTlsEnd::of_alert(alert), alert));
+    }
+    let closed = e.kind() == std::io::ErrorKind::UnexpectedEof || hung_up(e.kind());
+    (presented && closed).then_some((ClientTlsEnd::ClosedAfterCertificate, None))
+}
+
+/// The close record's `detail` for a client that ended the handshake (`end`, with
+/// `alert`), the tunnel being to `target`.
+fn ending_detail(end: ClientTlsEnd, alert: Option<TlsAlert>, target: &Target) -> String {
+    let word = end.detail_word();
+    let give = "give the client that CA (`mediator ca-cert`, the shim's --ca-cert)";
+    match (end, alert) {
+        (ClientTlsEnd::RejectedCertificate, Some(alert)) => format!(
+            "{word}: the client ended the TLS handshake with the alert {alert}: it does not trust the certificate the mediator presented for {}, issued by the mediator's CA; {give}",
+            target.host
+        ),
+        (ClientTlsEnd::ClosedAfterCertificate, _) => format!(
+            "{word}: the client closed the connection during the TLS handshake, once the mediator had presented its certificate for {}, without an alert (as Node.js does, npm included, when it does not trust the certificate's CA); {give}",
+            target.host
+        ),
+        (_, Some(alert)) => {
+            format!("{word}: the client ended the TLS handshake with the alert {alert}")
+        }
+        (_, None) => format!(
+            "{word}: the client ended the TLS handshake with an alert the IANA registry does not list"
+        ),
     }
 }
 
@@ -93,6 +157,7 @@ where
         shared: &Shared,
     ) -> Result<TlsStream<Counting<Rewind<C>>>, Refused> {
         let wait = shared.timeouts.request_head;
+        let counters = self.counting.counters();
         let start = match tokio::time::timeout(
             wait,
             LazyConfigAcceptor::new(Acceptor::default(), self.counting),
@@ -115,6 +180,7 @@ where
                 denial: Some(
                     Denial::sni_mismatch(why.to_string(), target).with_cause(Cause::AfterReply),
                 ),
+                ending: None,
             });
         }
         let config = server_config(tls, leaf).map_err(|e| {
@@ -127,7 +193,13 @@ where
                 tracing::info!(
                     "terminated tunnel to {target}: client TLS handshake failed (does the client trust the mediator CA?): {e}"
                 );
-                Err(Refused::ended(CloseReason::Error))
+                // Something was written to the client: the mediator's first flight, with
+                // its certificate.
+                let presented = counters.get().0 > 0;
+                Err(Refused {
+                    ending: ending_of(&e, presented),
+                    ..Refused::ended(CloseReason::Error)
+                })
             }
             Err(_) => Err(Refused::ended(CloseReason::IdleTimeout)),
         }
@@ -155,4 +227,70 @@ fn server_config(
         .with_cert_resolver(Arc::new(OneLeaf(leaf)));
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    use super::*;
+
+    fn alert(d: rustls::AlertDescription) -> Error {
+        Error::new(ErrorKind::InvalidData, rustls::Error::AlertReceived(d))
+    }
+
+    #[test]
+    fn a_handshake_error_says_how_the_client_ended_it() {
+        use rustls::AlertDescription as A;
+        assert_eq!(
+            ending_of(&alert(A::UnknownCA), true),
+            Some((ClientTlsEnd::RejectedCertificate, Some(TlsAlert::UnknownCa)))
+        );
+        assert_eq!(
+            ending_of(&alert(A::ProtocolVersion), false),
+            Some((ClientTlsEnd::Alert, Some(TlsAlert::ProtocolVersion)))
+        );
+        // Node.js: the connection ends once the certificate was presented, no alert.
+        for kind in [ErrorKind::UnexpectedEof, ErrorKind::ConnectionReset] {
+            assert_eq!(
+                ending_of(&Error::from(kind), true),
+                Some((ClientTlsEnd::ClosedAfterCertificate, None))
+            );
+            // Before the mediator wrote anything, a hang-up says nothing of its certificate.
+            assert_eq!(ending_of(&Error::from(kind), false), None);
+        }
+        assert_eq!(ending_of(&Error::from(ErrorKind::InvalidData), true), None);
+    }
+
+    #[test]
+    fn the_detail_says_what_to_do_when_the_certificate_was_refused() {
+        let target = policy::parse_authority_form("registry.test:443").unwrap();
+        let closed = ending_detail(ClientTlsEnd::ClosedAfterCertificate, None, &target);
+        assert!(
+            closed.starts_with("client_rejected_certificate: the client closed the connection")
+                && closed.contains("registry.test")
+                && closed.contains("mediator ca-cert"),
+            "{closed}"
+        );
+        let refused = ending_detail(
+            ClientTlsEnd::RejectedCertificate,
+            Some(TlsAlert::UnknownCa),
+            &target,
+        );
+        assert!(
+            refused.starts_with("client_rejected_certificate: the client ended the TLS handshake with the alert unknown_ca"),
+            "{refused}"
+        );
+        let other = ending_detail(
+            ClientTlsEnd::Alert,
+            Some(TlsAlert::ProtocolVersion),
+            &target,
+        );
+        assert_eq!(
+            other,
+            "client_tls_alert: the client ended the TLS handshake with the alert protocol_version"
+        );
+        let unlisted = ending_detail(ClientTlsEnd::Alert, None, &target);
+        assert!(unlisted.starts_with("client_tls_alert: "), "{unlisted}");
+    }
 }

@@ -28,7 +28,7 @@ mod upstream;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -43,7 +43,7 @@ use crate::conn::standing::Standing;
 use crate::conn::{Ctx, TargetLabel};
 use crate::counting::reporting;
 use crate::denial::Denial;
-use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, reset_fd_on_close, socket_of};
+use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, hung_up, reset_fd_on_close, socket_of};
 use crate::request::preflight::MIN_BUF;
 use crate::reuse::Ticket;
 use crate::rewind::Rewind;
@@ -95,13 +95,7 @@ pub(crate) async fn terminate<C>(
     let bytes = client.bytes();
     let client_tls = match client.accept(&tls, leaf, target, &shared).await {
         Ok(stream) => stream,
-        Err(refused) => {
-            if let Some(denial) = refused.denial {
-                record::deny(&shared, &ctx, opened.protocol(), &label, denial);
-            }
-            opened.finish(bytes.outcome(refused.reason));
-            return;
-        }
+        Err(refused) => return client::ended(&shared, opened, &bytes, refused, target),
     };
 
     // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host, or
@@ -128,6 +122,7 @@ pub(crate) async fn terminate<C>(
         closing: closing.clone(),
         upgrading: link.upgrading,
         relays: Relays::default(),
+        answered: AtomicU64::new(0),
     });
     // HTTP/1.1: the first head is judged as the proxy's own first head is.
     let client_tls = if client_h2 {
@@ -272,7 +267,11 @@ where
     let conn_env = Arc::clone(&env);
     let svc = service_fn(move |req| {
         let env = Arc::clone(&env);
-        async move { Ok::<_, Infallible>(request::handle(req, &env).await) }
+        async move {
+            let answer = request::handle(req, &env).await;
+            env.answered.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, Infallible>(answer)
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -299,7 +298,14 @@ where
             Err(e) => {
                 tracing::debug!("terminated tunnel to {target}: {e}");
                 request::refused_head(&*e, &conn_env);
-                CloseReason::Error
+                // A client that resets its connection after it was answered has closed it
+                // (as in a plain tunnel, `crate::relay`); anything else is an error.
+                let answered = conn_env.answered.load(Ordering::Relaxed) > 0;
+                if answered && client_hung_up(&*e) {
+                    CloseReason::ClientClosed
+                } else {
+                    CloseReason::Error
+                }
             }
         },
         () = closing.cancelled() => {
@@ -346,6 +352,23 @@ struct Env {
     upgrading: Arc<AtomicBool>,
     /// The relays of switched requests (one for HTTP/1.1, streams for HTTP/2).
     relays: Relays,
+    /// Requests answered so far.
+    answered: AtomicU64,
+}
+
+/// Whether the error that ended the client's HTTP connection is the client gone: a reset,
+/// or a write that found it closed (somewhere in its chain of sources).
+fn client_hung_up(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && hung_up(io.kind())
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The rest of a tunnel's upstream connection, for the pool.

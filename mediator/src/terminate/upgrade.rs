@@ -96,6 +96,11 @@ pub(crate) fn requested(
         if !values.is_empty() {
             return Err(SwitchError::ExtendedWithUpgrade);
         }
+        // A field value carries no surrounding whitespace in HTTP/2 (RFC 9113 section
+        // 8.2.1), and `:protocol` is one token, not a list whose elements are trimmed.
+        if raw.trim_ascii().len() != raw.len() {
+            return Err(SwitchError::PaddedProtocol(shown));
+        }
         return match UpgradeToken::parse(raw).map_err(SwitchError::Token)? {
             UpgradeToken::H2c => Err(SwitchError::H2c),
             token => Ok(Some(Switch {
@@ -150,6 +155,8 @@ pub(crate) enum SwitchError {
     ProtocolOutsideConnect(String),
     #[error("an extended CONNECT with an Upgrade header (RFC 9113 section 8.2.2)")]
     ExtendedWithUpgrade,
+    #[error(":protocol {0} has surrounding whitespace (RFC 9113 section 8.2.1)")]
+    PaddedProtocol(String),
     #[error("{0}")]
     Token(policy::RuleError),
     #[error(

@@ -74,6 +74,8 @@ fn an_extended_connect_is_judged_as_the_get_it_stands_for_and_a_plain_connect_is
         (Method::GET, Version::HTTP_2, Some(&b"websocket"[..])),
         (Method::CONNECT, Version::HTTP_2, Some(b"h2c")),
         (Method::CONNECT, Version::HTTP_2, Some(b"a\x01")),
+        (Method::CONNECT, Version::HTTP_2, Some(b"websocket\t")),
+        (Method::CONNECT, Version::HTTP_2, Some(b" websocket")),
     ] {
         assert!(
             requested(&method, &none, version, protocol).is_err(),

@@ -205,7 +205,7 @@ pub(super) async fn open(
     client_h2: bool,
 ) -> Opened {
     let (stream, ticket, pin, route) = match leg {
-        Leg::Fresh(stream, ticket) => (stream, ticket, pin, route),
+        Leg::Fresh(stream, ticket) => (stream, ticket.map(|t| *t), pin, route),
         Leg::Reused(lease) => {
             let Lease { ticket, conn } = *lease;
             if conn.fits(client_h2) && conn.alive() {

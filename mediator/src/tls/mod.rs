@@ -23,7 +23,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 
 /// How many leaves the cache keeps (one per terminated host; issuing one takes about a
 /// millisecond, so this only bounds memory).
@@ -119,7 +119,7 @@ impl TlsState {
                 "[tls] ca_dir: no CA in {} yet; the first start creates one there",
                 dir.display()
             ))),
-            Err(e) => Err(Error::Tls(format!(
+            Err(e) => Err(Error::tls(format!(
                 "[tls] ca_dir: no CA in {} and {} is not writable ({e}): the first start could not create one",
                 dir.display(),
                 probe.display()
@@ -134,8 +134,7 @@ impl TlsState {
 /// # Errors
 /// [`Error::Tls`] with the `certs` crate's message.
 pub fn load_ca(dir: &Path) -> Result<Ca, Error> {
-    Ca::load_or_create(dir, &CaOptions::default())
-        .map_err(|e| Error::Tls(format!("[tls] ca_dir: {e}")))
+    Ca::load_or_create(dir, &CaOptions::default()).map_err(|e| Error::tls_by("[tls] ca_dir", e))
 }
 
 /// Reads every `[tls] extra_ca_files` entry (when there are any).
@@ -146,6 +145,44 @@ fn check_extra_ca_files(cfg: &policy::config::Tls) -> Result<(), Error> {
     if !cfg.extra_ca_files.is_empty() {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         client_config(&provider, &cfg.extra_ca_files)?;
+    }
+    Ok(())
+}
+
+/// Adds the certificates of the PEM file `path` to `roots`; how many it held.
+///
+/// # Errors
+/// [`ErrorCause::Pem`] when the file cannot be read or does not parse, [`ErrorCause::Rustls`] when
+/// rustls refuses one of its certificates.
+pub(crate) fn add_pem_file(
+    roots: &mut rustls::RootCertStore,
+    path: &Path,
+) -> Result<usize, ErrorCause> {
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(path).and_then(Iterator::collect)?;
+    let n = certs.len();
+    for cert in certs {
+        roots.add(cert)?;
+    }
+    Ok(n)
+}
+
+/// Adds every certificate of the `[tls] extra_ca_files` `files` to `roots`.
+///
+/// # Errors
+/// The setting and the file (`[tls] extra_ca_files: PATH`) with why it is unusable: as
+/// [`add_pem_file`], or it holds no PEM certificate.
+pub(crate) fn add_extra_ca_files(
+    roots: &mut rustls::RootCertStore,
+    files: &[std::path::PathBuf],
+) -> Result<(), (String, ErrorCause)> {
+    for path in files {
+        let at = || format!("[tls] extra_ca_files: {}", path.display());
+        match add_pem_file(roots, path) {
+            Ok(0) => return Err((at(), ErrorCause::from("no PEM certificate in the file"))),
+            Ok(_) => {}
+            Err(why) => return Err((at(), why)),
+        }
     }
     Ok(())
 }
@@ -161,25 +198,10 @@ fn client_config(
     }
     let (added, ignored) = roots.add_parsable_certificates(native.certs);
     tracing::debug!("system trust store: {added} certificates ({ignored} unusable)");
-    for path in extra {
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .and_then(Iterator::collect)
-            .map_err(|e| Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display())))?;
-        if certs.is_empty() {
-            return Err(Error::Tls(format!(
-                "[tls] extra_ca_files: {}: no PEM certificate in the file",
-                path.display()
-            )));
-        }
-        for cert in certs {
-            roots.add(cert).map_err(|e| {
-                Error::Tls(format!("[tls] extra_ca_files: {}: {e}", path.display()))
-            })?;
-        }
-    }
+    add_extra_ca_files(&mut roots, extra).map_err(|(at, why)| Error::tls_by(at, why))?;
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(format!("TLS client configuration: {e}")))?
+        .map_err(|e| Error::tls_by("TLS client configuration", e))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();

@@ -14,6 +14,7 @@ use toml::de::{DeTable, DeValue};
 
 use super::credential::{self, Credential, CredentialSpec};
 use super::raw::RawAuthority;
+use super::registry::Placement;
 use super::validate::{Ctx, MAX_CONNECTIONS, Validator, covers, parse_sha256};
 use super::watchdog::WatchdogEndpoint;
 use crate::grant::{DenyEntry, Grant, GrantField, GrantSpec, RequestRuleSpec};
@@ -38,6 +39,8 @@ pub struct Authority {
     /// Secrets the mediator adds for this authority (design section 14), in table order;
     /// their secrets are loaded by the caller ([`Credential::set_secret`]).
     pub credentials: Vec<Credential>,
+    /// Where it is served (`node`): every replica, or one node's.
+    pub node: Placement,
 }
 
 /// An authority's own limits (design section 13).
@@ -283,6 +286,7 @@ impl Validator<'_> {
         };
 
         let limits = self.authority_limits(raw, label);
+        let node = self.placement(raw, label);
         let grant = grant?;
         let credentials = self.credentials(raw, label, &grant);
         self.unreachable_policy(raw, label, &grant, &credentials);
@@ -296,6 +300,23 @@ impl Validator<'_> {
             socket_gid: raw.socket_gid,
             watchdog,
             limits,
+            node,
+        })
+    }
+
+    /// An authority's `node`: `"*"` when absent, or when it is not a node name (then
+    /// reported with its location; the file does not load).
+    fn placement(&mut self, raw: &RawAuthority, label: &str) -> Placement {
+        let Some(n) = &raw.node else {
+            return Placement::Fleet;
+        };
+        Placement::parse(n.get_ref()).unwrap_or_else(|why| {
+            self.error(
+                Some(n.span()),
+                label,
+                format!("node: {why}; or \"*\" for every replica"),
+            );
+            Placement::Fleet
         })
     }
 

@@ -202,11 +202,46 @@ pub const SHIM_CA_BUNDLE_VARS: &[&str] = &[
     "AWS_CA_BUNDLE",
     "CARGO_HTTP_CAINFO",
     "DENO_CERT",
+    "NIX_SSL_CERT_FILE",
+    "npm_config_cafile",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "HTTPLIB2_CA_CERTS",
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
 ];
 
 /// CA variables the shim sets in the child to the mediator's CA alone (they add to a
 /// tool's own store).
 pub const SHIM_CA_EXTRA_VARS: &[&str] = &["NODE_EXTRA_CA_CERTS"];
+
+/// Variables the shim sets in the child, with a CA, to trust files it writes for tools that
+/// read no CA variable: the JVM's options (a JKS trust store; the caller's options are
+/// kept before it) and wget's startup file.
+pub const SHIM_CA_CONFIG_VARS: &[&str] = &["JAVA_TOOL_OPTIONS", "WGETRC"];
+
+/// Variables the shim sets in the child for its private temporary directory and the
+/// tools' caches (unless the caller's value names a writable place).
+pub const SHIM_SCRATCH_VARS: &[&str] = &[
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "PIP_CACHE_DIR",
+    "npm_config_cache",
+    "GOCACHE",
+    "GOMODCACHE",
+    "CARGO_HOME",
+    "APT_CONFIG",
+];
+
+/// Whether the shim sets variable `name` in the child itself (any case): a proxy, CA,
+/// trust-file, temporary-directory or cache variable.
+fn shim_sets(name: &str) -> bool {
+    SHIM_PROXY_VARS
+        .iter()
+        .chain(SHIM_CA_BUNDLE_VARS)
+        .chain(SHIM_CA_EXTRA_VARS)
+        .chain(SHIM_CA_CONFIG_VARS)
+        .chain(SHIM_SCRATCH_VARS)
+        .any(|s| s.eq_ignore_ascii_case(name))
+}
 
 /// Headers a credential may not go in: they frame or route the request, or are the
 /// mediator's own.
@@ -228,7 +263,7 @@ const RESERVED_HEADERS: &[&str] = &[
 /// says whether a host pattern is covered by the grant's `tls_terminate`.
 #[expect(
     clippy::too_many_lines,
-    reason = "every check of one [[authority.credential]] table, each located; ceiling 149 lines"
+    reason = "every check of one [[authority.credential]] table, each located; ceiling 143 lines"
 )]
 pub(super) fn build(
     spec: &CredentialSpec,
@@ -349,15 +384,9 @@ pub(super) fn build(
             ));
             None
         }
-        Some(v)
-            if SHIM_PROXY_VARS
-                .iter()
-                .chain(SHIM_CA_BUNDLE_VARS)
-                .chain(SHIM_CA_EXTRA_VARS)
-                .any(|s| s.eq_ignore_ascii_case(v)) =>
-        {
+        Some(v) if shim_sets(v) => {
             fail(format!(
-                "child_env {v:?} is a variable the shim sets itself (a proxy or CA variable, in any case), so the child would never get the placeholder; name another variable"
+                "child_env {v:?} is a variable the shim sets itself (a proxy, CA, temporary-directory or cache variable, in any case), so the child would never get the placeholder; name another variable"
             ));
             None
         }

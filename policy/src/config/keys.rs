@@ -136,11 +136,12 @@ pub const SECTIONS: &[Section] = &[
         key("backend", "`\"local\"`", "`\"etcd\"`", "`local` (files under `state_dir`, written durably), `etcd` (shared by every replica; built with the cargo feature `etcd`) or `memory` (lost when the process ends; warned at start)").checked(|c| format!("{:?}", c.registry.backend.as_str())),
         key("state_dir", "`$STATE_DIRECTORY`, else `$XDG_STATE_HOME/egress-mediator`, else `/var/lib/egress-mediator` as root, else `~/.local/state/egress-mediator`", "`\"/var/lib/egress-mediator\"`", "`local`: the directory of the records (made 0700; one mediator at a time: it is locked)"),
         key("endpoints", "`[]`", "`[\"http://10.0.0.5:2379\", \"http://10.0.0.6:2379\"]`", "`etcd`: the members' client URLs (`http://` or `https://`, host and port)").checked(|c| format!("{:?}", c.registry.endpoints)),
-        key("prefix", "`\"/egress-mediator/\"`", "`\"/team-a/egress/\"`", "`etcd`: records live under `<prefix>authorities/<name>`").checked(|c| format!("{:?}", c.registry.prefix)),
+        key("prefix", "`\"/egress-mediator/\"`", "`\"/team-a/egress/\"`", "`etcd`: every key lives under it: `<prefix>fleet/<name>`, `<prefix>nodes/<node>/<name>`, the name index `<prefix>names/<name>` ([placement](#placement-one-node-or-every-replica))").checked(|c| format!("{:?}", c.registry.prefix)),
         key("max_staleness_s", "`10`", "`5`", "`etcd`: how long a replica may go without confirming its view is current before it refuses decisions under registry authorities (`registry_unavailable`), 1..=3600").checked(|c| c.registry.max_staleness.as_secs().to_string()),
         key("ca_file", "none", "`\"/etc/egress-mediator/etcd-ca.pem\"`", "`etcd` over https: the CA the members' certificates chain to"),
         key("cert_file", "none", "`\"/etc/egress-mediator/etcd-client.pem\"`", "`etcd` over https: client certificate (with `key_file`)"),
         key("key_file", "none", "`\"/etc/egress-mediator/etcd-client.key\"`", "`etcd` over https: client key (with `cert_file`)"),
+        key("node", "`$MEDIATOR_NODE`, else the host name (in lower case)", "`\"worker-7\"`", "the node this replica serves: it serves the authorities placed on this node or on `\"*\"`, and (`etcd`) reads no record of another node's ([placement](#placement-one-node-or-every-replica)); a DNS name in lower case, as Kubernetes names nodes (`spec.nodeName`)"),
     ] },
     Section { heading: "[[authority]]", before: "", after: "", keys: &[
         key("name", "required", "`\"agent-a\"`", "the authority; letters, digits, `-`, `_` (its socket is `<name>.sock`)"),
@@ -160,6 +161,7 @@ pub const SECTIONS: &[Section] = &[
         key("max_connections", "`[limits] authority_connections`", "`200`", "its cap on open connections"),
         key("connect_rate", "`0` (unlimited)", "`50`", "new connections per second (token bucket)"),
         key("connect_burst", "`connect_rate`", "`100`", "the bucket's size"),
+        key("node", "`\"*\"` (every replica)", "`\"worker-7\"`", "where it is served: `\"*\"` on every replica, or a node name: only on the replica whose `[registry] node` it is (its socket and credential exist there only; elsewhere its token gets 407 like any unknown credential)"),
     ] },
     Section { heading: "[[authority.request_rule]]", before: "", after: "", keys: &[
         key("host", "required", "`\"api.github.com\"`", "a host of the authority's `tls_terminate`"),

@@ -44,9 +44,13 @@ use validate::{Ctx, Validator};
 pub(crate) use authority::parse_mode;
 pub use authority::{Authority, AuthorityLimits, FieldError, parse_authority};
 pub use credential::{
-    Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS, Secret, SecretSource,
+    Credential, SHIM_CA_BUNDLE_VARS, SHIM_CA_CONFIG_VARS, SHIM_CA_EXTRA_VARS, SHIM_PROXY_VARS,
+    SHIM_SCRATCH_VARS, Secret, SecretSource,
 };
-pub use registry::{DEFAULT_MAX_STALENESS, DEFAULT_PREFIX, Registry, RegistryBackend};
+pub use registry::{
+    DEFAULT_MAX_STALENESS, DEFAULT_PREFIX, FLEET, Placement, Registry, RegistryBackend,
+    check_node_name,
+};
 pub use upstream::{Kerberos, SystemSources, Upstream, UpstreamMode};
 pub use watchdog::WatchdogEndpoint;
 
@@ -78,8 +82,13 @@ pub struct Config {
     pub tls: Tls,
     /// `[registry]`: where authorities created through the admin API are kept.
     pub registry: Registry,
-    /// `[[authority]]`, in file order, names unique.
+    /// `[[authority]]`, in file order, names unique (after [`Config::place`], those this
+    /// node serves).
     pub authorities: Vec<Authority>,
+    /// The names of the `[[authority]]` tables placed on other nodes, taken out of
+    /// `authorities` by [`Config::place`] (a name of the file all the same: the admin API
+    /// may not create it).
+    pub placed_elsewhere: Vec<String>,
     /// `[global] deny`, the valid entries (already folded into every grant; kept so that
     /// authorities created later, e.g. by the admin API, get the same list).
     pub global_deny: Vec<crate::grant::DenyEntry>,
@@ -132,6 +141,18 @@ impl Config {
     /// The `[[authority]]` named `name`, if the file has it.
     pub fn authority(&self, name: &str) -> Option<&Authority> {
         self.authorities.iter().find(|a| a.grant.name() == name)
+    }
+
+    /// Keeps in `authorities` those the replica of node `node` serves (`node = "*"` or
+    /// `node` itself); the names of the others go to `placed_elsewhere`, in file order.
+    pub fn place(&mut self, node: &str) {
+        let (here, elsewhere): (Vec<Authority>, Vec<Authority>) =
+            std::mem::take(&mut self.authorities)
+                .into_iter()
+                .partition(|a| a.node.serves(node));
+        self.authorities = here;
+        self.placed_elsewhere
+            .extend(elsewhere.iter().map(|a| a.grant.name().to_owned()));
     }
 }
 
@@ -382,6 +403,7 @@ impl Validator<'_> {
             tls: tls?,
             registry: registry?,
             authorities,
+            placed_elsewhere: Vec::new(),
             global_deny,
             warnings: Vec::new(),
         })

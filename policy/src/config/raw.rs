@@ -176,6 +176,7 @@ pub(super) struct RawAuthority {
     pub(super) max_connections: Option<Spanned<i64>>,
     pub(super) connect_rate: Option<Spanned<i64>>,
     pub(super) connect_burst: Option<Spanned<i64>>,
+    pub(super) node: Option<Spanned<String>>,
 }
 
 /// `[[authority.request_rule]]`.

@@ -52,7 +52,8 @@ pub struct Registry {
     pub state_dir: Option<PathBuf>,
     /// `etcd`: the members' client URLs (`http://127.0.0.1:2379`, `https://...`).
     pub endpoints: Vec<String>,
-    /// `etcd`: the key prefix; records live under `<prefix>authorities/<name>`.
+    /// `etcd`: the key prefix; records live under `<prefix>fleet/<name>` (every replica)
+    /// and `<prefix>nodes/<node>/<name>` (one node), names under `<prefix>names/<name>`.
     pub prefix: String,
     /// `etcd`: how long a replica may go without a confirmed-current view before it fails
     /// closed (`registry_unavailable`).
@@ -63,6 +64,11 @@ pub struct Registry {
     pub cert_file: Option<PathBuf>,
     /// `etcd` over https: the client key (PEM), with `cert_file`.
     pub key_file: Option<PathBuf>,
+    /// `node`: the name of the node this replica serves (authorities placed on another
+    /// node are not served here). `None`: not configured; the mediator then takes
+    /// `$MEDIATOR_NODE`, else the host name (it reads the environment; this crate does
+    /// not).
+    pub node: Option<String>,
 }
 
 /// The default `prefix`.
@@ -82,8 +88,94 @@ impl Default for Registry {
             ca_file: None,
             cert_file: None,
             key_file: None,
+            node: None,
         }
     }
+}
+
+/// Where an authority is served (`[[authority]] node`): by every replica, or by the
+/// replica of one node only (its socket and credential exist there and nowhere else).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// `"*"`: every replica (the default).
+    #[default]
+    Fleet,
+    /// One node's replica: the one whose `[registry] node` is this name.
+    Node(String),
+}
+
+/// The `node` value of a fleet-wide authority.
+pub const FLEET: &str = "*";
+
+impl Placement {
+    /// Reads a `node` value: `"*"` or a node name ([`check_node_name`]).
+    ///
+    /// # Errors
+    /// What is wrong with the name.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        if value == FLEET {
+            return Ok(Self::Fleet);
+        }
+        check_node_name(value)?;
+        Ok(Self::Node(value.to_owned()))
+    }
+
+    /// The `node` value: `"*"` or the node name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Fleet => FLEET,
+            Self::Node(n) => n,
+        }
+    }
+
+    /// Whether the replica of node `node` serves an authority placed so.
+    pub fn serves(&self, node: &str) -> bool {
+        match self {
+            Self::Fleet => true,
+            Self::Node(n) => n == node,
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Checks a node name: a DNS name in lower case as Kubernetes names its nodes (RFC 1123
+/// labels: 1..=63 of `a-z`, `0-9` and `-`, starting and ending with a letter or digit,
+/// joined by dots; at most 253 bytes), so that `spec.nodeName` and host names fit.
+///
+/// # Errors
+/// What is wrong, in words.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a node name cannot be empty".into());
+    }
+    if name.len() > 253 {
+        return Err(format!("node name {name:?} is longer than 253 bytes"));
+    }
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "node name {name:?} has upper case letters: write it in lower case ({:?})",
+            name.to_ascii_lowercase()
+        ));
+    }
+    for label in name.split('.') {
+        let ok = (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !ok {
+            return Err(format!(
+                "node name {name:?} is not a DNS name in lower case (labels of a-z, 0-9 and '-', 1..=63 bytes each, not starting or ending with '-', joined by '.')"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -97,12 +189,14 @@ pub(super) struct RawRegistry {
     ca_file: Option<Spanned<String>>,
     cert_file: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
+    node: Option<Spanned<String>>,
 }
 
 impl Validator<'_> {
     /// Checks `[registry]`: a known backend; `etcd` with at least one `http(s)://host:port`
     /// endpoint; a prefix that starts and ends with `/`; `max_staleness_s` in 1..=3600;
-    /// absolute paths; the TLS files only with etcd (client certificate and key together).
+    /// absolute paths; the TLS files only with etcd (client certificate and key together);
+    /// a node name ([`check_node_name`]).
     pub(super) fn registry(&mut self, raw: RawRegistry) -> Registry {
         let what = "[registry]";
         let mut out = Registry::default();
@@ -169,6 +263,12 @@ impl Validator<'_> {
                     what,
                     format!("max_staleness_s = {} is out of range 1..=3600", s.get_ref()),
                 );
+            }
+        }
+        if let Some(n) = &raw.node {
+            match check_node_name(n.get_ref()) {
+                Ok(()) => out.node = Some(n.get_ref().clone()),
+                Err(why) => self.error(Some(n.span()), what, format!("node: {why}")),
             }
         }
         self.registry_fits_backend(&raw, &out);

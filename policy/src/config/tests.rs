@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::authority::parse_mode;
 use super::validate::{Ctx, parse_sha256};
 use super::{
-    FieldError, Log, Registry, RegistryBackend, Timeouts, Upstream, parse, parse_authority,
+    FieldError, Log, Registry, RegistryBackend, Timeouts, Upstream, check_node_name, parse,
+    parse_authority,
 };
 use crate::error::PolicyError;
 use crate::upstream::{PacOnError, PacSource};
@@ -269,7 +270,7 @@ x = 1
             "m.toml:24:9: [global]: invalid global deny entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:25: authority \"agent-a\": invalid allow entry \"*.com\": wildcard over public suffix \"com\"; write \"*.example.com\" for one domain",
             "m.toml:28:34: authority \"agent-a\": invalid allow entry \"a.*.com\": a wildcard must be a whole first label followed by a domain, like \"*.example.com\"",
-            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `default_deny_reason`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`",
+            "m.toml:29:1: authority \"agent-a\": unknown field `nope`, expected one of `name`, `allow`, `deny`, `default_deny_reason`, `allow_private`, `token_sha256`, `sni_check`, `tls_terminate`, `watchdog`, `socket_mode`, `socket_uid`, `socket_gid`, `request_rule`, `credential`, `max_connections`, `connect_rate`, `connect_burst`, `node`",
             "m.toml:30:9: authority \"agent-a\": invalid type: integer `5`, expected a host pattern, or a table { host = \"...\", reason = \"...\" }",
             "m.toml:31:16: authority \"agent-a\": token_sha256 must be 64 hex digits (the SHA-256 of a non-empty token); omit the key if the authority does not use the TCP listener",
             "m.toml:32:15: authority \"agent-a\": socket_mode \"0666\": bits for others would let every local user act as this authority; use socket_gid and \"0660\" to share the socket with a group",
@@ -890,6 +891,18 @@ fn credential_errors_are_located() {
             "credential[1]: child_env \"NODE_EXTRA_CA_CERTS\" is a variable the shim sets itself",
         ),
         (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"NPM_CONFIG_CAFILE\"",
+            "credential[1]: child_env \"NPM_CONFIG_CAFILE\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"JAVA_TOOL_OPTIONS\"",
+            "credential[1]: child_env \"JAVA_TOOL_OPTIONS\" is a variable the shim sets itself",
+        ),
+        (
+            "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"TMPDIR\"",
+            "credential[1]: child_env \"TMPDIR\" is a variable the shim sets itself",
+        ),
+        (
             "host = \"origin.test\"\nheader = \"A\"\nsecret_env = \"T\"\nplaceholder = \"mediator:origin\"\nchild_env = \"API-TOKEN\"",
             "credential[1]: child_env \"API-TOKEN\" is not a variable name",
         ),
@@ -1092,6 +1105,84 @@ fn registry_backends_and_their_keys() {
             "{text:?}: {e:?}"
         );
     }
+}
+
+#[test]
+fn placement_by_node_is_checked_at_load_with_its_location() {
+    let text = r#"
+[registry]
+node = "worker-7.eu-west-1.compute.internal"
+
+[[authority]]
+name = "everywhere"
+allow = ["x.test"]
+
+[[authority]]
+name = "here"
+allow = ["x.test"]
+node = "worker-7.eu-west-1.compute.internal"
+
+[[authority]]
+name = "there"
+allow = ["x.test"]
+node = "worker-8"
+
+[[authority]]
+name = "star"
+allow = ["x.test"]
+node = "*"
+"#;
+    let mut c = parse(text, "m.toml").unwrap();
+    assert_eq!(
+        c.registry.node.as_deref(),
+        Some("worker-7.eu-west-1.compute.internal")
+    );
+    let nodes: Vec<String> = c.authorities.iter().map(|a| a.node.to_string()).collect();
+    assert_eq!(
+        nodes,
+        ["*", "worker-7.eu-west-1.compute.internal", "worker-8", "*"]
+    );
+    c.place("worker-7.eu-west-1.compute.internal");
+    let here: Vec<&str> = c.authorities.iter().map(|a| a.grant.name()).collect();
+    assert_eq!(here, ["everywhere", "here", "star"]);
+    assert_eq!(c.placed_elsewhere, ["there"]);
+    for bad in [
+        "",
+        "Worker-7",
+        "-a",
+        "a-",
+        "a..b",
+        "a_b",
+        "a/b",
+        "*x",
+        "a b",
+        &"a".repeat(64),
+        &format!("{}.b", "a".repeat(250)),
+    ] {
+        assert!(check_node_name(bad).is_err(), "{bad:?}");
+        for (section, key) in [
+            ("[registry]", "node"),
+            ("[[authority]]\nname = \"a\"", "node"),
+        ] {
+            let e = errors(&format!("{section}\n{key} = {bad:?}\n"));
+            assert!(
+                e.iter()
+                    .any(|l| l.contains("node") && l.contains("m.toml:")),
+                "{section} {bad:?}: {e:?}"
+            );
+        }
+    }
+    for good in [
+        "a",
+        "0",
+        "worker-7",
+        "ip-10-0-1-23.ec2.internal",
+        &"a".repeat(63),
+    ] {
+        assert_eq!(check_node_name(good), Ok(()), "{good:?}");
+    }
+    let e = errors("[registry]\nnode = \"Worker-7\"\n");
+    assert!(e.iter().any(|l| l.contains("\"worker-7\"")), "{e:?}");
 }
 
 #[test]

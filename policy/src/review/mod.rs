@@ -164,6 +164,20 @@ pub struct ChannelView {
     /// `socket_gid`, if set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_gid: Option<u32>,
+    /// `node`: where the socket and the token exist, `"*"` (every replica, the default,
+    /// not shown) or one node's name.
+    #[serde(default = "fleet", skip_serializing_if = "is_fleet")]
+    pub node: String,
+}
+
+/// The `node` of an authority every replica serves.
+fn fleet() -> String {
+    crate::config::FLEET.to_owned()
+}
+
+/// Whether `node` is every replica's.
+fn is_fleet(node: &str) -> bool {
+    node == crate::config::FLEET
 }
 
 impl Default for ChannelView {
@@ -173,6 +187,7 @@ impl Default for ChannelView {
             socket_mode: "0600".to_owned(),
             socket_uid: None,
             socket_gid: None,
+            node: fleet(),
         }
     }
 }
@@ -241,6 +256,7 @@ impl Reach {
                 socket_mode: format!("{:04o}", a.socket_mode),
                 socket_uid: a.socket_uid,
                 socket_gid: a.socket_gid,
+                node: a.node.as_str().to_owned(),
             },
         }
     }
@@ -312,6 +328,12 @@ impl Reach {
                 self.name, self.channel.socket_mode
             )])
         })?;
+        let node = crate::config::Placement::parse(&self.channel.node).map_err(|e| {
+            PolicyError::Config(vec![format!(
+                "{}: node {:?}: {e}",
+                self.name, self.channel.node
+            )])
+        })?;
         Ok(Authority {
             grant,
             token_sha256: None,
@@ -325,6 +347,7 @@ impl Reach {
                 connect_burst: self.limits.connect_burst,
             },
             credentials: Vec::new(),
+            node,
         })
     }
 }

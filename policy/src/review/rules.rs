@@ -214,7 +214,8 @@ fn what_is_new(rule: &RequestRule, before: &[&RequestRule]) -> String {
     }
 }
 
-/// The channel: a token gained, the socket opened to more users.
+/// The channel: a token gained, the socket opened to more users, the replicas that serve
+/// it (`node`).
 pub(super) fn channel(old: &ChannelView, new: &ChannelView, out: &mut Vec<Change>) {
     let mut push = |direction, entry: &str, detail: String| {
         out.push(Change::new(RiskClass::Channel, direction, entry, detail));
@@ -261,6 +262,28 @@ pub(super) fn channel(old: &ChannelView, new: &ChannelView, out: &mut Vec<Change
                     "fewer local users may connect to the authority's socket"
                 }
             ),
+        );
+    }
+    if old.node != new.node {
+        let fleet = |n: &str| n == crate::config::FLEET;
+        let (direction, what) = match (fleet(&old.node), fleet(&new.node)) {
+            (false, true) => (
+                Direction::Widened,
+                "its socket and token now exist on every replica",
+            ),
+            (true, false) => (
+                Direction::Narrowed,
+                "its socket and token now exist on that node's replica only",
+            ),
+            _ => (
+                Direction::Changed,
+                "its socket and token move to another node's replica",
+            ),
+        };
+        push(
+            direction,
+            "node",
+            format!("node {:?} -> {:?}: {what}", old.node, new.node),
         );
     }
     let who = |c: &ChannelView| format!("uid {:?}, gid {:?}", c.socket_uid, c.socket_gid);

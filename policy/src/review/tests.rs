@@ -417,6 +417,20 @@ fn rows() -> Vec<Row> {
             Wide,
             &[(W, K::Channel)],
         ),
+        row(
+            "placed on every node",
+            a(&format!("{GH}\nnode = \"node-a\"")),
+            a(GH),
+            Wide,
+            &[(W, K::Channel)],
+        ),
+        row(
+            "placed on one node",
+            a(GH),
+            a(&format!("{GH}\nnode = \"node-a\"")),
+            Narrow,
+            &[(N, K::Channel)],
+        ),
         // Whole authorities and sections.
         row(
             "authority added",

@@ -266,7 +266,7 @@ mod tests {
         }
         let (kept, _) = denials.take();
         assert_eq!(kept.len(), 1, "{kept:?}");
-        let d = &kept[0];
+        let d = &kept[0].denial;
         assert_eq!(
             (d.protocol, d.status, d.reason.as_deref(), d.host.as_deref()),
             ("dns", 3, Some("not_in_allowlist"), Some("elsewhere.test"))

@@ -117,9 +117,12 @@ pub(crate) struct Flows {
     pub(crate) stub: Arc<Stub>,
     pub(crate) dial: Dial,
     pub(crate) denials: Arc<Denials>,
-    /// Record the mediator's denials seen in its answers (socket mode; the embedded
-    /// mediator's decision log records them itself).
-    pub(crate) record: bool,
+    /// Where the mediator's denials read in its answers go (socket mode; the embedded
+    /// mediator's tap records them itself): said before the child's connection is
+    /// refused.
+    pub(crate) answers: Option<crate::feed::Answers>,
+    /// Notes the program behind each tunnel (see [`crate::rejected`]).
+    pub(crate) trust: crate::rejected::Trust,
     /// Captured TCP connections asked for on the channel.
     pub(crate) connections: AtomicU64,
     /// Of those, the ones refused (denied, or the channel failed).
@@ -162,7 +165,8 @@ fn destination(flows: &Flows, flow: NewFlow) -> Destination {
 
 /// Serve one new connection until it ends.
 pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
-    let (upstream, early) = match destination(&flows, flow) {
+    let destination = destination(&flows, flow);
+    let (upstream, early) = match &destination {
         Destination::Unmapped => {
             flows.shared.refuse(flow);
             flows.drops.count(
@@ -184,7 +188,7 @@ pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
         }
         Destination::Mediator(target) => {
             flows.connections.fetch_add(1, Ordering::Relaxed);
-            match ask(&flows, &target).await {
+            match ask(&flows, target).await {
                 Ok(pair) => pair,
                 Err(refusal) => {
                     flows.refused.fetch_add(1, Ordering::Relaxed);
@@ -203,7 +207,23 @@ pub(crate) async fn run(flows: Arc<Flows>, flow: NewFlow) {
     let Some(conn) = flows.shared.accept(flow) else {
         return;
     };
+    if let Destination::Mediator(target) = &destination {
+        // The child's socket, inside, is its address on the TUN -> where it connects.
+        let (trust, target) = (flows.trust.clone(), target.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Some((host, port)) = split_target(&target) {
+                trust.opened(host, port, flow.src, flow.dst);
+            }
+        });
+    }
     relay(conn, upstream, early).await;
+}
+
+/// `name:port`, `1.2.3.4:port` or `[v6]:port` as its host and port.
+fn split_target(target: &str) -> Option<(&str, u16)> {
+    let (host, port) = target.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host, port.parse().ok()?))
 }
 
 /// The port an SSH client of a denied flow is answered on (design section 18).
@@ -299,8 +319,10 @@ async fn ask(
         return Err(None);
     };
     d.protocol = "connect";
-    if flows.record {
-        flows.denials.push(d.clone());
+    if let Some(answers) = flows.answers.clone() {
+        // It may ask the admin API (blocking), and must be said before the refusal.
+        let said = d.clone();
+        let _ = tokio::task::spawn_blocking(move || answers.denied(said)).await;
     }
     Err(Some(d))
 }

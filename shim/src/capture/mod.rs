@@ -75,7 +75,8 @@ impl Summary {
 impl Capture {
     /// Serve the sandbox's TUN device `tun` with `addrs`, carrying connections through
     /// `dial`. `grant` (embedded mode) makes the stub answer NXDOMAIN for names outside
-    /// the grant it is bound to; `record` makes the flows record the mediator's denials they see (socket mode).
+    /// the grant it is bound to; `answers` (socket mode) takes the denials the flows read
+    /// in the mediator's answers (the embedded mediator's tap records its own).
     ///
     /// # Errors
     /// [`Error::Io`] if the thread or its runtime cannot start.
@@ -84,8 +85,8 @@ impl Capture {
         addrs: Addresses,
         dial: Dial,
         grant: Option<Arc<crate::control::Binding>>,
-        denials: Arc<Denials>,
-        record: bool,
+        (denials, trust): (Arc<Denials>, crate::rejected::Trust),
+        answers: Option<crate::feed::Answers>,
     ) -> Result<Self> {
         // Each captured connection holds one descriptor here (its channel connection): the
         // soft open-files limit goes up to the hard one, as the mediator's does. The
@@ -120,7 +121,8 @@ impl Capture {
             stub: Arc::clone(&stub),
             dial,
             denials,
-            record,
+            answers,
+            trust,
             connections: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             channel_errors: AtomicU64::new(0),

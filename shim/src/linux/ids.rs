@@ -9,15 +9,18 @@
 //!   reach, and its capabilities are gone as before. The outer shim writes init's maps
 //!   (mapping another uid needs `CAP_SETUID` in the parent namespace) and makes the
 //!   writable roots' copies idmapped through the sandbox's user namespace, so that they
-//!   stay writable and what the command makes there is root's on disk; init receives the
-//!   copies and takes the mapped ids before it builds the rest of the view.
+//!   stay writable and what the command makes there is root's on disk (and so the
+//!   `--allow-read` paths the command could not read as they are, read-only); init
+//!   receives the copies and takes the mapped ids before it builds the rest of the view.
 //!
 //! `--allow-degraded same-uid` keeps root's command as uid 0 (the way before). Where the
 //! kernel, a writable root's filesystem or the shim's own privilege (root of a user
 //! namespace that does not map [`COMMAND_UID`]) cannot do it, the run is refused with
 //! [`Error::MissingFeature`] naming that flag.
 
+use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::unistd::{Gid, Pid, Uid};
@@ -90,6 +93,20 @@ impl Identity {
         }
     }
 
+    /// Lets a stranger's command enter `dir`, a directory the shim made for it (the CA
+    /// files, mode 0444): mode 0711 when the identity is mapped.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when its mode cannot be changed.
+    pub(crate) fn open_to_command(self, dir: &Path) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if !self.is_mapped() {
+            return Ok(());
+        }
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| Error::io(format!("open {} to the command", dir.display()), e))
+    }
+
     /// The uid and gid inside (the caller's).
     fn inside(self) -> (u32, u32) {
         match self {
@@ -109,14 +126,16 @@ impl Identity {
 }
 
 /// Root's command (a stranger on the host) must be able to enter the working directory
-/// `cwd`: it is inside a writable root (idmapped, and the way there is kept open, see
-/// [`fs::plan`]), or it and every directory above it let others in (`x`).
+/// `cwd`: it is inside a writable root or an `--allow-read` path of `plan` (idmapped,
+/// and the way there is kept open, see [`fs::plan`]), or it and every directory above it
+/// let others in (`x`).
 ///
 /// # Errors
 /// [`Error::Usage`] naming the first directory that does not, and what to do.
-pub(crate) fn check_working_directory(cwd: &Path, writable_roots: &[PathBuf]) -> Result<()> {
+pub(crate) fn check_working_directory(cwd: &Path, plan: &FsPlan) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    if writable_roots.iter().any(|r| cwd.starts_with(r)) {
+    let mut reachable = plan.writable_roots.iter().chain(&plan.read_grants);
+    if reachable.any(|r| cwd.starts_with(r)) {
         return Ok(());
     }
     let mut on_the_way: Vec<&Path> = cwd.ancestors().collect();
@@ -125,7 +144,7 @@ pub(crate) fn check_working_directory(cwd: &Path, writable_roots: &[PathBuf]) ->
         let mode = std::fs::metadata(dir).map_or(0o777, |m| m.permissions().mode());
         if mode & 0o001 == 0 {
             return Err(Error::Usage(format!(
-                "the working directory {} is closed to the command: root's command runs as uid {COMMAND_UID} on the host, and {} (mode {:o}) lets no other user in; start the shim in a directory others may enter, make it a writable root (--allow-write), or pass --allow-degraded same-uid",
+                "the working directory {} is closed to the command: root's command runs as uid {COMMAND_UID} on the host, and {} (mode {:o}) lets no other user in; start the shim in a directory others may enter, make it a writable root (--allow-write) or readable (--allow-read), or pass --allow-degraded same-uid",
                 cwd.display(),
                 dir.display(),
                 mode & 0o7777
@@ -133,6 +152,84 @@ pub(crate) fn check_working_directory(cwd: &Path, writable_roots: &[PathBuf]) ->
         }
     }
     Ok(())
+}
+
+/// The line said when root's command cannot run its program because the program lies
+/// beneath a directory others may not enter (rustup's `cargo` in `/root/.cargo/bin`,
+/// pyenv's shims, nvm's `node`; `/root` is mode 0700): the `--allow-read` that shows it
+/// ([`fs::plan`]), naming the directory just beneath the closed one, and for rustup's
+/// proxies (a `rustup` beside the program) rustup's home too. `program` is found as
+/// `execvp` finds it, from `cwd`: by its path, or on the `PATH` of `env`, where the first
+/// candidate beneath a closed directory counts. `None` when there is none, or the way is
+/// open already (a writable root, an `--allow-read` of `plan`).
+pub(crate) fn closed_program_hint(
+    program: &OsStr,
+    env: &[(OsString, OsString)],
+    cwd: &Path,
+    plan: &FsPlan,
+) -> Option<String> {
+    let var = |name: &str| {
+        env.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_os_str())
+            .filter(|v| !v.is_empty())
+    };
+    let candidates: Vec<PathBuf> = if program.as_bytes().contains(&b'/') {
+        vec![cwd.join(program)]
+    } else {
+        // glibc's search path when PATH is unset.
+        let path = var("PATH").unwrap_or_else(|| OsStr::new("/bin:/usr/bin"));
+        std::env::split_paths(path)
+            .map(|d| cwd.join(d).join(program))
+            .collect()
+    };
+    let (found, closed, top) = candidates
+        .iter()
+        .filter_map(|c| std::fs::canonicalize(c).ok())
+        .find_map(|c| beneath_closed(&c, plan).map(|(closed, top)| (c, closed, top)))?;
+    let mut reads = vec![top];
+    if found.parent().is_some_and(|d| d.join("rustup").is_file()) {
+        let home = var("RUSTUP_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| Path::new(h).join(".rustup")));
+        if let Some((_, top)) = home
+            .and_then(|h| std::fs::canonicalize(h).ok())
+            .and_then(|h| beneath_closed(&h, plan))
+            && !reads.contains(&top)
+        {
+            reads.push(top);
+        }
+    }
+    let flags: Vec<String> = reads
+        .iter()
+        .map(|r| format!("--allow-read {}", r.display()))
+        .collect();
+    Some(format!(
+        "hint: {} is beneath {}, which root's command (uid {COMMAND_UID} on the host) may not enter: add {}",
+        program.to_string_lossy(),
+        closed.display(),
+        flags.join(" ")
+    ))
+}
+
+/// The first directory on the way to `path` (canonical) that others may not enter, and
+/// the path just beneath it on the way; `None` when there is none before a writable root
+/// or read grant of `plan` (idmapped: the way through is open).
+fn beneath_closed(path: &Path, plan: &FsPlan) -> Option<(PathBuf, PathBuf)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut on_the_way: Vec<&Path> = path.ancestors().skip(1).collect();
+    on_the_way.reverse();
+    for (i, dir) in on_the_way.iter().enumerate() {
+        let mut open = plan.writable_roots.iter().chain(&plan.read_grants);
+        if open.any(|r| dir.starts_with(r)) {
+            return None;
+        }
+        if std::fs::metadata(dir).is_ok_and(|m| m.permissions().mode() & 0o001 == 0) {
+            let top = on_the_way.get(i + 1).copied().unwrap_or(path);
+            return Some((dir.to_path_buf(), top.to_path_buf()));
+        }
+    }
+    None
 }
 
 fn write_file(path: &str, content: &str) -> Result<()> {

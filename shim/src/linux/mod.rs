@@ -19,6 +19,8 @@ mod ids;
 mod janitor;
 mod landlock;
 mod notify;
+mod outcome;
+mod peer;
 mod seccomp;
 #[allow(unsafe_code)] // every system-call wrapper of the shim; each block has a SAFETY comment
 mod sys;
@@ -48,14 +50,10 @@ use crate::sandbox::{
 };
 
 /// Signals the shim and the inner init forward to the command.
+#[rustfmt::skip]
 const FORWARDED: &[Signal] = &[
-    Signal::SIGINT,
-    Signal::SIGTERM,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-    Signal::SIGWINCH,
+    Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1,
+    Signal::SIGUSR2, Signal::SIGWINCH,
 ];
 
 fn forwarded_and_chld() -> SigSet {
@@ -79,13 +77,18 @@ struct InnerPlan {
     args: Vec<CString>,
     env: Vec<(OsString, OsString)>,
     ca: Option<crate::env::CaFiles>,
+    /// The temporary directory's and caches' variables, and what to make for them.
+    scratch: crate::caches::Scratch,
     capture: Option<CaptureJob>,
     handoff: OwnedFd,
     /// `--violations`/`--report`: the notification filter and the socket its listener
     /// goes back to the outer shim on.
-    notify: Option<NotifyHalf>,
+    notify: Option<notify::NotifyHalf>,
     /// `--pass-fd` and `--listen-fd`: kept open into the command.
     handover: crate::handover::Handover,
+    /// Said when the program cannot be executed: root's command cannot reach it
+    /// ([`ids::closed_program_hint`]).
+    exec_hint: Option<String>,
 }
 
 /// The Linux backend (see the module documentation).
@@ -105,24 +108,24 @@ impl Backend for Linux {
         ids::Identity::of_caller(allow_degraded).outside().uid
     }
 
+    fn program_of(&self) -> Option<crate::sandbox::ProgramOf> {
+        Some(peer::program_of)
+    }
+
     fn run(&self, job: &Job<'_>, serve: impl FnOnce(Handoff) -> Result<()>) -> Result<Outcome> {
         if job.capture.is_some() {
             sys::large_allocations_by_mmap();
         }
         let identity = ids::Identity::of_caller(job.allow_degraded);
-        if identity.is_mapped()
-            && let Some(t) = job.trust
-        {
-            // A stranger's command must be able to enter it (its files are mode 0444).
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(t.dir(), std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| Error::io(format!("open {} to the command", t.dir().display()), e))?;
+        if let Some(t) = job.trust {
+            identity.open_to_command(t.dir())?;
         }
         let mut plan = fs::FsPlan::default();
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)
             .and_then(|h| std::fs::canonicalize(h).ok());
         let read_only: Vec<PathBuf> = job.trust.iter().map(|t| t.dir().to_owned()).collect();
+        let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
         let planned = fs::plan(
             job.allow_write,
             job.deny_read,
@@ -130,7 +133,13 @@ impl Backend for Linux {
             &read_only,
             (home.as_deref(), identity.is_mapped()),
             &mut plan,
-        );
+        )
+        .map(|()| {
+            if let Some(size) = job.tmp {
+                let keep = visible_paths(&cwd, job.command, job.allow_read);
+                fs::tmp::plan(size.as_str(), &keep, &mut plan);
+            }
+        });
         let placeholders = plan.placeholders.clone();
         let watch = plan.watch.clone();
         let cleanup = || {
@@ -151,7 +160,8 @@ impl Backend for Linux {
             _ => None,
         };
         let ca = job.trust.map(TrustFiles::files);
-        let result = planned.and_then(|()| run_planned(job, (plan, identity), ca, serve));
+        let result =
+            planned.and_then(|()| run_planned(job, (plan, identity), (cwd, home), ca, serve));
         cleanup();
         if let Some(w) = janitor {
             // Tell the janitor the placeholders are handled: a later run may already have
@@ -165,17 +175,22 @@ impl Backend for Linux {
 fn run_planned(
     job: &Job<'_>,
     (fs_plan, identity): (fs::FsPlan, ids::Identity),
+    (cwd, home): (PathBuf, Option<PathBuf>),
     ca: Option<crate::env::CaFiles>,
     serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<Outcome> {
     let watch = fs_plan.watch.clone();
     let filters = seccomp::build(job.allow_unix_sockets)?;
-    let (notify_outer, notify_inner) = violation_channel(job, &fs_plan)?;
+    let (notify_outer, notify_inner) = notify::channel(job, &fs_plan)?;
     let (program, args) = command_cstrings(job.command)?;
-    let cwd = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
     if identity.is_mapped() {
-        ids::check_working_directory(&cwd, &fs_plan.writable_roots)?;
+        ids::check_working_directory(&cwd, &fs_plan)?;
     }
+    let (env, scratch) = inherited_env(job, &fs_plan, home.as_deref(), ca.as_ref());
+    let exec_hint = match job.command.first() {
+        Some(p) if identity.is_mapped() => ids::closed_program_hint(p, &env, &cwd, &fs_plan),
+        _ => None,
+    };
     let (outer, inner) = nix::sys::socket::socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -199,12 +214,14 @@ fn run_planned(
         cwd,
         program,
         args,
-        env: inherited_env(job),
+        env,
         ca,
+        scratch,
         capture: job.capture,
         handoff: inner,
         notify: notify_inner,
         handover: job.handover.clone(),
+        exec_hint,
     });
     let keep_fds = kept_fds(inner_plan.as_ref());
     let flags = CloneFlags::CLONE_NEWUSER
@@ -245,7 +262,7 @@ fn run_planned(
         _ => Ok(()),
     };
     drop(inner_plan);
-    if let Err(e) = mapped.and_then(|()| start_supervisor(notify_outer, job)) {
+    if let Err(e) = mapped.and_then(|()| notify::start_supervisor(notify_outer, job)) {
         let _ = nix::sys::signal::kill(init, Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(init, None);
         return Err(e);
@@ -278,11 +295,16 @@ fn run_planned(
     })
 }
 
-/// The caller's environment as the command inherits it: a credential's variable holds
-/// its placeholder, whatever the caller's value was, and no credential's `secret_env` is
-/// inherited.
-fn inherited_env(job: &Job<'_>) -> Vec<(OsString, OsString)> {
-    std::env::vars_os()
+/// The environment the command inherits (a credential's variable holds its placeholder,
+/// whatever the caller's value was, and no credential's `secret_env` is inherited), and
+/// the temporary directory's and caches' variables for it.
+fn inherited_env(
+    job: &Job<'_>,
+    fs_plan: &fs::FsPlan,
+    home: Option<&Path>,
+    ca: Option<&crate::env::CaFiles>,
+) -> (Vec<(OsString, OsString)>, crate::caches::Scratch) {
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, _)| {
             !job.child_env.iter().any(|(n, _)| k == n.as_str())
                 && !job.hidden_env.iter().any(|n| k == n.as_str())
@@ -292,36 +314,37 @@ fn inherited_env(job: &Job<'_>) -> Vec<(OsString, OsString)> {
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         )
+        .collect();
+    let tmp = fs_plan.tmp.as_ref().and_then(|t| t.dirs.first());
+    let places = crate::caches::Places {
+        tmp: tmp.map(PathBuf::as_path),
+        cache: job.cache,
+        home,
+    };
+    let scratch = crate::caches::plan(&env, places, |p| writable(fs_plan, p), ca);
+    (env, scratch)
+}
+
+/// The paths the command needs to see even where the private temporary directory
+/// hides the host's: the working directory, the directory of the program when it is
+/// named by its path (`/tmp/build/tool`, `./tool`), and the `--allow-read` paths.
+fn visible_paths(cwd: &Path, command: &[OsString], allow_read: &[PathBuf]) -> Vec<PathBuf> {
+    let program = command
+        .first()
+        .map(Path::new)
+        .filter(|p| p.as_os_str().as_bytes().contains(&b'/'))
+        .and_then(|p| cwd.join(p).parent().map(Path::to_owned));
+    std::iter::once(cwd.to_owned())
+        .chain(program)
+        .chain(allow_read.iter().map(|p| cwd.join(p)))
         .collect()
 }
 
-/// The command's half of the violation channel: the notification filter it installs,
-/// and the socket its listener goes back to the outer shim on.
-type NotifyHalf = (Vec<libc::sock_filter>, OwnedFd);
-
-/// Filesystem violations (`--violations`, `--report`): hands the walls as planned to the
-/// reporter, and makes the channel the command's notification listener comes back on
-/// (the outer end, and the filter with the inner end). `(None, None)` when not asked.
-fn violation_channel(
-    job: &Job<'_>,
-    fs_plan: &fs::FsPlan,
-) -> Result<(Option<OwnedFd>, Option<NotifyHalf>)> {
-    let Some(v) = &job.violations else {
-        return Ok((None, None));
-    };
-    v.observe_with(walls_of(fs_plan));
-    v.unobservable(
-        &[crate::violations::FsOp::Read],
-        "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
-    );
-    let (outer, inner) = nix::sys::socket::socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
-    Ok((Some(outer), Some((notify::program()?, inner))))
+/// Whether `path` (absolute) is beneath a writable root of `plan` (not the private
+/// temporary directory, which starts empty): a caller's cache variable naming it is kept.
+fn writable(plan: &fs::FsPlan, path: &Path) -> bool {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| crate::violations::normalise(path));
+    path.is_absolute() && plan.writable_roots.iter().any(|r| path.starts_with(r))
 }
 
 /// The descriptors init keeps: the handoff socket, the violation filter's, and those
@@ -334,42 +357,6 @@ fn kept_fds(plan: Option<&InnerPlan>) -> Vec<i32> {
                 .chain(p.handover.kept())
         })
         .collect()
-}
-
-/// Starts the thread that serves the command's violation notifications, when asked.
-fn start_supervisor(outer: Option<OwnedFd>, job: &Job<'_>) -> Result<()> {
-    let (Some(outer), Some(v)) = (outer, &job.violations) else {
-        return Ok(());
-    };
-    let v = std::sync::Arc::clone(v);
-    std::thread::Builder::new()
-        .name("violations".into())
-        .spawn(move || notify::supervise(outer, v))
-        .map(drop)
-        .map_err(|e| Error::io("start the violations thread", e))
-}
-
-/// The walls the plan builds, for judging violations: the writable roots (and `/dev`),
-/// the masks, the re-opened reads and the mandatory deny set, by canonical path.
-fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
-    use crate::violations::Wall;
-    let mut entries: Vec<(PathBuf, Wall)> = plan
-        .ops
-        .iter()
-        .map(|op| {
-            let wall = match op.kind {
-                fs::OpKind::Writable => Wall::Writable,
-                fs::OpKind::Readable => Wall::ReadOnly,
-                fs::OpKind::Mask => Wall::Masked,
-                fs::OpKind::Pin => Wall::Pinned,
-                fs::OpKind::Protect => Wall::Protected,
-            };
-            (op.path.clone(), wall)
-        })
-        .collect();
-    entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
-    entries.push((PathBuf::from("/dev"), Wall::Writable));
-    crate::violations::Walls::new(entries)
 }
 
 fn command_cstrings(command: &[OsString]) -> Result<(CString, Vec<CString>)> {
@@ -470,33 +457,34 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
         fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
     }
     drop(tun);
+    plan.scratch.prepare();
 
-    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref());
-    let env: Vec<CString> = env
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let mut kv = k.into_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            CString::new(kv).ok()
-        })
-        .collect();
+    let env = crate::env::command_env(plan.env, port, plan.ca.as_ref(), &plan.scratch.vars);
+    let env = env_cstrings(env);
 
     // Init's memory (the caller's whole environment among it) is never the command's to
     // read: not dumpable before the command exists (its execve makes it dumpable again).
     nix::sys::prctl::set_dumpable(false).map_err(|e| Error::sys("PR_SET_DUMPABLE", e))?;
 
-    // The command.
+    // The command. Landlock lets it write beneath the writable roots and the private
+    // temporary directory.
     let notify = plan.notify.take();
+    let mut roots = plan.fs.writable_roots.clone();
+    roots.extend(plan.fs.tmp.iter().flat_map(|t| t.dirs.iter().cloned()));
     let Some(child) = sys::fork_process().map_err(|e| Error::sys("fork the command", e))? else {
         let Err(e) = exec_command(
             &plan.cwd,
-            (plan.landlock, &plan.fs.writable_roots),
+            (plan.landlock, &roots),
             &plan.filters,
             (notify.as_ref(), &plan.handover),
             (&plan.program, &plan.args, &env),
         );
         eprintln!("shim: {e}");
+        if let (Error::Sys { op, .. }, Some(hint)) = (&e, &plan.exec_hint)
+            && op.starts_with("execute")
+        {
+            eprintln!("shim: {hint}");
+        }
         let code = match &e {
             Error::Sys {
                 op,
@@ -536,6 +524,18 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     }
 }
 
+/// `NAME=VALUE` strings for `execve` (a pair with a NUL byte is left out).
+fn env_cstrings(env: Vec<(OsString, OsString)>) -> Vec<CString> {
+    env.into_iter()
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            CString::new(kv).ok()
+        })
+        .collect()
+}
+
 /// In the command's process: the last layers, then `execve`. Returns only on failure.
 /// `landlock` is whether to use it and the writable roots; `fds` the violation filter's
 /// half and the descriptors handed over; `command` the program, its arguments and its
@@ -544,7 +544,7 @@ fn exec_command(
     cwd: &Path,
     (use_landlock, roots): (bool, &[PathBuf]),
     filters: &seccomp::Filters,
-    (notify, handover): (Option<&NotifyHalf>, &crate::handover::Handover),
+    (notify, handover): (Option<&notify::NotifyHalf>, &crate::handover::Handover),
     (program, args, env): (&CString, &[CString], &[CString]),
 ) -> Result<std::convert::Infallible> {
     SigSet::empty()

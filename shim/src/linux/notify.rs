@@ -15,19 +15,23 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::errno::Errno;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
 
+use super::fs;
+use super::outcome::{Call, Kind, TaskView, Verdict};
 use super::sys;
 use crate::error::{Error, Result};
-use crate::violations::{Attempt, FsOp, Violations};
+use crate::sandbox::Job;
+use crate::violations::{Attempt, FsOp, HostView, Seen, Violations};
 
 /// The marker action the filter is compiled with, replaced by `SECCOMP_RET_USER_NOTIF`.
 const MARKER: u32 = 0x5eed;
@@ -60,6 +64,8 @@ enum Shape {
     Symlink,
     /// `(dirfd, path, flags)`: `unlinkat`.
     UnlinkAt,
+    /// `(path)`: `rmdir`.
+    Rmdir,
 }
 
 /// The watched system calls of this architecture.
@@ -83,7 +89,7 @@ fn watched() -> Vec<(i64, Shape)> {
         (libc::SYS_mkdir, Shape::Plain(FsOp::Mkdir)),
         (libc::SYS_mknod, Shape::Plain(FsOp::Create)),
         (libc::SYS_unlink, Shape::Plain(FsOp::Unlink)),
-        (libc::SYS_rmdir, Shape::Plain(FsOp::Unlink)),
+        (libc::SYS_rmdir, Shape::Rmdir),
         (libc::SYS_rename, Shape::TwoPlain(FsOp::Rename)),
         (libc::SYS_renameat, Shape::TwoAt(FsOp::Rename)),
         (libc::SYS_link, Shape::TwoPlain(FsOp::Link)),
@@ -92,7 +98,7 @@ fn watched() -> Vec<(i64, Shape)> {
     ]);
     #[cfg(target_arch = "aarch64")]
     v.push((libc::SYS_renameat, Shape::TwoAt(FsOp::Rename)));
-    v.push((452, Shape::At(FsOp::Chmod))); // fchmodat2 (Linux 6.6), the same on every arch
+    v.push((i64::from(FCHMODAT2), Shape::At(FsOp::Chmod)));
     v
 }
 
@@ -216,14 +222,20 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
             .iter()
             .find(|(nr, _)| *nr == i64::from(n.data.nr))
             .and_then(|(_, shape)| read_attempt(&n, *shape));
-        // Judged before the call goes on: the path read is the one the task named. A
-        // refusal's id is checked before it is recorded, so that a recycled pid is not
+        // Judged before the call goes on: the path read is the one the task named, and
+        // the tree is as the task, stopped in its call, will find it. A refusal's id is
+        // checked before the task's view is looked at, so that a recycled pid is not
         // blamed (one `ioctl` that an allowed call, the common case, does without).
-        if let Some(a) = attempt
+        if let Some((a, call)) = attempt
             && violations.refuses(&a)
             && sys::seccomp_notif_valid(listener.as_fd(), n.id)
         {
-            violations.observe(a, || exe_of(n.pid));
+            let seen = TaskSeen {
+                pid: n.pid,
+                view: TaskView::open(n.pid),
+                call,
+            };
+            violations.observe(a, &seen);
         }
         if let Err(e) = sys::seccomp_notif_continue(listener.as_fd(), n.id)
             && e != Errno::ENOENT
@@ -231,6 +243,76 @@ pub(crate) fn supervise(from_command: OwnedFd, violations: Arc<Violations>) {
             return;
         }
     }
+}
+
+/// The command's half of the violation channel: the notification filter it installs,
+/// and the socket its listener goes back to the outer shim on.
+pub(crate) type NotifyHalf = (Vec<libc::sock_filter>, OwnedFd);
+
+/// Filesystem violations (`--violations`, `--report`): hands the walls as planned to the
+/// reporter, and makes the channel the command's notification listener comes back on
+/// (the outer end, and the filter with the inner end). `(None, None)` when not asked.
+pub(crate) fn channel(
+    job: &Job<'_>,
+    fs_plan: &fs::FsPlan,
+) -> Result<(Option<OwnedFd>, Option<NotifyHalf>)> {
+    let Some(v) = &job.violations else {
+        return Ok((None, None));
+    };
+    v.observe_with(walls_of(fs_plan));
+    v.unobservable(
+        &[FsOp::Read],
+        "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
+    );
+    let (outer, inner) = nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
+    Ok((Some(outer), Some((program()?, inner))))
+}
+
+/// Starts the thread that serves the command's violation notifications, when asked.
+pub(crate) fn start_supervisor(outer: Option<OwnedFd>, job: &Job<'_>) -> Result<()> {
+    let (Some(outer), Some(v)) = (outer, &job.violations) else {
+        return Ok(());
+    };
+    let v = Arc::clone(v);
+    std::thread::Builder::new()
+        .name("violations".into())
+        .spawn(move || supervise(outer, v))
+        .map(drop)
+        .map_err(|e| Error::io("start the violations thread", e))
+}
+
+/// The walls the plan builds, for judging violations: the writable roots (and `/dev`),
+/// the masks, the re-opened reads and the mandatory deny set, by canonical path.
+fn walls_of(plan: &fs::FsPlan) -> crate::violations::Walls {
+    use crate::violations::Wall;
+    let mut entries: Vec<(PathBuf, Wall)> = plan
+        .ops
+        .iter()
+        .map(|op| {
+            let wall = match op.kind {
+                fs::OpKind::Writable => Wall::Writable,
+                fs::OpKind::Readable => Wall::ReadOnly,
+                fs::OpKind::Mask => Wall::Masked,
+                fs::OpKind::Pin => Wall::Pinned,
+                fs::OpKind::Protect => Wall::Protected,
+            };
+            (op.path.clone(), wall)
+        })
+        .collect();
+    entries.extend(plan.watch.iter().map(|w| (w.path(), Wall::Watched)));
+    entries.push((PathBuf::from("/dev"), Wall::Writable));
+    entries.extend(
+        plan.tmp
+            .iter()
+            .flat_map(|t| t.dirs.iter().map(|d| (d.clone(), Wall::Writable))),
+    );
+    crate::violations::Walls::new(entries)
 }
 
 /// Whether the filter behind `listener` has no task left (the kernel polls it as hung
@@ -246,45 +328,133 @@ fn orphaned(listener: BorrowedFd<'_>) -> bool {
         .is_ok_and(|_| fds[0].revents().contains(PollFlags::HUP))
 }
 
-/// What a notification asks, with its paths made absolute; `None` for an `open` that
-/// only reads, or a path that cannot be read.
-fn read_attempt(n: &libc::seccomp_notif, shape: Shape) -> Option<Attempt> {
+/// What the supervisor sees of one refused attempt: the task's own view of the tree
+/// ([`TaskView`], the host's where it cannot be opened) and the call's details.
+struct TaskSeen {
+    pid: u32,
+    view: Option<TaskView>,
+    call: Call,
+}
+
+impl Seen for TaskSeen {
+    fn resolved(&self, op: FsOp, path: &Path) -> PathBuf {
+        match &self.view {
+            Some(v) => v.resolved(op, path),
+            None => HostView::default().resolved(op, path),
+        }
+    }
+
+    fn not_the_walls(&self, paths: &[PathBuf]) -> bool {
+        self.view
+            .as_ref()
+            .is_some_and(|v| v.verdict(&self.call, paths) != Verdict::Walls)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        match &self.view {
+            Some(v) => v.exists(path),
+            None => HostView::default().exists(path),
+        }
+    }
+
+    fn exe(&self) -> String {
+        exe_of(self.pid)
+    }
+}
+
+/// `AT_EMPTY_PATH`, `AT_SYMLINK_FOLLOW`, `AT_SYMLINK_NOFOLLOW`, `AT_REMOVEDIR` as the raw
+/// flag argument holds them.
+fn at_flag(flags: u64, flag: i32) -> bool {
+    flags & u64::from(flag as u32) != 0
+}
+
+/// What a notification asks, with its paths made absolute, and the details that decide
+/// its own errors; `None` for an `open` that only reads, or a path that cannot be read.
+fn read_attempt(n: &libc::seccomp_notif, shape: Shape) -> Option<(Attempt, Call)> {
     let pid = Pid::from_raw(i32::try_from(n.pid).ok()?);
+    let (op, kind) = call_kind(pid, i64::from(n.data.nr), &n.data.args, shape)?;
     let a = n.data.args;
-    let at = |dirfd: u64, ptr: u64| -> Option<PathBuf> {
+    let at = |dirfd: u64, ptr: u64| -> Option<(PathBuf, bool)> {
         let path = read_path(pid, ptr)?;
-        Some(absolute(pid, dirfd_of(dirfd), path))
+        let empty = path.as_os_str().is_empty();
+        Some((absolute(pid, dirfd_of(dirfd), path), empty))
     };
     let plain = |ptr: u64| at(AT_FDCWD, ptr);
-    let open_op = |flags: u64| {
+    let paths = match shape {
+        Shape::OpenAt | Shape::OpenAt2 | Shape::At(_) | Shape::UnlinkAt => {
+            vec![at(a[0], a[1])?]
+        }
+        Shape::Open | Shape::Creat | Shape::Plain(_) | Shape::Rmdir => vec![plain(a[0])?],
+        Shape::TwoAt(_) => vec![at(a[0], a[1])?, at(a[2], a[3])?],
+        Shape::TwoPlain(_) => vec![plain(a[0])?, plain(a[1])?],
+        Shape::SymlinkAt => vec![at(a[1], a[2])?],
+        Shape::Symlink => vec![plain(a[1])?],
+    };
+    let empty_ok = match shape {
+        Shape::TwoAt(FsOp::Link) => at_flag(a[4], libc::AT_EMPTY_PATH),
+        Shape::At(FsOp::Chmod) => n.data.nr == FCHMODAT2 && at_flag(a[3], libc::AT_EMPTY_PATH),
+        _ => false,
+    };
+    let (paths, empty): (Vec<PathBuf>, Vec<bool>) = paths.into_iter().unzip();
+    Some((
+        Attempt {
+            pid: n.pid,
+            op,
+            paths,
+        },
+        Call {
+            kind,
+            empty,
+            empty_ok,
+        },
+    ))
+}
+
+/// `fchmodat2` (Linux 6.6), the same number on every architecture.
+const FCHMODAT2: i32 = 452;
+
+/// The operation of a call of `shape` (system call `nr`, arguments `a`) and what decides
+/// its own errors; `None` for an `open` that only reads.
+fn call_kind(pid: Pid, nr: i64, a: &[u64; 6], shape: Shape) -> Option<(FsOp, Kind)> {
+    let open = |flags: u64| {
+        let kind = Kind::Open { flags };
         if flags & libc::O_CREAT as u64 != 0 {
-            Some(FsOp::Create)
+            Some((FsOp::Create, kind))
         } else if flags & (libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) as u64 != 0 {
-            Some(FsOp::OpenWrite)
+            Some((FsOp::OpenWrite, kind))
         } else {
             None
         }
     };
-    let (op, paths) = match shape {
-        Shape::OpenAt => (open_op(a[2])?, vec![at(a[0], a[1])?]),
-        Shape::Open => (open_op(a[1])?, vec![plain(a[0])?]),
-        Shape::Creat => (FsOp::Create, vec![plain(a[0])?]),
-        Shape::OpenAt2 => {
-            let flags = read_u64(pid, a[2])?;
-            (open_op(flags)?, vec![at(a[0], a[1])?])
-        }
-        Shape::At(op) => (op, vec![at(a[0], a[1])?]),
-        Shape::Plain(op) => (op, vec![plain(a[0])?]),
-        Shape::TwoAt(op) => (op, vec![at(a[0], a[1])?, at(a[2], a[3])?]),
-        Shape::TwoPlain(op) => (op, vec![plain(a[0])?, plain(a[1])?]),
-        Shape::SymlinkAt => (FsOp::Symlink, vec![at(a[1], a[2])?]),
-        Shape::Symlink => (FsOp::Symlink, vec![plain(a[1])?]),
-        Shape::UnlinkAt => (FsOp::Unlink, vec![at(a[0], a[1])?]),
+    let symlink = || Kind::Symlink {
+        target_empty: read_path(pid, a[0]).is_some_and(|t| t.as_os_str().is_empty()),
     };
-    Some(Attempt {
-        pid: n.pid,
-        op,
-        paths,
+    Some(match shape {
+        Shape::OpenAt => open(a[2])?,
+        Shape::Open => open(a[1])?,
+        Shape::Creat => open((libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC) as u64)?,
+        Shape::OpenAt2 => open(read_u64(pid, a[2])?)?,
+        // fchmodat2 has flags; fchmodat always follows.
+        Shape::At(FsOp::Chmod) => (
+            FsOp::Chmod,
+            Kind::Chmod {
+                follow: nr != i64::from(FCHMODAT2) || !at_flag(a[3], libc::AT_SYMLINK_NOFOLLOW),
+            },
+        ),
+        Shape::Plain(FsOp::Chmod) => (FsOp::Chmod, Kind::Chmod { follow: true }),
+        Shape::Plain(FsOp::Truncate) => (FsOp::Truncate, Kind::Truncate),
+        Shape::Plain(FsOp::Unlink) | Shape::Rmdir | Shape::UnlinkAt => (FsOp::Unlink, Kind::Unlink),
+        Shape::At(op) | Shape::Plain(op) => (op, Kind::MakeNew),
+        Shape::TwoAt(FsOp::Link) => (
+            FsOp::Link,
+            Kind::Link {
+                follow: at_flag(a[4], libc::AT_SYMLINK_FOLLOW),
+            },
+        ),
+        Shape::TwoPlain(FsOp::Link) => (FsOp::Link, Kind::Link { follow: false }),
+        Shape::TwoAt(op) if nr == libc::SYS_renameat2 => (op, Kind::Rename { flags: a[4] }),
+        Shape::TwoAt(op) | Shape::TwoPlain(op) => (op, Kind::Rename { flags: 0 }),
+        Shape::SymlinkAt | Shape::Symlink => (FsOp::Symlink, symlink()),
     })
 }
 

@@ -14,6 +14,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         ca_cert_exports_read_only_bundles_and_leaves_nothing_behind,
         without_a_ca_no_ca_variable_is_set_and_the_callers_are_kept,
         config_authority_with_tls_terminate_trusts_the_config_ca,
+        the_jvm_and_wget_get_files_naming_the_ca,
     ]
 }
 
@@ -158,5 +159,34 @@ fn config_authority_with_tls_terminate_trusts_the_config_ca() -> TestResult {
         "CA variables from the config's CA",
         &stdout(&succeeded(run())?),
         &ca_check_all_set(),
+    )
+}
+
+/// Java reads no CA variable: its options name a JKS trust store the shim wrote (after the
+/// caller's own options); wget's startup file names the bundle.
+fn the_jvm_and_wget_get_files_naming_the_ca() -> TestResult {
+    let fx = Fixture::new("ca-jvm");
+    let ca = fx.path("ca.pem");
+    write_ca(&ca);
+    let out = fx
+        .shim(
+            &args!["--ca-cert", &ca],
+            &[
+                "sh",
+                "-c",
+                "set -- $JAVA_TOOL_OPTIONS; echo $1; store=${2#-Djavax.net.ssl.trustStore=}; \
+                 echo $3 $4; od -An -tx1 -N4 $store | tr -d ' '; \
+                 test \"$(cat $WGETRC | grep ca_certificate)\" = \"ca_certificate = $SSL_CERT_FILE\" && echo wgetrc-names-the-bundle",
+            ],
+        )
+        .env("JAVA_TOOL_OPTIONS", "-Xmx64m")
+        .env_remove("WGETRC")
+        .env("HOME", fx.path("home"))
+        .output()
+        .unwrap();
+    expect(
+        "the JVM's options and wget's file",
+        &stdout(&succeeded(out)?),
+        "-Xmx64m\n-Djavax.net.ssl.trustStoreType=JKS -Djavax.net.ssl.trustStorePassword=changeit\nfeedfeed\nwgetrc-names-the-bundle",
     )
 }

@@ -48,7 +48,7 @@ const PYTHON: &str = "/usr/bin/python3";
 
 /// `Err(IGNORED...)` when this user cannot open `/dev/net/tun` (capture then degrades,
 /// which other tests cover).
-fn tun_usable() -> TestResult {
+pub(crate) fn tun_usable() -> TestResult {
     match std::fs::OpenOptions::new()
         .read(true)
         .write(true)

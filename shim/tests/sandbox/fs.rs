@@ -80,12 +80,17 @@ fn writing_outside_allow_write_roots_fails_and_dev_null_works() -> TestResult {
     let inside = w.join("ok");
     for (p, want) in [
         (outside.as_path(), "err:EROFS"), // beside the root
-        (tmp, "err:EROFS"),
+        (Path::new("/usr/shim-e2e-should-not-exist"), "err:EROFS"),
+        (tmp, "ok"), // the private temporary directory
         (Path::new("/dev/null"), "ok"),
         (inside.as_path(), "ok"),
     ] {
         fx.check(&flags, &args!["write", p], want)?;
     }
+    // Without it, the host's /tmp is read-only like the rest.
+    let mut no_tmp = Vec::from(flags);
+    no_tmp.extend(args!["--no-tmp"]);
+    fx.check(&no_tmp, &args!["write", tmp], "err:EROFS")?;
     if outside.exists() || tmp.exists() {
         return Err("a write outside the roots landed".into());
     }

@@ -51,8 +51,10 @@ macro_rules! cases {
     };
 }
 
+mod answers;
 mod ca;
 mod capture;
+mod clients;
 mod control;
 mod credential;
 mod errors;
@@ -64,7 +66,9 @@ mod privileges;
 mod probe;
 mod protect;
 mod secrets;
+mod standalone;
 mod support;
+mod tmp;
 mod violations;
 
 /// What a test returns: `Err` says what was expected and what was seen.
@@ -106,7 +110,10 @@ fn all() -> Vec<(&'static str, Test)> {
         violations::tests(),
         handover::tests(),
         control::tests(),
+        tmp::tests(),
+        clients::tests(),
         secrets::tests(),
+        answers::tests(),
     ]
     .concat()
 }
@@ -120,6 +127,7 @@ fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match argv.first().map(String::as_str) {
         Some("probe") => std::process::exit(probe::main(&argv[1..])),
+        Some("mediator") => std::process::exit(standalone::main(&argv[1..])),
         Some(RUN_ONE) => std::process::exit(run_one(argv.get(1).map_or("", String::as_str))),
         _ => {}
     }

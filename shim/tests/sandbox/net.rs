@@ -19,6 +19,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         other_authority_sockets_are_unreachable_even_with_unix_sockets_allowed,
         report_lists_the_denials_the_mediator_sent,
         embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others,
+        identical_denials_are_reported_once_with_a_count,
     ]
 }
 
@@ -191,5 +192,42 @@ fn embedded_mode_reaches_an_allowed_loopback_origin_and_denies_others() -> TestR
         "CONNECT report",
         &format!("{} {} {}", d["protocol"], d["status"], d["hint"]),
         "\"connect\" 403 \"add --allow denied.test:443 to the shim command\"",
+    )
+}
+
+/// A client that retries is denied the same way each time: the report lists the denial
+/// once, with how many times it happened.
+fn identical_denials_are_reported_once_with_a_count() -> TestResult {
+    let s = Scratch::new("report-count");
+    let report = s.path("report.json");
+    let shim = crate::support::SHIM;
+    let me = crate::support::me();
+    let script = format!(
+        "for i in 1 2 3; do {me} probe connect-via-proxy denied.test:443; done; {me} probe connect-via-proxy other.test:443",
+        me = me.display()
+    );
+    let out = std::process::Command::new(shim)
+        .args(["--allow", "x.test", "--quiet-denials", "--report-file"])
+        .arg(&report)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    expect(
+        "the four CONNECTs",
+        &stdout(&out),
+        "HTTP/1.1 403 Forbidden\nHTTP/1.1 403 Forbidden\nHTTP/1.1 403 Forbidden\nHTTP/1.1 403 Forbidden",
+    )?;
+    let v = read_json(&report)?;
+    let listed: Vec<String> = v["denials"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|d| format!("{} x{}", d["host"].as_str().unwrap_or(""), d["count"]))
+        .collect();
+    expect(
+        "the report's denials",
+        &listed.join(", "),
+        "denied.test x3, other.test x1",
     )
 }

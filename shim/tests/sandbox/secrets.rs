@@ -22,6 +22,8 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         the_command_writes_its_roots_and_its_files_are_the_callers,
         root_runs_the_command_as_a_stranger_unless_degraded,
         a_writable_root_under_a_closed_directory_stays_reachable,
+        an_allow_read_beneath_a_closed_directory_is_the_commands_to_read,
+        a_program_beneath_a_closed_directory_is_named_with_its_flag,
         an_attacker_cannot_reach_a_masked_secret,
         the_socket_owner_is_told_when_the_command_shares_its_uid,
         a_mediator_of_its_own_user_keeps_its_files,
@@ -416,8 +418,9 @@ fn a_writable_root_under_a_closed_directory_stays_reachable() -> TestResult {
         w = w.display(),
         o = closed.join("other").display()
     );
+    // `--no-tmp`: the fixture is under the host's /tmp, which the private one would hide.
     let out = Command::new(crate::support::SHIM)
-        .args(["--allow", "example.com", "--allow-write"])
+        .args(["--allow", "example.com", "--no-tmp", "--allow-write"])
         .arg(&w)
         .args(["--", "sh", "-c", &sh])
         .current_dir(&w)
@@ -437,6 +440,112 @@ fn a_writable_root_under_a_closed_directory_stays_reachable() -> TestResult {
         &md.uid().to_string(),
         &caller().0.to_string(),
     )
+}
+
+/// An `--allow-read` path beneath a directory others may not enter (a toolchain in
+/// `/root/.cargo`, `/root` being mode 0700) is root's command's to read and run, as it is
+/// an unprivileged caller's, its `0600` files too (an idmapped read-only copy); a
+/// `--deny-read` inside it stays masked, and the closed directory's other files stay out
+/// of reach. Without the flag root's command cannot run the tool.
+fn an_allow_read_beneath_a_closed_directory_is_the_commands_to_read() -> TestResult {
+    let fx = Fixture::new("sec-grant");
+    let closed = fx.mkdir("closed");
+    let tool = closed.join("tool");
+    std::fs::create_dir_all(&tool).unwrap();
+    std::fs::write(tool.join("run"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(tool.join("run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    secret(&tool.join("private"), "mine\n");
+    std::fs::write(tool.join("hidden"), "x").unwrap();
+    std::fs::write(closed.join("other"), "x").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sh = format!(
+        "{t}/run && {me} probe read-each {t}/private {t}/hidden {o}",
+        me = crate::support::me().display(),
+        t = tool.display(),
+        o = closed.join("other").display()
+    );
+    let run = |flags: &[std::ffi::OsString]| {
+        Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com"])
+            .args(flags)
+            .args(["--", "sh", "-c", &sh])
+            .current_dir(&fx.dir.0)
+            .output()
+            .unwrap()
+    };
+    let out = run(&args![
+        "--allow-read",
+        &tool,
+        "--deny-read",
+        tool.join("hidden")
+    ]);
+    // The mask that holds the way to the copy hides the rest of the closed directory.
+    let other = if root() { "err:ENOENT" } else { "ok" };
+    expect(
+        "the tool, its 0600 file, a --deny-read in it, a file beside it",
+        &stdout(&succeeded(out)?),
+        &format!("ran\nok err:EACCES {other}"),
+    )?;
+    if root() {
+        let out = run(&[]);
+        if out.status.success() || stdout(&out).contains("ran") {
+            return Err(format!(
+                "root's command ran the tool beneath the closed directory without --allow-read: {out:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Root's command cannot run a program found on `PATH` beneath a directory others may not
+/// enter (rustup's proxies in `/root/.cargo/bin`): the shim says so in one line naming the
+/// `--allow-read` flags to add (the toolchain's directory, and rustup's home beside a
+/// `rustup`), and with them the program runs. An unprivileged caller's command is the
+/// caller, who may enter: no such line.
+fn a_program_beneath_a_closed_directory_is_named_with_its_flag() -> TestResult {
+    let fx = Fixture::new("sec-hint");
+    let closed = fx.mkdir("closed");
+    let (tool, rustup) = (closed.join("tool"), closed.join("rustup-home"));
+    std::fs::create_dir_all(tool.join("bin")).unwrap();
+    std::fs::create_dir_all(&rustup).unwrap();
+    std::fs::write(tool.join("bin/run"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(tool.join("bin/run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(tool.join("bin/rustup"), "").unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = |flags: &[std::ffi::OsString]| {
+        Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com"])
+            .args(flags)
+            .args(["--", "run"])
+            .env(
+                "PATH",
+                format!("{}:/usr/bin:/bin", tool.join("bin").display()),
+            )
+            .env("RUSTUP_HOME", &rustup)
+            .current_dir(&fx.dir.0)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let hints: Vec<&str> = stderr.lines().filter(|l| l.contains("hint:")).collect();
+    let flags = format!(
+        "--allow-read {} --allow-read {}",
+        tool.display(),
+        rustup.display()
+    );
+    if root() {
+        if out.status.code() != Some(126) || hints.len() != 1 || !hints[0].ends_with(&flags) {
+            return Err(format!(
+                "expected exit 126 and one line ending {flags:?}: {:?} {stderr}",
+                out.status
+            ));
+        }
+    } else if !hints.is_empty() {
+        return Err(format!("a hint for the caller's own command: {stderr}"));
+    }
+    let out = run(&args!["--allow-read", &tool, "--allow-read", &rustup]);
+    expect("with the flags", &stdout(&succeeded(out)?), "ran")
 }
 
 /// Ways around a mask a command might try: a link in its writable root, `/proc/self/root`,
@@ -567,8 +676,8 @@ fn a_mediator_of_its_own_user_keeps_its_files() -> TestResult {
 /// Where root's command cannot run as 2100000000 the shim refuses, naming
 /// `--allow-degraded same-uid`: root of a user namespace that maps one uid (a rootless
 /// container's root; `unshare -r` here, as root and as an unprivileged user), and, as
-/// root, a writable root on a filesystem without idmapped mounts (sysfs here; nothing
-/// runs).
+/// root, a writable root or an `--allow-read` path closed to others on a filesystem
+/// without idmapped mounts (sysfs, proc here; nothing runs).
 fn root_is_refused_where_the_command_cannot_be_mapped() -> TestResult {
     let fx = Fixture::new("sec-unmappable");
     let w = fx.mkdir("work");
@@ -615,6 +724,18 @@ fn root_is_refused_where_the_command_cannot_be_mapped() -> TestResult {
             .output()
             .unwrap();
         refused(out, "a writable root on sysfs", "idmapped mount")?;
+        // A path closed to others on a filesystem without idmapped mounts (proc): no
+        // copy root's command could read, so no run.
+        let out = Command::new(crate::support::SHIM)
+            .args(["--allow", "example.com", "--allow-read", "/proc/1/fd"])
+            .args(["--", "echo", "ran"])
+            .output()
+            .unwrap();
+        refused(
+            out,
+            "an --allow-read on proc",
+            "idmapped read-only mount of each --allow-read path",
+        )?;
     }
     Ok(())
 }

@@ -27,6 +27,11 @@ pub(crate) const CA_VARS: &[&str] = &[
     "AWS_CA_BUNDLE",
     "CARGO_HTTP_CAINFO",
     "DENO_CERT",
+    "NIX_SSL_CERT_FILE",
+    "npm_config_cafile",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "HTTPLIB2_CA_CERTS",
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
 ];
 
 /// The system bundles the shim looks for, in order.

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{Fixture, expect, read_json, succeeded, wait_until};
+use crate::support::{Fixture, expect, read_json, stdout, succeeded, wait_until};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
@@ -19,6 +19,14 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         a_command_flooding_the_walls_cannot_flood_the_stream,
         a_reader_that_does_not_read_never_holds_the_command,
         a_file_name_that_is_not_utf8_is_reported_not_fatal,
+        mkdir_of_what_exists_is_no_violation,
+        an_empty_path_is_no_violation,
+        a_missing_path_or_parent_is_no_violation,
+        a_parent_that_is_a_file_is_no_violation,
+        a_rename_across_mounts_is_reported_by_its_copy,
+        o_creat_of_an_existing_file_read_only_is_no_violation,
+        o_trunc_on_the_read_only_tree_is_the_walls,
+        the_private_tmp_is_no_violation,
     ]
 }
 
@@ -64,6 +72,13 @@ fn refused_writes_are_reported_live_with_path_rule_and_hint() -> TestResult {
     std::fs::create_dir_all(w.join("sub")).unwrap();
     let out_dir = fx.mkdir("outside");
     std::fs::write(out_dir.join("file"), "x").unwrap();
+    // Its mode lets the command write it (root's command is not its owner on the host):
+    // only the walls refuse.
+    std::fs::set_permissions(
+        out_dir.join("file"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     let log = fx.path("v.jsonl");
     let script = format!(
         "cd {w}; \
@@ -106,7 +121,9 @@ fn refused_writes_are_reported_live_with_path_rule_and_hint() -> TestResult {
     has(&r, "create", &out_dir.join("new"), "outside_write_roots")?;
     has(&r, "open_write", &w.join(".bashrc"), "mandatory_deny")?;
     has(&r, "mkdir", &out_dir.join("dir"), "outside_write_roots")?;
-    has(&r, "rename", &out_dir.join("moved"), "outside_write_roots")?;
+    // A rename out of the root crosses mounts (EXDEV): mv then removes the target
+    // first, and that is what the walls refuse.
+    has(&r, "unlink", &out_dir.join("moved"), "outside_write_roots")?;
     has(&r, "symlink", &out_dir.join("link"), "outside_write_roots")?;
     has(&r, "chmod", &out_dir.join("file"), "outside_write_roots")?;
     // `truncate` opens the file for writing (then ftruncate on the descriptor).
@@ -463,5 +480,183 @@ fn the_supervisor_rests_once_the_sandbox_is_gone() -> TestResult {
         "create",
         Path::new("/etc/shim-rest"),
         "outside_write_roots",
+    )
+}
+
+/// Runs the Python `calls` (each `t(NAME, CALLABLE)`, printing `NAME ok` or `NAME ERRNO`,
+/// what the caller saw) in a sandbox with the writable root `work/` (holding a file `f`)
+/// and `--violations`; returns what it printed and the paths of its `fs_denied` records.
+fn calls_and_records(tag: &str, calls: &str) -> Result<(String, Vec<String>), String> {
+    let fx = Fixture::new(tag);
+    let w = fx.mkdir("work");
+    std::fs::write(w.join("f"), "x").unwrap();
+    // Beside the root (read-only inside): a file whose mode lets the command write it
+    // (mode 0666: root's command is not its owner on the host), and one mode 0444.
+    let outside = fx.mkdir("outside");
+    std::fs::write(outside.join("mine"), "x").unwrap();
+    std::fs::set_permissions(
+        outside.join("mine"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    std::fs::write(outside.join("ro"), "x").unwrap();
+    std::fs::set_permissions(
+        outside.join("ro"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o444),
+    )
+    .unwrap();
+    let log = fx.path("v.jsonl");
+    let script = format!(
+        "import errno, os\nW = {w:?}\n\
+         def t(name, f):\n    try:\n        f(); print(name, 'ok')\n    except OSError as e:\n        print(name, errno.errorcode[e.errno])\n\
+         {calls}",
+        w = w.display().to_string()
+    );
+    let out = fx
+        .shim(
+            &args!["--allow-write", &w, "--violations", &log, "--quiet-denials"],
+            &["/usr/bin/python3", "-c", &script],
+        )
+        .output()
+        .unwrap();
+    let out = stdout(&succeeded(out)?);
+    let scratch = format!("{}/", fx.dir.0.display());
+    let paths = records(&log)?
+        .iter()
+        .filter(|r| r["type"] == "fs_denied")
+        .map(|r| {
+            let path = r["path"].as_str().unwrap_or("");
+            let path = path.strip_prefix(scratch.as_str()).unwrap_or(path);
+            format!("{} {path}", r["op"].as_str().unwrap_or(""))
+        })
+        .collect();
+    Ok((out, paths))
+}
+
+/// Expect the caller to have seen `seen` and the walls to have refused only `refused`.
+fn only_the_walls(tag: &str, calls: &str, seen: &str, refused: &[&str]) -> TestResult {
+    let (out, records) = calls_and_records(tag, calls)?;
+    expect("what the calls returned", &out, seen)?;
+    if records != refused {
+        return Err(format!(
+            "fs_denied records: expected {refused:?}, got {records:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// `mkdir -p` makes every directory on the way: those that exist answer EEXIST before the
+/// read-only mount is looked at, and only the new one is refused by the walls.
+fn mkdir_of_what_exists_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-eexist",
+        "t('mkdir /usr', lambda: os.mkdir('/usr'))\n\
+         t('mkdir /', lambda: os.mkdir('/'))\n\
+         t('symlink /etc/passwd', lambda: os.symlink('x', '/etc/passwd'))\n\
+         t('mknod /etc/passwd', lambda: os.mknod('/etc/passwd'))\n\
+         t('link /etc/passwd', lambda: os.link('/etc/group', '/etc/passwd'))\n\
+         t('open excl /etc/passwd', lambda: os.open('/etc/passwd', os.O_WRONLY | os.O_CREAT | os.O_EXCL))\n\
+         t('mkdir /usr/shim-new', lambda: os.makedirs('/usr/shim-new'))",
+        "mkdir /usr EEXIST\nmkdir / EEXIST\nsymlink /etc/passwd EEXIST\nmknod /etc/passwd EEXIST\n\
+         link /etc/passwd EEXIST\nopen excl /etc/passwd EEXIST\nmkdir /usr/shim-new EROFS",
+        &["mkdir /usr/shim-new"],
+    )
+}
+
+/// An empty path is ENOENT before anything else (apt's `unlink("")`).
+fn an_empty_path_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-empty",
+        "os.chdir('/etc')\n\
+         t('unlink empty', lambda: os.unlink(''))\n\
+         t('open empty', lambda: os.open('', os.O_WRONLY | os.O_CREAT))\n\
+         t('mkdir empty', lambda: os.mkdir(''))\n\
+         t('symlink to empty', lambda: os.symlink('', '/etc/shim-link'))",
+        "unlink empty ENOENT\nopen empty ENOENT\nmkdir empty ENOENT\nsymlink to empty ENOENT",
+        &[],
+    )
+}
+
+/// What is not there cannot be changed or written into (ENOENT), before the walls are
+/// asked. Removing or renaming asks the mount first: there the walls answer (EROFS),
+/// and `mv`, which takes ENOENT for "already gone", would fail on that EROFS: reported.
+fn a_missing_path_or_parent_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-enoent",
+        "t('chmod missing', lambda: os.chmod('/etc/shim-missing', 0o600))\n\
+         t('truncate missing', lambda: os.truncate('/etc/shim-missing', 0))\n\
+         t('open missing', lambda: os.open('/etc/shim-missing', os.O_WRONLY))\n\
+         t('mkdir in missing', lambda: os.mkdir('/usr/shim-missing/x'))\n\
+         t('link missing', lambda: os.link('/etc/shim-missing', '/etc/shim-other'))\n\
+         t('unlink in missing', lambda: os.unlink('/usr/shim-missing/x'))\n\
+         t('unlink missing', lambda: os.unlink('/etc/shim-missing'))",
+        "chmod missing ENOENT\ntruncate missing ENOENT\nopen missing ENOENT\n\
+         mkdir in missing ENOENT\nlink missing ENOENT\nunlink in missing ENOENT\n\
+         unlink missing EROFS",
+        &["unlink /etc/shim-missing"],
+    )
+}
+
+fn a_parent_that_is_a_file_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-enotdir",
+        "t('create under a file', lambda: os.open('/etc/passwd/x', os.O_WRONLY | os.O_CREAT))\n\
+         t('mkdir under a file', lambda: os.mkdir('/etc/passwd/x'))\n\
+         t('unlink under a file', lambda: os.unlink('/etc/passwd/x'))",
+        "create under a file ENOTDIR\nmkdir under a file ENOTDIR\nunlink under a file ENOTDIR",
+        &[],
+    )
+}
+
+/// A rename from a writable root into the read-only tree crosses mounts (EXDEV, the
+/// same with any --allow-write); `mv` then removes the target first (EROFS), which is
+/// what is reported, with the hint that would let it work.
+fn a_rename_across_mounts_is_reported_by_its_copy() -> TestResult {
+    only_the_walls(
+        "violations-exdev",
+        "t('rename out', lambda: os.rename(W + '/f', '/etc/shim-moved'))\n\
+         import subprocess\n\
+         print('mv', subprocess.run(['mv', W + '/f', '/etc/shim-moved'], stderr=subprocess.DEVNULL).returncode)",
+        "rename out EXDEV\nmv 1",
+        &["unlink /etc/shim-moved"],
+    )
+}
+
+/// `O_CREAT` of a file that exists, opened for reading only, writes nothing: the kernel
+/// lets it through the read-only mount. A file whose mode refuses the caller is EACCES
+/// before the mount is asked (the caller, root inside, holds no capability).
+fn o_creat_of_an_existing_file_read_only_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-creat-read",
+        "t('open creat read', lambda: os.close(os.open('outside/mine', os.O_RDONLY | os.O_CREAT)))\n\
+         t('open creat write', lambda: os.open('outside/mine', os.O_WRONLY | os.O_CREAT))\n\
+         t('open read-only mode', lambda: os.open('outside/ro', os.O_WRONLY))",
+        "open creat read ok\nopen creat write EROFS\nopen read-only mode EACCES",
+        &["open_write outside/mine"],
+    )
+}
+
+/// `O_TRUNC` asks the mount for write access before the file's mode is checked
+/// (`do_open`): a shell's `>` onto a file of the read-only tree is the walls' `EROFS`,
+/// even where the mode would refuse it too, and is reported.
+fn o_trunc_on_the_read_only_tree_is_the_walls() -> TestResult {
+    only_the_walls(
+        "violations-trunc",
+        "t('open trunc read-only mode', lambda: os.open('outside/ro', os.O_WRONLY | os.O_TRUNC))\n\
+         t('open creat trunc', lambda: os.open('outside/ro', os.O_WRONLY | os.O_CREAT | os.O_TRUNC))",
+        "open trunc read-only mode EROFS\nopen creat trunc EROFS",
+        &["open_write outside/ro", "open_write outside/ro"],
+    )
+}
+
+/// The private temporary directory is writable: nothing there is refused.
+fn the_private_tmp_is_no_violation() -> TestResult {
+    only_the_walls(
+        "violations-tmp",
+        "t('mkdir /tmp/x', lambda: os.makedirs('/tmp/x/y'))\n\
+         t('write /var/tmp', lambda: open('/var/tmp/f', 'w').write('x'))\n\
+         t('rename in /tmp', lambda: os.rename('/tmp/x/y', '/tmp/z'))",
+        "mkdir /tmp/x ok\nwrite /var/tmp ok\nrename in /tmp ok",
+        &[],
     )
 }

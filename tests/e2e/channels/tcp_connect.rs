@@ -410,6 +410,56 @@ async fn the_request_head_timeout_counts_from_the_connection_not_the_first_byte(
     Ok(())
 }
 
+/// Ends `conn` with a reset (SO_LINGER 0), as many clients end a finished exchange.
+fn reset(mut conn: e2e::HttpConn) -> Result<()> {
+    if let e2e::http::AnyStream::Tcp(s) = conn.stream().get_ref() {
+        socket2::SockRef::from(s).set_linger(Some(Duration::ZERO))?;
+    }
+    drop(conn);
+    Ok(())
+}
+
+/// A client that resets its tunnel after it was answered (cargo does, after every fetch)
+/// has closed it: the close record says `client_closed`, and names the rule its decision
+/// named. A reset while it waits for its answer is still an `error`.
+async fn a_clients_reset_after_its_answer_is_client_closed_and_names_the_rule() -> Result<()> {
+    let fx = agent_a().await?;
+    let mut conn = fx.tunnel_a().await?;
+    let answer = conn.get(&fx.origin_target(), "/hello", false).await?;
+    ensure!(answer.status == 200, "{answer:?}");
+    reset(conn)?;
+    let decision = fx.expect_origin_allowed("connect").await?;
+    let close = fx.mediator.wait_for_close(&decision["id"]).await?;
+    ensure!(close["close_reason"] == "client_closed", "{close}");
+    ensure!(
+        decision["rule"].is_string() && close["rule"] == decision["rule"],
+        "the close names its decision's rule: {decision} {close}"
+    );
+    // A request whose body never comes: the origin has it (and waits for the body) when
+    // the client resets.
+    let mut waiting = fx.tunnel_a().await?;
+    let head = format!(
+        "POST /hello HTTP/1.1\r\nHost: {}\r\nContent-Length: 100\r\n\r\nabc",
+        fx.origin_target()
+    );
+    waiting.send(head.as_bytes()).await?;
+    e2e::wait::wait_until(LOG_TIMEOUT, "the origin has the second request", || {
+        fx.origin.requests() == 2
+    })
+    .await?;
+    reset(waiting)?;
+    let closes = fx
+        .mediator
+        .wait_for_count(|v| v["event"] == "close", 2, LOG_TIMEOUT)
+        .await?;
+    let second = closes
+        .iter()
+        .find(|c| c["id"] != decision["id"])
+        .ok_or_else(|| anyhow::anyhow!("{closes:?}"))?;
+    ensure!(second["close_reason"] == "error", "{second}");
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -426,5 +476,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_denied_connect_leaves_the_connection_usable_for_the_next_request),
         case!(a_bulk_tunnel_keeps_every_byte_and_counts_it),
         case!(the_request_head_timeout_counts_from_the_connection_not_the_first_byte),
+        case!(a_clients_reset_after_its_answer_is_client_closed_and_names_the_rule),
     ]
 }

@@ -1,9 +1,12 @@
 //! Live control (control.md): the admin API, metrics, reloads that add and revoke
-//! authorities, the audit records of every change, connections judged again under a new grant, and the registry of the
-//! authorities created through the admin API (local; etcd with the feature `etcd`).
+//! authorities, the audit records of every change, connections judged again under a new
+//! grant, and the registry of the authorities created through the admin API (local; etcd
+//! with the feature `etcd`, and its placement by node).
 
 mod admin;
 mod audit;
+#[cfg(feature = "etcd")]
+mod placement;
 mod registry;
 mod rejudge;
 mod reload;
@@ -22,6 +25,8 @@ pub(crate) fn cases() -> Vec<Case> {
         registry::cases(),
         #[cfg(feature = "etcd")]
         shared_registry::cases(),
+        #[cfg(feature = "etcd")]
+        placement::cases(),
     ]
     .concat()
 }

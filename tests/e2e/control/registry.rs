@@ -32,6 +32,14 @@ async fn create(m: &Mediator, body: &Value) -> Result<Value> {
     resp.json()
 }
 
+/// `POST /v1/authorities` with `body`; the status and the answer.
+async fn post(m: &Mediator, body: &Value) -> Result<(u16, Value)> {
+    let resp = m
+        .admin("POST", "/v1/authorities", Some(&body.to_string()), None)
+        .await?;
+    Ok((resp.status, resp.json().unwrap_or(Value::Null)))
+}
+
 /// The API authorities `GET /v1/authorities` lists: name to generation.
 async fn api_authorities(m: &Mediator) -> Result<BTreeMap<String, u64>> {
     let list = m.admin_get("/v1/authorities").await?;
@@ -476,6 +484,152 @@ async fn a_name_is_either_config_or_api() -> Result<()> {
     Ok(())
 }
 
+/// The local registry serves its own node (here from `MEDIATOR_NODE`): a create placed on
+/// another node is refused, naming the field.
+async fn a_local_registry_refuses_another_nodes_authority() -> Result<()> {
+    // The node from the environment (the DaemonSet's way); the builder's own state
+    // directory stays.
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .start()
+        .await?;
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "t", "allow": ["x.test"], "node": "there" }),
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "node", "{body}");
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "t", "allow": ["x.test"], "node": "here" }),
+    )
+    .await?;
+    ensure!(status == 201, "{status} {body}");
+    assert_eq!(body["node"], "here");
+    let (status, body) = post(
+        &m,
+        &json!({ "name": "u", "allow": ["x.test"], "node": "Bad_Name" }),
+    )
+    .await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "node", "{body}");
+    // The same state directory under another node's name: the record is kept, not served,
+    // and named.
+    let mut m = m;
+    m.terminate().await?;
+    let state = m.dir().join("state");
+    let other = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "elsewhere")
+        .extra_toml(&format!(
+            "[registry]\nstate_dir = {:?}",
+            state.display().to_string()
+        ))
+        .start()
+        .await?;
+    let resp = other.admin("GET", "/v1/authorities/t", None, None).await?;
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert!(!other.socket_path("t").exists());
+    assert!(state.join("authorities/t.json").exists(), "kept");
+    let stderr = other.stderr_text();
+    assert!(
+        stderr.contains("placed on other nodes") && stderr.contains(": t"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// A file's authority placed on another node is not served here, and its name is still
+/// the file's; a reload that moves it away revokes it here, one that moves it back serves
+/// it again.
+async fn a_file_authority_is_served_on_its_node_only() -> Result<()> {
+    let roaming = |node: &str| {
+        e2e::AuthoritySpec::new("roam")
+            .allow(&["x.test"])
+            .raw(&format!("node = \"{node}\""))
+    };
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .authority(roaming("*"))
+        .authority(
+            e2e::AuthoritySpec::new("away")
+                .allow(&["x.test"])
+                .raw("node = \"there\""),
+        )
+        .start()
+        .await?;
+    assert!(m.socket_path("roam").exists());
+    assert!(!m.socket_path("away").exists());
+    assert_eq!(
+        m.admin("GET", "/v1/authorities/away", None, None)
+            .await?
+            .status,
+        404
+    );
+    let (status, body) = post(&m, &json!({ "name": "away", "allow": ["x.test"] })).await?;
+    assert_eq!(status, 409, "the file's name, placed elsewhere: {body}");
+    let config = std::fs::read_to_string(m.config_path())?;
+    let moved = config.replace("node = \"*\"", "node = \"there\"");
+    ensure!(moved != config, "{config}");
+    let out = m.reload_with(&moved).await?;
+    assert!(out.contains("removed=roam@"), "{out}");
+    assert!(!m.socket_path("roam").exists(), "moved away: revoked here");
+    let (status, body) = post(&m, &json!({ "name": "roam", "allow": ["x.test"] })).await?;
+    assert_eq!(status, 409, "{body}");
+    // Back on every node: served here again.
+    let out = m.reload_with(&config).await?;
+    assert!(out.contains("added=roam@"), "{out}");
+    assert!(m.socket_path("roam").exists(), "placed back: served again");
+    Ok(())
+}
+
+/// A reloaded file that names another `[registry] node` changes nothing of what is placed
+/// here (the replica's node changes at a restart): its own authority stays, another
+/// node's is not served, and the section is reported as needing a restart.
+async fn a_reload_places_by_the_node_the_replica_runs_as() -> Result<()> {
+    let placed = |name: &str, node: &str| {
+        e2e::AuthoritySpec::new(name)
+            .allow(&["x.test"])
+            .raw(&format!("node = \"{node}\""))
+    };
+    let m = mediator()
+        .admin(true)
+        .env("MEDIATOR_NODE", "here")
+        .authority(placed("mine", "here"))
+        .authority(placed("theirs", "there"))
+        .start()
+        .await?;
+    assert!(m.socket_path("mine").exists());
+    assert!(!m.socket_path("theirs").exists());
+    let config = std::fs::read_to_string(m.config_path())?;
+    let renamed = config.replacen("[registry]\n", "[registry]\nnode = \"there\"\n", 1);
+    ensure!(renamed != config, "{config}");
+    let out = m.reload_with(&renamed).await?;
+    assert!(out.contains("added=- removed=- changed=-"), "{out}");
+    assert!(
+        out.contains("[registry]"),
+        "reported as needing a restart: {out}"
+    );
+    assert!(
+        m.socket_path("mine").exists(),
+        "its own node's, still served"
+    );
+    assert!(
+        !m.socket_path("theirs").exists(),
+        "another node's, still not served"
+    );
+    assert_eq!(
+        m.admin("GET", "/v1/authorities/theirs", None, None)
+            .await?
+            .status,
+        404
+    );
+    Ok(())
+}
+
 async fn generations_and_decision_ids_never_repeat_across_restarts() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -584,5 +738,8 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(a_name_is_either_config_or_api),
         case!(generations_and_decision_ids_never_repeat_across_restarts),
         case!(one_mediator_per_state_directory),
+        case!(a_local_registry_refuses_another_nodes_authority),
+        case!(a_file_authority_is_served_on_its_node_only),
+        case!(a_reload_places_by_the_node_the_replica_runs_as),
     ]
 }

@@ -266,7 +266,7 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
             &endpoints,
             "get",
             "--print-value-only",
-            "/other/authorities/shared",
+            "/other/fleet/shared",
         ])
         .output()
         .await?;
@@ -279,7 +279,7 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
             "--endpoints",
             &endpoints,
             "put",
-            "/e2e/authorities/shared",
+            "/e2e/fleet/shared",
             value.trim_end(),
         ])
         .output()

@@ -288,6 +288,53 @@ async fn suggest_turns_a_runs_denials_into_a_table_check_accepts() -> Result<()>
     Ok(())
 }
 
+/// `mediator suggest` on the decision log of the shim's embedded mode (the library's
+/// mediator, as the shim runs it: authority `shim`, channel `embedded`) prints the shim
+/// flags to add, not an `[[authority]]` table.
+async fn suggest_on_an_embedded_runs_log_prints_shim_flags() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("decisions.log");
+    let config = policy::config::parse(
+        "[registry]\nbackend = \"memory\"\n\n[[authority]]\nname = \"shim\"\nallow = [\"x.test:443\"]\n",
+        "embedded",
+    )?;
+    let running = mediator::start(
+        config,
+        mediator::Options {
+            sink: Some(mediator::Sink::File(log.clone())),
+            tap: None,
+        },
+    )
+    .await?;
+    let (mut client, server) = tokio::io::duplex(4096);
+    ensure!(running.serve_embedded(server, "shim"));
+    client
+        .write_all(b"CONNECT blocked.test:443 HTTP/1.1\r\nHost: blocked.test:443\r\n\r\n")
+        .await?;
+    let mut answer = vec![0u8; 4096];
+    let n = client.read(&mut answer).await?;
+    ensure!(
+        answer[..n].starts_with(b"HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    drop(client);
+    running.shutdown().await;
+    let path = log.display().to_string();
+    let out = e2e::mediator::run(
+        crate::support::bin(),
+        &["suggest", "--authority", "shim", path.as_str()],
+    )
+    .await?;
+    ensure!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout)?;
+    let commands: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    ensure!(commands == ["--allow blocked.test:443"], "{text}");
+    ensure!(!text.contains("[[authority]]"), "{text}");
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -298,5 +345,6 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(check_and_explain_end_quietly_when_the_reader_has_gone),
         case!(check_warns_about_an_allow_entry_a_deny_entry_refuses_whole),
         case!(suggest_turns_a_runs_denials_into_a_table_check_accepts),
+        case!(suggest_on_an_embedded_runs_log_prints_shim_flags),
     ]
 }

@@ -1031,6 +1031,190 @@ async fn an_open_terminated_tunnels_bytes_are_counted_before_it_closes() -> Resu
     Ok(())
 }
 
+/// A client that does not trust the mediator's CA (real curl, trusting another CA) ends
+/// its handshake with the alert `unknown_ca`: the tunnel's close record says so
+/// (`tls_alert`, a `detail` starting `client_rejected_certificate`, the rule of its
+/// decision), and the admin API's recent denials carry it, for the shim to say what to do.
+async fn a_client_rejecting_the_mediators_certificate_is_said_in_its_close_record() -> Result<()> {
+    let env = start_with(true, any_loopback_port(), |b| b.admin(true)).await?;
+    let m = &env.fx.mediator;
+    let other = tempfile::tempdir()?;
+    let foreign = TestCa::create(other.path())?;
+    let ca = foreign.pem_path.display().to_string();
+    let out = m
+        .curl_via(
+            "http",
+            (AGENT_A, TOKEN_A),
+            &["--cacert", &ca, &env.url("/public/a")],
+        )
+        .await?;
+    // 60: the peer's certificate cannot be authenticated with the CA certificates given.
+    ensure!(out.http_connect == 200 && out.exit_code == 60, "{out:?}");
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(
+        close["close_reason"] == "error"
+            && close["client_tls"] == "rejected_certificate"
+            && close["tls_alert"] == "unknown_ca",
+        "{close}"
+    );
+    let detail = close["detail"].as_str().unwrap_or_default();
+    ensure!(
+        detail.starts_with("client_rejected_certificate: ") && detail.contains("unknown_ca"),
+        "{close}"
+    );
+    ensure!(
+        decision["rule"].is_string() && close["rule"] == decision["rule"],
+        "the close names its decision's rule: {decision} {close}"
+    );
+    let ring = m.admin_get("/v1/authorities/agent-a/denials").await?;
+    let entry = ring["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|e| e["event"] == "close"))
+        .ok_or_else(|| anyhow::anyhow!("no close entry among the denials: {ring}"))?;
+    ensure!(
+        entry["tunnel_id"] == decision["id"]
+            && entry["client_tls"] == "rejected_certificate"
+            && entry["tls_alert"] == "unknown_ca"
+            && entry["host"] == API
+            && entry["status"] == 200
+            && entry["detail"] == close["detail"],
+        "{entry}"
+    );
+    ensure!(
+        entry["id"].as_u64() > decision["id"].as_u64(),
+        "drawn after the tunnel's decision, for since=: {entry}"
+    );
+    Ok(())
+}
+
+/// The client of `node` (npm's runtime): a CONNECT through the mediator to `target` with
+/// `auth`'s header, then a TLS handshake with SNI `sni`, trusting Node's own CA list (not
+/// the mediator's CA). Prints `trusted`, or the error's code (exit 2), or the CONNECT's
+/// status line (exit 3).
+const NODE_CLIENT: &str = r"
+const net = require('net'), tls = require('tls');
+const [port, target, sni, auth] = process.argv.slice(1);
+const s = net.connect(+port, '127.0.0.1', () =>
+  s.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${auth}\r\n\r\n`));
+let head = '';
+s.on('data', function onHead(d) {
+  head += d;
+  if (!head.includes('\r\n\r\n')) return;
+  s.removeListener('data', onHead);
+  if (!head.startsWith('HTTP/1.1 200')) { console.log(head.split('\r\n')[0]); process.exit(3); }
+  const t = tls.connect({ socket: s, servername: sni });
+  t.on('secureConnect', () => { console.log('trusted'); process.exit(0); });
+  t.on('error', e => { console.log(e.code); process.exit(2); });
+});
+";
+
+/// Node.js (npm's runtime) that does not trust the mediator's CA sends no alert: it hangs
+/// up during the handshake, once the mediator has presented its certificate. The close
+/// record says so (`client_tls: closed_after_certificate`, no `tls_alert`, a `detail`
+/// starting `client_rejected_certificate`), and so does the admin API's entry the shim
+/// reads.
+async fn node_hanging_up_on_the_mediators_certificate_is_said_in_its_close_record() -> Result<()> {
+    let env = start_with(true, any_loopback_port(), |b| b.admin(true)).await?;
+    let m = &env.fx.mediator;
+    let auth = proxy_authorization(AGENT_A, TOKEN_A);
+    let port = m.tcp_addr().port().to_string();
+    let out = Tool::Node
+        .command("node")?
+        .args(["-e", NODE_CLIENT, &port, &env.target(), API])
+        .arg(auth.trim_end())
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.code() == Some(2) && said.trim() == "SELF_SIGNED_CERT_IN_CHAIN",
+        "node refuses the mediator's certificate: {out:?}"
+    );
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(
+        close["close_reason"] == "error"
+            && close["client_tls"] == "closed_after_certificate"
+            && close.get("tls_alert").is_none(),
+        "{close}"
+    );
+    let detail = close["detail"].as_str().unwrap_or_default();
+    ensure!(
+        detail.starts_with("client_rejected_certificate: ") && detail.contains("without an alert"),
+        "{close}"
+    );
+    let ring = m.admin_get("/v1/authorities/agent-a/denials").await?;
+    let entry = ring["denials"]
+        .as_array()
+        .and_then(|d| d.iter().find(|e| e["event"] == "close"))
+        .ok_or_else(|| anyhow::anyhow!("no close entry among the denials: {ring}"))?;
+    ensure!(
+        entry["tunnel_id"] == decision["id"]
+            && entry["client_tls"] == "closed_after_certificate"
+            && entry["detail"] == close["detail"],
+        "{entry}"
+    );
+    Ok(())
+}
+
+/// A client that resets its terminated tunnel after it was answered (as cargo does) has
+/// closed it: `client_closed`, not `error`.
+async fn a_clients_reset_after_its_answer_closes_a_terminated_tunnel() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let env = start(true).await?;
+    let m = &env.fx.mediator;
+    let mut tls = tls_through_connect(
+        m.tcp_addr(),
+        (AGENT_A, TOKEN_A),
+        &env.target(),
+        API,
+        &env.mediator_ca,
+        &[b"http/1.1"],
+    )
+    .await?;
+    let req = format!("GET /public/a HTTP/1.1\r\nHost: {}\r\n\r\n", env.target());
+    tls.write_all(req.as_bytes()).await?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"method\"") {
+        let n =
+            tokio::time::timeout(std::time::Duration::from_secs(20), tls.read(&mut buf)).await??;
+        ensure!(
+            n > 0,
+            "closed before the answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    ensure!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // SO_LINGER 0: the close is a reset, with no close_notify first.
+    socket2::SockRef::from(tls.get_ref().0).set_linger(Some(std::time::Duration::ZERO))?;
+    drop(tls);
+    let decision = m
+        .wait_for_log(
+            is(|r| r.event == Event::Decision && r.protocol == Protocol::Connect),
+            e2e::LOG_TIMEOUT,
+        )
+        .await?;
+    let close = m.wait_for_close(&decision["id"]).await?;
+    ensure!(close["close_reason"] == "client_closed", "{close}");
+    Ok(())
+}
+
 /// This module's cases.
 pub(crate) fn cases() -> Vec<Case> {
     vec![
@@ -1055,5 +1239,10 @@ pub(crate) fn cases() -> Vec<Case> {
         case!(malformed_http1_inside_the_tunnel_is_400_bad_request_with_its_line),
         case!(http2_requests_the_http2_layer_refuses_are_logged),
         case!(an_open_terminated_tunnels_bytes_are_counted_before_it_closes),
+        case!(a_client_rejecting_the_mediators_certificate_is_said_in_its_close_record)
+            .needs(&[Tool::Curl]),
+        case!(a_clients_reset_after_its_answer_closes_a_terminated_tunnel),
+        case!(node_hanging_up_on_the_mediators_certificate_is_said_in_its_close_record)
+            .needs(&[Tool::Node]),
     ]
 }

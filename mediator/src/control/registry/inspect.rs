@@ -43,6 +43,8 @@ pub struct Listed {
     pub allow: Vec<String>,
     /// Whether it can be used on the TCP listener (it has a token hash).
     pub token: bool,
+    /// Where it is served: `"*"` or a node name.
+    pub node: String,
 }
 
 impl Listing {
@@ -65,14 +67,15 @@ impl Listing {
         }
         for a in &self.authorities {
             out.push_str(&format!(
-                "{}\tgeneration {}\tcreated {}\texpires {}{}\ttoken {}\tallow {}\n",
+                "{}\tgeneration {}\tcreated {}\texpires {}{}\ttoken {}\tallow {}\tnode {}\n",
                 a.name,
                 a.generation,
                 a.created_at,
                 a.expires_at.as_deref().unwrap_or("never"),
                 if a.expired { " (expired)" } else { "" },
                 if a.token { "yes" } else { "no" },
-                a.allow.join(",")
+                a.allow.join(","),
+                a.node
             ));
         }
         for (what, why) in &self.rejected {
@@ -104,11 +107,11 @@ pub(crate) async fn inspect(config: &Registry) -> Result<Listing, RegistryError>
         }
         #[cfg(feature = "etcd")]
         RegistryBackend::Etcd => {
-            let loaded = super::etcd::Etcd::list_once(config).await?;
+            let (loaded, legacy) = super::etcd::Etcd::list_once(config).await?;
             (
                 format!("{} prefix {}", config.endpoints.join(","), config.prefix),
                 loaded,
-                None,
+                (legacy > 0).then(|| format!("{legacy} records are in the layout before placement by node ({}authorities/): the next start of a mediator moves them to {}fleet/", config.prefix, config.prefix)),
             )
         }
         #[cfg(not(feature = "etcd"))]
@@ -133,6 +136,10 @@ pub(crate) async fn inspect(config: &Registry) -> Result<Listing, RegistryError>
                 })
                 .unwrap_or_default(),
             token: s.record.authority.contains_key("token_sha256"),
+            node: s
+                .record
+                .placement()
+                .map_or_else(|e| format!("? ({e})"), |p| p.as_str().to_owned()),
             name: s.record.name,
             generation: s.generation,
             created_at: s.record.created_at,

@@ -8,6 +8,11 @@
 //! <state_dir>/authorities/<name>.json.rejected   a record that could not be read, set aside
 //! ```
 //!
+//! A local registry serves one node, its own (`[registry] node`): a record names its
+//! placement in its table (`node`), and one placed on another node (a state directory
+//! copied from another machine, a node renamed) is kept as it is but not served; the admin
+//! API refuses to create one.
+//!
 //! A write goes to a temporary file that is fsynced, then linked to its name (a create:
 //! the link fails if the name exists) or renamed over it (the counter), then the directory
 //! is fsynced. A crash at any byte leaves the old state or the new one: a temporary file
@@ -39,16 +44,22 @@ const TMP: &str = ".tmp";
 #[derive(Debug)]
 pub(crate) struct Local {
     dir: PathBuf,
+    node: String,
     _lock: File,
 }
 
 impl Local {
-    /// Opens (creating, mode 0700) the state directory `dir` and takes its lock.
+    /// Opens (creating, mode 0700) the state directory `dir` of the replica of `node` and
+    /// takes its lock.
     ///
     /// # Errors
     /// [`RegistryError::Io`] when it cannot be made or read, [`RegistryError::Locked`] when
     /// another mediator holds it.
-    pub(crate) fn open(dir: &Path, metrics: RegistryMetrics) -> Result<Self, RegistryError> {
+    pub(crate) fn open(
+        dir: &Path,
+        node: String,
+        metrics: RegistryMetrics,
+    ) -> Result<Self, RegistryError> {
         let _ = metrics;
         DirBuilder::new()
             .recursive(true)
@@ -75,6 +86,7 @@ impl Local {
         }
         Ok(Self {
             dir: dir.to_owned(),
+            node,
             _lock: lock,
         })
     }
@@ -122,6 +134,10 @@ async fn blocking<T: Send + 'static>(
 impl Store for Local {
     fn backend(&self) -> RegistryBackend {
         RegistryBackend::Local
+    }
+
+    fn node(&self) -> &str {
+        &self.node
     }
 
     fn location(&self) -> String {

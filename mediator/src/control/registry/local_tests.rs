@@ -33,7 +33,7 @@ fn dir() -> tempfile::TempDir {
 #[tokio::test]
 async fn a_record_is_created_once_loaded_and_deleted() {
     let d = dir();
-    let store = Local::open(d.path(), metrics()).unwrap();
+    let store = Local::open(d.path(), "n1".into(), metrics()).unwrap();
     assert_eq!(
         store.create(&record("a", "a.test"), 7, None).await.unwrap(),
         7
@@ -62,7 +62,7 @@ async fn a_record_is_created_once_loaded_and_deleted() {
 #[tokio::test]
 async fn damaged_records_are_set_aside_and_named_and_the_others_load() {
     let d = dir();
-    let store = Local::open(d.path(), metrics()).unwrap();
+    let store = Local::open(d.path(), "n1".into(), metrics()).unwrap();
     for name in ["good", "flipped", "garbage", "moved"] {
         store
             .create(&record(name, "x.test"), 1, None)
@@ -121,7 +121,7 @@ async fn damaged_records_are_set_aside_and_named_and_the_others_load() {
 #[tokio::test]
 async fn set_aside_renames_a_record_that_is_not_valid_here() {
     let d = dir();
-    let store = Local::open(d.path(), metrics()).unwrap();
+    let store = Local::open(d.path(), "n1".into(), metrics()).unwrap();
     store.create(&record("a", "x.test"), 1, None).await.unwrap();
     let what = store.set_aside("a").await;
     assert!(what.ends_with("authorities/a.json.rejected"), "{what}");
@@ -132,11 +132,11 @@ async fn set_aside_renames_a_record_that_is_not_valid_here() {
 async fn the_start_counter_counts_and_a_damaged_one_stops_the_start() {
     let d = dir();
     {
-        let store = Local::open(d.path(), metrics()).unwrap();
+        let store = Local::open(d.path(), "n1".into(), metrics()).unwrap();
         assert_eq!(store.boot().await.unwrap(), 0);
         assert_eq!(store.boot().await.unwrap(), 1);
     }
-    let store = Local::open(d.path(), metrics()).unwrap();
+    let store = Local::open(d.path(), "n1".into(), metrics()).unwrap();
     assert_eq!(store.boot().await.unwrap(), 2);
     fs::write(d.path().join("boot"), b"x\n").unwrap();
     let e = store.boot().await.unwrap_err().to_string();
@@ -146,8 +146,8 @@ async fn the_start_counter_counts_and_a_damaged_one_stops_the_start() {
 #[test]
 fn one_mediator_per_directory() {
     let d = dir();
-    let _first = Local::open(d.path(), metrics()).unwrap();
-    let e = Local::open(d.path(), metrics()).unwrap_err();
+    let _first = Local::open(d.path(), "n1".into(), metrics()).unwrap();
+    let e = Local::open(d.path(), "n1".into(), metrics()).unwrap_err();
     assert!(matches!(e, RegistryError::Locked { .. }), "{e}");
     assert!(e.to_string().contains("in use by another mediator"), "{e}");
 }
@@ -156,7 +156,9 @@ fn one_mediator_per_directory() {
 fn a_directory_others_can_write_is_refused() {
     let d = dir();
     fs::set_permissions(d.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let e = Local::open(d.path(), metrics()).unwrap_err().to_string();
+    let e = Local::open(d.path(), "n1".into(), metrics())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("writable by group or others"), "{e}");
 }
 
@@ -164,7 +166,7 @@ fn a_directory_others_can_write_is_refused() {
 fn a_missing_directory_is_made_private() {
     let d = dir();
     let state = d.path().join("a/b");
-    let _store = Local::open(&state, metrics()).unwrap();
+    let _store = Local::open(&state, "n1".into(), metrics()).unwrap();
     let mode = fs::metadata(&state).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
 }

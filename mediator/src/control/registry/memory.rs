@@ -16,11 +16,26 @@ use super::{Loaded, Record, RegistryError, Store, Stored};
 #[derive(Debug, Default)]
 pub(crate) struct Memory {
     records: Mutex<BTreeMap<String, Stored>>,
+    node: String,
+}
+
+impl Memory {
+    /// An empty store of the replica of `node`.
+    pub(crate) fn new(node: String) -> Self {
+        Self {
+            records: Mutex::default(),
+            node,
+        }
+    }
 }
 
 impl Store for Memory {
     fn backend(&self) -> RegistryBackend {
         RegistryBackend::Memory
+    }
+
+    fn node(&self) -> &str {
+        &self.node
     }
 
     fn location(&self) -> String {

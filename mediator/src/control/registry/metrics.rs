@@ -1,6 +1,7 @@
 //! The registry's metric families (design section 17): `mediator_registry_stale`,
-//! `mediator_registry_revision` (etcd), `mediator_registry_errors_total{kind}` and
-//! `mediator_registry_operations_total{op,result}`, registered with the mediator's others.
+//! `mediator_registry_revision` (etcd), `mediator_registry_errors_total{kind}`,
+//! `mediator_registry_operations_total{op,result}` and (etcd)
+//! `mediator_registry_keys_read_total{range}`, registered with the mediator's others.
 
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
@@ -74,6 +75,34 @@ impl Op {
     }
 }
 
+/// Which keys of the etcd layout a read returned (`range` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyRange {
+    /// The records placed on this replica's node.
+    Node,
+    /// The fleet-wide records (`node = "*"`).
+    Fleet,
+    /// The name index (a delete finding where a record is placed).
+    Index,
+    /// The layout before placement, read to move its records.
+    Legacy,
+}
+
+impl KeyRange {
+    /// Every range (primed at start).
+    const ALL: [Self; 4] = [Self::Node, Self::Fleet, Self::Index, Self::Legacy];
+
+    /// The label value.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Fleet => "fleet",
+            Self::Index => "index",
+            Self::Legacy => "legacy",
+        }
+    }
+}
+
 /// The registry's families. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct RegistryMetrics {
@@ -81,6 +110,7 @@ pub(crate) struct RegistryMetrics {
     revision: IntGauge,
     errors: IntCounterVec,
     operations: IntCounterVec,
+    keys_read: IntCounterVec,
 }
 
 impl RegistryMetrics {
@@ -111,6 +141,17 @@ impl RegistryMetrics {
             ),
             &["op", "result"],
         )?;
+        let keys_read = IntCounterVec::new(
+            Opts::new(
+                "mediator_registry_keys_read_total",
+                "etcd: keys this replica received from the registry (listed or watched), by range: node (its own node's records), fleet (node = \"*\"), index (a delete finding a record's node), legacy (the layout before placement, read to move it).",
+            ),
+            &["range"],
+        )?;
+        metrics.register(Box::new(keys_read.clone()))?;
+        for range in KeyRange::ALL {
+            keys_read.with_label_values(&[range.as_str()]);
+        }
         metrics.register(Box::new(stale.clone()))?;
         metrics.register(Box::new(revision.clone()))?;
         metrics.register(Box::new(errors.clone()))?;
@@ -123,6 +164,7 @@ impl RegistryMetrics {
             revision,
             errors,
             operations,
+            keys_read,
         })
     }
 
@@ -139,6 +181,17 @@ impl RegistryMetrics {
     /// Counts one problem.
     pub(crate) fn error(&self, kind: ErrorKind) {
         self.errors.with_label_values(&[kind.as_str()]).inc();
+    }
+
+    /// Counts `n` keys received from the registry in `range`.
+    #[cfg_attr(
+        not(feature = "etcd"),
+        expect(dead_code, reason = "counted by the etcd backend")
+    )]
+    pub(crate) fn keys_read(&self, range: KeyRange, n: usize) {
+        self.keys_read
+            .with_label_values(&[range.as_str()])
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
     }
 
     /// Counts one operation and its result (`ok`, `error`, `exists`).

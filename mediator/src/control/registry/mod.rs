@@ -12,6 +12,7 @@
 //! and `expires_at`, plus its generation, sealed with a SHA-256 so that a damaged record is
 //! refused, never half-read.
 
+pub(crate) mod error;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod inspect;
@@ -19,16 +20,20 @@ pub(crate) mod local;
 pub(crate) mod memory;
 pub(crate) mod metrics;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use policy::config::{Registry, RegistryBackend};
+use policy::config::{Placement, Registry, RegistryBackend};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+pub(crate) use error::RegistryError;
 use sha2::{Digest, Sha256};
 
+#[cfg(feature = "etcd")]
+pub(crate) use metrics::KeyRange;
 pub(crate) use metrics::{ErrorKind, Op, RegistryMetrics};
 
 /// The version of the stored record format.
@@ -49,6 +54,18 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Where it is served: its table's `node` (`"*"` when absent).
+    ///
+    /// # Errors
+    /// A `node` that is not a string, `"*"` or a node name.
+    pub(crate) fn placement(&self) -> Result<Placement, String> {
+        match self.authority.get("node") {
+            None => Ok(Placement::Fleet),
+            Some(Value::String(s)) => Placement::parse(s),
+            Some(_) => Err("node must be a string".into()),
+        }
+    }
+
     /// Whether it has expired at `now`. A record whose `expires_at` cannot be read counts
     /// as expired: it cannot be vouched for.
     pub(crate) fn expired(&self, now: std::time::SystemTime) -> bool {
@@ -114,60 +131,20 @@ pub(crate) enum Change {
     Progress(i64),
 }
 
-/// Why a registry operation failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RegistryError {
-    /// A record of that name exists (create-if-absent refused).
-    #[error("authority {0:?} is already stored")]
-    Exists(String),
-    /// The backend cannot be reached or did not confirm in time.
-    #[error("the registry is unavailable: {0}")]
-    #[cfg_attr(
-        not(feature = "etcd"),
-        expect(dead_code, reason = "only a remote backend is ever unreachable")
-    )]
-    Unavailable(String),
-    /// The state directory or one of its files cannot be used.
-    #[error("registry {path}: {source}")]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The state directory is in use by another mediator.
-    #[error(
-        "registry {path} is in use by another mediator (its lock is held); give each mediator its own [registry] state_dir"
-    )]
-    Locked {
-        /// The state directory.
-        path: PathBuf,
-    },
-    /// A record cannot be encoded (cannot happen for a validated table).
-    #[error("cannot encode the record: {0}")]
-    Encode(String),
-    /// This build has no such backend.
-    #[cfg(not(feature = "etcd"))]
-    #[error(
-        "[registry] backend = \"etcd\" needs a mediator built with the cargo feature \"etcd\" (cargo build --release --features etcd; the release image has it)"
-    )]
-    NotBuilt,
-}
-
-impl RegistryError {
-    /// An I/O error on `path`.
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io {
-            path: path.to_owned(),
-            source,
-        }
-    }
-}
-
 /// The registry's one interface: load all, create if absent, delete, and (etcd) watch.
 pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// Which backend this is.
     fn backend(&self) -> RegistryBackend;
+
+    /// The node this replica serves (`[registry] node`, resolved): it serves the records
+    /// placed on it or on every node (`"*"`).
+    fn node(&self) -> &str;
+
+    /// Whether it can hold a record placed on another node than [`Self::node`] (etcd:
+    /// every replica's store is one; local and memory serve this node only).
+    fn holds_other_nodes(&self) -> bool {
+        false
+    }
 
     /// Where it keeps records, for messages (`/var/lib/egress-mediator`, the endpoints).
     fn location(&self) -> String;
@@ -176,7 +153,9 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     /// counter key; memory: 0): the high bits of this run's generations and decision ids.
     fn boot(&self) -> BoxFuture<'_, Result<u64, RegistryError>>;
 
-    /// Every stored record; unreadable ones are set aside and listed.
+    /// Every stored record this replica may serve (etcd: those of its node and the
+    /// fleet-wide ones, after moving records of the layout before placement; local and
+    /// memory: all, placed anywhere); unreadable ones are set aside and listed.
     fn load(&self) -> BoxFuture<'_, Result<Loaded, RegistryError>>;
 
     /// Stores `record` if no record of its name exists, durably before it returns;
@@ -189,9 +168,9 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
         ttl: Option<Duration>,
     ) -> BoxFuture<'a, Result<u64, RegistryError>>;
 
-    /// Removes the record named `name` (only if its generation is `generation`, when
-    /// given), durably before it returns. Returns the revision of the removal (etcd) or 0,
-    /// or `None` when there was no such record.
+    /// Removes the record named `name`, wherever it is placed (only if its generation is
+    /// `generation`, when given), durably before it returns. Returns the revision of the
+    /// removal (etcd) or 0, or `None` when there was no such record.
     fn delete<'a>(
         &'a self,
         name: &'a str,
@@ -225,17 +204,18 @@ pub(crate) async fn open(
     config: &Registry,
     metrics: RegistryMetrics,
 ) -> Result<Arc<dyn Store>, RegistryError> {
+    let node = node_of(config, |k| std::env::var_os(k), host_name).map_err(RegistryError::Node)?;
     match config.backend {
-        RegistryBackend::Memory => Ok(Arc::new(memory::Memory::default())),
+        RegistryBackend::Memory => Ok(Arc::new(memory::Memory::new(node))),
         RegistryBackend::Local => {
             let dir = match &config.state_dir {
                 Some(d) => d.clone(),
                 None => default_state_dir(|k| std::env::var_os(k), is_root()),
             };
-            Ok(Arc::new(local::Local::open(&dir, metrics)?))
+            Ok(Arc::new(local::Local::open(&dir, node, metrics)?))
         }
         #[cfg(feature = "etcd")]
-        RegistryBackend::Etcd => Ok(Arc::new(etcd::Etcd::connect(config, metrics).await?)),
+        RegistryBackend::Etcd => Ok(Arc::new(etcd::Etcd::connect(config, node, metrics).await?)),
         #[cfg(not(feature = "etcd"))]
         RegistryBackend::Etcd => {
             let _ = metrics;
@@ -246,6 +226,50 @@ pub(crate) async fn open(
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
+}
+
+/// The environment variable that names this replica's node when `[registry] node` does
+/// not (the DaemonSet sets it from the downward API's `spec.nodeName`).
+pub(crate) const NODE_ENV: &str = "MEDIATOR_NODE";
+
+/// The kernel's host name (`/proc/sys/kernel/hostname`), if it can be read.
+pub(crate) fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// The node this replica serves: `[registry] node`, else `$MEDIATOR_NODE`, else the host
+/// name in lower case; each checked as a node name ([`policy::config::check_node_name`]).
+///
+/// # Errors
+/// Which source gave a value that is not a node name, and how to set one.
+pub(crate) fn node_of(
+    config: &Registry,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    host: impl FnOnce() -> Option<String>,
+) -> Result<String, String> {
+    if let Some(n) = &config.node {
+        return Ok(n.clone());
+    }
+    if let Some(v) = env(NODE_ENV) {
+        let v = v.to_string_lossy().into_owned();
+        return policy::config::check_node_name(&v)
+            .map(|()| v)
+            .map_err(|why| format!("{NODE_ENV}: {why}"));
+    }
+    let Some(h) = host() else {
+        return Err(format!(
+            "the host name cannot be read: set [registry] node or {NODE_ENV}"
+        ));
+    };
+    let lower = h.to_ascii_lowercase();
+    policy::config::check_node_name(&lower)
+        .map(|()| lower)
+        .map_err(|why| {
+            format!("the host name is not a node name ({why}): set [registry] node or {NODE_ENV}")
+        })
 }
 
 /// The default state directory (design section 17): `$STATE_DIRECTORY` (systemd's

@@ -1,7 +1,9 @@
 //! The record's sealed encoding and the default state directory.
 
 use std::ffi::OsString;
+use std::path::Path;
 
+use policy::config::Placement;
 use serde_json::json;
 
 use super::*;
@@ -101,4 +103,51 @@ fn the_default_state_directory() {
         d(&[("STATE_DIRECTORY", "relative")], true),
         Path::new("/var/lib/egress-mediator")
     );
+}
+
+#[test]
+fn the_node_is_the_config_s_else_the_environment_s_else_the_host_name() {
+    let with = |node: Option<&str>| Registry {
+        node: node.map(str::to_owned),
+        ..Registry::default()
+    };
+    let env = |v: Option<&'static str>| {
+        move |k: &str| (k == NODE_ENV).then_some(v).flatten().map(OsString::from)
+    };
+    let host = |h: Option<&'static str>| move || h.map(str::to_owned);
+    assert_eq!(
+        node_of(&with(Some("a")), env(Some("b")), host(Some("c"))),
+        Ok("a".into())
+    );
+    assert_eq!(
+        node_of(&with(None), env(Some("b")), host(Some("c"))),
+        Ok("b".into())
+    );
+    assert_eq!(
+        node_of(&with(None), env(None), host(Some("Web-1.Example"))),
+        Ok("web-1.example".into())
+    );
+    let e = node_of(&with(None), env(Some("B_1")), host(Some("c"))).unwrap_err();
+    assert!(e.contains(NODE_ENV) && e.contains("B_1"), "{e}");
+    let e = node_of(&with(None), env(None), host(Some("under_score"))).unwrap_err();
+    assert!(
+        e.contains("host name") && e.contains("[registry] node"),
+        "{e}"
+    );
+    let e = node_of(&with(None), env(None), host(None)).unwrap_err();
+    assert!(e.contains("cannot be read"), "{e}");
+}
+
+#[test]
+fn a_record_s_placement_is_its_table_s_node() {
+    let mut r = record();
+    assert_eq!(r.placement(), Ok(Placement::Fleet));
+    r.authority.insert("node".into(), json!("*"));
+    assert_eq!(r.placement(), Ok(Placement::Fleet));
+    r.authority.insert("node".into(), json!("n-1"));
+    assert_eq!(r.placement(), Ok(Placement::Node("n-1".into())));
+    r.authority.insert("node".into(), json!("N 1"));
+    assert!(r.placement().is_err());
+    r.authority.insert("node".into(), json!(1));
+    assert!(r.placement().is_err());
 }

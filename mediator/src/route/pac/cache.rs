@@ -11,7 +11,7 @@ use policy::upstream::{PacOnError, PacSource, ParentScheme, ParentUrl};
 
 use super::answer::pac_url;
 use super::{Pac, fetch};
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::route::{Route, Router, Via};
 
 /// Most PAC answers kept in the cache; a full cache drops expired entries, then all.
@@ -66,10 +66,10 @@ impl Router {
             self.tls.clone(),
         )?;
         let script = fetcher.fetch().await.map_err(|e| {
-            Error::Upstream(format!(
-                "no usable PAC at start: {} : {e}",
-                show_source(&source)
-            ))
+            Error::upstream_by(
+                format!("no usable PAC at start: {}", show_source(&source)),
+                ErrorCause::inner(e),
+            )
         })?;
         let limits = super::Limits {
             cpu: upstream.pac_budget,
@@ -83,10 +83,10 @@ impl Router {
         let engine = Pac::start(script, limits, env, PAC_WORKERS)
             .await
             .map_err(|e| {
-                Error::Upstream(format!(
-                    "no usable PAC at start: {}: {e}",
-                    show_source(&source)
-                ))
+                Error::upstream_by(
+                    format!("no usable PAC at start: {}", show_source(&source)),
+                    ErrorCause::inner(e),
+                )
             })?;
         let routing = PacRouting {
             pac: Arc::new(engine),

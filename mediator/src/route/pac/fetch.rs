@@ -15,11 +15,10 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use policy::upstream::{PacSource, ParentScheme, ParentUrl};
 use policy::{Target, canonicalize_host};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::resolve::Resolver;
 use crate::route::handshake::{self, Dest};
 use crate::route::https::ParentTls;
@@ -70,27 +69,24 @@ impl Fetcher {
                 let _ = roots.add(cert);
             }
             for path in extra_ca_files {
-                let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                    .and_then(Iterator::collect)
-                    .map_err(|e| {
-                        Error::Upstream(format!("cannot read CA file {}: {e}", path.display()))
-                    })?;
-                for cert in certs {
-                    roots.add(cert).map_err(|e| {
-                        Error::Upstream(format!("bad CA certificate in {}: {e}", path.display()))
-                    })?;
-                }
+                crate::tls::add_pem_file(&mut roots, path).map_err(|why| {
+                    let what = match why {
+                        ErrorCause::Rustls(_) => "bad CA certificate in",
+                        _ => "cannot read CA file",
+                    };
+                    Error::upstream_by(format!("{what} {}", path.display()), why)
+                })?;
             }
             if roots.is_empty() {
-                return Err(Error::Upstream(
-                    "no trust anchors to verify the https PAC URL (system store empty, no [tls] extra_ca_files)".into(),
+                return Err(Error::upstream(
+                    "no trust anchors to verify the https PAC URL (system store empty, no [tls] extra_ca_files)",
                 ));
             }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Upstream(format!("TLS setup: {e}")))?
+            .map_err(|e| Error::upstream_by("TLS setup", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(Self {

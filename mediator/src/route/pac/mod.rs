@@ -71,6 +71,8 @@ pub(crate) enum PacError {
     Unavailable(String),
 }
 
+impl std::error::Error for PacError {}
+
 impl std::fmt::Display for PacError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

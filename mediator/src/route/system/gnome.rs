@@ -17,7 +17,7 @@ use gvdb::read::File;
 use policy::upstream::Credentials;
 
 use super::{Reading, Setting, bypass, pac_source, parent};
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 
 /// The dconf profile a user session reads by default.
 pub(crate) const PROFILE: &str = "/etc/dconf/profile/user";
@@ -72,17 +72,17 @@ impl Settings {
         for path in paths {
             match std::fs::metadata(path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(bad(path, &e.to_string())),
+                Err(e) => return Err(bad(path, e)),
                 Ok(m) if m.len() > MAX_DB => {
-                    return Err(bad(path, &format!("larger than {MAX_DB} bytes")));
+                    return Err(bad(path, format!("larger than {MAX_DB} bytes")));
                 }
                 Ok(_) => {}
             }
-            let bytes = std::fs::read(path).map_err(|e| bad(path, &e.to_string()))?;
+            let bytes = std::fs::read(path).map_err(|e| bad(path, e))?;
             // Checked once here, so that every later lookup can rely on the format.
             File::from_bytes(std::borrow::Cow::Borrowed(&bytes))
                 .and_then(|f| f.hash_table().map(drop))
-                .map_err(|e| bad(path, &format!("not a dconf database: {e}")))?;
+                .map_err(|e| bad(path, format!("not a dconf database: {e}")))?;
             dbs.push(Db {
                 path: path.clone(),
                 bytes,
@@ -103,10 +103,10 @@ impl Settings {
         order.extend(self.dbs.iter());
         for db in order {
             let file = File::from_bytes(std::borrow::Cow::Borrowed(&db.bytes))
-                .map_err(|e| bad(&db.path, &e.to_string()))?;
+                .map_err(|e| bad(&db.path, ErrorCause::inner(e)))?;
             let table = file
                 .hash_table()
-                .map_err(|e| bad(&db.path, &e.to_string()))?;
+                .map_err(|e| bad(&db.path, ErrorCause::inner(e)))?;
             if !table.keys().any(|k| k.is_ok_and(|k| k == key)) {
                 continue;
             }
@@ -121,7 +121,7 @@ impl Settings {
             } else {
                 return Err(bad(
                     &db.path,
-                    &format!("{key} has a value of an unexpected type"),
+                    format!("{key} has a value of an unexpected type"),
                 ));
             };
             return Ok(Some((value, &db.path)));
@@ -133,7 +133,7 @@ impl Settings {
         match self.get(key)? {
             None => Ok(String::new()),
             Some((Value::Str(s), _)) => Ok(s),
-            Some((_, path)) => Err(bad(path, &format!("{key} is not a string"))),
+            Some((_, path)) => Err(bad(path, format!("{key} is not a string"))),
         }
     }
 
@@ -141,7 +141,7 @@ impl Settings {
         match self.get(key)? {
             None => Ok(0),
             Some((Value::Int(n), _)) => Ok(n),
-            Some((_, path)) => Err(bad(path, &format!("{key} is not an integer"))),
+            Some((_, path)) => Err(bad(path, format!("{key} is not an integer"))),
         }
     }
 
@@ -149,7 +149,7 @@ impl Settings {
         match self.get(key)? {
             None => Ok(false),
             Some((Value::Bool(b), _)) => Ok(b),
-            Some((_, path)) => Err(bad(path, &format!("{key} is not a boolean"))),
+            Some((_, path)) => Err(bad(path, format!("{key} is not a boolean"))),
         }
     }
 
@@ -157,7 +157,7 @@ impl Settings {
         match self.get(key)? {
             None => Ok(None),
             Some((Value::List(l), _)) => Ok(Some(l)),
-            Some((_, path)) => Err(bad(path, &format!("{key} is not a list of strings"))),
+            Some((_, path)) => Err(bad(path, format!("{key} is not a list of strings"))),
         }
     }
 }
@@ -175,11 +175,11 @@ fn locked(db: &Db, key: &str) -> bool {
     locks.keys().any(|k| k.is_ok_and(|k| k == key))
 }
 
-fn bad(path: &Path, why: &str) -> Error {
-    Error::Upstream(format!(
-        "GNOME proxy settings: dconf database {}: {why}",
-        path.display()
-    ))
+fn bad(path: &Path, why: impl Into<ErrorCause>) -> Error {
+    Error::upstream_by(
+        format!("GNOME proxy settings: dconf database {}", path.display()),
+        why,
+    )
 }
 
 /// Reads `org.gnome.system.proxy` from `dbs`; `None` when no database sets `mode`.
@@ -196,7 +196,7 @@ pub(crate) fn read(dbs: &[PathBuf]) -> Result<Option<Reading>, Error> {
     let Value::Str(mode) = mode else {
         return Err(bad(from, "/system/proxy/mode is not a string"));
     };
-    let refuse = |why: String| Error::Upstream(format!("{source}: {why}"));
+    let refuse = |why: String| Error::upstream(format!("{source}: {why}"));
     match mode.as_str() {
         "none" => Ok(Some(Reading {
             source,
@@ -228,7 +228,7 @@ pub(crate) fn read(dbs: &[PathBuf]) -> Result<Option<Reading>, Error> {
 }
 
 fn manual(settings: &Settings, source: String) -> Result<Reading, Error> {
-    let refuse = |why: String| Error::Upstream(format!("{source}: {why}"));
+    let refuse = |why: String| Error::upstream(format!("{source}: {why}"));
     let mut said = vec!["mode 'manual'".to_owned()];
     let mut proxy =
         |kind: &str, scheme: &str| -> Result<Option<policy::upstream::ParentUrl>, Error> {
@@ -267,20 +267,7 @@ fn manual(settings: &Settings, source: String) -> Result<Reading, Error> {
     };
     said.push(format!("ignore-hosts {ignore_text:?}"));
     let no_proxy = bypass(ignore_text.iter().map(String::as_str));
-    let tunnel = https
-        .or_else(|| http.clone())
-        .or_else(|| socks.clone())
-        .map(Box::new);
-    let forward = http.or(socks).map(Box::new);
-    let setting = if tunnel.is_none() && forward.is_none() {
-        Setting::Direct
-    } else {
-        Setting::Manual {
-            tunnel,
-            forward,
-            no_proxy,
-        }
-    };
+    let setting = Setting::desktop(https, http, socks, no_proxy);
     Ok(Reading {
         source,
         said: said.join(", "),
@@ -324,7 +311,7 @@ mod tests {
         assert!(read(&[dir.path().join("none")]).unwrap().is_none());
         let junk = dir.path().join("junk");
         std::fs::write(&junk, b"not a gvdb file at all, certainly").unwrap();
-        let e = read(&[junk]).unwrap_err().to_string();
+        let e = crate::error::chain(&read(&[junk]).unwrap_err());
         assert!(e.contains("not a dconf database"), "{e}");
     }
 }

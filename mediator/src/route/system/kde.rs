@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use ini::{Ini, ParseOption};
 
 use super::{Reading, Setting, bypass, from_env, pac_source, parent};
-use crate::error::Error;
+use crate::error::{Error, ErrorCause};
 use crate::route::env::EnvProxies;
 
 /// The system-wide defaults file.
@@ -31,17 +31,18 @@ const GROUP: &str = "Proxy Settings";
 fn keys(files: &[PathBuf], named: bool) -> Result<HashMap<String, (String, PathBuf)>, Error> {
     let mut out: HashMap<String, (String, PathBuf)> = HashMap::new();
     for path in files {
-        let bad =
-            |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
+        let bad = |why: ErrorCause| {
+            Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why)
+        };
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => continue,
-            Err(e) => return Err(bad(e.to_string())),
+            Err(e) => return Err(bad(e.into())),
             Ok(m) if m.len() > MAX_FILE => {
-                return Err(bad(format!("larger than {MAX_FILE} bytes")));
+                return Err(bad(format!("larger than {MAX_FILE} bytes").into()));
             }
             Ok(_) => {}
         }
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.into()))?;
         merge(&mut out, path, &text, named)?;
     }
     Ok(out)
@@ -59,13 +60,15 @@ pub(crate) fn merge(
     text: &str,
     named: bool,
 ) -> Result<(), Error> {
-    let bad =
-        |why: String| Error::Upstream(format!("KDE proxy settings: {}: {why}", path.display()));
-    let Some(group) = group_keys(text).map_err(|e| bad(e.to_string()))? else {
+    let bad = |why: ErrorCause| {
+        Error::upstream_by(format!("KDE proxy settings: {}", path.display()), why)
+    };
+    let Some(group) = group_keys(text).map_err(|e| bad(e.into()))? else {
         if named {
             return Err(bad(format!(
                 "no [{GROUP}] group (kioslaverc_files names it for its proxy settings)"
-            )));
+            )
+            .into()));
         }
         return Ok(());
     };
@@ -126,7 +129,7 @@ pub(crate) fn decide(
         return Ok(None);
     };
     let source = format!("KDE ({})", from.display());
-    let refuse = |why: String| Error::Upstream(format!("{source}: {why}"));
+    let refuse = |why: String| Error::upstream(format!("{source}: {why}"));
     let get = |k: &str| keys.get(k).map(|(v, _)| v.as_str()).unwrap_or_default();
     match kind.as_str() {
         "0" => Ok(Some(Reading {
@@ -157,17 +160,7 @@ pub(crate) fn decide(
             let no = get("NoProxyFor");
             said.push(format!("NoProxyFor={no}"));
             let no_proxy = bypass(no.split(','));
-            let tunnel = https.or_else(|| http.clone()).or_else(|| socks.clone()).map(Box::new);
-            let forward = http.or(socks).map(Box::new);
-            let setting = if tunnel.is_none() && forward.is_none() {
-                Setting::Direct
-            } else {
-                Setting::Manual {
-                    tunnel,
-                    forward,
-                    no_proxy,
-                }
-            };
+            let setting = Setting::desktop(https, http, socks, no_proxy);
             Ok(Some(Reading {
                 source,
                 said: said.join(", "),
@@ -315,9 +308,7 @@ mod tests {
             .unwrap();
         assert!(matches!(r.setting, Setting::Direct));
         std::fs::write(&user, "[Proxy Settings]\nProxyType=3\n").unwrap();
-        let e = read(std::slice::from_ref(&user), true, &none)
-            .unwrap_err()
-            .to_string();
+        let e = crate::error::chain(&read(std::slice::from_ref(&user), true, &none).unwrap_err());
         assert!(e.contains("WPAD"), "{e}");
         std::fs::write(
             &user,
@@ -333,9 +324,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        let e = read(std::slice::from_ref(&user), true, &none)
-            .unwrap_err()
-            .to_string();
+        let e = crate::error::chain(&read(std::slice::from_ref(&user), true, &none).unwrap_err());
         assert!(e.contains("no [Proxy Settings] group"), "{e}");
         std::fs::write(&user, "ProxyType=1\nhttpsProxy=http://tunnel.corp 3128\n").unwrap();
         assert!(read(std::slice::from_ref(&user), true, &none).is_err());

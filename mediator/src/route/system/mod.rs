@@ -36,6 +36,33 @@ pub(crate) enum Setting {
     Pac(PacSource),
 }
 
+impl Setting {
+    /// Fixed parents (`tunnel` for tunnels, `forward` for absolute-form HTTP) with the
+    /// hosts that bypass them; `Direct` when there is neither.
+    fn manual(tunnel: Option<ParentUrl>, forward: Option<ParentUrl>, no_proxy: NoProxy) -> Self {
+        if tunnel.is_none() && forward.is_none() {
+            return Self::Direct;
+        }
+        Self::Manual {
+            tunnel: tunnel.map(Box::new),
+            forward: forward.map(Box::new),
+            no_proxy,
+        }
+    }
+
+    /// A desktop's manual proxies: tunnels through the HTTPS proxy, else the HTTP one,
+    /// else SOCKS; plain HTTP through the HTTP proxy, else SOCKS.
+    fn desktop(
+        https: Option<ParentUrl>,
+        http: Option<ParentUrl>,
+        socks: Option<ParentUrl>,
+        no_proxy: NoProxy,
+    ) -> Self {
+        let tunnel = https.or_else(|| http.clone()).or_else(|| socks.clone());
+        Self::manual(tunnel, http.or(socks), no_proxy)
+    }
+}
+
 /// The outcome of one reading: which source decided, what it said, and the setting.
 #[derive(Debug, Clone)]
 pub(crate) struct Reading {
@@ -123,10 +150,13 @@ impl Paths {
                         absent.push(format!("{kind} {}", path.display()));
                     }
                     Err(e) => {
-                        return Err(Error::Upstream(format!(
-                            "[upstream] {key} names {}, which cannot be read: {e}",
-                            path.display()
-                        )));
+                        return Err(Error::upstream_by(
+                            format!(
+                                "[upstream] {key} names {}, which cannot be read",
+                                path.display()
+                            ),
+                            e,
+                        ));
                     }
                 }
             }
@@ -149,12 +179,13 @@ impl Paths {
 fn home_of(name: &str) -> Result<PathBuf, Error> {
     match nix::unistd::User::from_name(name) {
         Ok(Some(user)) => Ok(user.dir),
-        Ok(None) => Err(Error::Upstream(format!(
+        Ok(None) => Err(Error::upstream(format!(
             "system_user {name:?}: no such user"
         ))),
-        Err(e) => Err(Error::Upstream(format!(
-            "system_user {name:?}: cannot look the user up: {e}"
-        ))),
+        Err(e) => Err(Error::upstream_by(
+            format!("system_user {name:?}: cannot look the user up"),
+            e,
+        )),
     }
 }
 
@@ -214,16 +245,8 @@ pub fn summary(
 
 /// A reading of the proxy environment (`mode = "env"` semantics).
 pub(crate) fn from_env(found: EnvProxies, source: String) -> Reading {
-    let tunnel = found
-        .https
-        .clone()
-        .or_else(|| found.all.clone())
-        .map(Box::new);
-    let forward = found
-        .http
-        .clone()
-        .or_else(|| found.all.clone())
-        .map(Box::new);
+    let tunnel = found.https.clone().or_else(|| found.all.clone());
+    let forward = found.http.clone().or_else(|| found.all.clone());
     let show = |p: &Option<ParentUrl>| p.as_ref().map_or("-".to_owned(), ToString::to_string);
     let said = format!(
         "HTTPS_PROXY={} HTTP_PROXY={} ALL_PROXY={} NO_PROXY={}",
@@ -232,15 +255,7 @@ pub(crate) fn from_env(found: EnvProxies, source: String) -> Reading {
         show(&found.all),
         found.no_proxy
     );
-    let setting = if tunnel.is_none() && forward.is_none() {
-        Setting::Direct
-    } else {
-        Setting::Manual {
-            tunnel,
-            forward,
-            no_proxy: found.no_proxy,
-        }
-    };
+    let setting = Setting::manual(tunnel, forward, found.no_proxy);
     Reading {
         source,
         said,

@@ -5,7 +5,8 @@
 //!    pristine tree;
 //! 2. the whole tree is made read-only, nosuid and nodev (one recursive `mount_setattr`);
 //! 3. fresh read-only `/proc` and `/sys`, and a private `/dev` holding only `null`, `zero`,
-//!    `full`, `random`, `urandom`, `tty`, a new `devpts` and a private `shm`;
+//!    `full`, `random`, `urandom`, `tty`, a new `devpts` and a private `shm`; the private
+//!    temporary directory at `/tmp` and `/var/tmp` ([`super::tmp`]);
 //! 4. the operations, shallowest first: writable roots (the rw copies), read masks (empty
 //!    read-only tmpfs directories or mode-0 files), re-opened reads, the `.git` pin (a
 //!    mount point cannot be renamed) and read-only binds of each protected path.
@@ -110,6 +111,9 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
         sys::move_mount(sys_fd.as_fd(), None, c"/sys", 0),
     )?;
     build_dev(devices)?;
+    if let Some(tmp) = &plan.tmp {
+        super::tmp::mount(tmp)?;
+    }
 
     // 4. The plan.
     let scratch = step(
@@ -155,6 +159,14 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
                 .strip_prefix(mpath)
                 .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
             make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
+        } else if parent_op.is_none()
+            && let Some(tmp) = &plan.tmp
+            && tmp.holds(&op.path)
+            && !tmp.dirs.contains(&op.path)
+        {
+            // A path of the host's /tmp that the run names: its mount point is made in
+            // the private temporary directory that hides the host's.
+            super::tmp::make_mount_point(&op.path, op.is_dir)?;
         }
         let target = c_path(&op.path)?;
         let what = || format!("{:?} {}", op.kind, op.path.display());
@@ -235,16 +247,18 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
 /// The detached copies of the plan's writable roots and re-opened reads, one per
 /// operation in order (`None` for the other kinds), taken from the tree as it is now:
 /// nosuid, nodev, private (no mount event propagates in or out), the re-opened reads
-/// read-only, and with `idmap` the writable roots idmapped through that user namespace
-/// (`MOUNT_ATTR_IDMAP`: a file owned by the caller on disk is the command's own, and
-/// what the command makes is the caller's on disk). Each path is resolved without
+/// read-only, and with `idmap` the writable roots and the read grants
+/// ([`FsPlan::read_grants`]) idmapped through that user namespace (`MOUNT_ATTR_IDMAP`: a
+/// file owned by the caller on disk is the command's own, and what the command makes is
+/// the caller's on disk). Each path is resolved without
 /// following a symbolic link: the plan resolved it already, and a link that appeared
 /// since is refused, not followed.
 ///
 /// # Errors
 /// [`Error::MissingFeature`] when the kernel lacks the new mount API, or when `idmap` is
-/// given and a writable root's filesystem (or the kernel, or this process's privilege)
-/// cannot be idmapped; [`Error::Sys`] naming the path for any other failure.
+/// given and the filesystem of a writable root or a read grant (or the kernel, or this
+/// process's privilege) cannot be idmapped; [`Error::Sys`] naming the path for any other
+/// failure.
 pub(crate) fn detached_copies(
     plan: &FsPlan,
     idmap: Option<BorrowedFd<'_>>,
@@ -254,7 +268,10 @@ pub(crate) fn detached_copies(
     for op in &plan.ops {
         let (set, idmap) = match op.kind {
             OpKind::Writable => (0, idmap),
-            OpKind::Readable => (sys::MOUNT_ATTR_RDONLY, None),
+            OpKind::Readable => (
+                sys::MOUNT_ATTR_RDONLY,
+                idmap.filter(|_| plan.read_grants.contains(&op.path)),
+            ),
             _ => {
                 out.push(None);
                 continue;
@@ -288,11 +305,18 @@ pub(crate) fn detached_copies(
             idmap,
         );
         match restricted {
-            Err(e) if idmap.is_some() => {
+            Err(e) if idmap.is_some() && op.kind == OpKind::Writable => {
                 return Err(Error::MissingFeature {
                     feature: "an idmapped mount of each writable root (mount_setattr MOUNT_ATTR_IDMAP, Linux 5.12; the filesystem must support it: ext4, xfs, btrfs, tmpfs and others do, NFS does not), so that root's command can run as an unprivileged uid",
                     detail: format!("{}: {e}", op.path.display()),
                     hint: "put the writable roots on a filesystem that supports idmapped mounts, run the shim as root of the initial user namespace, or pass --allow-degraded same-uid to run the command as root without capabilities (it can then read every file root owns that is not masked)",
+                });
+            }
+            Err(e) if idmap.is_some() => {
+                return Err(Error::MissingFeature {
+                    feature: "an idmapped read-only mount of each --allow-read path (mount_setattr MOUNT_ATTR_IDMAP, Linux 5.12; the filesystem must support it: ext4, xfs, btrfs, tmpfs and others do, NFS, proc and sysfs do not), so that root's command, an unprivileged uid, can read it",
+                    detail: format!("--allow-read {}: {e}", op.path.display()),
+                    hint: "drop that --allow-read (what others may read needs none), name a path on a filesystem that supports idmapped mounts, or pass --allow-degraded same-uid to run the command as root without capabilities (it can then read every file root owns that is not masked)",
                 });
             }
             r => step(|| format!("restrict copy of {}", op.path.display()), r)?,

@@ -10,7 +10,9 @@
 //!   directory) is renamed aside;
 //! - [`plan`](mod@plan), in the outer shim, in the host's view: canonicalises the configured paths
 //!   and lists the mount operations, shallowest first;
-//! - [`apply`](mod@apply), in the inner init, inside the new mount namespace: carries them out.
+//! - [`apply`](mod@apply), in the inner init, inside the new mount namespace: carries them out;
+//! - [`tmp`]: the private temporary directory at `/tmp` and `/var/tmp`, planned with the
+//!   rest and mounted by [`apply`](mod@apply).
 //!
 //! It must never leave the host's mount table changed: everything happens after
 //! `MS_PRIVATE` in a namespace that dies with the sandbox. The only host-visible effect is
@@ -22,6 +24,7 @@ mod plan;
 mod protect;
 mod quarantine;
 mod repos;
+pub(crate) mod tmp;
 
 pub(crate) use apply::{apply, cover_file, detached_copies};
 pub(crate) use plan::{FsPlan, OpKind, plan};

@@ -64,6 +64,28 @@ pub(crate) struct FsPlan {
     /// during the run is tampering and is renamed aside at exit
     /// ([`super::quarantine::quarantine`]).
     pub(crate) watch: Vec<Watch>,
+    /// The private temporary directory ([`super::tmp`]), if the run has one.
+    pub(crate) tmp: Option<PrivateTmp>,
+    /// Canonical `--allow-read` paths shown to a command that is a stranger on the host
+    /// (root's, see `stranger` in [`plan()`]) as read-only copies idmapped like the
+    /// writable roots: it reads them as the caller would.
+    pub(crate) read_grants: Vec<PathBuf>,
+}
+
+/// The private temporary directory, as planned ([`super::tmp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrivateTmp {
+    /// The tmpfs `size=` bound (`50%`, `2g`).
+    pub(crate) size: String,
+    /// Where it is shown (canonical host paths of existing directories).
+    pub(crate) dirs: Vec<PathBuf>,
+}
+
+impl PrivateTmp {
+    /// Whether `path` (canonical) is at or beneath one of its directories.
+    pub(crate) fn holds(&self, path: &Path) -> bool {
+        self.dirs.iter().any(|d| path.starts_with(d))
+    }
 }
 
 /// How many names `p` has below `/`.
@@ -105,7 +127,11 @@ fn canonical(what: &'static str, p: &Path, missing_ok: bool) -> Result<Option<(P
 /// directories above them. `stranger`: the command is not the caller on the host (root's
 /// command runs as an unprivileged uid), so a directory on the way to an operation's path
 /// that others may not enter is masked, the mask holding the way through
-/// ([`mask_unsearchable_ancestors`]).
+/// ([`mask_unsearchable_ancestors`]), and an `--allow-read` path outside the writable
+/// roots that others may not read as it is ([`closed_to_others`]: `/root/.cargo` beneath
+/// `/root`, mode 0700) is a read-only copy idmapped like them ([`FsPlan::read_grants`]):
+/// the command reads it as the caller would. What others may read stays as it is (an
+/// `--allow-read /etc` does not show `/etc/shadow`).
 ///
 /// # Errors
 /// [`Error::Path`] when an `--allow-write` root does not exist or any configured path
@@ -152,11 +178,19 @@ pub(crate) fn plan(
     }
     for p in allow_read {
         if let Some((c, is_dir)) = canonical("--allow-read", p, true)? {
-            // Re-opening only matters beneath a mask; elsewhere everything is readable.
-            if ops
+            // Re-opening only matters beneath a mask; elsewhere everything is readable to
+            // the caller, and to a stranger what others may read; what they may not is
+            // shown through the idmapped copy (a writable root is idmapped already).
+            let masked = ops
                 .iter()
-                .any(|o| o.kind == OpKind::Mask && c.starts_with(&o.path))
-            {
+                .any(|o| o.kind == OpKind::Mask && c.starts_with(&o.path));
+            let granted = stranger
+                && !plan.writable_roots.iter().any(|r| c.starts_with(r))
+                && closed_to_others(&c, is_dir);
+            if granted && !plan.read_grants.contains(&c) {
+                plan.read_grants.push(c.clone());
+            }
+            if masked || granted {
                 ops.push(MountOp {
                     path: c,
                     kind: OpKind::Readable,
@@ -182,15 +216,33 @@ pub(crate) fn plan(
     protected?;
     ops.extend(protections.paths.into_iter().map(MountOp::from));
     if stranger {
-        mask_unsearchable_ancestors(&mut ops, &plan.writable_roots);
+        let reachable: Vec<PathBuf> = plan
+            .writable_roots
+            .iter()
+            .chain(&plan.read_grants)
+            .cloned()
+            .collect();
+        mask_unsearchable_ancestors(&mut ops, &reachable);
     }
     plan.ops = order(ops);
     Ok(())
 }
 
+/// Whether a user that owns no file and is in no group (root's command on the host) may
+/// not read `path` (canonical) as it is: a directory on the way lets others not in (no
+/// `x`), or `path` itself does not let them read it (`r`, and `x` for a directory). What
+/// cannot be looked at counts as closed.
+fn closed_to_others(path: &Path, is_dir: bool) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
+    let needs = if is_dir { 0o005 } else { 0o004 };
+    path.ancestors().skip(1).any(|d| mode(d) & 0o001 == 0) || mode(path) & needs != needs
+}
+
 /// Masks each directory that the command, on the host a stranger to every file (its uid
 /// and gid own none, it has no other group), may not enter (no `x` bit for others) and
-/// that lies on the way to the path of an operation, outside the writable roots and the
+/// that lies on the way to the path of an operation, outside `roots` (the writable roots
+/// and the read grants, idmapped: the command enters them as the caller would) and the
 /// masks: the mask (searchable, not listable) holds the mount points on the way, and
 /// hides nothing the command could have reached. Without it, root's command could not
 /// reach a writable root under `/root` (mode 0700), and init, which builds the view
@@ -227,7 +279,7 @@ fn mask_unsearchable_ancestors(ops: &mut Vec<MountOp>, roots: &[PathBuf]) {
 /// The order in which `ops` must be applied: shallowest first; at equal depth, kinds in
 /// [`OpKind`] order (so a mask covers a writable root at the same path, and protection is
 /// applied last); the same path and kind only once (the first listed wins).
-fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
+pub(super) fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
     ops.sort_by(|a, b| {
         depth(&a.path)
             .cmp(&depth(&b.path))
@@ -349,6 +401,66 @@ mod tests {
         // Once, shallowest first, with the user's own mask inside it.
         assert_eq!(masks(true), [closed.clone(), closed.join("deeper/secret")]);
         assert_eq!(masks(false), [closed.join("deeper/secret")]);
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn a_strangers_allow_read_is_an_idmapped_copy_with_the_way_held_open() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = TempDir::new("grant");
+        let (closed, open, w) = (t.0.join("closed"), t.0.join("open"), t.0.join("w"));
+        let private = open.join("private");
+        for d in [
+            closed.join("tool"),
+            open.join("x"),
+            private.clone(),
+            w.join("sub"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        for d in [&closed, &private] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        let planned = |stranger: bool| {
+            let mut plan = FsPlan::default();
+            super::plan(
+                std::slice::from_ref(&w),
+                &[],
+                &[
+                    closed.join("tool"),
+                    open.join("x"),
+                    private.clone(),
+                    w.join("sub"),
+                    "/".into(),
+                ],
+                &[],
+                (None, stranger),
+                &mut plan,
+            )
+            .unwrap();
+            plan.placeholders.iter().for_each(Placeholder::remove);
+            plan
+        };
+        let of = |plan: &FsPlan, kind: OpKind| {
+            plan.ops
+                .iter()
+                .filter(|o| o.kind == kind)
+                .map(|o| o.path.clone())
+                .collect::<Vec<_>>()
+        };
+        // Root's command: a copy of each it could not read as it is (beneath a closed
+        // directory, closed itself), and the closed directory on the way masked; what
+        // others may read, and what a writable root holds, stay as they are.
+        let p = planned(true);
+        assert_eq!(p.read_grants, [closed.join("tool"), private.clone()]);
+        assert_eq!(
+            of(&p, OpKind::Readable),
+            [closed.join("tool"), private.clone()]
+        );
+        assert_eq!(of(&p, OpKind::Mask), std::slice::from_ref(&closed));
+        // The caller's command reads them as they are.
+        let p = planned(false);
+        assert!(p.read_grants.is_empty() && p.ops.iter().all(|o| o.kind != OpKind::Readable));
         std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
