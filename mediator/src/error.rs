@@ -104,8 +104,8 @@ pub enum Error {
     RegistryBoot(#[source] RegistryError),
 }
 
-/// The error behind an [`Error`] that our own words explain: kept as the source, so
-/// that `{:#}` and [`chain`] print the whole story and callers can look at its type.
+/// The error behind an [`enum@Error`] that our own words explain: kept as the source, so
+/// that `{:#}` and `chain` print the whole story and callers can look at its type.
 #[derive(Debug, Error)]
 pub enum ErrorCause {
     /// A file or socket operation failed.

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use tokio::process::Child;
 
 use crate::http::HttpConn;
+use crate::port::unclaimed_port;
 use crate::tool::Tool;
 use crate::wait::retry_for;
 
@@ -35,11 +36,6 @@ pub struct EtcdCluster {
     initial: String,
 }
 
-/// A free loopback port (bound, then released for the member to take).
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster answers through each.
     ///
@@ -52,8 +48,8 @@ impl EtcdCluster {
         for i in 0..n {
             members.push(Member {
                 name: format!("m{i}"),
-                client: free_port()?,
-                peer: free_port()?,
+                client: unclaimed_port()?,
+                peer: unclaimed_port()?,
                 data: dir.path().join(format!("m{i}")),
                 child: None,
             });

@@ -7,7 +7,7 @@
 //! Also the acceptor side of a Negotiate parent ([`Acceptor`]): GSSAPI (MIT krb5's
 //! library loaded by the `gss` crate, as the mediator loads it) with a service keytab.
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -32,12 +32,6 @@ pub struct Kdc {
     child: Child,
 }
 
-/// A free loopback TCP port (bound, then released for the KDC).
-fn free_port() -> Result<u16> {
-    let l = StdListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
 impl Kdc {
     /// Creates the realm [`REALM`] in a temp dir and starts its KDC on loopback.
     ///
@@ -45,7 +39,7 @@ impl Kdc {
     /// A tool is missing (install `krb5-kdc`, `krb5-admin-server`, `krb5-user`) or fails.
     pub async fn start() -> Result<Self> {
         let dir = tempfile::tempdir().context("creating the realm dir")?;
-        let port = free_port()?;
+        let port = crate::port::unclaimed_port()?.port();
         let d = dir.path().display();
         std::fs::write(
             dir.path().join("krb5.conf"),

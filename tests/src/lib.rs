@@ -23,6 +23,7 @@ pub mod kerberos;
 pub mod mediator;
 pub mod origin;
 pub mod parent;
+pub mod port;
 pub mod registry;
 pub mod socks;
 pub mod squid;

@@ -235,16 +235,24 @@ impl Control {
                     self.drop_expired(stored);
                 } else {
                     let name = stored.record.name.clone();
+                    // Decided before anything is read: this mediator's own write may
+                    // end (and apply the same entry) while the watch applies it.
+                    let ours = self.is_writing(&name);
                     let before = self.shared.authorities.get(&name);
                     let failed = self.apply_or_report(stored, Op::Watch);
-                    self.audit_registry(Action::RegistryPut, &name, before, failed);
+                    if !ours {
+                        self.audit_registry(Action::RegistryPut, &name, before, failed);
+                    }
                 }
             }
             Change::Delete { name, revision } => {
+                let ours = self.is_writing(&name);
                 if let Some(live) = self.apply_delete(&name, Some(revision)) {
                     self.registry_metrics.operation(Op::Watch, "ok");
                     tracing::info!(target: TARGET, "registry: authority {name:?} was removed (revision {revision}); revoked");
-                    self.audit_registry(Action::RegistryDelete, &name, Some(live), None);
+                    if !ours {
+                        self.audit_registry(Action::RegistryDelete, &name, Some(live), None);
+                    }
                 }
             }
             Change::Rejected(rejected) => self.report_rejected(&rejected),
@@ -445,6 +453,14 @@ impl Control {
             .retain(|_, r| *r > revision);
     }
 
+    /// Whether a write of this mediator to `name` is under way (see [`Self::writing`]).
+    fn is_writing(&self, name: &str) -> bool {
+        self.writing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(name)
+    }
+
     /// Marks `name` as written by this mediator until the guard is dropped: the registry's
     /// watch then leaves the audit of its change to this write.
     pub(super) fn writing(&self, name: &str) -> Writing<'_> {
@@ -468,12 +484,7 @@ impl Control {
         before: Option<Arc<Live>>,
         failed: Option<String>,
     ) {
-        if self
-            .writing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(name)
-        {
+        if self.is_writing(name) {
             return;
         }
         let after = self.shared.authorities.get(name);
