@@ -14,7 +14,10 @@
 # (a saved output of bench/shim-startup.sh for the report's shim start-up goal; that is
 # not measured here), TLS (1: then bench/tls-terminate.sh, TLS termination against Squid
 # ssl-bump and mitmproxy, its report appended), CAPTURE (1: then bench/shim-capture.sh, a
-# captured download against the proxy path).
+# captured download against the proxy path), ANCHORS (1: then bench/anchors.sh, the
+# mediator beside HAProxy, microsocks, Dante, tinyproxy, `unshare` and a bare tar, its
+# report appended; 0 skips it). On a shared machine run it under `nice`: every program
+# measured then yields alike, and the reports record the load average.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,6 +30,7 @@ CRITERION=${CRITERION:-1}
 THROUGHPUT_BYTES=${THROUGHPUT_BYTES:-268435456}
 TLS=${TLS:-1}
 CAPTURE=${CAPTURE:-1}
+ANCHORS=${ANCHORS:-1}
 started=$(date +%s)
 log() { printf '[bench %4ds] %s\n' "$(( $(date +%s) - started ))" "$*" >&2; }
 
@@ -322,4 +326,19 @@ if [ "$TLS" = 1 ]; then
         log "bench/tls-terminate.sh failed"
     fi
     rm -f "$work.tls.md"
+fi
+
+# --- the limit anchors -------------------------------------------------------------------------
+# HAProxy, microsocks, Dante, tinyproxy, `unshare`, a bare tar, each beside the mediator in
+# one run: its own script (its own origins and peers), its report appended.
+if [ "$ANCHORS" = 1 ]; then
+    log "the limit anchors (bench/anchors.sh)"
+    if REPS=$REPS DURATION=$DURATION WARMUP=$WARMUP THROUGHPUT_BYTES=$THROUGHPUT_BYTES \
+        bash "$ROOT/bench/anchors.sh" >"$work.anchors.md"; then
+        { echo; cat "$work.anchors.md"; } >>"$ROOT/bench/results/latest.md"
+        cat "$work.anchors.md"
+    else
+        log "bench/anchors.sh failed"
+    fi
+    rm -f "$work.anchors.md"
 fi

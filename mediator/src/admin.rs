@@ -214,6 +214,7 @@ async fn route(
             shared
                 .metrics
                 .set_open(open.iter().map(|(name, n)| (name.as_str(), *n)));
+            shared.metrics.set_idle_upstream(shared.reuse.total());
             let mut resp = Response::new(whole(Bytes::from(shared.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -40,6 +40,7 @@ mod redact;
 mod relay;
 mod request;
 pub mod resolve;
+mod reuse;
 pub mod review;
 mod rewind;
 pub mod route;

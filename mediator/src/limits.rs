@@ -70,15 +70,19 @@ impl InForce {
     /// The limits of `limits` for a process allowed `nofile` open files that holds
     /// `listeners` listening sockets:
     ///
-    /// - `max_connections = (nofile - 128 - 64 - listeners) / 4` (at least 16): a tunnel
-    ///   costs two descriptors, and as many again may go to splice pipes;
+    /// - `max_connections = (nofile - 128 - 64 - listeners - idle_upstream_connections) / 4`
+    ///   (at least 16): a tunnel costs two descriptors, and as many again may go to splice
+    ///   pipes; the idle upstream connections kept for reuse (`crate::reuse`) one each;
     /// - `authority_connections = max_connections / 4` (at least 4): one authority can
     ///   hold at most a quarter;
     /// - `unidentified_connections = max_connections / 4` (at least 8): so can an
     ///   unauthenticated flood, which leaves half for everyone else;
     /// - pipes: as many descriptor pairs as `max_connections`.
     pub(crate) fn derive(limits: &Limits, nofile: u64, listeners: usize) -> Self {
-        let reserve = RESERVED_FDS + ADMIN_CONNECTIONS as u64 + listeners as u64;
+        let reserve = RESERVED_FDS
+            + ADMIN_CONNECTIONS as u64
+            + listeners as u64
+            + u64::from(limits.idle_upstream_connections);
         let budget = nofile.saturating_sub(reserve) / 4;
         let derived_max = u32::try_from(budget).unwrap_or(u32::MAX).max(16);
         let pick = |configured: u32, derived: u32| {

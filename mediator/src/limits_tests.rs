@@ -8,7 +8,19 @@ fn limits(max: u32, per: u32, unid: u32) -> Limits {
         max_connections: max,
         authority_connections: per,
         unidentified_connections: unid,
+        idle_upstream_connections: 0,
+        authority_idle_upstream_connections: 0,
     }
+}
+
+#[test]
+fn the_idle_upstream_connections_come_out_of_the_budget() {
+    let kept = Limits {
+        idle_upstream_connections: 1000,
+        ..limits(0, 0, 0)
+    };
+    let f = InForce::derive(&kept, 20_000, 8);
+    assert_eq!(f.max_connections, (20_000 - 128 - 64 - 8 - 1000) / 4);
 }
 
 #[test]

@@ -18,6 +18,8 @@
 //! | `mediator_limited_total` | counter | `authority`, `limit` (`connections`, `rate`, `unidentified`, `global`) |
 //! | `mediator_open_connections` | gauge | `authority` (client connections it holds) |
 //! | `mediator_asks_*`, `mediator_ask_*` | | asking the host (`crate::ask::metrics`) |
+//! | `mediator_upstream_reused_total` | counter | |
+//! | `mediator_upstream_idle_connections` | gauge | |
 //! | `process_*` | (process collector) | |
 
 use std::collections::HashMap;
@@ -26,8 +28,8 @@ use std::time::Duration;
 
 use policy::{Reason, Verdict};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::ask::metrics::AskMetrics;
@@ -127,6 +129,8 @@ pub(crate) struct Metrics {
     routed: IntCounterVec,
     limited: IntCounterVec,
     open: IntGaugeVec,
+    upstream_reused: IntCounter,
+    upstream_idle: IntGauge,
     reloads: IntCounterVec,
     last_reload: prometheus::Gauge,
     asks: AskMetrics,
@@ -208,6 +212,16 @@ impl Metrics {
             "Client connections each authority holds (what its max_connections counts).",
             &["authority"],
         )?;
+        let upstream_reused = IntCounter::new(
+            "mediator_upstream_reused_total",
+            "Terminated tunnels that were given an idle upstream connection instead of a new one ([limits] idle_upstream_connections).",
+        )?;
+        let upstream_idle = IntGauge::new(
+            "mediator_upstream_idle_connections",
+            "Idle upstream connections of terminated tunnels kept for reuse, as of this scrape.",
+        )?;
+        registry.register(Box::new(upstream_reused.clone()))?;
+        registry.register(Box::new(upstream_idle.clone()))?;
         let (reloads, last_reload) = service_families(r)?;
         let asks = AskMetrics::new(r)?;
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
@@ -234,6 +248,8 @@ impl Metrics {
             routed,
             limited,
             open,
+            upstream_reused,
+            upstream_idle,
             reloads,
             last_reload,
             asks,
@@ -467,6 +483,16 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a terminated tunnel given an idle upstream connection.
+    pub(crate) fn reused_upstream(&self) {
+        self.upstream_reused.inc();
+    }
+
+    /// Sets how many idle upstream connections are kept for reuse.
+    pub(crate) fn set_idle_upstream(&self, n: usize) {
+        self.upstream_idle.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// Sets the number of live authorities.
     pub(crate) fn set_authorities(&self, n: usize) {
         self.authorities.set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -524,6 +550,8 @@ mod tests {
         m.observe_dns(Duration::from_millis(1));
         m.upstream_error(UpstreamErrorKind::ConnectRefused);
         m.set_authorities(1);
+        m.reused_upstream();
+        m.set_idle_upstream(3);
         let text = m.render();
         for line in [
             "mediator_decisions_total{authority=\"agent-a\",decision=\"allow\",protocol=\"connect\",reason=\"allowed\"} 1",
@@ -536,6 +564,8 @@ mod tests {
             "mediator_upstream_errors_total{kind=\"connect_refused\"} 1",
             "mediator_upstream_errors_total{kind=\"dns_timeout\"} 0",
             "mediator_authorities 1",
+            "mediator_upstream_reused_total 1",
+            "mediator_upstream_idle_connections 3",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }

@@ -1,6 +1,8 @@
 //! The state every connection of one mediator shares, built whole at start (nothing is
-//! set later): the live authorities, the requests held for the host's answer, metrics, resolver, router, TLS state, decision log,
-//! the mediator's own addresses, timeouts and limits, the shutdown signals, and the count
+//! set later): the live authorities, the requests held for the host's answer, metrics,
+//! resolver, router, TLS state, decision log, the mediator's own addresses, timeouts and
+//! limits, the shutdown signals, the idle upstream connections kept for reuse
+//! (`crate::reuse`), and the count
 //! of live client connections that a graceful shutdown waits on, and the threads that
 //! serve them.
 
@@ -18,6 +20,7 @@ use crate::decision_log::DecisionLog;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::resolve::Resolver;
+use crate::reuse::{Caps, Conn, Pool};
 use crate::route::{self, Router};
 use crate::serving::Serving;
 use crate::signal::Signals;
@@ -72,6 +75,9 @@ pub(crate) struct Shared {
     pub(crate) signals: Signals,
     /// The requests held for the host's answer (design section 20).
     pub(crate) asks: Asks,
+    /// The idle upstream connections of terminated tunnels (`[limits]
+    /// idle_upstream_connections`).
+    pub(crate) reuse: Arc<Pool<Conn>>,
     next_id: AtomicU64,
     active: AtomicUsize,
     idle: Notify,
@@ -103,7 +109,14 @@ impl Shared {
     pub(crate) fn new(parts: Parts) -> Self {
         let boot = parts.boot;
         let asks = Asks::new(parts.metrics.clone());
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        let caps = Caps {
+            total: count(parts.limits.idle_upstream_connections),
+            per_authority: count(parts.limits.authority_idle_upstream_connections),
+            idle: parts.timeouts.idle_upstream,
+        };
         Self {
+            reuse: Arc::new(Pool::new(caps)),
             parts,
             asks,
             authorities: LiveSet::starting_at(boot << GENERATION_BITS),

@@ -54,11 +54,16 @@ impl TestCa {
 
 /// An echoing HTTPS origin on `127.0.0.1:0` (HTTP/1.1 and HTTP/2 by ALPN). Every response
 /// is `200` with a JSON body `{"method","target","version","headers","body"}` and a forged
-/// `X-Mediator-Decision` header that the mediator must strip.
+/// `X-Mediator-Decision` header that the mediator must strip. It counts its TLS handshakes
+/// and its open connections, and can close its idle ones (how a reused upstream connection
+/// is seen).
 #[derive(Debug)]
 pub struct TlsOrigin {
     addr: SocketAddr,
     requests: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
+    /// Bumped to make every connection close once it is idle.
+    close_idle: tokio::sync::watch::Sender<u64>,
     /// The echo of every request received (its JSON text), oldest first.
     received: Arc<Mutex<Vec<String>>>,
     task: JoinHandle<()>,
@@ -96,6 +101,9 @@ impl TlsOrigin {
         let counter = Arc::clone(&requests);
         let received = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&received);
+        let counts = Arc::new(Counts::default());
+        let counted = Arc::clone(&counts);
+        let (close_idle, closing) = tokio::sync::watch::channel(0);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
@@ -104,10 +112,13 @@ impl TlsOrigin {
                 let acceptor = acceptor.clone();
                 let counter = Arc::clone(&counter);
                 let log = Arc::clone(&log);
+                let counted = Arc::clone(&counted);
+                let mut closing = closing.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    let _open = counted.opened();
                     let svc = service_fn(move |req| {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let log = Arc::clone(&log);
@@ -124,16 +135,43 @@ impl TlsOrigin {
                     let mut builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     builder.http2().max_header_list_size(1 << 20);
-                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    tokio::pin!(conn);
+                    closing.mark_unchanged();
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = closing.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.await;
+                        }
+                    }
                 });
             }
         });
         Ok(Self {
             addr,
             requests,
+            counts,
+            close_idle,
             received,
             task,
         })
+    }
+
+    /// How many TLS handshakes the origin completed (one per upstream connection).
+    pub fn handshakes(&self) -> usize {
+        self.counts.handshakes.load(Ordering::SeqCst)
+    }
+
+    /// How many of its connections are open now.
+    pub fn open_connections(&self) -> usize {
+        self.counts.open.load(Ordering::SeqCst)
+    }
+
+    /// Closes every connection as soon as it is idle (at once if it is), as an origin's
+    /// keep-alive timeout would.
+    pub fn close_idle_connections(&self) {
+        self.close_idle.send_modify(|n| *n += 1);
     }
 
     /// The origin's port.
@@ -154,6 +192,31 @@ impl TlsOrigin {
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .any(|echo| echo.contains(text))
+    }
+}
+
+/// A TLS origin's connection counts.
+#[derive(Debug, Default)]
+struct Counts {
+    handshakes: AtomicUsize,
+    open: AtomicUsize,
+}
+
+impl Counts {
+    /// Counts a completed handshake and an open connection, until the guard is dropped.
+    fn opened(self: &Arc<Self>) -> OpenGuard {
+        self.handshakes.fetch_add(1, Ordering::SeqCst);
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(Arc::clone(self))
+    }
+}
+
+/// One open connection of a TLS origin.
+struct OpenGuard(Arc<Counts>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

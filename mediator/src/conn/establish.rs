@@ -3,8 +3,9 @@
 //! one resolution -> vetting of every address (global or excepted by `allow_private`,
 //! never the mediator's own listeners) -> the watchdog (asked only when everything else
 //! allowed; it can only narrow) -> the route (after the decision: it chooses how to reach
-//! the vetted addresses, never which) -> a connect to the pinned addresses only -> one
-//! decision line, allow or deny.
+//! the vetted addresses, never which) -> a connect to the pinned addresses only (or, for a
+//! tunnel whose TLS is terminated, an idle upstream connection of the same authority to
+//! the same target, pin and route: `crate::reuse`) -> one decision line, allow or deny.
 //!
 //! [`decide_name`] (a placeholder in the host name, then the grant's name decision) and
 //! [`decide_and_vet`] (that, one resolution, vetting) are the parts `mediator explain`
@@ -12,7 +13,7 @@
 //! ever hands a name to a socket API, and no decision is taken under a grant that is not
 //! live (a revoked or replaced authority's connections get `unknown_authority`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,8 @@ use crate::authorities::{Live, Origin};
 use crate::denial::{Cause, Denial};
 use crate::limits::Attributed;
 use crate::resolve::{ResolveFailure, Resolver};
-use crate::route::{ConnectFailure, Established, ForwardProxy, RouteFailure, UpstreamStream, Via};
+use crate::reuse::{self, Leg, Lookup};
+use crate::route::{ConnectFailure, ForwardProxy, Route, RouteFailure, Via};
 use crate::shared::Shared;
 use crate::vocab::UpstreamErrorKind;
 use crate::vocab::{Channel, Protocol};
@@ -39,8 +41,9 @@ use crate::watchdog;
 /// An established upstream connection for an allowed decision.
 #[derive(Debug)]
 pub(crate) struct Connected {
-    /// The upstream stream (TCP, or TLS to an HTTPS parent).
-    pub(crate) stream: UpstreamStream,
+    /// The upstream leg: a new stream (TCP, or TLS to an HTTPS parent), or for a
+    /// terminated tunnel an idle upstream connection it reuses (`crate::reuse`).
+    pub(crate) stream: Leg,
     /// The owner of its close record.
     pub(crate) opened: Opened,
     /// Cancelled when this connection must be cut: its authority was revoked (or judged
@@ -234,18 +237,10 @@ async fn steps(
         log(Err(&denial), Timing { dns, connect: None });
         return Err(denial);
     }
-    let via = via_for(protocol);
-    let (connected, took) = shared
-        .router
-        .connect(via, target, &pin, shared.timeouts.connect)
-        .await;
-    shared.metrics.observe_connect(took);
-    let timing = Timing {
-        dns,
-        connect: Some(took),
-    };
-    let established = match connected {
-        Ok(established) => established,
+    let (connected, took) = reach(shared, &live, protocol, target, &pin).await;
+    let timing = Timing { dns, connect: took };
+    let reached = match connected {
+        Ok(reached) => reached,
         Err(failure) => {
             let denial = upstream_denial(shared, failure).with_rule(rule);
             log(Err(&denial), timing);
@@ -254,30 +249,24 @@ async fn steps(
     };
     let allow = Allowed {
         rule: rule.as_deref(),
-        pin: established.pin,
-        route: shared.route_label(established.route),
+        pin: reached.pin,
+        route: shared.route_label(reached.route),
     };
     shared
         .metrics
-        .routed(authority.grant.name(), established.route.kind());
+        .routed(authority.grant.name(), reached.route.kind());
     log(Ok(allow), timing);
     let facts = Facts {
         id,
         rule: rule.clone(),
-        pin: established.pin,
+        pin: reached.pin,
         started,
-        route: established.route,
+        route: reached.route,
         dns,
-        connect: Some(took),
+        connect: took,
     };
     Ok(connection(
-        shared,
-        ctx,
-        protocol,
-        target,
-        live,
-        established,
-        facts,
+        shared, ctx, protocol, target, live, reached, facts,
     ))
 }
 
@@ -317,6 +306,58 @@ async fn missed(
     let timing = Timing { dns, connect: None };
     record::decision(shared, ctx, id, protocol, &label, Err(&denial), timing);
     Err(denial)
+}
+
+/// What an allowed connection reached: its leg, the vetted address, the route, and
+/// (plain HTTP through an HTTP parent) how to send there.
+struct Reached {
+    leg: Leg,
+    pin: SocketAddr,
+    route: Route,
+    forward: Option<ForwardProxy>,
+}
+
+/// Reaches an allowed, vetted target: a tunnel whose TLS is terminated takes an idle
+/// upstream connection of its authority's to the same place when one is alive
+/// (`crate::reuse`: no connect, so no time), else it connects over the route (the time
+/// it took).
+async fn reach(
+    shared: &Shared,
+    live: &Live,
+    protocol: Protocol,
+    target: &Target,
+    pin: &Pin,
+) -> (Result<Reached, RouteFailure>, Option<Duration>) {
+    let ticket =
+        match reuse::lookup(&shared.reuse, &shared.router, live, protocol, target, pin).await {
+            Lookup::Hit(lease) => {
+                shared.metrics.reused_upstream();
+                let (pin, route) = (lease.conn.addr, lease.conn.route);
+                let leg = Leg::Reused(lease);
+                let reached = Reached {
+                    leg,
+                    pin,
+                    route,
+                    forward: None,
+                };
+                return (Ok(reached), None);
+            }
+            Lookup::Miss(ticket) => Some(ticket),
+            Lookup::Off => None,
+        };
+    let via = via_for(protocol);
+    let (connected, took) = shared
+        .router
+        .connect(via, target, pin, shared.timeouts.connect)
+        .await;
+    shared.metrics.observe_connect(took);
+    let reached = connected.map(|e| Reached {
+        leg: Leg::Fresh(e.stream, ticket.map(|t| Box::new(t.routed(e.route)))),
+        pin: e.pin,
+        route: e.route,
+        forward: e.forward,
+    });
+    (reached, Some(took))
 }
 
 /// How the router reaches the target: absolute-form requests may go to an HTTP parent as
@@ -394,15 +435,15 @@ fn connection(
     protocol: Protocol,
     target: &Target,
     live: Arc<Live>,
-    established: Established,
+    reached: Reached,
     facts: Facts,
 ) -> Connected {
-    let Established {
-        stream,
+    let Reached {
+        leg: stream,
         pin,
         route,
         forward,
-    } = established;
+    } = reached;
     let subject = Subject {
         ctx: ctx.clone(),
         protocol,

@@ -28,6 +28,7 @@ use super::establish::Connected;
 use super::record;
 use crate::denial::{Cause, Denial};
 use crate::relay::{RelayOutcome, Sock, relay, socket_of};
+use crate::reuse::Leg;
 use crate::route::UpstreamStream;
 use crate::shared::Shared;
 use crate::sni::{self, Hello};
@@ -112,11 +113,16 @@ pub(crate) async fn run<C>(
         return;
     }
     let Connected {
-        stream: mut upstream,
+        stream,
         opened,
         closing,
         ..
     } = connected;
+    // Only a terminated tunnel is ever given a reused upstream connection.
+    let Some(mut upstream) = stream.into_stream() else {
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
+        return;
+    };
     if !prefix.is_empty() && upstream.write_all(&prefix).await.is_err() {
         opened.finish(RelayOutcome::ended(CloseReason::Error));
         return;
@@ -147,7 +153,7 @@ pub(crate) async fn run<C>(
 /// what passes the gate is in [`Gate::Pass`].
 async fn gate<C: AsyncRead + Unpin>(
     client: &mut C,
-    upstream: &UpstreamStream,
+    upstream: &Leg,
     target: &Target,
     shared: &Arc<Shared>,
     prefix: &mut Vec<u8>,
@@ -158,9 +164,11 @@ async fn gate<C: AsyncRead + Unpin>(
         let read = std::mem::take(prefix);
         return Some(Box::pin(sni_gate(client, target, shared, read, true)).await);
     }
-    if !sni_check || terminate {
-        return None;
-    }
+    // A reused upstream connection is a terminated tunnel's.
+    let upstream = match upstream.stream() {
+        Some(stream) if sni_check && !terminate => stream,
+        _ => return None,
+    };
     let first = if prefix.is_empty() {
         client_first(client, upstream, shared).await
     } else {
@@ -295,12 +303,15 @@ fn plausible_tls_record(buf: &[u8]) -> bool {
 
 /// Makes the coming close of both sockets a reset where they are TCP
 /// ([`Sock::reset_on_close`]), as the relay's cuts are: neither side may take the end for
-/// the other's.
-fn cut<C: 'static>(client: &C, upstream: &UpstreamStream) {
+/// the other's. A reused upstream connection (`crate::reuse`) is only dropped: its
+/// origin saw no byte of this tunnel.
+fn cut<C: 'static>(client: &C, upstream: &Leg) {
     if let Some(sock) = socket_of(client) {
         sock.reset_on_close();
     }
-    Sock::Tcp(upstream.tcp()).reset_on_close();
+    if let Some(stream) = upstream.stream() {
+        Sock::Tcp(stream.tcp()).reset_on_close();
+    }
 }
 
 #[cfg(test)]

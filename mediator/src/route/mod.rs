@@ -258,13 +258,34 @@ impl Router {
             .map(negotiate::Negotiator::describe_library)
     }
 
+    /// `plan` in the order its routes are tried: parents that failed recently go last
+    /// (never dropped: a list of only failed parents still gets tried).
+    fn ordered(&self, plan: &[Route]) -> Vec<Route> {
+        let now = Instant::now();
+        let penalised = |r: &Route| match r {
+            Route::Parent(i) => self
+                .failed
+                .lock()
+                .ok()
+                .and_then(|f| f.get(i).copied())
+                .is_some_and(|until| until > now),
+            Route::Direct => false,
+        };
+        let mut order: Vec<Route> = plan.iter().copied().filter(|r| !penalised(r)).collect();
+        order.extend(plan.iter().copied().filter(|r| penalised(r)));
+        order
+    }
+
+    /// The route a new connection for `target` would try first now (`None`: no route is
+    /// planned, or planning failed), as [`Router::connect`] orders them.
+    pub(crate) async fn first_route(&self, via: Via, target: &Target) -> Option<Route> {
+        let plan = self.plan(via, target).await.ok()?;
+        self.ordered(&plan).first().copied()
+    }
+
     /// Establishes a connection for `target` (already allowed and vetted: `pin`), trying
     /// the planned routes in order. Returns the connection or why none could be made, and
     /// the time spent connecting.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the planned routes tried in order, each outcome handled where it happens; ceiling 112 lines"
-    )]
     pub(crate) async fn connect(
         &self,
         via: Via,
@@ -285,21 +306,7 @@ impl Router {
                 );
             }
         };
-        // Parents that failed recently go last (never dropped: a list of only failed
-        // parents still gets tried).
-        let now = Instant::now();
-        let penalised = |r: &Route| match r {
-            Route::Parent(i) => self
-                .failed
-                .lock()
-                .ok()
-                .and_then(|f| f.get(i).copied())
-                .is_some_and(|until| until > now),
-            Route::Direct => false,
-        };
-        let mut order: Vec<Route> = plan.iter().copied().filter(|r| !penalised(r)).collect();
-        order.extend(plan.iter().copied().filter(|r| penalised(r)));
-
+        let order = self.ordered(&plan);
         let mut tried = Vec::new();
         let mut last: Option<ConnectFailure> = None;
         let count = order.len();

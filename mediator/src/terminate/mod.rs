@@ -10,12 +10,14 @@
 //! upstream stream (so the route is the tunnel's route).
 //!
 //! The tunnel, top to bottom ([`terminate`]): the leaf, the client's handshake
-//! (`client.rs`), the upstream connection (`upstream.rs`), serving the requests
+//! (`client.rs`), the upstream connection (`upstream.rs`: a new one, or an idle one of the
+//! same authority to the same place, `crate::reuse`), serving the requests
 //! (`request.rs`, each as named steps: who asks, the tunnel's rules, the credentials, the
 //! upstream request, the answer; the steps and the message helpers it shares with
 //! absolute-form forwarding are `crate::request`), the
 //! protocol switches (`upgrade.rs`) and the HTTP/2 requests the HTTP/2 layer refuses
-//! itself (`h2_resets.rs`).
+//! itself (`h2_resets.rs`); then the upstream connection goes back to the pool for the
+//! next tunnel, if it is still sound.
 
 mod client;
 pub(crate) mod h2_resets;
@@ -43,12 +45,13 @@ use crate::counting::reporting;
 use crate::denial::Denial;
 use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, hung_up, reset_fd_on_close, socket_of};
 use crate::request::preflight::MIN_BUF;
+use crate::reuse::Ticket;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
 use crate::tls::TlsState;
 use crate::vocab::CloseReason;
 use h2_resets::ResetWatch;
-use upstream::Upstream;
+use upstream::{Opened as UpstreamOpened, Rest, Upstream};
 
 /// The streams one client HTTP/2 connection may have open at once
 /// (`SETTINGS_MAX_CONCURRENT_STREAMS`, RFC 9113 section 6.5.2; hyper's default); a stream
@@ -70,7 +73,7 @@ pub(crate) async fn terminate<C>(
 {
     let label = TargetLabel::from(target);
     let Connected {
-        stream: upstream_tcp,
+        stream: leg,
         opened,
         closing,
         standing,
@@ -95,33 +98,29 @@ pub(crate) async fn terminate<C>(
         Err(refused) => return client::ended(&shared, opened, &bytes, refused, target),
     };
 
-    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host. A
-    // client that speaks HTTP/1.1 gets an HTTP/1.1 upstream, so that an upgrade of its
-    // connection upgrades the upstream one with it.
-    let upstream_gone = CancellationToken::new();
-    let upgrading = Arc::new(AtomicBool::new(false));
+    // Upstream leg: TLS over the tunnel's pinned (and routed) stream, SNI = the host, or
+    // an idle connection of the pool. A client that speaks HTTP/1.1 gets an HTTP/1.1
+    // upstream, so that an upgrade of its connection upgrades the upstream one with it.
     let client_h2 = client_tls.get_ref().1.alpn_protocol() == Some(b"h2");
-    let upstream = match upstream::connect(&tls, upstream_tcp, target, &shared, client_h2).await {
-        Ok(stream) => {
-            upstream::start_http(stream, upstream_gone.clone(), Arc::clone(&upgrading)).await
-        }
-        Err(detail) => {
-            tracing::info!("terminated tunnel to {target}: {detail}");
-            Err(detail)
-        }
-    };
-
+    let facts = (opened.facts().pin, opened.facts().route);
+    let link = upstream::open(leg, facts, target, &shared, &tls, client_h2).await;
+    let upstream_gone = link.gone.clone();
     let env = Arc::new(Env {
         shared: Arc::clone(&shared),
         ctx: ctx.clone(),
         standing,
         target: target.clone(),
         label: label.clone(),
-        pin: opened.facts().pin,
-        route: opened.facts().route,
-        upstream,
+        pin: link.pin,
+        route: link.route,
+        upstream: link.http,
+        kept: Kept {
+            rest: link.rest,
+            ticket: link.ticket,
+            gone: link.gone,
+        },
         closing: closing.clone(),
-        upgrading,
+        upgrading: link.upgrading,
         relays: Relays::default(),
         answered: AtomicU64::new(0),
     });
@@ -151,8 +150,51 @@ pub(crate) async fn terminate<C>(
         |up, down| opened.progress(up, down),
     )
     .await;
-    drop(env);
+    give_back(env);
     opened.finish(bytes.outcome(reason));
+}
+
+/// Gives the tunnel's upstream connection back to the pool for the next tunnel of its
+/// authority to the same place (`crate::reuse`), however the client's side ended: the pool
+/// keeps it only if it is alive (an HTTP/1.1 connection whose answer was cut off is not
+/// idle, one that switched protocols never is) and the authority is still live (a cut by
+/// revocation or shutdown keeps nothing). HTTP/2 requests still finishing may hold the
+/// tunnel's state: their connection's sender is a handle, given back as a copy; an
+/// HTTP/1.1 connection still held that way is dropped (closed).
+fn give_back(env: Arc<Env>) {
+    let link = match Arc::try_unwrap(env) {
+        Ok(env) => (
+            env.shared,
+            UpstreamOpened {
+                http: env.upstream,
+                rest: env.kept.rest,
+                ticket: env.kept.ticket,
+                gone: env.kept.gone,
+                upgrading: env.upgrading,
+                pin: env.pin,
+                route: env.route,
+            },
+        ),
+        Err(env) => {
+            let Ok(Upstream::H2(sender, extended)) = &env.upstream else {
+                return;
+            };
+            let opened = UpstreamOpened {
+                http: Ok(Upstream::H2(sender.clone(), Arc::clone(extended))),
+                rest: env.kept.rest.clone(),
+                ticket: env.kept.ticket.clone(),
+                gone: env.kept.gone.clone(),
+                upgrading: Arc::clone(&env.upgrading),
+                pin: env.pin,
+                route: env.route,
+            };
+            (Arc::clone(&env.shared), opened)
+        }
+    };
+    let (shared, opened) = link;
+    if let Some((conn, ticket)) = opened.into_conn() {
+        shared.reuse.give(&ticket, conn);
+    }
 }
 
 /// Serves the client's requests (`serve`), then waits for the relays of switched
@@ -301,6 +343,8 @@ struct Env {
     route: crate::route::Route,
     /// The upstream HTTP connection, or why there is none (the detail of every 502).
     upstream: Result<Upstream, upstream::UpstreamError>,
+    /// What the pool needs besides the sender to keep the connection after the tunnel.
+    kept: Kept,
     /// The tunnel's cut (revocation, shutdown): ends an upgraded request's relay too.
     closing: CancellationToken,
     /// Set while a switch is under way on the upstream HTTP/1.1 connection (or took it
@@ -325,6 +369,13 @@ fn client_hung_up(e: &(dyn std::error::Error + 'static)) -> bool {
         next = e.source();
     }
     false
+}
+
+/// The rest of a tunnel's upstream connection, for the pool.
+struct Kept {
+    rest: Option<Rest>,
+    ticket: Option<Ticket>,
+    gone: CancellationToken,
 }
 
 /// The relays of a tunnel's switched requests. Finished ones are reaped as new ones

@@ -111,12 +111,15 @@ pub const SECTIONS: &[Section] = &[
         key("shutdown_grace", "`10`", "`20`", "on SIGTERM, live connections get this long (may be 0)").checked(|c| c.timeouts.shutdown_grace.as_secs().to_string()),
         key("revoke_grace", "`5`", "`0`", "a revoked authority's live connections get this long (may be 0)").checked(|c| c.timeouts.revoke_grace.as_secs().to_string()),
         key("watchdog", "`2`", "`1`", "an authority's watchdog must answer within this").checked(|c| c.timeouts.watchdog.as_secs().to_string()),
+        key("idle_upstream", "`4`", "`30`", "an idle upstream connection of a terminated tunnel, kept for the next tunnel of the same authority to the same host, pin and route, is closed after this; keep it below the origins' own keep-alive timeouts (5 s is common)").checked(|c| c.timeouts.idle_upstream.as_secs().to_string()),
     ] },
     Section { heading: "[limits]", before: "`request_head_bytes` is `8192..=1048576`; the connection counts are `0..=1000000` (0:\nderived). A value out of range is an error.", after: "`mediator check` and the `ready` line print the values in force.", keys: &[
         key("request_head_bytes", "`65536`", "`16384`", "larger request heads get 431 (8192..=1048576)").checked(|c| c.limits.request_head_bytes.to_string()),
         key("max_connections", "`0`: derived from the open-files limit", "`5000`", "open client connections in all").checked(|c| c.limits.max_connections.to_string()),
         key("authority_connections", "`0`: derived", "`500`", "the default cap per authority").checked(|c| c.limits.authority_connections.to_string()),
         key("unidentified_connections", "`0`: derived", "`500`", "TCP connections whose authority is not known yet").checked(|c| c.limits.unidentified_connections.to_string()),
+        key("idle_upstream_connections", "`256`", "`1024`", "idle upstream connections of terminated tunnels kept for reuse, in all (`0..=100000`; 0 turns reuse off); when full, the authority holding the most gives up its oldest").checked(|c| c.limits.idle_upstream_connections.to_string()),
+        key("authority_idle_upstream_connections", "`32`", "`8`", "the same, per authority (`0..=100000`; 0 turns reuse off); an authority at its cap gives up its own oldest").checked(|c| c.limits.authority_idle_upstream_connections.to_string()),
     ] },
     Section { heading: "[log]", before: "", after: "", keys: &[
         key("decisions", "`\"stdout\"`", "`\"/var/log/egress-mediator/decisions.jsonl\"`", "`\"stdout\"` or a file (appended, created 0600, reopened on SIGUSR1)"),

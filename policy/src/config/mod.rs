@@ -190,6 +190,10 @@ pub struct Timeouts {
     pub revoke_grace: Duration,
     /// Watchdog answer deadline (default 2 s).
     pub watchdog: Duration,
+    /// An idle upstream connection of a terminated tunnel, kept for the next tunnel of the
+    /// same authority to the same place, is closed after this (default 4 s: below the
+    /// keep-alive timeouts of common origins, so that the mediator closes first).
+    pub idle_upstream: Duration,
 }
 
 /// `[limits]`: bounds on what a client may send and on how much of the mediator all
@@ -208,6 +212,11 @@ pub struct Limits {
     pub authority_connections: u32,
     /// TCP client connections whose authority is not known yet (0 = derived).
     pub unidentified_connections: u32,
+    /// Idle upstream connections of terminated tunnels kept for reuse, in all (default
+    /// 256; 0 turns reuse off).
+    pub idle_upstream_connections: u32,
+    /// The same, per authority (default 32; 0 turns reuse off).
+    pub authority_idle_upstream_connections: u32,
 }
 
 /// `[log] decisions`: where decision lines go (default stdout).

@@ -85,6 +85,7 @@ pub(super) struct RawTimeouts {
     pub(super) shutdown_grace: Option<Spanned<u64>>,
     pub(super) revoke_grace: Option<Spanned<u64>>,
     pub(super) watchdog: Option<Spanned<u64>>,
+    pub(super) idle_upstream: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -94,6 +95,8 @@ pub(super) struct RawLimits {
     pub(super) max_connections: Option<Spanned<i64>>,
     pub(super) authority_connections: Option<Spanned<i64>>,
     pub(super) unidentified_connections: Option<Spanned<i64>>,
+    pub(super) idle_upstream_connections: Option<Spanned<i64>>,
+    pub(super) authority_idle_upstream_connections: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]

@@ -132,6 +132,7 @@ fn full_config_loads() {
             shutdown_grace: Duration::ZERO,
             revoke_grace: Duration::ZERO,
             watchdog: Duration::from_secs(3),
+            idle_upstream: Duration::from_secs(4),
         }
     );
     assert_eq!(c.limits.request_head_bytes, 32768);
@@ -183,6 +184,7 @@ fn empty_file_gives_defaults() {
             shutdown_grace: Duration::from_secs(10),
             revoke_grace: Duration::from_secs(5),
             watchdog: Duration::from_secs(2),
+            idle_upstream: Duration::from_secs(4),
         }
     );
     assert_eq!(c.limits.request_head_bytes, 65536);

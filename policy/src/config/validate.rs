@@ -63,6 +63,8 @@ pub(super) struct Validator<'a> {
 /// overflow and catches unit mistakes (milliseconds written as seconds).
 /// The largest connection count a limit key takes.
 pub(super) const MAX_CONNECTIONS: u32 = 1_000_000;
+/// The most idle upstream connections `[limits]` may keep for reuse.
+const MAX_IDLE_UPSTREAM: u32 = 100_000;
 
 pub(super) const MAX_TIMEOUT_SECS: u64 = 86_400;
 
@@ -392,6 +394,7 @@ impl<'a> Validator<'a> {
             shutdown_grace: secs(&raw.shutdown_grace, "shutdown_grace", 10, 0),
             revoke_grace: secs(&raw.revoke_grace, "revoke_grace", 5, 0),
             watchdog: secs(&raw.watchdog, "watchdog", 2, 1),
+            idle_upstream: secs(&raw.idle_upstream, "idle_upstream", 4, 1),
         }
     }
 
@@ -424,6 +427,22 @@ impl<'a> Validator<'a> {
                 "unidentified_connections",
                 &raw.unidentified_connections,
             ),
+            idle_upstream_connections: self
+                .count(
+                    &raw.idle_upstream_connections,
+                    "[limits]",
+                    "idle_upstream_connections",
+                    MAX_IDLE_UPSTREAM,
+                )
+                .unwrap_or(256),
+            authority_idle_upstream_connections: self
+                .count(
+                    &raw.authority_idle_upstream_connections,
+                    "[limits]",
+                    "authority_idle_upstream_connections",
+                    MAX_IDLE_UPSTREAM,
+                )
+                .unwrap_or(32),
         }
     }
 

@@ -1,9 +1,10 @@
 //! TLS (tls.md): the SNI rule on tunnels to 443, termination with a leaf for exactly the
-//! tunnel host, request rules, credentials the child never sees, and WebSockets through
-//! termination.
+//! tunnel host, request rules, credentials the child never sees, WebSockets through
+//! termination, and the upstream connections terminated tunnels reuse.
 
 mod credentials;
 mod request_rules;
+mod reuse;
 mod sni;
 mod tls_terminate;
 mod websocket;
@@ -18,6 +19,7 @@ pub(crate) fn cases() -> Vec<Case> {
         request_rules::cases(),
         credentials::cases(),
         websocket::cases(),
+        reuse::cases(),
     ]
     .concat()
 }

@@ -388,6 +388,16 @@ async fn open(
         Ok(c) => c,
         Err(denial) => return Err(deny_response(ctx.authority_name(), label, &denial)),
     };
+    // Only a terminated tunnel is ever given a reused upstream connection, never this.
+    let Some(stream) = stream.into_stream() else {
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
+        let denial = Denial::new(
+            Reason::UpstreamFailure,
+            format!("{target}: no upstream stream"),
+            "retry the request",
+        );
+        return Err(refuse(shared, ctx, Protocol::Http, label, denial));
+    };
     let counting = Counting::new(stream);
     let counters = counting.counters();
     let watched = counters.clone();
