@@ -35,6 +35,9 @@ pub(crate) use stack::{MTU, TUN_QUEUE};
 use crate::error::{Error, Result};
 use crate::report::Denials;
 
+/// How long the stack may take, once the sandbox has ended, to read what it sent.
+const FINAL_READ: Duration = Duration::from_millis(500);
+
 /// A running capture: the stack's thread and what it counts.
 pub(crate) struct Capture {
     thread: std::thread::JoinHandle<()>,
@@ -127,11 +130,13 @@ impl Capture {
             refused: AtomicU64::new(0),
             channel_errors: AtomicU64::new(0),
         });
+        let ended = Arc::new(tokio::sync::Notify::new());
         let parts = stack::Parts {
             addrs,
             stub,
             names,
             drops,
+            ended: Arc::clone(&ended),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let f = Arc::clone(&flows);
@@ -139,7 +144,7 @@ impl Capture {
             .name("capture".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    let stack = tokio::spawn(stack::run(shared, tun, flow_tx, parts));
+                    let mut stack = tokio::spawn(stack::run(shared, tun, flow_tx, parts));
                     let dispatch = async {
                         while let Some(flow) = new_flows.recv().await {
                             tokio::spawn(flow::run(Arc::clone(&f), flow));
@@ -149,6 +154,10 @@ impl Capture {
                         () = dispatch => {}
                         _ = stopped => {}
                     }
+                    // What the sandbox sent before it ended is read, so its last
+                    // datagrams are in the summary; then the stack stops.
+                    ended.notify_one();
+                    let _ = tokio::time::timeout(FINAL_READ, &mut stack).await;
                     stack.abort();
                 });
                 runtime.shutdown_timeout(Duration::from_millis(200));

@@ -286,6 +286,9 @@ pub(crate) struct Parts {
     pub(crate) names: Arc<Names>,
     /// Where drops are counted.
     pub(crate) drops: Arc<Drops>,
+    /// Told when the sandbox has ended: what it sent is read to the end, then the loop
+    /// returns (the TUN's open descriptor keeps its namespace, and the queue, alive).
+    pub(crate) ended: Arc<Notify>,
 }
 
 /// Build the stack; the returned receiver yields each new TCP connection (bounded by
@@ -326,7 +329,8 @@ pub(crate) fn build(
 }
 
 /// Move packets between the TUN device `tun` and the stack until the TUN closes (the
-/// sandbox's network namespace is gone) or fails.
+/// sandbox's network namespace is gone) or fails, or, once `parts.ended` is told, until
+/// what the sandbox sent has been read (its last datagrams are counted as drops too).
 pub(crate) async fn run(
     shared: Arc<Shared>,
     tun: OwnedFd,
@@ -343,6 +347,7 @@ pub(crate) async fn run(
     let mut replies = Vec::with_capacity(READ_BATCH);
     // The packets for the sandbox, written each turn; their buffers go back to the stack.
     let mut frames: Vec<Vec<u8>> = Vec::new();
+    let mut ended = false;
     loop {
         // 1. What the sandbox sent; DNS answered at once.
         let mut closed = false;
@@ -365,7 +370,7 @@ pub(crate) async fn run(
                 Err(e) => return Err(e.into()),
             }
         }
-        if closed {
+        if closed || (ended && drained) {
             return Ok(());
         }
         for r in replies.drain(..) {
@@ -402,6 +407,7 @@ pub(crate) async fn run(
                 guard.clear_ready();
             }
             () = shared.wake.notified() => {}
+            () = parts.ended.notified() => ended = true,
             () = tokio::time::sleep(delay) => {}
         }
     }
