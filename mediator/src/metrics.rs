@@ -80,6 +80,21 @@ fn latency(name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
 }
 
+/// The families of the upstream pool (`crate::reuse`): connections reused, and kept idle.
+fn reuse_families(r: &Registry) -> Result<(IntCounter, IntGauge), prometheus::Error> {
+    let upstream_reused = IntCounter::new(
+        "mediator_upstream_reused_total",
+        "Terminated tunnels that were given an idle upstream connection instead of a new one ([limits] idle_upstream_connections).",
+    )?;
+    let upstream_idle = IntGauge::new(
+        "mediator_upstream_idle_connections",
+        "Idle upstream connections of terminated tunnels kept for reuse, as of this scrape.",
+    )?;
+    r.register(Box::new(upstream_reused.clone()))?;
+    r.register(Box::new(upstream_idle.clone()))?;
+    Ok((upstream_reused, upstream_idle))
+}
+
 /// The families about the service itself, registered in `registry`: reloads by result,
 /// the time of the last good one, and the build (`mediator_build_info`, set to 1).
 fn service_families(
@@ -212,16 +227,7 @@ impl Metrics {
             "Client connections each authority holds (what its max_connections counts).",
             &["authority"],
         )?;
-        let upstream_reused = IntCounter::new(
-            "mediator_upstream_reused_total",
-            "Terminated tunnels that were given an idle upstream connection instead of a new one ([limits] idle_upstream_connections).",
-        )?;
-        let upstream_idle = IntGauge::new(
-            "mediator_upstream_idle_connections",
-            "Idle upstream connections of terminated tunnels kept for reuse, as of this scrape.",
-        )?;
-        registry.register(Box::new(upstream_reused.clone()))?;
-        registry.register(Box::new(upstream_idle.clone()))?;
+        let (upstream_reused, upstream_idle) = reuse_families(r)?;
         let (reloads, last_reload) = service_families(r)?;
         let asks = AskMetrics::new(r)?;
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
