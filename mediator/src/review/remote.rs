@@ -54,6 +54,7 @@ impl Served {
             kept: self.api,
             global_deny: self.global_deny,
             sections: None,
+            exposure: None,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use policy::review::{Change, Direction, Review, Status};
+use policy::review::{Change, Direction, Outcome, Review, Status};
 use serde_json::json;
 
 /// How the two sides are named in the output.
@@ -75,9 +75,21 @@ pub(super) fn text(review: &Review, labels: &Labels<'_>, code: u8) -> String {
         count(Direction::Widened),
         count(Direction::Narrowed),
         count(Direction::Changed),
-        review.outcome.as_str().to_uppercase()
+        verdict(review)
     );
     s
+}
+
+/// The last line's word: the outcome, except that a review with changes and neither a
+/// widening nor a narrowing (words, tokens, sections) says so rather than "narrowed"
+/// (its exit status is still 1).
+fn verdict(review: &Review) -> String {
+    let narrowed = review.changes().any(|c| c.direction == Direction::Narrowed);
+    if review.outcome == Outcome::Narrowed && !narrowed {
+        "CHANGED, NOT WIDENED".to_owned()
+    } else {
+        review.outcome.as_str().to_uppercase()
+    }
 }
 
 fn changes(s: &mut String, list: &[Change]) {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::change::{Change, Direction, RiskClass};
 use super::compare::{compare, compare_global};
+use super::exposure::{self, Exposure};
 use super::{Reach, Sources};
 use crate::config::Config;
 use crate::error::PolicyError;
@@ -27,6 +28,9 @@ pub struct Side {
     /// A fingerprint of each section that is not a grant (`upstream`, `resolver`, ...);
     /// `None` when not known (a running mediator does not serve them).
     pub sections: Option<BTreeMap<String, String>>,
+    /// The listeners, anonymous admin writes and `[resolver] hosts`, compared one by one;
+    /// `None` when not known (a running mediator does not serve them).
+    pub exposure: Option<Exposure>,
 }
 
 impl Side {
@@ -58,6 +62,7 @@ impl Side {
             kept: Vec::new(),
             global_deny: c.global_deny.clone(),
             sections: Some(sections),
+            exposure: Some(Exposure::of(c)),
         }
     }
 }
@@ -212,8 +217,12 @@ pub fn diff(old: &Side, new: &Side) -> Result<Review, PolicyError> {
             }
         ));
     }
+    let exposed = match (&old.exposure, &new.exposure) {
+        (Some(o), Some(n)) => exposure::compare(o, n),
+        _ => Vec::new(),
+    };
     let sections = match (&old.sections, &new.sections) {
-        (Some(o), Some(n)) => sections(o, n),
+        (Some(o), Some(n)) => exposed.into_iter().chain(sections(o, n)).collect(),
         _ => {
             notes.push(
                 "sections other than [global] and [[authority]] are not compared: a running mediator does not serve them (and a reload does not apply them)".to_owned(),

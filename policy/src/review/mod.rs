@@ -25,6 +25,7 @@
 mod change;
 mod compare;
 mod diff;
+mod exposure;
 mod rules;
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,7 @@ use crate::grant::{Advice, DenyEntry, Grant, GrantSpec, RequestRuleSpec};
 pub use change::{Change, Direction, RiskClass};
 pub use compare::{compare, compare_global};
 pub use diff::{AuthorityReview, Outcome, Review, Side, Status, diff};
+pub use exposure::Exposure;
 
 /// What one authority may reach and through which channel, as data. Every list holds the
 /// entries as written; `deny` holds the authority's own entries only (the `[global]`

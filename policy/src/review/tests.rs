@@ -477,6 +477,61 @@ fn rows() -> Vec<Row> {
             Narrow,
             &[(C, K::Section)],
         ),
+        // Sections that change who may act or where a name goes: widenings of their own.
+        row(
+            "the proxy listener on every interface",
+            a(GH),
+            a(GH).replace("127.0.0.1:3128", "0.0.0.0:3128"),
+            Wide,
+            &[(W, K::Channel), (C, K::Section)],
+        ),
+        row(
+            "the proxy listener back on loopback",
+            a(GH).replace("127.0.0.1:3128", "192.0.2.7:3128"),
+            a(GH),
+            Narrow,
+            &[(N, K::Channel), (C, K::Section)],
+        ),
+        row(
+            "the proxy listener on another loopback port",
+            a(GH),
+            a(GH).replace("127.0.0.1:3128", "127.0.0.1:3129"),
+            Narrow,
+            &[(C, K::Channel), (C, K::Section)],
+        ),
+        row(
+            "anonymous admin writes",
+            a(GH).replace("[tls]", "admin = \"127.0.0.1:9090\"\n[tls]"),
+            a(GH).replace(
+                "[tls]",
+                "admin = \"127.0.0.1:9090\"\nadmin_allow_anonymous_writes = true\n[tls]",
+            ),
+            Wide,
+            &[(W, K::Channel), (C, K::Section)],
+        ),
+        row(
+            "a name pinned by [resolver] hosts",
+            a(GH),
+            format!(
+                "[resolver]\nhosts = {{ \"api.github.com\" = [\"10.1.2.3\"] }}\n{}",
+                a(GH)
+            ),
+            Wide,
+            &[(W, K::Host), (C, K::Section)],
+        ),
+        row(
+            "a pinned name with fewer addresses",
+            format!(
+                "[resolver]\nhosts = {{ \"api.github.com\" = [\"10.1.2.3\", \"10.1.2.4\"] }}\n{}",
+                a(GH)
+            ),
+            format!(
+                "[resolver]\nhosts = {{ \"api.github.com\" = [\"10.1.2.3\"] }}\n{}",
+                a(GH)
+            ),
+            Narrow,
+            &[(N, K::Host), (C, K::Section)],
+        ),
     ]
 }
 
