@@ -60,7 +60,8 @@ struct Expect {
     /// `connect`.
     protocol: Option<Protocol>,
     /// The request's method: judge the request rules too (default `GET` for `http` and
-    /// `tls`, none otherwise).
+    /// `tls`, and wherever a path is named: the `path` key, or a URL's path beyond `/`;
+    /// none otherwise).
     method: Option<String>,
     /// The request's path (default: the URL's, else `/`).
     path: Option<String>,
@@ -276,10 +277,13 @@ async fn judge_one(config: &Config, resolver: &Resolver, e: &Expect) -> Result<G
         .await
         .map_err(|err| err.to_string())?;
     let connection = Got::of_explanation(explained);
-    let method = e
-        .method
-        .clone()
-        .or_else(|| matches!(protocol, Protocol::Http | Protocol::Tls).then(|| "GET".to_owned()));
+    // A path (the key, or a URL's beyond `/`) asks for the request rules too: judged as a
+    // GET unless a method is given, never silently left out.
+    let names_a_path = e.path.is_some() || aimed.path.as_deref().is_some_and(|p| p != "/");
+    let method = e.method.clone().or_else(|| {
+        (names_a_path || matches!(protocol, Protocol::Http | Protocol::Tls))
+            .then(|| "GET".to_owned())
+    });
     let Some(method) = method else {
         return Ok(connection);
     };
@@ -484,5 +488,62 @@ mod tests {
                 .to_string()
                 .contains("no [[expect]]")
         );
+    }
+}
+
+#[cfg(test)]
+mod judge_tests {
+    use super::*;
+
+    /// A request rule allows only `GET /repos/` on a terminated host.
+    const CONFIG: &str = r#"
+[listen]
+tcp = "127.0.0.1:3128"
+[tls]
+ca_dir = "/var/lib/ca"
+[[authority]]
+name = "a"
+allow = ["api.github.com"]
+tls_terminate = ["api.github.com"]
+[[authority.request_rule]]
+host = "api.github.com"
+methods = ["GET"]
+path_prefixes = ["/repos/"]
+"#;
+
+    fn judged(expectations: &str) -> Vec<Judged> {
+        let config = policy::config::parse(CONFIG, "m.toml").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.toml");
+        std::fs::write(
+            &path,
+            format!("hosts = {{ \"api.github.com\" = [\"140.82.112.6\"] }}\n{expectations}"),
+        )
+        .unwrap();
+        let e = read(&path).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(judge(&config, &e))
+    }
+
+    #[test]
+    fn a_path_without_a_method_judges_the_request_rules_as_a_get() {
+        for (target, path) in [
+            ("https://api.github.com/admin", None),
+            ("https://api.github.com/", Some("/admin")),
+        ] {
+            let path = path.map_or_else(String::new, |p| format!("path = \"{p}\"\n"));
+            let r = judged(&format!(
+                "[[expect]]\nauthority = \"a\"\ntarget = \"{target}\"\n{path}decision = \"deny\"\nreason = \"denied_by_rule\"\n"
+            ));
+            assert!(r[0].passed(), "{target} {path}: {:?}", r[0].got);
+        }
+        // No path: the tunnel alone, as before.
+        let r = judged(
+            "[[expect]]\nauthority = \"a\"\ntarget = \"https://api.github.com/\"\ndecision = \"allow\"\n",
+        );
+        assert!(r[0].passed(), "{:?}", r[0].got);
     }
 }
