@@ -556,6 +556,14 @@ fn create_error(e: CreateError) -> Response<Body> {
                 "message": format!("authority {name:?} exists; grants are immutable: DELETE it first to replace it"),
             }),
         ),
+        CreateError::OfTheFile(name) => json_response(
+            StatusCode::CONFLICT,
+            &json!({
+                "error": "duplicate_authority",
+                "field": "name",
+                "message": format!("authority {name:?} is defined by the configuration file (a name is either config or api, also while the file's is revoked): choose another name, or change the file and reload"),
+            }),
+        ),
         CreateError::Unavailable(why) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({

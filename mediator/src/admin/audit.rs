@@ -98,6 +98,9 @@ pub(super) fn why_of(e: &CreateError) -> String {
             .collect::<Vec<_>>()
             .join("; "),
         CreateError::Duplicate(name) => format!("authority {name:?} exists"),
+        CreateError::OfTheFile(name) => {
+            format!("authority {name:?} is defined by the configuration file")
+        }
         CreateError::Unavailable(why) => format!("registry unavailable: {why}"),
         CreateError::Listen(e) => crate::error::chain(e),
         CreateError::Store(e) => format!("the registry could not store the change: {e}"),

@@ -294,7 +294,7 @@ impl Control {
                             .collect::<Vec<_>>()
                             .join("; "),
                     ),
-                    CreateError::Duplicate(_) => (
+                    CreateError::Duplicate(_) | CreateError::OfTheFile(_) => (
                         ErrorKind::Conflict,
                         "the configuration file defines an authority of that name (a name is either config or api); the stored one is not loaded and is left in place".to_owned(),
                     ),

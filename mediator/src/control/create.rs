@@ -33,6 +33,9 @@ pub(crate) enum CreateError {
     Invalid(Vec<FieldError>),
     /// An authority of that name is live or stored (HTTP 409).
     Duplicate(String),
+    /// The configuration file defines an authority of that name (HTTP 409): a name is
+    /// either config or api, also while the file's is revoked.
+    OfTheFile(String),
     /// Its socket could not be created (HTTP 500).
     Listen(Error),
     /// The registry cannot be reached, or its view is stale (HTTP 503).
@@ -118,12 +121,10 @@ impl Control {
             return Err(self.unavailable());
         }
         let _writes = self.write_lock(&name).await;
-        let of_the_file = self
-            .placed_elsewhere
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(&name);
-        if of_the_file || self.shared.authorities.get(&name).is_some() {
+        if self.named_by_the_file(&name) {
+            return Err(CreateError::OfTheFile(name));
+        }
+        if self.shared.authorities.get(&name).is_some() {
             return Err(CreateError::Duplicate(name));
         }
         let _writing = self.writing(&name);

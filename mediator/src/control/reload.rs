@@ -57,6 +57,24 @@ impl Control {
         *self.baseline.lock().unwrap_or_else(PoisonError::into_inner) = Some(baseline);
     }
 
+    /// Whether the configuration file names an authority `name` (served here or placed on
+    /// another node): the admin API may not create one of that name, even after a
+    /// `DELETE` revoked the file's (a later reload would meet it as a conflict).
+    pub(super) fn named_by_the_file(&self, name: &str) -> bool {
+        let in_file = self
+            .baseline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|b| b.authorities.contains_key(name));
+        in_file
+            || self
+                .placed_elsewhere
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(name)
+    }
+
     /// Applies a new configuration (already parsed and validated from `text`): authorities
     /// of the file that are new are added, those no longer in the file are revoked, those
     /// whose table (or the global deny list) changed are revoked and re-created with a new
@@ -267,7 +285,9 @@ impl Control {
                 Err(e) => {
                     let why = match e {
                         CreateError::Listen(e) => e.to_string(),
-                        CreateError::Duplicate(n) => format!("{n} is live"),
+                        CreateError::Duplicate(n) | CreateError::OfTheFile(n) => {
+                            format!("{n} is live")
+                        }
                         CreateError::Invalid(v) => format!("{v:?}"),
                         CreateError::Unavailable(why) => why,
                         CreateError::Store(e) => e.to_string(),

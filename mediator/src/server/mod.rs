@@ -277,7 +277,7 @@ async fn add_authorities(
     for authority in authorities {
         control.add(authority).map_err(|e| match e {
             CreateError::Listen(e) => e,
-            CreateError::Duplicate(name) => {
+            CreateError::Duplicate(name) | CreateError::OfTheFile(name) => {
                 Error::control(format!("authority {name:?} is defined twice"))
             }
             CreateError::Invalid(v) => Error::control(format!("{v:?}")),

@@ -72,7 +72,7 @@ impl Running {
     pub fn add_authority(&self, authority: policy::config::Authority) -> Result<(), Error> {
         let name = authority.grant.name().to_owned();
         self.control.add(authority).map(drop).map_err(|e| match e {
-            CreateError::Duplicate(n) => {
+            CreateError::Duplicate(n) | CreateError::OfTheFile(n) => {
                 Error::control(format!("authority \"{n}\" is live already"))
             }
             CreateError::Listen(e) => Error::control_by(

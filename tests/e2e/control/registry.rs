@@ -467,6 +467,17 @@ async fn a_name_is_either_config_or_api() -> Result<()> {
         )
         .await?;
     assert_eq!(resp.status, 409, "{}", resp.text());
+    assert!(
+        resp.text().contains("defined by the configuration file"),
+        "{}",
+        resp.text()
+    );
+    // Nor once the file's is revoked: the name stays the file's (a later reload would
+    // otherwise meet an API authority of the file's name and be refused).
+    assert_eq!(m.revoke(AGENT_A).await?.status, 200);
+    let (status, body) = post(&m, &json!({ "name": AGENT_A, "allow": ["x.test"] })).await?;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "duplicate_authority", "{body}");
     create(&m, &json!({ "name": "agent-c", "allow": ["x.test"] })).await?;
     // A reload that gives the file the API's name fails, naming it, and changes nothing.
     let config = std::fs::read_to_string(m.config_path())?;
