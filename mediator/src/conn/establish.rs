@@ -297,7 +297,7 @@ async fn missed(
     let ask = ctx
         .authority
         .as_deref()
-        .and_then(|a| held::askable(ctx, a, &denial));
+        .and_then(|a| held::askable(ctx, a, target, &denial));
     if let Some(ask) = ask {
         let via = held::hold(shared, ctx, protocol, target, id, denial, ask, watch).await?;
         return Box::pin(steps(shared, &via, protocol, target, Watch::Dropped)).await;

@@ -84,17 +84,35 @@ pub(crate) fn askable_request<'a>(ctx: &Ctx, authority: &'a Authority) -> Option
     authority.ask.as_ref()
 }
 
-/// The asking of `authority` when `denial` (of `ctx`'s request) may be asked about: a
-/// grant miss, an authority with `ask`, and not the judgement an answer asked for.
-pub(crate) fn askable<'a>(ctx: &Ctx, authority: &'a Authority, denial: &Denial) -> Option<&'a Ask> {
+/// The asking of `authority` when `denial` (of `ctx`'s request to `target`) may be asked
+/// about: a grant miss, an authority with `ask`, not the judgement an answer asked for,
+/// and not a target the address check refuses whatever the grant (design section 20:
+/// an address-class refusal is never asked about).
+pub(crate) fn askable<'a>(
+    ctx: &Ctx,
+    authority: &'a Authority,
+    target: &Target,
+    denial: &Denial,
+) -> Option<&'a Ask> {
     let miss = matches!(
         denial.reason,
         Reason::NotInAllowlist | Reason::PortNotAllowed
     );
-    if !miss || ctx.asked.is_some() {
+    if !miss || ctx.asked.is_some() || not_public(target) {
         return None;
     }
     authority.ask.as_ref()
+}
+
+/// Whether `target` is known, before any resolution, to be an address the address check
+/// refuses (section 4.2): an IP literal that is not global, or `localhost` and the names
+/// under it (RFC 6761 section 6.3: always loopback). A name is never resolved to tell.
+fn not_public(target: &Target) -> bool {
+    match (target.host.ip(), target.host.name()) {
+        (Some(ip), _) => policy::classify(ip) != policy::AddrClass::Global,
+        (None, Some(name)) => name == "localhost" || name.ends_with(".localhost"),
+        (None, None) => true,
+    }
 }
 
 /// The question about `ctx`'s request to `target` that `denial` refused.

@@ -418,7 +418,8 @@ async fn bad_answers_change_nothing_and_a_wrong_via_never_allows() -> Result<()>
 }
 
 /// What may never be asked is refused at once: a deny rule, a global deny, an address
-/// the grant allows by name but whose address class it refuses, a malformed target.
+/// the grant allows by name but whose address class it refuses, a non-public address
+/// literal or `localhost` outside the grant, a malformed target.
 async fn what_may_never_be_asked_is_refused_at_once() -> Result<()> {
     let fx = Fixture::start(
         mediator()
@@ -438,6 +439,13 @@ async fn what_may_never_be_asked_is_refused_at_once() -> Result<()> {
         ("banned.test:443", 403, "denied_by_rule"),
         ("private.test:443", 403, "private_address"),
         ("bad..name:443", 400, "malformed_target"),
+        // Outside the grant, but an address the address check refuses whatever the grant:
+        // a miss all the same, never a question.
+        ("10.1.2.3:443", 403, "not_in_allowlist"),
+        ("127.0.0.2:80", 403, "not_in_allowlist"),
+        ("[::1]:443", 403, "not_in_allowlist"),
+        ("localhost:443", 403, "not_in_allowlist"),
+        ("db.localhost:443", 403, "not_in_allowlist"),
     ] {
         let resp = fx.connect_unix(NARROW, target).await?;
         check_deny(&resp, status, reason).map_err(|e| anyhow::anyhow!("{target}: {e}"))?;
@@ -538,7 +546,14 @@ async fn an_ask_endpoint_answers_or_leaves_it_pending() -> Result<()> {
     let fx = fixture_with(&later.endpoint(), &[]).await?;
     let held = connect_held(&fx, NARROW);
     let q = origin_question(&fx).await?;
-    ensure!(later.questions().len() == 1, "{:?}", later.questions());
+    // The endpoint is sent the question beside its listing: wait for it to arrive.
+    let posted = e2e::wait::retry_for(
+        Duration::from_secs(5),
+        async || Ok((!later.questions().is_empty()).then(|| later.questions())),
+        || "the pending endpoint was never sent the question".to_owned(),
+    )
+    .await?;
+    ensure!(posted.len() == 1, "{posted:?}");
     answered_ok(
         &fx,
         q["id"].as_str().unwrap_or_default(),
