@@ -87,7 +87,7 @@ if [ -n "$previous" ] && [ "$previous" != "$current" ] && [ "$previous_builder" 
     buildah rmi "$previous" >/dev/null 2>&1 || true
   fi
 fi
-size=$(buildah images --noheading --format '{{.Size}}' "$current" | head -n 1)
+size=$(buildah images --noheading --format '{{.Size}}' "$current" | awk 'NR == 1')
 libs=$(find "$ctx/out/rootfs" -name '*.so*' -type f | wc -l)
 echo "build-image.sh: built $image (version $version, revision $revision, image $size," \
   "$libs shared objects, source ${source_url:-none})" >&2

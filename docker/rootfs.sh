@@ -53,7 +53,7 @@ done
 # parents, so ldd of the binary does not list it. Copy it and its own closure, at the
 # paths the loader searches.
 gssapi=$(ldconfig -p 2>/dev/null | awk '$1 == "libgssapi_krb5.so.2" && $NF ~ /^\// { print $NF; exit }')
-[ -n "$gssapi" ] || gssapi=$(ls /usr/lib/*/libgssapi_krb5.so.2 /lib/*/libgssapi_krb5.so.2 2>/dev/null | head -n 1)
+[ -n "$gssapi" ] || gssapi=$(ls /usr/lib/*/libgssapi_krb5.so.2 /lib/*/libgssapi_krb5.so.2 2>/dev/null | awk 'NR == 1')
 if [ -z "$gssapi" ]; then
   echo "rootfs.sh: libgssapi_krb5.so.2 is missing (apt-get install -y libgssapi-krb5-2)" >&2
   exit 1

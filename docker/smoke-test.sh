@@ -89,7 +89,7 @@ inside=$("${podman[@]}" run --rm --network none --read-only "$image" --version 2
 label_rev=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencontainers.image.revision"}}' "$image")
 label_ver=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "$image")
 echo "$inside" | grep -qx "revision $label_rev" || fail "label revision $label_rev, binary says: $inside"
-echo "$inside" | head -n 1 | grep -q "^mediator $label_ver " || fail "label version $label_ver, binary says: $inside"
+echo "$inside" | awk 'NR == 1' | grep -q "^mediator $label_ver " || fail "label version $label_ver, binary says: $inside"
 ok "labels version $label_ver, revision $label_rev match the binary's --version"
 # Negotiate parents: the GSSAPI library is opened at run time (ldd of the binary does not
 # list it), so the image must carry it and its closure; `mediator check` loads it.
