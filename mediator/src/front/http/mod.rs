@@ -161,9 +161,6 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(shared.timeouts.request_head)
         .max_buf_size(shared.limits.request_head_bytes.max(MIN_BUF))
-        // A client may send its request and shut its write side (`nc -N`, scripts): the
-        // request is still decided, logged and answered (hyper would drop it at the EOF).
-        .half_close(true)
         .keep_alive(true);
     let conn = builder
         .serve_connection(TokioIo::new(io), svc)
