@@ -280,6 +280,10 @@ pub enum UpstreamError {
     /// A PAC URL with a space or control character.
     #[error("a PAC URL must not contain spaces or control characters")]
     PacControl,
+    /// A PAC URL whose path, query or fragment has a character RFC 3986 does not allow
+    /// there (it must be percent-encoded).
+    #[error("a PAC URL may not contain {0:?} after its host (RFC 3986: percent-encode it)")]
+    PacCharacter(char),
     /// A PAC URL whose host or port cannot be read.
     #[error("a PAC URL needs a valid host and, if any, a port from 1 to 65535: {0:?} is not")]
     PacAuthority(String),

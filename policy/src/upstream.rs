@@ -301,6 +301,16 @@ pub fn parse_pac_source(input: &str) -> Result<PacSource, UpstreamError> {
         if input.chars().any(|c| c.is_control() || c == ' ') {
             return Err(UpstreamError::PacControl);
         }
+        // After the authority: RFC 3986's path, query and fragment characters only
+        // (unreserved, sub-delims, ":", "@", "/", "?", "#" and "%" of an escape), so the
+        // fetcher reads the URL exactly as it was checked.
+        let rest = &after[authority.len()..];
+        if let Some(c) = rest
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@/?#%".contains(*c)))
+        {
+            return Err(UpstreamError::PacCharacter(c));
+        }
         // The host (and port) the fetcher connects to: a port it could not read would
         // otherwise fall back to the scheme's default.
         let host_ok = if has_port(authority) {
@@ -419,12 +429,18 @@ mod tests {
             "http://h:99999/p.pac",
             "http://h:8o/p.pac",
             "http://%41/p.pac",
+            // Found by the kioslaverc fuzz target: not a URI the fetcher could read.
+            "http://wett/5<s]",
+            "http://h/p.pac\"",
+            "http://h/{p}.pac",
         ] {
             assert!(parse_pac_source(bad).is_err(), "{bad}");
         }
         for good in [
             "http://[::1]:8080/p.pac",
             "https://Wpad.Corp:8443/p.pac?x=1",
+            "http://h/a%20b/p.pac;v=1#top",
+            "http://h",
         ] {
             assert!(parse_pac_source(good).is_ok(), "{good}");
         }
