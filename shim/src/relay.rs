@@ -180,12 +180,17 @@ fn connect_target(head: &[u8]) -> Option<(String, u16)> {
 /// `d` with the destination its client asked for, when the answer named none (a SOCKS5
 /// reply): read from the client's request.
 fn with_target(mut d: Denial, head: &Mutex<Vec<u8>>) -> Denial {
+    let head = head.lock().unwrap_or_else(PoisonError::into_inner);
     if d.host.is_none()
-        && let Some((host, port)) =
-            socks_target(&head.lock().unwrap_or_else(PoisonError::into_inner))
+        && let Some((host, port)) = socks_target(&head)
     {
         d.host = Some(host);
         d.port = Some(port);
+    }
+    // An HTTP answer to a CONNECT: the decision's protocol is `connect`, as the
+    // mediator's records say.
+    if d.protocol == "http" && head.starts_with(b"CONNECT ") {
+        d.protocol = "connect";
     }
     d
 }
@@ -475,6 +480,22 @@ mod tests {
             inspect_reply(&reply.as_bytes()[..reply.len() - 5]),
             Sniff::NeedMore
         );
+    }
+
+    #[test]
+    fn an_http_denial_of_a_connect_is_a_connect_denial() {
+        let body = r#"{"host":"evil.example","port":443,"reason":"ask_timeout"}"#;
+        let reply = format!(
+            "HTTP/1.1 403 Forbidden\r\nX-Mediator-Decision: deny; reason=ask_timeout\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let Sniff::Denied(d) = inspect_reply(reply.as_bytes()) else {
+            panic!()
+        };
+        let connect = Mutex::new(b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n".to_vec());
+        assert_eq!(with_target(d.clone(), &connect).protocol, "connect");
+        let get = Mutex::new(b"GET http://evil.example/ HTTP/1.1\r\n\r\n".to_vec());
+        assert_eq!(with_target(d, &get).protocol, "http");
     }
 
     #[test]
