@@ -2,7 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::sink::{STREAM_BURST, STREAM_RATE, Stream};
+use super::tally::MAX_PATHS;
+use super::walls::beneath;
 use super::*;
+use crate::error::Error;
 
 fn walls() -> Walls {
     Walls::new(vec![
