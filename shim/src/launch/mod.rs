@@ -7,6 +7,7 @@
 //! the backend starts.
 
 mod channel;
+mod report;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,10 +17,11 @@ use crate::capture::Addresses;
 use crate::cli::{CaptureMode, ChannelSpec, Settings};
 use crate::control::{Binding, ControlSocket};
 use crate::error::{Error, Result};
-use crate::report::{Denials, FILESYSTEM, Report, ReportFile};
+use crate::report::Denials;
 use crate::sandbox::{Backend, CaptureJob, Job};
 use crate::violations::{Sink, Violations};
-use channel::{Admin, Channel, ServedSummary, Serving};
+use channel::{Admin, Channel, Serving};
+use report::{ReportFile, write_report};
 
 /// Confine and run `settings.command` with `backend`; returns the status to leave with.
 ///
@@ -209,54 +211,6 @@ fn violations(settings: &Settings) -> Result<Option<Arc<Violations>>> {
     } else {
         Ok(None)
     }
-}
-
-/// Writes the `--report` (when asked for) of a run that `served` what it did and ended
-/// as `outcome`, with its `denials` and the `binding`'s rebinds.
-///
-/// # Errors
-/// A report that cannot be serialised or written.
-fn write_report(
-    settings: &Settings,
-    report_file: Option<&ReportFile>,
-    served: (ServedSummary, &crate::sandbox::Outcome),
-    denials: (&Denials, &Binding),
-    mediator_masked: &[crate::secrets::MediatorPath],
-    violations: Option<&Violations>,
-) -> Result<()> {
-    let (served, outcome) = served;
-    let (denials, binding) = denials;
-    let failures = denials.take_failures();
-    let denials = denials.take();
-    if settings.report.is_some() {
-        let capture = serde_json::to_value(&served.capture)
-            .map_err(|e| Error::io("serialise the report", e.into()))?;
-        Report {
-            report: "shim",
-            labels: &settings.labels,
-            asks: &served.asked,
-            channel: served.channel,
-            exit_status: outcome.exit_status,
-            connections: served.connections,
-            channel_errors: served.channel_errors,
-            channel_failures: &failures,
-            denials: &denials.0,
-            denials_dropped: denials.1,
-            source: served.source,
-            tampering: &outcome.tampering,
-            capture: &capture,
-            rebinds: &binding.rebinds().0,
-            mediator_masked: &serde_json::to_value(mediator_masked)
-                .map_err(|e| Error::io("serialise the report", e.into()))?,
-            runs_as: outcome.runs_as,
-            filesystem: &violations.map_or_else(
-                || serde_json::json!({ "observed": false, "note": FILESYSTEM }),
-                |v| v.summary(),
-            ),
-        }
-        .write(report_file)?;
-    }
-    Ok(())
 }
 
 /// `--cache DIR`, made if missing (0700, with its parents) and canonical.
