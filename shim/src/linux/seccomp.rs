@@ -84,6 +84,25 @@ fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule> {
     SeccompRule::new(conds).map_err(|e| Error::Seccomp(e.to_string()))
 }
 
+/// The program of a filter that fails the calls of `rules` with `errno` and allows the
+/// rest.
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    errno: i32,
+    arch: TargetArch,
+) -> Result<BpfProgram> {
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch,
+    )
+    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))
+}
+
 /// The rule that matches a call whose argument `arg` (its low 32 bits) is `value`.
 fn arg_is(arg: u8, value: u64) -> Result<SeccompRule> {
     rule(vec![cond(
@@ -135,29 +154,11 @@ pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
             arg_is(1, libc::TIOCLINUX as u64)?,
         ],
     );
-    let deny = SeccompFilter::new(
-        eperm,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    let mut deny = compile(eperm, libc::EPERM, arch)?;
     let mut enosys = BTreeMap::new();
     enosys.insert(libc::SYS_clone3, Vec::new());
     enosys.insert(libc::SYS_openat2, Vec::new());
-    let clone3 = SeccompFilter::new(
-        enosys,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    let mut deny: BpfProgram = deny
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
-    let clone3: BpfProgram = clone3
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
+    let clone3 = compile(enosys, libc::ENOSYS, arch)?;
     prepend_x32_check(&mut deny);
     Ok(Filters(vec![deny, clone3]))
 }
