@@ -34,7 +34,6 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::sys::wait::{WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -147,13 +146,7 @@ fn run_planned(
         Some(p) if identity.is_mapped() => ids::closed_program_hint(p, &env, &cwd, &fs_plan),
         _ => None,
     };
-    let (outer, inner) = nix::sys::socket::socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::sys("socketpair for the listener hand-off", e))?;
+    let (outer, inner) = handoff::socket_pair("the listener hand-off")?;
 
     // Signals are blocked from here on, in this process and (inherited) in init; both
     // take them with sigwait. Blocking before clone leaves no window in which a signal
