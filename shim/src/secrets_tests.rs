@@ -198,40 +198,34 @@ fn settle_refuses_a_missing_config_path_a_write_root_overlap_and_a_reopen() {
         )
         .starts_with("does not exist")
     );
-    assert!(
-        refused(
+    let sub = [w.join("sub")];
+    for (path, roots, why) in [
+        (
             MediatorPath::named(w.join("secret"), "secret_file"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
-    // A link outside whose target is inside, and a path that holds the root.
-    assert!(
-        refused(
+            "inside the writable root",
+        ),
+        // A link outside whose target is inside, and a path that holds the root.
+        (
             MediatorPath::named(t.0.join("link"), "secret_file"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
-    assert!(
-        refused(
+            "inside the writable root",
+        ),
+        (
             MediatorPath::named(&t.0, "state_dir"),
-            &[w.join("sub")],
-            &[]
-        )
-        .contains("holds the writable root")
-    );
-    // A default location is refused there too, but only when it exists.
-    assert!(
-        refused(
+            &sub,
+            "holds the writable root",
+        ),
+        // A default location is refused there too, but only when it exists.
+        (
             MediatorPath::default_location(w.join("secret"), "d"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
+            "inside the writable root",
+        ),
+    ] {
+        let detail = refused(path.clone(), roots, &[]);
+        assert!(detail.contains(why), "{path:?}: {detail}");
+    }
     assert!(
         settle(
             vec![MediatorPath::default_location(w.join("none"), "d")],
