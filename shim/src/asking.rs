@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::error::Error;
 use tokio::sync::broadcast::error::RecvError;
 
 /// How long a question line may take to reach one control connection before that
@@ -202,53 +201,6 @@ impl Asking {
             .0
             .clone()
     }
-}
-
-/// The answerer of the control socket: `{"allow_via": "<authority>"}` and `{"deny":
-/// "..."}` go to the embedded mediator as they are; `{"allow_via": {"allow": [...]}}`
-/// first makes a new authority of it with that grant (`answer-1`, `answer-2`, ...,
-/// checked as the flags are; it asks too), then answers with its name. Runs on a control
-/// connection's thread.
-pub(crate) fn answerer(
-    mediator: std::sync::Weak<crate::embedded::Lazy>,
-    handle: tokio::runtime::Handle,
-) -> crate::control::Answerer {
-    use mediator::ask::reply::Reply;
-    let mut made = 0u32;
-    Box::new(move |id, reply, actor| {
-        let running = crate::embedded::running_now(&mediator, &handle)?;
-        let reply = match reply {
-            Reply::AllowGrant(g) => {
-                let name = format!("answer-{}", made + 1);
-                let (authority, _) =
-                    crate::embedded::authority(&name, &g.allow, &g.deny, &g.allow_private, true)?;
-                let _in_mediator = handle.enter();
-                running
-                    .add_authority(authority)
-                    .map_err(|e| Error::Usage(format!("answer: {e}")))?;
-                made += 1;
-                Reply::AllowVia(name)
-            }
-            other => other,
-        };
-        let via = match &reply {
-            Reply::AllowVia(name) => Some(name.clone()),
-            Reply::AllowGrant(_) | Reply::Deny(_) => None,
-        };
-        let id = id.to_owned();
-        let answered = handle
-            .block_on(handle.spawn(async move { running.answer(&id, reply, actor).await }))
-            .map_err(|e| Error::Usage(format!("answer: {e}")))?
-            .map_err(|e| Error::Usage(format!("answer: {e}")))?;
-        Ok(serde_json::json!({
-            "ok": true,
-            "answered": answered.id,
-            "authority": answered.authority,
-            "host": answered.host,
-            "port": answered.port,
-            "via": via,
-        }))
-    })
 }
 
 /// One `{"ask": question}` line.

@@ -378,7 +378,7 @@ impl Embedded {
     }
 
     /// Asking through `--control` (design section 20), when the run asks: where the
-    /// questions go, how answers are applied (`crate::asking::answerer`).
+    /// questions go, how answers are applied ([`answerer`]).
     pub(crate) fn asking_host(&self) -> Option<crate::control::AskingHost> {
         let asking = Arc::clone(self.asking.as_ref()?);
         let lazy = Arc::downgrade(&self.mediator);
@@ -392,7 +392,7 @@ impl Embedded {
         };
         Some(crate::control::AskingHost {
             asking,
-            answerer: crate::asking::answerer(lazy, self.runtime.handle().clone()),
+            answerer: answerer(lazy, self.runtime.handle().clone()),
             pending,
         })
     }
@@ -465,6 +465,52 @@ fn denial_of(rec: &mediator::Record) -> Option<Denial> {
         detail: Some(rec.detail.clone()),
         hint: (!rec.hint.is_empty()).then(|| rec.hint.clone()),
         message: rec.message.clone(),
+    })
+}
+
+/// The answerer of the control socket: `{"allow_via": "<authority>"}` and `{"deny":
+/// "..."}` go to the embedded mediator as they are; `{"allow_via": {"allow": [...]}}`
+/// first makes a new authority of it with that grant (`answer-1`, `answer-2`, ...,
+/// checked as the flags are; it asks too), then answers with its name. Runs on a control
+/// connection's thread.
+fn answerer(
+    mediator: std::sync::Weak<Lazy>,
+    handle: tokio::runtime::Handle,
+) -> crate::control::Answerer {
+    use mediator::ask::reply::Reply;
+    let mut made = 0u32;
+    Box::new(move |id, reply, actor| {
+        let running = running_now(&mediator, &handle)?;
+        let reply = match reply {
+            Reply::AllowGrant(g) => {
+                let name = format!("answer-{}", made + 1);
+                let (authority, _) = authority(&name, &g.allow, &g.deny, &g.allow_private, true)?;
+                let _in_mediator = handle.enter();
+                running
+                    .add_authority(authority)
+                    .map_err(|e| Error::Usage(format!("answer: {e}")))?;
+                made += 1;
+                Reply::AllowVia(name)
+            }
+            other => other,
+        };
+        let via = match &reply {
+            Reply::AllowVia(name) => Some(name.clone()),
+            Reply::AllowGrant(_) | Reply::Deny(_) => None,
+        };
+        let id = id.to_owned();
+        let answered = handle
+            .block_on(handle.spawn(async move { running.answer(&id, reply, actor).await }))
+            .map_err(|e| Error::Usage(format!("answer: {e}")))?
+            .map_err(|e| Error::Usage(format!("answer: {e}")))?;
+        Ok(serde_json::json!({
+            "ok": true,
+            "answered": answered.id,
+            "authority": answered.authority,
+            "host": answered.host,
+            "port": answered.port,
+            "via": via,
+        }))
     })
 }
 

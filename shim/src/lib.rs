@@ -33,6 +33,8 @@ mod relay;
 mod report;
 mod sandbox;
 mod secrets;
+#[cfg(test)]
+mod testing;
 mod violations;
 
 pub use cli::{Cli, Settings};

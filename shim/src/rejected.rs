@@ -208,6 +208,15 @@ mod tests {
         }
     }
 
+    /// Whether the first kept denial's hint says `text`.
+    fn hint_says(kept: &[crate::report::Counted], text: &str) -> bool {
+        kept[0]
+            .denial
+            .hint
+            .as_deref()
+            .is_some_and(|h| h.contains(text))
+    }
+
     #[test]
     fn the_line_names_the_client_the_host_the_alert_and_what_to_do() {
         let trust = Trust {
@@ -275,13 +284,7 @@ mod tests {
         let denials = Denials::new(false);
         trust.rejected(&denials, rejection(None));
         let (kept, _) = denials.take();
-        assert!(
-            kept[0]
-                .denial
-                .hint
-                .as_deref()
-                .is_some_and(|h| h.contains("--cafile"))
-        );
+        assert!(hint_says(&kept, "--cafile"));
         // Without a CA nothing is looked up.
         let bare = Trust {
             program_of: Some(npm),
@@ -302,12 +305,6 @@ mod tests {
             (kept[0].denial.protocol, kept[0].denial.host.as_deref()),
             ("tls", Some("registry.npmjs.org"))
         );
-        assert!(
-            kept[0]
-                .denial
-                .hint
-                .as_deref()
-                .is_some_and(|h| h.contains("--ca-cert"))
-        );
+        assert!(hint_says(&kept, "--ca-cert"));
     }
 }

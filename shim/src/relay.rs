@@ -180,12 +180,17 @@ fn connect_target(head: &[u8]) -> Option<(String, u16)> {
 /// `d` with the destination its client asked for, when the answer named none (a SOCKS5
 /// reply): read from the client's request.
 fn with_target(mut d: Denial, head: &Mutex<Vec<u8>>) -> Denial {
+    let head = head.lock().unwrap_or_else(PoisonError::into_inner);
     if d.host.is_none()
-        && let Some((host, port)) =
-            socks_target(&head.lock().unwrap_or_else(PoisonError::into_inner))
+        && let Some((host, port)) = socks_target(&head)
     {
         d.host = Some(host);
         d.port = Some(port);
+    }
+    // An HTTP answer to a CONNECT: the decision's protocol is `connect`, as the
+    // mediator's records say.
+    if d.protocol == "http" && head.starts_with(b"CONNECT ") {
+        d.protocol = "connect";
     }
     d
 }
@@ -455,6 +460,15 @@ fn strip_length(b: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// The mediator's 403 denial of `evil.example:443` for `reason`, header and body.
+    fn denial_of_evil_example(reason: &str) -> String {
+        let body = format!(r#"{{"host":"evil.example","port":443,"reason":"{reason}"}}"#);
+        format!(
+            "HTTP/1.1 403 Forbidden\r\nX-Mediator-Decision: deny; reason={reason}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
     #[test]
     fn http_denial_is_parsed_from_header_and_body() {
         let body = r#"{"error":"egress_denied","authority":"a","host":"evil.example","port":443,"reason":"not_in_allowlist","detail":"no rule","hint":"add evil.example:443"}"#;
@@ -475,6 +489,18 @@ mod tests {
             inspect_reply(&reply.as_bytes()[..reply.len() - 5]),
             Sniff::NeedMore
         );
+    }
+
+    #[test]
+    fn an_http_denial_of_a_connect_is_a_connect_denial() {
+        let reply = denial_of_evil_example("ask_timeout");
+        let Sniff::Denied(d) = inspect_reply(reply.as_bytes()) else {
+            panic!()
+        };
+        let connect = Mutex::new(b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n".to_vec());
+        assert_eq!(with_target(d.clone(), &connect).protocol, "connect");
+        let get = Mutex::new(b"GET http://evil.example/ HTTP/1.1\r\n\r\n".to_vec());
+        assert_eq!(with_target(d, &get).protocol, "http");
     }
 
     #[test]
@@ -508,11 +534,7 @@ mod tests {
     #[test]
     fn an_answer_is_held_until_it_is_known_and_a_socks_method_selection_is_not() {
         // HTTP, in pieces: nothing passes until the denial's body is complete.
-        let body = r#"{"host":"evil.example","port":443,"reason":"not_in_allowlist"}"#;
-        let reply = format!(
-            "HTTP/1.1 403 Forbidden\r\nX-Mediator-Decision: deny; reason=not_in_allowlist\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let reply = denial_of_evil_example("not_in_allowlist");
         let mut w = Watch::default();
         let (pass, d) = w.take(&reply.as_bytes()[..20]);
         assert!(pass.is_empty() && d.is_none());

@@ -2,23 +2,7 @@
 
 use super::*;
 
-/// A fresh, canonical scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("shim-secrets-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(std::fs::canonicalize(&p).unwrap())
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::testing::TempDir;
 
 fn parse(text: &str) -> policy::config::Config {
     policy::config::parse(text, "m.toml").unwrap()
@@ -167,7 +151,7 @@ fn defaults_follow_the_environment_and_skip_state_directory() {
 
 #[test]
 fn settle_masks_what_exists_and_keeps_the_ca_certificate_readable() {
-    let t = Scratch::new("settle");
+    let t = TempDir::new("secrets-settle");
     let ca = t.0.join("ca");
     std::fs::create_dir_all(&ca).unwrap();
     std::fs::write(ca.join("ca.pem"), "cert").unwrap();
@@ -195,7 +179,7 @@ fn settle_masks_what_exists_and_keeps_the_ca_certificate_readable() {
 
 #[test]
 fn settle_refuses_a_missing_config_path_a_write_root_overlap_and_a_reopen() {
-    let t = Scratch::new("refuse");
+    let t = TempDir::new("secrets-refuse");
     let w = t.0.join("w");
     std::fs::create_dir_all(w.join("sub")).unwrap();
     std::fs::write(w.join("secret"), "s").unwrap();
@@ -214,40 +198,34 @@ fn settle_refuses_a_missing_config_path_a_write_root_overlap_and_a_reopen() {
         )
         .starts_with("does not exist")
     );
-    assert!(
-        refused(
+    let sub = [w.join("sub")];
+    for (path, roots, why) in [
+        (
             MediatorPath::named(w.join("secret"), "secret_file"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
-    // A link outside whose target is inside, and a path that holds the root.
-    assert!(
-        refused(
+            "inside the writable root",
+        ),
+        // A link outside whose target is inside, and a path that holds the root.
+        (
             MediatorPath::named(t.0.join("link"), "secret_file"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
-    assert!(
-        refused(
+            "inside the writable root",
+        ),
+        (
             MediatorPath::named(&t.0, "state_dir"),
-            &[w.join("sub")],
-            &[]
-        )
-        .contains("holds the writable root")
-    );
-    // A default location is refused there too, but only when it exists.
-    assert!(
-        refused(
+            &sub,
+            "holds the writable root",
+        ),
+        // A default location is refused there too, but only when it exists.
+        (
             MediatorPath::default_location(w.join("secret"), "d"),
             &roots,
-            &[]
-        )
-        .contains("inside the writable root")
-    );
+            "inside the writable root",
+        ),
+    ] {
+        let detail = refused(path.clone(), roots, &[]);
+        assert!(detail.contains(why), "{path:?}: {detail}");
+    }
     assert!(
         settle(
             vec![MediatorPath::default_location(w.join("none"), "d")],

@@ -30,8 +30,8 @@ use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::socket::tcp;
 use smoltcp::time::{Duration, Instant};
 use smoltcp::wire::{
-    HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet,
-    Ipv6Repr, TcpPacket, UdpPacket, UdpRepr,
+    HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpProtocol, IpRepr, Ipv4Packet, Ipv6Packet,
+    TcpPacket, UdpPacket, UdpRepr,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, mpsc};
@@ -518,33 +518,14 @@ fn dns_reply(p: &Parsed<'_>, udp: &UdpPacket<&[u8]>, stub: &Stub) -> Option<Vec<
         dst_port: udp.src_port(),
     };
     let udp_len = repr.header_len() + reply.len();
-    let (mut frame, header) = match (p.dst, p.src) {
-        (IpAddr::V4(from), IpAddr::V4(to)) => {
-            let ip = Ipv4Repr {
-                src_addr: from,
-                dst_addr: to,
-                next_header: IpProtocol::Udp,
-                payload_len: udp_len,
-                hop_limit: 64,
-            };
-            let mut frame = vec![0u8; ip.buffer_len() + udp_len];
-            ip.emit(&mut Ipv4Packet::new_unchecked(&mut frame), &caps);
-            (frame, ip.buffer_len())
-        }
-        (IpAddr::V6(from), IpAddr::V6(to)) => {
-            let ip = Ipv6Repr {
-                src_addr: from,
-                dst_addr: to,
-                next_header: IpProtocol::Udp,
-                payload_len: udp_len,
-                hop_limit: 64,
-            };
-            let mut frame = vec![0u8; ip.buffer_len() + udp_len];
-            ip.emit(&mut Ipv6Packet::new_unchecked(&mut frame));
-            (frame, ip.buffer_len())
-        }
-        _ => return None,
-    };
+    // From the address the query went to, in the query's IP version.
+    if p.src.is_ipv4() != p.dst.is_ipv4() {
+        return None;
+    }
+    let ip = IpRepr::new(dst, src, IpProtocol::Udp, udp_len, 64);
+    let header = ip.header_len();
+    let mut frame = vec![0u8; ip.buffer_len()];
+    ip.emit(&mut frame, &caps);
     if frame.len() > MTU {
         return None;
     }

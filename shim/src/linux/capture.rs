@@ -93,24 +93,27 @@ async fn configure(index: u32, addrs: &Addresses) -> Result<()> {
             .await
             .map_err(|e| failed(&format!("add address {ip}/{prefix}"), e))?;
     }
-    let v4 = rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-        .output_interface(index)
-        .build();
-    handle
-        .route()
-        .add(v4)
-        .execute()
-        .await
-        .map_err(|e| failed("add the IPv4 default route", e))?;
-    let v6 = rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-        .output_interface(index)
-        .build();
-    handle
-        .route()
-        .add(v6)
-        .execute()
-        .await
-        .map_err(|e| failed("add the IPv6 default route", e))?;
+    for (route, family) in [
+        (
+            rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .output_interface(index)
+                .build(),
+            "IPv4",
+        ),
+        (
+            rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .output_interface(index)
+                .build(),
+            "IPv6",
+        ),
+    ] {
+        handle
+            .route()
+            .add(route)
+            .execute()
+            .await
+            .map_err(|e| failed(&format!("add the {family} default route"), e))?;
+    }
     task.abort();
     Ok(())
 }

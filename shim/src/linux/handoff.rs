@@ -4,8 +4,23 @@
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
+
 use crate::error::{Error, Result};
 use crate::sandbox::{CaptureState, Handoff};
+
+/// A connected pair of Unix `SOCK_SEQPACKET` sockets, close-on-exec: what a descriptor
+/// comes back to the outer shim over (the listener from init, the violation filter's
+/// listener from the command). `what` names it in an error.
+pub(super) fn socket_pair(what: &str) -> Result<(OwnedFd, OwnedFd)> {
+    nix::sys::socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::sys(format!("socketpair for {what}"), e))
+}
 
 /// What init handed over: `[listener, tun?]`, and the payload `port (2 bytes), capture
 /// state (0 off, 1 up, 2 unavailable), why it is unavailable (UTF-8)`.

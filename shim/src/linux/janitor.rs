@@ -7,7 +7,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use nix::errno::Errno;
 use nix::sys::signal::SigSet;
 
-use super::{FORWARDED, Placeholder, fs, sys};
+use super::init::FORWARDED;
+use super::{Placeholder, fs, sys};
 use crate::ca::TrustFiles;
 use crate::error::{Error, Result};
 

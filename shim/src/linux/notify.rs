@@ -19,16 +19,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::errno::Errno;
-use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
 
-use super::fs;
 use super::outcome::{Call, Kind, TaskView, Verdict};
 use super::sys;
+use super::{fs, handoff};
 use crate::error::{Error, Result};
 use crate::sandbox::Job;
 use crate::violations::{Attempt, FsOp, HostView, Seen, Violations};
@@ -264,13 +263,7 @@ pub(crate) fn channel(
         &[FsOp::Read],
         "reads of --deny-read paths are not observed: masked paths read as empty files and directories (watching every open would slow every read)",
     );
-    let (outer, inner) = nix::sys::socket::socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| Error::sys("socketpair for the violation listener", e))?;
+    let (outer, inner) = handoff::socket_pair("the violation listener")?;
     Ok((Some(outer), Some((program()?, inner))))
 }
 

@@ -4,25 +4,17 @@
 use std::os::unix::fs::symlink;
 
 use super::*;
+use crate::testing::TempDir;
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("shim-outcome-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(p.join("dir/sub")).unwrap();
-        std::fs::create_dir_all(p.join("empty")).unwrap();
-        std::fs::write(p.join("file"), "x").unwrap();
-        symlink(p.join("file"), p.join("link")).unwrap();
-        Self(std::fs::canonicalize(&p).unwrap())
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A scratch directory for the test `tag`: `dir/sub`, `empty`, `file` and `link` (to
+/// `file`).
+fn scratch(tag: &str) -> TempDir {
+    let t = TempDir::new(&format!("outcome-{tag}"));
+    std::fs::create_dir_all(t.0.join("dir/sub")).unwrap();
+    std::fs::create_dir_all(t.0.join("empty")).unwrap();
+    std::fs::write(t.0.join("file"), "x").unwrap();
+    symlink(t.0.join("file"), t.0.join("link")).unwrap();
+    t
 }
 
 fn call(kind: Kind, n: usize) -> Call {
@@ -39,7 +31,7 @@ fn me() -> TaskView {
 
 #[test]
 fn mkdir_of_what_exists_and_in_what_is_missing_fail_on_their_own() {
-    let s = Scratch::new("mkdir");
+    let s = scratch("mkdir");
     let v = me();
     let mkdir = |p: &Path| v.verdict(&call(Kind::MakeNew, 1), &[p.to_owned()]);
     assert_eq!(mkdir(&s.0.join("dir")), Verdict::Own(Errno::EEXIST));
@@ -65,7 +57,7 @@ fn mkdir_of_what_exists_and_in_what_is_missing_fail_on_their_own() {
 
 #[test]
 fn an_empty_path_is_enoent_unless_it_names_the_descriptor() {
-    let s = Scratch::new("empty");
+    let s = scratch("empty");
     let v = me();
     let mut c = call(Kind::Unlink, 1);
     c.empty = vec![true];
@@ -88,7 +80,7 @@ fn an_empty_path_is_enoent_unless_it_names_the_descriptor() {
 fn unlink_reaches_the_walls_whatever_is_there() {
     // The mount's write access comes before the name is looked up: a missing name in a
     // read-only directory answers EROFS, not the ENOENT a caller takes for "gone".
-    let s = Scratch::new("unlink");
+    let s = scratch("unlink");
     let v = me();
     for p in ["missing", "dir", "file", "link"] {
         assert_eq!(
@@ -105,7 +97,7 @@ fn unlink_reaches_the_walls_whatever_is_there() {
 
 #[test]
 fn open_is_decided_by_what_is_there() {
-    let s = Scratch::new("open");
+    let s = scratch("open");
     let v = me();
     let open = |p: &str, flags: i32| {
         v.verdict(
@@ -143,7 +135,7 @@ fn open_is_decided_by_what_is_there() {
 #[test]
 fn a_file_whose_mode_refuses_the_task_is_its_own_eacces() {
     use std::os::unix::fs::PermissionsExt;
-    let s = Scratch::new("mode");
+    let s = scratch("mode");
     let v = me();
     let ro = s.0.join("ro");
     std::fs::write(&ro, "x").unwrap();
@@ -182,7 +174,7 @@ fn a_file_whose_mode_refuses_the_task_is_its_own_eacces() {
 
 #[test]
 fn rename_across_mounts_is_exdev_and_link_needs_its_source() {
-    let s = Scratch::new("rename");
+    let s = scratch("rename");
     let v = me();
     let two = |kind: Kind, from: &Path, to: &Path| {
         v.verdict(&call(kind, 2), &[from.to_owned(), to.to_owned()])
@@ -216,25 +208,21 @@ fn rename_across_mounts_is_exdev_and_link_needs_its_source() {
 
 #[test]
 fn the_view_resolves_links_as_the_operation_does() {
-    let s = Scratch::new("resolve");
+    let s = scratch("resolve");
     let v = me();
     symlink(s.0.join("dir"), s.0.join("dirlink")).unwrap();
-    assert_eq!(
-        v.resolved(FsOp::OpenWrite, &s.0.join("link")),
-        s.0.join("file")
-    );
-    assert_eq!(
-        v.resolved(FsOp::Unlink, &s.0.join("link")),
-        s.0.join("link")
-    );
-    assert_eq!(
-        v.resolved(FsOp::Create, &s.0.join("dirlink/new")),
-        s.0.join("dir/new")
-    );
-    assert_eq!(
-        v.resolved(FsOp::Create, &s.0.join("missing/new")),
-        s.0.join("missing/new")
-    );
+    for (op, path, resolved) in [
+        (FsOp::OpenWrite, "link", "file"),
+        (FsOp::Unlink, "link", "link"),
+        (FsOp::Create, "dirlink/new", "dir/new"),
+        (FsOp::Create, "missing/new", "missing/new"),
+    ] {
+        assert_eq!(
+            v.resolved(op, &s.0.join(path)),
+            s.0.join(resolved),
+            "{op:?} {path}"
+        );
+    }
     assert!(v.exists(&s.0.join("link")));
     assert!(!v.exists(&s.0.join("missing")));
 }

@@ -32,6 +32,42 @@ const NAMESPACE_FLAGS: &[u64] = &[
     0x80, // CLONE_NEWTIME
 ];
 
+/// The calls the command is always refused (`EPERM`): io_uring, tracing and other
+/// processes' memory, new namespaces and mounts (the new mount API among them), kernel
+/// keys, BPF, performance events, userfaultfd, kexec and kernel modules.
+const ALWAYS_DENIED: [i64; 30] = [
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_kexec_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+];
+
 fn target_arch() -> Result<TargetArch> {
     TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|e| Error::Seccomp(format!("unsupported architecture: {e}")))
@@ -48,6 +84,35 @@ fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule> {
     SeccompRule::new(conds).map_err(|e| Error::Seccomp(e.to_string()))
 }
 
+/// The program of a filter that fails the calls of `rules` with `errno` and allows the
+/// rest.
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    errno: i32,
+    arch: TargetArch,
+) -> Result<BpfProgram> {
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch,
+    )
+    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))
+}
+
+/// The rule that matches a call whose argument `arg` (its low 32 bits) is `value`.
+fn arg_is(arg: u8, value: u64) -> Result<SeccompRule> {
+    rule(vec![cond(
+        arg,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        value,
+    )?])
+}
+
 /// The compiled filters, in installation order.
 pub(crate) struct Filters(Vec<BpfProgram>);
 
@@ -56,61 +121,15 @@ pub(crate) struct Filters(Vec<BpfProgram>);
 /// # Errors
 /// [`Error::Seccomp`] if the architecture is unsupported or compilation fails.
 #[allow(clippy::unnecessary_cast)] // libc's `Ioctl` is not `u64` on every target
-#[expect(
-    clippy::too_many_lines,
-    reason = "the seccomp rules, one per syscall family, in one list"
-)]
 pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
     let arch = target_arch()?;
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let always = [
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-        libc::SYS_ptrace,
-        libc::SYS_process_vm_readv,
-        libc::SYS_process_vm_writev,
-        libc::SYS_pidfd_getfd,
-        libc::SYS_unshare,
-        libc::SYS_setns,
-        libc::SYS_mount,
-        libc::SYS_umount2,
-        libc::SYS_pivot_root,
-        libc::SYS_chroot,
-        libc::SYS_open_tree,
-        libc::SYS_move_mount,
-        libc::SYS_fsopen,
-        libc::SYS_fsconfig,
-        libc::SYS_fsmount,
-        libc::SYS_fspick,
-        libc::SYS_mount_setattr,
-        libc::SYS_keyctl,
-        libc::SYS_add_key,
-        libc::SYS_request_key,
-        libc::SYS_bpf,
-        libc::SYS_perf_event_open,
-        libc::SYS_userfaultfd,
-        libc::SYS_kexec_load,
-        libc::SYS_init_module,
-        libc::SYS_finit_module,
-        libc::SYS_delete_module,
-    ];
-    for nr in always {
+    for nr in ALWAYS_DENIED {
         eperm.insert(nr, Vec::new());
     }
-    let mut socket_rules = vec![rule(vec![cond(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::AF_VSOCK as u64,
-    )?])?];
+    let mut socket_rules = vec![arg_is(0, libc::AF_VSOCK as u64)?];
     if !allow_unix_sockets {
-        socket_rules.push(rule(vec![cond(
-            0,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::AF_UNIX as u64,
-        )?])?);
+        socket_rules.push(arg_is(0, libc::AF_UNIX as u64)?);
     }
     eperm.insert(libc::SYS_socket, socket_rules);
     let clone_rules = NAMESPACE_FLAGS
@@ -131,43 +150,15 @@ pub(crate) fn build(allow_unix_sockets: bool) -> Result<Filters> {
     eperm.insert(
         libc::SYS_ioctl,
         vec![
-            rule(vec![cond(
-                1,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Eq,
-                libc::TIOCSTI as u64,
-            )?])?,
-            rule(vec![cond(
-                1,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Eq,
-                libc::TIOCLINUX as u64,
-            )?])?,
+            arg_is(1, libc::TIOCSTI as u64)?,
+            arg_is(1, libc::TIOCLINUX as u64)?,
         ],
     );
-    let deny = SeccompFilter::new(
-        eperm,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    let mut deny = compile(eperm, libc::EPERM, arch)?;
     let mut enosys = BTreeMap::new();
     enosys.insert(libc::SYS_clone3, Vec::new());
     enosys.insert(libc::SYS_openat2, Vec::new());
-    let clone3 = SeccompFilter::new(
-        enosys,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        arch,
-    )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    let mut deny: BpfProgram = deny
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
-    let clone3: BpfProgram = clone3
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| Error::Seccomp(e.to_string()))?;
+    let clone3 = compile(enosys, libc::ENOSYS, arch)?;
     prepend_x32_check(&mut deny);
     Ok(Filters(vec![deny, clone3]))
 }

@@ -15,7 +15,7 @@
 //! everything happens after `MS_PRIVATE` in a namespace that dies with the sandbox. Any
 //! step that fails aborts the run; none is skipped.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -46,10 +46,6 @@ fn step<T>(what: impl FnOnce() -> String, r: std::result::Result<T, Errno>) -> R
 /// # Errors
 /// [`Error::MissingFeature`] when the kernel lacks the new mount API (Linux 5.12), and
 /// [`Error::Sys`] naming the step for any other failure; the caller then aborts the run.
-#[expect(
-    clippy::too_many_lines,
-    reason = "the mount steps in the order the kernel needs them"
-)]
 pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Result<()> {
     step(
         || "make / private in the sandbox's mount namespace".into(),
@@ -90,6 +86,47 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
     )?;
 
     // 3. /proc for the new PID namespace, /sys for the new network namespace, private /dev.
+    mount_proc_and_sys()?;
+    build_dev(devices)?;
+    if let Some(tmp) = &plan.tmp {
+        super::tmp::mount(tmp)?;
+    }
+
+    // 4. The plan.
+    let scratch = mask_scratch()?;
+    // (path, scratch-relative directory) of each directory mask applied so far.
+    let mut masks: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut applied: Vec<&MountOp> = Vec::new();
+    for (i, (op, clone)) in plan.ops.iter().zip(clones).enumerate() {
+        make_parent_mount_point(plan, op, (&applied, &masks), &scratch)?;
+        let target = c_path(&op.path)?;
+        match op.kind {
+            OpKind::Writable | OpKind::Readable => {
+                let fd = clone.ok_or_else(|| Error::Usage("missing clone".into()))?;
+                step(
+                    || describe(op),
+                    sys::move_mount(fd.as_fd(), None, &target, 0),
+                )?;
+            }
+            OpKind::Mask => {
+                let rel = attach_mask(plan, (i, op), &scratch, &target)?;
+                masks.extend(rel.map(|rel| (op.path.clone(), rel)));
+            }
+            OpKind::Pin | OpKind::Protect => attach_protected(op, &scratch, &target)?,
+        }
+        applied.push(op);
+    }
+    Ok(())
+}
+
+/// `op` as a failed step names it.
+fn describe(op: &MountOp) -> String {
+    format!("{:?} {}", op.kind, op.path.display())
+}
+
+/// A new read-only `/proc` for the new PID namespace and `/sys` for the new network
+/// namespace (nosuid, nodev, noexec).
+fn mount_proc_and_sys() -> Result<()> {
     let pseudo = sys::MOUNT_ATTR_RDONLY
         | sys::MOUNT_ATTR_NOSUID
         | sys::MOUNT_ATTR_NODEV
@@ -109,13 +146,12 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
     step(
         || "attach sysfs on /sys".into(),
         sys::move_mount(sys_fd.as_fd(), None, c"/sys", 0),
-    )?;
-    build_dev(devices)?;
-    if let Some(tmp) = &plan.tmp {
-        super::tmp::mount(tmp)?;
-    }
+    )
+}
 
-    // 4. The plan.
+/// The masks' small tmpfs (detached; mode 0111), holding the empty unreadable file
+/// [`MASK_FILE`] that file masks show.
+fn mask_scratch() -> Result<OwnedFd> {
     let scratch = step(
         || "create the mask tmpfs".into(),
         sys::new_fs_mount(
@@ -128,120 +164,131 @@ pub(crate) fn apply(plan: &FsPlan, copies: Option<Vec<Option<OwnedFd>>>) -> Resu
             sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
         ),
     )?;
-    let empty = c"empty";
     let f = step(
         || "create the mask file".into(),
         nix::fcntl::openat(
             scratch.as_fd(),
-            empty,
+            MASK_FILE,
             OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
         ),
     )?;
     drop(f);
-    // (path, scratch-relative directory) of each directory mask applied so far.
-    let mut masks: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let mut applied: Vec<&MountOp> = Vec::new();
-    for (i, (op, clone)) in plan.ops.iter().zip(clones).enumerate() {
-        // If the deepest op above this path is a directory mask, the mount point must be
-        // made inside the mask's tmpfs first.
-        let parent_op = applied
-            .iter()
-            .rev()
-            .filter(|a| op.path.starts_with(&a.path) && a.path != op.path)
-            .max_by_key(|a| depth(&a.path));
-        if let Some(parent) = parent_op
-            && parent.kind == OpKind::Mask
-            && let Some((mpath, mrel)) = masks.iter().find(|(m, _)| *m == parent.path)
-        {
-            let rel = op
-                .path
-                .strip_prefix(mpath)
-                .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
-            make_mount_point(&scratch, &mrel.join(rel), op.is_dir)?;
-        } else if parent_op.is_none()
-            && let Some(tmp) = &plan.tmp
-            && tmp.holds(&op.path)
-            && !tmp.dirs.contains(&op.path)
-        {
-            // A path of the host's /tmp that the run names: its mount point is made in
-            // the private temporary directory that hides the host's.
-            super::tmp::make_mount_point(&op.path, op.is_dir)?;
-        }
-        let target = c_path(&op.path)?;
-        let what = || format!("{:?} {}", op.kind, op.path.display());
-        match op.kind {
-            OpKind::Writable | OpKind::Readable => {
-                let fd = clone.ok_or_else(|| Error::Usage("missing clone".into()))?;
-                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
-            }
-            OpKind::Mask => {
-                let src = if op.is_dir {
-                    let rel = PathBuf::from(format!("m{i}"));
-                    let has_children = plan
-                        .ops
-                        .iter()
-                        .any(|o| o.path != op.path && o.path.starts_with(&op.path));
-                    let mode = if has_children { 0o111 } else { 0 };
-                    step(
-                        what,
-                        nix::sys::stat::mkdirat(
-                            scratch.as_fd(),
-                            &rel,
-                            Mode::from_bits_truncate(mode),
-                        ),
-                    )?;
-                    masks.push((op.path.clone(), rel.clone()));
-                    rel
-                } else {
-                    PathBuf::from("empty")
-                };
-                let fd = step(
-                    what,
-                    sys::open_tree(Some(scratch.as_fd()), &c_path(&src)?, sys::OPEN_TREE_CLONE),
-                )?;
-                step(
-                    what,
-                    sys::mount_setattr_fd(fd.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0),
-                )?;
-                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
-            }
-            OpKind::Pin | OpKind::Protect => {
-                let is_link =
-                    std::fs::symlink_metadata(&op.path).is_ok_and(|m| m.file_type().is_symlink());
-                let fd = if is_link {
-                    // The link itself becomes the mount point (move_mount does not follow
-                    // it), so it can be neither replaced nor re-pointed. It shows a
-                    // read-only copy of its target as seen now (masks included) when that
-                    // is a file, else the empty unreadable file.
-                    match std::fs::canonicalize(&op.path).ok().filter(|t| t.is_file()) {
-                        Some(t) => step(
-                            what,
-                            sys::open_tree(None, &c_path(&t)?, sys::OPEN_TREE_CLONE),
-                        )?,
-                        None => step(
-                            what,
-                            sys::open_tree(Some(scratch.as_fd()), empty, sys::OPEN_TREE_CLONE),
-                        )?,
-                    }
-                } else {
-                    step(
-                        what,
-                        sys::open_tree(None, &target, sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE),
-                    )?
-                };
-                if op.kind == OpKind::Protect {
-                    step(
-                        what,
-                        sys::mount_setattr_fd(fd.as_fd(), true, sys::MOUNT_ATTR_RDONLY, 0),
-                    )?;
-                }
-                step(what, sys::move_mount(fd.as_fd(), None, &target, 0))?;
-            }
-        }
-        applied.push(op);
+    Ok(scratch)
+}
+
+/// The empty mode-0 file of the mask tmpfs.
+const MASK_FILE: &CStr = c"empty";
+
+/// Makes `op`'s mount point where the tree above it does not hold one: inside the
+/// tmpfs of a directory mask (the deepest op of those `applied` above it, with the
+/// `masks` applied so far), or in the private temporary directory for a path of the
+/// host's `/tmp`.
+fn make_parent_mount_point(
+    plan: &FsPlan,
+    op: &MountOp,
+    (applied, masks): (&[&MountOp], &[(PathBuf, PathBuf)]),
+    scratch: &OwnedFd,
+) -> Result<()> {
+    // If the deepest op above this path is a directory mask, the mount point must be
+    // made inside the mask's tmpfs first.
+    let parent_op = applied
+        .iter()
+        .rev()
+        .filter(|a| op.path.starts_with(&a.path) && a.path != op.path)
+        .max_by_key(|a| depth(&a.path));
+    if let Some(parent) = parent_op
+        && parent.kind == OpKind::Mask
+        && let Some((mpath, mrel)) = masks.iter().find(|(m, _)| *m == parent.path)
+    {
+        let rel = op
+            .path
+            .strip_prefix(mpath)
+            .map_err(|_| Error::Usage("mask bookkeeping".into()))?;
+        make_mount_point(scratch, &mrel.join(rel), op.is_dir)?;
+    } else if parent_op.is_none()
+        && let Some(tmp) = &plan.tmp
+        && tmp.holds(&op.path)
+        && !tmp.dirs.contains(&op.path)
+    {
+        // A path of the host's /tmp that the run names: its mount point is made in
+        // the private temporary directory that hides the host's.
+        super::tmp::make_mount_point(&op.path, op.is_dir)?;
     }
     Ok(())
+}
+
+/// Mask `op` (the `i`th of `plan`) at `target`: a read-only copy of an empty directory of
+/// the `scratch` tmpfs (mode 0111 when other operations lie beneath it, else 0), or of
+/// its empty file. The directory's path in `scratch`, for a directory mask.
+fn attach_mask(
+    plan: &FsPlan,
+    (i, op): (usize, &MountOp),
+    scratch: &OwnedFd,
+    target: &CStr,
+) -> Result<Option<PathBuf>> {
+    let what = || describe(op);
+    let dir = if op.is_dir {
+        let rel = PathBuf::from(format!("m{i}"));
+        let has_children = plan
+            .ops
+            .iter()
+            .any(|o| o.path != op.path && o.path.starts_with(&op.path));
+        let mode = if has_children { 0o111 } else { 0 };
+        step(
+            what,
+            nix::sys::stat::mkdirat(scratch.as_fd(), &rel, Mode::from_bits_truncate(mode)),
+        )?;
+        Some(rel)
+    } else {
+        None
+    };
+    let src = dir.clone().unwrap_or_else(|| PathBuf::from("empty"));
+    let fd = step(
+        what,
+        sys::open_tree(Some(scratch.as_fd()), &c_path(&src)?, sys::OPEN_TREE_CLONE),
+    )?;
+    step(
+        what,
+        sys::mount_setattr_fd(fd.as_fd(), false, sys::MOUNT_ATTR_RDONLY, 0),
+    )?;
+    step(what, sys::move_mount(fd.as_fd(), None, target, 0))?;
+    Ok(dir)
+}
+
+/// Pin or protect `op` at `target`: a bind of the path onto itself (read-only for a
+/// protected path), so that it can be neither renamed nor replaced.
+fn attach_protected(op: &MountOp, scratch: &OwnedFd, target: &CStr) -> Result<()> {
+    let what = || describe(op);
+    let is_link = std::fs::symlink_metadata(&op.path).is_ok_and(|m| m.file_type().is_symlink());
+    let fd = if is_link {
+        // The link itself becomes the mount point (move_mount does not follow
+        // it), so it can be neither replaced nor re-pointed. It shows a
+        // read-only copy of its target as seen now (masks included) when that
+        // is a file, else the empty unreadable file.
+        match std::fs::canonicalize(&op.path).ok().filter(|t| t.is_file()) {
+            Some(t) => step(
+                what,
+                sys::open_tree(None, &c_path(&t)?, sys::OPEN_TREE_CLONE),
+            )?,
+            None => step(
+                what,
+                sys::open_tree(Some(scratch.as_fd()), MASK_FILE, sys::OPEN_TREE_CLONE),
+            )?,
+        }
+    } else {
+        step(
+            what,
+            sys::open_tree(None, target, sys::OPEN_TREE_CLONE | sys::AT_RECURSIVE),
+        )?
+    };
+    if op.kind == OpKind::Protect {
+        step(
+            what,
+            sys::mount_setattr_fd(fd.as_fd(), true, sys::MOUNT_ATTR_RDONLY, 0),
+        )?;
+    }
+    step(what, sys::move_mount(fd.as_fd(), None, target, 0))
 }
 
 /// The detached copies of the plan's writable roots and re-opened reads, one per

@@ -30,26 +30,3 @@ pub(crate) use apply::{apply, cover_file, detached_copies};
 pub(crate) use plan::{FsPlan, OpKind, plan};
 pub(crate) use protect::Placeholder;
 pub(crate) use quarantine::{Watch, quarantine};
-
-#[cfg(test)]
-mod test_support {
-    use std::path::PathBuf;
-
-    /// A fresh, canonical scratch directory, removed on drop.
-    pub(super) struct TempDir(pub(super) PathBuf);
-
-    impl TempDir {
-        pub(super) fn new(tag: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("shim-fs-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Self(std::fs::canonicalize(&p).unwrap())
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}

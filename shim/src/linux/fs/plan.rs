@@ -293,11 +293,11 @@ pub(super) fn order(mut ops: Vec<MountOp>) -> Vec<MountOp> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linux::fs::test_support::TempDir;
+    use crate::testing::TempDir;
 
     #[test]
     fn plan_orders_ops_shallowest_first_and_pins_git() {
-        let t = TempDir::new("order");
+        let t = TempDir::new("fs-order");
         let w = t.0.join("w");
         std::fs::create_dir_all(w.join(".git/hooks")).unwrap();
         std::fs::write(w.join(".git/config"), "").unwrap();
@@ -370,7 +370,7 @@ mod tests {
     #[test]
     fn a_strangers_plan_masks_the_closed_directories_on_the_way() {
         use std::os::unix::fs::PermissionsExt;
-        let t = TempDir::new("closed");
+        let t = TempDir::new("fs-closed");
         let (closed, open) = (t.0.join("closed"), t.0.join("open"));
         for d in [
             closed.join("w"),
@@ -407,7 +407,7 @@ mod tests {
     #[test]
     fn a_strangers_allow_read_is_an_idmapped_copy_with_the_way_held_open() {
         use std::os::unix::fs::PermissionsExt;
-        let t = TempDir::new("grant");
+        let t = TempDir::new("fs-grant");
         let (closed, open, w) = (t.0.join("closed"), t.0.join("open"), t.0.join("w"));
         let private = open.join("private");
         for d in [

@@ -1,7 +1,7 @@
 //! Unit tests of `protect`.
 
 use super::*;
-use crate::linux::fs::test_support::TempDir;
+use crate::testing::TempDir;
 
 fn guarded(out: &Protections, path: &Path, guard: Guard) -> bool {
     out.paths.iter().any(|p| p.path == path && p.guard == guard)
@@ -9,7 +9,7 @@ fn guarded(out: &Protections, path: &Path, guard: Guard) -> bool {
 
 #[test]
 fn links_are_guarded_with_their_targets_and_a_dangling_target_gets_a_placeholder() {
-    let t = TempDir::new("links");
+    let t = TempDir::new("fs-links");
     let w = t.0.join("home");
     std::fs::create_dir_all(w.join("dotfiles")).unwrap();
     std::fs::write(w.join("dotfiles/bashrc"), "").unwrap();
@@ -41,7 +41,7 @@ fn links_are_guarded_with_their_targets_and_a_dangling_target_gets_a_placeholder
 
 #[test]
 fn outside_home_missing_per_user_files_are_watched_not_created() {
-    let t = TempDir::new("watched");
+    let t = TempDir::new("fs-watched");
     let w = t.0.join("project");
     std::fs::create_dir_all(w.join("dotfiles/config")).unwrap();
     std::os::unix::fs::symlink("dotfiles/config", w.join(".config")).unwrap();
@@ -78,7 +78,7 @@ fn outside_home_missing_per_user_files_are_watched_not_created() {
 
 #[test]
 fn a_placeholder_that_was_written_to_stays() {
-    let t = TempDir::new("placeholder");
+    let t = TempDir::new("fs-placeholder");
     let ph = create_placeholder(&t.0.join(".mcp.json"), false)
         .unwrap()
         .unwrap();

@@ -156,11 +156,11 @@ pub(crate) fn quarantine(watch: &[Watch]) -> Vec<Tampering> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linux::fs::test_support::TempDir;
+    use crate::testing::TempDir;
 
     #[test]
     fn a_new_path_is_moved_aside_once() {
-        let t = TempDir::new("quarantine");
+        let t = TempDir::new("fs-quarantine");
         let watch: Vec<Watch> = ["commondir", "absent"]
             .iter()
             .map(|n| Watch::new(&t.0, Path::new(n), TamperKind::GitCommondir).unwrap())
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_new_file_below_new_directories_is_moved_and_the_directories_stay() {
-        let t = TempDir::new("quarantine-deep");
+        let t = TempDir::new("fs-quarantine-deep");
         let rel = Path::new(".config/git/config");
         let watch = [Watch::new(&t.0, rel, TamperKind::DenySet).unwrap()];
         std::fs::create_dir_all(t.0.join(".config/git")).unwrap();
@@ -189,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_link_made_on_the_way_is_moved_and_its_target_untouched() {
-        let t = TempDir::new("quarantine-link");
+        let t = TempDir::new("fs-quarantine-link");
         let elsewhere = t.0.join("elsewhere");
         std::fs::create_dir_all(elsewhere.join("git")).unwrap();
         std::fs::write(elsewhere.join("git/config"), "host's own\n").unwrap();
@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn a_link_the_host_had_at_start_is_left_alone() {
-        let t = TempDir::new("quarantine-hostlink");
+        let t = TempDir::new("fs-quarantine-hostlink");
         let elsewhere = t.0.join("elsewhere");
         std::fs::create_dir_all(&elsewhere).unwrap();
         let root = t.0.join("root");
@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn nothing_is_watched_below_a_file() {
-        let t = TempDir::new("quarantine-file");
+        let t = TempDir::new("fs-quarantine-file");
         std::fs::write(t.0.join(".config"), "").unwrap();
         assert!(Watch::new(&t.0, Path::new(".config/git/config"), TamperKind::DenySet).is_none());
     }

@@ -1,7 +1,7 @@
 //! Unit tests of `repos`.
 
 use super::*;
-use crate::linux::fs::test_support::TempDir;
+use crate::testing::TempDir;
 
 fn found(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -11,7 +11,7 @@ fn found(root: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn nested_repositories_are_found_in_a_wide_tree_and_none_twice() {
-    let t = TempDir::new("repos-wide");
+    let t = TempDir::new("fs-repos-wide");
     let w = &t.0;
     std::fs::create_dir_all(w.join(".git")).unwrap(); // the root's own: not listed
     let mut expected = Vec::new();
@@ -40,7 +40,7 @@ fn nested_repositories_are_found_in_a_wide_tree_and_none_twice() {
 
 #[test]
 fn links_git_internals_node_modules_and_cache_contents_are_not_searched() {
-    let t = TempDir::new("repos-pruned");
+    let t = TempDir::new("fs-repos-pruned");
     let w = t.0.join("root");
     let elsewhere = t.0.join("elsewhere");
     std::fs::create_dir_all(elsewhere.join("repo/.git")).unwrap();
@@ -63,7 +63,7 @@ fn links_git_internals_node_modules_and_cache_contents_are_not_searched() {
 
 #[test]
 fn a_root_that_is_missing_or_a_file_has_none() {
-    let t = TempDir::new("repos-none");
+    let t = TempDir::new("fs-repos-none");
     assert!(found(&t.0.join("missing")).is_empty());
     std::fs::write(t.0.join("file"), "").unwrap();
     assert!(found(&t.0.join("file")).is_empty());

@@ -147,7 +147,7 @@ fn profile_rejects_unknown_keys_and_merges() {
 
 #[test]
 fn example_profile_parses() {
-    let p: Options = toml::from_str(include_str!("../examples/profile.toml")).unwrap();
+    let p: Options = toml::from_str(include_str!("../../examples/profile.toml")).unwrap();
     assert!(p.mediator_socket.is_some() && p.report && !p.allow_unix_sockets);
 }
 

@@ -2,6 +2,9 @@
 //! options ([`Options`]: the flags of [`Cli`], or a profile file) as typed, then one
 //! validated [`Settings`] that the rest of the shim trusts.
 
+mod config;
+mod tmp;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -9,6 +12,8 @@ use clap::{Parser, ValueEnum};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use config::from_config;
+pub(crate) use tmp::TmpSize;
 
 /// `shim`: confine one command (and everything it starts) and bind it to its authority's
 /// mediator channel.
@@ -334,65 +339,6 @@ pub(crate) enum ChannelSpec {
     },
 }
 
-/// The private temporary directory: a tmpfs at `/tmp` and `/var/tmp` inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TmpSize(String);
-
-impl TmpSize {
-    /// The default bound: half the memory, as the kernel bounds a tmpfs by default.
-    pub(crate) const DEFAULT: &'static str = "50%";
-
-    /// A `--tmp-size` value: a positive number of bytes with an optional `k`, `m`, `g` or
-    /// `t` suffix (binary multiples, as tmpfs reads them), or a percentage from 1 to 100.
-    ///
-    /// # Errors
-    /// [`Error::Usage`] naming the value and the forms it may take (0 would mean no
-    /// bound at all to the kernel, so it is refused).
-    pub(crate) fn parse(value: &str) -> Result<Self> {
-        let bad = || {
-            Error::Usage(format!(
-                "--tmp-size {value:?}: give a size such as 512m, 2g or 25% (of the memory); 0 is not a bound"
-            ))
-        };
-        let (digits, percent) = match value.strip_suffix('%') {
-            Some(d) => (d, true),
-            None => (
-                value.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T']),
-                false,
-            ),
-        };
-        if value.len() - digits.len() > 1 || digits.is_empty() || digits.len() > 15 {
-            return Err(bad());
-        }
-        let n: u64 = digits.parse().map_err(|_| bad())?;
-        if n == 0 || !digits.bytes().all(|b| b.is_ascii_digit()) || (percent && n > 100) {
-            return Err(bad());
-        }
-        Ok(Self(value.to_ascii_lowercase()))
-    }
-
-    /// The private temporary directory of a profile's `tmp` (or `--no-tmp`) and
-    /// `--tmp-size`: `None` when it is off.
-    ///
-    /// # Errors
-    /// [`Error::Usage`] for a bad size, or a size for a directory turned off.
-    fn setting(on: Option<bool>, size: Option<String>) -> Result<Option<Self>> {
-        match (on, size) {
-            (Some(false), Some(_)) => Err(Error::Usage(
-                "tmp = false turns the private temporary directory off; it takes no tmp_size"
-                    .into(),
-            )),
-            (Some(false), None) => Ok(None),
-            (_, size) => Self::parse(size.as_deref().unwrap_or(Self::DEFAULT)).map(Some),
-        }
-    }
-
-    /// The value as tmpfs's `size=` option takes it.
-    pub(crate) fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 /// Where the CA certificate to trust inside comes from (for error messages).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CaOrigin {
@@ -596,113 +542,5 @@ fn channel_spec(socket: Option<PathBuf>, o: &mut Options) -> Result<ChannelSpec>
     })
 }
 
-/// What the shim takes from a mediator config for one authority.
-struct FromConfig {
-    /// `<listen.socket_dir>/<authority>.sock`.
-    socket: PathBuf,
-    /// The mediator's CA certificate, when the authority terminates TLS.
-    ca: Option<CaCert>,
-    /// The admin API (`[listen] admin_socket`, else `admin`), if any.
-    admin: Option<AdminEndpoint>,
-    /// `child_env` and its placeholder, for each credential of the authority that has one.
-    child_env: Vec<(String, String)>,
-    /// Every `secret_env` of the config, of any authority (the child must not inherit
-    /// them: a secret stays with the mediator).
-    hidden_env: Vec<String>,
-    /// The mediator's files the config names ([`crate::secrets::from_config`]).
-    mediator_paths: Vec<crate::secrets::MediatorPath>,
-}
-
-/// Reads the mediator config `config` with the mediator's own parser
-/// (`policy::config::parse`: a config the mediator would refuse is refused here too) and
-/// takes what the shim needs for `authority` (see [`FromConfig`]). The CA certificate is
-/// `<[tls] ca_dir>/ca.pem`, read later, never created here; a secret's file is not even
-/// opened.
-///
-/// # Errors
-/// [`Error::ProfileRead`] for a config that cannot be read, [`Error::Config`] for one the
-/// mediator would refuse, [`Error::Usage`] for an invalid authority name or no
-/// `listen.socket_dir`, [`Error::UnknownAuthority`] for an authority the file lacks and
-/// that has no socket (one created through the admin API is not in the file, but its
-/// socket exists).
-fn from_config(config: &Path, authority: &str) -> Result<FromConfig> {
-    if authority.is_empty() || authority.contains('/') || authority.starts_with('.') {
-        return Err(Error::Usage(format!(
-            "--authority {authority:?} is not a valid authority name"
-        )));
-    }
-    let text = std::fs::read_to_string(config).map_err(|source| Error::ProfileRead {
-        path: config.to_owned(),
-        source,
-    })?;
-    let parsed = policy::config::parse(&text, &config.display().to_string()).map_err(|source| {
-        Error::Config {
-            path: config.to_owned(),
-            source,
-        }
-    })?;
-    let socket = parsed.listen.socket_path(authority).ok_or_else(|| {
-        Error::Usage(format!(
-            "{}: no listen.socket_dir, so no per-authority socket",
-            config.display()
-        ))
-    })?;
-    let admin = match (&parsed.listen.admin_socket, parsed.listen.admin) {
-        (Some(path), _) => Some(AdminEndpoint::Unix(path.clone())),
-        (None, Some(addr)) => Some(AdminEndpoint::Tcp(addr)),
-        (None, None) => None,
-    };
-    let found = parsed.authority(authority);
-    if found.is_none()
-        && std::fs::symlink_metadata(&socket)
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-    {
-        return Err(Error::UnknownAuthority {
-            authority: authority.to_owned(),
-            config: config.to_owned(),
-            listed: parsed
-                .authorities
-                .iter()
-                .map(|a| a.grant.name().to_owned())
-                .collect(),
-            socket,
-        });
-    }
-    // The mediator refuses tls_terminate without a ca_dir, so the parse above did too.
-    let ca = found
-        .filter(|a| a.grant.terminates_any())
-        .and(parsed.tls.ca_dir.as_deref())
-        .map(|dir| CaCert {
-            path: dir.join(certs::CA_CERT_FILE),
-            origin: CaOrigin::Config {
-                config: config.to_owned(),
-                authority: authority.to_owned(),
-            },
-        });
-    let child_env = found
-        .into_iter()
-        .flat_map(|a| &a.credentials)
-        .filter_map(|c| Some((c.child_env()?.to_owned(), c.placeholder()?.to_owned())))
-        .collect();
-    let hidden_env = parsed
-        .authorities
-        .iter()
-        .flat_map(|a| &a.credentials)
-        .filter_map(|c| match &c.source {
-            policy::config::SecretSource::Env(var) => Some(var.clone()),
-            policy::config::SecretSource::File(_) => None,
-        })
-        .collect();
-    Ok(FromConfig {
-        socket,
-        ca,
-        admin,
-        child_env,
-        hidden_env,
-        mediator_paths: crate::secrets::from_config(&parsed, config),
-    })
-}
-
 #[cfg(test)]
-#[path = "cli_tests.rs"]
 mod tests;

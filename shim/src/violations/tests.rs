@@ -2,7 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::sink::{STREAM_BURST, STREAM_RATE, Stream};
+use super::tally::MAX_PATHS;
+use super::walls::beneath;
 use super::*;
+use crate::error::Error;
 
 fn walls() -> Walls {
     Walls::new(vec![
@@ -15,6 +19,25 @@ fn walls() -> Walls {
         (PathBuf::from("/w/.zshrc"), Wall::Watched),
         (PathBuf::from("/dev"), Wall::Writable),
     ])
+}
+
+/// Violations judged against [`walls`] and written to a fresh file of this test process
+/// for the test `name`: the file's path, and the violations.
+fn written_to_a_file(name: &str) -> (PathBuf, Violations) {
+    let path = std::env::temp_dir().join(format!("shim-stream-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let v = Violations::new(Some(Sink::open(path.to_str().unwrap()).unwrap()), false);
+    v.observe_with(walls());
+    (path, v)
+}
+
+/// The JSON lines of the file at `path`, which is removed.
+fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::remove_file(path).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -169,12 +192,7 @@ fn the_stream_is_bounded_and_says_what_it_held_back() {
         refill
     );
     stream.flush_held("t3");
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&path);
     assert_eq!(lines.len(), burst + 1 + 1 + refill + 1);
     let held = &lines[burst];
     assert_eq!(held["type"], "fs_suppressed");
@@ -195,10 +213,7 @@ fn the_stream_is_bounded_and_says_what_it_held_back() {
 
 #[test]
 fn the_report_counts_what_the_stream_held_back() {
-    let path = std::env::temp_dir().join(format!("shim-stream-report-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let v = Violations::new(Some(Sink::open(path.to_str().unwrap()).unwrap()), false);
-    v.observe_with(walls());
+    let (path, v) = written_to_a_file("report");
     let n = STREAM_BURST as u64 + 1_000;
     for i in 0..n {
         let a = Attempt {
@@ -210,17 +225,12 @@ fn the_report_counts_what_the_stream_held_back() {
     }
     v.finish();
     let s = v.summary();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
+    let lines = json_lines(&path);
     assert_eq!(s["denied"], n);
     // Some of the last thousand were held back: the rate refills only 100 a second, and
     // the loop takes far less than the 10 s it would need to refill them all.
     let held = s["stream_suppressed"].as_u64().unwrap();
     assert!((1..=1_000).contains(&held), "{held}");
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let said: u64 = lines
         .iter()
         .filter(|l| l["type"] == "fs_suppressed")
@@ -234,10 +244,7 @@ fn the_report_counts_what_the_stream_held_back() {
 #[test]
 fn a_path_that_is_not_utf8_is_written_and_reported() {
     use std::os::unix::ffi::OsStrExt;
-    let path = std::env::temp_dir().join(format!("shim-stream-utf8-{}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let v = Violations::new(Some(Sink::open(path.to_str().unwrap()).unwrap()), false);
-    v.observe_with(walls());
+    let (path, v) = written_to_a_file("utf8");
     let name = PathBuf::from(std::ffi::OsStr::from_bytes(b"/etc/a\xffb"));
     v.observe(
         Attempt {
@@ -248,9 +255,9 @@ fn a_path_that_is_not_utf8_is_written_and_reported() {
         &HostView::default(),
     );
     let s = v.summary();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let lines = json_lines(&path);
+    assert_eq!(lines.len(), 1);
+    let line = &lines[0];
     assert_eq!(line["path"], "/etc/a\u{fffd}b");
     assert_eq!(line["path_hex"], "2f6574632f61ff62");
     assert_eq!(s["paths"][0]["path"], "/etc/a\u{fffd}b");
