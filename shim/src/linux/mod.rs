@@ -54,7 +54,9 @@ impl Backend for Linux {
     /// Placeholders created for missing protected paths, and the job's CA files, are
     /// removed before returning, and by a janitor process if the shim itself is killed.
     /// Errors that happen inside the sandbox after `clone` are printed there and yield
-    /// [`EXIT_SHIM_FAILURE`] (or [`EXIT_CANNOT_EXECUTE`], [`EXIT_NOT_FOUND`] for `execve`).
+    /// [`EXIT_SHIM_FAILURE`] (or
+    /// [`EXIT_CANNOT_EXECUTE`](crate::sandbox::EXIT_CANNOT_EXECUTE),
+    /// [`EXIT_NOT_FOUND`](crate::sandbox::EXIT_NOT_FOUND) for `execve`).
     fn probe_fd(&self, fd: std::os::fd::RawFd) -> Option<bool> {
         sys::probe_fd(fd)
     }
