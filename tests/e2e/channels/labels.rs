@@ -119,8 +119,7 @@ async fn a_header_out_of_bounds_is_refused_bad_request() -> Result<()> {
     // Turn the invocation TLV (type 0xE0 right after the 16-byte fixed part) into 0xE5.
     ensure!(wire[16] == 0xE0, "{wire:?}");
     wire[16] = 0xE5;
-    conn.send(&wire).await?;
-    let resp = conn.connect(&fx.origin_target(), None).await?;
+    let resp = refused_in_one_write(&mut conn, wire, &fx.origin_target()).await?;
     let denial = fx
         .mediator
         .expect_deny(
@@ -148,6 +147,21 @@ async fn a_header_out_of_bounds_is_refused_bad_request() -> Result<()> {
     Ok(())
 }
 
+/// Sends `wire` and a CONNECT to `target` in one write and reads the answer: a header the
+/// mediator refuses is answered at once and the connection closed, so a CONNECT written
+/// after it could meet a closed socket (EPIPE) instead of the answer.
+async fn refused_in_one_write(
+    conn: &mut e2e::HttpConn,
+    mut wire: Vec<u8>,
+    target: &str,
+) -> Result<e2e::HttpResponse> {
+    wire.extend_from_slice(
+        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+    );
+    conn.send(&wire).await?;
+    conn.read_response(true).await
+}
+
 /// What a confined client would try: the shim's header is in front, so the client's own
 /// header is the start of its request: not HTTP, refused `malformed_target`, and the line
 /// carries the shim's labels, not the forged ones.
@@ -156,8 +170,7 @@ async fn a_second_header_is_client_bytes_and_cannot_relabel() -> Result<()> {
     let mut conn = fx.unix_conn(AGENT_A).await?;
     let mut wire = labels("inv-host", &["tool=real"]);
     wire.extend_from_slice(&labels("inv-forged", &["tool=forged"]));
-    conn.send(&wire).await?;
-    let resp = conn.connect(&fx.origin_target(), None).await?;
+    let resp = refused_in_one_write(&mut conn, wire, &fx.origin_target()).await?;
     fx.mediator
         .expect_deny(
             &resp,
