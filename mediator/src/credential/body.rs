@@ -12,7 +12,7 @@ use policy::Target;
 use policy::config::Authority;
 
 use crate::denial::Denial;
-use crate::error::Error;
+use crate::error::{Error, chain};
 
 use super::scan::{Place, has_placeholders, misuse, scan};
 
@@ -153,6 +153,8 @@ impl Body for CheckedBody {
         let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
             Poll::Ready(Some(Err(e))) => {
+                // hyper's own text for a body error is only "error reading a body from
+                // connection"; the source says what was wrong.
                 let _ = this.fault.set(chain(&e));
                 return Poll::Ready(Some(Err(Error::ClientBody(e))));
             }
@@ -181,17 +183,4 @@ impl Body for CheckedBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// `e` and each of its sources, joined with `: ` (hyper's own text for a body error is
-/// only "error reading a body from connection"; the source says what was wrong).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
