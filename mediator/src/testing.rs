@@ -53,3 +53,16 @@ pub(crate) fn shared(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
         boot: 0,
     }))
 }
+
+/// An environment of fixed `pairs` (name, value), as the readers of variables take one:
+/// the value of the first pair called `name`, if any.
+pub(crate) fn env<T: From<&'static str>>(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<T> {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| T::from(v))
+    }
+}
