@@ -14,7 +14,7 @@ use policy::config::Authority;
 use crate::denial::Denial;
 use crate::error::{Error, chain};
 
-use super::scan::{Place, has_placeholders, misuse, scan};
+use super::scan::{Place, has_placeholders, refuse_found, scan};
 
 /// The trailer fields of a request of `authority` to `target` (RFC 9110 section 6.5): a
 /// placeholder there is never replaced (a credential's header is a header, not a
@@ -33,18 +33,12 @@ pub(crate) fn check_trailers(
     let texts = trailers
         .iter()
         .map(|(name, value)| (Place::Trailer(name.as_str().to_owned()), value.as_bytes()));
-    match scan(authority, texts) {
-        None => Ok(()),
-        Some(found) => Err(misuse(
-            authority,
-            &found,
-            target,
-            &format!(
-                "{}, sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
-                found.place_words()
-            ),
-        )),
-    }
+    refuse_found(
+        authority,
+        scan(authority, texts),
+        target,
+        ", sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
+    )
 }
 
 /// A request body passed on upstream with its trailer fields checked
