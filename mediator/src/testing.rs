@@ -56,6 +56,7 @@ pub(crate) fn shared(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
 
 /// An environment of fixed `pairs` (name, value), as the readers of variables take one:
 /// the value of the first pair called `name`, if any.
+#[cfg(test)]
 pub(crate) fn env<T: From<&'static str>>(
     pairs: &'static [(&'static str, &'static str)],
 ) -> impl Fn(&str) -> Option<T> {
