@@ -67,3 +67,9 @@ pub(crate) fn env<T: From<&'static str>>(
             .map(|(_, v)| T::from(v))
     }
 }
+
+/// The target `host:port` (authority-form, as `CONNECT` names it).
+#[cfg(test)]
+pub(crate) fn target(authority_form: &str) -> policy::Target {
+    policy::parse_authority_form(authority_form).unwrap()
+}

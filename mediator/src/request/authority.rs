@@ -89,10 +89,7 @@ fn authority_matches(value: &str, target: &Target) -> Result<(), AuthorityError>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn target(s: &str) -> Target {
-        parse_authority_form(s).unwrap()
-    }
+    use crate::testing::target;
 
     fn request(uri: &str, hosts: &[&str]) -> http::Request<()> {
         let mut b = http::Request::builder().uri(uri);

@@ -189,10 +189,7 @@ mod tests {
     use crate::route::strategy::select;
     use crate::route::system::Setting;
     use crate::testing::env;
-
-    fn t(s: &str) -> Target {
-        policy::parse_authority_form(s).unwrap()
-    }
+    use crate::testing::target as t;
 
     #[test]
     fn no_proxy_follows_curl() {

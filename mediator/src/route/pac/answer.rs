@@ -119,10 +119,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn t(s: &str) -> Target {
-        parse_authority_form(s).unwrap()
-    }
+    use crate::testing::target as t;
 
     #[test]
     fn pac_answers() {
