@@ -73,3 +73,16 @@ pub(crate) fn env<T: From<&'static str>>(
 pub(crate) fn target(authority_form: &str) -> policy::Target {
     policy::parse_authority_form(authority_form).unwrap()
 }
+
+/// A new temporary directory holding one file, `name`, with `contents`: the directory
+/// (removed when dropped) and the file's path.
+#[cfg(test)]
+pub(crate) fn file_in_temp_dir(
+    name: &str,
+    contents: impl AsRef<[u8]>,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}
