@@ -548,22 +548,12 @@ fn create_error(e: CreateError) -> Response<Body> {
                 }),
             )
         }
-        CreateError::Duplicate(name) => json_response(
-            StatusCode::CONFLICT,
-            &json!({
-                "error": "duplicate_authority",
-                "field": "name",
-                "message": format!("authority {name:?} exists; grants are immutable: DELETE it first to replace it"),
-            }),
-        ),
-        CreateError::OfTheFile(name) => json_response(
-            StatusCode::CONFLICT,
-            &json!({
-                "error": "duplicate_authority",
-                "field": "name",
-                "message": format!("authority {name:?} is defined by the configuration file (a name is either config or api, also while the file's is revoked): choose another name, or change the file and reload"),
-            }),
-        ),
+        CreateError::Duplicate(name) => name_taken(&format!(
+            "authority {name:?} exists; grants are immutable: DELETE it first to replace it"
+        )),
+        CreateError::OfTheFile(name) => name_taken(&format!(
+            "authority {name:?} is defined by the configuration file (a name is either config or api, also while the file's is revoked): choose another name, or change the file and reload"
+        )),
         CreateError::Unavailable(why) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({
@@ -585,6 +575,14 @@ fn create_error(e: CreateError) -> Response<Body> {
             )
         }
     }
+}
+
+/// The `409 duplicate_authority` answer to a create whose name is taken, saying why.
+fn name_taken(message: &str) -> Response<Body> {
+    json_response(
+        StatusCode::CONFLICT,
+        &json!({ "error": "duplicate_authority", "field": "name", "message": message }),
+    )
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {

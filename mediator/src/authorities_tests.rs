@@ -38,15 +38,21 @@ fn reload(set: &LiveSet, old: &Arc<Live>, new: &Arc<Live>) {
     set.swap(old, Arc::clone(new)).unwrap();
 }
 
-#[test]
-fn a_connection_two_reloads_old_finds_the_newest_entry_after_the_middle_one_is_gone() {
+/// A set whose first generation was reloaded as a second one: the set, both entries,
+/// and the grant a connection of the first generation holds (nothing else).
+fn reloaded_once() -> (LiveSet, Arc<Live>, Arc<Live>, Arc<Authority>) {
     let set = LiveSet::default();
     let first = generation(1);
     set.insert(Arc::clone(&first)).unwrap();
-    // A connection of the first generation holds its grant, nothing else.
     let held = Arc::clone(&first.authority);
     let second = generation(2);
     reload(&set, &first, &second);
+    (set, first, second, held)
+}
+
+#[test]
+fn a_connection_two_reloads_old_finds_the_newest_entry_after_the_middle_one_is_gone() {
+    let (set, first, second, held) = reloaded_once();
     drop(first);
     let third = generation(3);
     reload(&set, &second, &third);
@@ -58,12 +64,7 @@ fn a_connection_two_reloads_old_finds_the_newest_entry_after_the_middle_one_is_g
 
 #[test]
 fn a_revoked_successor_leaves_the_old_grant_with_no_entry() {
-    let set = LiveSet::default();
-    let first = generation(1);
-    set.insert(Arc::clone(&first)).unwrap();
-    let held = Arc::clone(&first.authority);
-    let second = generation(2);
-    reload(&set, &first, &second);
+    let (set, _first, second, held) = reloaded_once();
     assert_eq!(set.current_of(&held).unwrap().generation, 2);
     drop(set.remove("agent-a"));
     drop(second);

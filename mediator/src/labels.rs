@@ -127,11 +127,7 @@ impl Labels {
         if self.invocation.is_some() {
             return Err(LabelError::TwoInvocations);
         }
-        let ok = (1..=MAX_INVOCATION).contains(&raw.len())
-            && raw
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b));
-        if !ok {
+        if !is_word(raw, MAX_INVOCATION, b".:_-") {
             return Err(LabelError::Invocation(shown(raw)));
         }
         self.invocation = Some(String::from_utf8_lossy(raw).into_owned());
@@ -144,11 +140,7 @@ impl Labels {
             return Err(LabelError::NoEquals(shown(raw)));
         };
         let (key, value) = (&raw[..eq], &raw[eq + 1..]);
-        let key_ok = (1..=MAX_KEY).contains(&key.len())
-            && key
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(b));
-        if !key_ok {
+        if !is_word(key, MAX_KEY, b"._-") {
             return Err(LabelError::Key(shown(key)));
         }
         let key = String::from_utf8_lossy(key).into_owned();
@@ -165,6 +157,14 @@ impl Labels {
             .insert(key, String::from_utf8_lossy(value).into_owned());
         Ok(())
     }
+}
+
+/// Whether `raw` is 1 to `max` bytes, each an ASCII letter, a digit or one of `extra`.
+fn is_word(raw: &[u8], max: usize, extra: &[u8]) -> bool {
+    (1..=max).contains(&raw.len())
+        && raw
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || extra.contains(b))
 }
 
 /// At most 80 bytes of untrusted text, escaped, for an error message.

@@ -181,6 +181,14 @@ mod tests {
         w
     }
 
+    /// Members watching two new signals: the replacement signal, the closing signal, the
+    /// members.
+    fn watched() -> (CancellationToken, CancellationToken, Arc<Members>) {
+        let (replaced, closing) = (CancellationToken::new(), CancellationToken::new());
+        let members = Arc::new(Members::new(replaced.clone(), closing.clone()));
+        (replaced, closing, members)
+    }
+
     /// Lets the watcher task run to its next wait (current-thread runtime).
     async fn settle() {
         for _ in 0..8 {
@@ -190,8 +198,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn each_member_is_told_of_each_signal_once_by_the_walk_or_its_join() {
-        let (replaced, closing) = (CancellationToken::new(), CancellationToken::new());
-        let members = Arc::new(Members::new(replaced.clone(), closing.clone()));
+        let (replaced, closing, members) = watched();
         let (early, left, late) = (
             Arc::new(Counting::default()),
             Arc::new(Counting::default()),
@@ -231,8 +238,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn closing_without_a_replacement_cuts_without_judging() {
-        let (replaced, closing) = (CancellationToken::new(), CancellationToken::new());
-        let members = Arc::new(Members::new(replaced.clone(), closing.clone()));
+        let (replaced, closing, members) = watched();
         let one = Arc::new(Counting::default());
         let _ = members.join(weak(&one));
         closing.cancel();
@@ -246,8 +252,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_dropped_member_is_skipped() {
-        let (replaced, closing) = (CancellationToken::new(), CancellationToken::new());
-        let members = Arc::new(Members::new(replaced.clone(), closing.clone()));
+        let (replaced, closing, members) = watched();
         let gone = Arc::new(Counting::default());
         let _ = members.join(weak(&gone));
         drop(gone);

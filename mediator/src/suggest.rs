@@ -222,23 +222,7 @@ fn render_flags(authority: &str, denied: &Denied) -> Suggestion {
             comment_text(&e.seen.comment())
         );
     }
-    if !denied.kept.is_empty() {
-        let _ = writeln!(
-            text,
-            "# Stay denied (address class: never widened by a suggestion; use --allow-private only for a destination you mean):"
-        );
-        for ((host, port, reason), seen) in &denied.kept {
-            let _ = writeln!(
-                text,
-                "#   {}",
-                comment_text(&format!(
-                    "{}:{port} {reason} ({})",
-                    show_host(host),
-                    seen.comment()
-                ))
-            );
-        }
-    }
+    write_kept(&mut text, &denied.kept, "--allow-private");
     let flags: Vec<String> = entries
         .iter()
         .flat_map(|e| ["--allow".to_owned(), e.pattern.clone()])
@@ -308,24 +292,31 @@ fn render(
         }
         let _ = writeln!(out, "]");
     }
-    if !kept.is_empty() {
+    write_kept(&mut out, kept, "allow_private");
+    out
+}
+
+/// The address-class denials a suggestion never widens, as comment lines under a header
+/// that names `allow_private` (the flag or key that would) for a destination meant.
+fn write_kept(out: &mut String, kept: &BTreeMap<(String, u16, String), Seen>, allow_private: &str) {
+    if kept.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# Stay denied (address class: never widened by a suggestion; use {allow_private} only for a destination you mean):"
+    );
+    for ((host, port, reason), seen) in kept {
         let _ = writeln!(
             out,
-            "# Stay denied (address class: never widened by a suggestion; use allow_private only for a destination you mean):"
+            "#   {}",
+            comment_text(&format!(
+                "{}:{port} {reason} ({})",
+                show_host(host),
+                seen.comment()
+            ))
         );
-        for ((host, port, reason), seen) in kept {
-            let _ = writeln!(
-                out,
-                "#   {}",
-                comment_text(&format!(
-                    "{}:{port} {reason} ({})",
-                    show_host(host),
-                    seen.comment()
-                ))
-            );
-        }
     }
-    out
 }
 
 /// Entries `host:port`, with names under one registrable domain grouped into `*.domain`

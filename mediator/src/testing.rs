@@ -53,3 +53,36 @@ pub(crate) fn shared(lines: Arc<std::sync::Mutex<Vec<String>>>) -> Arc<Shared> {
         boot: 0,
     }))
 }
+
+/// An environment of fixed `pairs` (name, value), as the readers of variables take one:
+/// the value of the first pair called `name`, if any.
+#[cfg(test)]
+pub(crate) fn env<T: From<&'static str>>(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<T> {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| T::from(v))
+    }
+}
+
+/// The target `host:port` (authority-form, as `CONNECT` names it).
+#[cfg(test)]
+pub(crate) fn target(authority_form: &str) -> policy::Target {
+    policy::parse_authority_form(authority_form).unwrap()
+}
+
+/// A new temporary directory holding one file, `name`, with `contents`: the directory
+/// (removed when dropped) and the file's path.
+#[cfg(test)]
+pub(crate) fn file_in_temp_dir(
+    name: &str,
+    contents: impl AsRef<[u8]>,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}

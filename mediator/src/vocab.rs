@@ -558,18 +558,25 @@ pub(crate) fn serialize_reason<S: Serializer>(r: &policy::Reason, s: S) -> Resul
 pub(crate) fn deserialize_reason<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<policy::Reason, D::Error> {
-    let s = String::deserialize(d)?;
-    policy::Reason::parse(&s)
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown reason {s:?}")))
+    parsed(d, policy::Reason::parse, "reason")
 }
 
 /// Reads a policy [`policy::Verdict`] from `allow` or `deny`.
 pub(crate) fn deserialize_verdict<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<policy::Verdict, D::Error> {
+    parsed(d, policy::Verdict::parse, "decision")
+}
+
+/// Reads a string and turns it into a `T` with `parse`; a string it does not know is the
+/// error `unknown <what> "<string>"`.
+fn parsed<'de, D: Deserializer<'de>, T>(
+    d: D,
+    parse: fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<T, D::Error> {
     let s = String::deserialize(d)?;
-    policy::Verdict::parse(&s)
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown decision {s:?}")))
+    parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown {what} {s:?}")))
 }
 
 /// Serialises a policy [`policy::Verdict`] as `allow` or `deny`.

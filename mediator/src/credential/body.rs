@@ -12,9 +12,9 @@ use policy::Target;
 use policy::config::Authority;
 
 use crate::denial::Denial;
-use crate::error::Error;
+use crate::error::{Error, chain};
 
-use super::scan::{Place, has_placeholders, misuse, scan};
+use super::scan::{Place, has_placeholders, refuse_found, scan};
 
 /// The trailer fields of a request of `authority` to `target` (RFC 9110 section 6.5): a
 /// placeholder there is never replaced (a credential's header is a header, not a
@@ -33,18 +33,12 @@ pub(crate) fn check_trailers(
     let texts = trailers
         .iter()
         .map(|(name, value)| (Place::Trailer(name.as_str().to_owned()), value.as_bytes()));
-    match scan(authority, texts) {
-        None => Ok(()),
-        Some(found) => Err(misuse(
-            authority,
-            &found,
-            target,
-            &format!(
-                "{}, sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
-                found.place_words()
-            ),
-        )),
-    }
+    refuse_found(
+        authority,
+        scan(authority, texts),
+        target,
+        ", sent after the body, where a placeholder is never replaced; the request was cut before the trailer left the mediator",
+    )
 }
 
 /// A request body passed on upstream with its trailer fields checked
@@ -153,6 +147,8 @@ impl Body for CheckedBody {
         let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
             Poll::Ready(Some(Err(e))) => {
+                // hyper's own text for a body error is only "error reading a body from
+                // connection"; the source says what was wrong.
                 let _ = this.fault.set(chain(&e));
                 return Poll::Ready(Some(Err(Error::ClientBody(e))));
             }
@@ -181,17 +177,4 @@ impl Body for CheckedBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-/// `e` and each of its sources, joined with `: ` (hyper's own text for a body error is
-/// only "error reading a body from connection"; the source says what was wrong).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

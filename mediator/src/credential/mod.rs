@@ -26,7 +26,7 @@ use crate::denial::Denial;
 
 pub(crate) use body::CheckedBody;
 pub(crate) use load::load_secrets;
-use scan::{Found, Place, contains, find_placeholder, has_placeholders, misuse};
+use scan::{Found, Place, contains, find_placeholder, has_placeholders, misuse, refuse_found};
 pub(crate) use scan::{Headers, percent_decode};
 
 /// A request's credentials, judged for a terminated request of `authority` to `target`:
@@ -114,18 +114,12 @@ pub(crate) fn check_plain(
     uri: &Uri,
     headers: &HeaderMap,
 ) -> Result<(), Denial> {
-    match find_placeholder(authority, uri, headers) {
-        None => Ok(()),
-        Some(found) => Err(misuse(
-            authority,
-            &found,
-            target,
-            &format!(
-                "{} of a plain http:// request, where no secret is ever added",
-                found.place_words()
-            ),
-        )),
-    }
+    refuse_found(
+        authority,
+        find_placeholder(authority, uri, headers),
+        target,
+        " of a plain http:// request, where no secret is ever added",
+    )
 }
 
 /// The target of a tunnel (`CONNECT host:port`, a SOCKS5 domain name) or of any request,

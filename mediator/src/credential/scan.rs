@@ -150,6 +150,23 @@ pub(super) fn scan<'a, 't>(
     None
 }
 
+/// `Ok` when no placeholder was `found`; else the misuse denial whose why is the place
+/// it was found, in words, then `after`.
+pub(super) fn refuse_found(
+    authority: &Authority,
+    found: Option<Found<'_>>,
+    target: &Target,
+    after: &str,
+) -> Result<(), Denial> {
+    match found {
+        None => Ok(()),
+        Some(found) => {
+            let why = format!("{}{after}", found.place_words());
+            Err(misuse(authority, &found, target, &why))
+        }
+    }
+}
+
 pub(super) fn misuse(
     authority: &Authority,
     found: &Found<'_>,

@@ -107,34 +107,34 @@ impl Ship for Exporter {
 /// WARN when refused or widening, attributes `event`, `action`, `result`, `authority`,
 /// `id`, `run`.
 fn audit(record: &crate::audit::record::AuditRecord, line: &[u8], run: &str) -> LogRecord {
-    let time = u64::try_from(super::since_epoch(&record.ts).as_nanos()).unwrap_or(u64::MAX);
-    let mut attributes = vec![
-        attr("event", "audit"),
-        attr("action", record.action.as_str()),
-        attr("result", record.result.as_str()),
-        attr("id", &record.id.to_string()),
-        attr("run", run),
-    ];
-    if let Some(a) = &record.authority {
-        attributes.push(attr("authority", a));
-    }
+    let attributes = first_attributes(
+        [
+            attr("event", "audit"),
+            attr("action", record.action.as_str()),
+            attr("result", record.result.as_str()),
+        ],
+        &record.id.to_string(),
+        run,
+        record.authority.as_deref(),
+    );
+    let time = nanos(&record.ts);
     log_record(time, record.notable(), line, attributes, "egress.audit")
 }
 
 /// A decision record as a log record.
 fn decision(record: &Record, line: &[u8], run: &str) -> LogRecord {
     let deny = record.decision == policy::Verdict::Deny;
-    let time = u64::try_from(super::since_epoch(&record.ts).as_nanos()).unwrap_or(u64::MAX);
-    let mut attributes = vec![
-        attr("event", record.event.as_str()),
-        attr("decision", record.decision.as_str()),
-        attr("reason", record.reason.as_str()),
-        attr("id", &record.id.to_string()),
-        attr("run", run),
-    ];
-    if let Some(a) = &record.authority {
-        attributes.push(attr("authority", a));
-    }
+    let time = nanos(&record.ts);
+    let mut attributes = first_attributes(
+        [
+            attr("event", record.event.as_str()),
+            attr("decision", record.decision.as_str()),
+            attr("reason", record.reason.as_str()),
+        ],
+        &record.id.to_string(),
+        run,
+        record.authority.as_deref(),
+    );
     if let Some(h) = &record.host {
         attributes.push(attr("host", h));
     }
@@ -152,6 +152,25 @@ fn decision(record: &Record, line: &[u8], run: &str) -> LogRecord {
         attributes.push(attr("asked.from", &asked.from));
     }
     log_record(time, deny, line, attributes, "egress.decision")
+}
+
+/// An RFC 3339 timestamp in nanoseconds since the epoch (`u64::MAX` past 2554).
+fn nanos(ts: &str) -> u64 {
+    u64::try_from(super::since_epoch(ts).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The attributes every exported record starts with: its `own` three (`event` first),
+/// then `id`, `run`, and `authority` when it names one.
+fn first_attributes(
+    own: [KeyValue; 3],
+    id: &str,
+    run: &str,
+    authority: Option<&str>,
+) -> Vec<KeyValue> {
+    let mut attributes = Vec::from(own);
+    attributes.extend([attr("id", id), attr("run", run)]);
+    attributes.extend(authority.map(|a| attr("authority", a)));
+    attributes
 }
 
 /// One log record: at `time` (nanoseconds since the epoch), WARN or INFO, the native line

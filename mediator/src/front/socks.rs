@@ -169,6 +169,26 @@ where
     Ok(None)
 }
 
+/// The first `N` (at least 1) bytes of a message whose first byte is the version `ver`.
+///
+/// # Errors
+/// An I/O error, or `Protocol(wrong)` for another version.
+async fn versioned<const N: usize, S>(
+    io: &mut S,
+    ver: u8,
+    wrong: &'static str,
+) -> Result<[u8; N], SocksError>
+where
+    S: AsyncRead + Unpin,
+{
+    let mut head = [0u8; N];
+    io.read_exact(&mut head).await?;
+    if head[0] != ver {
+        return Err(SocksError::Protocol(wrong));
+    }
+    Ok(head)
+}
+
 /// Method selection (RFC 1928 section 3) and, for username/password, authentication
 /// (RFC 1929 section 2): on the TCP listener the user name and password name the
 /// authority (set in `ctx`); on a Unix socket the channel is the identity and credentials
@@ -181,11 +201,7 @@ async fn method<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut hdr = [0u8; 2];
-    io.read_exact(&mut hdr).await?;
-    if hdr[0] != VER {
-        return Err(SocksError::Protocol("not SOCKS5"));
-    }
+    let hdr: [u8; 2] = versioned(io, VER, "not SOCKS5").await?;
     let mut methods = vec![0u8; usize::from(hdr[1])];
     io.read_exact(&mut methods).await?;
     let on_unix = ctx.authority.is_some();
@@ -202,11 +218,7 @@ where
     if chosen != METHOD_USERPASS {
         return Ok(Ok(()));
     }
-    let mut b = [0u8; 2];
-    io.read_exact(&mut b).await?;
-    if b[0] != USERPASS_VER {
-        return Err(SocksError::Protocol("bad RFC 1929 version"));
-    }
+    let b: [u8; 2] = versioned(io, USERPASS_VER, "bad RFC 1929 version").await?;
     let mut user = vec![0u8; usize::from(b[1])];
     io.read_exact(&mut user).await?;
     let mut plen = [0u8; 1];
@@ -241,11 +253,7 @@ async fn request<S>(io: &mut S, shared: &Shared, ctx: &Ctx) -> Result<Option<Tar
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut req = [0u8; 4];
-    io.read_exact(&mut req).await?;
-    if req[0] != VER {
-        return Err(SocksError::Protocol("bad request version"));
-    }
+    let req: [u8; 4] = versioned(io, VER, "bad request version").await?;
     let wire = match req[3] {
         ATYP_IPV4 => {
             let mut a = [0u8; 4];

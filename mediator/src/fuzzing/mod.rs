@@ -159,9 +159,6 @@ fn fixture() -> &'static Fixture {
 mod tests {
 
     use super::*;
-    use crate::conn::Ctx;
-    use crate::decision_log::Peer;
-    use crate::front::socks::handshake;
 
     /// `fuzz/corpus/<target>/`, from this crate's directory.
     fn corpus(target: &str) -> std::path::PathBuf {
@@ -221,25 +218,10 @@ mod tests {
             sent.push(u8::try_from(pass.len()).unwrap());
             sent.extend_from_slice(pass);
             sent.extend_from_slice(&request);
-            let fx = fixture();
-            let mut ctx = Ctx::new(
-                1,
-                Peer::Embedded,
-                None,
-                fx.shared.limiter.admit(
-                    0,
-                    crate::limits::Door::Channel,
-                    &tokio_util::sync::CancellationToken::new(),
-                    || {},
-                ),
-            );
-            fx.runtime.block_on(async {
-                use tokio::io::AsyncWriteExt;
-                let (mut client, mut server) = tokio::io::duplex(64 * 1024);
-                client.write_all(&sent[1..]).await.unwrap();
-                client.shutdown().await.unwrap();
-                handshake(&mut server, &fx.shared, &mut ctx).await.unwrap()
-            })
+            // On the TCP listener, as the channel byte 0 picks.
+            wire::socks5_handshake(fixture(), false, &sent[1..])
+                .1
+                .unwrap()
         };
         assert_eq!(
             run(TOKEN.as_bytes()).map(|t| t.to_string()),

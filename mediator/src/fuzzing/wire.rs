@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use crate::conn::Ctx;
 use crate::decision_log::Peer;
-use crate::front::socks::handshake;
+use crate::front::socks::{SocksError, handshake};
 use crate::sni::{Hello, MAX_HELLO, inspect};
 
 use super::canonical_target;
-use super::{AUTHORITY, TOKEN, fixture};
+use super::{AUTHORITY, Fixture, TOKEN, fixture};
+use policy::Target;
 
 /// The SOCKS5 handshake (RFC 1928 greeting and request, RFC 1929 authentication), driven
 /// over an in-memory pipe against a mediator with one authority, [`AUTHORITY`] (token
@@ -26,6 +27,30 @@ pub fn socks5(data: &[u8]) {
     };
     let on_unix = channel & 1 == 1;
     let fx = fixture();
+    let (ctx, outcome) = socks5_handshake(fx, on_unix, sent);
+    if let Ok(Some(target)) = outcome {
+        assert_ne!(target.port, 0);
+        canonical_target(&target);
+        assert_eq!(ctx.authority_name(), Some(AUTHORITY));
+        if !on_unix {
+            let user_pass = [&[1, 7][..], AUTHORITY.as_bytes(), &[6], TOKEN.as_bytes()].concat();
+            assert!(
+                sent.windows(user_pass.len()).any(|w| w == user_pass),
+                "a target without the credential"
+            );
+        }
+    }
+    fx.forget();
+}
+
+/// The SOCKS5 handshake on `fx`'s mediator with a client that sends `sent`, then EOF; on
+/// the authority's Unix socket when `on_unix`, else on the TCP listener. The connection's
+/// context after it, and what the handshake returned.
+pub(super) fn socks5_handshake(
+    fx: &Fixture,
+    on_unix: bool,
+    sent: &[u8],
+) -> (Ctx, Result<Option<Target>, SocksError>) {
     let authority = on_unix.then(|| Arc::clone(&fx.authority));
     let mut ctx = Ctx::new(
         fx.shared.next_id(),
@@ -49,19 +74,7 @@ pub fn socks5(data: &[u8]) {
             .await
             .expect("the handshake ends once the input is read")
     });
-    if let Ok(Some(target)) = outcome {
-        assert_ne!(target.port, 0);
-        canonical_target(&target);
-        assert_eq!(ctx.authority_name(), Some(AUTHORITY));
-        if !on_unix {
-            let user_pass = [&[1, 7][..], AUTHORITY.as_bytes(), &[6], TOKEN.as_bytes()].concat();
-            assert!(
-                sent.windows(user_pass.len()).any(|w| w == user_pass),
-                "a target without the credential"
-            );
-        }
-    }
-    fx.forget();
+    (ctx, outcome)
 }
 
 /// A TLS ClientHello at the start of a tunnel (`sni::inspect`). Properties: never asks

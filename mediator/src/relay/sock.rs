@@ -170,12 +170,8 @@ pub(super) fn unsent(fd: BorrowedFd<'_>) -> u64 {
     let mut queued: libc::c_int = 0;
     // SAFETY: `fd` is a live socket (borrowed for the call) and `queued` is a valid,
     // writable c_int, which is all SIOCOUTQNSD writes.
-    let ok = unsafe { siocoutqnsd(fd.as_raw_fd(), &mut queued) }.is_ok();
-    if ok {
-        u64::try_from(queued).unwrap_or(0)
-    } else {
-        0
-    }
+    let read = unsafe { siocoutqnsd(fd.as_raw_fd(), &mut queued) };
+    read.map_or(0, |_| u64::try_from(queued).unwrap_or(0))
 }
 
 /// Bytes written to the socket that its peer has not yet taken (0 if the kernel will not
@@ -184,10 +180,6 @@ pub(super) fn send_queue(fd: BorrowedFd<'_>) -> u64 {
     let mut queued: libc::c_int = 0;
     // SAFETY: `fd` is a live socket (borrowed for the call) and `queued` is a valid,
     // writable c_int, which is all SIOCOUTQ writes.
-    let ok = unsafe { siocoutq(fd.as_raw_fd(), &mut queued) }.is_ok();
-    if ok {
-        u64::try_from(queued).unwrap_or(0)
-    } else {
-        0
-    }
+    let read = unsafe { siocoutq(fd.as_raw_fd(), &mut queued) };
+    read.map_or(0, |_| u64::try_from(queued).unwrap_or(0))
 }

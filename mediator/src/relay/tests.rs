@@ -5,31 +5,84 @@ use crate::rewind::Rewind;
 use bytes::Bytes;
 use tokio::io::duplex;
 use tokio::net::{TcpStream, UnixStream};
+use tokio::task::JoinHandle;
+
+/// The relay between `client` and a plain TCP `upstream`, spawned: idle timeout `idle`,
+/// stopped by `closing`, no progress reports.
+fn spawn_relay<C>(
+    client: C,
+    upstream: TcpStream,
+    idle: Duration,
+    closing: CancellationToken,
+) -> JoinHandle<RelayOutcome>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(relay(
+        client,
+        UpstreamStream::Plain(upstream),
+        idle,
+        closing,
+        None,
+    ))
+}
+
+/// The buffered relay between any two streams, spawned as [`spawn_relay`] spawns.
+fn spawn_buffered<C, U>(
+    client: C,
+    upstream: U,
+    idle: Duration,
+    closing: CancellationToken,
+) -> JoinHandle<RelayOutcome>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(relay_streams(client, upstream, idle, closing, None))
+}
+
+/// Sends `request` from `from` and half-closes it; asserts that `to` reads exactly
+/// `request` and then EOF (the half-close passed on).
+async fn half_close_passes<A, B>(from: &mut A, to: &mut B, request: &[u8])
+where
+    A: AsyncWrite + Unpin,
+    B: AsyncRead + Unpin,
+{
+    from.write_all(request).await.unwrap();
+    from.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    to.read_to_end(&mut got).await.unwrap(); // EOF passed on
+    assert_eq!(got, request);
+}
+
+/// Writes `data` and half-closes `w` while reading `r` to its end: what `r` read.
+async fn send_all_and_read_all<R, W>(r: &mut R, w: &mut W, data: &[u8]) -> Vec<u8>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let send = async {
+        w.write_all(data).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let mut got = Vec::new();
+    let recv = r.read_to_end(&mut got);
+    let ((), read) = tokio::join!(send, recv);
+    read.unwrap();
+    got
+}
 
 #[tokio::test]
 async fn half_close_each_direction_ends_on_its_own() {
     let (client, mut client_peer) = duplex(64);
     let (upstream, mut upstream_peer) = duplex(64);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(
-        client,
-        upstream,
-        Duration::from_secs(60),
-        rx,
-        None,
-    ));
+    let task = spawn_buffered(client, upstream, Duration::from_secs(60), rx);
 
-    client_peer.write_all(b"request").await.unwrap();
-    client_peer.shutdown().await.unwrap(); // client half-closes
-    let mut got = Vec::new();
-    upstream_peer.read_to_end(&mut got).await.unwrap(); // EOF passed on
-    assert_eq!(got, b"request");
+    // The client half-closes.
+    half_close_passes(&mut client_peer, &mut upstream_peer, b"request").await;
     // The other direction still works after the client's half-close.
-    upstream_peer.write_all(b"response!").await.unwrap();
-    upstream_peer.shutdown().await.unwrap();
-    let mut back = Vec::new();
-    client_peer.read_to_end(&mut back).await.unwrap();
-    assert_eq!(back, b"response!");
+    half_close_passes(&mut upstream_peer, &mut client_peer, b"response!").await;
 
     let out = task.await.unwrap();
     assert_eq!(
@@ -43,13 +96,7 @@ async fn bulk_transfer_grows_the_buffer_and_keeps_every_byte_in_order() {
     let (client, mut client_peer) = duplex(256 * 1024);
     let (upstream, mut upstream_peer) = duplex(256 * 1024);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(
-        client,
-        upstream,
-        Duration::from_secs(60),
-        rx,
-        None,
-    ));
+    let task = spawn_buffered(client, upstream, Duration::from_secs(60), rx);
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     let sent = data.clone();
     let writer = tokio::spawn(async move {
@@ -82,51 +129,21 @@ async fn socket_relay_splices_bulk_transfers_both_ways_without_losing_a_byte() {
     let (client, mut client_peer) = UnixStream::pair().unwrap();
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
-    let task = tokio::spawn(async move {
-        // The client arrives as the listener hands it over: behind a consumed Rewind.
-        let mut client = Rewind::new(Bytes::from_static(b"C"), client);
-        let mut first = [0u8; 1];
-        client.read_exact(&mut first).await.unwrap();
-        assert!(
-            socket_of(&client).is_some(),
-            "a consumed Rewind is a plain socket"
-        );
-        relay(
-            client,
-            UpstreamStream::Plain(upstream),
-            Duration::from_secs(60),
-            rx,
-            None,
-        )
-        .await
-    });
+    // The client arrives as the listener hands it over: behind a consumed Rewind.
+    let mut client = Rewind::new(Bytes::from_static(b"C"), client);
+    let mut first = [0u8; 1];
+    client.read_exact(&mut first).await.unwrap();
+    assert!(
+        socket_of(&client).is_some(),
+        "a consumed Rewind is a plain socket"
+    );
+    let task = spawn_relay(client, upstream, Duration::from_secs(60), rx);
     let up: Vec<u8> = (0..5_000_000u32).map(|i| (i % 251) as u8).collect();
     let down: Vec<u8> = (0..7_000_000u32).map(|i| (i % 241) as u8).collect();
-    let (up_sent, down_sent) = (up.clone(), down.clone());
     let (mut cr, mut cw) = client_peer.split();
     let (mut ur, mut uw) = upstream_peer.split();
-    let client_side = async {
-        let send = async {
-            cw.write_all(&up_sent).await.unwrap();
-            cw.shutdown().await.unwrap();
-        };
-        let mut got = Vec::new();
-        let recv = cr.read_to_end(&mut got);
-        let ((), r) = tokio::join!(send, recv);
-        r.unwrap();
-        got
-    };
-    let upstream_side = async {
-        let send = async {
-            uw.write_all(&down_sent).await.unwrap();
-            uw.shutdown().await.unwrap();
-        };
-        let mut got = Vec::new();
-        let recv = ur.read_to_end(&mut got);
-        let ((), r) = tokio::join!(send, recv);
-        r.unwrap();
-        got
-    };
+    let client_side = send_all_and_read_all(&mut cr, &mut cw, &up);
+    let upstream_side = send_all_and_read_all(&mut ur, &mut uw, &down);
     let (client_got, upstream_got) = tokio::join!(client_side, upstream_side);
     assert!(upstream_got == up, "client -> upstream bytes differ");
     assert!(client_got == down, "upstream -> client bytes differ");
@@ -143,13 +160,7 @@ async fn urgent_data_does_not_cut_a_spliced_stream_short() {
     let (client, client_peer) = tcp_pair().await;
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay(
-        client,
-        UpstreamStream::Plain(upstream),
-        Duration::from_secs(60),
-        rx,
-        None,
-    ));
+    let task = spawn_relay(client, upstream, Duration::from_secs(60), rx);
     let before: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
     let after: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 239) as u8).collect();
     let mut expected = before.clone();
@@ -184,13 +195,7 @@ async fn a_reset_on_one_side_ends_the_whole_tunnel() {
     let (client, client_peer) = tcp_pair().await;
     let (upstream, _upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay(
-        client,
-        UpstreamStream::Plain(upstream),
-        Duration::from_secs(600),
-        rx,
-        None,
-    ));
+    let task = spawn_relay(client, upstream, Duration::from_secs(600), rx);
     // SO_LINGER 0: close sends a reset.
     socket2::SockRef::from(&client_peer)
         .set_linger(Some(Duration::ZERO))
@@ -215,7 +220,7 @@ fn reset(s: TcpStream) {
 /// connection: how the tunnel ended.
 async fn reset_after_an_exchange<F>(start: F, client_resets: bool) -> CloseReason
 where
-    F: FnOnce(TcpStream, TcpStream) -> tokio::task::JoinHandle<RelayOutcome>,
+    F: FnOnce(TcpStream, TcpStream) -> JoinHandle<RelayOutcome>,
 {
     let (client, mut client_peer) = tcp_pair().await;
     let (upstream, mut upstream_peer) = tcp_pair().await;
@@ -246,39 +251,21 @@ where
 #[tokio::test]
 async fn a_clients_reset_after_an_exchange_is_its_close_not_an_error() {
     let sockets = |c: TcpStream, u: TcpStream| {
-        tokio::spawn(relay(
-            c,
-            UpstreamStream::Plain(u),
-            Duration::from_secs(600),
-            CancellationToken::new(),
-            None,
-        ))
+        spawn_relay(c, u, Duration::from_secs(600), CancellationToken::new())
     };
     let buffers = |c: TcpStream, u: TcpStream| {
-        tokio::spawn(relay_streams(
-            c,
-            u,
-            Duration::from_secs(600),
-            CancellationToken::new(),
-            None,
-        ))
+        spawn_buffered(c, u, Duration::from_secs(600), CancellationToken::new())
     };
-    assert_eq!(
-        reset_after_an_exchange(sockets, true).await,
-        CloseReason::ClientClosed
-    );
-    assert_eq!(
-        reset_after_an_exchange(buffers, true).await,
-        CloseReason::ClientClosed
-    );
-    assert_eq!(
-        reset_after_an_exchange(sockets, false).await,
-        CloseReason::Error
-    );
-    assert_eq!(
-        reset_after_an_exchange(buffers, false).await,
-        CloseReason::Error
-    );
+    for (client_resets, expected) in [
+        (true, CloseReason::ClientClosed),
+        (false, CloseReason::Error),
+    ] {
+        let got = (
+            reset_after_an_exchange(sockets, client_resets).await,
+            reset_after_an_exchange(buffers, client_resets).await,
+        );
+        assert_eq!(got, (expected, expected), "client resets: {client_resets}");
+    }
 }
 
 /// A relay stopped mid-transfer (shutdown) reports exactly the bytes the client got.
@@ -288,13 +275,7 @@ async fn counts_are_exact_when_a_bulk_transfer_is_cut_off() {
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let tx = CancellationToken::new();
     let rx = tx.clone();
-    let task = tokio::spawn(relay(
-        client,
-        UpstreamStream::Plain(upstream),
-        Duration::from_secs(60),
-        rx,
-        None,
-    ));
+    let task = spawn_relay(client, upstream, Duration::from_secs(60), rx);
     let feeder = tokio::spawn(async move {
         let chunk = vec![7u8; 1 << 20];
         // Until the relay goes away.
@@ -338,13 +319,7 @@ async fn a_slow_reader_is_not_idle_but_a_stopped_one_is() {
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
     let idle = Duration::from_millis(1000);
-    let task = tokio::spawn(relay(
-        client,
-        UpstreamStream::Plain(upstream),
-        idle,
-        rx,
-        None,
-    ));
+    let task = spawn_relay(client, upstream, idle, rx);
     let feeder = tokio::spawn(async move {
         let chunk = vec![1u8; 1 << 20];
         for _ in 0..64 {
@@ -392,21 +367,8 @@ async fn socket_relay_passes_a_half_close_and_ends_on_idle() {
     let (client, mut client_peer) = UnixStream::pair().unwrap();
     let (upstream, mut upstream_peer) = tcp_pair().await;
     let rx = CancellationToken::new();
-    let task = tokio::spawn(async move {
-        relay(
-            client,
-            UpstreamStream::Plain(upstream),
-            Duration::from_millis(300),
-            rx,
-            None,
-        )
-        .await
-    });
-    client_peer.write_all(b"request").await.unwrap();
-    client_peer.shutdown().await.unwrap();
-    let mut got = Vec::new();
-    upstream_peer.read_to_end(&mut got).await.unwrap(); // EOF passed on
-    assert_eq!(got, b"request");
+    let task = spawn_relay(client, upstream, Duration::from_millis(300), rx);
+    half_close_passes(&mut client_peer, &mut upstream_peer, b"request").await;
     upstream_peer.write_all(b"late answer").await.unwrap();
     let mut back = [0u8; 11];
     client_peer.read_exact(&mut back).await.unwrap();
@@ -424,13 +386,7 @@ async fn idle_tunnel_is_closed_after_the_idle_timeout() {
     let (client, mut client_peer) = duplex(64);
     let (upstream, _upstream_peer) = duplex(64);
     let rx = CancellationToken::new();
-    let task = tokio::spawn(relay_streams(
-        client,
-        upstream,
-        Duration::from_secs(30),
-        rx,
-        None,
-    ));
+    let task = spawn_buffered(client, upstream, Duration::from_secs(30), rx);
     client_peer.write_all(b"x").await.unwrap();
     let out = task.await.unwrap();
     assert_eq!((out.up, out.close_reason), (1, CloseReason::IdleTimeout));
@@ -442,13 +398,7 @@ async fn shutdown_signal_closes_a_live_tunnel() {
     let (upstream, _u) = duplex(64);
     let tx = CancellationToken::new();
     let rx = tx.clone();
-    let task = tokio::spawn(relay_streams(
-        client,
-        upstream,
-        Duration::from_secs(300),
-        rx,
-        None,
-    ));
+    let task = spawn_buffered(client, upstream, Duration::from_secs(300), rx);
     tx.cancel();
     assert_eq!(task.await.unwrap().close_reason, CloseReason::Shutdown);
 }

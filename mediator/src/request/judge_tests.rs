@@ -32,6 +32,9 @@ placeholder = "mediator:api:agent-a"
 "#;
 
 /// The authority of `CONFIG` with its secret, and a live set that holds it.
+/// A `POST /` whose `Authorization` is `-` (no placeholder).
+const POST: (&str, &str, &str) = ("POST", "/", "-");
+
 fn live() -> (LiveSet, Arc<Authority>) {
     let mut config = policy::config::parse(CONFIG, "m.toml").unwrap();
     let mut authority = config.authorities.remove(0);
@@ -107,13 +110,7 @@ fn the_request_rules_narrow_both_legs() {
         assert_eq!(reason(post), Reason::DeniedByRule, "{leg:?}");
     }
     // A host without rules: allowed, with no rule named.
-    let (judged, _) = run(
-        &set,
-        &authority,
-        Leg::Plain,
-        "plain.test",
-        ("POST", "/", "-"),
-    );
+    let (judged, _) = run(&set, &authority, Leg::Plain, "plain.test", POST);
     let Ok(Judged::Allowed { decision, .. }) = judged else {
         panic!("{judged:?}");
     };
@@ -123,13 +120,7 @@ fn the_request_rules_narrow_both_legs() {
 #[test]
 fn a_plain_request_to_a_host_not_allowed_is_left_to_its_host_decision() {
     let (set, authority) = live();
-    let (judged, _) = run(
-        &set,
-        &authority,
-        Leg::Plain,
-        "evil.test",
-        ("POST", "/", "-"),
-    );
+    let (judged, _) = run(&set, &authority, Leg::Plain, "evil.test", POST);
     assert!(
         matches!(judged, Ok(Judged::Allowed { decision: None, .. })),
         "{judged:?}"

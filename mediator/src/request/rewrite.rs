@@ -140,10 +140,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn target(s: &str) -> Target {
-        policy::parse_authority_form(s).unwrap()
-    }
+    use crate::testing::target;
 
     #[test]
     fn hop_by_hop_fields_and_the_ones_connection_names_go() {

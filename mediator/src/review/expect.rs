@@ -472,13 +472,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named_with_their_location() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.toml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = crate::testing::file_in_temp_dir(
+            "t.toml",
             "[[expect]]\nauthority = \"a\"\ntarget = \"x.test\"\ndecision = \"allow\"\ncolour = \"red\"\n",
-        )
-        .unwrap();
+        );
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("t.toml:5:1: unknown field `colour`"), "{e}");
         std::fs::write(&path, "hosts = {}\n").unwrap();
@@ -513,13 +510,10 @@ path_prefixes = ["/repos/"]
 
     fn judged(expectations: &str) -> Vec<Judged> {
         let config = policy::config::parse(CONFIG, "m.toml").unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("e.toml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = crate::testing::file_in_temp_dir(
+            "e.toml",
             format!("hosts = {{ \"api.github.com\" = [\"140.82.112.6\"] }}\n{expectations}"),
-        )
-        .unwrap();
+        );
         let e = read(&path).unwrap();
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -188,10 +188,8 @@ mod tests {
     use crate::route::Via;
     use crate::route::strategy::select;
     use crate::route::system::Setting;
-
-    fn t(s: &str) -> Target {
-        policy::parse_authority_form(s).unwrap()
-    }
+    use crate::testing::env;
+    use crate::testing::target as t;
 
     #[test]
     fn no_proxy_follows_curl() {
@@ -234,14 +232,6 @@ mod tests {
 
     #[test]
     fn variables_by_protocol_and_case() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
         let e = EnvProxies::read(env(&[
             ("HTTPS_PROXY", "http://upper:1"),
             ("https_proxy", "http://lower:1"),
@@ -263,28 +253,22 @@ mod tests {
             }
         };
         let show = |p: Option<ParentUrl>| p.map(|p| p.to_string());
-        assert_eq!(
-            show(select(&e, true, &t("a.example:443"))).as_deref(),
-            Some("http://lower:1")
-        );
-        assert_eq!(
-            show(select(&e, false, &t("a.example:80"))).as_deref(),
-            Some("http://plain:3128")
-        );
+        // The parents of a tunnel to a.example:443 and a forward to a.example:80.
+        let both = |e: &EnvProxies| {
+            (
+                show(select(e, true, &t("a.example:443"))),
+                show(select(e, false, &t("a.example:80"))),
+            )
+        };
+        let parents = |tunnel: &str, forward: &str| (Some(tunnel.into()), Some(forward.into()));
+        assert_eq!(both(&e), parents("http://lower:1", "http://plain:3128"));
         assert_eq!(show(select(&e, true, &t("skip.example:443"))), None);
         let e = EnvProxies::read(env(&[
             ("all_proxy", "socks5://all:1080"),
             ("HTTPS_PROXY", " "),
         ]))
         .unwrap();
-        assert_eq!(
-            show(select(&e, true, &t("a.example:443"))).as_deref(),
-            Some("socks5://all:1080")
-        );
-        assert_eq!(
-            show(select(&e, false, &t("a.example:80"))).as_deref(),
-            Some("socks5://all:1080")
-        );
+        assert_eq!(both(&e), parents("socks5://all:1080", "socks5://all:1080"));
         let e = EnvProxies::read(env(&[])).unwrap();
         assert_eq!(show(select(&e, true, &t("a.example:443"))), None);
         let err = EnvProxies::read(env(&[("HTTPS_PROXY", "socks4://p:1")])).unwrap_err();

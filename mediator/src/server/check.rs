@@ -52,15 +52,8 @@ pub async fn check_resources(config: &Config) -> Result<Vec<String>, Error> {
     }
     let listing = registry_listing(config).await?;
     notes.push(format!(
-        "registry: {} {}: {} stored {}{}",
-        listing.backend,
-        listing.location,
-        listing.authorities.len(),
-        if listing.authorities.len() == 1 {
-            "authority"
-        } else {
-            "authorities"
-        },
+        "{}{}",
+        listing.summary(),
         if listing.rejected.is_empty() {
             String::new()
         } else {

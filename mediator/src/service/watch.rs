@@ -67,9 +67,7 @@ mod tests {
 
     #[test]
     fn sees_content_changes_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.toml");
-        std::fs::write(&path, "a = 1\n").unwrap();
+        let (dir, path) = crate::testing::file_in_temp_dir("m.toml", "a = 1\n");
         let mut w = ConfigWatch::new(&path, "a = 1\n");
         assert!(!w.changed(), "same content");
         std::fs::write(&path, "a = 2\n").unwrap();

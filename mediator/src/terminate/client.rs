@@ -265,32 +265,25 @@ mod tests {
     #[test]
     fn the_detail_says_what_to_do_when_the_certificate_was_refused() {
         let target = policy::parse_authority_form("registry.test:443").unwrap();
-        let closed = ending_detail(ClientTlsEnd::ClosedAfterCertificate, None, &target);
+        let detail = |end, alert| ending_detail(end, alert, &target);
+        let closed = detail(ClientTlsEnd::ClosedAfterCertificate, None);
         assert!(
             closed.starts_with("client_rejected_certificate: the client closed the connection")
                 && closed.contains("registry.test")
                 && closed.contains("mediator ca-cert"),
             "{closed}"
         );
-        let refused = ending_detail(
-            ClientTlsEnd::RejectedCertificate,
-            Some(TlsAlert::UnknownCa),
-            &target,
-        );
+        let refused = detail(ClientTlsEnd::RejectedCertificate, Some(TlsAlert::UnknownCa));
         assert!(
             refused.starts_with("client_rejected_certificate: the client ended the TLS handshake with the alert unknown_ca"),
             "{refused}"
         );
-        let other = ending_detail(
-            ClientTlsEnd::Alert,
-            Some(TlsAlert::ProtocolVersion),
-            &target,
-        );
+        let other = detail(ClientTlsEnd::Alert, Some(TlsAlert::ProtocolVersion));
         assert_eq!(
             other,
             "client_tls_alert: the client ended the TLS handshake with the alert protocol_version"
         );
-        let unlisted = ending_detail(ClientTlsEnd::Alert, None, &target);
+        let unlisted = detail(ClientTlsEnd::Alert, None);
         assert!(unlisted.starts_with("client_tls_alert: "), "{unlisted}");
     }
 }

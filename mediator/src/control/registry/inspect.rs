@@ -48,20 +48,21 @@ pub struct Listed {
 }
 
 impl Listing {
+    /// One line without a newline: `registry: <backend> <location>: <n> stored
+    /// authority|authorities`.
+    pub fn summary(&self) -> String {
+        let n = self.authorities.len();
+        let noun = if n == 1 { "authority" } else { "authorities" };
+        format!(
+            "registry: {} {}: {n} stored {noun}",
+            self.backend, self.location
+        )
+    }
+
     /// The listing as text: a header line, one line per authority, one per rejected
     /// record.
     pub fn render_text(&self) -> String {
-        let mut out = format!(
-            "registry: {} {}: {} stored {}\n",
-            self.backend,
-            self.location,
-            self.authorities.len(),
-            if self.authorities.len() == 1 {
-                "authority"
-            } else {
-                "authorities"
-            }
-        );
+        let mut out = format!("{}\n", self.summary());
         if let Some(note) = &self.note {
             out.push_str(&format!("note: {note}\n"));
         }

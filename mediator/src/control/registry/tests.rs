@@ -61,16 +61,9 @@ fn expiry_reads_the_record() {
 
 #[test]
 fn the_default_state_directory() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| OsString::from(v))
-        }
+    let d = |pairs: &'static [(&'static str, &'static str)], root| {
+        default_state_dir(crate::testing::env(pairs), root)
     };
-    let d =
-        |pairs: &'static [(&'static str, &'static str)], root| default_state_dir(env(pairs), root);
     assert_eq!(
         d(
             &[("STATE_DIRECTORY", "/var/lib/m:/other"), ("HOME", "/h")],

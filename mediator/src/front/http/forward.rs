@@ -21,6 +21,7 @@ use policy::config::Authority;
 use policy::{Reason, Target, canonicalize_host, parse_authority_form};
 use tokio_util::sync::CancellationToken;
 
+use crate::conn::close::Opened;
 use crate::conn::establish::{Connected, establish};
 use crate::conn::held::Watch;
 use crate::conn::record::{self, Allowed};
@@ -106,7 +107,15 @@ pub(crate) async fn forward(
     if let Err(denial) = judged {
         return refused(&label, denial);
     }
-    let mut upstream = match upstream_for(&shared, &ctx, &authority, &target, &label, &pool).await {
+    let wanted = Wanted {
+        shared: &shared,
+        ctx: &ctx,
+        authority: &authority,
+        target: &target,
+        label: &label,
+        pool: &pool,
+    };
+    let mut upstream = match upstream_for(wanted).await {
         Ok(upstream) => upstream,
         Err(resp) => return resp,
     };
@@ -190,22 +199,48 @@ fn with_request_line<B>(ctx: Ctx, authority: &Authority, target: &Target, req: &
     }
 }
 
-/// The upstream connection for a request to `target`: this client connection's kept
-/// one when it goes to the same target for the same (live) authority and is ready (the
-/// reuse logged with the host's decision), else a new one (decided and logged by
-/// `establish`).
+/// What a judged request wants an upstream connection for: its client connection's
+/// facts and pool, the authority it runs under, its target.
+#[derive(Clone, Copy)]
+struct Wanted<'a> {
+    shared: &'a Arc<Shared>,
+    ctx: &'a Ctx,
+    authority: &'a Arc<Authority>,
+    target: &'a Target,
+    label: &'a TargetLabel,
+    pool: &'a Pool,
+}
+
+impl Wanted<'_> {
+    /// The refusal of the request with `denial`, logged.
+    fn refuse(self, denial: Denial) -> Response<Body> {
+        refuse(self.shared, self.ctx, Protocol::Http, self.label, denial)
+    }
+
+    /// The refusal of the request because its new upstream connection `opened` broke
+    /// (`upstream_failure`, `detail` after the target): the connection's close record
+    /// says `error`.
+    fn broken(self, opened: Opened, detail: std::fmt::Arguments<'_>, hint: &str) -> Response<Body> {
+        opened.finish(RelayOutcome::ended(CloseReason::Error));
+        let target = self.target;
+        self.refuse(Denial::new(
+            Reason::UpstreamFailure,
+            format!("{target}: {detail}"),
+            hint,
+        ))
+    }
+}
+
+/// The upstream connection for `wanted`: this client connection's kept one when it
+/// goes to the same target for the same (live) authority and is ready (the reuse logged
+/// with the host's decision), else a new one (decided and logged by `establish`).
 ///
 /// # Errors
 /// The answer to send instead: the denial, already logged.
-async fn upstream_for(
-    shared: &Arc<Shared>,
-    ctx: &Ctx,
-    authority: &Arc<Authority>,
-    target: &Target,
-    label: &TargetLabel,
-    pool: &Pool,
-) -> Result<Pooled, Response<Body>> {
-    let kept = pool
+async fn upstream_for(wanted: Wanted<'_>) -> Result<Pooled, Response<Body>> {
+    let (authority, target) = (wanted.authority, wanted.target);
+    let kept = wanted
+        .pool
         .kept
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -216,25 +251,25 @@ async fn upstream_for(
         None => None,
     };
     let Some(kept) = kept else {
-        return open(shared, ctx, authority, target, label, pool).await;
+        return open(wanted).await;
     };
     let decision = authority.grant.decide(target);
     if !decision.is_allow() {
         // Grants are immutable, so this cannot happen; fail closed anyway.
-        return Err(refuse(
-            shared,
-            ctx,
-            Protocol::Http,
-            label,
-            Denial::from(decision),
-        ));
+        return Err(wanted.refuse(Denial::from(decision)));
     }
     let allow = Allowed {
         rule: decision.rule.as_deref(),
         pin: kept.pin,
-        route: shared.route_label(kept.route),
+        route: wanted.shared.route_label(kept.route),
     };
-    record::reuse(shared, ctx, Protocol::Http, label, allow);
+    record::reuse(
+        wanted.shared,
+        wanted.ctx,
+        Protocol::Http,
+        wanted.label,
+        allow,
+    );
     Ok(kept)
 }
 
@@ -367,17 +402,18 @@ pub(crate) fn target_of(uri: &Uri) -> Result<Target, policy::PolicyError> {
     }
 }
 
-/// A new upstream HTTP/1.1 connection for `target` (decided and logged by `establish`),
+/// A new upstream HTTP/1.1 connection for `wanted` (decided and logged by `establish`),
 /// whose close record is written when it ends: the origin closed, an error, or its
 /// authority's closing signal (revoke grace or shutdown grace over).
-async fn open(
-    shared: &Arc<Shared>,
-    ctx: &Ctx,
-    authority: &Arc<Authority>,
-    target: &Target,
-    label: &TargetLabel,
-    pool: &Pool,
-) -> Result<Pooled, Response<Body>> {
+async fn open(wanted: Wanted<'_>) -> Result<Pooled, Response<Body>> {
+    let Wanted {
+        shared,
+        ctx,
+        authority,
+        target,
+        label,
+        pool,
+    } = wanted;
     let Connected {
         stream,
         opened,
@@ -390,13 +426,11 @@ async fn open(
     };
     // Only a terminated tunnel is ever given a reused upstream connection, never this.
     let Some(stream) = stream.into_stream() else {
-        opened.finish(RelayOutcome::ended(CloseReason::Error));
-        let denial = Denial::new(
-            Reason::UpstreamFailure,
-            format!("{target}: no upstream stream"),
+        return Err(wanted.broken(
+            opened,
+            format_args!("no upstream stream"),
             "retry the request",
-        );
-        return Err(refuse(shared, ctx, Protocol::Http, label, denial));
+        ));
     };
     let counting = Counting::new(stream);
     let counters = counting.counters();
@@ -406,13 +440,11 @@ async fn open(
         {
             Ok(pair) => pair,
             Err(e) => {
-                opened.finish(RelayOutcome::ended(CloseReason::Error));
-                let denial = Denial::new(
-                    Reason::UpstreamFailure,
-                    format!("{target}: HTTP handshake failed: {e}"),
+                return Err(wanted.broken(
+                    opened,
+                    format_args!("HTTP handshake failed: {e}"),
                     "the destination did not speak HTTP/1.1",
-                );
-                return Err(refuse(shared, ctx, Protocol::Http, label, denial));
+                ));
             }
         };
     let (pin, route) = (opened.facts().pin, opened.facts().route);

@@ -42,6 +42,16 @@ fn broken(parent: &str) -> impl Fn(std::io::Error) -> HandshakeError + '_ {
     move |e| HandshakeError::Broken(format!("{parent}: {e}"))
 }
 
+/// Reads exactly `buf.len()` bytes of `parent`'s answer.
+async fn read<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut [u8],
+    parent: &str,
+) -> Result<(), HandshakeError> {
+    stream.read_exact(buf).await.map_err(broken(parent))?;
+    Ok(())
+}
+
 /// The greeting, the parent's method choice, and RFC 1929 authentication when it asks
 /// for it (only with credentials: without, a demand for them is a refusal).
 async fn method<S: AsyncRead + AsyncWrite + Unpin>(
@@ -56,10 +66,7 @@ async fn method<S: AsyncRead + AsyncWrite + Unpin>(
     };
     stream.write_all(greeting).await.map_err(broken(parent))?;
     let mut choice = [0u8; 2];
-    stream
-        .read_exact(&mut choice)
-        .await
-        .map_err(broken(parent))?;
+    read(stream, &mut choice, parent).await?;
     if choice[0] != VER {
         return Err(HandshakeError::Broken(format!(
             "{parent}: not a SOCKS5 server"
@@ -87,10 +94,7 @@ async fn method<S: AsyncRead + AsyncWrite + Unpin>(
             msg.extend_from_slice(pass);
             stream.write_all(&msg).await.map_err(broken(parent))?;
             let mut status = [0u8; 2];
-            stream
-                .read_exact(&mut status)
-                .await
-                .map_err(broken(parent))?;
+            read(stream, &mut status, parent).await?;
             if status[1] == 0 {
                 return Ok(());
             }
@@ -151,7 +155,7 @@ async fn reply<S: AsyncRead + Unpin>(
     parent: &str,
 ) -> Result<(), HandshakeError> {
     let mut head = [0u8; 4];
-    stream.read_exact(&mut head).await.map_err(broken(parent))?;
+    read(stream, &mut head, parent).await?;
     if head[0] != VER {
         return Err(HandshakeError::Broken(format!(
             "{parent}: not a SOCKS5 reply"
@@ -162,7 +166,7 @@ async fn reply<S: AsyncRead + Unpin>(
         ATYP_IPV6 => 16 + 2,
         ATYP_DOMAIN => {
             let mut len = [0u8; 1];
-            stream.read_exact(&mut len).await.map_err(broken(parent))?;
+            read(stream, &mut len, parent).await?;
             usize::from(len[0]) + 2
         }
         _ => {
@@ -172,10 +176,7 @@ async fn reply<S: AsyncRead + Unpin>(
         }
     };
     let mut bound = vec![0u8; rest];
-    stream
-        .read_exact(&mut bound)
-        .await
-        .map_err(broken(parent))?;
+    read(stream, &mut bound, parent).await?;
     if head[1] == 0 {
         return Ok(());
     }

@@ -119,10 +119,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn t(s: &str) -> Target {
-        parse_authority_form(s).unwrap()
-    }
+    use crate::testing::target as t;
 
     #[test]
     fn pac_answers() {
@@ -149,21 +146,17 @@ mod tests {
 
     #[test]
     fn pac_urls_have_no_path() {
-        assert_eq!(
-            pac_url(Via::Tunnel, &t("example.com:443")),
-            "https://example.com/"
-        );
-        assert_eq!(
-            pac_url(Via::Tunnel, &t("[2001:db8::1]:8443")),
-            "https://[2001:db8::1]:8443/"
-        );
-        assert_eq!(
-            pac_url(Via::Forward, &t("example.com:80")),
-            "http://example.com/"
-        );
-        assert_eq!(
-            pac_url(Via::Forward, &t("example.com:8080")),
-            "http://example.com:8080/"
-        );
+        for (via, target, url) in [
+            (Via::Tunnel, "example.com:443", "https://example.com/"),
+            (
+                Via::Tunnel,
+                "[2001:db8::1]:8443",
+                "https://[2001:db8::1]:8443/",
+            ),
+            (Via::Forward, "example.com:80", "http://example.com/"),
+            (Via::Forward, "example.com:8080", "http://example.com:8080/"),
+        ] {
+            assert_eq!(pac_url(via, &t(target)), url, "{target}");
+        }
     }
 }

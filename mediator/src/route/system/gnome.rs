@@ -282,13 +282,10 @@ mod tests {
 
     #[test]
     fn profiles_name_databases() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("user");
-        std::fs::write(
-            &p,
+        let (dir, p) = crate::testing::file_in_temp_dir(
+            "user",
             "user-db:user\nsystem-db:local # site\nservice-db:x\nfile-db:/opt/db\n",
-        )
-        .unwrap();
+        );
         let home = Path::new("/home/alice");
         assert_eq!(
             profile_databases(&p, Some(home)),

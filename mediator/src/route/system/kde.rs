@@ -247,26 +247,19 @@ mod tests {
     #[test]
     fn kde_values() {
         let show = |v: &str, s: &str| kde_proxy(v, s).map(|p| p.map(|p| p.to_string()));
-        assert_eq!(
-            show("http://proxy.corp 8080", "http"),
-            Ok(Some("http://proxy.corp:8080".into()))
-        );
-        assert_eq!(
-            show("https://proxy.corp:8443", "http"),
-            Ok(Some("https://proxy.corp:8443".into()))
-        );
-        assert_eq!(
-            show("socks://127.0.0.1 1080", "socks5"),
-            Ok(Some("socks5://127.0.0.1:1080".into()))
-        );
-        assert_eq!(
-            show("proxy.corp:3128", "http"),
-            Ok(Some("http://proxy.corp:3128".into()))
-        );
-        assert_eq!(
-            show("http://[::1] 3128", "http"),
-            Ok(Some("http://[::1]:3128".into()))
-        );
+        for (value, scheme, parent) in [
+            ("http://proxy.corp 8080", "http", "http://proxy.corp:8080"),
+            ("https://proxy.corp:8443", "http", "https://proxy.corp:8443"),
+            (
+                "socks://127.0.0.1 1080",
+                "socks5",
+                "socks5://127.0.0.1:1080",
+            ),
+            ("proxy.corp:3128", "http", "http://proxy.corp:3128"),
+            ("http://[::1] 3128", "http", "http://[::1]:3128"),
+        ] {
+            assert_eq!(show(value, scheme), Ok(Some(parent.into())), "{value}");
+        }
         assert_eq!(show("http://p 0", "http"), Ok(None));
         assert!(show("ftp://p 21", "http").is_err());
         assert!(show("http://p", "http").is_err());
