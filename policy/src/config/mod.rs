@@ -24,6 +24,7 @@ mod credential;
 pub mod keys;
 mod raw;
 mod registry;
+mod sections;
 #[cfg(test)]
 mod tests;
 mod upstream;
