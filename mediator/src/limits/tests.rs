@@ -1,6 +1,7 @@
 //! Unit tests of `limits`.
 
 use super::*;
+use policy::config::Limits;
 
 fn limits(max: u32, per: u32, unid: u32) -> Limits {
     Limits {
