@@ -42,7 +42,10 @@ pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> 
     let (mut parts, body) = req.into_parts();
     let switch = match tunnel_rules(&mut parts, switch, env) {
         Ok(switch) => switch,
-        Err(denial) => return asking.refuse(env, &denial),
+        Err(denial) => {
+            drain_later(body);
+            return asking.refuse(env, &denial);
+        }
     };
     let judged = match judge(&mut parts, switch.as_ref(), &asking, env) {
         Ok(judged) => judged,
@@ -51,7 +54,10 @@ pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> 
                 asking = via;
                 judged
             }
-            Err(answer) => return answer,
+            Err(answer) => {
+                drain_later(body);
+                return answer;
+            }
         },
     };
     let Judged::Allowed {
@@ -77,6 +83,27 @@ pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> 
         credential,
     );
     send(upstream_req, upstream, plan, &asking, id, env).await
+}
+
+/// The most of a refused request's body read after its answer.
+const DRAIN_BYTES: usize = 64 * 1024;
+/// How long a refused request's body is read after its answer.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads the body of a refused request after its answer is sent (at most [`DRAIN_BYTES`]
+/// for [`DRAIN_TIME`]), instead of dropping it: a body dropped while the client is still
+/// sending it resets an HTTP/2 stream (`RST_STREAM`), and a client such as curl then
+/// reports a framing error instead of the 403 it was sent. Past the bounds it is dropped.
+/// The task lives no longer than the stream, which the connection's stream limit bounds.
+fn drain_later(body: Incoming) {
+    if hyper::body::Body::is_end_stream(&body) {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut body = http_body_util::Limited::new(body, DRAIN_BYTES);
+        let read = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(DRAIN_TIME, read).await;
+    });
 }
 
 /// The protocol switch a request asks for (`Upgrade`, or HTTP/2 extended CONNECT), or why
