@@ -26,7 +26,12 @@ struct Seen {
 
 impl Seen {
     fn add(&mut self, ts: Option<&str>) {
-        self.count += 1;
+        self.add_n(ts, 1);
+    }
+
+    /// `n` identical denials (a shim report lists each once, with its count).
+    fn add_n(&mut self, ts: Option<&str>, n: u64) {
+        self.count += n;
         if let Some(ts) = ts {
             if self.first.as_deref().is_none_or(|f| ts < f) {
                 self.first = Some(ts.to_owned());
@@ -97,6 +102,8 @@ struct Denied {
 
 impl Denied {
     fn take(&mut self, v: &Value, ts: Option<&str>) {
+        // A shim report lists identical denials once, with their `count`; a log line is one.
+        let n = v["count"].as_u64().filter(|n| *n > 0).unwrap_or(1);
         let (Some(host), Some(port), Some(reason)) = (
             v["host"].as_str(),
             v["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
@@ -121,18 +128,18 @@ impl Denied {
         };
         match reason {
             "not_in_allowlist" | "port_not_allowed" => {
-                self.count += 1;
+                self.count += n;
                 self.widen
                     .entry((host.to_owned(), port))
                     .or_default()
-                    .add(ts);
+                    .add_n(ts, n);
             }
             "private_address" | "special_address" => {
-                self.count += 1;
+                self.count += n;
                 self.kept
                     .entry((host.to_owned(), port, reason.to_owned()))
                     .or_default()
-                    .add(ts);
+                    .add_n(ts, n);
             }
             _ => {}
         }

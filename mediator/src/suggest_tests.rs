@@ -166,6 +166,18 @@ fn a_shim_report_is_read_too() {
         got.contains("#   192.0.2.1:443 special_address (1 denial)"),
         "{got}"
     );
+    // Identical denials listed once with their count are counted as many.
+    let counted = serde_json::json!({
+        "report": "shim",
+        "channel": "embedded",
+        "denials": [
+            {"protocol": "connect", "status": 403, "reason": "not_in_allowlist", "host": "pypi.org", "port": 443, "count": 6},
+        ],
+    })
+    .to_string();
+    let flags = suggest(&counted, "shim").unwrap().to_string();
+    assert!(flags.contains("from 6 denials"), "{flags}");
+    assert!(flags.contains("--allow pypi.org:443: 6 denials"), "{flags}");
     assert!(suggest("{not json", "a").is_err());
     // A host or time with a line break stays inside its comment: no line of its own.
     let injected = serde_json::json!({
