@@ -5,7 +5,7 @@
 # systemd service gets (prlimit --nofile=1024:<hard>), with three authorities: `victim`
 # (TCP listener, with a token), `abuser` (its Unix socket and the TCP listener) and
 # `quiet` (its Unix socket). For each scenario the abuse starts, settles, and the victim's
-# CONNECT tunnels are measured at concurrency 1 (bench/src/bin/loadgen.rs connect-rate:
+# CONNECT tunnels are measured at concurrency 1 (bench/src/bin/loadgen/main.rs connect-rate:
 # one new tunnel per request); `quiet` is measured the same way over its Unix socket.
 #
 # Scenarios: baseline; hold (the abuser holds as many tunnels as it is granted, on its
