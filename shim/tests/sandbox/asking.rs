@@ -14,11 +14,11 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::capture::{http_origin, stand_in};
-use crate::support::{SHIM, Scratch, expect, read_json};
+use crate::support::{SHIM, Scratch, expect, read_json, shim_waiting};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
@@ -29,26 +29,6 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         embedded_labels_cannot_be_forged_by_the_command,
         the_manuals_host_loop_answers_on_the_control_socket,
     ]
-}
-
-/// The shim with `flags` running `script` (sh), which waits on its fd 5 for the test's
-/// word before it starts.
-fn shim_waiting(flags: &[String], script: &str) -> (Child, std::io::PipeWriter) {
-    let (r, w) = std::io::pipe().unwrap();
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(r#"exec 5<&0 0</dev/null; shift; exec "$@""#)
-        .arg("sh")
-        .arg("-")
-        .arg(SHIM)
-        .args(flags)
-        .args(["--pass-fd", "5", "--", "sh", "-c", script])
-        .stdin(Stdio::from(r))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    (child, w)
 }
 
 /// Embedded mode's flags with `--control`, a decision log and a report in `s`.

@@ -11,12 +11,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::capture::{echo_origin, http_origin, stand_in};
-use crate::support::{SHIM, Scratch, expect, read_json};
+use crate::support::{Scratch, expect, read_json, shim_waiting};
 use crate::{Test, TestResult};
 
 pub(crate) fn tests() -> Vec<(&'static str, Test)> {
@@ -38,26 +38,6 @@ fn send(control: &Path, line: &str) -> Result<serde_json::Value, String> {
         .read_line(&mut answer)
         .map_err(|e| e.to_string())?;
     serde_json::from_str(&answer).map_err(|e| format!("{answer:?}: {e}"))
-}
-
-/// The shim with `flags`, running `script` (sh) whose fd 5 reads what the test writes
-/// on the returned pipe: the script waits on it while the test rebinds.
-fn shim_waiting(flags: &[&str], script: &str) -> (Child, std::io::PipeWriter) {
-    let (r, w) = std::io::pipe().unwrap();
-    let child = Command::new("sh")
-        .arg("-c")
-        .arg(r#"exec 5<&0 0</dev/null; shift; exec "$@""#)
-        .arg("sh")
-        .arg("-")
-        .arg(SHIM)
-        .args(flags)
-        .args(["--pass-fd", "5", "--", "sh", "-c", script])
-        .stdin(Stdio::from(r))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    (child, w)
 }
 
 /// The script: one request before the rebind, one after; each prints curl's CONNECT

@@ -4,11 +4,11 @@
 //! Network rule: every address used here is loopback, or inside the sandbox's own network
 //! namespace. Nothing here asserts: helpers return what they saw, or why they could not.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::TestResult;
@@ -318,4 +318,28 @@ pub(crate) fn wait_until(mut cond: impl FnMut() -> bool, secs: u64) -> bool {
 /// Send `signal` to the shim `child`.
 pub(crate) fn signal(child: &Child, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+/// The shim with `flags` running `script` (sh), whose fd 5 reads what the test writes on
+/// the returned pipe: the script waits on it (for a rebind, a question's answer, the
+/// test's word to start).
+pub(crate) fn shim_waiting<S: AsRef<OsStr>>(
+    flags: &[S],
+    script: &str,
+) -> (Child, std::io::PipeWriter) {
+    let (r, w) = std::io::pipe().unwrap();
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec 5<&0 0</dev/null; shift; exec "$@""#)
+        .arg("sh")
+        .arg("-")
+        .arg(SHIM)
+        .args(flags)
+        .args(["--pass-fd", "5", "--", "sh", "-c", script])
+        .stdin(Stdio::from(r))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, w)
 }
