@@ -90,7 +90,7 @@ impl Socks5Parent {
     /// Waits until at least `n` CONNECT requests were answered; returns them all.
     ///
     /// # Errors
-    /// Fewer within [`PARENT_WAIT`].
+    /// Fewer within [`PARENT_WAIT`](super::PARENT_WAIT).
     pub async fn wait_requests(&self, n: usize) -> Result<Vec<SocksRequest>> {
         wait_requests(&self.log, n, "the SOCKS5 parent").await?;
         Ok(self
