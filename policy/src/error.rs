@@ -280,9 +280,9 @@ pub enum UpstreamError {
     /// A PAC URL with a space or control character.
     #[error("a PAC URL must not contain spaces or control characters")]
     PacControl,
-    /// A PAC URL whose path, query or fragment has a character RFC 3986 does not allow
-    /// there (it must be percent-encoded).
-    #[error("a PAC URL may not contain {0:?} after its host (RFC 3986: percent-encode it)")]
+    /// A PAC URL with a character RFC 3986 does not allow where it stands: not ASCII (a
+    /// host is written as its A-label), or in the path, query or fragment unescaped.
+    #[error("a PAC URL may not contain {0:?} (RFC 3986: an A-label host, percent-encoded path)")]
     PacCharacter(char),
     /// A PAC URL whose host or port cannot be read.
     #[error("a PAC URL needs a valid host and, if any, a port from 1 to 65535: {0:?} is not")]

@@ -298,6 +298,15 @@ pub fn parse_pac_source(input: &str) -> Result<PacSource, UpstreamError> {
         if authority.is_empty() || authority.contains('@') {
             return Err(UpstreamError::PacHost);
         }
+        // A URL is ASCII: an international host is written as its A-label (`xn--`).
+        if let Some(c) = input.chars().find(|c| !c.is_ascii()) {
+            return Err(UpstreamError::PacCharacter(c));
+        }
+        // An IPv6 host is bracketed in a URL (RFC 3986 section 3.2.2): `a::9999` is no
+        // host a URI parser reads, though it is an IPv6 address.
+        if !authority.starts_with('[') && authority.matches(':').count() > 1 {
+            return Err(UpstreamError::PacAuthority(authority.to_owned()));
+        }
         if input.chars().any(|c| c.is_control() || c == ' ') {
             return Err(UpstreamError::PacControl);
         }
@@ -433,6 +442,10 @@ mod tests {
             "http://wett/5<s]",
             "http://h/p.pac\"",
             "http://h/{p}.pac",
+            "http://a::9999/p",
+            "http://wpad.corp\u{28f}\u{44f}ac/p.pac",
+            "http://b\u{fc}cher.example/p.pac",
+            "http://::1/p.pac",
         ] {
             assert!(parse_pac_source(bad).is_err(), "{bad}");
         }
