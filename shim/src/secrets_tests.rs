@@ -152,10 +152,7 @@ fn defaults_follow_the_environment_and_skip_state_directory() {
 #[test]
 fn settle_masks_what_exists_and_keeps_the_ca_certificate_readable() {
     let t = TempDir::new("secrets-settle");
-    let ca = t.0.join("ca");
-    std::fs::create_dir_all(&ca).unwrap();
-    std::fs::write(ca.join("ca.pem"), "cert").unwrap();
-    std::fs::write(ca.join("ca-key.pem"), "key").unwrap();
+    let ca = t.tree("ca", &[("ca.pem", "cert"), ("ca-key.pem", "key")]);
     let secret = t.0.join("secret");
     std::fs::write(&secret, "s").unwrap();
     let paths = vec![
@@ -180,9 +177,7 @@ fn settle_masks_what_exists_and_keeps_the_ca_certificate_readable() {
 #[test]
 fn settle_refuses_a_missing_config_path_a_write_root_overlap_and_a_reopen() {
     let t = TempDir::new("secrets-refuse");
-    let w = t.0.join("w");
-    std::fs::create_dir_all(w.join("sub")).unwrap();
-    std::fs::write(w.join("secret"), "s").unwrap();
+    let w = t.tree("w", &[("sub/", ""), ("secret", "s")]);
     std::os::unix::fs::symlink(w.join("secret"), t.0.join("link")).unwrap();
     let refused =
         |m: MediatorPath, write: &[PathBuf], read: &[PathBuf]| match settle(vec![m], write, read) {

@@ -14,6 +14,24 @@ impl TempDir {
         std::fs::create_dir_all(&p).unwrap();
         Self(std::fs::canonicalize(&p).unwrap())
     }
+
+    /// `sub` below this directory, made with each of `entries` below it: a path ending in
+    /// `/` is made a directory, any other a file holding its text (the directories above
+    /// it made too).
+    pub(crate) fn tree(&self, sub: &str, entries: &[(&str, &str)]) -> PathBuf {
+        let root = self.0.join(sub);
+        std::fs::create_dir_all(&root).unwrap();
+        for (path, text) in entries {
+            let at = root.join(path);
+            if path.ends_with('/') {
+                std::fs::create_dir_all(&at).unwrap();
+            } else {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                std::fs::write(&at, text).unwrap();
+            }
+        }
+        root
+    }
 }
 
 impl Drop for TempDir {

@@ -10,9 +10,7 @@ fn guarded(out: &Protections, path: &Path, guard: Guard) -> bool {
 #[test]
 fn links_are_guarded_with_their_targets_and_a_dangling_target_gets_a_placeholder() {
     let t = TempDir::new("fs-links");
-    let w = t.0.join("home");
-    std::fs::create_dir_all(w.join("dotfiles")).unwrap();
-    std::fs::write(w.join("dotfiles/bashrc"), "").unwrap();
+    let w = t.tree("home", &[("dotfiles/bashrc", "")]);
     std::os::unix::fs::symlink("dotfiles/bashrc", w.join(".bashrc")).unwrap();
     std::os::unix::fs::symlink("missing/vscode", w.join(".vscode")).unwrap();
     let mut out = Protections::default();

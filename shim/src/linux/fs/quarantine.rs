@@ -190,11 +190,8 @@ mod tests {
     #[test]
     fn a_link_made_on_the_way_is_moved_and_its_target_untouched() {
         let t = TempDir::new("fs-quarantine-link");
-        let elsewhere = t.0.join("elsewhere");
-        std::fs::create_dir_all(elsewhere.join("git")).unwrap();
-        std::fs::write(elsewhere.join("git/config"), "host's own\n").unwrap();
-        let root = t.0.join("root");
-        std::fs::create_dir_all(&root).unwrap();
+        let elsewhere = t.tree("elsewhere", &[("git/config", "host's own\n")]);
+        let root = t.tree("root", &[]);
         let watch =
             [Watch::new(&root, Path::new(".config/git/config"), TamperKind::DenySet).unwrap()];
         std::os::unix::fs::symlink(&elsewhere, root.join(".config")).unwrap();
@@ -211,10 +208,8 @@ mod tests {
     #[test]
     fn a_link_the_host_had_at_start_is_left_alone() {
         let t = TempDir::new("fs-quarantine-hostlink");
-        let elsewhere = t.0.join("elsewhere");
-        std::fs::create_dir_all(&elsewhere).unwrap();
-        let root = t.0.join("root");
-        std::fs::create_dir_all(&root).unwrap();
+        let elsewhere = t.tree("elsewhere", &[]);
+        let root = t.tree("root", &[]);
         std::os::unix::fs::symlink(&elsewhere, root.join(".config")).unwrap();
         let watch =
             [Watch::new(&root, Path::new(".config/git/config"), TamperKind::DenySet).unwrap()];
