@@ -131,50 +131,70 @@ fn mount_proc_and_sys() -> Result<()> {
         | sys::MOUNT_ATTR_NOSUID
         | sys::MOUNT_ATTR_NODEV
         | sys::MOUNT_ATTR_NOEXEC;
-    let proc_fd = step(
-        || "mount a new proc".into(),
-        sys::new_fs_mount("proc", &[], pseudo),
-    )?;
-    step(
-        || "attach proc on /proc".into(),
-        sys::move_mount(proc_fd.as_fd(), None, c"/proc", 0),
-    )?;
-    let sys_fd = step(
-        || "mount a new sysfs".into(),
-        sys::new_fs_mount("sysfs", &[], pseudo),
-    )?;
-    step(
-        || "attach sysfs on /sys".into(),
-        sys::move_mount(sys_fd.as_fd(), None, c"/sys", 0),
-    )
+    for (fs, on) in [("proc", c"/proc"), ("sysfs", c"/sys")] {
+        let fd = step(
+            || format!("mount a new {fs}"),
+            sys::new_fs_mount(fs, &[], pseudo),
+        )?;
+        step(
+            || format!("attach {fs} on {}", on.to_string_lossy()),
+            sys::move_mount(fd.as_fd(), None, on, 0),
+        )?;
+    }
+    Ok(())
 }
 
 /// The masks' small tmpfs (detached; mode 0111), holding the empty unreadable file
 /// [`MASK_FILE`] that file masks show.
 fn mask_scratch() -> Result<OwnedFd> {
-    let scratch = step(
-        || "create the mask tmpfs".into(),
+    tmpfs_with_file(
+        ["0111", "64k", "4096"],
+        (MASK_FILE, Mode::empty(), ""),
+        (
+            || "create the mask tmpfs".into(),
+            || "create the mask file".into(),
+        ),
+    )
+}
+
+/// A detached tmpfs (nosuid, nodev, noexec; its `mode`, `size` and `nr_inodes` options
+/// given in that order) holding one new file `name` of `file_mode` that holds `content`.
+/// `what` names the failed step in an error: the first the tmpfs, the second the file.
+fn tmpfs_with_file(
+    [mode, size, nr_inodes]: [&str; 3],
+    (name, file_mode, content): (&CStr, Mode, &str),
+    (what_fs, what_file): (impl FnOnce() -> String, impl Fn() -> String + Copy),
+) -> Result<OwnedFd> {
+    let fs = step(
+        what_fs,
         sys::new_fs_mount(
             "tmpfs",
             &[
-                ("mode", Some("0111")),
-                ("size", Some("64k")),
-                ("nr_inodes", Some("4096")),
+                ("mode", Some(mode)),
+                ("size", Some(size)),
+                ("nr_inodes", Some(nr_inodes)),
             ],
             sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
         ),
     )?;
     let f = step(
-        || "create the mask file".into(),
+        what_file,
         nix::fcntl::openat(
-            scratch.as_fd(),
-            MASK_FILE,
+            fs.as_fd(),
+            name,
             OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
+            file_mode,
         ),
     )?;
+    let mut written = 0;
+    while written < content.len() {
+        written += step(
+            what_file,
+            nix::unistd::write(&f, &content.as_bytes()[written..]),
+        )?;
+    }
     drop(f);
-    Ok(scratch)
+    Ok(fs)
 }
 
 /// The empty mode-0 file of the mask tmpfs.
@@ -384,33 +404,12 @@ pub(crate) fn cover_file(path: &Path, content: &str) -> Result<()> {
         return Ok(());
     }
     let what = || format!("cover {}", path.display());
-    let fs = step(
-        what,
-        sys::new_fs_mount(
-            "tmpfs",
-            &[
-                ("mode", Some("0755")),
-                ("size", Some("16k")),
-                ("nr_inodes", Some("4")),
-            ],
-            sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | sys::MOUNT_ATTR_NOEXEC,
-        ),
-    )?;
     let name = c"file";
-    let f = step(
-        what,
-        nix::fcntl::openat(
-            fs.as_fd(),
-            name,
-            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o644),
-        ),
+    let fs = tmpfs_with_file(
+        ["0755", "16k", "4"],
+        (name, Mode::from_bits_truncate(0o644), content),
+        (what, what),
     )?;
-    let mut written = 0;
-    while written < content.len() {
-        written += step(what, nix::unistd::write(&f, &content.as_bytes()[written..]))?;
-    }
-    drop(f);
     let file = step(
         what,
         sys::open_tree(Some(fs.as_fd()), name, sys::OPEN_TREE_CLONE),

@@ -95,19 +95,24 @@ pub(super) fn depth(p: &Path) -> usize {
         .count()
 }
 
-/// `p` canonicalised, and whether it is a directory; `None` when it does not exist and
-/// `missing_ok`. `what` names the setting in errors.
-fn canonical(what: &'static str, p: &Path, missing_ok: bool) -> Result<Option<(PathBuf, bool)>> {
+/// The `kind` op at `p` canonicalised (a directory's if it is one); `None` when `p` does
+/// not exist and `missing_ok`. `what` names the setting in errors.
+fn canonical(
+    what: &'static str,
+    p: &Path,
+    missing_ok: bool,
+    kind: OpKind,
+) -> Result<Option<MountOp>> {
     match std::fs::canonicalize(p) {
-        Ok(c) => {
-            let is_dir = std::fs::metadata(&c)
+        Ok(path) => {
+            let is_dir = std::fs::metadata(&path)
                 .map_err(|source| Error::Path {
                     what,
                     path: p.to_owned(),
                     source,
                 })?
                 .is_dir();
-            Ok(Some((c, is_dir)))
+            Ok(Some(MountOp { path, kind, is_dir }))
         }
         Err(e) if missing_ok && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(Error::Path {
@@ -147,37 +152,30 @@ pub(crate) fn plan(
 ) -> Result<()> {
     let mut ops = Vec::new();
     for p in allow_write {
-        let Some((c, is_dir)) = canonical("--allow-write", p, false)? else {
+        let Some(op) = canonical("--allow-write", p, false, OpKind::Writable)? else {
             continue;
         };
-        if c == Path::new("/") {
+        if op.path == Path::new("/") {
             return Err(Error::Usage("--allow-write / would make the whole filesystem writable; name the directories instead".into()));
         }
-        if !plan.writable_roots.contains(&c) {
-            plan.writable_roots.push(c.clone());
-            ops.push(MountOp {
-                path: c,
-                kind: OpKind::Writable,
-                is_dir,
-            });
+        if !plan.writable_roots.contains(&op.path) {
+            plan.writable_roots.push(op.path.clone());
+            ops.push(op);
         }
     }
     for p in deny_read {
-        if let Some((c, is_dir)) = canonical("--deny-read", p, true)? {
-            if c == Path::new("/") {
+        if let Some(op) = canonical("--deny-read", p, true, OpKind::Mask)? {
+            if op.path == Path::new("/") {
                 return Err(Error::Usage(
                     "--deny-read / would hide the whole filesystem, including the command".into(),
                 ));
             }
-            ops.push(MountOp {
-                path: c,
-                kind: OpKind::Mask,
-                is_dir,
-            });
+            ops.push(op);
         }
     }
     for p in allow_read {
-        if let Some((c, is_dir)) = canonical("--allow-read", p, true)? {
+        if let Some(op) = canonical("--allow-read", p, true, OpKind::Readable)? {
+            let c = &op.path;
             // Re-opening only matters beneath a mask; elsewhere everything is readable to
             // the caller, and to a stranger what others may read; what they may not is
             // shown through the idmapped copy (a writable root is idmapped already).
@@ -186,27 +184,17 @@ pub(crate) fn plan(
                 .any(|o| o.kind == OpKind::Mask && c.starts_with(&o.path));
             let granted = stranger
                 && !plan.writable_roots.iter().any(|r| c.starts_with(r))
-                && closed_to_others(&c, is_dir);
-            if granted && !plan.read_grants.contains(&c) {
+                && closed_to_others(c, op.is_dir);
+            if granted && !plan.read_grants.contains(c) {
                 plan.read_grants.push(c.clone());
             }
             if masked || granted {
-                ops.push(MountOp {
-                    path: c,
-                    kind: OpKind::Readable,
-                    is_dir,
-                });
+                ops.push(op);
             }
         }
     }
     for p in read_only {
-        if let Some((c, is_dir)) = canonical("shim-prepared path", p, false)? {
-            ops.push(MountOp {
-                path: c,
-                kind: OpKind::Readable,
-                is_dir,
-            });
-        }
+        ops.extend(canonical("shim-prepared path", p, false, OpKind::Readable)?);
     }
     let mut protections = Protections::default();
     let protected = protect::protect_roots(&plan.writable_roots, home, &mut protections);
@@ -298,12 +286,16 @@ mod tests {
     #[test]
     fn plan_orders_ops_shallowest_first_and_pins_git() {
         let t = TempDir::new("fs-order");
-        let w = t.0.join("w");
-        std::fs::create_dir_all(w.join(".git/hooks")).unwrap();
-        std::fs::write(w.join(".git/config"), "").unwrap();
-        std::fs::create_dir_all(w.join("sub/inner/.git")).unwrap();
-        std::fs::create_dir_all(w.join("target/x/.git")).unwrap();
-        std::fs::write(w.join("target/CACHEDIR.TAG"), "").unwrap();
+        let w = t.tree(
+            "w",
+            &[
+                (".git/hooks/", ""),
+                (".git/config", ""),
+                ("sub/inner/.git/", ""),
+                ("target/x/.git/", ""),
+                ("target/CACHEDIR.TAG", ""),
+            ],
+        );
         let mut plan = FsPlan::default();
         super::plan(
             std::slice::from_ref(&w),
