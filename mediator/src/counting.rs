@@ -1,12 +1,10 @@
 //! An I/O wrapper that counts the bytes read and written through it.
 
-use std::io;
-use std::pin::Pin;
+use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use crate::tap::{Tap, Tapped};
 
 /// Shared byte counters: (written = up, read = down).
 #[derive(Debug, Clone, Default)]
@@ -48,60 +46,27 @@ pub(crate) async fn reporting<F: Future>(
     }
 }
 
-/// Wraps `S`, counting bytes written (up) and read (down).
-#[derive(Debug)]
-pub(crate) struct Counting<S> {
-    inner: S,
-    counters: Counters,
-}
+/// Wraps `S`, counting bytes written (up) and read (down): made with
+/// `Tapped::new(inner, Counters::default())`.
+pub(crate) type Counting<S> = Tapped<S, Counters>;
 
 impl<S> Counting<S> {
-    /// Wraps `inner`.
-    pub(crate) fn new(inner: S) -> Self {
-        Self {
-            inner,
-            counters: Counters::default(),
-        }
-    }
-
     /// A handle to the counters, readable after the stream is gone.
     pub(crate) fn counters(&self) -> Counters {
-        self.counters.clone()
+        self.tap().clone()
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let res = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        self.counters.0.1.fetch_add(n as u64, Ordering::Relaxed);
-        res
+impl Tap for Counters {
+    fn read(&mut self, n: usize, polled: io::Result<()>) -> io::Result<()> {
+        self.0.1.fetch_add(n as u64, Ordering::Relaxed);
+        polled
     }
-}
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counting<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let res = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = res {
-            self.counters.0.0.fetch_add(n as u64, Ordering::Relaxed);
+    fn write(&mut self, _: &[IoSlice<'_>], polled: io::Result<usize>) -> io::Result<usize> {
+        if let Ok(n) = polled {
+            self.0.0.fetch_add(n as u64, Ordering::Relaxed);
         }
-        res
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        polled
     }
 }

@@ -52,6 +52,7 @@ mod signal;
 mod sni;
 mod socket_file;
 pub mod suggest;
+mod tap;
 mod terminate;
 #[cfg(any(test, feature = "fuzzing"))]
 mod testing;

@@ -18,6 +18,7 @@ use crate::denial::{Cause, Denial};
 use crate::relay::{RelayOutcome, hung_up};
 use crate::rewind::Rewind;
 use crate::shared::Shared;
+use crate::tap::Tapped;
 use crate::tls::{ALPN, TlsState};
 use crate::vocab::{ClientTlsEnd, CloseReason, TlsAlert};
 
@@ -133,7 +134,7 @@ where
     /// The client's connection, `prefix` (the bytes already read) replayed first.
     pub(super) fn new(client: C, prefix: Vec<u8>) -> Self {
         Self {
-            counting: Counting::new(Rewind::new(prefix, client)),
+            counting: Tapped::new(Rewind::new(prefix, client), Counters::default()),
         }
     }
 

@@ -22,10 +22,8 @@
 //! state.
 
 use std::io::{self, IoSlice};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use crate::tap::Tap;
 
 /// `HEADERS` (RFC 9113 section 6.2).
 const HEADERS: u8 = 0x1;
@@ -63,19 +61,17 @@ pub(crate) enum Refusal {
 /// What is told of each refused request.
 pub(crate) type OnReset = Box<dyn FnMut(Refusal) + Send>;
 
-/// An I/O stream whose written HTTP/2 frames are watched for the HTTP/2 layer's own
-/// refusals; `on_reset` is called with each. Without a callback (an
-/// HTTP/1.1 connection) it only passes bytes through.
-pub(crate) struct ResetWatch<S> {
-    inner: S,
+/// The watch on an I/O stream's written HTTP/2 frames (the stream `Tapped` with it) for
+/// the HTTP/2 layer's own refusals; `on_reset` is called with each. Without a callback
+/// (an HTTP/1.1 connection) the stream only passes bytes through.
+pub(crate) struct ResetWatch {
     watch: Option<(FrameScan, OnReset)>,
 }
 
-impl<S> ResetWatch<S> {
-    /// `inner`, watched when `on_reset` is given.
-    pub(crate) fn new(inner: S, on_reset: Option<OnReset>) -> Self {
+impl ResetWatch {
+    /// A watch when `on_reset` is given.
+    pub(crate) fn new(on_reset: Option<OnReset>) -> Self {
         Self {
-            inner,
             watch: on_reset.map(|f| (FrameScan::default(), f)),
         }
     }
@@ -95,51 +91,12 @@ impl<S> ResetWatch<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for ResetWatch<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for ResetWatch<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            self.saw(&[IoSlice::new(buf)], n);
-        }
-        polled
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
+impl Tap for ResetWatch {
+    fn write(&mut self, bufs: &[IoSlice<'_>], polled: io::Result<usize>) -> io::Result<usize> {
+        if let Ok(n) = polled {
             self.saw(bufs, n);
         }
         polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -382,7 +339,7 @@ mod tests {
     fn vectored_writes_count_only_what_was_written() {
         let reset = frame(RST_STREAM, 0, 9, &1u32.to_be_bytes());
         let mut found = Vec::new();
-        let mut watch = ResetWatch::new((), Some(Box::new(|_| {}) as OnReset));
+        let mut watch = ResetWatch::new(Some(Box::new(|_| {}) as OnReset));
         let (a, b) = reset.split_at(6);
         // The first write took 10 bytes of the two buffers; the rest follows.
         watch.saw(&[IoSlice::new(a), IoSlice::new(b)], 10);

@@ -48,6 +48,7 @@ use crate::request::preflight::MIN_BUF;
 use crate::reuse::Ticket;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
+use crate::tap::Tapped;
 use crate::tls::TlsState;
 use crate::vocab::CloseReason;
 use h2_resets::ResetWatch;
@@ -137,9 +138,9 @@ pub(crate) async fn terminate<C>(
             }
         }
     };
-    let client_tls = ResetWatch::new(
+    let client_tls = Tapped::new(
         client_tls,
-        client_h2.then(|| request::refused_h2(&shared, &ctx, &label, target)),
+        ResetWatch::new(client_h2.then(|| request::refused_h2(&shared, &ctx, &label, target))),
     );
     // Its bytes reach the metrics while it is open (every PROGRESS_EVERY), as a plain
     // tunnel's do.

@@ -14,11 +14,9 @@
 //! It must never relay `h2c` (HTTP/2 requests would pass the request rules), a plain
 //! CONNECT (a tunnel inside the tunnel would), or a switch the origin did not answer.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -26,13 +24,13 @@ use http::{Method, StatusCode, Version};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use policy::UpgradeToken;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::record;
 use crate::conn::{Ctx, RequestLine, TargetLabel};
 use crate::relay::{RelayOutcome, relay_streams};
 use crate::shared::Shared;
+use crate::tap::{Tap, Tapped};
 use crate::vocab::CloseReason;
 
 /// `Sec-WebSocket-Key` (RFC 6455 section 11.3.1).
@@ -373,8 +371,14 @@ pub(crate) async fn relay(
         (Ok(c), Ok(u)) => {
             let gone = OnceLock::new();
             let mut outcome = relay_streams(
-                EndWithoutNotify::new(TokioIo::new(c), &gone, CloseReason::ClientClosed),
-                EndWithoutNotify::new(TokioIo::new(u), &gone, CloseReason::UpstreamClosed),
+                Tapped::new(
+                    TokioIo::new(c),
+                    EndWithoutNotify::new(&gone, CloseReason::ClientClosed),
+                ),
+                Tapped::new(
+                    TokioIo::new(u),
+                    EndWithoutNotify::new(&gone, CloseReason::UpstreamClosed),
+                ),
                 facts.shared.timeouts.idle_tunnel,
                 closing,
                 None,
@@ -412,75 +416,51 @@ pub(crate) async fn relay(
     outcome
 }
 
-/// One side of a switched stream. Its read of a TLS end without close_notify (rustls'
-/// `UnexpectedEof`) is the end of the stream, not an error. A read or a write that finds
-/// the connection gone (reset, or EPIPE: the peer closed) stays an error for the relay,
-/// but records in `gone`, unless the other side was found gone first, that this side
-/// ended: `side` is the close reason it stands for.
-struct EndWithoutNotify<'a, S> {
-    inner: S,
+/// The tap of one side of a switched stream. Its read of a TLS end without close_notify
+/// (rustls' `UnexpectedEof`) is the end of the stream, not an error. A read, a write or a
+/// flush that finds the connection gone (reset, or EPIPE: the peer closed) stays an error
+/// for the relay, but records in `gone`, unless the other side was found gone first, that
+/// this side ended: `side` is the close reason it stands for.
+struct EndWithoutNotify<'a> {
     gone: &'a OnceLock<CloseReason>,
     side: CloseReason,
 }
 
-impl<'a, S> EndWithoutNotify<'a, S> {
-    fn new(inner: S, gone: &'a OnceLock<CloseReason>, side: CloseReason) -> Self {
-        Self { inner, gone, side }
+impl<'a> EndWithoutNotify<'a> {
+    fn new(gone: &'a OnceLock<CloseReason>, side: CloseReason) -> Self {
+        Self { gone, side }
     }
 
-    /// Notes that this side's peer is gone when `e` says so.
-    fn note(&self, e: &io::Error) {
-        if matches!(
-            e.kind(),
-            io::ErrorKind::ConnectionReset
-                | io::ErrorKind::BrokenPipe
-                | io::ErrorKind::ConnectionAborted
-        ) {
+    /// `polled`, noting first that this side's peer is gone when its error says so.
+    fn noted<T>(&self, polled: io::Result<T>) -> io::Result<T> {
+        if let Err(e) = &polled
+            && matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            )
+        {
             let _ = self.gone.set(self.side);
         }
+        polled
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for EndWithoutNotify<'_, S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
-            Poll::Ready(Err(e)) => {
-                self.note(&e);
-                Poll::Ready(Err(e))
-            }
-            other => other,
+impl Tap for EndWithoutNotify<'_> {
+    fn read(&mut self, _: usize, polled: io::Result<()>) -> io::Result<()> {
+        match polled {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(()),
+            other => self.noted(other),
         }
     }
-}
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutNotify<'_, S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Err(e)) = &polled {
-            self.note(e);
-        }
-        polled
+    fn write(&mut self, _: &[IoSlice<'_>], polled: io::Result<usize>) -> io::Result<usize> {
+        self.noted(polled)
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.inner).poll_flush(cx);
-        if let Poll::Ready(Err(e)) = &polled {
-            self.note(e);
-        }
-        polled
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+    fn flush(&mut self, polled: io::Result<()>) -> io::Result<()> {
+        self.noted(polled)
     }
 }
 

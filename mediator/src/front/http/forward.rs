@@ -26,7 +26,7 @@ use crate::conn::establish::{Connected, establish};
 use crate::conn::held::Watch;
 use crate::conn::record::{self, Allowed};
 use crate::conn::{Ctx, RequestLine, TargetLabel};
-use crate::counting::{Counters, Counting, reporting};
+use crate::counting::{Counters, reporting};
 use crate::credential::CheckedBody;
 use crate::denial::{Cause, Denial};
 use crate::redact::logged_path;
@@ -37,6 +37,7 @@ use crate::request::rewrite::{RewriteError, forward_request};
 use crate::request::send::{Sent, relayed, send};
 use crate::route::{ForwardProxy, Route};
 use crate::shared::Shared;
+use crate::tap::Tapped;
 use crate::vocab::{CloseReason, Protocol};
 
 /// A kept-alive upstream connection of one client connection.
@@ -432,7 +433,7 @@ async fn open(wanted: Wanted<'_>) -> Result<Pooled, Response<Body>> {
             "retry the request",
         ));
     };
-    let counting = Counting::new(stream);
+    let counting = Tapped::new(stream, Counters::default());
     let counters = counting.counters();
     let watched = counters.clone();
     let (sender, conn) =
