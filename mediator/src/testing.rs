@@ -86,3 +86,47 @@ pub(crate) fn file_in_temp_dir(
     std::fs::write(&path, contents).unwrap();
     (dir, path)
 }
+
+/// The configuration text of one authority, `agent-a` (`[tls] ca_dir = "/tmp/ca"`), whose
+/// table holds `keys` (its `allow`, `tls_terminate`, any rules) and one credential: on
+/// `api.test`, `Authorization: Bearer {secret}` where the placeholder
+/// `mediator:api:agent-a` stands, the secret read from `UNUSED` (or given:
+/// [`with_secret`]).
+#[cfg(test)]
+pub(crate) fn agent_a_config(keys: &str) -> String {
+    format!(
+        r#"
+[tls]
+ca_dir = "/tmp/ca"
+
+[[authority]]
+name = "agent-a"
+{keys}
+
+[[authority.credential]]
+host = "api.test"
+header = "Authorization"
+secret_env = "UNUSED"
+format = "Bearer {{secret}}"
+placeholder = "mediator:api:agent-a"
+"#
+    )
+}
+
+/// The configuration `text` parsed, its first authority taken out of it.
+#[cfg(test)]
+pub(crate) fn first_authority(text: &str) -> (policy::config::Config, policy::config::Authority) {
+    let mut config = policy::config::parse(text, "m.toml").unwrap();
+    let authority = config.authorities.remove(0);
+    (config, authority)
+}
+
+/// [`first_authority`] of `text`, its first credential holding the secret `s3cret`.
+#[cfg(test)]
+pub(crate) fn with_secret(text: &str) -> (policy::config::Config, policy::config::Authority) {
+    let (config, mut authority) = first_authority(text);
+    authority.credentials[0]
+        .set_secret(b"s3cret".to_vec())
+        .unwrap();
+    (config, authority)
+}

@@ -2,31 +2,20 @@
 
 use super::body::check_trailers;
 use super::*;
+use crate::testing;
 use policy::Reason;
 use std::os::unix::fs::PermissionsExt as _;
 
-const CONFIG: &str = r#"
-[tls]
-ca_dir = "/tmp/ca"
-
-[[authority]]
-name = "agent-a"
-allow = ["api.test", "other.test"]
-tls_terminate = ["api.test", "other.test"]
-
-[[authority.credential]]
-host = "api.test"
-header = "Authorization"
-secret_env = "UNUSED"
-format = "Bearer {secret}"
-placeholder = "mediator:api:agent-a"
-"#;
+/// `agent-a` with its credential on `api.test`, terminated on it and on `other.test`.
+fn config() -> String {
+    testing::agent_a_config(
+        r#"allow = ["api.test", "other.test"]
+tls_terminate = ["api.test", "other.test"]"#,
+    )
+}
 
 fn authority() -> Authority {
-    let mut c = policy::config::parse(CONFIG, "m.toml").unwrap();
-    let mut a = c.authorities.remove(0);
-    a.credentials[0].set_secret(b"s3cret".to_vec()).unwrap();
-    a
+    testing::with_secret(&config()).1
 }
 
 fn target(h: &str) -> Target {
@@ -132,11 +121,8 @@ fn the_detail_says_where_the_placeholder_was_and_how() {
 
 #[test]
 fn a_host_holding_a_placeholder_is_misuse_before_it_is_resolved() {
-    let text = CONFIG.replace("mediator:api:agent-a", "ph-api-agent-a");
-    let a = policy::config::parse(&text, "m.toml")
-        .unwrap()
-        .authorities
-        .remove(0);
+    let text = config().replace("mediator:api:agent-a", "ph-api-agent-a");
+    let a = testing::first_authority(&text).1;
     for host in [
         "ph-api-agent-a.other.test",
         "PH-API-AGENT-A.other.test",
@@ -163,11 +149,8 @@ fn a_host_holding_a_placeholder_is_misuse_before_it_is_resolved() {
 }
 
 fn authority_without_placeholder() -> Authority {
-    let text = CONFIG.replace("placeholder = \"mediator:api:agent-a\"\n", "");
-    policy::config::parse(&text, "m.toml")
-        .unwrap()
-        .authorities
-        .remove(0)
+    let text = config().replace("placeholder = \"mediator:api:agent-a\"\n", "");
+    testing::first_authority(&text).1
 }
 
 #[test]
@@ -201,9 +184,8 @@ fn a_placeholder_is_found_once_decoded_even_where_twice_would_hide_it() {
         ("ad:api:agent-a", "/x?k=%25%61%64:api:agent-a"),
         ("api%41agent", "/x?k=api%2541agent"),
     ] {
-        let text = CONFIG.replace("mediator:api:agent-a", placeholder);
-        let mut c = policy::config::parse(&text, "m.toml").unwrap();
-        let a = c.authorities.remove(0);
+        let text = config().replace("mediator:api:agent-a", placeholder);
+        let a = testing::first_authority(&text).1;
         let e = check_plain(
             &a,
             &target("other.test"),
@@ -224,7 +206,7 @@ fn secret_files_readable_by_others_or_writable_by_group_or_others_are_refused() 
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("secret");
     std::fs::write(&path, "s3cret\n").unwrap();
-    let text = CONFIG.replace(
+    let text = config().replace(
         "secret_env = \"UNUSED\"",
         &format!("secret_file = \"{}\"", path.display()),
     );

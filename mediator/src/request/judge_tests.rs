@@ -8,39 +8,23 @@ use super::*;
 use crate::authorities::{Birth, Live, Origin};
 use crate::limits::InForce;
 use crate::signal::Signals;
+use crate::testing;
 
-const CONFIG: &str = r#"
-[tls]
-ca_dir = "/tmp/ca"
-
-[[authority]]
-name = "agent-a"
-allow = ["api.test", "plain.test"]
+/// `agent-a`'s table: `api.test` terminated, its `GET /v1/` only, and `plain.test`.
+const KEYS: &str = r#"allow = ["api.test", "plain.test"]
 tls_terminate = ["api.test"]
 
 [[authority.request_rule]]
 host = "api.test"
 methods = ["GET"]
-path_prefixes = ["/v1/"]
+path_prefixes = ["/v1/"]"#;
 
-[[authority.credential]]
-host = "api.test"
-header = "Authorization"
-secret_env = "UNUSED"
-format = "Bearer {secret}"
-placeholder = "mediator:api:agent-a"
-"#;
-
-/// The authority of `CONFIG` with its secret, and a live set that holds it.
 /// A `POST /` whose `Authorization` is `-` (no placeholder).
 const POST: (&str, &str, &str) = ("POST", "/", "-");
 
+/// The authority of [`KEYS`] with its secret, and a live set that holds it.
 fn live() -> (LiveSet, Arc<Authority>) {
-    let mut config = policy::config::parse(CONFIG, "m.toml").unwrap();
-    let mut authority = config.authorities.remove(0);
-    authority.credentials[0]
-        .set_secret(b"s3cret".to_vec())
-        .unwrap();
+    let (config, authority) = testing::with_secret(&testing::agent_a_config(KEYS));
     let authority = Arc::new(authority);
     let birth = Birth {
         generation: 1,
