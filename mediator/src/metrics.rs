@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use policy::{Reason, Verdict};
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -51,33 +52,62 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A counter family with `labels`, registered in `registry`.
-fn counters(
+/// `family` registered in `registry`, and given back: a family is a handle to what the
+/// registry renders (cloning it clones the handle).
+///
+/// # Errors
+/// [`prometheus::Error`] when the name is taken.
+pub(crate) fn registered<C: Collector + Clone + 'static>(
     registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> Result<IntCounterVec, prometheus::Error> {
-    let family = IntCounterVec::new(Opts::new(name, help), labels)?;
+    family: C,
+) -> Result<C, prometheus::Error> {
     registry.register(Box::new(family.clone()))?;
     Ok(family)
 }
 
-/// A gauge family with `labels`, registered in `registry`.
-fn gauges(
+/// A family of series told apart by their labels (`IntCounterVec`, `IntGaugeVec`).
+trait Labelled: Collector + Clone + Sized + 'static {
+    /// A family of `opts` with `labels`.
+    fn labelled(opts: Opts, labels: &[&str]) -> Result<Self, prometheus::Error>;
+}
+
+impl Labelled for IntCounterVec {
+    fn labelled(opts: Opts, labels: &[&str]) -> Result<Self, prometheus::Error> {
+        Self::new(opts, labels)
+    }
+}
+
+impl Labelled for IntGaugeVec {
+    fn labelled(opts: Opts, labels: &[&str]) -> Result<Self, prometheus::Error> {
+        Self::new(opts, labels)
+    }
+}
+
+/// A family with `labels`, registered in `registry`.
+fn family<C: Labelled>(
     registry: &Registry,
     name: &str,
     help: &str,
     labels: &[&str],
-) -> Result<IntGaugeVec, prometheus::Error> {
-    let family = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(family.clone()))?;
-    Ok(family)
+) -> Result<C, prometheus::Error> {
+    registered(registry, C::labelled(Opts::new(name, help), labels)?)
 }
 
-/// A latency histogram with the [`LATENCY_BUCKETS`].
-fn latency(name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
-    Histogram::with_opts(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()))
+/// Creates the series of `family` (of one label) for each of `values`, at zero: so that
+/// they are rendered before the first count.
+pub(crate) fn prime<T: MetricVecBuilder>(
+    family: &MetricVec<T>,
+    values: impl IntoIterator<Item = &'static str>,
+) {
+    for value in values {
+        family.with_label_values(&[value]);
+    }
+}
+
+/// A latency histogram with the [`LATENCY_BUCKETS`], registered in `registry`.
+fn latency(registry: &Registry, name: &str, help: &str) -> Result<Histogram, prometheus::Error> {
+    let buckets = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    registered(registry, Histogram::with_opts(buckets)?)
 }
 
 /// The families of the upstream pool (`crate::reuse`): connections reused, and kept idle.
@@ -90,9 +120,10 @@ fn reuse_families(r: &Registry) -> Result<(IntCounter, IntGauge), prometheus::Er
         "mediator_upstream_idle_connections",
         "Idle upstream connections of terminated tunnels kept for reuse, as of this scrape.",
     )?;
-    r.register(Box::new(upstream_reused.clone()))?;
-    r.register(Box::new(upstream_idle.clone()))?;
-    Ok((upstream_reused, upstream_idle))
+    Ok((
+        registered(r, upstream_reused)?,
+        registered(r, upstream_idle)?,
+    ))
 }
 
 /// The families about the service itself, registered in `registry`: reloads by result,
@@ -100,7 +131,7 @@ fn reuse_families(r: &Registry) -> Result<(IntCounter, IntGauge), prometheus::Er
 fn service_families(
     registry: &Registry,
 ) -> Result<(IntCounterVec, prometheus::Gauge), prometheus::Error> {
-    let reloads = counters(
+    let reloads: IntCounterVec = family(
         registry,
         "mediator_reloads_total",
         "Configuration reloads (SIGHUP, --watch-config), by result: ok, partial (some authorities kept their old version), failed (nothing applied).",
@@ -110,23 +141,18 @@ fn service_families(
         "mediator_last_reload_success_timestamp_seconds",
         "When the configuration was last applied as a whole (Unix time, seconds); the start until then.",
     )?;
-    let build_info = IntGaugeVec::new(
-        Opts::new(
-            "mediator_build_info",
-            "Always 1; the labels name the build: its version and git revision.",
-        ),
+    let build_info: IntGaugeVec = family(
+        registry,
+        "mediator_build_info",
+        "Always 1; the labels name the build: its version and git revision.",
         &["version", "revision"],
     )?;
     build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION"), crate::version::GIT_REVISION])
         .set(1);
-    for result in ReloadResult::ALL {
-        reloads.with_label_values(&[result.as_str()]);
-    }
+    prime(&reloads, ReloadResult::ALL.map(ReloadResult::as_str));
     last_reload.set(unix_now());
-    registry.register(Box::new(last_reload.clone()))?;
-    registry.register(Box::new(build_info))?;
-    Ok((reloads, last_reload))
+    Ok((reloads, registered(registry, last_reload)?))
 }
 
 /// The mediator's metric families, registered in a registry of their own. Cheap to clone
@@ -173,55 +199,60 @@ impl Metrics {
     pub(crate) fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let r = &registry;
-        let decisions = counters(
+        let decisions: IntCounterVec = family(
             r,
             "mediator_decisions_total",
             "Decisions taken, by authority (\"-\" when none was established), protocol, decision and reason.",
             &["authority", "protocol", "decision", "reason"],
         )?;
-        let active = gauges(
+        let active: IntGaugeVec = family(
             r,
             "mediator_active_connections",
             "Allowed upstream connections (tunnels and forwarding connections) currently open, by authority.",
             &["authority"],
         )?;
-        let bytes = counters(
+        let bytes: IntCounterVec = family(
             r,
             "mediator_bytes_total",
             "Bytes relayed, by authority and direction (up: client to upstream, down: upstream to client); an open connection (tunnel, terminated tunnel, forwarding connection) adds its bytes every 5 s.",
             &["authority", "direction"],
         )?;
         let connect = latency(
+            r,
             "mediator_connect_duration_seconds",
             "Time to connect to a pinned upstream address (successful or not).",
         )?;
         let dns = latency(
+            r,
             "mediator_dns_duration_seconds",
             "Time to resolve a destination name (hosts map or DNS; IP literals are not counted).",
         )?;
-        let upstream_errors = counters(
+        let upstream_errors: IntCounterVec = family(
             r,
             "mediator_upstream_errors_total",
             "Failures after an allowed name decision: DNS and upstream connect, by kind.",
             &["kind"],
         )?;
-        let authorities = IntGauge::new(
-            "mediator_authorities",
-            "Authorities currently configured (live, not revoked).",
+        let authorities = registered(
+            r,
+            IntGauge::new(
+                "mediator_authorities",
+                "Authorities currently configured (live, not revoked).",
+            )?,
         )?;
-        let routed = counters(
+        let routed: IntCounterVec = family(
             r,
             "mediator_routed_connections_total",
             "Allowed upstream connections opened, by authority and route (direct or parent: [upstream]).",
             &["authority", "route"],
         )?;
-        let limited = counters(
+        let limited: IntCounterVec = family(
             r,
             "mediator_limited_total",
             "Connections refused or shed by a limit (design section 13), by authority (\"-\" for the unidentified pool and the global limit) and limit.",
             &["authority", "limit"],
         )?;
-        let open = gauges(
+        let open: IntGaugeVec = family(
             r,
             "mediator_open_connections",
             "Client connections each authority holds (what its max_connections counts).",
@@ -233,15 +264,13 @@ impl Metrics {
         for kind in [LimitKind::Unidentified, LimitKind::Global] {
             limited.with_label_values(&[NO_AUTHORITY, kind.as_str()]);
         }
-        registry.register(Box::new(connect.clone()))?;
-        registry.register(Box::new(dns.clone()))?;
-        registry.register(Box::new(authorities.clone()))?;
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
-        for kind in UpstreamErrorKind::ALL {
-            upstream_errors.with_label_values(&[kind.as_str()]);
-        }
+        prime(
+            &upstream_errors,
+            UpstreamErrorKind::ALL.map(UpstreamErrorKind::as_str),
+        );
         Ok(Self {
             registry,
             decisions,
@@ -398,9 +427,9 @@ impl Metrics {
     pub(crate) fn set_open<'a>(&self, live: impl IntoIterator<Item = (&'a str, u32)>) {
         let live: HashMap<&str, u32> = live.into_iter().collect();
         let mut gone: Vec<String> = Vec::new();
-        for family in prometheus::core::Collector::collect(&self.open)
+        for family in Collector::collect(&self.open)
             .iter()
-            .chain(&prometheus::core::Collector::collect(&self.decisions))
+            .chain(&Collector::collect(&self.decisions))
         {
             for metric in family.get_metric() {
                 for label in metric.get_label() {
@@ -443,11 +472,7 @@ impl Metrics {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(name);
-        fn remove_from<T: prometheus::core::Collector>(
-            family: &T,
-            name: &str,
-            remove: impl Fn(&HashMap<&str, &str>),
-        ) {
+        fn remove_from<T: MetricVecBuilder>(family: &MetricVec<T>, name: &str) {
             for f in family.collect() {
                 for metric in f.get_metric() {
                     let labels: HashMap<&str, &str> = metric
@@ -456,29 +481,17 @@ impl Metrics {
                         .map(|l| (l.name(), l.value()))
                         .collect();
                     if labels.get("authority") == Some(&name) {
-                        remove(&labels);
+                        let _ = family.remove(&labels);
                     }
                 }
             }
         }
-        remove_from(&self.decisions, name, |l| {
-            let _ = self.decisions.remove(l);
-        });
-        remove_from(&self.bytes, name, |l| {
-            let _ = self.bytes.remove(l);
-        });
-        remove_from(&self.routed, name, |l| {
-            let _ = self.routed.remove(l);
-        });
-        remove_from(&self.limited, name, |l| {
-            let _ = self.limited.remove(l);
-        });
-        remove_from(&self.active, name, |l| {
-            let _ = self.active.remove(l);
-        });
-        remove_from(&self.open, name, |l| {
-            let _ = self.open.remove(l);
-        });
+        remove_from(&self.decisions, name);
+        remove_from(&self.bytes, name);
+        remove_from(&self.routed, name);
+        remove_from(&self.limited, name);
+        remove_from(&self.active, name);
+        remove_from(&self.open, name);
         self.asks.forget(name);
     }
 
@@ -511,15 +524,16 @@ impl Metrics {
             .get()
     }
 
-    /// Registers another family with the mediator's registry (rendered with the others).
+    /// `family` registered with the mediator's registry (rendered with the others), and
+    /// given back.
     ///
     /// # Errors
     /// [`prometheus::Error`] when the name is taken.
-    pub(crate) fn register(
+    pub(crate) fn registered<C: Collector + Clone + 'static>(
         &self,
-        collector: Box<dyn prometheus::core::Collector>,
-    ) -> Result<(), prometheus::Error> {
-        self.registry.register(collector)
+        family: C,
+    ) -> Result<C, prometheus::Error> {
+        registered(&self.registry, family)
     }
 
     /// Every family in the Prometheus text exposition format (version 0.0.4).

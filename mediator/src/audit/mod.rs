@@ -260,19 +260,18 @@ impl Auditor {
     /// # Errors
     /// The counter cannot be registered.
     pub(crate) fn new(metrics: &Metrics) -> Result<Self, prometheus::Error> {
-        let counter = IntCounterVec::new(
+        let counter = metrics.registered(IntCounterVec::new(
             Opts::new(
                 "mediator_audit_total",
                 "Audit records written: admin API creates and deletes, reloads, registry changes seen from other replicas, expiries; by result (accepted, partial, refused).",
             ),
             &["action", "result"],
-        )?;
+        )?)?;
         for a in Action::ALL {
             for r in AuditResult::ALL {
                 counter.with_label_values(&[a.as_str(), r.as_str()]);
             }
         }
-        metrics.register(Box::new(counter.clone()))?;
         Ok(Self { counter })
     }
 

@@ -52,21 +52,18 @@ impl Exporter {
         instance: &str,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Self, prometheus::Error> {
-        let dropped = prometheus::IntCounter::new(
+        let dropped = metrics.registered(prometheus::IntCounter::new(
             "mediator_export_dropped_total",
             "Decision records not exported to the OTLP endpoint: the queue was full, or the endpoint did not take them.",
-        )?;
-        let sent = prometheus::IntCounter::new(
+        )?)?;
+        let sent = metrics.registered(prometheus::IntCounter::new(
             "mediator_export_sent_total",
             "Decision records the OTLP endpoint accepted.",
-        )?;
-        let queued = prometheus::IntGauge::new(
+        )?)?;
+        let queued = metrics.registered(prometheus::IntGauge::new(
             "mediator_export_queued",
             "Decision records waiting in the OTLP export queue (at most 16384; a full queue drops), as of the last batch taken.",
-        )?;
-        metrics.register(Box::new(dropped.clone()))?;
-        metrics.register(Box::new(sent.clone()))?;
-        metrics.register(Box::new(queued.clone()))?;
+        )?)?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let resource = Resource {
             attributes: vec![

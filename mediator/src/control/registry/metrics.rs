@@ -5,7 +5,7 @@
 
 use prometheus::{IntCounterVec, IntGauge, Opts};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, prime};
 
 /// What went wrong with a stored record or the backend (`kind` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,46 +119,37 @@ impl RegistryMetrics {
     /// # Errors
     /// [`prometheus::Error`] when a family cannot be registered (a programming error).
     pub(crate) fn new(metrics: &Metrics) -> Result<Self, prometheus::Error> {
-        let stale = IntGauge::new(
+        let stale = metrics.registered(IntGauge::new(
             "mediator_registry_stale",
             "1 while this replica cannot confirm its view of the registry is current (decisions under registry authorities are refused: registry_unavailable), else 0.",
-        )?;
-        let revision = IntGauge::new(
+        )?)?;
+        let revision = metrics.registered(IntGauge::new(
             "mediator_registry_revision",
             "etcd: the revision of the registry this replica has applied (0 for the local and memory backends).",
-        )?;
-        let errors = IntCounterVec::new(
+        )?)?;
+        let errors = metrics.registered(IntCounterVec::new(
             Opts::new(
                 "mediator_registry_errors_total",
                 "Registry problems, by kind: damaged or invalid records set aside, names held by the config file, sockets that could not be made, an unreachable backend, write failures.",
             ),
             &["kind"],
-        )?;
-        let operations = IntCounterVec::new(
+        )?)?;
+        let operations = metrics.registered(IntCounterVec::new(
             Opts::new(
                 "mediator_registry_operations_total",
                 "Registry operations, by op (create, delete, load, watch, expire) and result (ok, error, exists).",
             ),
             &["op", "result"],
-        )?;
-        let keys_read = IntCounterVec::new(
+        )?)?;
+        let keys_read = metrics.registered(IntCounterVec::new(
             Opts::new(
                 "mediator_registry_keys_read_total",
                 "etcd: keys this replica received from the registry (listed or watched), by range: node (its own node's records), fleet (node = \"*\"), index (a delete finding a record's node), legacy (the layout before placement, read to move it).",
             ),
             &["range"],
-        )?;
-        metrics.register(Box::new(keys_read.clone()))?;
-        for range in KeyRange::ALL {
-            keys_read.with_label_values(&[range.as_str()]);
-        }
-        metrics.register(Box::new(stale.clone()))?;
-        metrics.register(Box::new(revision.clone()))?;
-        metrics.register(Box::new(errors.clone()))?;
-        metrics.register(Box::new(operations.clone()))?;
-        for kind in ErrorKind::ALL {
-            errors.with_label_values(&[kind.as_str()]);
-        }
+        )?)?;
+        prime(&keys_read, KeyRange::ALL.map(KeyRange::as_str));
+        prime(&errors, ErrorKind::ALL.map(ErrorKind::as_str));
         Ok(Self {
             stale,
             revision,
