@@ -206,8 +206,7 @@ pub fn suggest(input: &str, authority: &str) -> Result<Suggestion, String> {
 /// The shim flags that would have allowed the denials of an embedded run: a comment per
 /// entry (what it covers), the address classes that stay denied, then one line of flags.
 fn render_flags(authority: &str, denied: &Denied) -> Suggestion {
-    let mut entries = group(&denied.widen);
-    entries.retain(|e| check_entry(EntryKind::Allow, &e.pattern).is_ok());
+    let entries = group(&denied.widen);
     let mut text = String::new();
     let _ = writeln!(
         text,
@@ -218,17 +217,13 @@ fn render_flags(authority: &str, denied: &Denied) -> Suggestion {
         text,
         "# the shim flags that would have allowed its not_in_allowlist and port_not_allowed denials."
     );
-    for e in &entries {
-        if let Some(note) = &e.note {
-            let _ = writeln!(text, "#   {}", comment_text(note));
-        }
-        let _ = writeln!(
-            text,
+    write_entries(&mut text, &entries, "#   ", |e| {
+        format!(
             "#   --allow {}: {}",
             comment_text(&e.pattern),
             comment_text(&e.seen.comment())
-        );
-    }
+        )
+    });
     write_kept(&mut text, &denied.kept, "--allow-private");
     let flags: Vec<String> = entries
         .iter()
@@ -263,14 +258,29 @@ struct Entry {
     note: Option<String>,
 }
 
+/// Writes each of `entries` to `out`: its note, when it has one, as a line after
+/// `note_prefix`, then the line `line` makes of it.
+fn write_entries(
+    out: &mut String,
+    entries: &[Entry],
+    note_prefix: &str,
+    line: impl Fn(&Entry) -> String,
+) {
+    for e in entries {
+        if let Some(note) = &e.note {
+            let _ = writeln!(out, "{note_prefix}{}", comment_text(note));
+        }
+        let _ = writeln!(out, "{}", line(e));
+    }
+}
+
 fn render(
     authority: &str,
     denials: u64,
     widen: &BTreeMap<(String, u16), Seen>,
     kept: &BTreeMap<(String, u16, String), Seen>,
 ) -> String {
-    let mut entries = group(widen);
-    entries.retain(|e| check_entry(EntryKind::Allow, &e.pattern).is_ok());
+    let entries = group(widen);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -286,17 +296,13 @@ fn render(
         let _ = writeln!(out, "allow = []");
     } else {
         let _ = writeln!(out, "allow = [");
-        for e in &entries {
-            if let Some(note) = &e.note {
-                let _ = writeln!(out, "  # {}", comment_text(note));
-            }
-            let _ = writeln!(
-                out,
+        write_entries(&mut out, &entries, "  # ", |e| {
+            format!(
                 "  {}, # {}",
                 toml_str(&e.pattern),
                 comment_text(&e.seen.comment())
-            );
-        }
+            )
+        });
         let _ = writeln!(out, "]");
     }
     write_kept(&mut out, kept, "allow_private");
@@ -327,7 +333,8 @@ fn write_kept(out: &mut String, kept: &BTreeMap<(String, u16, String), Seen>, al
 }
 
 /// Entries `host:port`, with names under one registrable domain grouped into `*.domain`
-/// (per port) when there are at least [`GROUP_AT`] of them.
+/// (per port) when there are at least [`GROUP_AT`] of them; only those an allow list
+/// takes (`check_entry`).
 fn group(widen: &BTreeMap<(String, u16), Seen>) -> Vec<Entry> {
     let mut by_domain: BTreeMap<(String, u16), BTreeSet<String>> = BTreeMap::new();
     for (host, port) in widen.keys() {
@@ -374,6 +381,7 @@ fn group(widen: &BTreeMap<(String, u16), Seen>) -> Vec<Entry> {
             note: None,
         });
     }
+    out.retain(|e| check_entry(EntryKind::Allow, &e.pattern).is_ok());
     out.sort_by(|a, b| a.pattern.cmp(&b.pattern));
     out
 }
