@@ -62,7 +62,7 @@ allow = ["api.example.org:443"]
 /// [`Error`] if the origin or the mediator cannot start on loopback.
 #[expect(
     clippy::too_many_lines,
-    reason = "the demo script: each case is one client call and its printed line; ceiling 142 lines"
+    reason = "the demo script: each case is one client call and its printed line; ceiling 133 lines"
 )]
 pub async fn run() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
@@ -100,22 +100,25 @@ pub async fn run() -> Result<(), Error> {
     report!("config:{}", text.replace(&hash, "<sha256 of demo-token>"));
 
     let mut seen = 0usize;
+    // demo-agent's requests over TCP, with its token.
+    let connect = |target: String| Step::Connect {
+        via: Via::Tcp(tcp),
+        target,
+        auth: auth.clone(),
+    };
+    let forward = |url: String| Step::Forward {
+        via: Via::Tcp(tcp),
+        url,
+        auth: auth.clone(),
+    };
     let steps: Vec<(String, Step)> = vec![
         (
             format!("CONNECT origin.test:{port} over TCP as demo-agent, then GET / in the tunnel"),
-            Step::Connect {
-                via: Via::Tcp(tcp),
-                target: format!("origin.test:{port}"),
-                auth: auth.clone(),
-            },
+            connect(format!("origin.test:{port}")),
         ),
         (
             format!("GET http://origin.test:{port}/hello (absolute-form) over TCP as demo-agent"),
-            Step::Forward {
-                via: Via::Tcp(tcp),
-                url: format!("http://origin.test:{port}/hello"),
-                auth: auth.clone(),
-            },
+            forward(format!("http://origin.test:{port}/hello")),
         ),
         (
             format!("SOCKS5 CONNECT origin.test:{port} on demo-agent's Unix socket"),
@@ -127,29 +130,17 @@ pub async fn run() -> Result<(), Error> {
         ),
         (
             "CONNECT blocked.example:443: not in demo-agent's grant".into(),
-            Step::Connect {
-                via: Via::Tcp(tcp),
-                target: "blocked.example:443".into(),
-                auth: auth.clone(),
-            },
+            connect("blocked.example:443".into()),
         ),
         (
             format!(
                 "GET http://internal.test:{port}/ : allowed name, but it resolves to 127.0.0.2 (private)"
             ),
-            Step::Forward {
-                via: Via::Tcp(tcp),
-                url: format!("http://internal.test:{port}/"),
-                auth: auth.clone(),
-            },
+            forward(format!("http://internal.test:{port}/")),
         ),
         (
             format!("CONNECT 127.1:{port}: a non-canonical IPv4 spelling"),
-            Step::Connect {
-                via: Via::Tcp(tcp),
-                target: format!("127.1:{port}"),
-                auth: auth.clone(),
-            },
+            connect(format!("127.1:{port}")),
         ),
         (
             format!(
@@ -251,12 +242,7 @@ impl Step {
                 let (head, body) = read_response(&mut s).await?;
                 let mut out = format!("{head}\n{body}");
                 if head.starts_with("HTTP/1.1 200") {
-                    s.write_all(
-                        b"GET / HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
-                    )
-                    .await?;
-                    let (h2, b2) = read_response(&mut s).await?;
-                    let _ = write!(out, "(through the tunnel) {}\n{b2}", first_line(&h2));
+                    out.push_str(&through_tunnel(&mut s).await?);
                 }
                 Ok(out)
             }
@@ -286,12 +272,7 @@ impl Step {
                     if rep[1] == 0 { "succeeded" } else { "refused" }
                 );
                 if rep[1] == 0 {
-                    s.write_all(
-                        b"GET / HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
-                    )
-                    .await?;
-                    let (h2, b2) = read_response(&mut s).await?;
-                    let _ = write!(out, "\n(through the tunnel) {}\n{b2}", first_line(&h2));
+                    let _ = write!(out, "\n{}", through_tunnel(&mut s).await?);
                 }
                 Ok(out)
             }
@@ -299,8 +280,13 @@ impl Step {
     }
 }
 
-fn first_line(head: &str) -> &str {
-    head.lines().next().unwrap_or("")
+/// `GET /` of the origin through the open tunnel `s`: what the client saw of the answer.
+async fn through_tunnel(s: &mut Box<dyn Io>) -> std::io::Result<String> {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n")
+        .await?;
+    let (head, body) = read_response(s).await?;
+    let status = head.lines().next().unwrap_or("");
+    Ok(format!("(through the tunnel) {status}\n{body}"))
 }
 
 /// Reads one response head and a Content-Length body.
