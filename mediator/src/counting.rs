@@ -58,8 +58,8 @@ impl<S> Counting<S> {
 }
 
 impl Tap for Counters {
-    fn read(&mut self, n: usize, polled: io::Result<()>) -> io::Result<()> {
-        self.0.1.fetch_add(n as u64, Ordering::Relaxed);
+    fn read(&mut self, read: &[u8], polled: io::Result<()>) -> io::Result<()> {
+        self.0.1.fetch_add(read.len() as u64, Ordering::Relaxed);
         polled
     }
 

@@ -12,9 +12,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// gets the inner stream's result and gives back the one its caller sees (by default the
 /// same). A shutdown is passed through untold.
 pub(crate) trait Tap {
-    /// A read ended with `polled`, having put `n` bytes in the caller's buffer.
-    fn read(&mut self, n: usize, polled: io::Result<()>) -> io::Result<()> {
-        let _ = n;
+    /// A read ended with `polled`, having put `read` in the caller's buffer.
+    fn read(&mut self, read: &[u8], polled: io::Result<()>) -> io::Result<()> {
+        let _ = read;
         polled
     }
 
@@ -58,8 +58,7 @@ impl<S: AsyncRead + Unpin, T: Tap + Unpin> AsyncRead for Tapped<S, T> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        polled.map(|r| this.tap.read(n, r))
+        polled.map(|r| this.tap.read(&buf.filled()[before..], r))
     }
 }
 

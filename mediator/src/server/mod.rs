@@ -412,53 +412,23 @@ const LISTEN_BACKLOG: u32 = 4096;
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, UnixStream};
 
     use super::*;
     use std::time::Duration;
 
-    /// A client stream that panics when it reads `boom`: a bug in one connection's code,
-    /// provoked from the test's side (no hook in the connection's path).
-    struct Tripwire<S>(S);
+    /// The tap of a client stream that panics when it reads `boom`: a bug in one
+    /// connection's code, provoked from the test's side (no hook in the connection's path).
+    struct Tripwire;
 
-    impl<S: AsyncRead + Unpin> AsyncRead for Tripwire<S> {
-        fn poll_read(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-            buf: &mut tokio::io::ReadBuf<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            let before = buf.filled().len();
-            let polled = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+    impl crate::tap::Tap for Tripwire {
+        fn read(&mut self, read: &[u8], polled: std::io::Result<()>) -> std::io::Result<()> {
             assert!(
-                !buf.filled()[before..].windows(4).any(|w| w == b"boom"),
+                !read.windows(4).any(|w| w == b"boom"),
                 "a bug in one connection"
             );
             polled
-        }
-    }
-
-    impl<S: AsyncWrite + Unpin> AsyncWrite for Tripwire<S> {
-        fn poll_write(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-            data: &[u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            std::pin::Pin::new(&mut self.0).poll_write(cx, data)
-        }
-
-        fn poll_flush(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::pin::Pin::new(&mut self.0).poll_flush(cx)
-        }
-
-        fn poll_shutdown(
-            mut self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
         }
     }
 
@@ -507,7 +477,7 @@ mod tests {
         // connection closes.
         let (mut broken, server_side) = tokio::io::duplex(4096);
         assert!(running.serve_embedded(
-            Tripwire(server_side),
+            crate::tap::Tapped::new(server_side, Tripwire),
             "a",
             &crate::labels::Labels::default()
         ));

@@ -448,7 +448,7 @@ impl<'a> EndWithoutNotify<'a> {
 }
 
 impl Tap for EndWithoutNotify<'_> {
-    fn read(&mut self, _: usize, polled: io::Result<()>) -> io::Result<()> {
+    fn read(&mut self, _: &[u8], polled: io::Result<()>) -> io::Result<()> {
         match polled {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(()),
             other => self.noted(other),
