@@ -7,8 +7,14 @@
 //! It never touches another namespace and runs no program: the namespace (and the device
 //! with it) dies with the sandbox.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::OwnedFd;
+
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 
 use crate::capture::{Addresses, MTU, TUN_QUEUE};
 use crate::error::{Error, Result};
@@ -53,67 +59,130 @@ pub(crate) fn create(addrs: &Addresses) -> Result<OwnedFd> {
     let fd = sys::own_fd(std::os::fd::IntoRawFd::into_raw_fd(device));
     let index =
         nix::net::if_::if_nametoindex(DEVICE).map_err(|e| failed("find the TUN device", e))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| failed("netlink runtime", e))?;
-    runtime.block_on(configure(index, addrs))?;
+    configure(index, addrs)?;
     Ok(fd)
 }
 
-/// Up, MTU, transmit queue, the sandbox's own addresses, and the two default routes.
-async fn configure(index: u32, addrs: &Addresses) -> Result<()> {
-    let (connection, handle, _) =
-        rtnetlink::new_connection().map_err(|e| failed("open an rtnetlink socket", e))?;
-    let task = tokio::spawn(connection);
-    let link = rtnetlink::LinkUnspec::new_with_index(index)
-        .mtu(MTU as u32)
-        .txqueuelen(TUN_QUEUE)
-        .up()
-        .build();
-    handle
-        .link()
-        .set(link)
-        .execute()
-        .await
-        .map_err(|e| failed("bring the TUN device up", e))?;
-    for (ip, prefix) in [
-        (IpAddr::V4(addrs.tun_v4()), 32),
-        (IpAddr::V6(addrs.tun_v6()), 128),
+/// Up, MTU, transmit queue, the sandbox's own addresses, and the two default routes: one
+/// datagram carrying the five rtnetlink requests (the kernel handles them in order and
+/// acknowledges each, RFC 3549 section 2.3.2.2), then the five acknowledgements. A
+/// blocking socket: no runtime to build on the way to the command's start.
+fn configure(index: u32, addrs: &Addresses) -> Result<()> {
+    let steps = requests(index, addrs);
+    let mut datagram = Vec::new();
+    for (seq, (_, message)) in (1u32..).zip(steps.iter()) {
+        let mut request = NetlinkMessage::from(message.clone());
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        request.header.sequence_number = seq;
+        request.finalize();
+        let at = datagram.len();
+        datagram.resize(at + request.buffer_len(), 0);
+        request.serialize(&mut datagram[at..]);
+    }
+    let mut socket = rtnetlink::sys::Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
+        .map_err(|e| failed("open an rtnetlink socket", e))?;
+    socket
+        .bind_auto()
+        .map_err(|e| failed("bind an rtnetlink socket", e))?;
+    let kernel = rtnetlink::sys::SocketAddr::new(0, 0);
+    socket
+        .send_to(&datagram, &kernel, 0)
+        .map_err(|e| failed("send the rtnetlink requests", e))?;
+    acknowledged(&socket, &steps)
+}
+
+/// The requests, each with the step it is named by when the kernel refuses it.
+fn requests(index: u32, addrs: &Addresses) -> Vec<(String, RouteNetlinkMessage)> {
+    let mut steps: Vec<(String, RouteNetlinkMessage)> = vec![(
+        "bring the TUN device up".to_owned(),
+        RouteNetlinkMessage::SetLink(
+            rtnetlink::LinkUnspec::new_with_index(index)
+                .mtu(MTU as u32)
+                .txqueuelen(TUN_QUEUE)
+                .up()
+                .build(),
+        ),
+    )];
+    let v4 = addrs.tun_v4();
+    let v6 = addrs.tun_v6();
+    for (ip, mut address) in [
+        (
+            IpAddr::V4(v4),
+            rtnetlink::AddressMessageBuilder::<Ipv4Addr>::new()
+                .index(index)
+                .address(v4, 32)
+                .build(),
+        ),
+        (
+            IpAddr::V6(v6),
+            rtnetlink::AddressMessageBuilder::<Ipv6Addr>::new()
+                .index(index)
+                .address(v6, 128)
+                .build(),
+        ),
     ] {
-        let mut req = handle.address().add(index, ip, prefix);
         // No duplicate-address detection: the address would stay tentative (unusable)
         // for a second, and nothing else is on this link.
-        req.message_mut().attributes.push(
-            rtnetlink::packet_route::address::AddressAttribute::Flags(
-                rtnetlink::packet_route::address::AddressFlags::Nodad,
-            ),
-        );
-        req.execute()
-            .await
-            .map_err(|e| failed(&format!("add address {ip}/{prefix}"), e))?;
+        address
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        let prefix = address.header.prefix_len;
+        steps.push((
+            format!("add address {ip}/{prefix}"),
+            RouteNetlinkMessage::NewAddress(address),
+        ));
     }
-    for (route, family) in [
-        (
-            rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+    steps.push((
+        "add the IPv4 default route".to_owned(),
+        RouteNetlinkMessage::NewRoute(
+            rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
                 .output_interface(index)
                 .build(),
-            "IPv4",
         ),
-        (
-            rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+    ));
+    steps.push((
+        "add the IPv6 default route".to_owned(),
+        RouteNetlinkMessage::NewRoute(
+            rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new()
                 .output_interface(index)
                 .build(),
-            "IPv6",
         ),
-    ] {
-        handle
-            .route()
-            .add(route)
-            .execute()
-            .await
-            .map_err(|e| failed(&format!("add the {family} default route"), e))?;
+    ));
+
+    steps
+}
+
+/// Reads an acknowledgement for each of `steps`; the first refusal is the error.
+fn acknowledged(
+    socket: &rtnetlink::sys::Socket,
+    steps: &[(String, RouteNetlinkMessage)],
+) -> Result<()> {
+    let mut acknowledged = 0;
+    while acknowledged < steps.len() {
+        let (reply, _) = socket
+            .recv_from_full()
+            .map_err(|e| failed("read the rtnetlink acknowledgements", e))?;
+        let mut rest = &reply[..];
+        while !rest.is_empty() {
+            let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
+                .map_err(|e| failed("read the rtnetlink acknowledgements", e))?;
+            let length = usize::try_from(message.header.length).unwrap_or(usize::MAX);
+            if length == 0 {
+                break;
+            }
+            if let NetlinkPayload::Error(ack) = message.payload {
+                let step = usize::try_from(message.header.sequence_number)
+                    .ok()
+                    .and_then(|seq| steps.get(seq.wrapping_sub(1)))
+                    .map_or("an rtnetlink request", |(what, _)| what.as_str());
+                if let Some(code) = ack.code {
+                    return Err(failed(step, std::io::Error::from_raw_os_error(-code.get())));
+                }
+                acknowledged += 1;
+            }
+            // Messages are 4-byte aligned (NLMSG_ALIGN).
+            rest = rest.get(length.next_multiple_of(4)..).unwrap_or_default();
+        }
     }
-    task.abort();
     Ok(())
 }
