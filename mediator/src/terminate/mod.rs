@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use crate::conn::establish::Connected;
 use crate::conn::record;
 use crate::conn::standing::Standing;
+use crate::conn::tunnel_line::TunnelLines;
 use crate::conn::{Ctx, TargetLabel};
 use crate::counting::reporting;
 use crate::denial::Denial;
@@ -123,6 +124,7 @@ pub(crate) async fn terminate<C>(
         upgrading: link.upgrading,
         relays: Relays::default(),
         answered: AtomicU64::new(0),
+        lines: TunnelLines::default(),
     });
     // HTTP/1.1: the first head is judged as the proxy's own first head is.
     let client_tls = if client_h2 {
@@ -354,6 +356,8 @@ struct Env {
     relays: Relays,
     /// Requests answered so far.
     answered: AtomicU64,
+    /// The constant part of the requests' allow lines, serialised once.
+    lines: TunnelLines,
 }
 
 /// Whether the error that ended the client's HTTP connection is the client gone: a reset,

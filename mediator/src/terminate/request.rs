@@ -74,12 +74,12 @@ pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> 
         pin: env.pin,
         route: env.shared.route_label(env.route),
     };
-    let id = record::tls_request(
+    let id = env.lines.allowed(
         &env.shared,
         &asking.ctx,
         &env.label,
         &asking.request,
-        Ok(allow),
+        allow,
         credential,
     );
     send(upstream_req, upstream, plan, &asking, id, env).await
