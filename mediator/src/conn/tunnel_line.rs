@@ -19,6 +19,7 @@ use policy::{Reason, Verdict};
 use super::record::{self, Allowed};
 use super::{Ctx, RequestLine, TargetLabel};
 use crate::decision_log::CredentialUse;
+use crate::metrics::DecisionSeries;
 use crate::shared::Shared;
 use crate::vocab::Protocol;
 
@@ -42,16 +43,11 @@ impl TunnelLines {
         if credential.is_empty() && shared.log.native() {
             let template = self
                 .0
-                .get_or_init(|| Template::of(ctx, label, allow.pin, allow.route));
+                .get_or_init(|| Template::of(shared, ctx, label, allow.pin, allow.route));
             if let Some(template) = template.as_ref().filter(|t| t.fits(ctx, label, allow)) {
                 let id = shared.next_id();
-                shared.metrics.decision(
-                    ctx.authority_name(),
-                    Protocol::Tls,
-                    Verdict::Allow,
-                    Reason::Allowed,
-                );
-                shared.log.write_serialised(&ctx.peer, |line| {
+                shared.metrics.count(&template.series);
+                shared.log.write_stamped(|line| {
                     template.write(line, SystemTime::now(), id, allow.rule, request);
                 });
                 return id;
@@ -74,14 +70,17 @@ struct Template {
     label: TargetLabel,
     pin: SocketAddr,
     route: String,
+    /// The `mediator_decisions_total` series its lines count on.
+    series: DecisionSeries,
     /// `{"event":"decision","ts":`
     head: Box<[u8]>,
     /// From `,"conn":` to `"rule":`.
     before_rule: Box<[u8]>,
     /// From `,"detail":` to `"method":`.
     before_method: Box<[u8]>,
-    /// After the path: the optional fields (`capture`, `invocation`, `tags`, `asked`) and
-    /// the closing `}`.
+    /// After the path: the optional fields (`capture`, `invocation`, `tags`, `asked`),
+    /// the log's stamp (`instance`, `run`, on TCP `peer_ip` and `peer_port`) and the
+    /// closing `}`.
     tail: Box<[u8]>,
 }
 
@@ -92,9 +91,16 @@ const METHOD: &str = "M";
 const PATH: &str = "P";
 
 impl Template {
-    /// Serialises the allow record of a request `M P` of `ctx` with `serde_json` and cuts
-    /// it around the fields that change per request; `None` if it is not cut as expected.
-    fn of(ctx: &Ctx, label: &TargetLabel, pin: SocketAddr, route: &str) -> Option<Self> {
+    /// Serialises the allow record of a request `M P` of `ctx` with `serde_json`, stamps
+    /// it as `shared`'s log does, and cuts it around the fields that change per request;
+    /// `None` if it is not cut as expected.
+    fn of(
+        shared: &Shared,
+        ctx: &Ctx,
+        label: &TargetLabel,
+        pin: SocketAddr,
+        route: &str,
+    ) -> Option<Self> {
         let request = RequestLine {
             method: METHOD.to_owned(),
             path: PATH.to_owned(),
@@ -106,7 +112,9 @@ impl Template {
         };
         let mut rec = record::tls_record(ctx, 0, label, &request, Ok(allow), Vec::new());
         rec.ts = TS.to_owned();
-        let line = serde_json::to_string(&rec).ok()?;
+        let mut line = serde_json::to_vec(&rec).ok()?;
+        shared.log.stamp(&mut line, &rec.peer);
+        let line = String::from_utf8(line).ok()?;
         // A `,"` never occurs inside a JSON string (its `"` is escaped), and every field
         // before `method` is one of the record's own: each marker below is found where the
         // record put it.
@@ -122,6 +130,12 @@ impl Template {
         );
         let tail = &rest[method + r#","method":"M","path":"P""#.len()..];
         Some(Self {
+            series: shared.metrics.decision_series(
+                ctx.authority_name(),
+                Protocol::Tls,
+                Verdict::Allow,
+                Reason::Allowed,
+            ),
             conn: ctx.conn,
             authority: ctx.authority.clone(),
             peer: ctx.peer,
@@ -159,8 +173,8 @@ impl Template {
             && self.route == allow.route
     }
 
-    /// Serialises the line of the request `request` allowed by `rule`, decided at `ts`
-    /// under the id `id`, into `line`.
+    /// Serialises the stamped line of the request `request` allowed by `rule`, decided
+    /// at `ts` under the id `id`, into `line`.
     fn write(
         &self,
         line: &mut Vec<u8>,

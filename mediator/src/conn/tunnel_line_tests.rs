@@ -94,7 +94,7 @@ fn requests() -> Vec<(Option<&'static str>, RequestLine)> {
 }
 
 /// The template's line of each request of each tunnel is the full record's
-/// serialisation, byte for byte (the decision-log format is a contract).
+/// serialisation and stamp, byte for byte (the decision-log format is a contract).
 #[test]
 fn a_template_line_is_the_full_serialisation() {
     let shared = testing::shared(Arc::default());
@@ -116,7 +116,7 @@ fn a_template_line_is_the_full_serialisation() {
     let mut compared = 0;
     for ctx in contexts(&shared) {
         for (label, pin) in labels.iter().zip(pins) {
-            let template = Template::of(&ctx, label, pin, "direct").expect("a template");
+            let template = Template::of(&shared, &ctx, label, pin, "direct").expect("a template");
             for (n, (rule, request)) in requests().into_iter().enumerate() {
                 let id = [0, 7, u64::MAX][n % 3];
                 let ts = start + Duration::from_millis(n as u64 * 999);
@@ -130,8 +130,9 @@ fn a_template_line_is_the_full_serialisation() {
                 template.write(&mut fast, ts, id, rule, &request);
                 let mut rec = record::tls_record(&ctx, id, label, &request, Ok(allow), Vec::new());
                 rec.ts = humantime::format_rfc3339_millis(ts).to_string();
-                let full = serde_json::to_string(&rec).unwrap();
-                assert_eq!(String::from_utf8(fast).unwrap(), full);
+                let mut full = serde_json::to_vec(&rec).unwrap();
+                shared.log.stamp(&mut full, &ctx.peer);
+                assert_eq!(String::from_utf8(fast), String::from_utf8(full));
                 compared += 1;
             }
         }
@@ -155,7 +156,7 @@ fn a_template_fits_only_its_own_tunnel() {
         pin,
         route: "direct",
     };
-    let template = Template::of(&ctx, &label, pin, "direct").unwrap();
+    let template = Template::of(&shared, &ctx, &label, pin, "direct").unwrap();
     assert!(template.fits(&ctx, &label, allow));
     let reloaded = ctx.attributed(&authority());
     assert!(!template.fits(&reloaded, &label, allow));

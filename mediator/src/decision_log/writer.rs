@@ -323,20 +323,26 @@ impl DecisionLog {
         self.tap.is_none() && self.render.is_none() && self.ship.is_none()
     }
 
-    /// Appends one decision line that `fill` serialises into the (empty) buffer it is
-    /// given: a record of `peer`, byte for byte what `serde_json` makes of it (the caller
-    /// proves that). Stamped and queued as [`Self::write`] does. For a log that is
+    /// Adds this log's stamp to `object`, one record of `peer` serialised by
+    /// `serde_json`: what every line carries besides its record (`instance`, `run`, on
+    /// TCP the peer's address).
+    pub(crate) fn stamp(&self, object: &mut Vec<u8>, peer: &Peer) {
+        self.stamp.append(object, peer);
+    }
+
+    /// Appends one decision line that `fill` writes into the (empty) buffer it is given:
+    /// a record serialised and stamped ([`Self::stamp`]), byte for byte what
+    /// [`Self::write`] would make of it (the caller proves that). For a log that is
     /// [`Self::native`] only (the caller asks first; no tap, rendering or export sees a
     /// line handed over this way).
-    pub(crate) fn write_serialised(&self, peer: &Peer, fill: impl FnOnce(&mut Vec<u8>)) {
+    pub(crate) fn write_stamped(&self, fill: impl FnOnce(&mut Vec<u8>)) {
         debug_assert!(
             self.native(),
-            "a serialised line skips the tap, render and ship"
+            "a stamped line skips the tap, render and ship"
         );
         LINE.with_borrow_mut(|line| {
             line.clear();
             fill(line);
-            self.stamp.append(line, peer);
             self.enqueue(line);
         });
     }
