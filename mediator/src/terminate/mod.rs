@@ -45,7 +45,9 @@ use crate::conn::{Ctx, TargetLabel};
 use crate::counting::reporting;
 use crate::denial::Denial;
 use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, hung_up, reset_fd_on_close, socket_of};
+use crate::request::authority::Matched;
 use crate::request::preflight::MIN_BUF;
+use crate::request::rebuild::Origin;
 use crate::reuse::Ticket;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
@@ -111,6 +113,8 @@ pub(crate) async fn terminate<C>(
         ctx: ctx.clone(),
         standing,
         target: target.clone(),
+        origin: Origin::of(target),
+        matched: Matched::default(),
         label: label.clone(),
         pin: link.pin,
         route: link.route,
@@ -340,6 +344,10 @@ struct Env {
     /// The authority the tunnel runs under (a reload may move it to a successor).
     standing: Arc<Standing>,
     target: Target,
+    /// The target as the rebuilt requests name it.
+    origin: Origin,
+    /// A `Host`/`:authority` value found to name the target.
+    matched: Matched,
     label: TargetLabel,
     pin: std::net::SocketAddr,
     route: crate::route::Route,

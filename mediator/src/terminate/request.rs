@@ -178,7 +178,7 @@ fn tunnel_rules(
     switch: Result<Option<Switch>, SwitchError>,
     env: &Env,
 ) -> Result<Option<Switch>, Denial> {
-    check_authority(&parts.uri, &parts.headers, &env.target).map_err(|detail| {
+    check_authority(&parts.uri, &parts.headers, &env.target, &env.matched).map_err(|detail| {
         Denial::new(
             Reason::SniMismatch,
             detail.to_string(),
@@ -326,7 +326,7 @@ async fn upstream_request<'e, 's>(
             }
         },
     };
-    let rebuilt = rebuild(req, &env.target, upstream.version()).map_err(|detail| {
+    let rebuilt = rebuild(req, &env.origin, upstream.version()).map_err(|detail| {
         Denial::new(
             Reason::MalformedTarget,
             detail.to_string(),
