@@ -96,7 +96,7 @@ pub(crate) fn keep_chunked(chunked: bool, headers: &mut HeaderMap) {
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names finds the fixed fields there (a removal hashes its name;
     // most messages carry one or two of the nine), and only those are removed.
-    let fixed = hop_by_hop();
+    let fixed = &*HOP_BY_HOP;
     let mut present = 0u16;
     for name in headers.keys() {
         if let Some(i) = fixed.iter().position(|f| f == name) {
@@ -119,7 +119,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    for (i, name) in fixed.into_iter().enumerate() {
+    for (i, name) in fixed.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
@@ -127,8 +127,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// The fixed hop-by-hop fields [`strip_hop_by_hop`] removes, in the order it removes
-/// them (`Connection` first).
-fn hop_by_hop() -> [HeaderName; 9] {
+/// them (`Connection` first); made once (`from_static` checks its name at every call).
+static HOP_BY_HOP: std::sync::LazyLock<[HeaderName; 9]> = std::sync::LazyLock::new(|| {
     [
         header::CONNECTION,
         HeaderName::from_static("keep-alive"),
@@ -140,7 +140,7 @@ fn hop_by_hop() -> [HeaderName; 9] {
         header::TRANSFER_ENCODING,
         header::UPGRADE,
     ]
-}
+});
 
 #[cfg(test)]
 mod tests {
@@ -182,7 +182,7 @@ mod tests {
                 .flat_map(|v| v.split(','))
                 .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
                 .collect();
-            for name in named.into_iter().chain(hop_by_hop()) {
+            for name in named.into_iter().chain(HOP_BY_HOP.iter().cloned()) {
                 headers.remove(name);
             }
         }
