@@ -360,7 +360,7 @@ async fn send(
     if takes_h1 {
         env.upgrading.store(true, Ordering::SeqCst);
     }
-    let on_misuse = {
+    let on_misuse = || {
         let (shared, ctx) = (Arc::clone(&env.shared), asking.ctx.clone());
         let (label, request) = (env.label.clone(), asking.request.clone());
         move |denial: &Denial| {
