@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use policy::{Reason, Verdict};
@@ -179,6 +180,19 @@ pub(crate) struct Metrics {
     /// other one is counted under [`OVERFLOW`].
     labelled: Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
     label_cap: usize,
+    /// Changed whenever an authority's label or series may change (`prime`, `forget`):
+    /// a [`DecisionSeries`] of an older epoch is looked up again.
+    epoch: Arc<AtomicU64>,
+}
+
+/// One series of `mediator_decisions_total`, looked up once for many decisions alike (a
+/// terminated tunnel's allowed requests): [`Metrics::count`] counts on it directly while
+/// no authority's label or series changed since, else as [`Metrics::decision`] does.
+#[derive(Debug)]
+pub(crate) struct DecisionSeries {
+    counter: IntCounter,
+    epoch: u64,
+    of: (Option<String>, Protocol, Verdict, Reason),
 }
 
 /// The most authority names with series of their own: beyond it, a new authority's
@@ -290,6 +304,7 @@ impl Metrics {
             asks,
             labelled: Arc::default(),
             label_cap: AUTHORITY_LABEL_CAP,
+            epoch: Arc::default(),
         })
     }
 
@@ -334,6 +349,7 @@ impl Metrics {
             if labelled.len() < self.label_cap {
                 labelled.insert(authority.to_owned());
             }
+            self.epoch.fetch_add(1, Ordering::SeqCst);
         }
         let authority = self.label(authority);
         self.active.with_label_values(&[authority]);
@@ -354,15 +370,51 @@ impl Metrics {
         decision: Verdict,
         reason: Reason,
     ) {
-        let authority = self.label(authority.unwrap_or(NO_AUTHORITY));
-        self.decisions
-            .with_label_values(&[
-                authority,
-                protocol.as_str(),
-                decision.as_str(),
-                reason.as_str(),
-            ])
+        self.decision_counter(authority, protocol, decision, reason)
             .inc();
+    }
+
+    fn decision_counter(
+        &self,
+        authority: Option<&str>,
+        protocol: Protocol,
+        decision: Verdict,
+        reason: Reason,
+    ) -> IntCounter {
+        let authority = self.label(authority.unwrap_or(NO_AUTHORITY));
+        self.decisions.with_label_values(&[
+            authority,
+            protocol.as_str(),
+            decision.as_str(),
+            reason.as_str(),
+        ])
+    }
+
+    /// The series [`Self::decision`] counts these decisions on, for [`Self::count`].
+    pub(crate) fn decision_series(
+        &self,
+        authority: Option<&str>,
+        protocol: Protocol,
+        decision: Verdict,
+        reason: Reason,
+    ) -> DecisionSeries {
+        // Read before the lookup: a change during it makes the series stale, never wrong.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        DecisionSeries {
+            counter: self.decision_counter(authority, protocol, decision, reason),
+            epoch,
+            of: (authority.map(str::to_owned), protocol, decision, reason),
+        }
+    }
+
+    /// Counts one decision of `series`, as [`Self::decision`] would.
+    pub(crate) fn count(&self, series: &DecisionSeries) {
+        if series.epoch == self.epoch.load(Ordering::SeqCst) {
+            series.counter.inc();
+        } else {
+            let (authority, protocol, decision, reason) = &series.of;
+            self.decision(authority.as_deref(), *protocol, *decision, *reason);
+        }
     }
 
     /// An allowed upstream connection of `authority` was routed `route` (`"direct"` or
@@ -472,6 +524,7 @@ impl Metrics {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(name);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         fn remove_from<T: MetricVecBuilder>(family: &MetricVec<T>, name: &str) {
             for f in family.collect() {
                 for metric in f.get_metric() {

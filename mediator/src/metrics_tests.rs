@@ -70,3 +70,32 @@ fn authorities_beyond_the_cap_share_one_label_until_a_place_frees() {
     );
     assert_eq!(get(&m, "e"), 1);
 }
+
+/// A series looked up once counts where `decision` would, also after a name's series
+/// were removed (its next decisions count under the overflow label, as any name's
+/// without a place) or a place among the labelled names freed up (a name given it counts
+/// under its own label from then on).
+#[test]
+fn a_decision_series_counts_where_decision_would() {
+    let mut m = Metrics::new().unwrap();
+    m.label_cap = 1;
+    m.prime("a");
+    let get = |m: &Metrics, a: &str| {
+        m.decisions
+            .with_label_values(&[a, "tls", "allow", "allowed"])
+            .get()
+    };
+    let series = |a| m.decision_series(Some(a), Protocol::Tls, Verdict::Allow, Reason::Allowed);
+    let (a, b) = (series("a"), series("b"));
+    m.count(&a);
+    m.count(&b);
+    m.count(&b);
+    assert_eq!((get(&m, "a"), get(&m, OVERFLOW)), (1, 2));
+    // "a" gone: its series removed, and "b" takes its place.
+    m.set_open([("b", 0)]);
+    m.prime("b");
+    m.count(&a);
+    m.count(&b);
+    assert!(!m.render().contains("authority=\"a\""));
+    assert_eq!((get(&m, "b"), get(&m, OVERFLOW)), (1, 3));
+}

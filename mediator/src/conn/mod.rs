@@ -30,6 +30,7 @@ pub(crate) mod identify;
 pub(crate) mod record;
 pub(crate) mod standing;
 pub(crate) mod tunnel;
+pub(crate) mod tunnel_line;
 
 use std::sync::Arc;
 

@@ -174,6 +174,21 @@ pub(crate) fn tls_request(
     credential: Vec<CredentialUse>,
 ) -> u64 {
     let id = shared.next_id();
+    let rec = tls_record(ctx, id, label, request, result, credential);
+    emit(shared, ctx, &rec);
+    id
+}
+
+/// The record [`tls_request`] writes, under the decision id `id` (also what
+/// `super::tunnel_line` serialises the constant part of once per tunnel).
+pub(crate) fn tls_record(
+    ctx: &Ctx,
+    id: u64,
+    label: &TargetLabel,
+    request: &RequestLine,
+    result: Result<Allowed<'_>, &Denial>,
+    credential: Vec<CredentialUse>,
+) -> Record {
     let mut rec = base(ctx, id, Event::Decision, Protocol::Tls, label);
     rec.method = Some(request.method.clone());
     rec.path = Some(request.path.clone());
@@ -182,8 +197,7 @@ pub(crate) fn tls_request(
         Ok(allow) => fill_allow(&mut rec, allow),
         Err(denial) => fill_deny(&mut rec, denial),
     }
-    emit(shared, ctx, &rec);
-    id
+    rec
 }
 
 /// What the close record of an upgraded request repeats.

@@ -98,14 +98,18 @@ impl CheckedBody {
         }
     }
 
-    /// `body` of a request of `authority` to `target`, its trailers checked; `record`
-    /// logs the denial once, when a trailer is refused.
-    pub(crate) fn new(
+    /// `body` of a request of `authority` to `target`, its trailers checked; the
+    /// callback `record` makes (only when there is something to check: the authority
+    /// holds placeholders) logs the denial once, when a trailer is refused.
+    pub(crate) fn new<R>(
         body: Incoming,
         authority: &Arc<Authority>,
         target: &Target,
-        record: impl FnOnce(&Denial) + Send + 'static,
-    ) -> (Self, TrailerVerdict) {
+        record: impl FnOnce() -> R,
+    ) -> (Self, TrailerVerdict)
+    where
+        R: FnOnce(&Denial) + Send + 'static,
+    {
         let verdict = TrailerVerdict::default();
         if !has_placeholders(authority) {
             return (Self::unchecked(body, Arc::clone(&verdict.fault)), verdict);
@@ -115,7 +119,7 @@ impl CheckedBody {
             authority: Arc::clone(authority),
             target: target.clone(),
             denied: Arc::clone(&denied),
-            record: Box::new(record),
+            record: Box::new(record()),
         };
         (
             Self {

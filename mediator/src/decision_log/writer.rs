@@ -316,6 +316,37 @@ impl DecisionLog {
         self.append(Line::Audit(record));
     }
 
+    /// Whether a decision line is the record's native serialisation and nothing else
+    /// sees the record: no [`Tap`], no rendering (`[log] format`), no export. Only then
+    /// may a caller hand over a line it serialised itself ([`Self::write_serialised`]).
+    pub(crate) fn native(&self) -> bool {
+        self.tap.is_none() && self.render.is_none() && self.ship.is_none()
+    }
+
+    /// Adds this log's stamp to `object`, one record of `peer` serialised by
+    /// `serde_json`: what every line carries besides its record (`instance`, `run`, on
+    /// TCP the peer's address).
+    pub(crate) fn stamp(&self, object: &mut Vec<u8>, peer: &Peer) {
+        self.stamp.append(object, peer);
+    }
+
+    /// Appends one decision line that `fill` writes into the (empty) buffer it is given:
+    /// a record serialised and stamped ([`Self::stamp`]), byte for byte what
+    /// [`Self::write`] would make of it (the caller proves that). For a log that is
+    /// [`Self::native`] only (the caller asks first; no tap, rendering or export sees a
+    /// line handed over this way).
+    pub(crate) fn write_stamped(&self, fill: impl FnOnce(&mut Vec<u8>)) {
+        debug_assert!(
+            self.native(),
+            "a stamped line skips the tap, render and ship"
+        );
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            fill(line);
+            self.enqueue(line);
+        });
+    }
+
     fn append(&self, entry: Line<'_>) {
         // Serialised before the lock is taken (into this thread's reused buffer), so the
         // lock is held only to append.
@@ -349,26 +380,32 @@ impl DecisionLog {
                     return;
                 }
             }
-            line.push(b'\n');
-            let queue = &self.handle.0;
-            let mut state = queue.lock();
-            while state.buf.len() >= QUEUE_BYTES && !state.closed {
-                state = queue.wait_progress(state);
-            }
-            state.buf.extend_from_slice(line);
-            state.appended += 1;
-            let wake = std::mem::take(&mut state.writer_asleep);
-            drop(state);
-            // Woken after the lock is released: the writer does not wake into a held lock.
-            if wake {
-                queue.writer.notify_one();
-            }
-            // A record is a few hundred bytes: a line far larger (a huge detail) does
-            // not keep its buffer.
-            if line.capacity() > LINE_KEEP {
-                *line = Vec::new();
-            }
+            self.enqueue(line);
         });
+    }
+
+    /// Queues `line` (one finished line, without its `\n`) for the writer; waits only
+    /// while the writer is more than [`QUEUE_BYTES`] behind.
+    fn enqueue(&self, line: &mut Vec<u8>) {
+        line.push(b'\n');
+        let queue = &self.handle.0;
+        let mut state = queue.lock();
+        while state.buf.len() >= QUEUE_BYTES && !state.closed {
+            state = queue.wait_progress(state);
+        }
+        state.buf.extend_from_slice(line);
+        state.appended += 1;
+        let wake = std::mem::take(&mut state.writer_asleep);
+        drop(state);
+        // Woken after the lock is released: the writer does not wake into a held lock.
+        if wake {
+            queue.writer.notify_one();
+        }
+        // A record is a few hundred bytes: a line far larger (a huge detail) does not
+        // keep its buffer.
+        if line.capacity() > LINE_KEEP {
+            *line = Vec::new();
+        }
     }
 
     /// Resolves once a write to the sink has failed, with that failure in words; never

@@ -2,6 +2,8 @@
 //! `Host` and `:authority` (or absolute-form authority) must name the tunnel's host and
 //! port, else the request is misdirected (`421`). Pure: no I/O.
 
+use std::sync::OnceLock;
+
 use http::Uri;
 use http::header::{self, HeaderMap};
 use policy::{Target, canonicalize_host, parse_authority_form};
@@ -25,29 +27,42 @@ pub(crate) enum AuthorityError {
     Other { shown: String, target: Target },
 }
 
+/// The `Host` or `:authority` value found to name one tunnel's target first: a client
+/// names it alike on every request, and [`check_authority`] then checks it once (whether
+/// a value names the target depends on the two alone).
+#[derive(Debug, Default)]
+pub(crate) struct Matched(OnceLock<Box<str>>);
+
 /// Every request's `Host` and `:authority` (or absolute-form authority) must name the
 /// tunnel host and port (RFC 9110 sections 7.2 and 7.4: else `421`). At least one must be
-/// present; more than one `Host` header is refused.
+/// present; more than one `Host` header is refused. `matched` is the tunnel's: always
+/// the same `target`.
 pub(crate) fn check_authority(
     uri: &Uri,
     headers: &HeaderMap,
     target: &Target,
+    matched: &Matched,
 ) -> Result<(), AuthorityError> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let host = hosts.next();
     if hosts.next().is_some() {
         return Err(AuthorityError::TwoHosts);
     }
-    let uri_authority = uri.authority().map(|a| a.as_str().to_owned());
+    let uri_authority = uri.authority().map(http::uri::Authority::as_str);
     let host = match host {
-        Some(v) => Some(v.to_str().map_err(|_| AuthorityError::NotAscii)?.to_owned()),
+        Some(v) => Some(v.to_str().map_err(|_| AuthorityError::NotAscii)?),
         None => None,
     };
     if host.is_none() && uri_authority.is_none() {
         return Err(AuthorityError::NoHost);
     }
     for value in [uri_authority, host].into_iter().flatten() {
-        authority_matches(&value, target)?;
+        if matched.0.get().is_some_and(|m| **m == *value) {
+            continue;
+        }
+        authority_matches(value, target)?;
+        // Only the first is kept; another is checked each time.
+        let _ = matched.0.set(value.into());
     }
     Ok(())
 }
@@ -100,7 +115,7 @@ mod tests {
     }
 
     fn check(req: &http::Request<()>, target: &Target) -> Result<(), AuthorityError> {
-        check_authority(req.uri(), req.headers(), target)
+        check_authority(req.uri(), req.headers(), target, &Matched::default())
     }
 
     #[test]
@@ -152,5 +167,33 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("evil.example.com"), "{e}");
+    }
+
+    /// A tunnel's requests checked with its one `Matched` are judged as each alone.
+    #[test]
+    fn a_matched_value_changes_no_answer() {
+        let t = target("api.example.com:443");
+        let matched = Matched::default();
+        let requests = [
+            request("/x", &["api.example.com"]),
+            request("/x", &["API.example.com."]),
+            request("/x", &["evil.example.com"]),
+            request("/x", &[]),
+            request("/x", &["api.example.com", "api.example.com"]),
+            request("https://evil.example.com/x", &["api.example.com"]),
+            request("https://api.example.com/x", &["api.example.com:8443"]),
+            request("https://api.example.com/x", &[]),
+            request("/x", &["api.example.com:"]),
+        ];
+        for _ in 0..2 {
+            for req in &requests {
+                assert_eq!(
+                    check_authority(req.uri(), req.headers(), &t, &matched),
+                    check(req, &t),
+                    "{req:?}"
+                );
+            }
+        }
+        assert_eq!(matched.0.get().map(|m| &**m), Some("api.example.com"));
     }
 }

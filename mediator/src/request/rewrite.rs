@@ -94,22 +94,42 @@ pub(crate) fn keep_chunked(chunked: bool, headers: &mut HeaderMap) {
 /// `Connection`, `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
 /// `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of these: one pass over the names decides (a removal
-    // hashes each name, and there are nine of them).
-    if !headers.keys().any(is_hop_by_hop) {
+    // One pass over the names finds the fixed fields there (a removal hashes its name;
+    // most messages carry one or two of the nine), and only those are removed.
+    let fixed = &*HOP_BY_HOP;
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = fixed.iter().position(|f| f == name) {
+            present |= 1 << i;
+        }
+    }
+    if present == 0 {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if present & 1 != 0 {
+        // The fields `Connection` names go first. Its values are cloned (a reference
+        // count, no copy) so that the map may change meanwhile, and each name is looked
+        // up as text (no allocation; one that is not a field name removes nothing).
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        let more: Vec<HeaderValue> = values.cloned().collect();
+        for value in first.iter().chain(&more) {
+            for name in value.to_str().into_iter().flat_map(|v| v.split(',')) {
+                headers.remove(name.trim());
+            }
+        }
     }
-    for name in [
+    for (i, name) in fixed.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+}
+
+/// The fixed hop-by-hop fields [`strip_hop_by_hop`] removes, in the order it removes
+/// them (`Connection` first); made once (`from_static` checks its name at every call).
+static HOP_BY_HOP: std::sync::LazyLock<[HeaderName; 9]> = std::sync::LazyLock::new(|| {
+    [
         header::CONNECTION,
         HeaderName::from_static("keep-alive"),
         HeaderName::from_static("proxy-connection"),
@@ -119,23 +139,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-}
-
-/// Whether `name` is one of the fixed hop-by-hop fields [`strip_hop_by_hop`] removes.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::PROXY_AUTHENTICATE
-        || name == header::PROXY_AUTHORIZATION
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::TRANSFER_ENCODING
-        || name == header::UPGRADE
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
-}
+    ]
+});
 
 #[cfg(test)]
 mod tests {
@@ -163,6 +168,61 @@ mod tests {
         none.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
         strip_hop_by_hop(&mut none);
         assert_eq!(none.len(), 1);
+    }
+
+    /// What `strip_hop_by_hop` did before it skipped the fields that are not there: the
+    /// same fields go and the rest keep their order.
+    #[test]
+    fn hop_by_hop_removal_is_the_plain_one() {
+        fn plain(headers: &mut HeaderMap) {
+            let named: Vec<HeaderName> = headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+                .collect();
+            for name in named.into_iter().chain(HOP_BY_HOP.iter().cloned()) {
+                headers.remove(name);
+            }
+        }
+        let fields: &[(&str, &[u8])] = &[
+            ("server", b"nginx"),
+            ("connection", b"Keep-Alive, X-Hop , , bad name, te"),
+            ("x-hop", b"1"),
+            ("content-length", b"5"),
+            ("connection", b"\xff, x-other"),
+            ("x-other", b"2"),
+            ("connection", b"x-third"),
+            ("x-third", b"3"),
+            ("keep-alive", b"timeout=5"),
+            ("transfer-encoding", b"chunked"),
+            ("te", b"trailers"),
+            ("date", b"today"),
+            ("proxy-connection", b"close"),
+            ("x-last", b"4"),
+        ];
+        // Every subset of the fields, in their order.
+        for mask in 0u32..1 << fields.len() {
+            let mut h = HeaderMap::new();
+            for (i, (k, v)) in fields.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    h.append(
+                        HeaderName::from_static(k),
+                        HeaderValue::from_bytes(v).unwrap(),
+                    );
+                }
+            }
+            let mut expected = h.clone();
+            plain(&mut expected);
+            strip_hop_by_hop(&mut h);
+            let fields = |h: &HeaderMap| -> Vec<(String, Vec<u8>)> {
+                h.iter()
+                    .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                    .collect()
+            };
+            assert_eq!(fields(&h), fields(&expected), "fields {mask:b}");
+        }
     }
 
     #[test]

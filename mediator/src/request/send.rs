@@ -33,16 +33,17 @@ pub(crate) enum Sent<T> {
 }
 
 /// Sends `req` of `authority` to `target` through `send` (the path's upstream
-/// connection), its trailer fields checked on the way: `on_misuse` writes the line of a
-/// refused one.
-pub(crate) async fn send<F, Fut, T>(
+/// connection), its trailer fields checked on the way: the callback `on_misuse` makes
+/// (only for a body that is checked) writes the line of a refused one.
+pub(crate) async fn send<F, Fut, T, M>(
     req: Request<Incoming>,
     authority: &Arc<Authority>,
     target: &Target,
-    on_misuse: impl FnOnce(&Denial) + Send + 'static,
+    on_misuse: impl FnOnce() -> M,
     send: F,
 ) -> Sent<T>
 where
+    M: FnOnce(&Denial) + Send + 'static,
     F: FnOnce(Request<CheckedBody>) -> Fut,
     Fut: Future<Output = T>,
 {

@@ -40,11 +40,14 @@ use tokio_util::sync::CancellationToken;
 use crate::conn::establish::Connected;
 use crate::conn::record;
 use crate::conn::standing::Standing;
+use crate::conn::tunnel_line::TunnelLines;
 use crate::conn::{Ctx, TargetLabel};
 use crate::counting::reporting;
 use crate::denial::Denial;
 use crate::relay::{PROGRESS_EVERY, RelayOutcome, Sock, hung_up, reset_fd_on_close, socket_of};
+use crate::request::authority::Matched;
 use crate::request::preflight::MIN_BUF;
+use crate::request::rebuild::Origin;
 use crate::reuse::Ticket;
 use crate::rewind::Rewind;
 use crate::shared::Shared;
@@ -111,6 +114,8 @@ pub(crate) async fn terminate<C>(
         ctx: ctx.clone(),
         standing,
         target: target.clone(),
+        origin: Origin::of(target),
+        matched: Matched::default(),
         label: label.clone(),
         pin: link.pin,
         route: link.route,
@@ -124,6 +129,7 @@ pub(crate) async fn terminate<C>(
         upgrading: link.upgrading,
         relays: Relays::default(),
         answered: AtomicU64::new(0),
+        lines: TunnelLines::default(),
     });
     // HTTP/1.1: the first head is judged as the proxy's own first head is.
     let client_tls = if client_h2 {
@@ -339,6 +345,10 @@ struct Env {
     /// The authority the tunnel runs under (a reload may move it to a successor).
     standing: Arc<Standing>,
     target: Target,
+    /// The target as the rebuilt requests name it.
+    origin: Origin,
+    /// A `Host`/`:authority` value found to name the target.
+    matched: Matched,
     label: TargetLabel,
     pin: std::net::SocketAddr,
     route: crate::route::Route,
@@ -355,6 +365,8 @@ struct Env {
     relays: Relays,
     /// Requests answered so far.
     answered: AtomicU64,
+    /// The constant part of the requests' allow lines, serialised once.
+    lines: TunnelLines,
 }
 
 /// Whether the error that ended the client's HTTP connection is the client gone: a reset,

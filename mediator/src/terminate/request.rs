@@ -74,12 +74,12 @@ pub(super) async fn handle(req: Request<Incoming>, env: &Env) -> Response<Body> 
         pin: env.pin,
         route: env.shared.route_label(env.route),
     };
-    let id = record::tls_request(
+    let id = env.lines.allowed(
         &env.shared,
         &asking.ctx,
         &env.label,
         &asking.request,
-        Ok(allow),
+        allow,
         credential,
     );
     send(upstream_req, upstream, plan, &asking, id, env).await
@@ -178,7 +178,7 @@ fn tunnel_rules(
     switch: Result<Option<Switch>, SwitchError>,
     env: &Env,
 ) -> Result<Option<Switch>, Denial> {
-    check_authority(&parts.uri, &parts.headers, &env.target).map_err(|detail| {
+    check_authority(&parts.uri, &parts.headers, &env.target, &env.matched).map_err(|detail| {
         Denial::new(
             Reason::SniMismatch,
             detail.to_string(),
@@ -326,7 +326,7 @@ async fn upstream_request<'e, 's>(
             }
         },
     };
-    let rebuilt = rebuild(req, &env.target, upstream.version()).map_err(|detail| {
+    let rebuilt = rebuild(req, &env.origin, upstream.version()).map_err(|detail| {
         Denial::new(
             Reason::MalformedTarget,
             detail.to_string(),
@@ -360,7 +360,7 @@ async fn send(
     if takes_h1 {
         env.upgrading.store(true, Ordering::SeqCst);
     }
-    let on_misuse = {
+    let on_misuse = || {
         let (shared, ctx) = (Arc::clone(&env.shared), asking.ctx.clone());
         let (label, request) = (env.label.clone(), asking.request.clone());
         move |denial: &Denial| {

@@ -128,7 +128,7 @@ pub(crate) async fn forward(
         Ok(r) => r,
         Err(detail) => return refused(&raw, rewrite_failed(&detail)),
     };
-    let on_misuse = {
+    let on_misuse = || {
         let (shared, ctx, label) = (Arc::clone(&shared), ctx.clone(), label.clone());
         move |denial: &Denial| {
             record::deny(&shared, &ctx, Protocol::Http, &label, denial.clone());
