@@ -35,8 +35,10 @@ use prometheus::{
 };
 
 use crate::ask::metrics::AskMetrics;
-use crate::vocab::Protocol;
-use crate::vocab::{LimitKind, ReloadResult, UpstreamErrorKind};
+use crate::vocab::{LimitKind, Protocol, ReloadResult, UpstreamErrorKind};
+
+mod series;
+pub(crate) use series::DecisionSeries;
 
 /// The `authority` label value of decisions that no authority could be attributed to.
 pub(crate) const NO_AUTHORITY: &str = "-";
@@ -183,16 +185,6 @@ pub(crate) struct Metrics {
     /// Changed whenever an authority's label or series may change (`prime`, `forget`):
     /// a [`DecisionSeries`] of an older epoch is looked up again.
     epoch: Arc<AtomicU64>,
-}
-
-/// One series of `mediator_decisions_total`, looked up once for many decisions alike (a
-/// terminated tunnel's allowed requests): [`Metrics::count`] counts on it directly while
-/// no authority's label or series changed since, else as [`Metrics::decision`] does.
-#[derive(Debug)]
-pub(crate) struct DecisionSeries {
-    counter: IntCounter,
-    epoch: u64,
-    of: (Option<String>, Protocol, Verdict, Reason),
 }
 
 /// The most authority names with series of their own: beyond it, a new authority's
@@ -388,33 +380,6 @@ impl Metrics {
             decision.as_str(),
             reason.as_str(),
         ])
-    }
-
-    /// The series [`Self::decision`] counts these decisions on, for [`Self::count`].
-    pub(crate) fn decision_series(
-        &self,
-        authority: Option<&str>,
-        protocol: Protocol,
-        decision: Verdict,
-        reason: Reason,
-    ) -> DecisionSeries {
-        // Read before the lookup: a change during it makes the series stale, never wrong.
-        let epoch = self.epoch.load(Ordering::SeqCst);
-        DecisionSeries {
-            counter: self.decision_counter(authority, protocol, decision, reason),
-            epoch,
-            of: (authority.map(str::to_owned), protocol, decision, reason),
-        }
-    }
-
-    /// Counts one decision of `series`, as [`Self::decision`] would.
-    pub(crate) fn count(&self, series: &DecisionSeries) {
-        if series.epoch == self.epoch.load(Ordering::SeqCst) {
-            series.counter.inc();
-        } else {
-            let (authority, protocol, decision, reason) = &series.of;
-            self.decision(authority.as_deref(), *protocol, *decision, *reason);
-        }
     }
 
     /// An allowed upstream connection of `authority` was routed `route` (`"direct"` or
