@@ -327,13 +327,21 @@ impl Embedded {
         })
     }
 
-    /// How capture reaches this mediator (its connections are marked `capture: true`).
-    pub(crate) fn dial(&self) -> crate::capture::Dial {
-        crate::capture::Dial::Embedded {
-            mediator: Arc::clone(&self.mediator),
-            handle: self.runtime.handle().clone(),
-            binding: Arc::clone(&self.binding),
-        }
+    /// What a connection made outside the sandbox's listener (capture's) needs to reach
+    /// this mediator: the mediator, the runtime its connections run on, and the binding
+    /// that names the authority new connections go to.
+    pub(crate) fn reach(
+        &self,
+    ) -> (
+        Arc<Lazy>,
+        tokio::runtime::Handle,
+        Arc<crate::control::Binding>,
+    ) {
+        (
+            Arc::clone(&self.mediator),
+            self.runtime.handle().clone(),
+            Arc::clone(&self.binding),
+        )
     }
 
     /// The rebinder of `--control` (design section 18): `{"allow": [...], "deny": [...],

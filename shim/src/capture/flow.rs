@@ -55,6 +55,17 @@ pub(crate) enum Dial {
 }
 
 impl Dial {
+    /// Capture's way to the embedded mediator `e` (its connections are marked
+    /// `capture: true`).
+    pub(crate) fn embedded(e: &crate::embedded::Embedded) -> Self {
+        let (mediator, handle, binding) = e.reach();
+        Self::Embedded {
+            mediator,
+            handle,
+            binding,
+        }
+    }
+
     /// The channel as the user named it: the socket's path, or `embedded`.
     fn name(&self) -> String {
         match self {

@@ -160,7 +160,7 @@ impl Channel {
                     (Arc::clone(denials), trust.clone()),
                     Arc::clone(binding),
                 )?;
-                let dial = e.dial();
+                let dial = Dial::embedded(&e);
                 let rebinder = e.rebinder();
                 asking = e.asking_host();
                 (
