@@ -28,8 +28,9 @@
 //! table and the credentials file; `via_parent.rs` one connection through a parent
 //! (CONNECT, SOCKS5, Negotiate); `forward_proxy.rs` absolute-form forwarding through an
 //! HTTP parent; `pac/` the PAC engine, its answers, cache and fetcher; `system/` the
-//! desktop's settings; `env.rs` the proxy environment; `parent.rs`, `https.rs`,
-//! `negotiate.rs`, `stream.rs` the wire formats and streams those use.
+//! desktop's settings; `env.rs` the proxy environment; `handshake/` (the CONNECT and
+//! SOCKS5 handshakes with a parent), `https.rs`, `negotiate.rs`, `stream.rs` the wire
+//! formats and streams those use.
 
 mod connect;
 pub(crate) mod env;
