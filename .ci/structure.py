@@ -9,7 +9,8 @@
    function is measured (lines from its `fn` to its closing brace, as
    ../shared/tools/fnlen.py counts them) and must be at most its ceiling; the ceiling at
    most 150; and a production function over 100 lines must carry one. A function that
-   grows past its ceiling fails CI; one that shrinks gets its ceiling lowered by hand.
+   grows past its ceiling fails CI, and so does one that shrank under it (lower the
+   ceiling to its length: a ceiling is the length it has, never room to grow).
    Test code (`#[cfg(test)]` items, `*tests*.rs`, test folders) is not measured; a crate
    in LISTED_ONLY would be listed, not gated (none is).
 
@@ -18,6 +19,12 @@
    higher floor (`crate::...`/`super::...` paths and `crate::name!` macros, outside
    comments and test code) is an upward import. Each must be listed under "Imports that
    point up" in ARCHITECTURE.md as `from.rs` -> `to.rs`, and there may be at most 2.
+
+3. File sizes. No production file over 600 lines.
+
+4. Where unit tests sit (ARCHITECTURE.md's rule): in the file, in one `#[cfg(test)] mod
+   tests`, while under 150 lines and the file with them under 550; otherwise in a sibling
+   `name_tests.rs` (`#[path]`), or the folder's `tests.rs` for a `mod.rs`.
 """
 from __future__ import annotations
 
@@ -135,6 +142,8 @@ def budgets(listing: bool) -> list[str]:
                 sink.append(f"{where}: its too_many_lines allowance names no `ceiling N lines`")
             elif ceiling is not None and length > ceiling:
                 sink.append(f"{where}: {length} lines, over its ceiling of {ceiling}: split it")
+            elif ceiling is not None and length < ceiling:
+                sink.append(f"{where}: {length} lines, under its ceiling of {ceiling}: lower it")
             elif ceiling is not None and ceiling > HARD:
                 sink.append(f"{where}: a ceiling of {ceiling} is over {HARD}: split it")
             elif ceiling is None and length > LIMIT:
@@ -293,9 +302,58 @@ def upward(listing: bool) -> list[str]:
     return errors
 
 
+# ---- file sizes and where unit tests sit ----
+
+MAX_FILE, INLINE_TESTS, WITH_TESTS = 600, 150, 550
+TEST_MOD = re.compile(r"^\s*mod\s+(\w+)\s*(\{|;)")
+
+
+def lines_of(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def placement() -> list[str]:
+    errors = []
+    for crate in CRATES:
+        for root, _, files in os.walk(os.path.join(TOP, crate)):
+            for f in sorted(files):
+                if not f.endswith(".rs"):
+                    continue
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, TOP)
+                text = lines_of(path)
+                if f.endswith("_tests.rs") or f == "tests.rs":
+                    host = os.path.join(root, "mod.rs" if f == "tests.rs" else f[: -len("_tests.rs")] + ".rs")
+                    if not os.path.exists(host):
+                        errors.append(f"{rel}: no {os.path.relpath(host, TOP)} beside it")
+                    elif len(text) < INLINE_TESTS and len(text) + len(lines_of(host)) < WITH_TESTS:
+                        errors.append(f"{rel}: {len(text)} lines; they fit in {os.path.basename(host)} (mod tests)")
+                    continue
+                if "tests" not in f and f != "testing.rs" and "/tests/" not in rel and len(text) > MAX_FILE:
+                    errors.append(f"{rel}: {len(text)} lines, over {MAX_FILE}: split it")
+                state = {"block": False}
+                clean = [strip(line, state) for line in text]
+                for i, line in enumerate(text):
+                    m = TEST_MOD.match(line)
+                    k = i - 1
+                    while k >= 0 and text[k].strip().startswith("#["):
+                        k -= 1
+                    if not m or not any("cfg(test)" in text[j] for j in range(k + 1, i)):
+                        continue
+                    if m.group(2) == "{" and m.group(1) != "tests":
+                        errors.append(f"{rel}:{i + 1}: a test module named {m.group(1)}: one `mod tests`")
+                    if m.group(2) == "{":
+                        end = item_end(clean, i)
+                        n = (end - i + 1) if end is not None else 0
+                        if n >= INLINE_TESTS or len(text) >= WITH_TESTS:
+                            errors.append(f"{rel}:{i + 1}: {n} lines of tests in a {len(text)}-line file: a sibling file")
+    return errors
+
+
 def main() -> int:
     listing = "--list" in sys.argv[1:]
-    errors = budgets(listing) + upward(listing)
+    errors = budgets(listing) + upward(listing) + placement()
     for e in errors:
         print(e, file=sys.stderr)
     return 1 if errors else 0

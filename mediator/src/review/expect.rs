@@ -486,11 +486,6 @@ mod tests {
                 .contains("no [[expect]]")
         );
     }
-}
-
-#[cfg(test)]
-mod judge_tests {
-    use super::*;
 
     /// A request rule allows only `GET /repos/` on a terminated host.
     const CONFIG: &str = r#"
