@@ -28,13 +28,15 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 log() { printf '[compare] %s\n' "$*" >&2; }
 
-# --- the two builds: BASE from an exported tree (the same target directory, so the
-# dependencies are built once), then the working tree ---
+# --- the two builds: BASE from an exported tree, in a target directory of its own (kept
+# between runs): sharing the working tree's would let cargo take one tree's workspace
+# crates for the other's, their paths being the same relative to each root ---
 log "building $BASE"
 mkdir -p "$work/base"
 git archive "$BASE" | tar -x -C "$work/base"
-(cd "$work/base" && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target} cargo build --release -p mediator >&2)
-cp "$bin/mediator" "$work/mediator-old"
+base_target=${CARGO_TARGET_DIR:-$ROOT/target}/compare-base
+(cd "$work/base" && CARGO_TARGET_DIR=$base_target cargo build --release -p mediator >&2)
+cp "$base_target/release/mediator" "$work/mediator-old"
 log "building the working tree"
 cargo build --release -p mediator -p bench >&2
 cp "$bin/mediator" "$work/mediator-new"
@@ -59,6 +61,8 @@ idle_tunnel = 600
 shutdown_grace = 1
 [log]
 decisions = "$work/$side.log"
+[registry]
+state_dir = "$work/$side.state"
 [[authority]]
 name = "agent-0"
 allow = ["127.0.0.1"]
