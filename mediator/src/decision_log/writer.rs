@@ -318,7 +318,7 @@ impl DecisionLog {
 
     /// Whether a decision line is the record's native serialisation and nothing else
     /// sees the record: no [`Tap`], no rendering (`[log] format`), no export. Only then
-    /// may a caller hand over a line it serialised itself ([`Self::write_serialised`]).
+    /// may a caller hand over a line it serialised itself ([`Self::write_stamped`]).
     pub(crate) fn native(&self) -> bool {
         self.tap.is_none() && self.render.is_none() && self.ship.is_none()
     }
