@@ -19,6 +19,8 @@
    higher floor (`crate::...`/`super::...` paths and `crate::name!` macros, outside
    comments and test code) is an upward import. Each must be listed under "Imports that
    point up" in ARCHITECTURE.md as `from.rs` -> `to.rs`, and there may be at most 2.
+   Only `#[cfg(test)]` items are left out of a file, wherever they stand: production code
+   after a test module is read too.
 
 3. File sizes. No production file over 600 lines.
 
@@ -199,12 +201,26 @@ def expand_use(tree: str) -> list[str]:
 
 
 def code_of(text: str) -> str:
-    """The production code of a file: up to its first `#[cfg(test)]`, comments removed."""
-    cut = text.find("#[cfg(test)]")
-    if cut >= 0:
-        text = text[:cut]
+    """The production code of a file, comments removed: each `#[cfg(test)]` item (a test
+    module, a test-only import or function) is left out wherever it stands, and only it."""
+    lines = text.split("\n")
     state = {"block": False}
-    return "\n".join(strip_comments(line, state) for line in text.split("\n"))
+    clean = [strip(line, state) for line in lines]
+    keep, i = [], 0
+    while i < len(lines):
+        here = clean[i].strip()
+        if not here.startswith("#[cfg(test)]"):
+            keep.append(lines[i])
+            i += 1
+            continue
+        # The item starts on this line after the attribute, or after the attributes below.
+        j = i if here[len("#[cfg(test)]"):].strip() else i + 1
+        while j < len(lines) and j > i and clean[j].strip().startswith("#["):
+            j += 1
+        end = item_end(clean, j) if j < len(lines) else None
+        i = (end if end is not None else j) + 1
+    state = {"block": False}
+    return "\n".join(strip_comments(line, state) for line in keep)
 
 
 def strip_comments(line: str, state: dict) -> str:
