@@ -309,7 +309,8 @@ unpack() {
     done
     tar -C "$dir/src" -cf "$dir/files.tar" .
     rm -rf "$dir/src"
-    flags="--no-capture --allow example.com --allow-write $dir/out"
+    # The archive is named: the shim gives the command a private /tmp, where $dir may be.
+    flags="--no-capture --allow example.com --allow-write $dir/out --allow-read $dir/files.tar"
     for cache in warm cold; do
         prep="rm -rf $dir/out && mkdir $dir/out && sync"
         if [ "$cache" = cold ]; then
