@@ -300,12 +300,23 @@ async fn a_record_changed_in_place_replaces_the_authority() -> Result<()> {
         "{before} then {after} after {:?}",
         started.elapsed()
     );
-    // Audited as the registry's change (design 21): replaced, its host moved.
-    let records = audits(&a)?;
-    let put = records
-        .iter()
-        .find(|r| r.action == Action::RegistryPut)
-        .with_context(|| format!("{records:#?}"))?;
+    // Audited as the registry's change (design 21): replaced, its host moved. The log's
+    // writer thread writes the line after the watch applied the record: wait for it.
+    let put = retry_for(
+        PROPAGATION,
+        async || {
+            Ok(audits(&a)?
+                .into_iter()
+                .find(|r| r.action == Action::RegistryPut))
+        },
+        || {
+            format!(
+                "no registry_put record: {:#?}",
+                audits(&a).unwrap_or_default()
+            )
+        },
+    )
+    .await?;
     let change = put.changes.first().context("no change")?;
     ensure!(
         put.actor
