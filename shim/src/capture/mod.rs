@@ -42,7 +42,36 @@ const FINAL_READ: Duration = Duration::from_millis(500);
 pub(crate) struct Capture {
     thread: std::thread::JoinHandle<()>,
     stop: tokio::sync::oneshot::Sender<()>,
+    /// Dropped to wake the thread while it waits for the first packet.
+    wake: std::os::unix::net::UnixStream,
     flows: Arc<flow::Flows>,
+}
+
+/// Waits until `tun` has a packet to read (`true`), or until `woken` hangs up with none
+/// on the device (`false`: the run is over and the sandbox sent nothing; what it sent is
+/// queued on the device by the time it has ended, so nothing is missed). A device that
+/// fails (its namespace gone) has nothing more to read: the wait is then for `woken`
+/// alone. A failed wait says `true`: the stack starts and meets the error itself.
+fn first_packet(tun: &OwnedFd, woken: &std::os::unix::net::UnixStream) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    loop {
+        let mut fds = [
+            PollFd::new(woken, PollFlags::IN),
+            PollFd::new(tun, PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) if fds[1].revents().contains(PollFlags::IN) => return true,
+            Ok(_) if !fds[0].revents().is_empty() => return false,
+            // POLLERR or POLLHUP without data: nothing will come from the device.
+            Ok(_) if !fds[1].revents().is_empty() => {
+                let mut wake = [PollFd::new(woken, PollFlags::IN)];
+                while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut wake, None) {}
+                return false;
+            }
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return true,
+        }
+    }
 }
 
 /// What capture did during the run, for `--report`.
@@ -139,10 +168,18 @@ impl Capture {
             ended: Arc::clone(&ended),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (wake, woken) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| Error::io("start the capture thread", e))?;
         let f = Arc::clone(&flows);
         let thread = std::thread::Builder::new()
             .name("capture".into())
             .spawn(move || {
+                // Nothing runs until the sandbox sends its first packet: a run of
+                // proxy-aware clients sends none, and its start and end then pay nothing
+                // for the stack.
+                if !first_packet(&tun, &woken) {
+                    return;
+                }
                 runtime.block_on(async move {
                     let mut stack = tokio::spawn(stack::run(shared, tun, flow_tx, parts));
                     let dispatch = async {
@@ -166,6 +203,7 @@ impl Capture {
         Ok(Self {
             thread,
             stop,
+            wake,
             flows,
         })
     }
@@ -173,6 +211,9 @@ impl Capture {
     /// Stop (the sandbox is gone) and say what happened.
     pub(crate) fn finish(self) -> Summary {
         let _ = self.stop.send(());
+        // Wakes the thread if it still waits for a first packet; what the sandbox sent is
+        // queued on the device by now, so it then reads it, or ends at once if nothing.
+        drop(self.wake);
         let _ = self.thread.join();
         Summary {
             state: "on",
