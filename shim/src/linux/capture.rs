@@ -1,14 +1,20 @@
-//! The sandbox's side of transparent capture (design section 15), run by the inner init
-//! in the new network namespace while it still holds `CAP_NET_ADMIN` there: a TUN device
-//! (through `/dev/net/tun`, before the mount view hides `/dev`), configured over rtnetlink
-//! as the default route for IPv4 and IPv6. Its descriptor goes to the outer shim, whose
-//! user-space stack serves it.
+//! The sandbox's side of transparent capture (design section 15): a TUN device in the
+//! sandbox's network namespace, configured over rtnetlink as the default route for IPv4
+//! and IPv6. Its descriptor goes to the outer shim's user-space stack.
+//!
+//! The work is split so that little of it is on the way to the command's start: init
+//! only opens, in the new namespaces, what the device is made through ([`open`]:
+//! `/dev/net/tun`, before the mount view hides `/dev`, and an rtnetlink socket, which
+//! belongs to the namespace it was made in) and hands both out; the outer shim, which
+//! holds every capability over the user namespace it created, makes and configures the
+//! device through them ([`create`]) while init builds the mount view, and tells init when
+//! the command may start.
 //!
 //! It never touches another namespace and runs no program: the namespace (and the device
 //! with it) dies with the sandbox.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
@@ -28,46 +34,74 @@ fn failed(step: &str, detail: impl std::fmt::Display) -> Error {
     Error::Capture(format!("{step}: {detail}"))
 }
 
-/// Create the TUN device and make it the default route; returns its descriptor.
+/// What init opened in the sandbox's network namespace for the device to be made
+/// through: `/dev/net/tun`, and an rtnetlink socket of that namespace.
+pub(crate) struct Opened {
+    /// `/dev/net/tun`, not yet attached to a device.
+    pub(crate) tun: OwnedFd,
+    /// An unbound `NETLINK_ROUTE` socket.
+    pub(crate) netlink: OwnedFd,
+}
+
+/// In init: opens `/dev/net/tun` and an rtnetlink socket in this network namespace.
 ///
 /// # Errors
-/// [`Error::Capture`] naming the step that failed (`open /dev/net/tun`, an rtnetlink
-/// request) and what the kernel said.
-pub(crate) fn create(addrs: &Addresses) -> Result<OwnedFd> {
-    let mut config = tun::Configuration::default();
-    // Layer 3, no packet-information header (the crate's Linux default).
-    config.tun_name(DEVICE).layer(tun::Layer::L3);
-    let mut device = tun::create(&config).map_err(|e| {
-        let hint = match &e {
-            tun::Error::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
-                " (the device node is not usable by this user; most distributions make it mode 0666)"
-            }
-            tun::Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                " (no TUN support: load the tun module)"
-            }
-            _ => "",
-        };
-        failed("create a TUN device through /dev/net/tun", format!("{e}{hint}"))
-    })?;
+/// [`Error::Capture`] naming the step that failed and what the kernel said.
+pub(crate) fn open() -> Result<Opened> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/net/tun")
+        .map_err(|e| {
+            let hint = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    " (the device node is not usable by this user; most distributions make it mode 0666)"
+                }
+                std::io::ErrorKind::NotFound => " (no TUN support: load the tun module)",
+                _ => "",
+            };
+            failed("create a TUN device through /dev/net/tun", format!("{e}{hint}"))
+        })?;
+    let netlink = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Netlink,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        nix::sys::socket::SockProtocol::NetlinkRoute,
+    )
+    .map_err(|e| failed("open an rtnetlink socket", e))?;
+    Ok(Opened {
+        tun: tun.into(),
+        netlink,
+    })
+}
+
+/// In the outer shim: makes the TUN device through what init [`open`]ed, and makes it the
+/// default route; returns its descriptor.
+///
+/// # Errors
+/// [`Error::Capture`] naming the step that failed (an ioctl, an rtnetlink request) and
+/// what the kernel said.
+pub(crate) fn create(opened: Opened, addrs: &Addresses) -> Result<OwnedFd> {
+    let Opened { tun, netlink } = opened;
     // Persistent: closing the last descriptor then leaves the device to the namespace's
     // own teardown (asynchronous) instead of unregistering it on the spot, which costs
     // the shim about 20 ms at exit. The device cannot outlive the namespace, which dies
     // with the sandbox.
-    device
-        .persist()
-        .map_err(|e| failed("make the TUN device persistent", e))?;
-    let fd = sys::own_fd(std::os::fd::IntoRawFd::into_raw_fd(device));
+    sys::tun_attach(tun.as_fd(), DEVICE)
+        .map_err(|e| failed("create a TUN device through /dev/net/tun", e))?;
     let index =
-        nix::net::if_::if_nametoindex(DEVICE).map_err(|e| failed("find the TUN device", e))?;
-    configure(index, addrs)?;
-    Ok(fd)
+        sys::if_index(netlink.as_fd(), DEVICE).map_err(|e| failed("find the TUN device", e))?;
+    configure(sys::rtnetlink_socket(netlink), index, addrs)?;
+    Ok(tun)
 }
 
 /// Up, MTU, transmit queue, the sandbox's own addresses, and the two default routes: one
 /// datagram carrying the five rtnetlink requests (the kernel handles them in order and
 /// acknowledges each, RFC 3549 section 2.3.2.2), then the five acknowledgements. A
 /// blocking socket: no runtime to build on the way to the command's start.
-fn configure(index: u32, addrs: &Addresses) -> Result<()> {
+fn configure(mut socket: rtnetlink::sys::Socket, index: u32, addrs: &Addresses) -> Result<()> {
     let steps = requests(index, addrs);
     let mut datagram = Vec::new();
     for (seq, (_, message)) in (1u32..).zip(steps.iter()) {
@@ -79,8 +113,6 @@ fn configure(index: u32, addrs: &Addresses) -> Result<()> {
         datagram.resize(at + request.buffer_len(), 0);
         request.serialize(&mut datagram[at..]);
     }
-    let mut socket = rtnetlink::sys::Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
-        .map_err(|e| failed("open an rtnetlink socket", e))?;
     socket
         .bind_auto()
         .map_err(|e| failed("bind an rtnetlink socket", e))?;

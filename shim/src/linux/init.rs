@@ -5,7 +5,7 @@
 
 use std::ffi::{CString, OsString};
 use std::net::TcpListener;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
@@ -95,15 +95,16 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
 
     let copies = ids::settle_inside(plan.identity, plan.handoff.as_fd(), &plan.fs)?;
 
-    let (port, tun) = hand_over(&plan)?;
-    drop(plan.handoff);
+    let port = hand_over(&plan)?;
 
     fs::apply(&plan.fs, copies)?;
-    if let (Ok(Some(_)), Some(c)) = (&tun, &plan.capture) {
+    // The outer shim makes the TUN device meanwhile; the command starts once it is done.
+    let capturing = await_go(plan.handoff.as_fd())?;
+    drop(plan.handoff);
+    if let (true, Some(c)) = (capturing, &plan.capture) {
         // The stub resolver, read-only like the rest of the tree.
         fs::cover_file(Path::new("/etc/resolv.conf"), &c.addrs.resolv_conf())?;
     }
-    drop(tun);
     plan.scratch.prepare();
 
     let env = crate::env::command_env(plan.env, port, plan.ca.as_ref(), &plan.scratch.vars);
@@ -138,10 +139,29 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
     reap(child)
 }
 
+/// The outer shim's word that the command may start (see [`handoff::GO_CAPTURING`]):
+/// whether capture is up.
+///
+/// # Errors
+/// [`Error::Sys`] when the shim ended (or said something else) before it.
+fn await_go(handoff: BorrowedFd<'_>) -> Result<bool> {
+    let mut word = [0u8; 1];
+    match sys::recv_fds(handoff, &mut word) {
+        Ok(Some((_, 1))) if word[0] == handoff::GO_CAPTURING => Ok(true),
+        Ok(Some((_, 1))) if word[0] == handoff::GO_WITHOUT_CAPTURE => Ok(false),
+        Ok(_) => Err(Error::sys("wait for the shim", Errno::EPIPE)),
+        Err(e) => Err(Error::sys("wait for the shim", e)),
+    }
+}
+
 /// Loopback up, the proxy listener bound on it and handed to the outer shim over `plan`'s
-/// handoff socket, with the TUN device when capture is on: the listener's port, and the
-/// device (`Err`: why capture is off, when it was not required).
-fn hand_over(plan: &InnerPlan) -> Result<(u16, std::result::Result<Option<OwnedFd>, String>)> {
+/// handoff socket, with what the TUN device is made through when capture is on (the
+/// outer shim makes it): the listener's port.
+///
+/// # Errors
+/// As the steps fail; a capture that cannot be opened only when it was required (else
+/// the outer shim is told why capture is off).
+fn hand_over(plan: &InnerPlan) -> Result<u16> {
     // Loopback up, the proxy listener bound on it and handed to the outer shim.
     let probe = nix::sys::socket::socket(
         AddressFamily::Inet,
@@ -161,24 +181,23 @@ fn hand_over(plan: &InnerPlan) -> Result<(u16, std::result::Result<Option<OwnedF
     // Capture: the TUN device, while /dev/net/tun is still visible and init still holds
     // CAP_NET_ADMIN in this namespace. Asked for explicitly, a failure stops the run;
     // by default the outer shim says once that opaque clients have no network.
-    let tun = match &plan.capture {
+    let opened = match &plan.capture {
         None => Ok(None),
-        Some(c) => match capture::create(&c.addrs) {
-            Ok(fd) => Ok(Some(fd)),
+        Some(c) => match capture::open() {
+            Ok(o) => Ok(Some(o)),
             Err(e) if c.required => return Err(e),
             Err(Error::Capture(why)) => Err(why),
             Err(e) => Err(e.to_string()),
         },
     };
-    let payload = handoff::handoff_payload(port, &tun);
+    let payload = handoff::handoff_payload(port, &opened);
     let mut fds = vec![listener.as_fd()];
-    if let Ok(Some(t)) = &tun {
-        fds.push(t.as_fd());
+    if let Ok(Some(o)) = &opened {
+        fds.extend([o.tun.as_fd(), o.netlink.as_fd()]);
     }
     sys::send_fds(plan.handoff.as_fd(), &fds, &payload)
         .map_err(|e| Error::sys("hand the listener to the shim", e))?;
-    drop(fds);
-    Ok((port, tun))
+    Ok(port)
 }
 
 /// Says why the command could not be started (with `hint` when it could not be

@@ -27,7 +27,7 @@ mod seccomp;
 mod sys;
 
 use std::ffi::{CString, OsString};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -44,7 +44,7 @@ use crate::ca::TrustFiles;
 use crate::cli::Degradation;
 use crate::error::{Error, Result};
 use crate::report::warn_tampering;
-use crate::sandbox::{Backend, EXIT_SHIM_FAILURE, Handoff, Job, Outcome};
+use crate::sandbox::{Backend, CaptureState, EXIT_SHIM_FAILURE, Handoff, Job, Outcome};
 
 /// The Linux backend (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
@@ -188,13 +188,13 @@ fn run_planned(
         return Err(e);
     }
 
-    // The listener, bound inside the sandbox's network namespace, arrives first (with the
-    // TUN device when capture is on). If init fails before handing it over, it prints
-    // why, and its status says how it ended.
+    // The listener, bound inside the sandbox's network namespace, arrives first (with
+    // what the TUN device is made through when capture is on). If init fails before
+    // handing it over, it prints why, and its status says how it ended.
     let mut payload = [0u8; 1024];
     let received = sys::recv_fds(outer.as_fd(), &mut payload);
     if let Ok(Some((fds, n))) = received
-        && let Err(e) = handoff::handoff_of(fds, &payload[..n]).and_then(serve)
+        && let Err(e) = start_serving((fds, &payload[..n]), job, outer.as_fd(), serve)
     {
         // The command may already run: stop the whole sandbox.
         kill_init(init);
@@ -211,6 +211,29 @@ fn run_planned(
         exit_status,
         tampering,
         runs_as: identity.outside(),
+    })
+}
+
+/// What follows init's hand-off (`fds` and `payload`): the TUN device made (while init
+/// builds the mount view), init told over `to_init` that the command may start, then what
+/// the sandbox was handed served.
+fn start_serving(
+    (fds, payload): (Vec<OwnedFd>, &[u8]),
+    job: &Job<'_>,
+    to_init: BorrowedFd<'_>,
+    serve: impl FnOnce(Handoff) -> Result<()>,
+) -> Result<()> {
+    let inbound = handoff::handoff_of(fds, payload)?;
+    let capture = handoff::make_device(inbound.capture, job.capture.as_ref())?;
+    let go = match capture {
+        CaptureState::Up(_) => handoff::GO_CAPTURING,
+        CaptureState::Off | CaptureState::Unavailable(_) => handoff::GO_WITHOUT_CAPTURE,
+    };
+    sys::send_fds(to_init, &[], &[go])
+        .map_err(|e| Error::sys("tell the sandbox the command may start", e))?;
+    serve(Handoff {
+        listener: inbound.listener,
+        capture,
     })
 }
 

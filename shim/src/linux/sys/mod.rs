@@ -6,7 +6,7 @@
 //! beyond the call. Nothing here decides policy: callers in the sibling modules do.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
@@ -147,11 +147,7 @@ pub(crate) fn close_fds_from(first: RawFd) -> Result<(), Errno> {
 
 /// Bring the loopback interface up in the current network namespace (`ip link set lo up`).
 pub(crate) fn loopback_up(sock: BorrowedFd<'_>) -> Result<(), Errno> {
-    // SAFETY: `ifreq` is plain data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
+    let mut req = ifreq_named("lo");
     // SAFETY: SIOCGIFFLAGS reads `ifr_name` and writes `ifr_ifru.ifru_flags` in our `req`.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
         return Err(Errno::last());
@@ -164,6 +160,53 @@ pub(crate) fn loopback_up(sock: BorrowedFd<'_>) -> Result<(), Errno> {
         return Err(Errno::last());
     }
     Ok(())
+}
+
+/// An `ifreq` naming the interface `name` (at most `IFNAMSIZ - 1` bytes), the rest zero.
+fn ifreq_named(name: &str) -> libc::ifreq {
+    // SAFETY: `ifreq` is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let room = req.ifr_name.len() - 1;
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes().take(room)) {
+        *dst = src as libc::c_char;
+    }
+    req
+}
+
+/// Make the TUN device `name` (layer 3, no packet-information header: `IFF_TUN |
+/// IFF_NO_PI`) on `tun`, a descriptor of `/dev/net/tun`, and make it persistent
+/// (`TUNSETIFF`, `TUNSETPERSIST`, `<linux/if_tun.h>`). The device is made in the network
+/// namespace that opened `tun`; the caller needs `CAP_NET_ADMIN` over that namespace.
+pub(crate) fn tun_attach(tun: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
+    let mut req = ifreq_named(name);
+    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads our fully initialised `req` (and may write the name back).
+    if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: TUNSETPERSIST takes its flag by value.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1 as libc::c_ulong) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// The index of interface `name` in the network namespace of the socket `sock`
+/// (`SIOCGIFINDEX`): unlike `if_nametoindex`, not necessarily the caller's namespace.
+pub(crate) fn if_index(sock: BorrowedFd<'_>, name: &str) -> Result<u32, Errno> {
+    let mut req = ifreq_named(name);
+    // SAFETY: SIOCGIFINDEX reads `ifr_name` and writes `ifr_ifru.ifru_ifindex` in `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFINDEX, &mut req) } < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the union member `ifru_ifindex` was just written by the kernel.
+    u32::try_from(unsafe { req.ifr_ifru.ifru_ifindex }).map_err(|_| Errno::ENODEV)
+}
+
+/// `fd`, a `NETLINK_ROUTE` socket, as an rtnetlink socket (which then owns and closes it).
+pub(crate) fn rtnetlink_socket(fd: OwnedFd) -> rtnetlink::sys::Socket {
+    // SAFETY: `fd` is an open socket whose ownership moves into the `Socket`.
+    unsafe { rtnetlink::sys::Socket::from_raw_fd(fd.into_raw_fd()) }
 }
 
 /// Send `fds` (at most [`FDS_PER_MESSAGE`], maybe none) and a small payload over a
@@ -228,13 +271,6 @@ pub(crate) fn large_allocations_by_mmap() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
     }
-}
-
-/// Take ownership of `fd`, a descriptor a library handed over with `into_raw_fd`.
-pub(crate) fn own_fd(fd: RawFd) -> OwnedFd {
-    // SAFETY: the caller passes a descriptor it owns and gives up (IntoRawFd's contract:
-    // the value that owned it is gone), so this is its only owner.
-    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 /// Close every descriptor from 3 up except `keep`.
