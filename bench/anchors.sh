@@ -13,8 +13,9 @@
 #               1,000 requests, and the TCP connections nginx accepted per 1,000 requests
 #               (stub_status), that is how often the proxy opened an upstream connection.
 #   socks       SOCKS5 tunnels/s (greeting, request, GET /small, close) at c=1 and c=32:
-#               microsocks and Dante against the mediator over its Unix socket and over
-#               TCP with RFC 1929 username/password.
+#               microsocks and Dante against the mediator over its Unix socket, and
+#               microsocks with RFC 1929 username/password against the mediator over TCP
+#               with the same.
 #   connect     CONNECT tunnels/s at c=32 against tinyproxy (a goal kept from before).
 #   start       the shim's start, `shim --allow-write EMPTY -- true` (embedded mode) with
 #               capture (the default) and with --no-capture, against
@@ -154,6 +155,14 @@ if part socks; then
     wait_port "$ms_port" || { cat "$work/microsocks.out" >&2; exit 1; }
     version microsocks "$(dpkg-query -W -f '${Version}' microsocks 2>/dev/null | sed 's/-.*//')"
     log "microsocks on 127.0.0.1:$ms_port (pid $ms_pid)"
+    # The same with RFC 1929 username/password, the anchor for the mediator's TCP
+    # listener, which authenticates every tunnel the same way.
+    msa_port=$(port)
+    microsocks -i 127.0.0.1 -p "$msa_port" -u agent-0 -P bench-token-0 >"$work/microsocks-auth.out" 2>&1 &
+    msa_pid=$!
+    pids+=($msa_pid)
+    wait_port "$msa_port" || { cat "$work/microsocks-auth.out" >&2; exit 1; }
+    log "microsocks with username/password on 127.0.0.1:$msa_port (pid $msa_pid)"
 
     dante_port=$(port)
     mkdir -p "$work/dante"
@@ -253,6 +262,8 @@ for rep in $(seq "$REPS"); do
         for c in 1 32; do
             s=(--mode socks-rate --concurrency "$c")
             loadrun socks "$rep" microsocks "${s[@]}" --via "tcp:127.0.0.1:$ms_port" --proxy-pid "$ms_pid"
+            loadrun socks "$rep" microsocks-auth "${s[@]}" --via "tcp:127.0.0.1:$msa_port" \
+                --user agent-0 --password bench-token-0 --proxy-pid "$msa_pid"
             loadrun socks "$rep" dante "${s[@]}" --via "tcp:127.0.0.1:$dante_port" --proxy-pid "$dante_pid"
             loadrun socks "$rep" mediator-unix "${s[@]}" "${med_unix[@]}"
             loadrun socks "$rep" mediator-tcp "${s[@]}" "${med_tcp[@]}"

@@ -19,7 +19,10 @@
 #     (`cargo install inferno`), writes the folded stacks and a flame graph per program
 #     to OUT (the perf data itself, hundreds of MB, is not kept).
 #
-# Knobs: TOOL, DURATION (measured seconds: callgrind 30, perf 6), WARMUP (callgrind 2,
+# MODE=new profiles new connections instead (a full handshake each, one request on it:
+# the figures per request are then per connection).
+#
+# Knobs: TOOL, MODE (keepalive or new), DURATION (measured seconds: callgrind 30, perf 6), WARMUP (callgrind 2,
 # perf 1), CONCURRENCY (8), TOP (25), WHO ("mediator haproxy"), OUT
 # (target/tls-profile: the raw profiles), BUILD (1: build first; 0: take target/release as
 # it is), MEDIATOR (another mediator binary to profile). Installs valgrind, perf, haproxy
@@ -34,6 +37,12 @@ case $TOOL in
     *) echo "TOOL is callgrind or perf" >&2; exit 2 ;;
 esac
 CONCURRENCY=${CONCURRENCY:-8}
+MODE=${MODE:-keepalive}
+case $MODE in
+    keepalive) what="TLS-terminated keep-alive requests" ;;
+    new) what="new TLS-terminated connections (a full handshake, one request each)" ;;
+    *) echo "MODE is keepalive or new" >&2; exit 2 ;;
+esac
 TOP=${TOP:-25}
 WHO=${WHO:-mediator haproxy}
 OUT=${OUT:-$ROOT/target/tls-profile}
@@ -107,7 +116,7 @@ summary_perf() {
     if command -v inferno-collapse-perf >/dev/null; then
         perf script -i "$work/perf.data" 2>/dev/null >"$work/perf.txt"
         inferno-collapse-perf <"$work/perf.txt" >"$OUT/$label.folded"
-        inferno-flamegraph --title "$label: TLS-terminated keep-alive requests" \
+        inferno-flamegraph --title "$label: $what" \
             <"$OUT/$label.folded" >"$OUT/$label.svg"
         log "flame graph: $OUT/$label.svg"
     fi
@@ -117,7 +126,7 @@ profile() { # profile LABEL tlsload-args...
     local label=$1 a b tl
     shift
     log "$label: $TOOL, ${WARMUP}+${DURATION} s at c=$CONCURRENCY"
-    "$bin/tlsload" --host "$HOST" --mode keepalive --concurrency "$CONCURRENCY" \
+    "$bin/tlsload" --host "$HOST" --mode "$MODE" --concurrency "$CONCURRENCY" \
         --duration "$DURATION" --warmup "$WARMUP" --label "$label" "$@" >"$work/load.json" &
     tl=$!
     if [ "$TOOL" = callgrind ]; then
@@ -147,7 +156,7 @@ profile() { # profile LABEL tlsload-args...
     wait "$subject" 2>/dev/null || true
 }
 
-printf '## TLS-terminated keep-alive requests, c=%s (bench/tls-profile.sh, TOOL=%s)\n' "$CONCURRENCY" "$TOOL"
+printf '## %s, c=%s (bench/tls-profile.sh, TOOL=%s)\n' "${what^}" "$CONCURRENCY" "$TOOL"
 printf '\n%s, commit %s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(git rev-parse --short HEAD)"
 for who in $WHO; do
     case $who in
