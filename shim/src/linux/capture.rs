@@ -21,6 +21,7 @@ use rtnetlink::packet_core::{
 };
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::packet_route::link::{AfSpecInet6, AfSpecUnspec, In6AddrGenMode, LinkAttribute};
 
 use crate::capture::{Addresses, MTU, TUN_QUEUE};
 use crate::error::{Error, Result};
@@ -97,10 +98,11 @@ pub(crate) fn create(opened: Opened, addrs: &Addresses) -> Result<OwnedFd> {
     Ok(tun)
 }
 
-/// Up, MTU, transmit queue, the sandbox's own addresses, and the two default routes: one
-/// datagram carrying the five rtnetlink requests (the kernel handles them in order and
-/// acknowledges each, RFC 3549 section 2.3.2.2), then the five acknowledgements. A
-/// blocking socket: no runtime to build on the way to the command's start.
+/// No link-local address; up, MTU, transmit queue; the sandbox's own addresses, and the
+/// two default routes: one datagram carrying the six rtnetlink requests (the kernel
+/// handles them in order and acknowledges each, RFC 3549 section 2.3.2.2), then the six
+/// acknowledgements. A blocking socket: no runtime to build on the way to the command's
+/// start.
 fn configure(mut socket: rtnetlink::sys::Socket, index: u32, addrs: &Addresses) -> Result<()> {
     let steps = requests(index, addrs);
     let mut datagram = Vec::new();
@@ -125,7 +127,23 @@ fn configure(mut socket: rtnetlink::sys::Socket, index: u32, addrs: &Addresses) 
 
 /// The requests, each with the step it is named by when the kernel refuses it.
 fn requests(index: u32, addrs: &Addresses) -> Vec<(String, RouteNetlinkMessage)> {
+    // No link-local address (IPv6 address generation off, before the device is up): the
+    // kernel would otherwise send a router solicitation from it at once, a packet on the
+    // device that starts the capture stack in every run (see `crate::capture`), and the
+    // point-to-point device needs none.
+    let no_link_local =
+        LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )])]);
     let mut steps: Vec<(String, RouteNetlinkMessage)> = vec![(
+        "turn IPv6 address generation off on the TUN device".to_owned(),
+        RouteNetlinkMessage::SetLink(
+            rtnetlink::LinkUnspec::new_with_index(index)
+                .append_extra_attribute(no_link_local)
+                .build(),
+        ),
+    )];
+    steps.push((
         "bring the TUN device up".to_owned(),
         RouteNetlinkMessage::SetLink(
             rtnetlink::LinkUnspec::new_with_index(index)
@@ -134,7 +152,7 @@ fn requests(index: u32, addrs: &Addresses) -> Vec<(String, RouteNetlinkMessage)>
                 .up()
                 .build(),
         ),
-    )];
+    ));
     let v4 = addrs.tun_v4();
     let v6 = addrs.tun_v6();
     for (ip, mut address) in [

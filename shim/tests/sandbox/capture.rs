@@ -37,6 +37,7 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         udp_to_a_synthetic_address_is_dropped_and_counted,
         tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
         the_tun_device_is_the_only_route_out,
+        the_tun_device_has_no_link_local_address,
         explicit_capture_without_a_tun_device_fails_with_the_reason,
         the_default_without_a_tun_device_says_so_once_and_runs,
         socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api,
@@ -793,6 +794,32 @@ fn the_tun_device_is_the_only_route_out() -> TestResult {
     };
     expect("interfaces", &run("ifaces"), "lo,tun0")?;
     expect("routes leave by", &run("route-ifaces"), "tun0")
+}
+
+/// No link-local address on the device: the kernel would send a router solicitation
+/// from it as the device comes up, a packet that starts the capture stack in every run,
+/// however little the command does.
+fn the_tun_device_has_no_link_local_address() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-lla");
+    let out = Command::new(SHIM)
+        .args(grant("origin.test", 80))
+        .args(["--", "cat", "/proc/net/if_inet6"])
+        .current_dir(&s.0)
+        .output()
+        .unwrap();
+    let on_tun: Vec<String> = stdout(&out)
+        .lines()
+        .filter(|l| l.ends_with("tun0"))
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect();
+    if on_tun.len() != 1 || on_tun[0].starts_with("fe80") {
+        return Err(format!(
+            "tun0 should have only the sandbox's own IPv6 address: {on_tun:?}; {}",
+            all_output(&out)
+        ));
+    }
+    Ok(())
 }
 
 /// The shim in a mount namespace (of a new user namespace mapping this user to root)
