@@ -212,27 +212,99 @@ fn acknowledged(
         let (reply, _) = socket
             .recv_from_full()
             .map_err(|e| failed("read the rtnetlink acknowledgements", e))?;
-        let mut rest = &reply[..];
-        while !rest.is_empty() {
-            let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
-                .map_err(|e| failed("read the rtnetlink acknowledgements", e))?;
-            let length = usize::try_from(message.header.length).unwrap_or(usize::MAX);
-            if length == 0 {
-                break;
-            }
-            if let NetlinkPayload::Error(ack) = message.payload {
-                let step = usize::try_from(message.header.sequence_number)
-                    .ok()
-                    .and_then(|seq| steps.get(seq.wrapping_sub(1)))
-                    .map_or("an rtnetlink request", |(what, _)| what.as_str());
-                if let Some(code) = ack.code {
-                    return Err(failed(step, std::io::Error::from_raw_os_error(-code.get())));
-                }
-                acknowledged += 1;
-            }
-            // Messages are 4-byte aligned (NLMSG_ALIGN).
-            rest = rest.get(length.next_multiple_of(4)..).unwrap_or_default();
-        }
+        acknowledged += acknowledgements(&reply, steps)?;
     }
     Ok(())
+}
+
+/// The acknowledgements in one reply datagram (a run of netlink messages, each 4-byte
+/// aligned: `NLMSG_ALIGN`), or the first refusal among them, named by the step its
+/// sequence number points at (sequence numbers count the steps from 1).
+fn acknowledgements(reply: &[u8], steps: &[(String, RouteNetlinkMessage)]) -> Result<usize> {
+    let mut acknowledged = 0;
+    let mut rest = reply;
+    while !rest.is_empty() {
+        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
+            .map_err(|e| failed("read the rtnetlink acknowledgements", e))?;
+        let length = usize::try_from(message.header.length).unwrap_or(usize::MAX);
+        if length == 0 {
+            break;
+        }
+        if let NetlinkPayload::Error(ack) = message.payload {
+            let step = usize::try_from(message.header.sequence_number)
+                .ok()
+                .and_then(|seq| steps.get(seq.wrapping_sub(1)))
+                .map_or("an rtnetlink request", |(what, _)| what.as_str());
+            if let Some(code) = ack.code {
+                return Err(failed(step, std::io::Error::from_raw_os_error(-code.get())));
+            }
+            acknowledged += 1;
+        }
+        rest = rest.get(length.next_multiple_of(4)..).unwrap_or_default();
+    }
+    Ok(acknowledged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_core::{ErrorMessage, NetlinkHeader};
+
+    fn reply(answers: &[(u32, i32)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &(seq, code) in answers {
+            let mut error = ErrorMessage::default();
+            error.code = std::num::NonZeroI32::new(code);
+            error.header = vec![0; 16];
+            let mut m = NetlinkMessage::<RouteNetlinkMessage>::new(
+                NetlinkHeader::default(),
+                NetlinkPayload::Error(error),
+            );
+            m.header.sequence_number = seq;
+            m.finalize();
+            let at = out.len();
+            out.resize(at + m.buffer_len().next_multiple_of(4), 0);
+            m.serialize(&mut out[at..]);
+        }
+        out
+    }
+
+    fn steps() -> Vec<(String, RouteNetlinkMessage)> {
+        requests(7, &Addresses::generate())
+    }
+
+    #[test]
+    fn acknowledgements_are_counted() {
+        let steps = steps();
+        assert_eq!(
+            acknowledgements(&reply(&[(1, 0), (2, 0)]), &steps).unwrap(),
+            2
+        );
+        assert_eq!(acknowledgements(&[], &steps).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_refusal_is_named_by_its_step() {
+        let steps = steps();
+        let e = acknowledgements(&reply(&[(1, 0), (2, 0), (3, -libc::EEXIST)]), &steps)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{}: ", steps[2].0)) && e.contains("File exists"),
+            "{e}"
+        );
+        let e = acknowledgements(&reply(&[(99, -libc::EPERM)]), &steps)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("an rtnetlink request: ") && e.contains("not permitted"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_truncated_reply_is_an_error_not_an_acknowledgement() {
+        let r = reply(&[(1, 0)]);
+        assert!(acknowledgements(&r[..r.len() - 4], &steps()).is_err());
+    }
 }
