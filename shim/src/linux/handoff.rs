@@ -89,6 +89,9 @@ pub(super) fn handoff_payload(
 pub(super) const GO_CAPTURING: u8 = b'u';
 /// See [`GO_CAPTURING`].
 pub(super) const GO_WITHOUT_CAPTURE: u8 = b'n';
+/// The outer shim's word to init that the command must not start (the outer shim said
+/// why): init leaves with [`crate::sandbox::EXIT_SHIM_FAILURE`].
+pub(super) const STOP: u8 = b'x';
 
 /// Makes the TUN device through what init opened, when it did: the state `serve` gets.
 /// A device that cannot be made stops the run when capture was asked for (`required`),

@@ -99,7 +99,9 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
 
     fs::apply(&plan.fs, copies)?;
     // The outer shim makes the TUN device meanwhile; the command starts once it is done.
-    let capturing = await_go(plan.handoff.as_fd())?;
+    let Some(capturing) = await_go(plan.handoff.as_fd())? else {
+        return Ok(EXIT_SHIM_FAILURE);
+    };
     drop(plan.handoff);
     if let (true, Some(c)) = (capturing, &plan.capture) {
         // The stub resolver, read-only like the rest of the tree.
@@ -140,15 +142,16 @@ fn inner_setup_and_run(mut plan: InnerPlan) -> Result<i32> {
 }
 
 /// The outer shim's word that the command may start (see [`handoff::GO_CAPTURING`]):
-/// whether capture is up.
+/// whether capture is up; `None` when it must not start ([`handoff::STOP`]).
 ///
 /// # Errors
 /// [`Error::Sys`] when the shim ended (or said something else) before it.
-fn await_go(handoff: BorrowedFd<'_>) -> Result<bool> {
+fn await_go(handoff: BorrowedFd<'_>) -> Result<Option<bool>> {
     let mut word = [0u8; 1];
     match sys::recv_fds(handoff, &mut word) {
-        Ok(Some((_, 1))) if word[0] == handoff::GO_CAPTURING => Ok(true),
-        Ok(Some((_, 1))) if word[0] == handoff::GO_WITHOUT_CAPTURE => Ok(false),
+        Ok(Some((_, 1))) if word[0] == handoff::GO_CAPTURING => Ok(Some(true)),
+        Ok(Some((_, 1))) if word[0] == handoff::GO_WITHOUT_CAPTURE => Ok(Some(false)),
+        Ok(Some((_, 1))) if word[0] == handoff::STOP => Ok(None),
         Ok(_) => Err(Error::sys("wait for the shim", Errno::EPIPE)),
         Err(e) => Err(Error::sys("wait for the shim", e)),
     }

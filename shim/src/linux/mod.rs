@@ -216,7 +216,9 @@ fn run_planned(
 
 /// What follows init's hand-off (`fds` and `payload`): the TUN device made (while init
 /// builds the mount view), init told over `to_init` that the command may start, then what
-/// the sandbox was handed served.
+/// the sandbox was handed served. A device that `--capture` requires and that cannot be
+/// made stops init before the command (said here); either way the run then ends with
+/// init's status, as when init fails itself.
 fn start_serving(
     (fds, payload): (Vec<OwnedFd>, &[u8]),
     job: &Job<'_>,
@@ -224,13 +226,24 @@ fn start_serving(
     serve: impl FnOnce(Handoff) -> Result<()>,
 ) -> Result<()> {
     let inbound = handoff::handoff_of(fds, payload)?;
-    let capture = handoff::make_device(inbound.capture, job.capture.as_ref())?;
+    let capture = match handoff::make_device(inbound.capture, job.capture.as_ref()) {
+        Ok(c) => c,
+        Err(e) => {
+            // As when init cannot open the device: said once, the command never starts,
+            // and the run ends with init's status (and its report).
+            eprintln!("shim: {e}");
+            let _ = sys::send_fds(to_init, &[], &[handoff::STOP]);
+            return Ok(());
+        }
+    };
     let go = match capture {
         CaptureState::Up(_) => handoff::GO_CAPTURING,
         CaptureState::Off | CaptureState::Unavailable(_) => handoff::GO_WITHOUT_CAPTURE,
     };
-    sys::send_fds(to_init, &[], &[go])
-        .map_err(|e| Error::sys("tell the sandbox the command may start", e))?;
+    if sys::send_fds(to_init, &[], &[go]).is_err() {
+        // Init is gone before the command started (it said why): its status ends the run.
+        return Ok(());
+    }
     serve(Handoff {
         listener: inbound.listener,
         capture,

@@ -38,6 +38,8 @@ pub(crate) fn tests() -> Vec<(&'static str, Test)> {
         tls_on_443_passes_the_sni_rule_and_a_mismatched_sni_is_refused,
         the_tun_device_is_the_only_route_out,
         the_tun_device_has_no_link_local_address,
+        explicit_capture_failing_outside_the_sandbox_stops_before_the_command,
+        the_default_failing_outside_the_sandbox_says_so_once_and_runs,
         explicit_capture_without_a_tun_device_fails_with_the_reason,
         the_default_without_a_tun_device_says_so_once_and_runs,
         socket_mode_reads_the_runs_denials_with_their_reasons_from_the_admin_api,
@@ -825,9 +827,19 @@ fn the_tun_device_has_no_link_local_address() -> TestResult {
 /// The shim in a mount namespace (of a new user namespace mapping this user to root)
 /// where `/dev/net` is an empty tmpfs: no TUN device can be made there.
 fn without_tun(s: &Scratch, flags: &[&str]) -> Output {
+    with_tun_mounted(s, "mount -t tmpfs tmpfs /dev/net", flags)
+}
+
+/// The shim where `/dev/net/tun` opens but is not a TUN device (`/dev/null` bound over
+/// it): init opens it, and the outer shim's `TUNSETIFF` is what fails.
+fn with_tun_not_a_tun(s: &Scratch, flags: &[&str]) -> Output {
+    with_tun_mounted(s, "mount --bind /dev/null /dev/net/tun", flags)
+}
+
+fn with_tun_mounted(s: &Scratch, mount: &str, flags: &[&str]) -> Output {
     Command::new("unshare")
         .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-        .arg(r#"mount -t tmpfs tmpfs /dev/net && exec "$@""#)
+        .arg(format!(r#"{mount} && exec "$@""#))
         .arg("sh")
         .arg(SHIM)
         .args(flags)
@@ -865,6 +877,55 @@ fn explicit_capture_without_a_tun_device_fails_with_the_reason() -> TestResult {
         if !stderr.contains(want) {
             return Err(format!("{want:?} not in {stderr}"));
         }
+    }
+    Ok(())
+}
+
+/// The device fails in the outer shim (after init handed it over): under `--capture`
+/// the command never starts, the reason is said once, and the report is still written.
+fn explicit_capture_failing_outside_the_sandbox_stops_before_the_command() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-notatun");
+    let out = with_tun_not_a_tun(&s, &["--capture"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(125) || !stdout(&out).is_empty() {
+        return Err(format!(
+            "expected exit 125 before the command ran; {}",
+            all_output(&out)
+        ));
+    }
+    let said = stderr
+        .matches("transparent capture (--capture) is not possible here: create a TUN device through /dev/net/tun:")
+        .count();
+    if said != 1 || stderr.contains("may start") {
+        return Err(format!(
+            "expected the reason once, and nothing else: {stderr}"
+        ));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    expect("exit status", &report["exit_status"].to_string(), "125")
+}
+
+/// The same without `--capture`: said once, the command runs without capture, and the
+/// report says why.
+fn the_default_failing_outside_the_sandbox_says_so_once_and_runs() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-notatun-degrade");
+    let out = with_tun_not_a_tun(&s, &[]);
+    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.matches("shim: transparent capture is off: ").count() != 1 {
+        return Err(format!("expected one degradation line: {stderr}"));
+    }
+    let report = read_json(&s.path("report.json"))?;
+    expect(
+        "capture state",
+        &report["capture"]["state"].to_string(),
+        "\"unavailable\"",
+    )?;
+    let reason = report["capture"]["reason"].to_string();
+    if !reason.contains("create a TUN device through /dev/net/tun") {
+        return Err(format!("the report's reason: {reason}"));
     }
     Ok(())
 }
