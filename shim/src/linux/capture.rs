@@ -94,7 +94,14 @@ pub(crate) fn create(opened: Opened, addrs: &Addresses) -> Result<OwnedFd> {
         .map_err(|e| failed("create a TUN device through /dev/net/tun", e))?;
     let index =
         sys::if_index(netlink.as_fd(), DEVICE).map_err(|e| failed("find the TUN device", e))?;
-    configure(sys::rtnetlink_socket(netlink), index, addrs)?;
+    let mut socket = sys::rtnetlink_socket(netlink);
+    if let Err(e) = configure(&mut socket, index, addrs) {
+        // The kernel goes on with the requests after one it refuses: a device left up
+        // with some of its routes would take the command's packets with nothing reading
+        // them. Removed, a connection fails at once (no route).
+        remove(&socket, index);
+        return Err(e);
+    }
     Ok(tun)
 }
 
@@ -103,7 +110,7 @@ pub(crate) fn create(opened: Opened, addrs: &Addresses) -> Result<OwnedFd> {
 /// handles them in order and acknowledges each, RFC 3549 section 2.3.2.2), then the six
 /// acknowledgements. A blocking socket: no runtime to build on the way to the command's
 /// start.
-fn configure(mut socket: rtnetlink::sys::Socket, index: u32, addrs: &Addresses) -> Result<()> {
+fn configure(socket: &mut rtnetlink::sys::Socket, index: u32, addrs: &Addresses) -> Result<()> {
     let steps = requests(index, addrs);
     let mut datagram = Vec::new();
     for (seq, (_, message)) in (1u32..).zip(steps.iter()) {
@@ -122,7 +129,21 @@ fn configure(mut socket: rtnetlink::sys::Socket, index: u32, addrs: &Addresses) 
     socket
         .send_to(&datagram, &kernel, 0)
         .map_err(|e| failed("send the rtnetlink requests", e))?;
-    acknowledged(&socket, &steps)
+    acknowledged(socket, &steps)
+}
+
+/// Deletes the device `index` (`RTM_DELLINK`), its addresses and routes with it; best
+/// effort, for a device whose configuration failed. The kernel handles the request
+/// within the send.
+fn remove(socket: &rtnetlink::sys::Socket, index: u32) {
+    let mut request = NetlinkMessage::from(RouteNetlinkMessage::DelLink(
+        rtnetlink::LinkUnspec::new_with_index(index).build(),
+    ));
+    request.header.flags = NLM_F_REQUEST;
+    request.finalize();
+    let mut datagram = vec![0; request.buffer_len()];
+    request.serialize(&mut datagram);
+    let _ = socket.send_to(&datagram, &rtnetlink::sys::SocketAddr::new(0, 0), 0);
 }
 
 /// The requests, each with the step it is named by when the kernel refuses it.
