@@ -99,8 +99,12 @@ impl Backend for Linux {
         });
         let placeholders = plan.placeholders.clone();
         let watch = plan.watch.clone();
-        let cleanup = || {
-            warn_tampering(&fs::quarantine(&watch));
+        // `quarantined`: a run that ended has moved aside (and reported) what the
+        // sandbox made at the watched paths (`run_planned`); otherwise it is done here.
+        let cleanup = |quarantined: bool| {
+            if !quarantined {
+                warn_tampering(&fs::quarantine(&watch));
+            }
             placeholders.iter().rev().for_each(Placeholder::remove);
             job.trust.iter().for_each(|t| t.remove());
         };
@@ -109,7 +113,7 @@ impl Backend for Linux {
                 match janitor::spawn_janitor(&placeholders, &watch, job.trust) {
                     Ok(w) => Some(w),
                     Err(e) => {
-                        cleanup();
+                        cleanup(false);
                         return Err(e);
                     }
                 }
@@ -119,7 +123,7 @@ impl Backend for Linux {
         let ca = job.trust.map(TrustFiles::files);
         let result =
             planned.and_then(|()| run_planned(job, (plan, identity), (cwd, home), ca, serve));
-        cleanup();
+        cleanup(result.is_ok());
         if let Some(w) = janitor {
             // Tell the janitor the placeholders are handled: a later run may already have
             // created new ones at the same paths (and inode numbers get reused).
