@@ -116,7 +116,7 @@ summary_perf() {
     if command -v inferno-collapse-perf >/dev/null; then
         perf script -i "$work/perf.data" 2>/dev/null >"$work/perf.txt"
         inferno-collapse-perf <"$work/perf.txt" >"$OUT/$label.folded"
-        inferno-flamegraph --title "$label: $what" \
+        inferno-flamegraph --minwidth 1 --title "$label: $what" \
             <"$OUT/$label.folded" >"$OUT/$label.svg"
         log "flame graph: $OUT/$label.svg"
     fi
