@@ -174,9 +174,9 @@ impl Capture {
         let thread = std::thread::Builder::new()
             .name("capture".into())
             .spawn(move || {
-                // Nothing runs until the sandbox sends its first packet: a run of
-                // proxy-aware clients sends none, and its start and end then pay nothing
-                // for the stack.
+                // The stack's loop waits for the sandbox's first packet: a run of
+                // proxy-aware clients sends none, so its stack never competes with the
+                // start and its end waits for no final read.
                 if !first_packet(&tun, &woken) {
                     return;
                 }

@@ -181,9 +181,9 @@ fn hand_over(plan: &InnerPlan) -> Result<u16> {
         .local_addr()
         .map_err(|e| Error::io("listener address", e))?
         .port();
-    // Capture: the TUN device, while /dev/net/tun is still visible and init still holds
-    // CAP_NET_ADMIN in this namespace. Asked for explicitly, a failure stops the run;
-    // by default the outer shim says once that opaque clients have no network.
+    // Capture: what the outer shim makes the TUN device through, opened while
+    // /dev/net/tun is still visible. Asked for explicitly, a failure stops the run; by
+    // default the outer shim says once that opaque clients have no network.
     let opened = match &plan.capture {
         None => Ok(None),
         Some(c) => match capture::open() {

@@ -860,80 +860,31 @@ fn with_tun_mounted(s: &Scratch, mount: &str, flags: &[&str]) -> Output {
         .unwrap()
 }
 
-fn explicit_capture_without_a_tun_device_fails_with_the_reason() -> TestResult {
-    let s = Scratch::new("cap-notun");
-    let out = without_tun(&s, &["--capture"]);
+/// Checks that `out` is a run `--capture` stopped before its command: exit 125, the reason
+/// said once with the way out, and no word from a hand-off cut short.
+fn stopped_before_the_command(out: &Output) -> TestResult {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() != Some(125) || !stdout(&out).is_empty() {
+    if out.status.code() != Some(125) || !stdout(out).is_empty() {
         return Err(format!(
             "expected exit 125 before the command ran; {}",
-            all_output(&out)
-        ));
-    }
-    for want in [
-        "transparent capture (--capture) is not possible here: create a TUN device through /dev/net/tun:",
-        "run with --no-capture",
-    ] {
-        if !stderr.contains(want) {
-            return Err(format!("{want:?} not in {stderr}"));
-        }
-    }
-    Ok(())
-}
-
-/// The device fails in the outer shim (after init handed it over): under `--capture`
-/// the command never starts, the reason is said once, and the report is still written.
-fn explicit_capture_failing_outside_the_sandbox_stops_before_the_command() -> TestResult {
-    tun_usable()?;
-    let s = Scratch::new("cap-notatun");
-    let out = with_tun_not_a_tun(&s, &["--capture"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() != Some(125) || !stdout(&out).is_empty() {
-        return Err(format!(
-            "expected exit 125 before the command ran; {}",
-            all_output(&out)
+            all_output(out)
         ));
     }
     let said = stderr
         .matches("transparent capture (--capture) is not possible here: create a TUN device through /dev/net/tun:")
         .count();
-    if said != 1 || stderr.contains("may start") {
+    if said != 1 || !stderr.contains("run with --no-capture") || stderr.contains("may start") {
         return Err(format!(
             "expected the reason once, and nothing else: {stderr}"
         ));
     }
-    let report = read_json(&s.path("report.json"))?;
-    expect("exit status", &report["exit_status"].to_string(), "125")
-}
-
-/// The same without `--capture`: said once, the command runs without capture, and the
-/// report says why.
-fn the_default_failing_outside_the_sandbox_says_so_once_and_runs() -> TestResult {
-    tun_usable()?;
-    let s = Scratch::new("cap-notatun-degrade");
-    let out = with_tun_not_a_tun(&s, &[]);
-    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.matches("shim: transparent capture is off: ").count() != 1 {
-        return Err(format!("expected one degradation line: {stderr}"));
-    }
-    let report = read_json(&s.path("report.json"))?;
-    expect(
-        "capture state",
-        &report["capture"]["state"].to_string(),
-        "\"unavailable\"",
-    )?;
-    let reason = report["capture"]["reason"].to_string();
-    if !reason.contains("create a TUN device through /dev/net/tun") {
-        return Err(format!("the report's reason: {reason}"));
-    }
     Ok(())
 }
 
-fn the_default_without_a_tun_device_says_so_once_and_runs() -> TestResult {
-    let s = Scratch::new("cap-degrade");
-    let out = without_tun(&s, &[]);
-    expect("command", &stdout(&out), "ran").map_err(|e| format!("{e}; {}", all_output(&out)))?;
+/// Checks that `out` ran its command without capture, said so once, and that the report
+/// in `s` says capture was unavailable; returns the report's `capture` section.
+fn degraded_once(out: &Output, s: &Scratch) -> Result<serde_json::Value, String> {
+    expect("command", &stdout(out), "ran").map_err(|e| format!("{e}; {}", all_output(out)))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     let said = stderr.matches("shim: transparent capture is off: ").count();
     if said != 1 || !stderr.contains("clients that ignore HTTP_PROXY have no network") {
@@ -944,7 +895,41 @@ fn the_default_without_a_tun_device_says_so_once_and_runs() -> TestResult {
         "capture state",
         &report["capture"]["state"].to_string(),
         "\"unavailable\"",
-    )
+    )?;
+    Ok(report["capture"].clone())
+}
+
+fn explicit_capture_without_a_tun_device_fails_with_the_reason() -> TestResult {
+    let s = Scratch::new("cap-notun");
+    stopped_before_the_command(&without_tun(&s, &["--capture"]))
+}
+
+/// The device fails in the outer shim (after init handed it over): under `--capture`
+/// the command never starts, the reason is said once, and the report is still written.
+fn explicit_capture_failing_outside_the_sandbox_stops_before_the_command() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-notatun");
+    stopped_before_the_command(&with_tun_not_a_tun(&s, &["--capture"]))?;
+    let report = read_json(&s.path("report.json"))?;
+    expect("exit status", &report["exit_status"].to_string(), "125")
+}
+
+/// The same without `--capture`: said once, the command runs without capture, and the
+/// report says why.
+fn the_default_failing_outside_the_sandbox_says_so_once_and_runs() -> TestResult {
+    tun_usable()?;
+    let s = Scratch::new("cap-notatun-degrade");
+    let capture = degraded_once(&with_tun_not_a_tun(&s, &[]), &s)?;
+    let reason = capture["reason"].to_string();
+    if !reason.contains("create a TUN device through /dev/net/tun") {
+        return Err(format!("the report's reason: {reason}"));
+    }
+    Ok(())
+}
+
+fn the_default_without_a_tun_device_says_so_once_and_runs() -> TestResult {
+    let s = Scratch::new("cap-degrade");
+    degraded_once(&without_tun(&s, &[]), &s).map(drop)
 }
 
 /// A stand-in for a mediator whose config names an admin socket: its authority socket
